@@ -1,0 +1,109 @@
+// Context: a llama_context (KV cache, compute buffers) and decoding batches of tokens.
+#include "native.h"
+
+#include "llama.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+Context::~Context() {
+    if (ctx) llama_free(ctx);
+}
+
+namespace {
+
+using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+
+void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
+            int n_threads, int n_threads_batch) {
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = n_ctx;
+    params.n_batch = n_batch;
+    params.n_ubatch = std::min(n_ubatch, n_batch);
+    params.n_threads = n_threads;
+    params.n_threads_batch = n_threads_batch;
+    params.no_perf = true;
+    log_clear_recent();
+    llama_context * ctx;
+    {
+        nb::gil_scoped_release release;
+        ctx = llama_init_from_model(model.model, params);
+    }
+    if (!ctx) throw_with_log("failed to create a context");
+    new (self) Context();
+    self->ctx = ctx;
+    self->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
+}
+
+// Decodes `tokens` at positions pos0.. of sequence 0, n_batch tokens per llama_decode.
+// Returns the logits of every token ([n, n_vocab]) when all_logits, else of the last one ([1, n_vocab]).
+Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0, bool all_logits) {
+    const int n = (int) tokens.size();
+    if (n == 0) throw nb::value_error("decode needs at least one token");
+    const int n_ctx = (int) llama_n_ctx(self.ctx);
+    if (pos0 < 0 || pos0 + n > n_ctx) {
+        throw nb::value_error(("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                               " do not fit the context of " + std::to_string(n_ctx) + " tokens").c_str());
+    }
+    for (llama_token t : tokens) {
+        if (t < 0 || t >= self.n_vocab) {
+            throw nb::value_error(("token id " + std::to_string(t) + " out of range [0, " +
+                                   std::to_string(self.n_vocab) + ")").c_str());
+        }
+    }
+    const int n_batch = (int) llama_n_batch(self.ctx);
+    const size_t n_rows = all_logits ? n : 1;
+    float * out = new float[n_rows * self.n_vocab];
+    nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
+
+    int32_t status = 0;
+    {
+        nb::gil_scoped_release release;
+        llama_batch batch = llama_batch_init(n_batch, 0, 1);
+        for (int start = 0; start < n && status == 0; start += n_batch) {
+            const int count = std::min(n_batch, n - start);
+            batch.n_tokens = count;
+            for (int i = 0; i < count; i++) {
+                batch.token[i] = tokens[start + i];
+                batch.pos[i] = pos0 + start + i;
+                batch.n_seq_id[i] = 1;
+                batch.seq_id[i][0] = 0;
+                batch.logits[i] = all_logits || (start + i == n - 1);
+            }
+            log_clear_recent();
+            status = llama_decode(self.ctx, batch);
+            if (status != 0) break;
+            if (all_logits) {
+                std::memcpy(out + (size_t) start * self.n_vocab, llama_get_logits(self.ctx),
+                            sizeof(float) * count * self.n_vocab);
+            } else if (start + count == n) {
+                std::memcpy(out, llama_get_logits_ith(self.ctx, count - 1), sizeof(float) * self.n_vocab);
+            }
+        }
+        llama_batch_free(batch);
+    }
+    if (status != 0) throw_with_log("llama_decode failed with status " + std::to_string(status));
+    return Logits(out, {n_rows, (size_t) self.n_vocab}, owner);
+}
+
+}  // namespace
+
+void register_context(nb::module_ & m) {
+    nb::class_<Context>(m, "Context")
+        .def("__init__", &create, nb::arg("model"), nb::arg("n_ctx"), nb::arg("n_batch") = 512,
+             nb::arg("n_ubatch") = 512, nb::arg("n_threads") = 4, nb::arg("n_threads_batch") = 4,
+             nb::keep_alive<1, 2>())
+        .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false)
+        .def("clear", [](Context & c) { llama_memory_clear(llama_get_memory(c.ctx), true); },
+             "Forget every sequence (the KV cache).")
+        .def("truncate", [](Context & c, int pos) {
+                 return llama_memory_seq_rm(llama_get_memory(c.ctx), 0, pos, -1);
+             }, nb::arg("pos"), "Drop positions >= pos of sequence 0.")
+        .def_prop_ro("n_ctx", [](const Context & c) { return llama_n_ctx(c.ctx); })
+        .def_prop_ro("n_batch", [](const Context & c) { return llama_n_batch(c.ctx); })
+        .def_prop_ro("n_vocab", [](const Context & c) { return c.n_vocab; });
+}

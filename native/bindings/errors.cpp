@@ -1,0 +1,73 @@
+// Routes llama.cpp/ggml log output: silent by default (the CLI prints its own one-line
+// errors), everything to stderr when verbose; warnings and errors are remembered so a
+// failed load can say why ("tensor data is not within the file bounds", ...).
+#include "native.h"
+
+#include "llama.h"
+
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+
+namespace {
+std::mutex g_mutex;
+bool g_verbose = false;
+std::deque<std::string> g_recent;  // recent WARN/ERROR lines, bounded
+std::string g_partial;             // a line still being assembled (llama logs in pieces)
+constexpr size_t kMaxRecent = 16;
+
+void log_callback(ggml_log_level level, const char * text, void *) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_verbose) {
+        fputs(text, stderr);
+    }
+    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN ||
+        (level == GGML_LOG_LEVEL_CONT && !g_partial.empty())) {
+        g_partial += text;
+        size_t nl;
+        while ((nl = g_partial.find('\n')) != std::string::npos) {
+            std::string line = g_partial.substr(0, nl);
+            g_partial.erase(0, nl + 1);
+            if (!line.empty()) {
+                g_recent.push_back(line);
+                if (g_recent.size() > kMaxRecent) g_recent.pop_front();
+            }
+        }
+    }
+}
+}  // namespace
+
+void log_install() { llama_log_set(log_callback, nullptr); }
+
+void log_set_verbose(bool verbose) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_verbose = verbose;
+}
+
+std::string log_recent_errors() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::string out;
+    for (const auto & line : g_recent) {
+        if (!out.empty()) out += "\n";
+        out += line;
+    }
+    return out;
+}
+
+void log_clear_recent() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_recent.clear();
+    g_partial.clear();
+}
+
+void throw_with_log(const std::string & what) {
+    std::string detail = log_recent_errors();
+    throw std::runtime_error(detail.empty() ? what : what + ": " + detail);
+}
+
+void register_errors(nb::module_ & m) {
+    m.def("set_verbose", &log_set_verbose, nb::arg("verbose"),
+          "Forward llama.cpp's log to stderr (off by default).");
+    m.def("recent_log_errors", &log_recent_errors);
+}

@@ -1,0 +1,77 @@
+// gguf_info: a GGUF file's key/values and tensor directory (name, type, shape, file offset,
+// bytes), read with ggml's own GGUF parser without loading any tensor data.
+#include "native.h"
+
+#include "ggml.h"
+#include "gguf.h"
+
+#include <nanobind/stl/string.h>
+
+#include <memory>
+
+namespace {
+
+nb::object kv_value(const gguf_context * g, int64_t i) {
+    switch (gguf_get_kv_type(g, i)) {
+        case GGUF_TYPE_UINT8:   return nb::int_(gguf_get_val_u8(g, i));
+        case GGUF_TYPE_INT8:    return nb::int_(gguf_get_val_i8(g, i));
+        case GGUF_TYPE_UINT16:  return nb::int_(gguf_get_val_u16(g, i));
+        case GGUF_TYPE_INT16:   return nb::int_(gguf_get_val_i16(g, i));
+        case GGUF_TYPE_UINT32:  return nb::int_(gguf_get_val_u32(g, i));
+        case GGUF_TYPE_INT32:   return nb::int_(gguf_get_val_i32(g, i));
+        case GGUF_TYPE_UINT64:  return nb::int_(gguf_get_val_u64(g, i));
+        case GGUF_TYPE_INT64:   return nb::int_(gguf_get_val_i64(g, i));
+        case GGUF_TYPE_FLOAT32: return nb::float_(gguf_get_val_f32(g, i));
+        case GGUF_TYPE_FLOAT64: return nb::float_(gguf_get_val_f64(g, i));
+        case GGUF_TYPE_BOOL:    return nb::bool_(gguf_get_val_bool(g, i));
+        case GGUF_TYPE_STRING:  return nb::str(gguf_get_val_str(g, i));
+        case GGUF_TYPE_ARRAY: {
+            // Arrays (vocabularies, merges) can be huge: report only their length.
+            nb::dict d;
+            d["array_length"] = gguf_get_arr_n(g, i);
+            return d;
+        }
+        default: return nb::none();
+    }
+}
+
+nb::dict read_gguf_info(const std::string & path) {
+    gguf_init_params params = {/*no_alloc =*/ true, /*ctx =*/ nullptr};
+    log_clear_recent();
+    std::unique_ptr<gguf_context, decltype(&gguf_free)> g(gguf_init_from_file(path.c_str(), params), gguf_free);
+    if (!g) throw_with_log("not a valid GGUF file: " + path);
+
+    nb::dict kv;
+    for (int64_t i = 0; i < gguf_get_n_kv(g.get()); i++) {
+        kv[gguf_get_key(g.get(), i)] = kv_value(g.get(), i);
+    }
+    nb::list tensors;
+    const size_t data_offset = gguf_get_data_offset(g.get());
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); i++) {
+        const int64_t * ne = gguf_get_tensor_ne(g.get(), i);
+        nb::list shape;
+        for (int d = 0; d < GGML_MAX_DIMS; d++) shape.append(ne[d]);
+        const ggml_type type = gguf_get_tensor_type(g.get(), i);
+        nb::dict t;
+        t["name"] = gguf_get_tensor_name(g.get(), i);
+        t["type"] = ggml_type_name(type);
+        t["shape"] = shape;  // ggml order (ne0 = row length), padded with 1s to 4 dims
+        t["offset"] = data_offset + gguf_get_tensor_offset(g.get(), i);
+        t["nbytes"] = gguf_get_tensor_size(g.get(), i);
+        tensors.append(t);
+    }
+    nb::dict out;
+    out["version"] = gguf_get_version(g.get());
+    out["alignment"] = gguf_get_alignment(g.get());
+    out["data_offset"] = data_offset;
+    out["kv"] = kv;
+    out["tensors"] = tensors;
+    return out;
+}
+
+}  // namespace
+
+void register_gguf_info(nb::module_ & m) {
+    m.def("read_gguf_info", &read_gguf_info, nb::arg("path"),
+          "Key/values and tensor directory of a GGUF file (no tensor data is read).");
+}

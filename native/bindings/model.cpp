@@ -1,0 +1,151 @@
+// Model: loading (mmap), vocabulary, chat template and metadata.
+#include "native.h"
+
+#include "llama.h"
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+Model::~Model() {
+    if (model) llama_model_free(model);
+}
+
+namespace {
+
+const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.model); }
+
+void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mmap) {
+    llama_model_params params = llama_model_default_params();
+    params.n_gpu_layers = n_gpu_layers;
+    params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    log_clear_recent();
+    llama_model * model;
+    {
+        nb::gil_scoped_release release;
+        model = llama_model_load_from_file(path.c_str(), params);
+    }
+    if (!model) throw_with_log("failed to load model from " + path);
+    new (self) Model();
+    self->model = model;
+    self->path = path;
+}
+
+std::vector<llama_token> tokenize(const Model & m, const std::string & text, bool add_special, bool parse_special) {
+    int32_t n = -llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), nullptr, 0, add_special, parse_special);
+    std::vector<llama_token> tokens(n);
+    if (n > 0) {
+        int32_t got = llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), tokens.data(), n, add_special, parse_special);
+        if (got < 0) throw std::runtime_error("tokenization failed");
+        tokens.resize(got);
+    }
+    return tokens;
+}
+
+void check_token(const Model & m, llama_token token) {
+    int n_vocab = llama_vocab_n_tokens(vocab_of(m));
+    if (token < 0 || token >= n_vocab) {
+        throw nb::value_error(("token id " + std::to_string(token) + " out of range [0, " +
+                               std::to_string(n_vocab) + ")").c_str());
+    }
+}
+
+nb::bytes token_to_piece(const Model & m, llama_token token, bool special) {
+    check_token(m, token);
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab_of(m), token, buf, sizeof(buf), 0, special);
+    if (n >= 0) return nb::bytes(buf, n);
+    std::string big(-n, '\0');
+    n = llama_token_to_piece(vocab_of(m), token, big.data(), (int32_t) big.size(), 0, special);
+    return nb::bytes(big.data(), n);
+}
+
+nb::bytes detokenize(const Model & m, const std::vector<llama_token> & tokens, bool remove_special, bool unparse_special) {
+    for (llama_token t : tokens) check_token(m, t);
+    std::string text(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+    if (n < 0) {
+        text.resize(-n);
+        n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+    }
+    return nb::bytes(text.data(), n);
+}
+
+// llama.cpp's built-in (non-Jinja) template engine; returns None when the model's template
+// is not one it recognises, so Python can fall back to rendering the Jinja template.
+nb::object apply_chat_template(const Model & m, const std::vector<std::pair<std::string, std::string>> & messages, bool add_assistant) {
+    const char * tmpl = llama_model_chat_template(m.model, nullptr);
+    if (!tmpl) return nb::none();
+    std::vector<llama_chat_message> chat;
+    size_t total = 0;
+    for (const auto & [role, content] : messages) {
+        chat.push_back({role.c_str(), content.c_str()});
+        total += role.size() + content.size();
+    }
+    std::string buf(2 * total + 256, '\0');
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    if (n < 0) return nb::none();
+    if ((size_t) n > buf.size()) {
+        buf.resize(n);
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), (int32_t) buf.size());
+    }
+    return nb::str(buf.data(), n);
+}
+
+std::map<std::string, std::string> metadata(const Model & m) {
+    std::map<std::string, std::string> out;
+    int32_t count = llama_model_meta_count(m.model);
+    std::vector<char> key(512), val(4096);
+    for (int32_t i = 0; i < count; i++) {
+        if (llama_model_meta_key_by_index(m.model, i, key.data(), key.size()) < 0) continue;
+        int32_t n = llama_model_meta_val_str_by_index(m.model, i, val.data(), val.size());
+        if (n < 0) continue;
+        if ((size_t) n >= val.size()) {
+            val.resize(n + 1);
+            llama_model_meta_val_str_by_index(m.model, i, val.data(), val.size());
+        }
+        out.emplace(key.data(), std::string(val.data()));
+    }
+    return out;
+}
+
+std::string description(const Model & m) {
+    char buf[256];
+    int32_t n = llama_model_desc(m.model, buf, sizeof(buf));
+    return std::string(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+}
+
+nb::object optional_token(llama_token t) { return t == LLAMA_TOKEN_NULL ? nb::object(nb::none()) : nb::object(nb::int_(t)); }
+
+}  // namespace
+
+void register_model(nb::module_ & m) {
+    nb::class_<Model>(m, "Model")
+        .def("__init__", &load, nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("use_mmap") = true)
+        .def_ro("path", &Model::path)
+        .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
+        .def("token_to_piece", &token_to_piece, nb::arg("token"), nb::arg("special") = false)
+        .def("detokenize", &detokenize, nb::arg("tokens"), nb::arg("remove_special") = false, nb::arg("unparse_special") = false)
+        .def("apply_chat_template", &apply_chat_template, nb::arg("messages"), nb::arg("add_assistant") = true)
+        .def_prop_ro("chat_template", [](const Model & m) -> nb::object {
+            const char * t = llama_model_chat_template(m.model, nullptr);
+            return t ? nb::object(nb::str(t)) : nb::none();
+        })
+        .def("metadata", &metadata)
+        .def_prop_ro("description", &description)
+        .def_prop_ro("n_vocab", [](const Model & m) { return llama_vocab_n_tokens(vocab_of(m)); })
+        .def_prop_ro("n_ctx_train", [](const Model & m) { return llama_model_n_ctx_train(m.model); })
+        .def_prop_ro("n_embd", [](const Model & m) { return llama_model_n_embd(m.model); })
+        .def_prop_ro("n_layer", [](const Model & m) { return llama_model_n_layer(m.model); })
+        .def_prop_ro("n_params", [](const Model & m) { return llama_model_n_params(m.model); })
+        .def_prop_ro("size_bytes", [](const Model & m) { return llama_model_size(m.model); })
+        .def_prop_ro("bos", [](const Model & m) { return optional_token(llama_vocab_bos(vocab_of(m))); })
+        .def_prop_ro("eos", [](const Model & m) { return optional_token(llama_vocab_eos(vocab_of(m))); })
+        .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
+        .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
+}

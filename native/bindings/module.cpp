@@ -1,0 +1,19 @@
+#include "native.h"
+
+#include "llama.h"
+
+NB_MODULE(_native, m) {
+    m.doc() = "pyedgemoe native layer: vendored llama.cpp behind a thin binding";
+    log_install();
+    llama_backend_init();
+
+    m.def("llama_version", []() { return std::string(llama_version()); });
+    m.def("system_info", []() { return std::string(llama_print_system_info()); });
+    m.def("supports_gpu_offload", &llama_supports_gpu_offload);
+
+    register_errors(m);
+    register_model(m);
+    register_context(m);
+    register_sampler(m);
+    register_gguf_info(m);
+}

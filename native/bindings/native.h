@@ -1,0 +1,48 @@
+// pyedgemoe._native: a thin nanobind layer over llama.h (and ggml's gguf.h).
+// Each bindings/*.cpp registers one concern; the friendly API lives in pyedgemoe/engine.py.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+struct llama_model;
+struct llama_context;
+struct llama_sampler;
+
+namespace nb = nanobind;
+
+// errors.cpp: llama.cpp's log goes through here, so failures can quote the reason it logged.
+void log_install();
+void log_set_verbose(bool verbose);
+// The last error/warning lines llama.cpp logged since log_clear_recent(), joined by newlines.
+std::string log_recent_errors();
+void log_clear_recent();
+[[noreturn]] void throw_with_log(const std::string & what);
+
+// Owns a llama_model; contexts keep their Model alive (nb::keep_alive).
+struct Model {
+    llama_model * model = nullptr;
+    std::string path;
+    ~Model();
+};
+
+// Owns a llama_context over a Model.
+struct Context {
+    llama_context * ctx = nullptr;
+    int n_vocab = 0;
+    ~Context();
+};
+
+// Owns a llama_sampler chain.
+struct Sampler {
+    llama_sampler * chain = nullptr;
+    ~Sampler();
+};
+
+void register_errors(nb::module_ & m);
+void register_model(nb::module_ & m);
+void register_context(nb::module_ & m);
+void register_sampler(nb::module_ & m);
+void register_gguf_info(nb::module_ & m);

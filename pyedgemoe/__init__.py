@@ -1,0 +1,16 @@
+"""pyedgemoe: run Mixture-of-Experts LLMs whose experts do not fit in fast memory."""
+from pyedgemoe.errors import (
+    ContextOverflowError,
+    InvalidOptionError,
+    ModelLoadError,
+    PyEdgeMoEError,
+)
+from pyedgemoe.engine import Engine
+
+__all__ = [
+    "Engine",
+    "PyEdgeMoEError",
+    "ModelLoadError",
+    "ContextOverflowError",
+    "InvalidOptionError",
+]

@@ -1,0 +1,205 @@
+"""The `pyedgemoe` command: run, inspect, bench.
+
+Errors a user can cause print one line (`error: ...`) on stderr and exit with status 1;
+usage errors (unknown flags, values of the wrong type) exit with status 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pyedgemoe.errors import PyEdgeMoEError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Run Mixture-of-Experts GGUF models with a bounded expert memory.")
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_timings(t: dict) -> None:
+    """llama.cpp-style timings, on stderr so they never mix with the generated text."""
+    prefill_tokens = t["n_prompt_tokens"] - t["n_cached_prompt_tokens"]
+    typer.echo("", err=True)
+    typer.echo(f"prompt eval: {t['n_prompt_tokens']:5d} tokens ({prefill_tokens} evaluated) in "
+               f"{t['prefill_seconds']:8.3f} s ({t['prefill_tokens_per_second']:8.2f} tok/s)", err=True)
+    typer.echo(f"       eval: {t['n_decoded']:5d} tokens in {t['decode_seconds']:8.3f} s "
+               f"({t['decode_tokens_per_second']:8.2f} tok/s)", err=True)
+
+
+@app.command()
+def run(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)"),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
+    ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads (default: all cores)"),
+    chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
+    stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
+    verbose: bool = typer.Option(False, "--verbose", help="show llama.cpp's log"),
+) -> None:
+    """Generate text from a prompt (or chat) with a GGUF model."""
+    from pyedgemoe.engine import Engine
+
+    if prompt is not None and file is not None:
+        fail("give the prompt with -p or -f, not both")
+    if n_predict < -1:
+        fail(f"--n-predict must be >= -1, got {n_predict}")
+    if file is not None:
+        try:
+            prompt = file.read_text(encoding="utf-8")
+        except OSError as e:
+            fail(f"cannot read prompt file: {e}")
+    if prompt is None and not chat:
+        fail("no prompt: give -p TEXT, -f FILE or --chat")
+    max_tokens = None if n_predict == -1 else n_predict
+    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repeat_penalty=repeat_penalty, seed=seed)
+    try:
+        with Engine(model, n_ctx=ctx, n_threads=threads, seed=seed, verbose=verbose) as eng:
+            if not eng.info.is_moe:
+                typer.echo(f"note: {model} has no experts ({eng.info.architecture} is dense): "
+                           "it runs as plain llama.cpp, nothing to offload", err=True)
+            if chat:
+                run_chat(eng, prompt, max_tokens, sampling)
+            elif as_json:
+                tokens = eng.tokenize(prompt)
+                ids = list(eng.generate_tokens(tokens, max_tokens, _sampling(sampling)))
+                t = eng.last_timings
+                typer.echo(json.dumps({
+                    "text": eng.detokenize(ids), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
+                    "prefill_seconds": t.prefill_seconds,
+                    "decode_tokens_per_second": t.decode_tokens_per_second,
+                    "finish_reason": t.finish_reason, "stats": eng.stats(),
+                }))
+            else:
+                for piece in eng.generate(prompt, max_tokens, stream=True, **sampling):
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+                print_timings(eng.last_timings.to_dict())
+            if stats and not as_json:
+                typer.echo(json.dumps(eng.stats(), indent=2), err=True)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
+def _sampling(kwargs: dict):
+    from pyedgemoe.engine import SamplingParams
+    return SamplingParams(kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["min_p"],
+                          kwargs["repeat_penalty"], seed=kwargs["seed"])
+
+
+def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampling: dict) -> None:
+    """A read-reply loop; the whole history goes through the chat template each turn and the
+    engine reuses the KV cache of the common prefix. Ends on EOF, /exit or Ctrl-C."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            typer.echo("")
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for chunk in eng.create_chat_completion(messages, max_tokens=max_tokens, stream=True, **sampling):
+            piece = chunk["choices"][0]["delta"].get("content", "")
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+@app.command()
+def inspect(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Architecture, experts, bytes of expert and non-expert tensors, tensor types."""
+    from pyedgemoe.model_info import read_model_info
+
+    try:
+        info = read_model_info(model)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(info.to_dict(), indent=2))
+        return
+    lines = [
+        f"file            {info.path} ({format_bytes(info.file_bytes)})",
+        f"architecture    {info.architecture}" + (f" ({info.name})" if info.name else ""),
+        f"layers          {info.n_layers}",
+    ]
+    if info.is_moe:
+        lines += [
+            f"experts         {info.n_experts} per layer, {info.n_experts_used} used per token, "
+            f"{info.n_experts_shared} shared",
+            f"expert bytes    {format_bytes(info.expert_bytes)} in {len(info.expert_bytes_per_layer)} layers",
+        ]
+        for layer, n in sorted(info.expert_bytes_per_layer.items()):
+            lines.append(f"  layer {layer:3d}     {format_bytes(n)}")
+    else:
+        lines.append("experts         none (dense model)")
+    lines.append(f"non-expert      {format_bytes(info.non_expert_bytes)}")
+    lines.append("tensor types    " + ", ".join(
+        f"{t} {format_bytes(n)}" for t, n in sorted(info.tensor_types.items(), key=lambda kv: -kv[1])))
+    lines.append(f"multi-precision {'yes' if info.multi_precision else 'no'}")
+    typer.echo("\n".join(lines))
+
+
+@app.command()
+def bench(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    prompt_tokens: int = typer.Option(16, "--prompt-tokens"),
+    output_tokens: int = typer.Option(32, "--output-tokens"),
+    repeats: int = typer.Option(3, "--repeats"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
+    vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
+                                      help="also run stock llama.cpp (llama-cpp-python) on the same file"),
+    mem_cap: Optional[str] = typer.Option(None, "--mem-cap", help="cgroup memory cap for each run, e.g. 4GiB"),
+) -> None:
+    """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process."""
+    from pyedgemoe.bench.runner import cli_main
+
+    try:
+        cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
+                 threads=threads, vs_llama_cpp=vs_llama_cpp, mem_cap=mem_cap)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

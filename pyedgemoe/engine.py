@@ -1,0 +1,405 @@
+"""Engine: the friendly, documented face of pyedgemoe (as llama_cpp.Llama is for llama.cpp).
+
+    from pyedgemoe import Engine
+    with Engine("model.gguf", n_ctx=4096) as eng:
+        for piece in eng.generate("def fib(n):", max_tokens=64, stream=True):
+            print(piece, end="")
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from pyedgemoe import _native
+from pyedgemoe.chat_template import render_chat
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, ModelLoadError
+from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.text_stream import TextStream
+
+
+@dataclass
+class SamplingParams:
+    """llama.cpp's sampler chain settings; temperature <= 0 means greedy."""
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not np.isfinite(self.temperature):
+            raise InvalidOptionError(f"temperature must be a finite number, got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidOptionError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
+            raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise InvalidOptionError(f"seed must be in [0, 2^32), got {self.seed}")
+
+
+@dataclass
+class GenerationStats:
+    """Of one generation: prefill = evaluating the prompt, decode = the generated tokens."""
+    n_prompt_tokens: int = 0
+    n_cached_prompt_tokens: int = 0  # prompt prefix reused from the previous call's KV cache
+    prefill_seconds: float = 0.0
+    n_decoded: int = 0
+    decode_seconds: float = 0.0
+    finish_reason: str = "length"  # "stop": an end-of-generation token; "length": max_tokens or n_ctx
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        n = self.n_prompt_tokens - self.n_cached_prompt_tokens
+        return n / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.n_decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_cached_prompt_tokens": self.n_cached_prompt_tokens,
+            "prefill_seconds": self.prefill_seconds,
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
+            "n_decoded": self.n_decoded,
+            "decode_seconds": self.decode_seconds,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
+        }
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+
+
+class Engine:
+    """A GGUF model loaded into pyedgemoe's build of llama.cpp, with one context.
+
+    n_ctx: context window in tokens (0 = the model's training context).
+    n_threads / n_threads_batch: threads for decode / prefill (default: all cores).
+    n_batch: tokens per llama_decode call during prefill.
+    seed: default sampling seed (None = random).
+    verbose: forward llama.cpp's log to stderr.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
+                 verbose: bool = False):
+        if not isinstance(n_ctx, int) or n_ctx < 0:
+            raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
+        for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
+            _positive(name, value)
+        SamplingParams(seed=seed).validate()
+        _native.set_verbose(verbose)
+
+        self.model_path = os.fspath(model_path)
+        self.info: ModelInfo = read_model_info(self.model_path)
+        try:
+            self._model = _native.Model(self.model_path)
+        except RuntimeError as e:
+            raise ModelLoadError(str(e)) from None
+        cores = os.cpu_count() or 1
+        n_threads = n_threads or cores
+        n_threads_batch = n_threads_batch or n_threads
+        try:
+            self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                        n_threads=n_threads, n_threads_batch=n_threads_batch)
+        except RuntimeError as e:
+            raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
+        self.n_threads = n_threads
+        self.seed = seed
+        self._tokens: list[int] = []  # what the KV cache holds, position by position
+        self.last_timings = GenerationStats()
+        self._totals = GenerationStats()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the context and the model; the Engine is unusable afterwards."""
+        self._ctx = None
+        self._model = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live(self):
+        if self._ctx is None:
+            raise RuntimeError("this Engine is closed")
+        return self._ctx
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self._live().n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self._model.metadata()
+
+    # -- tokens ----------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of text; add_bos adds the model's BOS (if it uses one), special parses
+        special-token text such as <|im_start|>."""
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        return self._model.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        return self._model.detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
+
+    def token_piece(self, token: int) -> bytes:
+        return self._model.token_to_piece(token, False)
+
+    # -- evaluation --------------------------------------------------------------------------
+    def logits(self, token_ids: list[int]) -> np.ndarray:
+        """float32 [len(token_ids), n_vocab]: the logits after each token, on a fresh sequence."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise InvalidOptionError("logits needs at least one token")
+        self._check_fits(len(ids), 0)
+        ctx = self._live()
+        ctx.clear()
+        self._tokens = []
+        out = ctx.decode(ids, 0, True)
+        self._tokens = ids
+        return out
+
+    def _check_fits(self, n_prompt: int, n_more: int) -> None:
+        if n_prompt + n_more > self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {n_prompt} tokens does not fit the context of {self.n_ctx} tokens"
+                + (f" with room for {n_more} generated" if n_more else "")
+                + " (raise n_ctx / --ctx)"
+            )
+
+    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
+        """Evaluates prompt, reusing the longest prefix already in the KV cache (at least the
+        last token is evaluated again, for its logits). Returns (last logits, reused count)."""
+        ctx = self._live()
+        reuse = 0
+        limit = min(len(self._tokens), len(prompt) - 1)
+        while reuse < limit and self._tokens[reuse] == prompt[reuse]:
+            reuse += 1
+        if not ctx.truncate(reuse):
+            ctx.clear()
+            reuse = 0
+        self._tokens = self._tokens[:reuse]
+        logits = ctx.decode(prompt[reuse:], reuse, False)
+        self._tokens = list(prompt)
+        return logits, reuse
+
+    def generate_tokens(self, prompt_tokens: list[int], max_tokens: int | None,
+                        sampling: SamplingParams, *, ignore_eos: bool = False) -> Iterator[int]:
+        """Yields generated token ids. Stops at end-of-generation tokens (unless ignore_eos),
+        after max_tokens (None = until the context is full), or when the context is full.
+        Timings of the run land in last_timings."""
+        sampling.validate()
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise InvalidOptionError("the prompt is empty (no tokens)")
+        if max_tokens is not None and max_tokens < 0:
+            raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
+        self._check_fits(len(prompt), 1 if max_tokens else 0)
+        seed = sampling.seed if sampling.seed is not None else self.seed
+        if seed is None:
+            seed = random.getrandbits(32)
+        sampler = _native.Sampler(self._model, sampling.temperature, sampling.top_k, sampling.top_p,
+                                  sampling.min_p, sampling.repeat_penalty, sampling.penalty_last_n, seed)
+        for t in prompt[-sampling.penalty_last_n:] if sampling.penalty_last_n > 0 else []:
+            sampler.accept(t)
+        timings = GenerationStats(n_prompt_tokens=len(prompt))
+        self.last_timings = timings
+        ctx = self._live()
+
+        start = time.perf_counter()
+        _, timings.n_cached_prompt_tokens = self._prefill(prompt)
+        timings.prefill_seconds = time.perf_counter() - start
+        budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
+        decode_start = time.perf_counter()
+        try:
+            for i in range(budget):
+                token = sampler.sample(ctx)
+                if not ignore_eos and self._model.is_eog(token):
+                    timings.finish_reason = "stop"
+                    break
+                timings.n_decoded += 1
+                timings.decode_seconds = time.perf_counter() - decode_start
+                yield token
+                decode_start = time.perf_counter() - timings.decode_seconds  # time spent by the consumer does not count
+                if i + 1 < budget:
+                    ctx.decode([token], len(self._tokens), False)
+                    self._tokens.append(token)
+            timings.decode_seconds = time.perf_counter() - decode_start
+        finally:
+            self._add_to_totals(timings)
+
+    def _add_to_totals(self, t: GenerationStats) -> None:
+        self._totals.n_prompt_tokens += t.n_prompt_tokens
+        self._totals.n_cached_prompt_tokens += t.n_cached_prompt_tokens
+        self._totals.prefill_seconds += t.prefill_seconds
+        self._totals.n_decoded += t.n_decoded
+        self._totals.decode_seconds += t.decode_seconds
+
+    def time_generation(self, prompt_ids: list[int], n_tokens: int) -> dict:
+        """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence."""
+        self._live().clear()
+        self._tokens = []
+        tokens = list(self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True))
+        t = self.last_timings
+        return {"prefill_seconds": t.prefill_seconds, "decode_seconds": t.decode_seconds,
+                "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens}
+
+    # -- text generation ------------------------------------------------------------------------
+    def _stream_text(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
+                     stop: list[str], result: dict) -> Iterator[str]:
+        """Text pieces of a generation; fills result["finish_reason"], result["completion_tokens"]."""
+        text = TextStream(stop)
+        result["finish_reason"] = "length"
+        result["completion_tokens"] = 0
+        tokens = self.generate_tokens(prompt_tokens, max_tokens, sampling)
+        for token in tokens:
+            result["completion_tokens"] += 1
+            piece = text.push(self.token_piece(token))
+            if piece:
+                yield piece
+            if text.stopped:
+                tokens.close()
+                result["finish_reason"] = "stop"
+                return
+        result["finish_reason"] = self.last_timings.finish_reason
+        tail = text.flush()
+        if tail:
+            yield tail
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_bos=True, special=False)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                 seed: int | None = None, stop: str | list[str] | None = None,
+                 stream: bool = False) -> str | Iterator[str]:
+        """Continues prompt (text, or token ids). Returns the text, or with stream=True an
+        iterator of text pieces as they are produced."""
+        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        sampling.validate()
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, sampling, stops, {})
+        return pieces if stream else "".join(pieces)
+
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
+                          temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                          repeat_penalty: float = 1.0, seed: int | None = None,
+                          stop: str | list[str] | None = None, stream: bool = False):
+        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result."""
+        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        sampling.validate()
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        prompt_tokens = self._prompt_tokens(prompt)
+        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_path}
+        result: dict = {}
+        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
+
+        def usage() -> dict:
+            n = result["completion_tokens"]
+            return {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
+                    "total_tokens": len(prompt_tokens) + n}
+
+        def choice(text: str, finish_reason: str | None) -> dict:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+        if not stream:
+            text = "".join(pieces)
+            return {**head, "choices": [choice(text, result["finish_reason"])], "usage": usage()}
+
+        def chunks():
+            for piece in pieces:
+                yield {**head, "choices": [choice(piece, None)]}
+            yield {**head, "choices": [choice("", result["finish_reason"])], "usage": usage()}
+        return chunks()
+
+    def format_chat(self, messages: list[dict]) -> str:
+        """The prompt text for messages, using the model's chat template."""
+        bos = self._model.bos
+        eos = self._model.eos
+        return render_chat(
+            self._model.chat_template, messages,
+            bos_token=self.token_piece(bos).decode("utf-8", "replace") if bos is not None else "",
+            eos_token=self.token_piece(eos).decode("utf-8", "replace") if eos is not None else "",
+            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
+        )
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
+                               temperature: float = 0.2, top_k: int = 40, top_p: float = 0.95,
+                               min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                               stop: str | list[str] | None = None, stream: bool = False):
+        """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result."""
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
+        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        sampling.validate()
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        text = self.format_chat(messages)
+        bos = self._model.bos
+        starts_with_bos = bos is not None and text.startswith(self.token_piece(bos).decode("utf-8", "replace"))
+        prompt_tokens = self.tokenize(text, add_bos=not starts_with_bos, special=True)
+        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_path}
+        result: dict = {}
+        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
+
+        def usage() -> dict:
+            n = result["completion_tokens"]
+            return {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
+                    "total_tokens": len(prompt_tokens) + n}
+
+        if not stream:
+            content = "".join(pieces)
+            return {**head, "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                 "logprobs": None, "finish_reason": result["finish_reason"]}],
+                    "usage": usage()}
+
+        def chunks():
+            chunk = {**head, "object": "chat.completion.chunk"}
+            yield {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                         "finish_reason": None}]}
+            for piece in pieces:
+                yield {**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
+                                             "finish_reason": None}]}
+            yield {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                         "finish_reason": result["finish_reason"]}], "usage": usage()}
+        return chunks()
+
+    # -- telemetry ---------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters since the Engine was created: tokens and time spent in prefill and decode.
+        Expert-residency counters (hits, misses, bytes read) join here once the layer is active."""
+        return {
+            "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
+                      "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
+                      "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},
+            "totals": self._totals.to_dict(),
+            "last": self.last_timings.to_dict(),
+        }

@@ -1,0 +1,17 @@
+"""Errors a user can cause: each is one clear line on the CLI."""
+
+
+class PyEdgeMoEError(Exception):
+    """Base class of every error pyedgemoe raises on purpose."""
+
+
+class ModelLoadError(PyEdgeMoEError):
+    """The model file is missing, not a GGUF, truncated, corrupt or of an unsupported architecture."""
+
+
+class ContextOverflowError(PyEdgeMoEError):
+    """The prompt (plus what was asked to be generated) does not fit the context window."""
+
+
+class InvalidOptionError(PyEdgeMoEError, ValueError):
+    """An option has a value outside its valid range."""

@@ -1,0 +1,117 @@
+"""What a GGUF file holds, read from its header alone: architecture, experts and bytes.
+
+Expert tensors are the stacked routed experts llama.cpp's MoE path multiplies with
+ggml_mul_mat_id (`blk.N.ffn_{gate,up,down,gate_up}_exps`); shared experts (`_shexp`) run for
+every token, so they count as non-expert (always resident) bytes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from pyedgemoe import _native
+from pyedgemoe.errors import ModelLoadError
+
+EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps(\.[a-z_]+)*$")
+LOW_PRECISION_SUFFIX = ".lowbit"
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    file_bytes: int
+    architecture: str
+    name: str
+    n_layers: int
+    n_experts: int
+    n_experts_used: int
+    n_experts_shared: int
+    expert_bytes_per_layer: dict[int, int]
+    non_expert_bytes: int
+    tensor_types: dict[str, int]  # ggml type name -> bytes of tensors of that type
+    multi_precision: bool
+    metadata: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0 and bool(self.expert_bytes_per_layer)
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(self.expert_bytes_per_layer.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "file_bytes": self.file_bytes,
+            "architecture": self.architecture,
+            "name": self.name,
+            "n_layers": self.n_layers,
+            "is_moe": self.is_moe,
+            "n_experts": self.n_experts,
+            "n_experts_used": self.n_experts_used,
+            "n_experts_shared": self.n_experts_shared,
+            "expert_bytes": self.expert_bytes,
+            "expert_bytes_per_layer": {str(k): v for k, v in sorted(self.expert_bytes_per_layer.items())},
+            "non_expert_bytes": self.non_expert_bytes,
+            "tensor_types": self.tensor_types,
+            "multi_precision": self.multi_precision,
+        }
+
+
+def read_model_info(path: str | os.PathLike) -> ModelInfo:
+    """Parse a GGUF header; ModelLoadError if the file is missing, not a GGUF, or truncated."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"not a file: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"not a GGUF file (bad magic): {path}")
+    try:
+        info = _native.read_gguf_info(path)
+    except RuntimeError as e:
+        raise ModelLoadError(f"corrupt GGUF header in {path}: {e}") from None
+
+    file_bytes = os.path.getsize(path)
+    data_end = max((t["offset"] + t["nbytes"] for t in info["tensors"]), default=0)
+    if data_end > file_bytes:
+        raise ModelLoadError(
+            f"truncated GGUF: {path} has {file_bytes} bytes but its tensors need {data_end}"
+        )
+
+    kv = info["kv"]
+    arch = str(kv.get("general.architecture", "unknown"))
+
+    def arch_int(key: str) -> int:
+        value = kv.get(f"{arch}.{key}", 0)
+        return int(value) if isinstance(value, (int, float)) else 0
+
+    expert_bytes: dict[int, int] = defaultdict(int)
+    tensor_types: dict[str, int] = defaultdict(int)
+    total = 0
+    for t in info["tensors"]:
+        total += t["nbytes"]
+        tensor_types[t["type"]] += t["nbytes"]
+        match = EXPERT_TENSOR.match(t["name"].removesuffix(".weight"))
+        if match:
+            expert_bytes[int(match.group(1))] += t["nbytes"]
+    n_expert_total = sum(expert_bytes.values())
+    return ModelInfo(
+        path=path,
+        file_bytes=file_bytes,
+        architecture=arch,
+        name=str(kv.get("general.name", "")),
+        n_layers=arch_int("block_count"),
+        n_experts=arch_int("expert_count"),
+        n_experts_used=arch_int("expert_used_count"),
+        n_experts_shared=arch_int("expert_shared_count"),
+        expert_bytes_per_layer=dict(expert_bytes),
+        non_expert_bytes=total - n_expert_total,
+        tensor_types=dict(tensor_types),
+        multi_precision="edgemoe.format_version" in kv,
+        metadata=kv,
+    )

@@ -1,0 +1,133 @@
+"""`pyedgemoe run` and `pyedgemoe inspect` as a user runs them: streamed text, timings on
+stderr, --json, and one-line errors with a non-zero exit for bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pyedgemoe.model_info import read_model_info
+
+
+def cli(*args, input_text=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "pyedgemoe.cli", *map(str, args)], capture_output=True,
+                          text=True, input=input_text, timeout=timeout)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_run_streams_text_and_prints_timings(mixtral_gguf):
+    r = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() != ""
+    assert "prompt eval:" in r.stderr and "tok/s" in r.stderr
+
+
+def test_run_json_reports_tokens_and_timings(mixtral_gguf):
+    r = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "--json", "-t", "2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"text", "tokens", "n_prompt_tokens", "prefill_seconds", "decode_tokens_per_second", "stats"}
+    assert len(out["tokens"]) == 8
+    assert out["n_prompt_tokens"] > 0
+    assert out["stats"]["model"]["is_moe"] is True
+
+
+def test_greedy_run_is_reproducible(mixtral_gguf):
+    a = json.loads(cli("run", mixtral_gguf, "-p", "abc", "-n", "12", "--temp", "0", "--json").stdout)
+    b = json.loads(cli("run", mixtral_gguf, "-p", "abc", "-n", "12", "--temp", "0", "--json").stdout)
+    assert a["tokens"] == b["tokens"]
+
+
+def test_seeded_sampling_is_reproducible(mixtral_gguf):
+    args = ("run", mixtral_gguf, "-p", "abc", "-n", "12", "--temp", "1.0", "--seed", "7", "--json")
+    assert json.loads(cli(*args).stdout)["tokens"] == json.loads(cli(*args).stdout)["tokens"]
+
+
+def test_prompt_from_file(mixtral_gguf, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello from a file")
+    r = cli("run", mixtral_gguf, "-f", prompt, "-n", "4", "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 4
+
+
+def test_chat_answers_each_line_until_eof(mixtral_gguf):
+    r = cli("run", mixtral_gguf, "--chat", "-n", "4", "--temp", "0", input_text="hi\nhow are you\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("> ") >= 2
+
+
+def test_inspect_reports_experts(mixtral_gguf):
+    r = cli("inspect", mixtral_gguf, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    info = read_model_info(mixtral_gguf)
+    assert out["architecture"] == "llama" or out["architecture"] == info.architecture
+    assert out["is_moe"] and out["n_experts"] > 1 and out["n_experts_used"] >= 1
+    assert out["expert_bytes"] + out["non_expert_bytes"] <= out["file_bytes"]
+    assert len(out["expert_bytes_per_layer"]) == out["n_layers"]
+    text = cli("inspect", mixtral_gguf)
+    assert "experts" in text.stdout and "multi-precision no" in text.stdout
+
+
+def test_missing_model_file(tmp_path):
+    assert_one_line_error(cli("run", tmp_path / "nope.gguf", "-p", "x"), "not found")
+
+
+def test_not_a_gguf(tmp_path):
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"this is not a model" * 100)
+    assert_one_line_error(cli("run", bogus, "-p", "x"), "not a GGUF")
+    assert_one_line_error(cli("inspect", bogus), "not a GGUF")
+
+
+@pytest.mark.parametrize("keep_fraction", [0.5, 0.999])
+def test_truncated_gguf(mixtral_gguf, tmp_path, keep_fraction):
+    data = mixtral_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep_fraction)])
+    assert_one_line_error(cli("run", cut, "-p", "x"), "truncated")
+
+
+def test_truncated_header(mixtral_gguf, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(mixtral_gguf.read_bytes()[:200])
+    assert_one_line_error(cli("run", cut, "-p", "x"), "GGUF")
+
+
+def test_prompt_longer_than_context(mixtral_gguf):
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hello " * 200, "-c", "32"), "context")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--top-p", "2"), "top_p"),
+    (("--temp", "nan"), "temperature"),
+    (("--ctx", "-5"), "n_ctx"),
+    (("--threads", "0"), "n_threads"),
+    (("-n", "-7"), "n-predict"),
+    (("--repeat-penalty", "0"), "repeat_penalty"),
+    (("--seed", "-1"), "seed"),
+])
+def test_invalid_option_values(mixtral_gguf, args, fragment):
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "x", *args), fragment)
+
+
+def test_no_prompt_is_an_error(mixtral_gguf):
+    assert_one_line_error(cli("run", mixtral_gguf), "no prompt")
+
+
+def test_dense_model_runs_with_a_note(tiny_model):
+    dense, _ = tiny_model("llama")
+    r = cli("run", dense, "-p", "hello", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert "no experts" in r.stderr
