@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
+import gguf
 import numpy as np
 
 from pyedgemoe import _native
@@ -92,17 +93,24 @@ class Engine:
     n_threads / n_threads_batch: threads for decode / prefill (default: all cores).
     n_batch: tokens per llama_decode call during prefill.
     seed: default sampling seed (None = random).
+    flash_attn: True/False, or None to let llama.cpp decide (its default).
+    kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
     verbose: forward llama.cpp's log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
-                 verbose: bool = False):
+                 flash_attn: bool | None = None, kv_type: str = "f16", verbose: bool = False):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
             _positive(name, value)
         SamplingParams(seed=seed).validate()
+        try:
+            kv_ggml_type = int(gguf.GGMLQuantizationType[kv_type.upper()])
+        except KeyError:
+            raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
+        flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
         _native.set_verbose(verbose)
 
         self.model_path = os.fspath(model_path)
@@ -116,7 +124,8 @@ class Engine:
         n_threads_batch = n_threads_batch or n_threads
         try:
             self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                        n_threads=n_threads, n_threads_batch=n_threads_batch)
+                                        n_threads=n_threads, n_threads_batch=n_threads_batch,
+                                        flash_attn=flash_attn_type, kv_type=kv_ggml_type)
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
         self.n_threads = n_threads

@@ -106,7 +106,7 @@ def test_truncated_header(mixtral_gguf, tmp_path):
 
 
 def test_prompt_longer_than_context(mixtral_gguf):
-    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hello " * 200, "-c", "32"), "context")
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hello " * 600, "-c", "32"), "context")
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -18,9 +18,9 @@ for name in (first, second):
     mods[name] = __import__(name)
 from pyedgemoe import Engine
 import llama_cpp
-with Engine(path, n_ctx=64, n_threads=2) as eng:
+with Engine(path, n_ctx=64, n_threads=2, flash_attn=False) as eng:
     ours = eng.logits(ids)
-llm = llama_cpp.Llama(model_path=path, n_ctx=64, logits_all=True, n_threads=2, verbose=False)
+llm = llama_cpp.Llama(model_path=path, n_ctx=64, logits_all=True, n_threads=2, flash_attn=False, verbose=False)
 llm.eval(ids)
 theirs = np.array(llm.scores[:len(ids)], dtype=np.float32)
 print(float(np.max(np.abs(ours - theirs))))

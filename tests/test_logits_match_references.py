@@ -3,6 +3,8 @@
 For each architecture, on the same F32 GGUF: Engine.logits equals stock llama-cpp-python's
 (same kernels: max abs diff <= 1e-4), is within 1e-3 of transformers' logits for the HF
 checkpoint, and greedy generation gives the same 32 tokens as stock llama-cpp-python.
+Both engines run with the same settings: no flash attention (llama-cpp-python's default)
+and an F32 KV cache (an F16 one alone moves logits by ~1e-3, more than the tolerance).
 """
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ import pytest
 from conftest import MOE_ARCHITECTURES, tiny_moe
 from pyedgemoe import Engine
 
+SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 ARCHS = MOE_ARCHITECTURES + ["llama"]
 
 
 def stock_llama(path, n_ctx=256):
     llama_cpp = pytest.importorskip("llama_cpp")
+    f32 = llama_cpp.GGML_TYPE_F32
     return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=2,
-                           n_threads_batch=2, verbose=False)
+                           n_threads_batch=2, flash_attn=False, type_k=f32, type_v=f32, verbose=False)
 
 
 def stock_logits(path, ids) -> np.ndarray:
@@ -33,7 +37,7 @@ def stock_logits(path, ids) -> np.ndarray:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_equal_stock_llama_cpp(tiny_model, arch):
     gguf, _ = tiny_model(arch)
-    with Engine(gguf, n_ctx=256, n_threads=2) as eng:
+    with Engine(gguf, **SAME_SETTINGS) as eng:
         ours = eng.logits(IDS)
     theirs = stock_logits(gguf, IDS)
     assert ours.shape == theirs.shape == (len(IDS), ours.shape[1])
@@ -43,7 +47,7 @@ def test_logits_equal_stock_llama_cpp(tiny_model, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_transformers(tiny_model, arch):
     gguf, hf_dir = tiny_model(arch)
-    with Engine(gguf, n_ctx=256, n_threads=2) as eng:
+    with Engine(gguf, **SAME_SETTINGS) as eng:
         ours = eng.logits(IDS)
     reference = tiny_moe.transformers_logits(hf_dir, IDS)
     assert ours.shape == reference.shape
@@ -54,7 +58,7 @@ def test_logits_match_transformers(tiny_model, arch):
 def test_greedy_tokens_equal_stock_llama_cpp(tiny_model, arch):
     gguf, _ = tiny_model(arch)
     prompt = IDS[:8]
-    with Engine(gguf, n_ctx=256, n_threads=2) as eng:
+    with Engine(gguf, **SAME_SETTINGS) as eng:
         ours = eng.time_generation(prompt, 32)["tokens"]
     llm = stock_llama(gguf)
     llm.eval(prompt)
@@ -69,8 +73,8 @@ def test_greedy_tokens_equal_stock_llama_cpp(tiny_model, arch):
 
 def test_logits_are_the_same_in_one_batch_and_token_by_token(mixtral_gguf):
     """The KV cache path (decode one token at a time) agrees with a single prefill."""
-    with Engine(mixtral_gguf, n_ctx=256, n_threads=2) as eng:
+    with Engine(mixtral_gguf, **SAME_SETTINGS) as eng:
         whole = eng.logits(IDS)
-    with Engine(mixtral_gguf, n_ctx=256, n_threads=2, n_batch=1) as eng:
+    with Engine(mixtral_gguf, **SAME_SETTINGS, n_batch=1) as eng:
         stepwise = eng.logits(IDS)
     assert np.max(np.abs(whole - stepwise)) <= 1e-4

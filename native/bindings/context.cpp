@@ -19,13 +19,16 @@ namespace {
 using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
 void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-            int n_threads, int n_threads_batch) {
+            int n_threads, int n_threads_batch, int flash_attn, int kv_type) {
     llama_context_params params = llama_context_default_params();
     params.n_ctx = n_ctx;
     params.n_batch = n_batch;
     params.n_ubatch = std::min(n_ubatch, n_batch);
     params.n_threads = n_threads;
     params.n_threads_batch = n_threads_batch;
+    params.flash_attn_type = (llama_flash_attn_type) flash_attn;
+    params.type_k = (ggml_type) kv_type;
+    params.type_v = (ggml_type) kv_type;
     params.no_perf = true;
     log_clear_recent();
     llama_context * ctx;
@@ -96,6 +99,7 @@ void register_context(nb::module_ & m) {
     nb::class_<Context>(m, "Context")
         .def("__init__", &create, nb::arg("model"), nb::arg("n_ctx"), nb::arg("n_batch") = 512,
              nb::arg("n_ubatch") = 512, nb::arg("n_threads") = 4, nb::arg("n_threads_batch") = 4,
+             nb::arg("flash_attn") = (int) LLAMA_FLASH_ATTN_TYPE_AUTO, nb::arg("kv_type") = (int) GGML_TYPE_F16,
              nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false)
         .def("clear", [](Context & c) { llama_memory_clear(llama_get_memory(c.ctx), true); },
