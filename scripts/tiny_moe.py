@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Tiny random Hugging Face MoE checkpoints, converted to GGUF by llama.cpp's own converter.
+
+Everything is built locally (no hub access): a small byte-level BPE tokenizer trained on a
+deterministic text, a transformers model of each family built from a config with seeded random
+weights, and a standard GGUF written by the vendored `convert_hf_to_gguf.py`. They are the
+independent reference for correctness tests (DESIGN.md §8): transformers' logits vs llama.cpp's
+on the same weights.
+
+    python scripts/tiny_moe.py qwen3_moe --out /tmp/tiny [--outtype f32|f16|q8_0]
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+LLAMA_CPP = REPO / "native" / "vendor" / "llama.cpp"
+CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
+GGUF_PY = LLAMA_CPP / "gguf-py"
+
+ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "llama")
+# Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
+# sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
+# llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
+
+# The llama.cpp architecture name each family converts to (`general.architecture`).
+GGUF_ARCH: dict[str, str] = {
+    "mixtral": "llama",  # llama.cpp runs Mixtral as "llama" with expert tensors
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "olmoe": "olmoe",
+    "deepseek_v2": "deepseek2",
+    "llama": "llama",
+}
+MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
+
+OUTTYPES = ("f32", "f16", "q8_0")
+
+# Tokenizer. A locally trained tokenizer has no pre-tokenizer hash known to the converter, so
+# the converter is told which llama.cpp pre-tokenizer to use. "gpt-2" is exactly the regex of
+# the `tokenizers` ByteLevel pre-tokenizer; "default" would also split punctuation runs and
+# three-digit groups first, so it would not reproduce HF's ids.
+LLAMA_CPP_TOKENIZER_PRE = "gpt-2"
+VOCAB_SIZE = 384
+BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Weights. A wider init than transformers' 0.02 so logits differ from token to token and
+# routers really pick different experts; norm weights and biases are randomised too, so a
+# converter that dropped or mis-shifted one would show up in the logits.
+INIT_STD = 0.15
+ROUTER_STD = 0.3
+NORM_WEIGHT_STD = 0.1
+BIAS_STD = 0.1
+
+_COMMON = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    initializer_range=INIT_STD,
+    tie_word_embeddings=False,
+    bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
+    eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
+    pad_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
+)
+
+# Per family: the transformers config class and its arguments beyond _COMMON.
+_CONFIGS: dict[str, tuple[str, dict]] = {
+    "mixtral": ("MixtralConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=48,
+        num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(
+        # Qwen1.5-MoE layout: qkv bias, a shared expert behind a sigmoid gate, no top-k renorm.
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, qkv_bias=True,
+        decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        # Qwen3-30B-A3B layout: per-head q/k RMS norms, top-k weights renormalised.
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )),
+    "olmoe": ("OlmoeConfig", dict(
+        # OLMoE-1B-7B layout: q/k RMS norms over the whole projection, experts of
+        # intermediate_size, no top-k renorm.
+        num_hidden_layers=2, num_key_value_heads=4, intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=None,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        # MLA attention plus one leading dense layer, then routed + shared experts.
+        # q_lora_rank is set: llama.cpp only allows q_lora_rank = 0 ("lite") for models whose
+        # layer count matches DeepSeek-V2-Lite (27) or a few other known sizes.
+        num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=64,
+        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=2.0, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+    "llama": ("LlamaConfig", dict(
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+}
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHITECTURES)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def training_text(seed: int = 1234, n_sentences: int = 400) -> list[str]:
+    """A few KB of English-like text with digits and punctuation, the same on every machine."""
+    words = (
+        "the a an of to in and or for with on at by from as is are was were be been has have "
+        "had do does did can could will would should may might must not no yes this that these "
+        "those it its he she they we you I me my your our their his her them us who what which "
+        "when where why how all any each few more most other some such only own same so than too "
+        "very just now then here there up down out over under again once model expert experts "
+        "router token tokens layer layers memory cache disk read write load store page budget "
+        "time speed fast slow small large tiny big test tests value values weight weights matrix "
+        "vector number numbers text word words line lines file files code data run runs running "
+        "python llama mixture sparse dense hidden state attention head heads query key output "
+        "input batch prompt answer question world hello good bad new old first last next long "
+        "short high low right left open close start stop make made take took give gave find found "
+        "think know see look use used work works call calls return returns people year day way"
+    ).split()
+    punct = [".", ".", ".", "!", "?", ",", ";", ":"]
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_sentences):
+        n = rng.randint(4, 14)
+        parts = []
+        for i in range(n):
+            w = rng.choice(words)
+            r = rng.random()
+            if r < 0.08:
+                w = str(rng.randint(0, 99999))
+            elif r < 0.12:
+                w = f"'{w}'" if rng.random() < 0.5 else f"({w})"
+            elif r < 0.16:
+                w = w + rng.choice(["'s", "'t", "'ll", "'re"])
+            if i == 0 or rng.random() < 0.05:
+                w = w.capitalize()
+            parts.append(w)
+            if i < n - 1 and rng.random() < 0.1:
+                parts[-1] += ","
+        lines.append(" ".join(parts) + rng.choice(punct))
+    return lines
+
+
+def train_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE (`tokenizers.Tokenizer`) with SPECIAL_TOKENS at ids 0..2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_text(), trainer)
+    return tokenizer
+
+
+def save_tokenizer(out_dir: Path) -> int:
+    """Write tokenizer.json + tokenizer_config.json into out_dir; returns the vocabulary size."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=BOS_TOKEN,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS_TOKEN, EOS_TOKEN)],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(str(out_dir))
+    # The converter picks its vocabulary reader from tokenizer_class for some families, and
+    # llama.cpp reads add_bos_token: keep both explicit (no BOS added, as HF's encode does here).
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(tokenizer_class="PreTrainedTokenizerFast", add_bos_token=False, add_eos_token=False)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    return len(fast)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def make_config(arch: str, vocab_size: int):
+    import transformers
+
+    _check_arch(arch)
+    class_name, kwargs = _CONFIGS[arch]
+    config = getattr(transformers, class_name)(vocab_size=vocab_size, **_COMMON, **kwargs)
+    config.dtype = "float32"
+    return config
+
+
+def _randomise_(model, seed: int) -> None:
+    """Routers, norm weights and biases get random values (transformers sets zeros/ones)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
+            elif p.ndim == 1 and name.endswith("norm.weight"):
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
+
+
+def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write config.json, model.safetensors (float32) and tokenizer files of a tiny `arch` model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    _check_arch(arch)
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_size = save_tokenizer(out_dir)
+    config = make_config(arch, vocab_size)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomise_(model, seed)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def transformers_logits(hf_dir: Path, ids: list[int]) -> np.ndarray:
+    """float32 [len(ids), n_vocab] logits of the checkpoint in hf_dir (eager attention, fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)], dtype=torch.long))
+    return out.logits[0].to(torch.float32).numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+
+# Runs the vendored converter unmodified except for the pre-tokenizer name (see
+# LLAMA_CPP_TOKENIZER_PRE): argv[1] is the vendored tree, argv[2] the name, the rest its arguments.
+_CONVERTER_SHIM = """
+import runpy, sys
+root, pre = sys.argv[1], sys.argv[2]
+sys.path.insert(0, root)
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [root + '/convert_hf_to_gguf.py'] + sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32", model_name: str | None = None) -> Path:
+    """Convert hf_dir to out_path with llama.cpp's convert_hf_to_gguf.py (in a subprocess)."""
+    if outtype not in OUTTYPES:
+        raise ValueError(f"unknown outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
+    if not CONVERTER.is_file():
+        raise RuntimeError(f"llama.cpp converter not found at {CONVERTER}; run native/fetch_llama.py")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GGUF_PY), env.get("PYTHONPATH")) if p)
+    env.pop("NO_LOCAL_GGUF", None)
+    cmd = [
+        sys.executable, "-c", _CONVERTER_SHIM, str(LLAMA_CPP), LLAMA_CPP_TOKENIZER_PRE,
+        str(hf_dir), "--outfile", str(out_path), "--outtype", outtype,
+    ]
+    if model_name:
+        cmd += ["--model-name", model_name]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out_path.is_file():
+        raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}):\n{proc.stderr}")
+    return out_path
+
+
+def _sha256(parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else str(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _converter_sources() -> list[Path]:
+    return sorted([CONVERTER, *(LLAMA_CPP / "conversion").glob("*.py"), *(GGUF_PY / "gguf").glob("*.py")])
+
+
+def tiny_gguf(arch: str, cache_dir: Path, outtype: str = "f32", seed: int = 0) -> Path:
+    """The GGUF of the tiny `arch` model, built and converted once under cache_dir/<arch>/.
+
+    The HF checkpoint is cache_dir/<arch>/hf (for `transformers_logits`). Each is rebuilt when
+    what made it changed: this file for the checkpoint, plus the converter's sources for the GGUF.
+    """
+    _check_arch(arch)
+    if outtype not in OUTTYPES:
+        raise ValueError(f"unknown outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
+    arch_dir = Path(cache_dir) / arch
+    arch_dir.mkdir(parents=True, exist_ok=True)
+    hf_dir = arch_dir / "hf"
+    gguf_path = arch_dir / f"{arch}-{outtype}.gguf"
+    hf_key = _sha256([Path(__file__).read_bytes(), arch, seed])
+    gguf_key = _sha256([hf_key, outtype, *(p.read_bytes() for p in _converter_sources())])
+    hf_stamp, gguf_stamp = arch_dir / "hf.stamp", arch_dir / f"{gguf_path.name}.stamp"
+
+    def fresh(stamp: Path, key: str, product: Path) -> bool:
+        return stamp.is_file() and stamp.read_text() == key and product.exists()
+
+    with open(arch_dir / ".lock", "w") as lock:  # several test processes may share one cache
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not fresh(hf_stamp, hf_key, hf_dir / "config.json"):
+            tmp = Path(tempfile.mkdtemp(prefix="hf.", dir=arch_dir))
+            build_hf_checkpoint(arch, tmp, seed)
+            tmp.chmod(0o755)
+            shutil.rmtree(hf_dir, ignore_errors=True)
+            os.replace(tmp, hf_dir)
+            hf_stamp.write_text(hf_key)
+        if not fresh(gguf_stamp, gguf_key, gguf_path):
+            tmp_path = arch_dir / f".{gguf_path.name}.tmp"
+            convert_to_gguf(hf_dir, tmp_path, outtype, model_name=f"tiny-{arch}")
+            os.replace(tmp_path, gguf_path)
+            gguf_stamp.write_text(gguf_key)
+    return gguf_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arch", choices=ARCHITECTURES)
+    parser.add_argument("--out", type=Path, required=True, help="cache directory (the model goes in OUT/ARCH/)")
+    parser.add_argument("--outtype", choices=OUTTYPES, default="f32")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        print(tiny_gguf(args.arch, args.out, args.outtype, args.seed))
+    except RuntimeError as e:
+        print(f"tiny_moe: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Tiny random models (scripts/tiny_moe.py) are faithful references.
+
+For every family: llama.cpp's converter turns the transformers checkpoint into a standard GGUF
+that stock llama.cpp (llama-cpp-python) runs with transformers' logits and tokenization. The
+models are built once into tests/.models and reused.
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import tiny_moe  # noqa: E402
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+CACHE_DIR = REPO / "tests" / ".models"
+
+# 16 fixed ids across the vocabulary (0 is <|endoftext|>, 1 <|im_start|>, 3.. bytes, 259.. merges).
+TOKEN_IDS = [1, 57, 300, 12, 259, 383, 100, 7, 7, 201, 150, 42, 2, 330, 64, 99]
+# Both sides compute in float32; what is left is summation order (observed: ~1e-5).
+LOGITS_ATOL = 1e-3
+
+SENTENCES = [
+    "Hello world!",
+    "The expert router picks 2 of 8 experts, doesn't it?",
+    "  Leading and trailing spaces  ",
+    "Numbers: 12345 and 3.14159; code(x) = y['key'] + 1",
+    "Line one.\nLine two\n\n\tTabbed -- dashes ... done",
+    "I'll say it's THEIR model's cache; we've read 100%.",
+]
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    arch: str
+    gguf_path: Path
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.gguf_path.parent / "hf"
+
+
+def load_llama(path: Path, **kwargs):
+    # The KV cache must be F32: llama.cpp's default F16 cache alone moves these logits by ~5e-3.
+    return llama_cpp.Llama(
+        model_path=str(path), logits_all=True, n_ctx=256, verbose=False, n_threads=2,
+        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, **kwargs,
+    )
+
+
+def gguf_fields(path: Path) -> dict:
+    reader = gguf.GGUFReader(str(path))
+    return {name: field.contents() for name, field in reader.fields.items()
+            if not name.startswith(("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"))}
+
+
+def gguf_tensors(path: Path) -> dict[str, str]:
+    """tensor name -> ggml type name"""
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+
+@functools.cache
+def tiny_model(arch: str) -> TinyModel:
+    return TinyModel(arch, tiny_moe.tiny_gguf(arch, CACHE_DIR))
+
+
+@pytest.fixture(scope="session", params=tiny_moe.ARCHITECTURES)
+def tiny(request) -> TinyModel:
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session", params=tiny_moe.MOE_ARCHITECTURES)
+def tiny_moe_model(request) -> TinyModel:
+    return tiny_model(request.param)
+
+
+def test_llama_cpp_logits_match_transformers(tiny):
+    expected = tiny_moe.transformers_logits(tiny.hf_dir, TOKEN_IDS)
+    llm = load_llama(tiny.gguf_path)
+    llm.eval(TOKEN_IDS)
+    got = np.asarray(llm.scores[: len(TOKEN_IDS)], dtype=np.float32)
+
+    assert got.shape == expected.shape == (len(TOKEN_IDS), tiny_moe.VOCAB_SIZE)
+    assert np.abs(got - expected).max() < LOGITS_ATOL
+    # The models are random but not degenerate: logits vary across the vocabulary.
+    assert expected.std(axis=1).min() > 0.3
+
+
+def test_llama_cpp_tokenizes_like_transformers(tiny):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(tiny.hf_dir))
+    llm = load_llama(tiny.gguf_path, vocab_only=True)
+    for text in SENTENCES:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == hf.encode(text, add_special_tokens=False), text
+
+
+def test_gguf_carries_special_tokens_and_chat_template(tiny):
+    fields = gguf_fields(tiny.gguf_path)
+    assert fields["tokenizer.ggml.model"] == "gpt2"
+    assert fields["tokenizer.ggml.pre"] == tiny_moe.LLAMA_CPP_TOKENIZER_PRE
+    assert fields["tokenizer.ggml.bos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.BOS_TOKEN)
+    assert fields["tokenizer.ggml.eos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.EOS_TOKEN)
+    assert fields["tokenizer.chat_template"] == tiny_moe.CHAT_TEMPLATE
+
+
+def test_moe_gguf_has_llama_cpp_arch_and_stacked_expert_tensors(tiny_moe_model):
+    fields = gguf_fields(tiny_moe_model.gguf_path)
+    arch = tiny_moe.GGUF_ARCH[tiny_moe_model.arch]
+    assert fields["general.architecture"] == arch
+    assert fields[f"{arch}.expert_used_count"] == 2
+    names = gguf_tensors(tiny_moe_model.gguf_path)
+    last = fields[f"{arch}.block_count"] - 1
+    for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp"):
+        assert f"blk.{last}.{kind}.weight" in names
+
+
+def test_dense_llama_gguf_has_no_experts():
+    path = tiny_model("llama").gguf_path
+    names = gguf_tensors(path)
+    assert gguf_fields(path)["general.architecture"] == "llama"
+    assert not any("exps" in n for n in names)
+    assert "blk.0.ffn_gate.weight" in names
+
+
+def test_routers_spread_tokens_over_experts(tiny_moe_model):
+    """Random routers must really route: across 16 tokens every MoE layer uses most experts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_moe_model.hf_dir), dtype=torch.float32)
+    chosen: dict[str, set[int]] = {}
+
+    def record(name):
+        def hook(_module, _inputs, output):
+            logits = output[0] if isinstance(output, tuple) else output
+            chosen[name] = set(logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1).indices.flatten().tolist())
+        return hook
+
+    for name, module in model.named_modules():
+        if name.endswith(".mlp.gate"):
+            module.register_forward_hook(record(name))
+    with torch.no_grad():
+        model(torch.tensor([TOKEN_IDS]))
+
+    n_experts = gguf_fields(tiny_moe_model.gguf_path)[f"{tiny_moe.GGUF_ARCH[tiny_moe_model.arch]}.expert_count"]
+    assert chosen, "no router found"
+    for name, experts in chosen.items():
+        assert len(experts) >= n_experts // 2 + 1, (name, experts)
+
+
+def test_qwen2_moe_keeps_shared_expert_and_its_gate():
+    names = gguf_tensors(tiny_model("qwen2_moe").gguf_path)
+    for kind in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"):
+        assert f"blk.0.{kind}.weight" in names
+
+
+def test_deepseek_v2_has_mla_shared_experts_and_one_leading_dense_layer():
+    path = tiny_model("deepseek_v2").gguf_path
+    fields = gguf_fields(path)
+    names = gguf_tensors(path)
+    assert fields["deepseek2.leading_dense_block_count"] == 1
+    assert fields["deepseek2.attention.kv_lora_rank"] == 32
+    assert fields["deepseek2.expert_shared_count"] == 1
+    assert "blk.0.ffn_gate.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
+    for kind in ("attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_k_b", "attn_v_b", "ffn_gate_exps", "ffn_up_shexp"):
+        assert f"blk.1.{kind}.weight" in names
+
+
+def test_cli_writes_a_q8_0_gguf_and_prints_its_path():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "tiny_moe.py"), "qwen3_moe", "--out", str(CACHE_DIR), "--outtype", "q8_0"],
+        capture_output=True, text=True, check=True,
+    )
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path == CACHE_DIR / "qwen3_moe" / "qwen3_moe-q8_0.gguf" and path.is_file()
+    assert gguf_tensors(path)["blk.0.ffn_down_exps.weight"] == "Q8_0"
