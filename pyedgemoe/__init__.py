@@ -1,5 +1,6 @@
 """pyedgemoe: run Mixture-of-Experts LLMs whose experts do not fit in fast memory."""
 from pyedgemoe.errors import (
+    ConversionError,
     ContextOverflowError,
     InvalidOptionError,
     ModelLoadError,
@@ -13,4 +14,5 @@ __all__ = [
     "ModelLoadError",
     "ContextOverflowError",
     "InvalidOptionError",
+    "ConversionError",
 ]

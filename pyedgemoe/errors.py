@@ -15,3 +15,8 @@ class ContextOverflowError(PyEdgeMoEError):
 
 class InvalidOptionError(PyEdgeMoEError, ValueError):
     """An option has a value outside its valid range."""
+
+
+class ConversionError(PyEdgeMoEError):
+    """A checkpoint or GGUF cannot be converted (missing files, bad shapes, unsupported
+    architecture, disk full); no output file is left behind."""

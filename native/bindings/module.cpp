@@ -16,4 +16,5 @@ NB_MODULE(_native, m) {
     register_context(m);
     register_sampler(m);
     register_gguf_info(m);
+    register_quantize(m);
 }

@@ -46,3 +46,4 @@ void register_model(nb::module_ & m);
 void register_context(nb::module_ & m);
 void register_sampler(nb::module_ & m);
 void register_gguf_info(nb::module_ & m);
+void register_quantize(nb::module_ & m);
