@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+# typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from pyedgemoe.errors import PyEdgeMoEError
 
@@ -159,20 +161,40 @@ def inspect(
         f"architecture    {info.architecture}" + (f" ({info.name})" if info.name else ""),
         f"layers          {info.n_layers}",
     ]
+    two_copies = info.multi_precision and info.is_moe
     if info.is_moe:
         lines += [
             f"experts         {info.n_experts} per layer, {info.n_experts_used} used per token, "
             f"{info.n_experts_shared} shared",
-            f"expert bytes    {format_bytes(info.expert_bytes)} in {len(info.expert_bytes_per_layer)} layers",
+            f"expert bytes    {format_bytes(info.expert_bytes)} in {len(info.expert_bytes_per_layer)} layers"
+            + (" (HIGH + LOW copies)" if two_copies else ""),
         ]
+        if two_copies:
+            lines += [
+                f"  HIGH {info.high_type or '?':<6}   {format_bytes(info.high_expert_bytes)}",
+                f"  LOW  {info.low_type or '?':<6}   {format_bytes(info.low_expert_bytes)}",
+            ]
         for layer, n in sorted(info.expert_bytes_per_layer.items()):
-            lines.append(f"  layer {layer:3d}     {format_bytes(n)}")
+            if two_copies:
+                lines.append(f"  layer {layer:3d}     {format_bytes(n)}  = HIGH "
+                             f"{format_bytes(info.high_expert_bytes_per_layer.get(layer, 0))} + LOW "
+                             f"{format_bytes(info.low_expert_bytes_per_layer.get(layer, 0))}")
+            else:
+                lines.append(f"  layer {layer:3d}     {format_bytes(n)}")
     else:
         lines.append("experts         none (dense model)")
     lines.append(f"non-expert      {format_bytes(info.non_expert_bytes)}")
     lines.append("tensor types    " + ", ".join(
         f"{t} {format_bytes(n)}" for t, n in sorted(info.tensor_types.items(), key=lambda kv: -kv[1])))
-    lines.append(f"multi-precision {'yes' if info.multi_precision else 'no'}")
+    if info.multi_precision:
+        lines.append(f"multi-precision yes (format {info.format_version}): HIGH {info.high_type}, "
+                     f"LOW {info.low_type}")
+        if info.is_moe:
+            lines.append(f"  as HIGH only  {format_bytes(info.non_expert_bytes + info.high_expert_bytes)}, "
+                         f"as LOW only {format_bytes(info.non_expert_bytes + info.low_expert_bytes)} "
+                         f"(tensor bytes of `pyedgemoe export --precision high|low`)")
+    else:
+        lines.append("multi-precision no")
     typer.echo("\n".join(lines))
 
 
@@ -198,7 +220,23 @@ def bench(
 
 
 def main() -> None:
-    app()
+    """Entry point: like app(), but a usage error (unknown flag, a value of the wrong type)
+    is also one `error: ...` line (exit status 2) instead of click's usage block."""
+    command = typer.main.get_command(app)
+    try:
+        # Without standalone mode, click returns typer.Exit's code instead of exiting.
+        status = command.main(standalone_mode=False)
+        sys.exit(status if isinstance(status, int) else 0)
+    except NoArgsIsHelpError as e:
+        typer.echo(e.format_message())
+        sys.exit(2)
+    except UsageError as e:
+        typer.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,13 @@ def test_dense_model_runs_with_a_note(tiny_model):
     r = cli("run", dense, "-p", "hello", "-n", "4", "--temp", "0")
     assert r.returncode == 0, r.stderr
     assert "no experts" in r.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--ctx", "abc"), "--ctx"),
+    (("--bogus",), "--bogus"),
+])
+def test_usage_errors_are_one_line_with_status_2(mixtral_gguf, args, fragment):
+    r = cli("run", mixtral_gguf, "-p", "x", *args)
+    assert r.returncode == 2
+    assert_one_line_error(r, fragment)

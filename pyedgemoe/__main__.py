@@ -1,0 +1,3 @@
+from pyedgemoe.cli import main
+
+main()
