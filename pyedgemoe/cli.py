@@ -198,6 +198,52 @@ def inspect(
     typer.echo("\n".join(lines))
 
 
+@app.command("convert")
+def convert_command(
+    src: str = typer.Argument(..., help="HF model directory, HF repo id, or a standard llama.cpp GGUF"),
+    out: Path = typer.Option(..., "-o", "--out", help="the multi-precision GGUF to write"),
+    high: str = typer.Option("q8_0", "--high", help="type of the HIGH expert copies (f32 f16 bf16 q8_0 q6_K q5_K q4_K)"),
+    low: str = typer.Option("q4_K", "--low", help="type of the LOW expert copies (q4_0 q4_K q3_K q2_K ...)"),
+    base: Optional[str] = typer.Option(None, "--base", help="type of non-expert matrices (default: f16, or the GGUF's)"),
+    low_from: Optional[Path] = typer.Option(None, "--low-from", help="take LOW experts from this lower quant GGUF"),
+    force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, write nothing"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="quantization threads"),
+) -> None:
+    """Convert a checkpoint or GGUF into a multi-precision GGUF (every expert in HIGH and LOW)."""
+    from pyedgemoe.convert import convert
+
+    try:
+        result = convert(src, out, high=high, low=low, base=base, low_from=low_from, force=force,
+                         dry_run=dry_run, progress=True, n_threads=threads)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    typer.echo(str(result) if dry_run else f"wrote {result}")
+
+
+@app.command("export")
+def export_command(
+    model: Path = typer.Argument(..., help="multi-precision (or standard) GGUF"),
+    out: Path = typer.Option(..., "-o", "--out", help="the standard llama.cpp GGUF to write"),
+    precision: str = typer.Option("high", "--precision", help="high or low: which expert copies to keep"),
+    force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
+) -> None:
+    """Write a standard llama.cpp GGUF of one precision (loads in stock llama.cpp)."""
+    from pyedgemoe.convert.export import PRECISIONS, export
+
+    if precision not in PRECISIONS:
+        fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    try:
+        result = export(model, out, precision=precision, force=force, progress=True)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    typer.echo(f"wrote {result}")
+
+
 @app.command()
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),

@@ -3,6 +3,10 @@
 Expert tensors are the stacked routed experts llama.cpp's MoE path multiplies with
 ggml_mul_mat_id (`blk.N.ffn_{gate,up,down,gate_up}_exps`); shared experts (`_shexp`) run for
 every token, so they count as non-expert (always resident) bytes.
+
+A multi-precision file (docs/format.md) holds each expert tensor twice: the HIGH copy under the
+standard name and the LOW copy under the `.lowbit` name; `expert_bytes_per_layer` counts both,
+`high_expert_bytes_per_layer` / `low_expert_bytes_per_layer` each one.
 """
 from __future__ import annotations
 
@@ -33,6 +37,12 @@ class ModelInfo:
     tensor_types: dict[str, int]  # ggml type name -> bytes of tensors of that type
     multi_precision: bool
     metadata: dict = field(repr=False, default_factory=dict)
+    # Multi-precision files only (None / empty for a standard file).
+    format_version: int | None = None
+    high_type: str | None = None  # edgemoe.high_type: ggml type of the HIGH expert copies
+    low_type: str | None = None  # edgemoe.low_type: ggml type of (most of) the LOW expert copies
+    high_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
+    low_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
 
     @property
     def is_moe(self) -> bool:
@@ -41,6 +51,14 @@ class ModelInfo:
     @property
     def expert_bytes(self) -> int:
         return sum(self.expert_bytes_per_layer.values())
+
+    @property
+    def high_expert_bytes(self) -> int:
+        return sum(self.high_expert_bytes_per_layer.values())
+
+    @property
+    def low_expert_bytes(self) -> int:
+        return sum(self.low_expert_bytes_per_layer.values())
 
     def to_dict(self) -> dict:
         return {
@@ -58,6 +76,13 @@ class ModelInfo:
             "non_expert_bytes": self.non_expert_bytes,
             "tensor_types": self.tensor_types,
             "multi_precision": self.multi_precision,
+            "format_version": self.format_version,
+            "high_type": self.high_type,
+            "low_type": self.low_type,
+            "high_expert_bytes": self.high_expert_bytes,
+            "low_expert_bytes": self.low_expert_bytes,
+            "high_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.high_expert_bytes_per_layer.items())},
+            "low_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.low_expert_bytes_per_layer.items())},
         }
 
 
@@ -91,6 +116,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         return int(value) if isinstance(value, (int, float)) else 0
 
     expert_bytes: dict[int, int] = defaultdict(int)
+    high_bytes: dict[int, int] = defaultdict(int)
+    low_bytes: dict[int, int] = defaultdict(int)
     tensor_types: dict[str, int] = defaultdict(int)
     total = 0
     for t in info["tensors"]:
@@ -99,7 +126,11 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         match = EXPERT_TENSOR.match(t["name"].removesuffix(".weight"))
         if match:
             expert_bytes[int(match.group(1))] += t["nbytes"]
+            copies = low_bytes if t["name"].endswith(LOW_PRECISION_SUFFIX) else high_bytes
+            copies[int(match.group(1))] += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
+    multi_precision = "edgemoe.format_version" in kv
+    version = kv.get("edgemoe.format_version")
     return ModelInfo(
         path=path,
         file_bytes=file_bytes,
@@ -112,6 +143,11 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         expert_bytes_per_layer=dict(expert_bytes),
         non_expert_bytes=total - n_expert_total,
         tensor_types=dict(tensor_types),
-        multi_precision="edgemoe.format_version" in kv,
+        multi_precision=multi_precision,
         metadata=kv,
+        format_version=int(version) if isinstance(version, (int, float)) else None,
+        high_type=str(kv["edgemoe.high_type"]) if multi_precision and "edgemoe.high_type" in kv else None,
+        low_type=str(kv["edgemoe.low_type"]) if multi_precision and "edgemoe.low_type" in kv else None,
+        high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else {},
+        low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
     )

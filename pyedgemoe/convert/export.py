@@ -1,0 +1,122 @@
+"""Multi-precision GGUF -> a standard llama.cpp GGUF of one precision (docs/format.md).
+
+Stock llama.cpp refuses a file with tensors it does not expect, so `.lowbit` copies must go:
+- precision "high": the file without its `.lowbit` tensors;
+- precision "low": each routed-expert tensor's bytes and type replaced by its `.lowbit` copy.
+The `edgemoe.*` keys are dropped and `general.file_type` describes the expert type written.
+A standard input exported at "high" is copied byte for byte.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import gguf
+
+from pyedgemoe.convert.from_gguf import (
+    copy_chunks,
+    copy_kv,
+    is_multi_precision,
+    is_routed_expert,
+    kv_value,
+    lowbit_name,
+    open_gguf,
+    tensor_ne,
+    tensor_type_name,
+)
+from pyedgemoe.convert.gguf_out import (
+    FORMAT_VERSION,
+    LOWBIT_SUFFIX,
+    GGUFOutput,
+    create_partial_file,
+    llama_file_type,
+)
+from pyedgemoe.errors import ConversionError
+
+PRECISIONS = ("high", "low")
+
+
+def export(model: Path, out: Path, *, precision: str = "high", force: bool = False,
+           progress: bool = True) -> Path:
+    """Write the `precision` ("high" or "low") experts of `model` as a standard GGUF at `out`."""
+    model, out = Path(model), Path(out)
+    if precision not in PRECISIONS:
+        raise ConversionError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if out.exists() and not force:
+        raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    if out.exists() and out.resolve() == model.resolve():
+        raise ConversionError(f"output {out} is the input")
+    reader = open_gguf(model, "model")
+    arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
+    if not arch:
+        raise ConversionError(f"{model} has no general.architecture")
+
+    if not is_multi_precision(reader):
+        if precision == "low":
+            raise ConversionError(f"{model} is a standard GGUF: it has no LOW expert copies to export")
+        del reader
+        return _copy_file(model, out, force=force, progress=progress)
+
+    version = kv_value(reader, "edgemoe.format_version")
+    if version is not None and int(version) > FORMAT_VERSION:
+        raise ConversionError(f"{model} has edgemoe.format_version {version}; this pyedgemoe reads "
+                              f"version {FORMAT_VERSION} and older — upgrade pyedgemoe")
+    by_name = {t.name: t for t in reader.tensors}
+    expert_type = kv_value(reader, f"edgemoe.{precision}_type")
+
+    output = GGUFOutput(out, arch=arch, force=force)
+    copy_kv(reader, output.writer,
+            skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith("edgemoe."))
+    if expert_type:
+        output.writer.add_file_type(llama_file_type(expert_type))
+
+    for t in reader.tensors:
+        if t.name.endswith(LOWBIT_SUFFIX):
+            continue
+        source = t
+        if precision == "low" and is_routed_expert(t.name):
+            source = by_name.get(lowbit_name(t.name))
+            if source is None:
+                output.abort()
+                raise ConversionError(f"{model}: expert tensor {t.name} has no {LOWBIT_SUFFIX} copy")
+            if tensor_ne(source) != tensor_ne(t):
+                output.abort()
+                raise ConversionError(f"{model}: {source.name} has shape {tensor_ne(source)}, "
+                                      f"{t.name} has {tensor_ne(t)}")
+        output.add_tensor(t.name, tensor_ne(t), tensor_type_name(source),
+                          (lambda s=source: copy_chunks(model, s)))
+    return output.finish(progress=progress)
+
+
+def _copy_file(src: Path, out: Path, *, force: bool, progress: bool) -> Path:
+    """Copy `src` to `out` through a temp file in out's directory (no partial file on failure)."""
+    directory = out.parent
+    if not directory.is_dir():
+        raise ConversionError(f"output directory {directory} does not exist")
+    tmp = None
+    try:
+        tmp = create_partial_file(out)
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 16 * 1024 * 1024)
+            fout.flush()
+            os.fsync(fout.fileno())
+        if out.exists() and not force:
+            raise ConversionError(f"{out} appeared while writing; pass --force to overwrite it")
+        os.replace(tmp, out)
+        tmp = None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConversionError(f"disk full while writing {out}; no output file was left behind") from None
+        raise ConversionError(f"cannot write {out}: {e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+    if progress:
+        sys.stderr.write(f"{src} is a standard GGUF: copied it to {out}\n")
+    return out

@@ -1,0 +1,174 @@
+"""What a conversion will write: every tensor with its ggml shape, type and bytes, by role.
+
+`--dry-run` prints a Plan and writes nothing; a real run hands the same entries to GGUFOutput
+(whose progress bar counts their bytes). Roles: "base" (non-expert tensors), "high" (routed
+experts, HIGH copy), "low" (their `.lowbit` LOW copy).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from pyedgemoe.convert.gguf_out import block_size, ggml_type, ggml_type_name, tensor_nbytes
+from pyedgemoe.errors import ConversionError
+
+ROLES = ("base", "high", "low")
+
+# Quantizing these in ggml needs an importance matrix (ggml_quantize_requires_imatrix); we have none.
+_NEEDS_IMATRIX = {"iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"}
+
+# llama.cpp's quantizer (src/llama-quant.cpp, tensor_type_fallback): a tensor whose row length is
+# not a multiple of the type's block size gets this type instead, and F16 if that does not fit either.
+_FALLBACK = {
+    "q2_K": "q4_0", "q3_K": "q4_0", "tq1_0": "q4_0", "tq2_0": "q4_0",
+    "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0",
+    "iq3_xxs": "iq4_nl", "iq3_s": "iq4_nl", "iq4_xs": "iq4_nl",
+}
+
+
+def check_type(type_name: str, role: str) -> str:
+    """A user-given type name in ggml's spelling ("q4_k" -> "q4_K"); ConversionError if ggml's
+    quantizer cannot produce it without an importance matrix."""
+    try:
+        name = ggml_type_name(ggml_type(type_name))
+    except ConversionError as e:
+        raise ConversionError(f"{role} type: {e}") from None
+    if name in _NEEDS_IMATRIX:
+        raise ConversionError(f"{role} type {name} needs an importance matrix, which pyedgemoe does not "
+                              f"compute; choose q2_K or larger")
+    if name != "f32":
+        from pyedgemoe import _native
+        try:
+            _native.quantize(np.zeros((1, block_size(name)), dtype=np.float32), name, 1)
+        except Exception as e:
+            raise ConversionError(f"{role} type {name} is not supported by ggml's quantizer: {e}") from None
+    return name
+
+
+def fitting_type(type_name: str, row_len: int) -> str:
+    """`type_name`, or llama.cpp's fallback when rows of `row_len` elements do not fill its blocks."""
+    if row_len % block_size(type_name) == 0:
+        return type_name
+    fallback = _FALLBACK.get(type_name)
+    if fallback is not None and row_len % block_size(fallback) == 0:
+        return fallback
+    return "f16"
+
+
+@dataclass
+class PlannedTensor:
+    name: str
+    ne: list[int]                 # ggml order: ne[0] is the row length
+    type: str                     # ggml type name written
+    nbytes: int
+    role: str                     # "base" | "high" | "low"
+    src_type: str = ""            # what it is made from (safetensors dtype, or the source GGUF's type)
+    action: str = ""              # one line: how (and, after a fallback, why this type)
+    produce: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fell_back(self) -> bool:
+        return "instead of" in self.action
+
+
+@dataclass
+class Plan:
+    """Everything a conversion writes, before it writes it."""
+    source: str
+    out: str
+    architecture: str             # general.architecture of the output
+    high_type: str
+    low_type: str
+    base_type: str
+    low_from: str | None = None
+    tensors: list[PlannedTensor] = field(default_factory=list)
+
+    def add(self, name: str, ne: list[int], type_name: str, role: str, *, src_type: str = "",
+            action: str = "", produce: Callable[[], np.ndarray] | None = None) -> PlannedTensor:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        ne = [int(n) for n in ne]
+        try:
+            nbytes = tensor_nbytes(type_name, ne)
+        except ConversionError as e:
+            raise ConversionError(f"tensor {name} {ne}: {e}") from None
+        t = PlannedTensor(name, ne, type_name, nbytes, role, src_type, action, produce)
+        self.tensors.append(t)
+        return t
+
+    # -- totals ----------------------------------------------------------------------------------
+
+    def bytes_by_role(self) -> dict[str, int]:
+        c = Counter({r: 0 for r in ROLES})
+        for t in self.tensors:
+            c[t.role] += t.nbytes
+        return dict(c)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def fallbacks(self) -> list[PlannedTensor]:
+        return [t for t in self.tensors if t.fell_back]
+
+    def by_name(self) -> dict[str, PlannedTensor]:
+        return {t.name: t for t in self.tensors}
+
+    # -- presentation ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-able); the same keys `from_gguf.convert_gguf` returns for a dry run."""
+        b = self.bytes_by_role()
+        return {
+            "source": self.source, "out": self.out, "architecture": self.architecture,
+            "high_type": self.high_type, "low_type": self.low_type, "base_type": self.base_type,
+            "low_from": self.low_from,
+            "tensors": [{"name": t.name, "ne": list(t.ne), "type": t.type, "src_type": t.src_type,
+                         "nbytes": t.nbytes, "action": t.action, "role": t.role} for t in self.tensors],
+            "bytes": {"high": b["high"], "low": b["low"], "non_expert": b["base"], "total": self.total_bytes},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        """A Plan from `to_dict()`'s shape (what `from_gguf.convert_gguf(dry_run=True)` returns)."""
+        plan = cls(source=str(d["source"]), out=str(d["out"]), architecture=str(d["architecture"]),
+                   high_type=d["high_type"], low_type=d["low_type"], base_type=str(d["base_type"]),
+                   low_from=d.get("low_from"))
+        for t in d["tensors"]:
+            plan.tensors.append(PlannedTensor(t["name"], list(t["ne"]), t["type"], int(t["nbytes"]),
+                                              t["role"], t.get("src_type", ""), t.get("action", "")))
+        return plan
+
+    def format(self, per_tensor: bool = True) -> str:
+        """The text `--dry-run` prints: one line per tensor, then the bytes of each precision."""
+        lines = [f"{self.source} -> {self.out}  ({self.architecture})",
+                 f"HIGH {self.high_type}  LOW {self.low_type}  base {self.base_type}"
+                 + (f"  low copies from {self.low_from}" if self.low_from else "")]
+        if per_tensor:
+            width = max((len(t.name) for t in self.tensors), default=10)
+            for t in self.tensors:
+                lines.append(f"  {t.name:<{width}}  {str(t.ne):<18} {t.src_type:>5} -> {t.type:<6} "
+                             f"{format_bytes(t.nbytes):>10}  {t.action}")
+        b = self.bytes_by_role()
+        lines.append(f"{len(self.tensors)} tensors: experts HIGH {format_bytes(b['high'])}, "
+                     f"experts LOW {format_bytes(b['low'])}, non-expert {format_bytes(b['base'])}, "
+                     f"total {format_bytes(self.total_bytes)}")
+        n_fallback = len(self.fallbacks())
+        if n_fallback:
+            lines.append(f"{n_fallback} tensor(s) use a fallback type: their row length does not fill the "
+                         f"requested type's blocks (as llama.cpp's quantizer does)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
