@@ -19,7 +19,7 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.text_stream import TextStream
 
@@ -81,6 +81,44 @@ class GenerationStats:
         }
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+IO_MODES = ("direct", "buffered", "mmap")
+CACHE_POLICIES = ("lru", "lfu")
+
+
+def parse_expert_cache(value: str | int | None, expert_bytes: int) -> int | None:
+    """Bytes of the expert cache: None / "auto" -> None (every expert resident, no offloading);
+    an int -> bytes; "300MiB", "4GiB", "1.5GB" -> bytes; "50%" -> that share of the expert bytes."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage or 'auto', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise InvalidOptionError(f"expert_cache must be positive, got {value}")
+        return value
+    text = value.strip().lower().replace(" ", "")
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            return max(1, int(expert_bytes * pct / 100))
+        number = text.rstrip("kmgtib")
+        unit = text[len(number):]
+        if unit not in _SIZE_UNITS or not number:
+            raise ValueError
+        bytes_ = int(float(number) * _SIZE_UNITS[unit])
+        if bytes_ <= 0:
+            raise ValueError
+        return bytes_
+    except ValueError:
+        raise InvalidOptionError(
+            f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', or 'auto'"
+        ) from None
+
+
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
@@ -95,12 +133,18 @@ class Engine:
     seed: default sampling seed (None = random).
     flash_attn: True/False, or None to let llama.cpp decide (its default).
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
+    expert_cache: bytes of memory for routed experts: an int, "300MiB", "4GiB", "50%" (of the expert
+        bytes), or None / "auto" (every expert resident, no offloading). With a budget the experts stay
+        in the file and are read into a cache when routed to (docs/expert-residency.md).
+    io: how experts are read: "direct" (O_DIRECT; buffered where the filesystem has none), "buffered"
+        (pread) or "mmap". io_threads: parallel reads per layer. cache_policy: "lru" or "lfu".
     verbose: forward llama.cpp's log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
-                 flash_attn: bool | None = None, kv_type: str = "f16", verbose: bool = False):
+                 flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
+                 io: str = "direct", io_threads: int = 1, cache_policy: str = "lru", verbose: bool = False):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
@@ -111,19 +155,38 @@ class Engine:
         except KeyError:
             raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
+        if io not in IO_MODES:
+            raise InvalidOptionError(f"unknown io {io!r} ({', '.join(IO_MODES)})")
+        if cache_policy not in CACHE_POLICIES:
+            raise InvalidOptionError(f"unknown cache_policy {cache_policy!r} ({', '.join(CACHE_POLICIES)})")
+        _positive("io_threads", io_threads)
         _native.set_verbose(verbose)
 
         self.model_path = os.fspath(model_path)
         self.info: ModelInfo = read_model_info(self.model_path)
+        budget = parse_expert_cache(expert_cache, self.info.expert_bytes)
+        offload = budget is not None and self.info.is_moe
         try:
-            self._model = _native.Model(self.model_path)
+            # offloading: non-expert weights are read into memory (not mapped), so the file backs
+            # nothing but the expert reads, which report a changed file as an error
+            self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
+            if offload:
+                self._model.enable_expert_residency(budget, io, io_threads, cache_policy)
+        except _native.ExpertBudgetError as e:
+            raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
+        self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
+        n_ubatch = n_batch
+        if offload and self.expert_residency["max_ubatch_tokens"] > 0:
+            # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
+            n_ubatch = min(n_batch, self.expert_residency["max_ubatch_tokens"])
+        self.n_ubatch = n_ubatch
         cores = os.cpu_count() or 1
         n_threads = n_threads or cores
         n_threads_batch = n_threads_batch or n_threads
         try:
-            self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+            self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                         n_threads=n_threads, n_threads_batch=n_threads_batch,
                                         flash_attn=flash_attn_type, kv_type=kv_ggml_type)
         except RuntimeError as e:
@@ -188,9 +251,16 @@ class Engine:
         ctx = self._live()
         ctx.clear()
         self._tokens = []
-        out = ctx.decode(ids, 0, True)
+        out = self._decode(ids, 0, True)
         self._tokens = ids
         return out
+
+    def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> np.ndarray:
+        try:
+            return self._live().decode(ids, pos0, all_logits)
+        except _native.ExpertLoadError as e:
+            self._tokens = []  # the native side cleared the KV cache
+            raise ExpertLoadError(str(e)) from None
 
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
@@ -212,7 +282,7 @@ class Engine:
             ctx.clear()
             reuse = 0
         self._tokens = self._tokens[:reuse]
-        logits = ctx.decode(prompt[reuse:], reuse, False)
+        logits = self._decode(prompt[reuse:], reuse, False)
         self._tokens = list(prompt)
         return logits, reuse
 
@@ -255,7 +325,7 @@ class Engine:
                 yield token
                 decode_start = time.perf_counter() - timings.decode_seconds  # time spent by the consumer does not count
                 if i + 1 < budget:
-                    ctx.decode([token], len(self._tokens), False)
+                    self._decode([token], len(self._tokens), False)
                     self._tokens.append(token)
             timings.decode_seconds = time.perf_counter() - decode_start
         finally:
@@ -404,11 +474,14 @@ class Engine:
     # -- telemetry ---------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters since the Engine was created: tokens and time spent in prefill and decode.
-        Expert-residency counters (hits, misses, bytes read) join here once the layer is active."""
-        return {
+        With an expert cache, "experts" holds its settings and per-layer and total counters."""
+        out = {
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},
             "totals": self._totals.to_dict(),
             "last": self.last_timings.to_dict(),
         }
+        if self.expert_residency is not None:
+            out["experts"] = {**self.expert_residency, **self._model.expert_stats()}
+        return out

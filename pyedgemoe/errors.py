@@ -20,3 +20,8 @@ class InvalidOptionError(PyEdgeMoEError, ValueError):
 class ConversionError(PyEdgeMoEError):
     """A checkpoint or GGUF cannot be converted (missing files, bad shapes, unsupported
     architecture, disk full); no output file is left behind."""
+
+
+class ExpertLoadError(PyEdgeMoEError, RuntimeError):
+    """An expert could not be read from the model file (truncated, replaced, I/O error) while
+    running; the message names the layer, the expert and the file offset."""

@@ -39,6 +39,7 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     if (!ctx) throw_with_log("failed to create a context");
     new (self) Context();
     self->ctx = ctx;
+    self->model = &model;
     self->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
 }
 
@@ -64,6 +65,7 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
     nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
 
     int32_t status = 0;
+    std::string expert_error;
     {
         nb::gil_scoped_release release;
         llama_batch batch = llama_batch_init(n_batch, 0, 1);
@@ -80,6 +82,8 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
             log_clear_recent();
             status = llama_decode(self.ctx, batch);
             if (status != 0) break;
+            expert_error = take_residency_error(self);
+            if (!expert_error.empty()) break;
             if (all_logits) {
                 std::memcpy(out + (size_t) start * self.n_vocab, llama_get_logits(self.ctx),
                             sizeof(float) * count * self.n_vocab);
@@ -89,6 +93,7 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
         }
         llama_batch_free(batch);
     }
+    if (!expert_error.empty()) throw expert_load_error(expert_error);
     if (status != 0) throw_with_log("llama_decode failed with status " + std::to_string(status));
     return Logits(out, {n_rows, (size_t) self.n_vocab}, owner);
 }

@@ -2,6 +2,7 @@
 #include "native.h"
 
 #include "llama.h"
+#include "../src/expert-residency.h"
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 Model::~Model() {
+    residency.reset();  // unregisters its tensors before they go
     if (model) llama_model_free(model);
 }
 
@@ -20,10 +22,13 @@ namespace {
 
 const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.model); }
 
-void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mmap) {
+// experts_on_demand: the stacked expert tensors stay in the file (patch 0003: lazy mode ON maps
+// them without reading or prefetching), for an expert cache (enable_expert_residency) to read.
+void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mmap, bool experts_on_demand) {
     llama_model_params params = llama_model_default_params();
     params.n_gpu_layers = n_gpu_layers;
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    if (experts_on_demand) params.lazy_mode = LLAMA_LAZY_MODE_ON;
     log_clear_recent();
     llama_model * model;
     {
@@ -34,6 +39,7 @@ void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mma
     new (self) Model();
     self->model = model;
     self->path = path;
+    self->experts_on_demand = experts_on_demand;
 }
 
 std::vector<llama_token> tokenize(const Model & m, const std::string & text, bool add_special, bool parse_special) {
@@ -125,8 +131,10 @@ nb::object optional_token(llama_token t) { return t == LLAMA_TOKEN_NULL ? nb::ob
 }  // namespace
 
 void register_model(nb::module_ & m) {
-    nb::class_<Model>(m, "Model")
-        .def("__init__", &load, nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("use_mmap") = true)
+    nb::class_<Model> cls(m, "Model");
+    cls
+        .def("__init__", &load, nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("use_mmap") = true,
+             nb::arg("experts_on_demand") = false)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
         .def("token_to_piece", &token_to_piece, nb::arg("token"), nb::arg("special") = false)
@@ -148,4 +156,5 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("eos", [](const Model & m) { return optional_token(llama_vocab_eos(vocab_of(m))); })
         .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
         .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
+    add_residency_methods(cls);
 }

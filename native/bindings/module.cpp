@@ -17,4 +17,5 @@ NB_MODULE(_native, m) {
     register_sampler(m);
     register_gguf_info(m);
     register_quantize(m);
+    register_residency(m);
 }

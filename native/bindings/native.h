@@ -5,7 +5,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <memory>
+#include <stdexcept>
 #include <string>
+
+class expert_residency;
 
 struct llama_model;
 struct llama_context;
@@ -25,12 +29,15 @@ void log_clear_recent();
 struct Model {
     llama_model * model = nullptr;
     std::string path;
+    bool experts_on_demand = false;                 // loaded with the expert tensors left in the file
+    std::unique_ptr<expert_residency> residency;   // the expert cache, when offloading is on
     ~Model();
 };
 
 // Owns a llama_context over a Model.
 struct Context {
     llama_context * ctx = nullptr;
+    Model * model = nullptr;  // kept alive by nb::keep_alive
     int n_vocab = 0;
     ~Context();
 };
@@ -47,3 +54,10 @@ void register_context(nb::module_ & m);
 void register_sampler(nb::module_ & m);
 void register_gguf_info(nb::module_ & m);
 void register_quantize(nb::module_ & m);
+void register_residency(nb::module_ & m);
+void add_residency_methods(nb::class_<Model> & cls);  // called by register_model
+// After a llama_decode: "" or why an expert failed to load; then the KV cache was cleared (it holds
+// values computed without that expert).
+std::string take_residency_error(Context & c);
+// Raised to Python as pyedgemoe._native.ExpertLoadError (a RuntimeError).
+struct expert_load_error : std::runtime_error { using std::runtime_error::runtime_error; };

@@ -1,0 +1,135 @@
+#include "expert-store.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+namespace {
+
+std::string errno_text(int err) { return std::string(strerror(err)); }
+
+std::string range_text(uint64_t offset, uint64_t size) {
+    return "bytes [" + std::to_string(offset) + ", " + std::to_string(offset + size) + ")";
+}
+
+// pread until size bytes arrived, EOF, or an error. Returns the bytes read.
+uint64_t pread_full(int fd, void * dst, uint64_t size, uint64_t offset) {
+    uint64_t done = 0;
+    while (done < size) {
+        ssize_t n = pread(fd, (char *) dst + done, size - done, (off_t) (offset + done));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw std::runtime_error("read error at " + range_text(offset, size) + ": " + errno_text(errno));
+        }
+        if (n == 0) break;
+        done += (uint64_t) n;
+    }
+    return done;
+}
+
+// One aligned bounce buffer per thread, grown on demand (O_DIRECT needs aligned memory).
+struct aligned_buffer {
+    void * data = nullptr;
+    uint64_t bytes = 0;
+    ~aligned_buffer() { free(data); }
+    void * reserve(uint64_t need) {
+        if (need > bytes) {
+            free(data);
+            data = nullptr;
+            bytes = 0;
+            if (posix_memalign(&data, expert_store::kDirectAlignment, need) != 0) throw std::bad_alloc();
+            bytes = need;
+        }
+        return data;
+    }
+};
+
+}  // namespace
+
+expert_io expert_io_from_name(const std::string & name) {
+    if (name == "direct") return expert_io::direct;
+    if (name == "buffered") return expert_io::buffered;
+    if (name == "mmap") return expert_io::mmap;
+    throw std::invalid_argument("unknown io mode '" + name + "' (direct, buffered, mmap)");
+}
+
+const char * expert_io_name(expert_io io) {
+    switch (io) {
+        case expert_io::direct:   return "direct";
+        case expert_io::buffered: return "buffered";
+        case expert_io::mmap:     return "mmap";
+    }
+    return "?";
+}
+
+expert_store::expert_store(const std::string & path, expert_io requested) : path_(path), io_(requested) {
+    if (io_ == expert_io::direct) {
+        fd_ = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd_ < 0 && errno == EINVAL) io_ = expert_io::buffered;  // the filesystem has no O_DIRECT
+    }
+    if (fd_ < 0) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw std::runtime_error("cannot open " + path + ": " + errno_text(errno));
+    if (io_ == expert_io::mmap) {
+        struct stat st {};
+        if (fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat " + path + ": " + errno_text(errno));
+        map_bytes_ = (uint64_t) st.st_size;
+        map_ = mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
+        if (map_ == MAP_FAILED) {
+            map_ = nullptr;
+            close(fd_);
+            throw std::runtime_error("cannot mmap " + path + ": " + errno_text(errno));
+        }
+        posix_madvise(map_, map_bytes_, POSIX_MADV_RANDOM);  // no read-ahead into other experts
+    }
+}
+
+expert_store::~expert_store() {
+    if (map_) munmap(map_, map_bytes_);
+    if (fd_ >= 0) close(fd_);
+}
+
+uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) const {
+    switch (io_) {
+        case expert_io::buffered: {
+            uint64_t got = pread_full(fd_, dst, size, offset);
+            if (got != size) {
+                throw std::runtime_error("short read at " + range_text(offset, size) + ": got " +
+                                         std::to_string(got) + " bytes (file truncated?)");
+            }
+            return size;
+        }
+        case expert_io::direct: {
+            const uint64_t begin = offset & ~(kDirectAlignment - 1);
+            const uint64_t end   = (offset + size + kDirectAlignment - 1) & ~(kDirectAlignment - 1);
+            thread_local aligned_buffer bounce;
+            void * buf = bounce.reserve(end - begin);
+            // at the end of the file O_DIRECT returns the short tail: only the wanted part must be there
+            uint64_t got = pread_full(fd_, buf, end - begin, begin);
+            if (got < offset + size - begin) {
+                throw std::runtime_error("short read at " + range_text(offset, size) + ": the file ends at " +
+                                         std::to_string(begin + got) + " (file truncated?)");
+            }
+            memcpy(dst, (const char *) buf + (offset - begin), size);
+            return end - begin;
+        }
+        case expert_io::mmap: {
+            // touching a mapped page past the end of a truncated file would be SIGBUS: check first
+            struct stat st {};
+            if (fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat " + path_ + ": " + errno_text(errno));
+            if (offset + size > (uint64_t) st.st_size || offset + size > map_bytes_) {
+                throw std::runtime_error("short read at " + range_text(offset, size) + ": the file ends at " +
+                                         std::to_string((uint64_t) st.st_size) + " (file truncated?)");
+            }
+            memcpy(dst, (const char *) map_ + offset, size);
+            return size;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,38 @@
+// Reads experts' bytes from the GGUF file: O_DIRECT (ranges rounded out to 4 KiB into aligned
+// buffers; the page cache does not silently hold the model), pread, or a private mmap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+enum class expert_io { direct, buffered, mmap };
+
+expert_io   expert_io_from_name(const std::string & name);  // throws std::invalid_argument
+const char * expert_io_name(expert_io io);
+
+class expert_store {
+public:
+    // Opens path for reads in the requested mode. O_DIRECT falls back to buffered reads where the
+    // filesystem refuses it (tmpfs); io() says which mode is in effect.
+    expert_store(const std::string & path, expert_io requested);
+    ~expert_store();
+    expert_store(const expert_store &) = delete;
+    expert_store & operator=(const expert_store &) = delete;
+
+    // Copies the file's bytes [offset, offset + size) to dst. Returns the bytes read from storage
+    // (with O_DIRECT, the 4 KiB-rounded range). Throws std::runtime_error on a short read (a
+    // truncated file) or an I/O error. Safe to call from several threads at once.
+    uint64_t read_range(uint64_t offset, uint64_t size, void * dst) const;
+
+    expert_io io() const { return io_; }
+    const std::string & path() const { return path_; }
+
+    static constexpr uint64_t kDirectAlignment = 4096;
+
+private:
+    std::string path_;
+    expert_io   io_;
+    int         fd_ = -1;
+    void *      map_ = nullptr;
+    uint64_t    map_bytes_ = 0;
+};

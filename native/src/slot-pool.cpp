@@ -1,0 +1,77 @@
+#include "slot-pool.h"
+
+#include "ggml-alloc.h"
+
+#include <stdexcept>
+#include <string>
+
+uint64_t expert_bytes_of(const expert_shapes & shapes) {
+    uint64_t total = 0;
+    for (const auto & s : shapes) total += s.present ? s.bytes : 0;
+    return total;
+}
+
+slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft)
+    : shapes_(shapes), n_slots_(n_slots) {
+    ggml_init_params params = { ggml_tensor_overhead() * PROJ_COUNT + 1024, nullptr, /*no_alloc*/ true };
+    ctx_ = ggml_init(params);
+    if (!ctx_) throw std::runtime_error("slot pool: ggml_init failed");
+    static const char * names[PROJ_COUNT] = { "edgemoe_pool_up", "edgemoe_pool_gate", "edgemoe_pool_down", "edgemoe_pool_gate_up" };
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (!shapes[p].present) continue;
+        tensors_[p] = ggml_new_tensor_3d(ctx_, shapes[p].type, shapes[p].ne0, shapes[p].ne1, n_slots);
+        ggml_set_name(tensors_[p], names[p]);
+        if (tensors_[p]->nb[2] != shapes[p].bytes) {
+            throw std::runtime_error("slot pool: expert stride mismatch for " + std::string(names[p]));
+        }
+    }
+    buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, buft);
+    if (!buffer_) {
+        ggml_free(ctx_);
+        throw std::runtime_error("slot pool: cannot allocate " + std::to_string(bytes()) + " bytes for " +
+                                 std::to_string(n_slots) + " expert slots");
+    }
+    // the scheduler treats the pools like model weights (never as compute scratch)
+    ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    key_of_slot_.assign(n_slots, 0);
+    for (int s = n_slots - 1; s >= 0; s--) free_slots_.push_back(s);
+}
+
+slot_pool::~slot_pool() {
+    if (buffer_) ggml_backend_buffer_free(buffer_);
+    if (ctx_) ggml_free(ctx_);
+}
+
+void * slot_pool::slot_data(expert_projection p, int slot) const {
+    return (char *) tensors_[p]->data + (size_t) slot * tensors_[p]->nb[2];
+}
+
+int slot_pool::find(expert_key key) const {
+    auto it = slot_of_.find(key);
+    return it == slot_of_.end() ? -1 : it->second;
+}
+
+int slot_pool::take_free_slot() {
+    if (free_slots_.empty()) return -1;
+    int s = free_slots_.back();
+    free_slots_.pop_back();
+    return s;
+}
+
+void slot_pool::assign(int slot, expert_key key) {
+    key_of_slot_[slot] = key;
+    slot_of_[key] = slot;
+}
+
+expert_key slot_pool::release(int slot) {
+    expert_key key = key_of_slot_[slot];
+    slot_of_.erase(key);
+    free_slots_.push_back(slot);
+    return key;
+}
+
+void slot_pool::release_all() {
+    slot_of_.clear();
+    free_slots_.clear();
+    for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);
+}

@@ -1,0 +1,66 @@
+// Slot pools: the fast-memory home of cached experts. For one group of layers whose expert
+// tensors have the same types and shapes, one 3-D tensor [ne0, ne1, n_slots] per projection; a
+// cached expert is a slot index, the same in every projection's pool. ggml_mul_mat_id multiplies
+// over the pools with slot ids exactly as it would over the stacked expert tensors.
+#pragma once
+
+#include "cache-policy.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+enum expert_projection { PROJ_UP, PROJ_GATE, PROJ_DOWN, PROJ_GATE_UP, PROJ_COUNT };
+
+// The type and shape of one projection's expert matrix; absent projections have present = false.
+struct expert_matrix_shape {
+    bool      present = false;
+    ggml_type type    = GGML_TYPE_F32;
+    int64_t   ne0 = 0, ne1 = 0;
+    uint64_t  bytes = 0;  // one expert (nb[2] of the stacked tensor)
+
+    bool operator==(const expert_matrix_shape & o) const {
+        return present == o.present && type == o.type && ne0 == o.ne0 && ne1 == o.ne1 && bytes == o.bytes;
+    }
+};
+using expert_shapes = std::array<expert_matrix_shape, PROJ_COUNT>;
+
+uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of one expert
+
+class slot_pool {
+public:
+    // Allocates the pools in buft (the compute device's memory). Throws std::runtime_error on failure.
+    slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft);
+    ~slot_pool();
+    slot_pool(const slot_pool &) = delete;
+    slot_pool & operator=(const slot_pool &) = delete;
+
+    int n_slots() const { return n_slots_; }
+    int n_used() const { return (int) slot_of_.size(); }
+    uint64_t bytes() const { return (uint64_t) n_slots_ * expert_bytes_of(shapes_); }
+    const expert_shapes & shapes() const { return shapes_; }
+
+    ggml_tensor * tensor(expert_projection p) const { return tensors_[p]; }
+    void * slot_data(expert_projection p, int slot) const;
+
+    // bookkeeping of which expert each slot holds
+    int  find(expert_key key) const;      // its slot, or -1
+    int  take_free_slot();                // a free slot, or -1
+    void assign(int slot, expert_key key);
+    expert_key release(int slot);         // frees the slot, returns the expert it held
+    void release_all();
+
+private:
+    expert_shapes shapes_;
+    int n_slots_;
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer_t buffer_ = nullptr;
+    std::array<ggml_tensor *, PROJ_COUNT> tensors_{};
+    std::vector<expert_key> key_of_slot_;
+    std::vector<int> free_slots_;
+    std::unordered_map<expert_key, int> slot_of_;
+};

@@ -1,0 +1,171 @@
+"""Expert residency is lossless: with the experts read on demand into a byte-budgeted cache, the
+logits and greedy tokens are bit-identical to the run with every expert resident, at every budget
+and with every io mode; experts are never read wholesale; bad budgets and a truncated file give
+clear errors.
+
+The reference runs with the same ubatch size as the offloaded run (a budget below one layer's
+experts caps n_ubatch, docs/expert-residency.md), so both use exactly the same kernels.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import MOE_ARCHITECTURES
+from pyedgemoe import Engine
+from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
+from pyedgemoe.model_info import read_model_info
+
+SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
+IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
+N_GREEDY = 32
+MODELS = [(arch, "f32") for arch in MOE_ARCHITECTURES] + [("qwen3_moe", "q8_0")]
+IO_MODES = ["direct", "buffered", "mmap"]
+
+
+def minimum_budget(path) -> int:
+    """One layer's top-k experts, computed from the file's tensor directory."""
+    info = read_model_info(path)
+    per_expert = max(info.expert_bytes_per_layer.values()) // info.n_experts
+    return info.n_experts_used * per_expert
+
+
+def budget_bytes(path, budget: str) -> int | str:
+    return minimum_budget(path) if budget == "minimum" else budget
+
+
+def run(path, **options) -> tuple[np.ndarray, list[int], dict, int]:
+    with Engine(path, **SETTINGS, **options) as eng:
+        logits = eng.logits(IDS)
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        return logits, tokens, eng.stats(), eng.n_ubatch
+
+
+@pytest.fixture(scope="module")
+def resident_cache():
+    cache = {}
+
+    def resident(path, n_batch: int):
+        key = (str(path), n_batch)
+        if key not in cache:
+            cache[key] = run(path, n_batch=n_batch)[:2]
+        return cache[key]
+    return resident
+
+
+@pytest.mark.parametrize("io", IO_MODES)
+@pytest.mark.parametrize("budget", ["100%", "50%", "minimum"])
+@pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
+def test_offloaded_run_equals_resident_run(tiny_model, resident_cache, arch, outtype, budget, io):
+    path, _ = tiny_model(arch, outtype)
+    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget_bytes(path, budget), io=io)
+    ref_logits, ref_tokens = resident_cache(path, n_ubatch)
+    assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
+    assert tokens == ref_tokens
+    experts = stats["experts"]
+    total = experts["total"]
+    assert total["requests"] == total["hits"] + total["misses"] > 0
+    assert total["misses"] > 0 and total["bytes_read"] > 0
+    if budget == "minimum":
+        assert total["hits"] < total["misses"]  # the cache holds one layer's top-k: mostly streaming
+    if budget == "100%":
+        # every expert is read at most once
+        assert total["misses"] <= experts["n_expert"] * len(experts["layers"])
+
+
+def test_prefill_beyond_the_cache_caps_the_ubatch(tiny_model):
+    path, _ = tiny_model("olmoe")
+    with Engine(path, **SETTINGS, expert_cache=minimum_budget(path)) as eng:
+        assert eng.n_ubatch == 1
+    with Engine(path, **SETTINGS, expert_cache="100%") as eng:
+        assert eng.n_ubatch == 512
+
+
+def test_budget_below_minimum_is_refused_with_the_minimum(tiny_model):
+    path, _ = tiny_model("mixtral")
+    minimum = minimum_budget(path)
+    with pytest.raises(InvalidOptionError, match=f"minimum of {minimum} bytes"):
+        Engine(path, **SETTINGS, expert_cache=minimum - 1)
+
+
+@pytest.mark.parametrize("value", ["lots", "-5MiB", "0%", "150%", "12XB", 0])
+def test_invalid_budget_is_refused(tiny_model, value):
+    path, _ = tiny_model("mixtral")
+    with pytest.raises(InvalidOptionError):
+        Engine(path, **SETTINGS, expert_cache=value)
+
+
+def test_invalid_io_and_policy_are_refused(tiny_model):
+    path, _ = tiny_model("mixtral")
+    with pytest.raises(InvalidOptionError):
+        Engine(path, **SETTINGS, expert_cache="50%", io="async")
+    with pytest.raises(InvalidOptionError):
+        Engine(path, **SETTINGS, expert_cache="50%", cache_policy="fifo")
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_both_cache_policies_are_lossless(tiny_model, resident_cache, policy):
+    path, _ = tiny_model("qwen2_moe")
+    logits, tokens, stats, n_ubatch = run(path, expert_cache="50%", cache_policy=policy, io_threads=2)
+    ref_logits, ref_tokens = resident_cache(path, n_ubatch)
+    assert np.array_equal(logits, ref_logits) and tokens == ref_tokens
+    assert stats["experts"]["cache_policy"] == policy
+
+
+def _mapping_rss_bytes(path) -> tuple[int, int]:
+    """(number of mappings of path, their resident bytes) in this process."""
+    real = os.path.realpath(path)
+    n, rss, current = 0, 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                current = len(fields) >= 6 and fields[5] == real
+                n += current
+            elif current and fields[0] == "Rss:":
+                rss += int(fields[1]) * 1024
+    return n, rss
+
+
+def _read_chars() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_expert_pages_are_never_touched(tiny_model, tmp_path):
+    """Loading reads only the non-expert bytes; the experts' mapping stays unfaulted even after
+    generating; all expert bytes come through the store's counters."""
+    src, _ = tiny_model("mixtral")
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    info = read_model_info(path)
+    before = _read_chars()
+    with Engine(path, **SETTINGS, expert_cache="50%", io="buffered") as eng:
+        loaded = _read_chars() - before
+        eng.time_generation(IDS[:8], 16)
+        n_maps, rss = _mapping_rss_bytes(path)
+        bytes_read = eng.stats()["experts"]["total"]["bytes_read"]
+    # model_info and the residency layer parse the header; llama.cpp reads the non-expert tensors
+    header_bytes = info.file_bytes - info.non_expert_bytes - info.expert_bytes
+    assert loaded <= info.non_expert_bytes + 4 * header_bytes + 65536, loaded
+    assert loaded < info.non_expert_bytes + info.expert_bytes // 2, loaded
+    assert n_maps >= 1 and rss == 0
+    assert bytes_read > 0
+
+
+@pytest.mark.parametrize("io", IO_MODES)
+def test_truncated_file_while_running_is_a_clear_error(tiny_model, tmp_path, io):
+    src, _ = tiny_model("qwen3_moe")
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    with Engine(path, **SETTINGS, expert_cache=minimum_budget(path), io=io) as eng:
+        eng.logits(IDS[:4])
+        os.truncate(path, os.path.getsize(path) // 2)
+        with pytest.raises(ExpertLoadError, match=r"expert \d+ of layer \d+ .*file offset \d+"):
+            eng.logits(IDS)
+        # the engine stays usable for a clear error again, not garbage
+        with pytest.raises(ExpertLoadError):
+            eng.logits(IDS)
