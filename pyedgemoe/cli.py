@@ -57,6 +57,11 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads (default: all cores)"),
+    expert_cache: str = typer.Option("auto", "--expert-cache",
+                                     help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto"),
+    io: str = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap"),
+    io_threads: int = typer.Option(1, "--io-threads", help="parallel expert reads"),
+    cache_policy: str = typer.Option("lru", "--cache-policy", help="expert cache eviction: lru or lfu"),
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
@@ -80,10 +85,13 @@ def run(
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=seed)
     try:
-        with Engine(model, n_ctx=ctx, n_threads=threads, seed=seed, verbose=verbose) as eng:
+        with Engine(model, n_ctx=ctx, n_threads=threads, seed=seed, expert_cache=expert_cache, io=io,
+                    io_threads=io_threads, cache_policy=cache_policy, verbose=verbose) as eng:
             if not eng.info.is_moe:
                 typer.echo(f"note: {model} has no experts ({eng.info.architecture} is dense): "
                            "it runs as plain llama.cpp, nothing to offload", err=True)
+            elif not as_json:
+                typer.echo(f"note: {eng.expert_cache_note}", err=True)
             if chat:
                 run_chat(eng, prompt, max_tokens, sampling)
             elif as_json:

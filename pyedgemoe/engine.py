@@ -20,6 +20,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
+from pyedgemoe.memory_budget import parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.text_stream import TextStream
 
@@ -81,42 +82,8 @@ class GenerationStats:
         }
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-               "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 IO_MODES = ("direct", "buffered", "mmap")
 CACHE_POLICIES = ("lru", "lfu")
-
-
-def parse_expert_cache(value: str | int | None, expert_bytes: int) -> int | None:
-    """Bytes of the expert cache: None / "auto" -> None (every expert resident, no offloading);
-    an int -> bytes; "300MiB", "4GiB", "1.5GB" -> bytes; "50%" -> that share of the expert bytes."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage or 'auto', got {value!r}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise InvalidOptionError(f"expert_cache must be positive, got {value}")
-        return value
-    text = value.strip().lower().replace(" ", "")
-    try:
-        if text.endswith("%"):
-            pct = float(text[:-1])
-            if not 0 < pct <= 100:
-                raise ValueError
-            return max(1, int(expert_bytes * pct / 100))
-        number = text.rstrip("kmgtib")
-        unit = text[len(number):]
-        if unit not in _SIZE_UNITS or not number:
-            raise ValueError
-        bytes_ = int(float(number) * _SIZE_UNITS[unit])
-        if bytes_ <= 0:
-            raise ValueError
-        return bytes_
-    except ValueError:
-        raise InvalidOptionError(
-            f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', or 'auto'"
-        ) from None
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -164,7 +131,8 @@ class Engine:
 
         self.model_path = os.fspath(model_path)
         self.info: ModelInfo = read_model_info(self.model_path)
-        budget = parse_expert_cache(expert_cache, self.info.expert_bytes)
+        budget, self.expert_cache_note = parse_expert_cache(expert_cache, self.info.high_expert_bytes,
+                                                            self.info.non_expert_bytes)
         offload = budget is not None and self.info.is_moe
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs

@@ -148,6 +148,6 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         format_version=int(version) if isinstance(version, (int, float)) else None,
         high_type=str(kv["edgemoe.high_type"]) if multi_precision and "edgemoe.high_type" in kv else None,
         low_type=str(kv["edgemoe.low_type"]) if multi_precision and "edgemoe.low_type" in kv else None,
-        high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else {},
+        high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
     )

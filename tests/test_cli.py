@@ -19,7 +19,7 @@ def cli(*args, input_text=None, timeout=120):
 def assert_one_line_error(result, *fragments):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [l for l in result.stderr.splitlines() if l.strip() and not l.startswith("note: ")]
     assert len(lines) == 1, result.stderr
     for fragment in fragments:
         assert fragment in lines[0]

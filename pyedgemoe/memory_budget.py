@@ -1,0 +1,113 @@
+"""Sizes of the expert cache: parsing `--expert-cache` and choosing one for "auto".
+
+"auto" keeps every expert resident when the whole model fits in the memory available
+(MemAvailable, or what is left under a cgroup memory limit if one is set), and otherwise gives
+the experts what is available minus the non-expert weights and a reserve.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyedgemoe.errors import InvalidOptionError
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+# Kept free for the KV cache, compute buffers, Python and the OS under "auto".
+RESERVE_FRACTION = 0.10
+RESERVE_MIN_BYTES = 512 * 1024**2
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def parse_size(text: str) -> int:
+    """"300MiB", "4GiB", "1.5GB", "123" -> bytes; ValueError otherwise."""
+    text = text.strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    unit = text[len(number):]
+    if unit not in _SIZE_UNITS or not number:
+        raise ValueError(text)
+    value = int(float(number) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _own_memory_cgroup_v1() -> Path | None:
+    """The v1 memory cgroup this process is in (where a cap set for it is written)."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return CGROUP_V1 / path.lstrip("/")
+    except OSError:
+        pass
+    return None
+
+
+def available_memory_bytes() -> int:
+    """What this process can still use: MemAvailable, capped by its cgroup's limit minus usage."""
+    available = None
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    if available is None:
+        raise OSError("no MemAvailable in /proc/meminfo")
+    limits = [(CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current")]
+    v1 = _own_memory_cgroup_v1()
+    if v1 is not None:
+        limits.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
+    for limit_file, usage_file in limits:
+        try:
+            limit_text = limit_file.read_text().strip()
+            if limit_text == "max":
+                continue
+            room = int(limit_text) - int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if 0 < room < available:
+            available = room
+    return available
+
+
+def auto_expert_cache(expert_bytes: int, non_expert_bytes: int) -> tuple[int | None, str]:
+    """(budget bytes, or None for every expert resident; a sentence saying which and why)."""
+    available = available_memory_bytes()
+    reserve = max(RESERVE_MIN_BYTES, int(available * RESERVE_FRACTION))
+    gib = 1024**3
+    if expert_bytes + non_expert_bytes + reserve <= available:
+        return None, (f"expert cache auto: all experts resident ({expert_bytes / gib:.2f} GiB of experts fit "
+                      f"in {available / gib:.2f} GiB available)")
+    budget = available - non_expert_bytes - reserve
+    if budget <= 0:
+        raise InvalidOptionError(
+            f"not enough memory: {available / gib:.2f} GiB available, the non-expert weights alone need "
+            f"{non_expert_bytes / gib:.2f} GiB plus a {reserve / gib:.2f} GiB reserve")
+    return budget, (f"expert cache auto: {budget / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
+                    f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved)")
+
+
+def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int) -> tuple[int | None, str]:
+    """(bytes of the expert cache or None = every expert resident, a sentence for the user).
+    value: None / "auto", bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the expert bytes."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return auto_expert_cache(expert_bytes, non_expert_bytes)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage or 'auto', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise InvalidOptionError(f"expert_cache must be positive, got {value}")
+        return value, f"expert cache: {value} bytes"
+    text = value.strip().lower().replace(" ", "")
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            budget = max(1, int(expert_bytes * pct / 100))
+        else:
+            budget = parse_size(text)
+    except ValueError:
+        raise InvalidOptionError(
+            f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', or 'auto'"
+        ) from None
+    return budget, f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"
