@@ -1,0 +1,129 @@
+"""DeepSeek-V2 and V2-Lite (DeepseekV2ForCausalLM): multi-head latent attention (MLA), shared
+experts, and `first_k_dense_replace` leading dense layers.
+
+Special cases (llama.cpp's DeepseekV2Model): MLA is written as MQA (head_count_kv = 1) with
+key/value lengths of the compressed cache, and `kv_b_proj` is split into `attn_k_b` (transposed)
+and `attn_v_b` for the absorption optimisation; lm_head is dropped when tied; layers past
+num_hidden_layers (multi-token prediction) are skipped; leading dense layer count, LoRA ranks,
+expert counts/scales and YaRN's log multiplier are written. V2-Lite has no q LoRA (q_proj).
+"""
+from __future__ import annotations
+
+import re
+
+import gguf
+import numpy as np
+
+from pyedgemoe.convert.family import Family, TensorOut
+
+
+class DeepseekV2(Family):
+    name = "deepseek_v2"
+    hf_architectures = ("DeepseekV2ForCausalLM",)
+    gguf_arch = gguf.MODEL_ARCH.DEEPSEEK2
+    n_expert_keys = ("n_routed_experts",)
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        # read before write_hparams replaces it with 1 (MLA as MQA)
+        self.n_kv_heads_hf = int(self.hparams.get("num_key_value_heads") or self.n_head)
+
+    @property
+    def first_dense(self) -> int:
+        v = self.hparams.get("first_k_dense_replace")
+        return int(v) if v is not None else 0
+
+    def is_moe_layer(self, bid: int) -> bool:
+        freq = int(self.hparams.get("moe_layer_freq", 1) or 1)
+        return bid >= self.first_dense and bid % freq == 0
+
+    def rename(self, name: str) -> str | None:
+        name = super().rename(name)
+        if name is None or "sam_model" in name or "qwen2_model" in name:
+            return None
+        if self.hparams.get("tie_word_embeddings", False) and name in ("lm_head.weight", "model.lm_head.weight"):
+            return None
+        m = re.match(r"model\.layers\.(\d+)", name)
+        if m and int(m.group(1)) >= self.n_layers:
+            return None  # multi-token-prediction layers: llama.cpp does not run them
+        return name
+
+    def outputs(self, name, shape):
+        if not name.endswith("kv_b_proj.weight"):
+            return super().outputs(name, shape)
+        h = self.n_kv_heads_hf
+        v_dim, nope = int(self.hparams["v_head_dim"]), int(self.hparams["qk_nope_head_dim"])
+        kv_lora = shape[-1]
+
+        def k_b(w: np.ndarray) -> np.ndarray:
+            kv = w.reshape(h, v_dim + nope, kv_lora)
+            return np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))
+
+        def v_b(w: np.ndarray) -> np.ndarray:
+            kv = w.reshape(h, v_dim + nope, kv_lora)
+            return np.ascontiguousarray(kv[:, nope:, :])
+
+        return [TensorOut(name.replace("kv_b_proj", "k_b_proj"), (h, kv_lora, nope), k_b),
+                TensorOut(name.replace("kv_b_proj", "v_b_proj"), (h, v_dim, kv_lora), v_b)]
+
+    def attention_shapes(self):
+        hp, h, n = self.hparams, self.hidden_size, self.n_head
+        nope, rope, v_dim = int(hp["qk_nope_head_dim"]), int(hp["qk_rope_head_dim"]), int(hp["v_head_dim"])
+        kv_lora = int(hp.get("kv_lora_rank", 512))
+        shapes = {"self_attn.kv_a_proj_with_mqa.weight": (kv_lora + rope, h),
+                  "self_attn.kv_a_layernorm.weight": (kv_lora,),
+                  "self_attn.kv_b_proj.weight": (self.n_kv_heads_hf * (nope + v_dim), kv_lora),
+                  "self_attn.o_proj.weight": (h, n * v_dim)}
+        if (q_lora := hp.get("q_lora_rank")) is not None:
+            shapes.update({"self_attn.q_a_proj.weight": (q_lora, h), "self_attn.q_a_layernorm.weight": (q_lora,),
+                           "self_attn.q_b_proj.weight": (n * (nope + rope), q_lora)})
+        else:
+            shapes["self_attn.q_proj.weight"] = (n * (nope + rope), h)
+        return shapes
+
+    def expected_shape(self, name: str):
+        shape = super().expected_shape(name)
+        if shape is None and (n_shared := self.hparams.get("n_shared_experts")):
+            h, ff = self.hidden_size, self.expert_ff * int(n_shared)
+            for suffix, s in (("mlp.shared_experts.gate_proj.weight", (ff, h)),
+                              ("mlp.shared_experts.up_proj.weight", (ff, h)),
+                              ("mlp.shared_experts.down_proj.weight", (h, ff))):
+                if name.endswith(suffix):
+                    return s
+        return shape
+
+    def write_hparams(self, w: gguf.GGUFWriter, file_type: int) -> None:
+        hp = self.hparams
+        hp["num_key_value_heads"] = 1  # MLA converts into MQA (GQA with 1 group)
+        hp["rms_norm_eps"] = hp.get("rms_norm_eps", 1e-6)
+        super().write_hparams(w, file_type)
+
+        has_moe = hp.get("n_routed_experts") is not None
+        first_dense = hp.get("first_k_dense_replace")
+        if first_dense is None:
+            first_dense = hp["num_hidden_layers"] if not has_moe else 0
+        w.add_leading_dense_block_count(first_dense)
+        kv_lora = hp.get("kv_lora_rank", 512)
+        w.add_vocab_size(hp["vocab_size"])
+        if hp.get("q_lora_rank") is not None:
+            w.add_q_lora_rank(hp["q_lora_rank"])
+        w.add_kv_lora_rank(kv_lora)
+        w.add_key_length(kv_lora + hp["qk_rope_head_dim"])
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
+        w.add_value_length_mla(hp["v_head_dim"])
+        w.add_expert_feed_forward_length(self.find(["moe_intermediate_size", "intermediate_size"]))
+        if (n := hp.get("n_routed_experts")) is not None:
+            w.add_expert_count(n)
+        w.add_expert_shared_count(hp.get("n_shared_experts", 0))
+        if (scale := hp.get("routed_scaling_factor")) is not None:
+            w.add_expert_weights_scale(scale)
+        if hp.get("norm_topk_prob"):
+            w.add_expert_weights_norm(hp["norm_topk_prob"])
+        w.add_rope_dimension_count(hp["qk_rope_head_dim"])
+        if (mscale_all := self.rope_parameters.get("mscale_all_dim")) is not None:
+            # llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: 0.1 * mscale_all_dim, for legacy reasons
+            w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
+
+
+FAMILY = DeepseekV2

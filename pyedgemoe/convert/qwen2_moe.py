@@ -1,0 +1,73 @@
+"""Qwen1.5-MoE / Qwen2-MoE (Qwen2MoeForCausalLM): routed experts plus one shared expert behind a
+sigmoid gate (`mlp.shared_expert.*`, `mlp.shared_expert_gate` -> `*_shexp`, `ffn_gate_inp_shexp`).
+
+Special cases (llama.cpp's Qwen2MoeModel): expert and shared-expert feed-forward lengths;
+checkpoints that store experts fused (`mlp.experts.gate_up_proj` [E, 2*ff, n_embd],
+`mlp.experts.down_proj` [E, n_embd, ff]) are split/stacked like per-expert ones.
+"""
+from __future__ import annotations
+
+import re
+
+import gguf
+
+from pyedgemoe.convert.family import ExpertSource, ExpertStack, Family
+
+_FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(\.weight)?$")
+
+
+class Qwen2Moe(Family):
+    name = "qwen2_moe"
+    hf_architectures = ("Qwen2MoeForCausalLM",)
+    gguf_arch = gguf.MODEL_ARCH.QWEN2MOE
+
+    def is_moe_layer(self, bid: int) -> bool:
+        step = int(self.hparams.get("decoder_sparse_step", 1) or 1)
+        return (bid not in (self.hparams.get("mlp_only_layers") or [])
+                and self.n_experts > 0 and (bid + 1) % step == 0)
+
+    def attention_shapes(self):
+        shapes = super().attention_shapes()
+        hd = self.head_dim
+        shapes.update({"self_attn.q_proj.bias": (self.n_head * hd,),  # Qwen1.5/2 only; Qwen3 has none
+                       "self_attn.k_proj.bias": (self.n_head_kv * hd,),
+                       "self_attn.v_proj.bias": (self.n_head_kv * hd,)})
+        return shapes
+
+    def expected_shape(self, name: str):
+        shape = super().expected_shape(name)
+        if shape is None and (shared := self.hparams.get("shared_expert_intermediate_size")):
+            h = self.hidden_size
+            for suffix, s in (("mlp.shared_expert.gate_proj.weight", (shared, h)),
+                              ("mlp.shared_expert.up_proj.weight", (shared, h)),
+                              ("mlp.shared_expert.down_proj.weight", (h, shared)),
+                              ("mlp.shared_expert_gate.weight", (1, h))):
+                if name.endswith(suffix):
+                    return s
+        return shape
+
+    def fused_experts(self, name, shape):
+        m = _FUSED.match(name)
+        if not m:
+            return None
+        bid, which = int(m.group(1)), m.group(2)
+        if len(shape) != 3:
+            return []  # caught by the shape check of the caller
+        n, rows, cols = shape
+        if which == "down_proj":
+            return [ExpertStack(bid, "down_proj", self.merged_expert_name(bid, "down_proj"), (rows, cols),
+                                [ExpertSource(name, e) for e in range(n)])]
+        ff = rows // 2
+        return [ExpertStack(bid, proj, self.merged_expert_name(bid, proj), (ff, cols),
+                            [ExpertSource(name, e, r0, r0 + ff) for e in range(n)])
+                for proj, r0 in (("gate_proj", 0), ("up_proj", ff))]
+
+    def write_hparams(self, w: gguf.GGUFWriter, file_type: int) -> None:
+        super().write_hparams(w, file_type)
+        if (moe_ff := self.hparams.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(moe_ff)
+        if (shared_ff := self.hparams.get("shared_expert_intermediate_size")) is not None:
+            w.add_expert_shared_feed_forward_length(shared_ff)
+
+
+FAMILY = Qwen2Moe
