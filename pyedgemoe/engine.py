@@ -86,6 +86,15 @@ IO_MODES = ("direct", "buffered", "mmap")
 CACHE_POLICIES = ("lru", "lfu")
 
 
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def _usage(n_prompt: int, n_completion: int) -> dict:
+    """The OpenAI "usage" object."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
@@ -350,7 +359,7 @@ class Engine:
         iterator of text pieces as they are produced."""
         sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         sampling.validate()
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = _stop_list(stop)
         pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, sampling, stops, {})
         return pieces if stream else "".join(pieces)
 
@@ -361,7 +370,7 @@ class Engine:
         """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result."""
         sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         sampling.validate()
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = _stop_list(stop)
         prompt_tokens = self._prompt_tokens(prompt)
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_path}
@@ -369,9 +378,7 @@ class Engine:
         pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
 
         def usage() -> dict:
-            n = result["completion_tokens"]
-            return {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
-                    "total_tokens": len(prompt_tokens) + n}
+            return _usage(len(prompt_tokens), result["completion_tokens"])
 
         def choice(text: str, finish_reason: str | None) -> dict:
             return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
@@ -407,7 +414,7 @@ class Engine:
                 raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
         sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         sampling.validate()
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = _stop_list(stop)
         text = self.format_chat(messages)
         bos = self._model.bos
         starts_with_bos = bos is not None and text.startswith(self.token_piece(bos).decode("utf-8", "replace"))
@@ -417,9 +424,7 @@ class Engine:
         pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
 
         def usage() -> dict:
-            n = result["completion_tokens"]
-            return {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
-                    "total_tokens": len(prompt_tokens) + n}
+            return _usage(len(prompt_tokens), result["completion_tokens"])
 
         if not stream:
             content = "".join(pieces)
