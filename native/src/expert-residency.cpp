@@ -8,12 +8,12 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
-#include <thread>
 #include <unordered_set>
 
 namespace {
@@ -129,6 +129,7 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     }
 
     store_ = std::make_unique<expert_store>(path, params.io);
+    loaders_ = std::make_unique<loader_threads>(io_threads_);
     int max_il = 0;
     for (const auto & l : layers_) max_il = std::max(max_il, l->il);
     stats_.resize(max_il + 1);
@@ -282,35 +283,31 @@ void expert_residency::load_misses(const layer & l, const std::vector<std::pair<
             if (shapes[p].present) jobs.push_back({slot, e, (expert_projection) p});
         }
     }
-    auto run = [&](size_t begin, size_t step, uint64_t * bytes, double * ms, std::string * err) {
-        for (size_t j = begin; j < jobs.size(); j += step) {
+    // each thread takes the next job: several reads stay in flight (small reads are latency-bound)
+    const int n_threads = std::min<int>(loaders_->n_threads(), (int) jobs.size());
+    std::atomic<size_t> next{0};
+    std::vector<uint64_t> bytes(n_threads, 0);
+    std::vector<double> ms(n_threads, 0.0);
+    std::vector<std::string> errs(n_threads);
+    loaders_->run(n_threads, [&](int t) {
+        for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
             const job & jb = jobs[j];
             const uint64_t size = shapes[jb.proj].bytes;
             const uint64_t offset = l.file_offset[jb.proj] + (uint64_t) jb.expert * size;
             const auto t0 = clock_type::now();
             try {
-                *bytes += store_->read_range(offset, size, pool.slot_data(jb.proj, jb.slot));
+                bytes[t] += store_->read_range(offset, size, pool.slot_data(jb.proj, jb.slot));
             } catch (const std::exception & ex) {
                 static const char * pname[PROJ_COUNT] = { "up", "gate", "down", "gate_up" };
-                *err = "cannot read expert " + std::to_string(jb.expert) + " of layer " + std::to_string(l.il) +
-                       " (" + pname[jb.proj] + ", file offset " + std::to_string(offset) + ") from " +
-                       store_->path() + ": " + ex.what();
+                errs[t] = "cannot read expert " + std::to_string(jb.expert) + " of layer " + std::to_string(l.il) +
+                          " (" + pname[jb.proj] + ", file offset " + std::to_string(offset) + ") from " +
+                          store_->path() + ": " + ex.what();
+                next = jobs.size();  // the others stop too
                 return;
             }
-            *ms += ms_since(t0);
+            ms[t] += ms_since(t0);
         }
-    };
-    const int n_threads = std::min<int>(io_threads_, (int) jobs.size());
-    std::vector<uint64_t> bytes(n_threads, 0);
-    std::vector<double> ms(n_threads, 0.0);
-    std::vector<std::string> errs(n_threads);
-    if (n_threads <= 1) {
-        run(0, 1, &bytes[0], &ms[0], &errs[0]);
-    } else {
-        std::vector<std::thread> threads;
-        for (int t = 0; t < n_threads; t++) threads.emplace_back(run, (size_t) t, (size_t) n_threads, &bytes[t], &ms[t], &errs[t]);
-        for (auto & th : threads) th.join();
-    }
+    });
     for (int t = 0; t < n_threads; t++) {
         if (!errs[t].empty()) throw std::runtime_error(errs[t]);
         st.bytes_read += bytes[t];

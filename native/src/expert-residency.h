@@ -5,6 +5,7 @@
 
 #include "cache-policy.h"
 #include "expert-store.h"
+#include "loader.h"
 #include "slot-pool.h"
 #include "stats.h"
 
@@ -78,6 +79,7 @@ private:
     void load_misses(const layer & l, const std::vector<std::pair<int, int>> & slot_expert, expert_layer_stats & st);
 
     std::unique_ptr<expert_store> store_;
+    std::unique_ptr<loader_threads> loaders_;                 // io_threads - 1 workers + the op's thread
     std::vector<std::unique_ptr<layer>> layers_;
     std::vector<std::unique_ptr<slot_pool>> pools_;            // per group
     std::vector<std::unique_ptr<cache_policy>> policies_;      // per group
