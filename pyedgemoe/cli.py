@@ -43,6 +43,27 @@ def print_timings(t: dict) -> None:
                f"({t['decode_tokens_per_second']:8.2f} tok/s)", err=True)
 
 
+def print_stats(stats: dict) -> None:
+    """The expert cache's counters, a line in total and one per layer (JSON with --json)."""
+    experts = stats.get("experts")
+    if not experts:
+        typer.echo("experts: all resident (no expert cache)", err=True)
+        return
+
+    def line(name: str, c: dict) -> str:
+        hit_rate = c["hits"] / c["requests"] if c["requests"] else 0.0
+        return (f"{name:>8}: {c['requests']:6d} requests, {c['hits']:6d} hits ({hit_rate:6.1%}), "
+                f"{c['misses']:6d} misses, {format_bytes(c['bytes_read']):>11} read in {c['load_ms'] / 1000:6.3f} s, "
+                f"compute waited {c['stall_ms'] / 1000:6.3f} s")
+
+    typer.echo(f"expert cache: {format_bytes(experts['pool_bytes'])} of {format_bytes(experts['expert_bytes'])} "
+               f"experts (minimum {format_bytes(experts['minimum_bytes'])}), io {experts['io']}, "
+               f"policy {experts['cache_policy']}", err=True)
+    for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
+        typer.echo(line(f"layer {layer}", counters), err=True)
+    typer.echo(line("total", experts["total"]), err=True)
+
+
 @app.command()
 def run(
     model: Path = typer.Argument(..., help="GGUF model file"),
@@ -111,7 +132,7 @@ def run(
                 sys.stdout.write("\n")
                 print_timings(eng.last_timings.to_dict())
             if stats and not as_json:
-                typer.echo(json.dumps(eng.stats(), indent=2), err=True)
+                print_stats(eng.stats())
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
