@@ -141,3 +141,27 @@ def test_usage_errors_are_one_line_with_status_2(mixtral_gguf, args, fragment):
     r = cli("run", mixtral_gguf, "-p", "x", *args)
     assert r.returncode == 2
     assert_one_line_error(r, fragment)
+
+
+def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_model):
+    olmoe, _ = tiny_model("olmoe")
+    base = ("run", olmoe, "-p", "hello world", "-n", "12", "--temp", "0", "--json")
+    resident = json.loads(cli(*base).stdout)
+    r = cli(*base, "--expert-cache", "50%", "--io", "direct")
+    assert r.returncode == 0, r.stderr
+    offloaded = json.loads(r.stdout)
+    assert offloaded["tokens"] == resident["tokens"]
+    assert offloaded["stats"]["experts"]["total"]["misses"] > 0
+    text = cli("run", olmoe, "-p", "hello", "-n", "4", "--expert-cache", "50%", "--stats")
+    assert "total:" in text.stderr and "misses" in text.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--expert-cache", "lots"), "expert_cache"),
+    (("--expert-cache", "1KiB"), "minimum"),
+    (("--io", "magic"), "io"),
+    (("--cache-policy", "fifo"), "cache_policy"),
+])
+def test_invalid_expert_cache_options(tiny_model, args, fragment):
+    olmoe, _ = tiny_model("olmoe")
+    assert_one_line_error(cli("run", olmoe, "-p", "x", *args), fragment)
