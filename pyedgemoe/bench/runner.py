@@ -1,0 +1,448 @@
+"""Benchmark pyedgemoe against stock llama.cpp (llama-cpp-python) on one GGUF file.
+
+    python -m pyedgemoe.bench.runner build/bench/olmoe-L4-q8_0.gguf \\
+        --prompt-tokens 16 128 --output-tokens 32 --repeats 3 --threads 2 [--mem-cap 50%]
+
+Every measurement is its own worker process (pyedgemoe.bench.worker). Engines alternate within
+each repeat (A B A B ...) so slow drifts of the machine hit both; the report gives medians and
+the ratio ours / stock.
+
+Page cache (DESIGN.md section 8): without a cap the model file is read once up front so every
+run starts warm; with a cap it is evicted before every run (posix_fadvise DONTNEED), because
+pages an earlier run left behind stay charged to another cgroup and would be free memory for
+this one. The cap is a cgroup v1 memory group holding only the worker process; it is created
+under the caller's own memory cgroup, so the worker also stays inside any limit the caller
+already runs under, and it is removed after each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+if __package__:
+    from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE, parse_option
+else:  # run as a file (python pyedgemoe/bench/runner.py): works before the native module is built
+    from worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE, parse_option  # type: ignore[no-redef]
+
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+OURS, STOCK = "pyedgemoe", "llama_cpp"
+WORKER_SCRIPT = Path(__file__).resolve().with_name("worker.py")
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # so workers import this very copy
+
+
+try:
+    from pyedgemoe.errors import PyEdgeMoEError as _ErrorBase
+except ImportError:  # run as a file from a source tree whose native module is not built
+    _ErrorBase = Exception  # type: ignore[misc,assignment]
+
+
+class BenchmarkError(_ErrorBase):
+    """A benchmark that cannot be run as asked (missing model, no cgroup v1, bad size...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str, *, percent_of: int | None = None) -> int:
+    """'8GiB', '7.5G', '512MiB', '123456' -> bytes; 'N%' -> N% of percent_of (the model size)."""
+    s = text.strip().lower().replace(" ", "")
+    if s.endswith("%"):
+        if percent_of is None:
+            raise BenchmarkError(f"size {text!r}: a percentage needs a reference size")
+        try:
+            return int(float(s[:-1]) / 100 * percent_of)
+        except ValueError:
+            raise BenchmarkError(f"cannot parse size {text!r}") from None
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", s)
+    if not m or m.group(2) not in _UNITS:
+        raise BenchmarkError(f"cannot parse size {text!r} (examples: 8GiB, 7.5G, 512MiB, 50%)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# page cache and the memory cgroup
+
+
+def read_whole_file(path: Path) -> None:
+    """Pull the file into the page cache (for uncapped runs: every engine starts warm)."""
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(16 << 20)
+        while f.readinto(buf):
+            pass
+
+
+def evict_from_page_cache(path: Path) -> None:
+    """Drop the file's clean pages from the page cache, wherever they are charged."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages (a freshly written model) are not dropped by DONTNEED
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _own_memory_cgroup() -> Path:
+    """Directory of this process's cgroup v1 memory group (the parent for the benchmark group)."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, rel = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                parent = CGROUP_V1_MEMORY / rel.lstrip("/")
+                if parent.is_dir():
+                    return parent
+    except OSError:
+        pass
+    return CGROUP_V1_MEMORY
+
+
+def check_cgroup_v1() -> None:
+    if not (CGROUP_V1_MEMORY / "memory.limit_in_bytes").exists():
+        raise BenchmarkError(
+            f"--mem-cap needs the cgroup v1 memory controller at {CGROUP_V1_MEMORY}; "
+            "this machine does not have it (cgroup v2 only, or not mounted)")
+    if os.geteuid() != 0:
+        raise BenchmarkError("--mem-cap creates a memory cgroup and needs root")
+
+
+@contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A fresh cgroup v1 memory group with the given limit; removed on exit."""
+    check_cgroup_v1()
+    group = _own_memory_cgroup() / f"pyedgemoe-bench-{os.getpid()}"
+    if group.exists():
+        group.rmdir()  # left over from an interrupted run of this same pid
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield group
+    finally:
+        for _ in range(50):  # the dead worker can take a moment to leave the group
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _cgroup_counter(group: Path, name: str) -> int | None:
+    try:
+        return int((group / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# running workers
+
+
+def other_runnable_tasks(samples: int = 5, interval_s: float = 0.1) -> int:
+    """Most tasks seen runnable at once besides this process (from /proc/loadavg), over a short
+    window: a busy machine (a compile, another benchmark) shows here, where the 1-minute load
+    average would mostly show the previous worker."""
+    most = 0
+    for i in range(samples):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return -1
+        most = max(most, running - 1)
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return most
+
+
+def _run_worker(engine: str, model: Path, prompt_tokens: int, output_tokens: int, threads: int,
+                flash_attn: bool, options: dict[str, Any], decode_input: str, cgroup: Path | None,
+                timeout_s: float | None) -> dict[str, Any]:
+    # By path, not -m: see the worker's docstring (the baseline never imports pyedgemoe).
+    cmd = [sys.executable, str(WORKER_SCRIPT), "--engine", engine, "--model", str(model),
+           "--prompt-tokens", str(prompt_tokens), "--output-tokens", str(output_tokens),
+           "--threads", str(threads)]
+    if flash_attn:
+        cmd.append("--flash-attn")
+    if decode_input != "greedy":
+        cmd += ["--decode-input", decode_input]
+    for key, value in options.items():
+        cmd += ["--option", f"{key}={value}"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))
+
+    def enter_cgroup() -> None:  # runs in the child between fork and exec: only it is capped
+        assert cgroup is not None
+        with open(cgroup / "cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              preexec_fn=enter_cgroup if cgroup is not None else None)
+    except subprocess.TimeoutExpired:
+        return {"engine": engine, "error": f"timed out after {timeout_s:.0f} s"}
+
+    result: dict[str, Any] | None = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+                break
+            except json.JSONDecodeError:
+                pass
+    if result is None:
+        if proc.returncode == -signal.SIGKILL:
+            why = "killed (SIGKILL: out of memory under the cap?)" if cgroup else "killed (SIGKILL)"
+        else:
+            why = f"worker exited with status {proc.returncode}"
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        result = {"engine": engine, "error": why + (f": {tail}" if tail else "")}
+    if proc.returncode == EXIT_ENGINE_UNAVAILABLE:
+        result["unavailable"] = True
+    if cgroup is not None:
+        result["cgroup_max_usage_bytes"] = _cgroup_counter(cgroup, "memory.max_usage_in_bytes")
+        result["cgroup_failcnt"] = _cgroup_counter(cgroup, "memory.failcnt")
+    return result
+
+
+def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] = (OURS, STOCK),
+                  prompt_tokens: int = 16, output_tokens: int = 32, repeats: int = 3,
+                  threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
+                  ours_options: dict[str, Any] | None = None, decode_input: str = "greedy",
+                  timeout_s: float | None = 1800, log=None) -> list[dict[str, Any]]:
+    """Measure each engine `repeats` times, alternating engines within each repeat.
+
+    flash_attn applies to both engines (default off, as in llama-cpp-python); ours_options are
+    keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. decode_input
+    "fixed" feeds a fixed token sequence during decode instead of the greedy picks (random-weight
+    models decoded greedily cycle through a few tokens, which flatters expert caches).
+
+    Returns one dict per measurement: the worker's JSON (prefill_seconds, decode_seconds,
+    decode_tokens_per_second, n_prompt_tokens, n_output_tokens, peak_rss_bytes, load_seconds,
+    tokens, ...) or {"engine", "error"}, plus repeat, prompt_tokens, output_tokens, threads,
+    mem_cap_bytes, model_bytes. An engine that is not importable is tried once, then dropped.
+    """
+    model = Path(model_path).resolve()
+    if not model.is_file():
+        raise BenchmarkError(f"model file not found: {model_path}")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise BenchmarkError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    if decode_input not in DECODE_INPUTS:
+        raise BenchmarkError(f"decode_input must be one of {', '.join(DECODE_INPUTS)}")
+    if repeats < 1 or prompt_tokens < 1 or output_tokens < 1 or threads < 1:
+        raise BenchmarkError("repeats, prompt_tokens, output_tokens and threads must be >= 1")
+    if mem_cap_bytes is not None:
+        check_cgroup_v1()
+    model_bytes = model.stat().st_size
+
+    if mem_cap_bytes is None:
+        read_whole_file(model)
+
+    options = {e: (dict(ours_options or {}) if e == OURS else {}) for e in engines}
+    active = list(engines)
+    results: list[dict[str, Any]] = []
+    for rep in range(repeats):
+        for engine in list(active):
+            busy = other_runnable_tasks()  # other work on the machine skews everything: record it
+            if mem_cap_bytes is None:
+                r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                                options[engine], decode_input, None, timeout_s)
+            else:
+                evict_from_page_cache(model)
+                with memory_cgroup(mem_cap_bytes) as group:
+                    r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                                    options[engine], decode_input, group, timeout_s)
+            r.update(repeat=rep, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                     threads=threads, mem_cap_bytes=mem_cap_bytes, model_bytes=model_bytes,
+                     other_runnable_before=busy)
+            r.setdefault("model", str(model))
+            results.append(r)
+            if log is not None:
+                log(_one_line(r))
+            if r.get("unavailable"):
+                active.remove(engine)
+    return results
+
+
+def _one_line(r: dict[str, Any]) -> str:
+    head = f"[{r['engine']:>9} p{r['prompt_tokens']}/o{r['output_tokens']} rep {r['repeat']}]"
+    if "error" in r:
+        return f"{head} error: {r['error']}"
+    return (f"{head} prefill {r['prefill_seconds']:.3f} s, decode {r['decode_tokens_per_second']:.2f} tok/s, "
+            f"peak RSS {format_bytes(r['peak_rss_bytes'])}")
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def _median(rs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_report(results: list[dict[str, Any]]) -> str:
+    """Markdown: one row per (model, cap, prompt, output, engine) with medians, then ours/stock ratios."""
+    groups: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        key = (Path(r.get("model", "?")).name, r.get("mem_cap_bytes"), r["prompt_tokens"], r["output_tokens"])
+        groups.setdefault(key, {}).setdefault(r["engine"], []).append(r)
+
+    lines = ["| model | mem cap | prompt | output | engine | runs | prefill s (median) | "
+             "decode tok/s (median) | load s | peak RSS | cgroup peak | expert hits |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios = ["| model | mem cap | prompt | output | prefill time ours/stock | decode tok/s ours/stock | "
+              "same tokens |", "|---|---|---:|---:|---:|---:|---|"]
+    notes: list[str] = []
+    any_ratio = False
+    for (model, cap, p, o), by_engine in groups.items():
+        cap_s = "none" if cap is None else format_bytes(cap)
+        medians: dict[str, dict[str, float | None]] = {}
+        for engine in sorted(by_engine, key=lambda e: ENGINES.index(e) if e in ENGINES else 99):
+            rs = by_engine[engine]
+            ok = [r for r in rs if "error" not in r]
+            for r in rs:
+                if "error" in r:
+                    notes.append(f"- {engine}, {model}, prompt {p}/output {o}, repeat {r['repeat']}: {r['error']}")
+            m = {k: _median(ok, k) for k in ("prefill_seconds", "decode_tokens_per_second", "load_seconds",
+                                             "peak_rss_bytes", "cgroup_max_usage_bytes", "expert_hit_rate")}
+            hits = "-" if m["expert_hit_rate"] is None else f"{100 * m['expert_hit_rate']:.0f}%"
+            medians[engine] = m
+            lines.append(
+                f"| {model} | {cap_s} | {p} | {o} | {engine} | {len(ok)}/{len(rs)} | "
+                f"{_fmt(m['prefill_seconds'], '.3f')} | {_fmt(m['decode_tokens_per_second'], '.2f')} | "
+                f"{_fmt(m['load_seconds'], '.2f')} | {format_bytes(m['peak_rss_bytes'])} | "
+                f"{format_bytes(m['cgroup_max_usage_bytes'])} | {hits} |")
+        ours, stock = medians.get(OURS), medians.get(STOCK)
+        if ours and stock and ours["prefill_seconds"] and stock["prefill_seconds"]:
+            any_ratio = True
+            ok_ours = [r for r in by_engine[OURS] if "error" not in r]
+            ok_stock = [r for r in by_engine[STOCK] if "error" not in r]
+            same = "-"
+            if ok_ours and ok_stock:
+                same = "yes" if all(a["tokens"] == ok_stock[0]["tokens"] for a in ok_ours) else "NO"
+            ratios.append(
+                f"| {model} | {cap_s} | {p} | {o} | {ours['prefill_seconds'] / stock['prefill_seconds']:.2f} | "
+                f"{ours['decode_tokens_per_second'] / stock['decode_tokens_per_second']:.2f} | {same} |")
+
+    out = "\n".join(lines)
+    versions = sorted({f"{r['engine']} {r['engine_version']}" for r in results if r.get("engine_version")})
+    threads = sorted({r["threads"] for r in results if r.get("threads")})
+    busy = [r["other_runnable_before"] for r in results if r.get("other_runnable_before") is not None]
+    flash = sorted({"on" if r["flash_attn"] else "off" for r in results if "flash_attn" in r})
+    ours_opts = sorted({json.dumps(r["options"], sort_keys=True) for r in results
+                        if r["engine"] == OURS and r.get("options")})
+    if versions:
+        out += f"\n\nEngines: {', '.join(versions)}; threads: {', '.join(map(str, threads))}"
+        out += f"; flash attention: {'/'.join(flash)}" if flash else ""
+        feeds = sorted({r["decode_input"] for r in results if r.get("decode_input")})
+        out += f"; decode input: {'/'.join(feeds)}" if feeds else ""
+        out += f"; pyedgemoe options: {', '.join(ours_opts)}" if ours_opts else ""
+        out += f"; other runnable tasks just before a run: max {max(busy)}." if busy else "."
+    if any_ratio:
+        out += "\n\n" + "\n".join(ratios)
+    if notes:
+        out += "\n\nErrors:\n" + "\n".join(notes)
+    return out + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# command line (the `pyedgemoe bench` command wraps run_benchmark + format_report)
+
+
+def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int] = 16,
+             output_tokens: int | Sequence[int] = 32, repeats: int = 3, threads: int | None = None,
+             vs_llama_cpp: bool = True, mem_cap: str | None = None, flash_attn: bool = False,
+             ours_options: dict[str, Any] | None = None, json_path: Path | None = None,
+             engines: Sequence[str] | None = None, decode_input: str = "greedy") -> list[dict[str, Any]]:
+    """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
+    stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    if engines is None:
+        engines = (OURS, STOCK) if vs_llama_cpp else (OURS,)
+    threads = threads or os.cpu_count() or 1
+    path = Path(model)
+    model_bytes = path.stat().st_size if path.is_file() else None
+    cap = None if mem_cap is None else parse_size(mem_cap, percent_of=model_bytes)
+    prompts = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
+    outputs = [output_tokens] if isinstance(output_tokens, int) else list(output_tokens)
+    results: list[dict[str, Any]] = []
+    for pt in prompts:
+        for ot in outputs:
+            results += run_benchmark(path, engines=engines, prompt_tokens=pt, output_tokens=ot,
+                                     repeats=repeats, threads=threads, mem_cap_bytes=cap,
+                                     flash_attn=flash_attn, ours_options=ours_options,
+                                     decode_input=decode_input, log=log)
+    if json_path is not None:
+        json_path = Path(json_path)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(format_report(results), end="", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="benchmark pyedgemoe vs stock llama.cpp on one GGUF")
+    p.add_argument("model")
+    p.add_argument("--prompt-tokens", type=int, nargs="+", default=[16], help="one or more (default 16)")
+    p.add_argument("--output-tokens", type=int, nargs="+", default=[32], help="one or more (default 32)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="default: all cores")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--mem-cap", default=None,
+                   help="memory cap for each worker: bytes with unit (8GiB, 7.5G) or %% of the model file")
+    p.add_argument("--flash-attn", action="store_true", help="flash attention on in both engines (default off)")
+    p.add_argument("--ours-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for pyedgemoe.Engine, e.g. expert_cache=4GiB (repeatable)")
+    p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
+                   help="token fed back at each decode step: the greedy pick (default) or a fixed "
+                        "non-repeating sequence (realistic routing on random-weight models)")
+    p.add_argument("--json", type=Path, default=None, help="also write every measurement here")
+    args = p.parse_args(argv)
+
+    try:
+        try:
+            ours_options = dict(parse_option(o) for o in args.ours_option)
+        except ValueError as e:
+            raise BenchmarkError(str(e)) from None
+        cli_main(args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                 repeats=args.repeats, threads=args.threads, mem_cap=args.mem_cap,
+                 flash_attn=args.flash_attn, ours_options=ours_options, json_path=args.json,
+                 engines=args.engines, decode_input=args.decode_input)
+    except BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

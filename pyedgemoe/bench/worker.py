@@ -1,0 +1,223 @@
+"""One benchmark measurement in a fresh process: load, prefill a fixed prompt, greedy-decode N tokens.
+
+    python -m pyedgemoe.bench.worker --engine llama_cpp --model M.gguf \\
+        --prompt-tokens 16 --output-tokens 32 --threads 2
+
+prints exactly one JSON line on stdout (see `measure`). The runner starts one worker per
+measurement, so every engine starts from the same state (no warm allocator, no shared mmap) and,
+under a memory cap, only the worker sits in the cgroup (DESIGN.md section 8).
+
+The runner starts this file by its path, not with -m: then a stock llama.cpp measurement never
+imports the pyedgemoe package, so our native module (and its copy of ggml) is not even loaded in
+the baseline process, and the baseline still runs where ours is not built. This file therefore
+imports nothing from pyedgemoe at module level.
+
+Both engines get the same prompt (`prompt_token_ids`, no BOS added), decode greedily and ignore
+EOS, so they do the same work; their token ids are reported so the runner can check they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+ENGINES = ("pyedgemoe", "llama_cpp")
+
+# Exit status for "this engine cannot run here" (not importable): the runner stops asking for it.
+EXIT_ENGINE_UNAVAILABLE = 3
+
+
+class EngineUnavailable(Exception):
+    """The requested engine cannot be imported in this environment."""
+
+
+def prompt_token_ids(n: int) -> list[int]:
+    """A fixed prompt of n token ids, identical for every engine and run.
+
+    Ids stay below 1100 so they are valid in any real vocabulary; the stride spreads them
+    over ordinary BPE tokens instead of the special tokens at the start of most vocabularies.
+    """
+    return [100 + (i * 37) % 1000 for i in range(n)]
+
+
+DECODE_INPUTS = ("greedy", "fixed")
+
+
+def fixed_decode_token_ids(n: int) -> list[int]:
+    """The tokens fed back during decode with decode_input="fixed": a fixed pseudo-random walk
+    over ids 100..30099 (valid in every real vocabulary; Mixtral's has 32000).
+
+    Why: a model with random weights decoded greedily falls into a cycle of a few tokens within
+    a few steps, so its routing repeats and an expert cache looks far better than on real text.
+    Feeding a fixed non-repeating sequence (the greedy pick is still computed, and reported)
+    keeps the work per token the same and the routing varied."""
+    return [100 + (i * 7919 + 4271) % 30000 for i in range(n)]
+
+
+def n_ctx_for(prompt_tokens: int, output_tokens: int) -> int:
+    return prompt_tokens + output_tokens + 16
+
+
+def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flash_attn: bool,
+                   options: dict[str, Any], feed: list[int] | None) -> dict[str, Any]:
+    """Stock llama-cpp-python: Llama.eval for the prompt, then one eval per generated token."""
+    try:
+        import llama_cpp
+        import numpy as np
+    except ImportError as e:
+        raise EngineUnavailable(f"llama_cpp (llama-cpp-python) is not importable: {e}") from e
+
+    if options:
+        raise ValueError(f"engine options are for pyedgemoe only, got {sorted(options)} for llama_cpp")
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads,
+                          n_threads_batch=threads, n_batch=512, flash_attn=flash_attn, verbose=False)
+    load_seconds = time.perf_counter() - t0
+    n_vocab = llm.n_vocab()
+
+    def greedy_token() -> int:
+        # Logits of the last evaluated position; argmax is greedy decoding without a sampler chain.
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+        if not np.isfinite(logits).all():
+            raise FloatingPointError("non-finite logits")
+        return int(np.argmax(logits))
+
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    prefill_seconds = time.perf_counter() - t0
+
+    # Same work as Engine.time_generation: n_out greedy picks and n_out - 1 single-token
+    # forward passes (the last picked token is never fed back).
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    for i in range(n_out):
+        tok = greedy_token()
+        tokens.append(tok)
+        if i + 1 < n_out:
+            llm.eval([tok if feed is None else feed[i]])
+    decode_seconds = time.perf_counter() - t0
+
+    return dict(engine_version=llama_cpp.__version__, load_seconds=load_seconds,
+                prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
+                n_prompt_tokens=len(prompt), n_output_tokens=len(tokens), tokens=tokens)
+
+
+def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flash_attn: bool,
+                   options: dict[str, Any], feed: list[int] | None) -> dict[str, Any]:
+    """Ours, through Engine.time_generation (greedy, ignores EOS, times prefill and decode itself)."""
+    try:
+        from pyedgemoe import Engine
+    except ImportError as e:
+        raise EngineUnavailable(
+            f"pyedgemoe.Engine is not importable ({e}); build it first (make setup)") from e
+    try:
+        from importlib.metadata import version as dist_version
+        version = dist_version("pyedgemoe")
+    except Exception:  # running from a source tree that is not pip-installed
+        version = "source"
+
+    t0 = time.perf_counter()
+    eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads, n_batch=512,
+                 flash_attn=flash_attn, **options)
+    load_seconds = time.perf_counter() - t0
+    if feed is None:
+        t = eng.time_generation(prompt, n_out)
+    else:
+        import inspect
+        if "feed_tokens" not in inspect.signature(eng.time_generation).parameters:
+            raise EngineUnavailable("this pyedgemoe's Engine.time_generation has no feed_tokens "
+                                    "argument: decode_input='fixed' needs it")
+        t = eng.time_generation(prompt, n_out, feed_tokens=feed)
+    result = dict(engine_version=version, load_seconds=load_seconds,
+                  prefill_seconds=float(t["prefill_seconds"]),
+                  decode_seconds=float(t["decode_seconds"]),
+                  n_prompt_tokens=int(t["n_prompt_tokens"]),
+                  n_output_tokens=int(t["n_decoded"]), tokens=[int(x) for x in t["tokens"]])
+    stats = getattr(eng, "stats", None)
+    if callable(stats):
+        try:
+            result["engine_stats"] = json.loads(json.dumps(stats(), default=str))
+            total = (result["engine_stats"].get("experts") or {}).get("total") or {}
+            if total.get("requests"):  # offloading on: cache behaviour over prefill + decode
+                result["expert_hit_rate"] = total["hits"] / total["requests"]
+                result["expert_bytes_read"] = total.get("bytes_read")
+        except Exception as e:  # stats are a bonus; never fail a measurement over them
+            result["engine_stats"] = {"error": repr(e)}
+    return result
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """'expert_cache=4GiB' -> ('expert_cache', '4GiB'); integers, true/false and none are typed."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise ValueError(f"engine option {text!r} is not KEY=VALUE")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low == "none":
+        return key, None
+    try:
+        return key, int(value)
+    except ValueError:
+        return key, value
+
+
+def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, threads: int,
+            flash_attn: bool = False, options: dict[str, Any] | None = None,
+            decode_input: str = "greedy") -> dict[str, Any]:
+    """One measurement. Keys: engine, model, prefill_seconds, decode_seconds,
+    decode_tokens_per_second, n_prompt_tokens, n_output_tokens, peak_rss_bytes, load_seconds,
+    engine_version, tokens (the decoded ids).
+
+    flash_attn applies to both engines and defaults to off, llama-cpp-python's default: the two
+    must run the same attention kernels, or near-tied greedy picks differ. options are keyword
+    arguments for pyedgemoe.Engine (expert_cache, io, ...). decode_input "greedy" feeds each
+    picked token back; "fixed" feeds fixed_decode_token_ids instead (see there)."""
+    if decode_input not in DECODE_INPUTS:
+        raise ValueError(f"decode_input must be one of {DECODE_INPUTS}, got {decode_input!r}")
+    feed = fixed_decode_token_ids(output_tokens) if decode_input == "fixed" else None
+    run = {"llama_cpp": _run_llama_cpp, "pyedgemoe": _run_pyedgemoe}[engine]
+    r = run(model, prompt_token_ids(prompt_tokens), output_tokens, threads, flash_attn, options or {}, feed)
+    r["decode_tokens_per_second"] = (r["n_output_tokens"] / r["decode_seconds"]
+                                     if r["decode_seconds"] > 0 else float("nan"))
+    # ru_maxrss is in KiB on Linux. With mmap it counts the model pages this process touched.
+    r["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"engine": engine, "model": model, "threads": threads, "flash_attn": flash_attn,
+            "options": options or {}, "decode_input": decode_input, **r}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="one pyedgemoe benchmark measurement (prints one JSON line)")
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--flash-attn", action="store_true", help="flash attention on (both engines; default off)")
+    p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
+                   help="token fed back at each decode step: the greedy pick, or a fixed sequence")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for pyedgemoe.Engine, e.g. expert_cache=4GiB (repeatable)")
+    args = p.parse_args(argv)
+
+    try:
+        options = dict(parse_option(o) for o in args.option)
+        result = measure(args.engine, args.model, args.prompt_tokens, args.output_tokens, args.threads,
+                         args.flash_attn, options, args.decode_input)
+        status = 0
+    except EngineUnavailable as e:
+        result, status = {"engine": args.engine, "error": str(e), "unavailable": True}, EXIT_ENGINE_UNAVAILABLE
+    except Exception as e:
+        result, status = {"engine": args.engine, "error": f"{type(e).__name__}: {e}"}, 1
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
