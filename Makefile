@@ -41,8 +41,17 @@ test: setup-test
 demo: setup
 	$(PY) scripts/demo.py
 
-bench: setup-test
-	$(PY) -m pyedgemoe.cli bench build/bench/olmoe-geometry.gguf
+# Synthetic OLMoE-1B-7B geometry (16 layers, Q8_0, 7.4 GB, random weights): ours vs stock llama.cpp,
+# uncapped and under cgroup memory caps of 50% and 25% of the file (docs/benchmarks.md).
+BENCH_MODEL := build/bench/olmoe-1b-7b-L16-q8_0.gguf
+
+$(BENCH_MODEL):
+	$(PY) scripts/make_synthetic_gguf.py --geometry olmoe-1b-7b --type q8_0 -o $@
+
+bench: setup-test $(BENCH_MODEL)
+	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --prompt-tokens 16 --prompt-tokens 128 --output-tokens 32 --output-tokens 128
+	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 50% --expert-cache 40%
+	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 25% --expert-cache 15% --repeats 2
 
 clean:
 	rm -rf build $(VENV) native/vendor tests/.models

@@ -276,20 +276,29 @@ def export_command(
 @app.command()
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),
-    prompt_tokens: int = typer.Option(16, "--prompt-tokens"),
-    output_tokens: int = typer.Option(32, "--output-tokens"),
-    repeats: int = typer.Option(3, "--repeats"),
+    prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),
+    output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
+    repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
     threads: Optional[int] = typer.Option(None, "-t", "--threads"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
                                       help="also run stock llama.cpp (llama-cpp-python) on the same file"),
-    mem_cap: Optional[str] = typer.Option(None, "--mem-cap", help="cgroup memory cap for each run, e.g. 4GiB"),
+    mem_cap: Optional[str] = typer.Option(None, "--mem-cap",
+                                          help="cgroup memory cap for each run: 4GiB, or 25% of the file"),
+    expert_cache: Optional[str] = typer.Option(None, "--expert-cache", help="pyedgemoe's expert cache (default auto)"),
+    io: Optional[str] = typer.Option(None, "--io", help="pyedgemoe's expert reads: direct, buffered, mmap"),
+    decode_input: str = typer.Option("greedy", "--decode-input",
+                                     help="greedy, or fixed: a non-repeating token sequence (realistic routing "
+                                          "on random-weight models)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="also write every measurement here"),
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process."""
     from pyedgemoe.bench.runner import cli_main
 
+    ours_options = {k: v for k, v in (("expert_cache", expert_cache), ("io", io)) if v is not None}
     try:
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
-                 threads=threads, vs_llama_cpp=vs_llama_cpp, mem_cap=mem_cap)
+                 threads=threads, vs_llama_cpp=vs_llama_cpp, mem_cap=mem_cap, ours_options=ours_options,
+                 json_path=json_path, decode_input=decode_input)
     except PyEdgeMoEError as e:
         fail(str(e))
 
