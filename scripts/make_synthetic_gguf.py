@@ -4,7 +4,8 @@
 Speed benchmarks (DESIGN.md section 8) need models whose per-layer shapes, expert sizes and file
 layout match the real checkpoints, but not their weights. This script writes such a file straight
 to GGUF, streaming: the header, metadata and tensor index go first, then every tensor's data in
-row chunks, so peak memory is a few tens of MB whatever the model size.
+row chunks of 4 M weights, so peak memory does not grow with the model: 0.2 GB for OLMoE geometry
+(16 layers, 7.4 GB written), 0.56 GB for Qwen3's (its 152k-token vocabulary is most of that).
 
     python scripts/make_synthetic_gguf.py --geometry olmoe-1b-7b --layers 4 --type q8_0 \\
         -o build/bench/olmoe-L4-q8_0.gguf
@@ -16,10 +17,10 @@ output matrices are sized to its token count.
 
 Weights are N(0, 0.02), token embeddings N(0, 1), attn_output and ffn_down_exps N(0, 0.02/sqrt(2L))
 (L = the real model's layer count), norm weights 1: with RMS norms (and, where the model has them,
-q/k norms) activations stay O(1), so greedy generation runs without NaN. The
-router is random and the current token dominates the residual stream, so expert choice is close
-to uniform over tokens: the worst case for an expert cache, which is what the memory-capped
-benchmarks want to stress (see EMBEDDING_STD for why the embeddings are not 0.02).
+q/k norms) activations stay O(1), so greedy generation runs without NaN. The router is random
+and the current token dominates the residual stream, so expert choice is close to uniform over
+tokens: the worst case for an expert cache, which is what the memory-capped benchmarks want to
+stress (EMBEDDING_STD says why embeddings and output projections are not simply 0.02).
 
 Types: f32, f16, q8_0 and q4_0 are written with gguf-py's numpy quantizer; q4_k (the type a 30B
 model needs to fit in RAM, which gguf-py cannot write) goes through ggml's own quantizer in
