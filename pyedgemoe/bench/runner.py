@@ -236,8 +236,9 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
 
     flash_attn applies to both engines (default off, as in llama-cpp-python); ours_options are
     keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. decode_input
-    "fixed" feeds a fixed token sequence during decode instead of the greedy picks (random-weight
-    models decoded greedily cycle through a few tokens, which flatters expert caches).
+    "fixed" feeds a fixed token sequence during decode instead of the greedy picks (keeps the
+    routing varied where greedy decoding falls into a cycle of a few tokens, which flatters
+    expert caches; see worker.fixed_decode_token_ids).
 
     Returns one dict per measurement: the worker's JSON (prefill_seconds, decode_seconds,
     decode_tokens_per_second, n_prompt_tokens, n_output_tokens, peak_rss_bytes, load_seconds,

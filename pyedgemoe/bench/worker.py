@@ -52,10 +52,10 @@ def fixed_decode_token_ids(n: int) -> list[int]:
     """The tokens fed back during decode with decode_input="fixed": a fixed pseudo-random walk
     over ids 100..30099 (valid in every real vocabulary; Mixtral's has 32000).
 
-    Why: a model with random weights decoded greedily falls into a cycle of a few tokens within
-    a few steps, so its routing repeats and an expert cache looks far better than on real text.
-    Feeding a fixed non-repeating sequence (the greedy pick is still computed, and reported)
-    keeps the work per token the same and the routing varied."""
+    Why: a model whose greedy output falls into a cycle of a few tokens (random weights drawn
+    naively do, within a few steps) repeats its routing, and an expert cache looks far better
+    than on real text. Feeding a fixed non-repeating sequence (the greedy pick is still computed,
+    and reported) keeps the work per token the same and the routing varied."""
     return [100 + (i * 7919 + 4271) % 30000 for i in range(n)]
 
 
