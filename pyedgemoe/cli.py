@@ -1,4 +1,4 @@
-"""The `pyedgemoe` command: run, inspect, bench.
+"""The `pyedgemoe` command: run, perplexity, inspect, convert, export, bench.
 
 Errors a user can cause print one line (`error: ...`) on stderr and exit with status 1;
 usage errors (unknown flags, values of the wrong type) exit with status 2.
@@ -64,6 +64,33 @@ def print_stats(stats: dict) -> None:
     typer.echo(line("total", experts["total"]), err=True)
 
 
+# The options of every command that loads a model into an Engine, declared once: each command
+# uses them as its parameters' defaults and engine_options() turns them into Engine arguments.
+THREADS_OPTION = typer.Option(None, "-t", "--threads", help="threads (default: all cores)")
+EXPERT_CACHE_OPTION = typer.Option("auto", "--expert-cache",
+                                   help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto")
+IO_OPTION = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap")
+IO_THREADS_OPTION = typer.Option(1, "--io-threads", help="parallel expert reads")
+CACHE_POLICY_OPTION = typer.Option("lru", "--cache-policy", help="expert cache eviction: lru or lfu")
+VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
+
+
+def engine_options(*, threads: Optional[int], expert_cache: str, io: str, io_threads: int, cache_policy: str,
+                   verbose: bool) -> dict:
+    """Engine keyword arguments from the shared options' values."""
+    return dict(n_threads=threads, expert_cache=expert_cache, io=io, io_threads=io_threads,
+                cache_policy=cache_policy, verbose=verbose)
+
+
+def print_model_note(eng, model: Path) -> None:
+    """On stderr: a dense model has nothing to offload; else what the expert cache is."""
+    if not eng.info.is_moe:
+        typer.echo(f"note: {model} has no experts ({eng.info.architecture} is dense): "
+                   "it runs as plain llama.cpp, nothing to offload", err=True)
+    else:
+        typer.echo(f"note: {eng.expert_cache_note}", err=True)
+
+
 @app.command()
 def run(
     model: Path = typer.Argument(..., help="GGUF model file"),
@@ -77,16 +104,15 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads (default: all cores)"),
-    expert_cache: str = typer.Option("auto", "--expert-cache",
-                                     help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto"),
-    io: str = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap"),
-    io_threads: int = typer.Option(1, "--io-threads", help="parallel expert reads"),
-    cache_policy: str = typer.Option("lru", "--cache-policy", help="expert cache eviction: lru or lfu"),
+    threads: Optional[int] = THREADS_OPTION,
+    expert_cache: str = EXPERT_CACHE_OPTION,
+    io: str = IO_OPTION,
+    io_threads: int = IO_THREADS_OPTION,
+    cache_policy: str = CACHE_POLICY_OPTION,
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
-    verbose: bool = typer.Option(False, "--verbose", help="show llama.cpp's log"),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
     from pyedgemoe.engine import Engine
@@ -106,13 +132,11 @@ def run(
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=seed)
     try:
-        with Engine(model, n_ctx=ctx, n_threads=threads, seed=seed, expert_cache=expert_cache, io=io,
-                    io_threads=io_threads, cache_policy=cache_policy, verbose=verbose) as eng:
-            if not eng.info.is_moe:
-                typer.echo(f"note: {model} has no experts ({eng.info.architecture} is dense): "
-                           "it runs as plain llama.cpp, nothing to offload", err=True)
-            elif not as_json:
-                typer.echo(f"note: {eng.expert_cache_note}", err=True)
+        with Engine(model, n_ctx=ctx, seed=seed,
+                    **engine_options(threads=threads, expert_cache=expert_cache, io=io, io_threads=io_threads,
+                                     cache_policy=cache_policy, verbose=verbose)) as eng:
+            if not as_json or not eng.info.is_moe:
+                print_model_note(eng, model)
             if chat:
                 run_chat(eng, prompt, max_tokens, sampling)
             elif as_json:
@@ -168,6 +192,57 @@ def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampl
             sys.stdout.flush()
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+@app.command("perplexity")
+def perplexity_command(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    file: Path = typer.Option(..., "-f", "--file", help="the text to score (e.g. wikitext-2's wiki.test.raw)"),
+    ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per chunk, llama-perplexity's --ctx-size"),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
+    threads: Optional[int] = THREADS_OPTION,
+    expert_cache: str = EXPERT_CACHE_OPTION,
+    io: str = IO_OPTION,
+    io_threads: int = IO_THREADS_OPTION,
+    cache_policy: str = CACHE_POLICY_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    verbose: bool = VERBOSE_OPTION,
+) -> None:
+    """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
+    from pyedgemoe.engine import Engine
+    from pyedgemoe.perplexity import MIN_N_CTX, perplexity
+
+    if ctx < MIN_N_CTX:
+        fail(f"--ctx must be at least {MIN_N_CTX} tokens for perplexity, got {ctx}")
+    if chunks is not None and chunks <= 0:
+        fail(f"--chunks must be a positive number of chunks, got {chunks}")
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        fail(f"cannot read text file: {e}")
+
+    def print_running(i: int, ppl: float) -> None:
+        sys.stdout.write(f"[{i + 1}]{ppl:.4f},")
+        sys.stdout.flush()
+
+    try:
+        with Engine(model, n_ctx=ctx, **engine_options(threads=threads, expert_cache=expert_cache, io=io,
+                                                       io_threads=io_threads, cache_policy=cache_policy,
+                                                       verbose=verbose)) as eng:
+            if not as_json or not eng.info.is_moe:
+                print_model_note(eng, model)
+            result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running)
+            if as_json:
+                typer.echo(json.dumps({**result.to_dict(), "stats": eng.stats()}))
+                return
+            sys.stdout.write("\n")
+            typer.echo(f"ppl = {result.ppl:.4f} +/- {result.stderr:.5f}")
+            typer.echo(f"{result.n_chunks} chunks of {result.n_ctx} tokens, {result.n_tokens_scored} tokens scored "
+                       f"in {result.seconds:.2f} s", err=True)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 @app.command()

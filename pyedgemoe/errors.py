@@ -25,3 +25,8 @@ class ConversionError(PyEdgeMoEError):
 class ExpertLoadError(PyEdgeMoEError, RuntimeError):
     """An expert could not be read from the model file (truncated, replaced, I/O error) while
     running; the message names the layer, the expert and the file offset."""
+
+
+class TextTooShortError(InvalidOptionError):
+    """The text tokenizes to fewer tokens than a perplexity run needs (llama.cpp's rule: at least
+    two chunks of n_ctx tokens); the message gives both counts."""

@@ -1,0 +1,143 @@
+"""Perplexity the way llama.cpp's `llama-perplexity` computes it (tools/perplexity/perplexity.cpp,
+perplexity()), so numbers are comparable with the ones published for llama.cpp quantizations.
+
+    from pyedgemoe import Engine
+    from pyedgemoe.perplexity import perplexity
+    with Engine("model.gguf", n_ctx=512, expert_cache="50%") as eng:
+        result = perplexity(eng, open("wiki.test.raw").read())
+    print(f"ppl = {result.ppl:.4f} +/- {result.stderr:.5f}")
+
+The method: the whole text is tokenized once (with BOS if the model adds one) and cut into
+consecutive chunks of n_ctx tokens (a remainder shorter than a chunk is dropped). Each chunk is
+evaluated on a fresh sequence, its first token replaced by BOS when the model adds BOS. Only
+the second half of a chunk is scored, so every prediction has at least n_ctx/2 tokens of
+context: the logits at positions first = n_ctx/2 .. n_ctx-2 predict the tokens at
+first+1 .. n_ctx-1, n_ctx - 1 - n_ctx/2 tokens per chunk. ppl = exp(mean negative
+log-likelihood); its uncertainty is llama.cpp's: ppl * sqrt(var(nll) / (count - 1)).
+
+Like llama.cpp, the text must tokenize to at least 2 * n_ctx tokens, even with n_chunks = 1.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, TextTooShortError
+
+DEFAULT_N_CTX = 512  # llama-perplexity's default --ctx-size
+MIN_N_CTX = 3  # the smallest chunk whose second half scores a token (first = 1 predicts token 2)
+_ROWS_PER_BLOCK = 64  # log-softmax in float64 a block of rows at a time, to bound the memory
+
+
+@dataclass
+class PerplexityResult:
+    """One perplexity run. nll holds the negative log-likelihood (natural log) of every scored
+    token in text order, n_chunks * (n_ctx - 1 - n_ctx//2) of them."""
+    ppl: float
+    stderr: float  # llama.cpp's "+/-"; NaN when undefined (fewer than two scored tokens)
+    n_ctx: int
+    n_chunks: int
+    n_tokens: int  # tokens in the whole text (with BOS if the model adds one)
+    n_tokens_scored: int
+    running_ppl: list[float]  # after chunk i: exp(mean nll over chunks 0..i), llama.cpp's [i+1]
+    chunk_nll: list[float]  # mean nll of each chunk alone
+    nll: np.ndarray = field(repr=False)  # float64 [n_tokens_scored]
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready (no arrays; NaN as None)."""
+        finite = lambda x: x if math.isfinite(x) else None  # noqa: E731
+        return {"ppl": finite(self.ppl), "stderr": finite(self.stderr), "n_ctx": self.n_ctx,
+                "n_chunks": self.n_chunks, "n_tokens": self.n_tokens, "n_tokens_scored": self.n_tokens_scored,
+                "running_ppl": [finite(x) for x in self.running_ppl],
+                "chunk_nll": [finite(x) for x in self.chunk_nll], "seconds": self.seconds}
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(logits[i])[targets[i]] for each row, in float64 (float32 [n, n_vocab] in)."""
+    out = np.empty(len(targets), dtype=np.float64)
+    for start in range(0, len(targets), _ROWS_PER_BLOCK):
+        rows = logits[start:start + _ROWS_PER_BLOCK].astype(np.float64)
+        top = rows.max(axis=1)
+        log_sum_exp = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+        picked = rows[np.arange(len(rows)), targets[start:start + _ROWS_PER_BLOCK]]
+        out[start:start + len(rows)] = log_sum_exp - picked
+    return out
+
+
+def _bos_to_insert(engine) -> int | None:
+    """The BOS id when the model adds BOS to tokenized text (llama_vocab_get_add_bos), else None."""
+    model = engine._model
+    return model.bos if model.add_bos and model.bos is not None else None
+
+
+def _stderr_of_ppl(nll: np.ndarray, ppl: float) -> float:
+    # llama.cpp's formula, from the running sums of nll and nll^2
+    count = len(nll)
+    if count < 2:
+        return math.nan
+    mean = float(nll.sum()) / count
+    variance = float((nll * nll).sum()) / count - mean * mean
+    return math.sqrt(variance / (count - 1)) * ppl if variance > 0 else math.nan
+
+
+def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_CTX, n_chunks: int | None = None,
+               *, on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    """llama.cpp's perplexity of text (or of token ids, already tokenized as llama.cpp does: with
+    BOS first if the model adds one) under engine, whatever its runtime configuration.
+
+    n_ctx: tokens per chunk (llama-perplexity's --ctx-size); at most engine.n_ctx.
+    n_chunks: evaluate at most this many chunks (None: all that fit in the text).
+    on_chunk(i, running_ppl): called after each chunk i (0-based), e.g. to print progress.
+    Raises TextTooShortError when the text has fewer than 2 * n_ctx tokens, InvalidOptionError
+    for a bad n_ctx / n_chunks, ContextOverflowError when n_ctx exceeds the engine's context.
+    """
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < MIN_N_CTX:
+        raise InvalidOptionError(f"perplexity n_ctx must be an integer >= {MIN_N_CTX}, got {n_ctx!r}")
+    if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks <= 0):
+        raise InvalidOptionError(f"n_chunks must be a positive integer (or None for all), got {n_chunks!r}")
+    if n_ctx > engine.n_ctx:
+        raise ContextOverflowError(f"perplexity context of {n_ctx} tokens is larger than the engine's context "
+                                   f"of {engine.n_ctx} tokens (create the Engine with n_ctx >= {n_ctx})")
+    if engine.metadata.get("tokenizer.ggml.add_eos_token") == "true":
+        # llama-perplexity asserts the same: an EOS appended to the text would be scored
+        raise InvalidOptionError("this model appends EOS to tokenized text; llama.cpp's perplexity does not "
+                                 "support such models")
+    if isinstance(text_or_tokens, str):
+        tokens = engine.tokenize(text_or_tokens, add_bos=True, special=False)
+    else:
+        tokens = [int(t) for t in text_or_tokens]
+    if len(tokens) < 2 * n_ctx:
+        raise TextTooShortError(f"perplexity with a context of {n_ctx} needs at least {2 * n_ctx} tokens "
+                                f"(llama.cpp's rule), the text has only {len(tokens)}")
+
+    chunks_in_text = len(tokens) // n_ctx
+    n_chunks = chunks_in_text if n_chunks is None else min(n_chunks, chunks_in_text)
+    bos = _bos_to_insert(engine)
+    first = n_ctx // 2
+    per_chunk = n_ctx - 1 - first
+    nll = np.empty(n_chunks * per_chunk, dtype=np.float64)
+    running_ppl: list[float] = []
+    chunk_nll: list[float] = []
+    start_time = time.perf_counter()
+    for i in range(n_chunks):
+        chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
+        targets = np.asarray(chunk[first + 1:], dtype=np.int64)
+        if bos is not None:
+            chunk = [bos] + chunk[1:]
+        logits = engine.logits(chunk)
+        scored = token_nll(logits[first:n_ctx - 1], targets)
+        nll[i * per_chunk:(i + 1) * per_chunk] = scored
+        chunk_nll.append(float(scored.mean()))
+        running_ppl.append(math.exp(float(nll[:(i + 1) * per_chunk].sum()) / ((i + 1) * per_chunk)))
+        if on_chunk is not None:
+            on_chunk(i, running_ppl[-1])
+    seconds = time.perf_counter() - start_time
+    ppl = running_ppl[-1]
+    return PerplexityResult(ppl=ppl, stderr=_stderr_of_ppl(nll, ppl), n_ctx=n_ctx, n_chunks=n_chunks,
+                            n_tokens=len(tokens), n_tokens_scored=len(nll), running_ppl=running_ppl,
+                            chunk_nll=chunk_nll, nll=nll, seconds=seconds)
