@@ -2,6 +2,7 @@
 #include "native.h"
 
 #include "llama.h"
+#include "../src/expert-residency.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
@@ -107,10 +108,14 @@ void register_context(nb::module_ & m) {
              nb::arg("flash_attn") = (int) LLAMA_FLASH_ATTN_TYPE_AUTO, nb::arg("kv_type") = (int) GGML_TYPE_F16,
              nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false)
-        .def("clear", [](Context & c) { llama_memory_clear(llama_get_memory(c.ctx), true); },
-             "Forget every sequence (the KV cache).")
+        .def("clear", [](Context & c) {
+                 llama_memory_clear(llama_get_memory(c.ctx), true);
+                 if (c.model->residency) c.model->residency->start_sequence();
+             }, "Forget every sequence (the KV cache); the expert cache's per-sequence records restart.")
         .def("truncate", [](Context & c, int pos) {
-                 return llama_memory_seq_rm(llama_get_memory(c.ctx), 0, pos, -1);
+                 bool ok = llama_memory_seq_rm(llama_get_memory(c.ctx), 0, pos, -1);
+                 if (ok && pos == 0 && c.model->residency) c.model->residency->start_sequence();
+                 return ok;
              }, nb::arg("pos"), "Drop positions >= pos of sequence 0.")
         .def_prop_ro("n_ctx", [](const Context & c) { return llama_n_ctx(c.ctx); })
         .def_prop_ro("n_batch", [](const Context & c) { return llama_n_batch(c.ctx); })

@@ -5,7 +5,12 @@
 #include "llama.h"
 #include "../src/expert-residency.h"
 
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <vector>
 
 std::string take_residency_error(Context & c) {
     if (!c.model || !c.model->residency) return "";
@@ -16,15 +21,46 @@ std::string take_residency_error(Context & c) {
 
 namespace {
 
-void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_threads, const std::string & policy) {
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
+    auto * data = new std::vector<T>(std::move(v));
+    nb::capsule owner(data, [](void * p) noexcept { delete (std::vector<T> *) p; });
+    return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
+}
+
+expert_precision precision_from_name(const std::string & name) {
+    if (name == "high") return expert_precision::high;
+    if (name == "low") return expert_precision::low;
+    if (name == "skip") return expert_precision::skip;
+    throw nb::value_error(("unknown precision '" + name + "' (high, low, skip)").c_str());
+}
+
+policy_weights weights_from(const std::vector<float> & w) {
+    if (w.size() != 4) throw nb::value_error("policy weights are four numbers: lru, lfu, lhu, fld");
+    return { w[0], w[1], w[2], w[3] };
+}
+
+void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_threads, const std::string & policy,
+            const std::vector<float> & weights, bool use_low, bool use_skip, float t1, float t2, double low_fraction,
+            bool low_serves_high, const std::string & low_from) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
     if (io_threads < 1) throw nb::value_error("io_threads must be >= 1");
+    if (!(low_fraction > 0 && low_fraction < 1)) throw nb::value_error("low_fraction must be between 0 and 1");
+    if (!(0 <= t1 && t1 <= t2)) throw nb::value_error("thresholds must satisfy 0 <= t1 <= t2");
     expert_residency_params params;
     params.budget_bytes = budget_bytes;
     params.io = expert_io_from_name(io);  // std::invalid_argument -> ValueError
     params.io_threads = io_threads;
     params.cache_policy = policy;
+    params.cache_weights = weights_from(weights);
+    params.precision.use_low = use_low;
+    params.precision.use_skip = use_skip;
+    params.precision.t1 = t1;
+    params.precision.t2 = t2;
+    params.low_fraction = low_fraction;
+    params.low_serves_high = low_serves_high;
+    params.low_from = low_from;
     m.residency = std::make_unique<expert_residency>(m.model, m.path, params);
 }
 
@@ -38,6 +74,14 @@ nb::dict counters(const expert_layer_stats & s) {
     d["requests"] = s.requests;
     d["hits"] = s.hits;
     d["misses"] = s.misses;
+    d["skipped"] = s.skipped;
+    d["hits_high"] = s.hits_high;
+    d["hits_low"] = s.hits_low;
+    d["loads_high"] = s.loads_high;
+    d["loads_low"] = s.loads_low;
+    d["selections_high"] = s.selections_high;
+    d["selections_low"] = s.selections_low;
+    d["selections_skip"] = s.selections_skip;
     d["bytes_read"] = s.bytes_read;
     d["load_ms"] = s.load_ms;
     d["stall_ms"] = s.stall_ms;
@@ -62,31 +106,109 @@ nb::dict info(const Model & m) {
     const expert_residency & r = live(m);
     nb::dict d;
     d["budget_bytes"] = r.budget_bytes();
-    d["pool_bytes"] = r.pool_bytes();
+    d["pool_bytes"] = r.pool_bytes(expert_precision::high) + r.pool_bytes(expert_precision::low);
+    d["high_pool_bytes"] = r.pool_bytes(expert_precision::high);
+    d["low_pool_bytes"] = r.pool_bytes(expert_precision::low);
     d["minimum_bytes"] = r.minimum_bytes();
     d["expert_bytes"] = r.expert_bytes();
+    d["low_expert_bytes"] = r.low_expert_bytes();
     d["n_expert"] = r.n_expert();
     d["n_expert_used"] = r.n_expert_used();
+    d["n_layers"] = r.n_layers();
     d["max_ubatch_tokens"] = r.max_ubatch_tokens();
     d["io"] = expert_io_name(r.io());
     d["io_threads"] = r.io_threads();
     d["cache_policy"] = r.policy_name();
+    d["mixed_precision"] = r.mixed_precision();
+    d["skip"] = r.precision().use_skip;
+    d["t1"] = r.precision().t1;
+    d["t2"] = r.precision().t2;
+    d["low_source"] = r.low_source();
     return d;
 }
+
+// The routing trace recorded since the last call: numpy arrays ubatch, layer [n], ids, weights [n, k].
+nb::dict take_trace(Model & m) {
+    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
+    routing_trace t = m.residency->take_trace();
+    const size_t n = t.layer.size(), k = (size_t) m.residency->n_expert_used();
+    nb::dict d;
+    d["ubatch"] = to_numpy(std::move(t.ubatch), { n });
+    d["layer"] = to_numpy(std::move(t.layer), { n });
+    d["ids"] = to_numpy(std::move(t.ids), { n, k });
+    d["weights"] = to_numpy(std::move(t.weights), { n, k });
+    return d;
+}
+
+nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
+    nb::list out;
+    for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
+    return out;
+}
+
+// The cache's bookkeeping alone (no memory, no I/O): for unit tests and calibration's trace replay.
+struct cache_simulator {
+    expert_cache cache;
+    explicit cache_simulator(const expert_cache_config & c) : cache(c) {}
+};
 
 }  // namespace
 
 void register_residency(nb::module_ & m) {
     nb::exception<expert_load_error>(m, "ExpertLoadError", PyExc_RuntimeError);
     nb::exception<expert_budget_error>(m, "ExpertBudgetError", PyExc_ValueError);
+
+    m.def("choose_precisions", [](const std::vector<float> & w, float t1, float t2, bool use_low, bool use_skip) {
+            precision_params p;
+            p.t1 = t1; p.t2 = t2; p.use_low = use_low; p.use_skip = use_skip;
+            std::vector<expert_precision> out(w.size());
+            choose_precisions(w.data(), (int) w.size(), p, out.data());
+            std::vector<std::string> names;
+            for (auto x : out) names.push_back(expert_precision_name(x));
+            return names;
+        }, nb::arg("weights"), nb::arg("t1") = 0.6f, nb::arg("t2") = 0.9f, nb::arg("use_low") = true, nb::arg("use_skip") = true,
+        "HOBBIT's demand (high/low/skip) for each of one token's selections, from their routing weights.");
+
+    nb::class_<cache_simulator>(m, "ExpertCache",
+        "The expert cache's bookkeeping without memory or I/O (one pool group): the runtime's own placement "
+        "and eviction code, for tests and trace replay.")
+        .def("__init__", [](cache_simulator * self, int high_slots, int low_slots, const std::string & policy,
+                            const std::vector<float> & weights, bool low_serves_high, int n_layers) {
+                 expert_cache_config c;
+                 c.high_slots = { high_slots };
+                 c.low_slots = { low_slots };
+                 c.policy = policy;
+                 c.weights = weights_from(weights);
+                 c.low_serves_high = low_serves_high;
+                 c.n_layers = n_layers;
+                 new (self) cache_simulator(c);
+             }, nb::arg("high_slots"), nb::arg("low_slots") = 0, nb::arg("policy") = "lru",
+             nb::arg("weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f}, nb::arg("low_serves_high") = true,
+             nb::arg("n_layers") = 1)
+        .def("place", [](cache_simulator & s, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
+                 std::vector<std::pair<int, expert_precision>> w;
+                 for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
+                 return placements_to_python(s.cache.place(0, layer, w));
+             }, nb::arg("layer"), nb::arg("wanted"),
+             "Serves (expert, demand) pairs of one layer; returns (expert, precision, slot, load) per pair.")
+        .def("advance_tokens", [](cache_simulator & s, uint64_t n) { s.cache.advance_tokens(n); })
+        .def("start_sequence", [](cache_simulator & s) { s.cache.start_sequence(); })
+        .def("cached", [](const cache_simulator & s, int layer, int expert, const std::string & precision) {
+                 return s.cache.tier(0, precision_from_name(precision)).find(make_expert_key(layer, expert)) >= 0;
+             });
 }
 
 void add_residency_methods(nb::class_<Model> & cls) {
     cls.def("enable_expert_residency", &enable, nb::arg("budget_bytes"), nb::arg("io") = "direct",
             nb::arg("io_threads") = 1, nb::arg("cache_policy") = "lru",
+            nb::arg("policy_weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f},
+            nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6f, nb::arg("t2") = 0.9f,
+            nb::arg("low_fraction") = 0.25, nb::arg("low_serves_high") = true, nb::arg("low_from") = "",
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
-       .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, ubatch cap.")
+       .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, precision, ubatch cap.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })
+       .def("set_expert_tracing", [](Model & mm, bool on) { if (mm.residency) mm.residency->set_tracing(on); })
+       .def("take_expert_trace", &take_trace, "The routing trace recorded since the last call.")
        .def_prop_ro("expert_residency_enabled", [](const Model & mm) { return (bool) mm.residency; });
 }

@@ -2,6 +2,7 @@
 // samplers): a policy sees uses and insertions and names a victim; it never touches slots or I/O.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -10,17 +11,33 @@
 // A cached expert: (layer, expert) packed into one key.
 using expert_key = uint64_t;
 inline expert_key make_expert_key(int layer, int expert) { return ((uint64_t) (uint32_t) layer << 32) | (uint32_t) expert; }
+inline int expert_key_layer(expert_key key) { return (int) (key >> 32); }
+inline int expert_key_expert(expert_key key) { return (int) (uint32_t) key; }
+
+// Where the model is: tokens that entered the model in this sequence (T) and the MoE layer running now.
+struct cache_clock {
+    uint64_t token = 0;  // includes the ubatch being computed
+    int layer = 0;
+    int n_layers = 1;
+};
 
 struct cache_policy {
     virtual ~cache_policy() = default;
     virtual const char * name() const = 0;
-    // key was requested and is cached (a hit), or was just loaded (after on_insert)
-    virtual void on_use(expert_key key) = 0;
+    // key was requested and is cached (a hit), or was just loaded (after on_insert); high: it
+    // served a HIGH-precision use
+    virtual void on_use(expert_key key, bool high, const cache_clock & now) = 0;
     virtual void on_insert(expert_key key) = 0;
     virtual void on_evict(expert_key key) = 0;
     // the cached key to evict next among those for which evictable(key) is true; false if none
-    virtual bool victim(const std::function<bool(expert_key)> & evictable, expert_key * out) const = 0;
+    virtual bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key * out) const = 0;
+    // a new sequence starts: per-sequence records are forgotten (the cached set stays)
+    virtual void reset_sequence() {}
 };
 
-// "lru" or "lfu"; throws std::invalid_argument for another name
-std::unique_ptr<cache_policy> make_cache_policy(const std::string & name);
+// Weights of HOBBIT's multidimensional priority (sec. 3.4, eq. 3), in the order lru, lfu, lhu, fld.
+using policy_weights = std::array<float, 4>;
+inline constexpr policy_weights kDefaultHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.25f };
+
+// "lru", "lfu", "lhu", "fld" or "hobbit" (with weights); throws std::invalid_argument otherwise
+std::unique_ptr<cache_policy> make_cache_policy(const std::string & name, const policy_weights & weights = kDefaultHobbitWeights);

@@ -5,6 +5,7 @@
 #include "ggml-cpu.h"
 #include "gguf.h"
 #include "llama.h"
+#include "llama-graph.h"
 #include "llama-model.h"
 
 #include <algorithm>
@@ -14,7 +15,7 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace {
 
@@ -30,16 +31,17 @@ std::string mib(uint64_t bytes) {
     return buf;
 }
 
+const char * kProjectionNames[PROJ_COUNT] = { "up", "gate", "down", "gate_up" };
+
 // "blk.<il>.ffn_<proj>_exps.weight" -> (il, projection); false for anything else
 bool parse_expert_tensor_name(const std::string & name, int * il, expert_projection * proj) {
     int layer = -1, used = 0;
     char kind[16] = {0};
     if (sscanf(name.c_str(), "blk.%d.ffn_%15[a-z_]%n", &layer, kind, &used) != 2) return false;
-    const std::string k = kind;
-    static const std::pair<const char *, expert_projection> kinds[] = {
-        {"up_exps", PROJ_UP}, {"gate_exps", PROJ_GATE}, {"down_exps", PROJ_DOWN}, {"gate_up_exps", PROJ_GATE_UP} };
-    for (const auto & [n, p] : kinds) {
-        if (k == n && name.substr(used) == ".weight") { *il = layer; *proj = p; return true; }
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (kind == std::string(kProjectionNames[p]) + "_exps" && name.substr(used) == ".weight") {
+            *il = layer; *proj = (expert_projection) p; return true;
+        }
     }
     return false;
 }
@@ -50,36 +52,81 @@ std::string meta_string(const llama_model * model, const std::string & key) {
     return n < 0 ? std::string() : std::string(buf);
 }
 
+// A GGUF's tensor directory with shapes (no data): the offsets and shapes of expert copies.
+struct gguf_directory {
+    gguf_context * meta = nullptr;
+    ggml_context * shapes = nullptr;
+
+    explicit gguf_directory(const std::string & path) {
+        gguf_init_params params = { /*no_alloc*/ true, &shapes };
+        meta = gguf_init_from_file(path.c_str(), params);
+        if (!meta) throw std::runtime_error("cannot read the GGUF header of " + path);
+    }
+    ~gguf_directory() {
+        if (meta) gguf_free(meta);
+        if (shapes) ggml_free(shapes);
+    }
+    // (tensor, absolute file offset); tensor null when absent
+    std::pair<const ggml_tensor *, uint64_t> find(const std::string & name) const {
+        int64_t id = gguf_find_tensor(meta, name.c_str());
+        if (id < 0) return { nullptr, 0 };
+        return { ggml_get_tensor(shapes, name.c_str()), gguf_get_data_offset(meta) + gguf_get_tensor_offset(meta, id) };
+    }
+};
+
+expert_matrix_shape shape_of(const ggml_tensor * t) {
+    expert_matrix_shape s;
+    s.present = true; s.type = t->type; s.ne0 = t->ne[0]; s.ne1 = t->ne[1]; s.bytes = t->nb[2];
+    return s;
+}
+
+// Slots per group for one tier: each group gets its minimum, the rest of the budget is shared in
+// proportion to the group's expert bytes, and no group gets more slots than it has experts.
+std::vector<int> share_slots(uint64_t budget, int min_slots, const std::vector<uint64_t> & slot_bytes,
+                             const std::vector<int> & group_layers, int n_expert) {
+    uint64_t minimum = 0, demand = 0;
+    for (size_t g = 0; g < slot_bytes.size(); g++) {
+        minimum += (uint64_t) min_slots * slot_bytes[g];
+        demand += (uint64_t) group_layers[g] * n_expert * slot_bytes[g];
+    }
+    const uint64_t extra = budget > minimum ? budget - minimum : 0;
+    std::vector<int> slots;
+    for (size_t g = 0; g < slot_bytes.size(); g++) {
+        const uint64_t group_demand = (uint64_t) group_layers[g] * n_expert;
+        const double share = (double) (group_demand * slot_bytes[g]) / (double) demand;
+        uint64_t n = min_slots + (uint64_t) (extra * share / slot_bytes[g]);
+        slots.push_back((int) std::min(n, group_demand));
+    }
+    return slots;
+}
+
 }  // namespace
 
 expert_residency::expert_residency(llama_model * model, const std::string & path, const expert_residency_params & params)
-    : budget_bytes_(params.budget_bytes), io_threads_(std::max(1, params.io_threads)) {
+    : params_(params), budget_bytes_(params.budget_bytes), io_threads_(std::max(1, params.io_threads)) {
     // where each expert tensor starts in the file
-    gguf_init_params gparams = { /*no_alloc*/ true, /*ctx*/ nullptr };
-    gguf_context * meta = gguf_init_from_file(path.c_str(), gparams);
-    if (!meta) throw std::runtime_error("cannot read the GGUF header of " + path);
-    const uint64_t data_offset = gguf_get_data_offset(meta);
-
     std::map<int, std::unique_ptr<layer>> by_layer;
     std::map<int, expert_shapes> shapes_of;
-    for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
-        int il; expert_projection proj;
-        if (!parse_expert_tensor_name(name, &il, &proj)) continue;
-        int64_t id = gguf_find_tensor(meta, name.c_str());
-        if (id < 0) { gguf_free(meta); throw std::runtime_error("expert tensor " + name + " not in the GGUF directory"); }
-        auto & l = by_layer[il];
-        if (!l) { l = std::make_unique<layer>(); l->owner = this; l->il = il; }
-        l->stacked[proj] = t;
-        l->file_offset[proj] = data_offset + gguf_get_tensor_offset(meta, id);
-        expert_matrix_shape & s = shapes_of[il][proj];
-        s.present = true; s.type = t->type; s.ne0 = t->ne[0]; s.ne1 = t->ne[1]; s.bytes = t->nb[2];
-        if (n_expert_ == 0) n_expert_ = (int) t->ne[2];
-        if (t->ne[2] != n_expert_ || !ggml_is_contiguous(t)) {
-            gguf_free(meta);
-            throw std::runtime_error("expert tensor " + name + " has an unsupported layout");
+    bool has_expert_bias = false;
+    {
+        gguf_directory dir(path);
+        for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
+            has_expert_bias = has_expert_bias || name.find("_exps.bias") != std::string::npos;
+            int il; expert_projection proj;
+            if (!parse_expert_tensor_name(name, &il, &proj)) continue;
+            auto [entry, offset] = dir.find(name);
+            if (!entry) throw std::runtime_error("expert tensor " + name + " not in the GGUF directory");
+            auto & l = by_layer[il];
+            if (!l) { l = std::make_unique<layer>(); l->owner = this; l->il = il; }
+            l->stacked[proj] = t;
+            l->file_offset[proj] = offset;
+            shapes_of[il][proj] = shape_of(t);
+            if (n_expert_ == 0) n_expert_ = (int) t->ne[2];
+            if (t->ne[2] != n_expert_ || !ggml_is_contiguous(t)) {
+                throw std::runtime_error("expert tensor " + name + " has an unsupported layout");
+            }
         }
     }
-    gguf_free(meta);
     if (by_layer.empty()) throw std::runtime_error("the model has no stacked expert tensors: nothing to offload");
 
     const std::string arch = meta_string(model, "general.architecture");
@@ -87,200 +134,262 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     if (n_expert_used_ <= 0 || n_expert_used_ > n_expert_) {
         throw std::runtime_error("cannot read " + arch + ".expert_used_count from the model");
     }
+    n_layers_ = by_layer.rbegin()->first + 1;
+    first_il_ = by_layer.begin()->first;
+    for (auto & [il, l] : by_layer) layers_.push_back(std::move(l));
 
-    // groups of layers whose experts have the same shapes share one slot pool
-    std::vector<expert_shapes> group_shapes;
+    // the top-1 selection is always HIGH: with top-1 routing there is nothing to serve in LOW
+    const bool use_low = params.precision.use_low && n_expert_used_ > 1;
+    params_.precision.use_low = use_low;
+    if (use_low && has_expert_bias) {
+        throw std::runtime_error("mixed-precision experts are not supported for models with expert biases "
+                                 "(run with low precision off)");
+    }
+    std::map<int, expert_shapes> low_shapes_of;
+    if (use_low) {
+        low_source_ = params.low_from.empty() ? path : params.low_from;
+        gguf_directory dir(low_source_);
+        for (auto & l : layers_) {
+            for (int p = 0; p < PROJ_COUNT; p++) {
+                if (!l->stacked[p]) continue;
+                const std::string base = "blk." + std::to_string(l->il) + ".ffn_" + kProjectionNames[p] + "_exps";
+                const std::string name = base + (params.low_from.empty() ? ".lowbit" : ".weight");
+                auto [t, offset] = dir.find(name);
+                if (!t) throw std::runtime_error("no LOW copy " + name + " in " + low_source_);
+                const ggml_tensor * high = l->stacked[p];
+                if (t->ne[0] != high->ne[0] || t->ne[1] != high->ne[1] || t->ne[2] != high->ne[2]) {
+                    throw std::runtime_error("LOW copy " + name + " in " + low_source_ + " has another shape than " + base + ".weight");
+                }
+                l->low_offset[p] = offset;
+                low_shapes_of[l->il][p] = shape_of(t);
+            }
+        }
+    }
+
+    // groups of layers whose experts have the same shapes (in both precisions) share slot pools
+    std::vector<std::pair<expert_shapes, expert_shapes>> group_shapes;
     std::vector<int> group_layers;
-    for (auto & [il, l] : by_layer) {
-        const expert_shapes & s = shapes_of[il];
+    for (auto & l : layers_) {
+        const std::pair<expert_shapes, expert_shapes> s = { shapes_of[l->il], low_shapes_of[l->il] };
         auto it = std::find(group_shapes.begin(), group_shapes.end(), s);
         l->group = (int) (it - group_shapes.begin());
         if (it == group_shapes.end()) { group_shapes.push_back(s); group_layers.push_back(0); }
         group_layers[l->group]++;
-        expert_bytes_total_ += expert_bytes_of(s) * n_expert_;
-        layers_.push_back(std::move(l));
+        expert_bytes_total_ += expert_bytes_of(s.first) * n_expert_;
+        low_expert_bytes_total_ += expert_bytes_of(s.second) * n_expert_;
     }
-
-    // minimum: each group must hold one token's top-k experts of a layer at once
     const int n_groups = (int) group_shapes.size();
-    for (int g = 0; g < n_groups; g++) minimum_bytes_ += (uint64_t) n_expert_used_ * expert_bytes_of(group_shapes[g]);
-    if (budget_bytes_ < minimum_bytes_) {
+    std::vector<uint64_t> high_bytes(n_groups), low_bytes(n_groups);
+    uint64_t high_minimum = 0, low_minimum = 0;
+    for (int g = 0; g < n_groups; g++) {
+        high_bytes[g] = expert_bytes_of(group_shapes[g].first);
+        low_bytes[g] = expert_bytes_of(group_shapes[g].second);
+        // every selection of a token may be HIGH; all but the top-1 may be LOW
+        high_minimum += (uint64_t) n_expert_used_ * high_bytes[g];
+        low_minimum += (uint64_t) (n_expert_used_ - 1) * low_bytes[g];
+    }
+    minimum_bytes_ = high_minimum + (use_low ? low_minimum : 0);
+    const uint64_t low_budget = use_low ? std::max(low_minimum, (uint64_t) (budget_bytes_ * params.low_fraction)) : 0;
+    if (budget_bytes_ < minimum_bytes_ || budget_bytes_ - low_budget < high_minimum) {
         throw expert_budget_error("expert cache budget " + std::to_string(budget_bytes_) + " bytes (" + mib(budget_bytes_) +
             ") is below the minimum of " + std::to_string(minimum_bytes_) + " bytes (" + mib(minimum_bytes_) +
-            "): one layer's top-" + std::to_string(n_expert_used_) + " experts must fit");
+            "): one layer's top-" + std::to_string(n_expert_used_) + " experts must fit" +
+            (use_low ? " in HIGH, and all but one of them in LOW (" + std::to_string((int) (params.low_fraction * 100)) +
+                       "% of the budget)" : ""));
     }
 
-    // the budget beyond the minimum is shared in proportion to each group's expert bytes
-    const uint64_t extra = budget_bytes_ - minimum_bytes_;
-    max_ubatch_tokens_ = 0;
+    expert_cache_config cache_config;
+    cache_config.high_slots = share_slots(budget_bytes_ - low_budget, n_expert_used_, high_bytes, group_layers, n_expert_);
+    if (use_low) cache_config.low_slots = share_slots(low_budget, n_expert_used_ - 1, low_bytes, group_layers, n_expert_);
+    cache_config.policy = params.cache_policy;
+    cache_config.weights = params.cache_weights;
+    cache_config.low_serves_high = params.low_serves_high;
+    cache_config.n_layers = n_layers_;
+    cache_ = std::make_unique<expert_cache>(cache_config);  // std::invalid_argument for a bad policy name
+
+    // a ubatch of t tokens needs up to min(n_expert, t*k) distinct HIGH experts in one layer, and
+    // t*(k-1) LOW ones: cap t so that they fit
+    auto cap_ubatch = [&](int slots, int per_token) {
+        if (slots >= n_expert_ || per_token == 0) return;
+        const int cap = slots / per_token;
+        max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
+    };
     for (int g = 0; g < n_groups; g++) {
-        const uint64_t slot_bytes = expert_bytes_of(group_shapes[g]);
-        const uint64_t demand_slots = (uint64_t) group_layers[g] * n_expert_;
-        const double share = (double) (demand_slots * slot_bytes) / (double) expert_bytes_total_;
-        uint64_t slots = n_expert_used_ + (uint64_t) (extra * share / slot_bytes);
-        slots = std::min(slots, demand_slots);
-        pools_.push_back(std::make_unique<slot_pool>(group_shapes[g], (int) slots, ggml_backend_cpu_buffer_type()));
-        policies_.push_back(make_cache_policy(params.cache_policy));
-        // a ubatch of t tokens needs up to min(n_expert, t*k) distinct experts in one layer
-        if (slots < (uint64_t) n_expert_) {
-            int cap = (int) (slots / n_expert_used_);
-            max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
+        const int high_slots = cache_config.high_slots[g];
+        high_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].first, high_slots, ggml_backend_cpu_buffer_type()));
+        cap_ubatch(high_slots, n_expert_used_);
+        if (use_low) {
+            const int low_slots = cache_config.low_slots[g];
+            low_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].second, low_slots, ggml_backend_cpu_buffer_type()));
+            cap_ubatch(low_slots, n_expert_used_ - 1);
         }
     }
 
     store_ = std::make_unique<expert_store>(path, params.io);
+    if (use_low) low_store_ = std::make_unique<expert_store>(low_source_, params.io);
     loaders_ = std::make_unique<loader_threads>(io_threads_);
-    int max_il = 0;
-    for (const auto & l : layers_) max_il = std::max(max_il, l->il);
-    stats_.resize(max_il + 1);
+    stats_.resize(n_layers_);
     moe_hook_register(this);
 }
 
 expert_residency::~expert_residency() { moe_hook_unregister(this); }
 
-uint64_t expert_residency::pool_bytes() const {
+uint64_t expert_residency::pool_bytes(expert_precision p) const {
     uint64_t total = 0;
-    for (const auto & p : pools_) total += p->bytes();
+    for (const auto & pool : p == expert_precision::low ? low_pools_ : high_pools_) total += pool->bytes();
     return total;
 }
 
 namespace {
-void place_experts_op(ggml_tensor * dst, const ggml_tensor * ids, int ith, int nth, void * userdata) {
+void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     auto * l = (expert_residency::layer *) userdata;
-    l->owner->place_experts(*l, ids, dst);
+    l->owner->place_experts(*l, dst->src[0], dst->src[1], dst);
 }
 }  // namespace
 
-void expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor ** up, ggml_tensor ** gate,
-                                   ggml_tensor ** down, ggml_tensor ** gate_up, ggml_tensor ** ids) {
-    slot_pool & pool = *pools_[l.group];
-    ggml_tensor ** slots[PROJ_COUNT] = { up, gate, down, gate_up };
-    for (int p = 0; p < PROJ_COUNT; p++) {
-        if (*slots[p]) {
-            GGML_ASSERT(*slots[p] == l.stacked[p]);
-            *slots[p] = pool.tensor((expert_projection) p);
-        }
-    }
+int expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor * weights, llama_moe_expert_pass * passes) {
+    llama_moe_expert_pass & first = passes[0];
+    ggml_tensor * ids = first.ids;
+    const int n_passes = cache_->has_low() ? 2 : 1;
     // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-    ggml_tensor * slot_ids = ggml_map_custom1(ctx, *ids, place_experts_op, 1, &l);
+    ggml_tensor * args[2] = { ids, weights };
+    ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes, 1, args, 2,
+                                            place_experts_op, 1, &l);
     ggml_format_name(slot_ids, "edgemoe_slot_ids-%d", l.il);
-    *ids = slot_ids;
+    for (int pass = 0; pass < n_passes; pass++) {
+        const slot_pool & pool = pass == 0 ? *high_pools_[l.group] : *low_pools_[l.group];
+        ggml_tensor * stacked[PROJ_COUNT] = { first.up_exps, first.gate_exps, first.down_exps, first.gate_up_exps };
+        ggml_tensor * swapped[PROJ_COUNT] = {};
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            if (!stacked[p]) continue;
+            GGML_ASSERT(stacked[p] == l.stacked[p]);
+            swapped[p] = pool.tensor((expert_projection) p);
+        }
+        passes[pass] = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
+                         ggml_view_2d(ctx, slot_ids, ids->ne[0], ids->ne[1], slot_ids->nb[1], pass * slot_ids->nb[2]) };
+    }
+    return n_passes;
 }
 
-void expert_residency::place_experts(layer & l, const ggml_tensor * ids, ggml_tensor * dst) {
+void expert_residency::fail(const std::string & why, ggml_tensor * dst) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failed_) error_ = why;
+    failed_ = true;
+    memset(dst->data, 0xff, ggml_nbytes(dst));  // -1 everywhere: well-defined (ignored) output
+}
+
+void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
+    GGML_ASSERT(weights->type == GGML_TYPE_F32);
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
-    int32_t * out = (int32_t *) dst->data;
     auto id_at = [&](int64_t i, int64_t t) { return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]); };
-
+    // weights: [1, n_used, n_tokens]
+    auto weight_at = [&](int64_t i, int64_t t) { return *(const float *) ((const char *) weights->data + i * weights->nb[1] + t * weights->nb[2]); };
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (failed_) {  // a load failed earlier in this decode: produce well-defined (ignored) output
-            memset(out, 0, ggml_nbytes(dst));
+        if (failed_) {  // a load failed earlier in this decode
+            memset(dst->data, 0xff, ggml_nbytes(dst));
             return;
         }
     }
+    if (l.il == first_il_) { cache_->advance_tokens(n_tokens); ubatch_index_++; }
 
-    slot_pool & pool = *pools_[l.group];
-    cache_policy & policy = *policies_[l.group];
-
-    // the distinct experts this ubatch needs here, in order of first use
-    std::vector<int> needed;
-    std::unordered_set<int> seen;
+    // each selection's demand, and per distinct expert the highest demand of its tokens (in order of first use)
+    const precision_params & pp = params_.precision;
+    const bool all_high = !pp.use_low && !pp.use_skip;
+    std::vector<expert_precision> demand(n_used * n_tokens, expert_precision::high);
+    std::vector<float> w(n_used);
+    std::vector<std::pair<int, expert_precision>> wanted;
+    std::unordered_map<int, size_t> wanted_index;
     for (int64_t t = 0; t < n_tokens; t++) {
+        if (!all_high) {
+            for (int64_t i = 0; i < n_used; i++) w[i] = weight_at(i, t);
+            choose_precisions(w.data(), (int) n_used, pp, &demand[t * n_used]);
+        }
         for (int64_t i = 0; i < n_used; i++) {
-            int e = id_at(i, t);
+            const int e = id_at(i, t);
             if (e < 0 || e >= n_expert_) {
-                std::lock_guard<std::mutex> lock(mutex_);
-                failed_ = true;
-                error_ = "layer " + std::to_string(l.il) + ": router chose expert " + std::to_string(e) + " out of " + std::to_string(n_expert_);
-                memset(out, 0, ggml_nbytes(dst));
+                fail("layer " + std::to_string(l.il) + ": router chose expert " + std::to_string(e) + " out of " + std::to_string(n_expert_), dst);
                 return;
             }
-            if (seen.insert(e).second) needed.push_back(e);
+            auto [it, inserted] = wanted_index.emplace(e, wanted.size());
+            if (inserted) wanted.emplace_back(e, demand[t * n_used + i]);
+            else wanted[it->second].second = std::max(wanted[it->second].second, demand[t * n_used + i]);
         }
     }
-    if ((int) needed.size() > pool.n_slots()) {
+    if (tracing_) {
         std::lock_guard<std::mutex> lock(mutex_);
-        failed_ = true;
-        error_ = "layer " + std::to_string(l.il) + ": a ubatch needs " + std::to_string(needed.size()) +
-                 " experts but the cache holds " + std::to_string(pool.n_slots()) + " (n_ubatch too large for the budget)";
-        memset(out, 0, ggml_nbytes(dst));
+        for (int64_t t = 0; t < n_tokens; t++) {
+            trace_.ubatch.push_back(ubatch_index_);
+            trace_.layer.push_back(l.il);
+            for (int64_t i = 0; i < n_used; i++) {
+                trace_.ids.push_back(id_at(i, t));
+                trace_.weights.push_back(weight_at(i, t));
+            }
+        }
+    }
+
+    std::vector<expert_cache::placement> placed;
+    try {
+        placed = cache_->place(l.group, l.il, wanted);
+    } catch (const std::exception & ex) {
+        fail(std::string(ex.what()) + " (n_ubatch too large for the budget)", dst);
         return;
     }
 
     expert_layer_stats st;
-    st.requests = needed.size();
-    std::unordered_set<expert_key> pinned;  // needed now: must not be evicted for another one
-    for (int e : needed) pinned.insert(make_expert_key(l.il, e));
-    std::vector<std::pair<int, int>> to_load;  // (slot, expert)
-    std::vector<int> slot_of_expert(n_expert_, -1);
-    for (int e : needed) {
-        const expert_key key = make_expert_key(l.il, e);
-        int slot = pool.find(key);
-        if (slot >= 0) {
-            st.hits++;
-            policy.on_use(key);
-        } else {
-            st.misses++;
-            slot = pool.take_free_slot();
-            if (slot < 0) {
-                expert_key victim = 0;
-                bool found = policy.victim([&](expert_key k) { return pinned.count(k) == 0; }, &victim);
-                GGML_ASSERT(found && "no evictable slot although the ubatch fits");
-                slot = pool.find(victim);
-                policy.on_evict(victim);
-                pool.release(slot);
-                slot = pool.take_free_slot();
-            }
-            pool.assign(slot, key);
-            policy.on_insert(key);
-            policy.on_use(key);
-            to_load.emplace_back(slot, e);
-        }
-        slot_of_expert[e] = slot;
+    st.requests = placed.size();
+    std::vector<expert_cache::placement> loads;
+    std::unordered_map<int, const expert_cache::placement *> where;
+    for (const auto & p : placed) {
+        where[p.expert] = &p;
+        if (p.precision == expert_precision::skip) { st.skipped++; continue; }
+        const bool high = p.precision == expert_precision::high;
+        if (p.load) { loads.push_back(p); (high ? st.loads_high : st.loads_low)++; }
+        else        { (high ? st.hits_high : st.hits_low)++; }
     }
+    st.hits = st.hits_high + st.hits_low;
+    st.misses = st.loads_high + st.loads_low;
 
-    std::string error;
-    if (!to_load.empty()) {
+    if (!loads.empty()) {
         try {
-            load_misses(l, to_load, st);
+            load_misses(l, loads, st);
         } catch (const std::exception & ex) {
-            error = ex.what();
+            cache_->forget_group(l.group);  // slots may hold partial data
+            fail(ex.what(), dst);
+            return;
         }
     }
-    if (!error.empty()) {
-        // slots may hold partial data: forget everything, and fail this decode
-        pool.release_all();
-        policies_[l.group] = make_cache_policy(policy.name());
-        std::lock_guard<std::mutex> lock(mutex_);
-        failed_ = true;
-        error_ = error;
-        memset(out, 0, ggml_nbytes(dst));
-        return;
-    }
 
+    const int n_passes = (int) dst->ne[2];
+    int32_t * out = (int32_t *) dst->data;
     for (int64_t t = 0; t < n_tokens; t++) {
-        for (int64_t i = 0; i < n_used; i++) out[t * n_used + i] = slot_of_expert[id_at(i, t)];
+        for (int64_t i = 0; i < n_used; i++) {
+            const expert_cache::placement & p = *where[id_at(i, t)];
+            const int pass = p.precision == expert_precision::low ? 1 : 0;
+            for (int q = 0; q < n_passes; q++) {
+                out[(q * n_tokens + t) * n_used + i] = (q == pass && p.precision != expert_precision::skip) ? p.slot : -1;
+            }
+            (p.precision == expert_precision::high ? st.selections_high
+             : p.precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
+        }
     }
-    st.stall_ms = to_load.empty() ? 0.0 : ms_since(t0);
+    st.stall_ms = loads.empty() ? 0.0 : ms_since(t0);
     std::lock_guard<std::mutex> lock(mutex_);
     stats_[l.il].add(st);
 }
 
-void expert_residency::load_misses(const layer & l, const std::vector<std::pair<int, int>> & slot_expert,
+void expert_residency::load_misses(const layer & l, const std::vector<expert_cache::placement> & loads,
                                    expert_layer_stats & st) {
-    slot_pool & pool = *pools_[l.group];
-    const expert_shapes & shapes = pool.shapes();
     // one job = one projection of one expert
-    struct job { int slot, expert; expert_projection proj; };
+    struct job { const expert_cache::placement * p; expert_projection proj; };
     std::vector<job> jobs;
-    for (const auto & [slot, e] : slot_expert) {
-        for (int p = 0; p < PROJ_COUNT; p++) {
-            if (shapes[p].present) jobs.push_back({slot, e, (expert_projection) p});
+    for (const auto & p : loads) {
+        for (int proj = 0; proj < PROJ_COUNT; proj++) {
+            if (l.stacked[proj]) jobs.push_back({ &p, (expert_projection) proj });
         }
     }
     // each thread takes the next job: several reads stay in flight (small reads are latency-bound)
@@ -292,16 +401,18 @@ void expert_residency::load_misses(const layer & l, const std::vector<std::pair<
     loaders_->run(n_threads, [&](int t) {
         for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
             const job & jb = jobs[j];
-            const uint64_t size = shapes[jb.proj].bytes;
-            const uint64_t offset = l.file_offset[jb.proj] + (uint64_t) jb.expert * size;
+            const bool low = jb.p->precision == expert_precision::low;
+            const slot_pool & pool = low ? *low_pools_[l.group] : *high_pools_[l.group];
+            const expert_store & store = low ? *low_store_ : *store_;
+            const uint64_t size = pool.shapes()[jb.proj].bytes;
+            const uint64_t offset = (low ? l.low_offset[jb.proj] : l.file_offset[jb.proj]) + (uint64_t) jb.p->expert * size;
             const auto t0 = clock_type::now();
             try {
-                bytes[t] += store_->read_range(offset, size, pool.slot_data(jb.proj, jb.slot));
+                bytes[t] += store.read_range(offset, size, pool.slot_data(jb.proj, jb.p->slot));
             } catch (const std::exception & ex) {
-                static const char * pname[PROJ_COUNT] = { "up", "gate", "down", "gate_up" };
-                errs[t] = "cannot read expert " + std::to_string(jb.expert) + " of layer " + std::to_string(l.il) +
-                          " (" + pname[jb.proj] + ", file offset " + std::to_string(offset) + ") from " +
-                          store_->path() + ": " + ex.what();
+                errs[t] = std::string("cannot read ") + (low ? "the LOW copy of " : "") + "expert " + std::to_string(jb.p->expert) +
+                          " of layer " + std::to_string(l.il) + " (" + kProjectionNames[jb.proj] + ", file offset " +
+                          std::to_string(offset) + ") from " + store.path() + ": " + ex.what();
                 next = jobs.size();  // the others stop too
                 return;
             }
@@ -323,6 +434,8 @@ std::string expert_residency::take_error() {
     return e;
 }
 
+void expert_residency::start_sequence() { cache_->start_sequence(); }
+
 std::vector<std::pair<int, expert_layer_stats>> expert_residency::layer_stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::pair<int, expert_layer_stats>> out;
@@ -330,13 +443,21 @@ std::vector<std::pair<int, expert_layer_stats>> expert_residency::layer_stats() 
     return out;
 }
 
-uint64_t expert_residency::resident_experts() const {
-    uint64_t n = 0;
-    for (const auto & p : pools_) n += p->n_used();
-    return n;
-}
+uint64_t expert_residency::resident_experts() const { return cache_->resident_experts(); }
 
 void expert_residency::reset_stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto & s : stats_) s = expert_layer_stats();
+}
+
+void expert_residency::set_tracing(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tracing_ = on;
+}
+
+routing_trace expert_residency::take_trace() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    routing_trace out = std::move(trace_);
+    trace_ = routing_trace();
+    return out;
 }

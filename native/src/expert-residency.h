@@ -1,19 +1,24 @@
 // The expert-residency layer of one model: experts stay in the GGUF file; a byte-budgeted cache of
-// them lives in slot pools; the custom op in each MoE layer makes sure the experts a ubatch routes
-// to are in slots (loading misses synchronously) and hands mul_mat_id their slot ids.
+// them lives in slot pools, in HIGH and (with mixed precision) LOW precision; the custom op in each
+// MoE layer decides each selection's precision (precision-policy.h), makes sure the experts a
+// ubatch routes to are in slots (loading misses synchronously) and hands mul_mat_id slot ids, one
+// id tensor per precision pass.
 #pragma once
 
 #include "cache-policy.h"
+#include "expert-cache.h"
 #include "expert-store.h"
 #include "loader.h"
+#include "precision-policy.h"
 #include "slot-pool.h"
 #include "stats.h"
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,9 +26,14 @@ struct llama_model;
 
 struct expert_residency_params {
     uint64_t    budget_bytes = 0;
+    double      low_fraction = 0.25;      // share of the budget for the LOW tier (with precision.use_low)
     expert_io   io = expert_io::direct;
     int         io_threads = 1;
     std::string cache_policy = "lru";
+    policy_weights cache_weights = kDefaultHobbitWeights;  // for the "hobbit" policy
+    precision_params precision;          // all HIGH unless use_low / use_skip
+    bool        low_serves_high = true;  // a cached LOW copy serves a HIGH demand (else reload HIGH)
+    std::string low_from;                // LOW copies from this standard GGUF; "" = the model's *.lowbit
 };
 
 // A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
@@ -31,62 +41,89 @@ struct expert_budget_error : std::invalid_argument {
     using std::invalid_argument::invalid_argument;
 };
 
+// One decode step's routing at one layer, for calibration: ubatch index, layer, and per token the
+// top-k expert ids and routing weights.
+struct routing_trace {
+    std::vector<int32_t> ubatch, layer;  // per (token, layer) record
+    std::vector<int32_t> ids;            // n_expert_used per record
+    std::vector<float>   weights;        // n_expert_used per record
+};
+
 class expert_residency {
 public:
-    // One MoE layer: where its experts are in the file and which pool group caches them.
+    // One MoE layer: where its experts are in the file(s) and which pool group caches them.
     struct layer {
         expert_residency * owner = nullptr;
         int il = -1;
         int group = -1;
         std::array<const ggml_tensor *, PROJ_COUNT> stacked{};  // the model's (on-demand) tensors
-        std::array<uint64_t, PROJ_COUNT> file_offset{};         // of expert 0
+        std::array<uint64_t, PROJ_COUNT> file_offset{};         // HIGH copy of expert 0
+        std::array<uint64_t, PROJ_COUNT> low_offset{};          // LOW copy of expert 0 (in the LOW store)
     };
 
-    // Finds the stacked expert tensors of model (loaded from path with experts on demand), sizes
-    // and allocates the pools for the budget. Throws expert_budget_error (the minimum in the
-    // message) when the budget is below the minimum, std::runtime_error on other failures.
+    // Finds the stacked expert tensors of model (loaded from path with experts on demand) and, for
+    // mixed precision, their LOW copies; sizes and allocates the pools for the budget. Throws
+    // expert_budget_error (the minimum in the message) when the budget is below the minimum,
+    // std::runtime_error on other failures.
     expert_residency(llama_model * model, const std::string & path, const expert_residency_params & params);
     ~expert_residency();
 
-    // called by the hook while a graph is built: swaps tensors and ids for layer il
-    void build_layer(layer & l, ggml_context * ctx, ggml_tensor ** up, ggml_tensor ** gate, ggml_tensor ** down,
-                     ggml_tensor ** gate_up, ggml_tensor ** ids);
-    // the custom op: ids [n_used, n_tokens] (expert ids) -> dst (slot ids), loading misses
-    void place_experts(layer & l, const ggml_tensor * ids, ggml_tensor * dst);
+    // called by the hook while a graph is built: fills the passes for layer il; returns their count
+    int build_layer(layer & l, ggml_context * ctx, ggml_tensor * weights, struct llama_moe_expert_pass * passes);
+    // the custom op: ids [n_used, n_tokens] (expert ids) and weights -> dst [n_used, n_tokens, n_passes]
+    // (slot ids per precision pass, -1 where a pass does not compute a selection), loading misses
+    void place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst);
 
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();
+    // a new sequence (the KV cache was cleared): the policies' per-sequence records restart
+    void start_sequence();
 
     uint64_t budget_bytes() const { return budget_bytes_; }
-    uint64_t pool_bytes() const;
+    uint64_t pool_bytes(expert_precision p) const;
     uint64_t minimum_bytes() const { return minimum_bytes_; }
     uint64_t expert_bytes() const { return expert_bytes_total_; }
+    uint64_t low_expert_bytes() const { return low_expert_bytes_total_; }
     int      n_expert() const { return n_expert_; }
     int      n_expert_used() const { return n_expert_used_; }
+    int      n_layers() const { return n_layers_; }
     // most tokens per ubatch whose experts are sure to fit one layer's share of slots; 0 = no limit
     int      max_ubatch_tokens() const { return max_ubatch_tokens_; }
     expert_io io() const { return store_->io(); }
-    const char * policy_name() const { return policies_.empty() ? "" : policies_[0]->name(); }
+    const char * policy_name() const { return cache_->policy_name(); }
     int      io_threads() const { return io_threads_; }
+    bool     mixed_precision() const { return cache_->has_low(); }
+    const precision_params & precision() const { return params_.precision; }
+    const std::string & low_source() const { return low_source_; }
 
     std::vector<std::pair<int, expert_layer_stats>> layer_stats() const;  // (il, counters)
     uint64_t resident_experts() const;
     void     reset_stats();
 
+    void set_tracing(bool on);
+    routing_trace take_trace();
+
     const std::vector<std::unique_ptr<layer>> & layers() const { return layers_; }
 
 private:
-    void load_misses(const layer & l, const std::vector<std::pair<int, int>> & slot_expert, expert_layer_stats & st);
+    void find_low_copies(llama_model * model, const std::string & path);
+    void fail(const std::string & why, ggml_tensor * dst);
+    void load_misses(const layer & l, const std::vector<expert_cache::placement> & loads, expert_layer_stats & st);
 
-    std::unique_ptr<expert_store> store_;
+    expert_residency_params params_;
+    std::unique_ptr<expert_store> store_, low_store_;
     std::unique_ptr<loader_threads> loaders_;                 // io_threads - 1 workers + the op's thread
     std::vector<std::unique_ptr<layer>> layers_;
-    std::vector<std::unique_ptr<slot_pool>> pools_;            // per group
-    std::vector<std::unique_ptr<cache_policy>> policies_;      // per group
+    std::vector<std::unique_ptr<slot_pool>> high_pools_, low_pools_;  // per group
+    std::unique_ptr<expert_cache> cache_;
     std::vector<expert_layer_stats> stats_;                    // per il
-    mutable std::mutex mutex_;                                 // stats_ and error_
+    mutable std::mutex mutex_;                                 // stats_, trace_ and error_
     std::string error_;
     bool failed_ = false;
-    uint64_t budget_bytes_ = 0, minimum_bytes_ = 0, expert_bytes_total_ = 0;
-    int n_expert_ = 0, n_expert_used_ = 0, max_ubatch_tokens_ = 0, io_threads_ = 1;
+    std::atomic<bool> tracing_{false};
+    routing_trace trace_;
+    int32_t ubatch_index_ = 0;
+    std::string low_source_;
+    uint64_t budget_bytes_ = 0, minimum_bytes_ = 0, expert_bytes_total_ = 0, low_expert_bytes_total_ = 0;
+    int n_expert_ = 0, n_expert_used_ = 0, n_layers_ = 0, first_il_ = 0, max_ubatch_tokens_ = 0, io_threads_ = 1;
 };

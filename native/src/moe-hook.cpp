@@ -12,18 +12,19 @@ namespace {
 std::mutex g_mutex;
 std::unordered_map<const ggml_tensor *, expert_residency::layer *> g_layers;  // by any stacked tensor
 
-void hook(ggml_context * ctx, int il, ggml_tensor ** up, ggml_tensor ** gate, ggml_tensor ** down,
-          ggml_tensor ** gate_up, ggml_tensor ** ids) {
-    const ggml_tensor * key = *down ? *down : (*gate_up ? *gate_up : *up);
+int hook(ggml_context * ctx, int il, ggml_tensor * moe_input, ggml_tensor * weights, llama_moe_expert_pass * passes) {
+    (void) moe_input;
+    const llama_moe_expert_pass & p = passes[0];
+    const ggml_tensor * key = p.down_exps ? p.down_exps : (p.gate_up_exps ? p.gate_up_exps : p.up_exps);
     expert_residency::layer * l = nullptr;
     {
         std::lock_guard<std::mutex> lock(g_mutex);
         auto it = g_layers.find(key);
-        if (it == g_layers.end()) return;
+        if (it == g_layers.end()) return 1;
         l = it->second;
     }
     GGML_ASSERT(l->il == il || il < 0);
-    l->owner->build_layer(*l, ctx, up, gate, down, gate_up, ids);
+    return l->owner->build_layer(*l, ctx, weights, passes);
 }
 
 }  // namespace

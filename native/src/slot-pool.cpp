@@ -33,8 +33,6 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buf
     }
     // the scheduler treats the pools like model weights (never as compute scratch)
     ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    key_of_slot_.assign(n_slots, 0);
-    for (int s = n_slots - 1; s >= 0; s--) free_slots_.push_back(s);
 }
 
 slot_pool::~slot_pool() {
@@ -44,34 +42,4 @@ slot_pool::~slot_pool() {
 
 void * slot_pool::slot_data(expert_projection p, int slot) const {
     return (char *) tensors_[p]->data + (size_t) slot * tensors_[p]->nb[2];
-}
-
-int slot_pool::find(expert_key key) const {
-    auto it = slot_of_.find(key);
-    return it == slot_of_.end() ? -1 : it->second;
-}
-
-int slot_pool::take_free_slot() {
-    if (free_slots_.empty()) return -1;
-    int s = free_slots_.back();
-    free_slots_.pop_back();
-    return s;
-}
-
-void slot_pool::assign(int slot, expert_key key) {
-    key_of_slot_[slot] = key;
-    slot_of_[key] = slot;
-}
-
-expert_key slot_pool::release(int slot) {
-    expert_key key = key_of_slot_[slot];
-    slot_of_.erase(key);
-    free_slots_.push_back(slot);
-    return key;
-}
-
-void slot_pool::release_all() {
-    slot_of_.clear();
-    free_slots_.clear();
-    for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);
 }

@@ -1,18 +1,15 @@
-// Slot pools: the fast-memory home of cached experts. For one group of layers whose expert
-// tensors have the same types and shapes, one 3-D tensor [ne0, ne1, n_slots] per projection; a
-// cached expert is a slot index, the same in every projection's pool. ggml_mul_mat_id multiplies
+// Slot pools: the fast-memory home of cached experts (which slot holds what: expert-cache.h).
+// For one group of layers whose expert tensors have the same types and shapes, one 3-D tensor
+// [ne0, ne1, n_slots] per projection; a cached expert is a slot index, the same in every
+// projection's pool. ggml_mul_mat_id multiplies
 // over the pools with slot ids exactly as it would over the stacked expert tensors.
 #pragma once
-
-#include "cache-policy.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <array>
 #include <cstdint>
-#include <unordered_map>
-#include <vector>
 
 enum expert_projection { PROJ_UP, PROJ_GATE, PROJ_DOWN, PROJ_GATE_UP, PROJ_COUNT };
 
@@ -40,19 +37,11 @@ public:
     slot_pool & operator=(const slot_pool &) = delete;
 
     int n_slots() const { return n_slots_; }
-    int n_used() const { return (int) slot_of_.size(); }
     uint64_t bytes() const { return (uint64_t) n_slots_ * expert_bytes_of(shapes_); }
     const expert_shapes & shapes() const { return shapes_; }
 
     ggml_tensor * tensor(expert_projection p) const { return tensors_[p]; }
     void * slot_data(expert_projection p, int slot) const;
-
-    // bookkeeping of which expert each slot holds
-    int  find(expert_key key) const;      // its slot, or -1
-    int  take_free_slot();                // a free slot, or -1
-    void assign(int slot, expert_key key);
-    expert_key release(int slot);         // frees the slot, returns the expert it held
-    void release_all();
 
 private:
     expert_shapes shapes_;
@@ -60,7 +49,4 @@ private:
     ggml_context * ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
     std::array<ggml_tensor *, PROJ_COUNT> tensors_{};
-    std::vector<expert_key> key_of_slot_;
-    std::vector<int> free_slots_;
-    std::unordered_map<expert_key, int> slot_of_;
 };

@@ -4,15 +4,23 @@
 #include <cstdint>
 
 struct expert_layer_stats {
-    uint64_t requests   = 0;  // distinct experts a ubatch needed in this layer (hits + misses)
-    uint64_t hits       = 0;
-    uint64_t misses     = 0;
-    uint64_t bytes_read = 0;  // bytes read from storage (after rounding out for O_DIRECT)
-    double   load_ms    = 0;  // summed over reads (across io threads)
-    double   stall_ms   = 0;  // wall time the compute waited for this layer's loads
+    // distinct experts a ubatch needed in this layer: hits + misses + skipped
+    uint64_t requests    = 0;
+    uint64_t hits        = 0;  // served from the cache (hits_high + hits_low)
+    uint64_t misses      = 0;  // read from storage (loads_high + loads_low)
+    uint64_t skipped     = 0;  // not cached and unimportant enough to skip (HOBBIT's SKIP)
+    uint64_t hits_high   = 0, hits_low = 0;
+    uint64_t loads_high  = 0, loads_low = 0;
+    // token selections (token x top-k) by the precision that served them
+    uint64_t selections_high = 0, selections_low = 0, selections_skip = 0;
+    uint64_t bytes_read  = 0;  // bytes read from storage (after rounding out for O_DIRECT)
+    double   load_ms     = 0;  // summed over reads (across io threads)
+    double   stall_ms    = 0;  // wall time the compute waited for this layer's loads
 
     void add(const expert_layer_stats & o) {
-        requests += o.requests; hits += o.hits; misses += o.misses;
+        requests += o.requests; hits += o.hits; misses += o.misses; skipped += o.skipped;
+        hits_high += o.hits_high; hits_low += o.hits_low; loads_high += o.loads_high; loads_low += o.loads_low;
+        selections_high += o.selections_high; selections_low += o.selections_low; selections_skip += o.selections_skip;
         bytes_read += o.bytes_read; load_ms += o.load_ms; stall_ms += o.stall_ms;
     }
 };

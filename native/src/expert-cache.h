@@ -1,0 +1,86 @@
+// The expert cache's bookkeeping, without memory or I/O: per pool group a HIGH tier and (with low
+// precision) a LOW tier of slots, what each slot holds, one eviction policy per tier, and the
+// clock the policies read. The residency layer asks it where a layer's experts are served and
+// then reads the loads into the slots; calibration replays a routing trace through the same code.
+#pragma once
+
+#include "cache-policy.h"
+#include "precision-policy.h"
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+// Which expert each slot of one tier holds.
+class slot_table {
+public:
+    explicit slot_table(int n_slots = 0);
+    int  n_slots() const { return (int) key_of_slot_.size(); }
+    int  n_used() const { return (int) slot_of_.size(); }
+    int  find(expert_key key) const;      // its slot, or -1
+    int  take_free_slot();                // a free slot, or -1
+    void assign(int slot, expert_key key);
+    expert_key release(int slot);         // frees the slot, returns the expert it held
+    void release_all();
+
+private:
+    std::vector<expert_key> key_of_slot_;
+    std::vector<int> free_slots_;
+    std::unordered_map<expert_key, int> slot_of_;
+};
+
+struct expert_cache_config {
+    std::vector<int> high_slots;          // per group
+    std::vector<int> low_slots;           // per group; empty or 0: no LOW tier
+    std::string policy = "lru";
+    policy_weights weights = kDefaultHobbitWeights;
+    bool low_serves_high = true;          // a cached LOW copy serves a HIGH demand (else: load HIGH)
+    int n_layers = 1;                     // layers of the model (the FLD term's L)
+};
+
+class expert_cache {
+public:
+    // Where one needed expert is served: skip (slot -1), or a tier's slot, to be read first if load.
+    struct placement {
+        int expert;
+        expert_precision precision;
+        int slot;
+        bool load;
+    };
+
+    explicit expert_cache(const expert_cache_config & config);
+    expert_cache(const expert_cache &) = delete;
+    expert_cache & operator=(const expert_cache &) = delete;
+
+    // The experts layer il (of pool group `group`) needs now, each with its demand (distinct
+    // experts). A cached HIGH copy serves any demand; a cached LOW copy serves LOW and SKIP (and
+    // HIGH if low_serves_high); otherwise SKIP is skipped and LOW/HIGH are loaded into a free or
+    // evicted slot of their tier. None of the experts passed is evicted by this call. Throws
+    // std::runtime_error when a tier has fewer evictable slots than the loads need.
+    std::vector<placement> place(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted);
+
+    void advance_tokens(uint64_t n) { clock_.token += n; }
+    void start_sequence();       // the policies' per-sequence records and the token clock restart
+    void forget_group(int group);  // slots may hold partial data (a failed read): all free again
+
+    bool has_low() const { return has_low_; }
+    const slot_table & tier(int group, expert_precision p) const { return tiers_[index(group, p)].slots; }
+    const char * policy_name() const { return tiers_[0].policy->name(); }
+    const cache_clock & clock() const { return clock_; }
+    uint64_t resident_experts() const;
+
+private:
+    struct tier_state {
+        slot_table slots;
+        std::unique_ptr<cache_policy> policy;
+    };
+    size_t index(int group, expert_precision p) const { return 2 * (size_t) group + (p == expert_precision::low ? 1 : 0); }
+
+    expert_cache_config config_;
+    std::vector<tier_state> tiers_;  // [group][high, low]
+    cache_clock clock_;
+    bool has_low_ = false;
+};
