@@ -62,6 +62,13 @@ def print_stats(stats: dict) -> None:
     for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
         typer.echo(line(f"layer {layer}", counters), err=True)
     typer.echo(line("total", experts["total"]), err=True)
+    if experts["mixed_precision"] or experts["skip"]:
+        t, summary = experts["total"], experts["summary"]
+        typer.echo(f"precision: t1 {experts['t1']:.3g}, t2 {experts['t2']:.3g}; selections "
+                   f"{summary['high_fraction']:.1%} HIGH, {summary['low_fraction']:.1%} LOW, "
+                   f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW "
+                   f"(LOW {format_bytes(experts['low_pool_bytes'])} cache); miss penalty {summary['miss_penalty']:.1f}",
+                   err=True)
 
 
 # The options of every command that loads a model into an Engine, declared once: each command
@@ -71,15 +78,35 @@ EXPERT_CACHE_OPTION = typer.Option("auto", "--expert-cache",
                                    help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto")
 IO_OPTION = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap")
 IO_THREADS_OPTION = typer.Option(1, "--io-threads", help="parallel expert reads")
-CACHE_POLICY_OPTION = typer.Option("lru", "--cache-policy", help="expert cache eviction: lru or lfu")
+CACHE_POLICY_OPTION = typer.Option(None, "--cache-policy",
+                                   help="expert cache eviction: lru, lfu, lhu, fld or hobbit "
+                                        "(default: hobbit when calibrated, else lru)")
+POLICY_WEIGHTS_OPTION = typer.Option(None, "--policy-weights",
+                                     help="hobbit policy weights lru,lfu,lhu,fld (default: calibrated or equal)")
+LOW_PRECISION_OPTION = typer.Option(None, "--low-precision/--no-low-precision",
+                                    help="load unimportant missed experts in LOW precision "
+                                         "(default: on when LOW copies exist)")
+SKIP_OPTION = typer.Option(None, "--skip/--no-skip",
+                           help="skip the least important missed experts (default: with low precision)")
+T1_OPTION = typer.Option(None, "--t1", help="HIGH while the expert's score <= T1 (default: calibrated, else 0.6)")
+T2_OPTION = typer.Option(None, "--t2", help="LOW while score <= T2, SKIP above (default: calibrated, else 0.9)")
+LOW_CACHE_OPTION = typer.Option(0.25, "--low-cache", help="share of the expert cache for LOW copies")
+LOW_HIT_OPTION = typer.Option("accept", "--low-hit",
+                              help="a cached LOW copy for a HIGH demand: accept it or reload HIGH")
+LOW_FROM_OPTION = typer.Option(None, "--low-from", help="LOW copies from this standard GGUF (a lower quant)")
 VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
 
 
-def engine_options(*, threads: Optional[int], expert_cache: str, io: str, io_threads: int, cache_policy: str,
-                   verbose: bool) -> dict:
-    """Engine keyword arguments from the shared options' values."""
-    return dict(n_threads=threads, expert_cache=expert_cache, io=io, io_threads=io_threads,
-                cache_policy=cache_policy, verbose=verbose)
+# the command parameters that engine_options() passes on, and the Engine argument each becomes
+ENGINE_OPTION_NAMES = {"threads": "n_threads", "expert_cache": "expert_cache", "io": "io", "io_threads": "io_threads",
+                       "cache_policy": "cache_policy", "policy_weights": "policy_weights",
+                       "low_precision": "low_precision", "skip": "skip", "t1": "t1", "t2": "t2",
+                       "low_cache": "low_cache", "low_hit": "low_hit", "low_from": "low_from", "verbose": "verbose"}
+
+
+def engine_options(params: dict) -> dict:
+    """Engine keyword arguments from a command's parameters (its locals(), taken first thing)."""
+    return {arg: params[name] for name, arg in ENGINE_OPTION_NAMES.items()}
 
 
 def print_model_note(eng, model: Path) -> None:
@@ -108,13 +135,22 @@ def run(
     expert_cache: str = EXPERT_CACHE_OPTION,
     io: str = IO_OPTION,
     io_threads: int = IO_THREADS_OPTION,
-    cache_policy: str = CACHE_POLICY_OPTION,
+    cache_policy: Optional[str] = CACHE_POLICY_OPTION,
+    policy_weights: Optional[str] = POLICY_WEIGHTS_OPTION,
+    low_precision: Optional[bool] = LOW_PRECISION_OPTION,
+    skip: Optional[bool] = SKIP_OPTION,
+    t1: Optional[float] = T1_OPTION,
+    t2: Optional[float] = T2_OPTION,
+    low_cache: float = LOW_CACHE_OPTION,
+    low_hit: str = LOW_HIT_OPTION,
+    low_from: Optional[Path] = LOW_FROM_OPTION,
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
     verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
+    options = engine_options(locals())
     from pyedgemoe.engine import Engine
 
     if prompt is not None and file is not None:
@@ -132,9 +168,7 @@ def run(
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=seed)
     try:
-        with Engine(model, n_ctx=ctx, seed=seed,
-                    **engine_options(threads=threads, expert_cache=expert_cache, io=io, io_threads=io_threads,
-                                     cache_policy=cache_policy, verbose=verbose)) as eng:
+        with Engine(model, n_ctx=ctx, seed=seed, **options) as eng:
             if not as_json or not eng.info.is_moe:
                 print_model_note(eng, model)
             if chat:
@@ -204,11 +238,20 @@ def perplexity_command(
     expert_cache: str = EXPERT_CACHE_OPTION,
     io: str = IO_OPTION,
     io_threads: int = IO_THREADS_OPTION,
-    cache_policy: str = CACHE_POLICY_OPTION,
+    cache_policy: Optional[str] = CACHE_POLICY_OPTION,
+    policy_weights: Optional[str] = POLICY_WEIGHTS_OPTION,
+    low_precision: Optional[bool] = LOW_PRECISION_OPTION,
+    skip: Optional[bool] = SKIP_OPTION,
+    t1: Optional[float] = T1_OPTION,
+    t2: Optional[float] = T2_OPTION,
+    low_cache: float = LOW_CACHE_OPTION,
+    low_hit: str = LOW_HIT_OPTION,
+    low_from: Optional[Path] = LOW_FROM_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
+    options = engine_options(locals())
     from pyedgemoe.engine import Engine
     from pyedgemoe.perplexity import MIN_N_CTX, perplexity
 
@@ -226,9 +269,7 @@ def perplexity_command(
         sys.stdout.flush()
 
     try:
-        with Engine(model, n_ctx=ctx, **engine_options(threads=threads, expert_cache=expert_cache, io=io,
-                                                       io_threads=io_threads, cache_policy=cache_policy,
-                                                       verbose=verbose)) as eng:
+        with Engine(model, n_ctx=ctx, **options) as eng:
             if not as_json or not eng.info.is_moe:
                 print_model_note(eng, model)
             result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running)

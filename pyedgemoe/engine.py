@@ -19,7 +19,9 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
+from pyedgemoe.calibrate import load_calibration
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
+from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.memory_budget import parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.text_stream import TextStream
@@ -82,8 +84,6 @@ class GenerationStats:
         }
 
 
-IO_MODES = ("direct", "buffered", "mmap")
-CACHE_POLICIES = ("lru", "lfu")
 
 
 def _stop_list(stop: str | list[str] | None) -> list[str]:
@@ -93,6 +93,23 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
 def _usage(n_prompt: int, n_completion: int) -> dict:
     """The OpenAI "usage" object."""
     return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def _expert_summary(experts: dict) -> dict:
+    """HOBBIT's telemetry from the native counters: the share of token selections served in HIGH,
+    in LOW or skipped, and the miss penalty (a HIGH load costs 1, a LOW load LOW bytes / HIGH bytes)."""
+    t = experts["total"]
+    selections = t["selections_high"] + t["selections_low"] + t["selections_skip"]
+    low_cost = experts["low_expert_bytes"] / experts["expert_bytes"] if experts["expert_bytes"] else 0.0
+    share = (lambda n: n / selections if selections else 0.0)
+    return {
+        "high_fraction": share(t["selections_high"]),
+        "low_fraction": share(t["selections_low"]),
+        "skip_fraction": share(t["selections_skip"]),
+        "hit_rate": t["hits"] / t["requests"] if t["requests"] else 0.0,
+        "low_load_cost": low_cost,
+        "miss_penalty": t["loads_high"] + low_cost * t["loads_low"],
+    }
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -113,14 +130,25 @@ class Engine:
         bytes), or None / "auto" (every expert resident, no offloading). With a budget the experts stay
         in the file and are read into a cache when routed to (docs/expert-residency.md).
     io: how experts are read: "direct" (O_DIRECT; buffered where the filesystem has none), "buffered"
-        (pread) or "mmap". io_threads: parallel reads per layer. cache_policy: "lru" or "lfu".
+        (pread) or "mmap". io_threads: parallel reads per layer.
+    cache_policy: "lru", "lfu", "lhu", "fld" or "hobbit" (HOBBIT's multidimensional priority with
+        policy_weights "lru,lfu,lhu,fld"); default "hobbit" when the model is calibrated, else "lru".
+    Mixed precision (HOBBIT, docs/mixed-precision.md): low_precision (default: on when LOW copies
+        exist: a multi-precision GGUF or low_from), skip (default: with low precision), thresholds
+        t1/t2 (default: the calibration sidecar's, else 0.6/0.9), low_cache (share of expert_cache
+        for LOW copies), low_hit ("accept" a cached LOW copy for a HIGH demand, or "reload"),
+        low_from (a standard GGUF of a lower quant of the same model, the source of LOW copies).
     verbose: forward llama.cpp's log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
-                 io: str = "direct", io_threads: int = 1, cache_policy: str = "lru", verbose: bool = False):
+                 io: str = "direct", io_threads: int = 1, cache_policy: str | None = None,
+                 policy_weights: str | list[float] | None = None, low_precision: bool | None = None,
+                 skip: bool | None = None, t1: float | None = None, t2: float | None = None,
+                 low_cache: float = 0.25, low_hit: str = "accept", low_from: str | os.PathLike | None = None,
+                 verbose: bool = False):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
@@ -131,11 +159,10 @@ class Engine:
         except KeyError:
             raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
-        if io not in IO_MODES:
-            raise InvalidOptionError(f"unknown io {io!r} ({', '.join(IO_MODES)})")
-        if cache_policy not in CACHE_POLICIES:
-            raise InvalidOptionError(f"unknown cache_policy {cache_policy!r} ({', '.join(CACHE_POLICIES)})")
-        _positive("io_threads", io_threads)
+        expert_options = ExpertOptions(io=io, io_threads=io_threads, cache_policy=cache_policy,
+                                       policy_weights=policy_weights, low_precision=low_precision, skip=skip,
+                                       t1=t1, t2=t2, low_cache=low_cache, low_hit=low_hit, low_from=low_from)
+        expert_options.validate()
         _native.set_verbose(verbose)
 
         self.model_path = os.fspath(model_path)
@@ -148,7 +175,8 @@ class Engine:
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
             if offload:
-                self._model.enable_expert_residency(budget, io, io_threads, cache_policy)
+                native_options = expert_options.native_kwargs(self.info, load_calibration(self.model_path))
+                self._model.enable_expert_residency(budget, **native_options)
         except _native.ExpertBudgetError as e:
             raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:
@@ -456,5 +484,6 @@ class Engine:
             "last": self.last_timings.to_dict(),
         }
         if self.expert_residency is not None:
-            out["experts"] = {**self.expert_residency, **self._model.expert_stats()}
+            experts = {**self.expert_residency, **self._model.expert_stats()}
+            out["experts"] = {**experts, "summary": _expert_summary(experts)}
         return out

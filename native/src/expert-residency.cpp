@@ -250,7 +250,7 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 }  // namespace
 
 int expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor * weights, llama_moe_expert_pass * passes) {
-    llama_moe_expert_pass & first = passes[0];
+    const llama_moe_expert_pass first = passes[0];  // the model's tensors (passes[0] is overwritten)
     ggml_tensor * ids = first.ids;
     const int n_passes = cache_->has_low() ? 2 : 1;
     // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
