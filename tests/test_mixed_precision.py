@@ -1,0 +1,260 @@
+"""Mixed-precision experts (HOBBIT sec. 3.2 and 3.4): the precision rule and the cache policies
+against hand-computed expectations, and the runtime on tiny multi-precision models — lossless
+whenever low precision and skipping are off, and exactly the two-pass sum it claims to be.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyedgemoe import Engine, _native
+from pyedgemoe.convert.export import export
+from pyedgemoe.convert.from_gguf import convert_gguf
+from pyedgemoe.errors import InvalidOptionError
+
+SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
+IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
+POLICIES = ["lru", "lfu", "lhu", "fld", "hobbit"]
+
+
+# -- the precision rule: s_0 = 0, s_i = sum of the normalized weights ranked above ----------------
+
+@pytest.mark.parametrize("weights, expected", [
+    ([0.7, 0.3], ["high", "low"]),                          # s = 0, 0.7
+    ([0.55, 0.45], ["high", "high"]),                       # s = 0, 0.55 <= 0.6
+    ([0.5, 0.3, 0.15, 0.05], ["high", "high", "low", "skip"]),  # s = 0, 0.5, 0.8, 0.95
+    ([0.05, 0.15, 0.3, 0.5], ["skip", "low", "high", "high"]),  # the same, in another order
+    ([5.0, 3.0, 1.5, 0.5], ["high", "high", "low", "skip"]),    # weights are normalized first
+    ([0.95, 0.05], ["high", "skip"]),                       # s = 0.95 > 0.9
+])
+def test_precision_rule_matches_hand_computed_scores(weights, expected):
+    assert _native.choose_precisions(weights, 0.6, 0.9) == expected
+
+
+def test_precision_rule_ties_rank_the_earlier_selection_first():
+    # equal weights: s = 0, 0.25, 0.5, 0.75 in position order
+    assert _native.choose_precisions([0.25] * 4, 0.3, 0.6) == ["high", "high", "low", "skip"]
+
+
+def test_top1_is_high_even_with_zero_thresholds():
+    assert _native.choose_precisions([0.6, 0.4], 0.0, 0.0) == ["high", "skip"]
+
+
+def test_without_low_the_low_band_is_high_and_without_skip_the_skip_band_is_low():
+    w = [0.5, 0.3, 0.15, 0.05]
+    assert _native.choose_precisions(w, 0.6, 0.9, use_low=False) == ["high", "high", "high", "skip"]
+    assert _native.choose_precisions(w, 0.6, 0.9, use_skip=False) == ["high", "high", "low", "low"]
+    assert _native.choose_precisions(w, 0.6, 0.9, use_low=False, use_skip=False) == ["high"] * 4
+
+
+# -- the cache's placement and eviction (the runtime's own code, without memory or I/O) -----------
+
+def served(placements):
+    return [(e, p, load) for e, p, _slot, load in placements]
+
+
+def test_cached_high_serves_any_demand_and_low_serves_low_and_skip():
+    c = _native.ExpertCache(high_slots=2, low_slots=2)
+    c.place(0, [(1, "high"), (2, "low")])
+    assert served(c.place(0, [(1, "skip"), (2, "skip"), (3, "skip")])) == [
+        (1, "high", False), (2, "low", False), (3, "skip", False)]
+
+
+def test_low_hit_for_a_high_demand_is_accepted_or_reloaded():
+    accept = _native.ExpertCache(high_slots=2, low_slots=2, low_serves_high=True)
+    reload = _native.ExpertCache(high_slots=2, low_slots=2, low_serves_high=False)
+    for c in (accept, reload):
+        c.place(0, [(5, "low")])
+    assert served(accept.place(0, [(5, "high")])) == [(5, "low", False)]
+    assert served(reload.place(0, [(5, "high")])) == [(5, "high", True)]
+
+
+def test_lru_evicts_the_least_recently_used_and_never_one_needed_now():
+    c = _native.ExpertCache(high_slots=3, policy="lru")
+    for e in (1, 2, 3):
+        c.place(0, [(e, "high")])
+    c.place(0, [(1, "high")])                      # order of use: 2, 3, 1
+    c.place(0, [(4, "high"), (2, "high")])        # 2 is needed now: 3 goes
+    assert not c.cached(0, 3, "high")
+    assert all(c.cached(0, e, "high") for e in (1, 2, 4))
+
+
+def test_lfu_evicts_the_least_used():
+    c = _native.ExpertCache(high_slots=2, policy="lfu")
+    c.place(0, [(1, "high")])
+    c.place(0, [(2, "high")])
+    c.place(0, [(1, "high")])  # 1 used twice (load + hit: uses since insertion 2 vs 1)
+    c.place(0, [(3, "high")])
+    assert c.cached(0, 1, "high") and not c.cached(0, 2, "high")
+
+
+def test_hobbit_priority_is_the_weighted_sum_of_recency_frequency_high_use_and_layer_distance():
+    # Two cached experts of layer 0, decided at token T = 4 while layer 1 runs (L = 4):
+    #   A: last used at token 1, 3 uses, 3 HIGH -> recency 1/4, frequency 3/4, high 3/4
+    #   B: last used at token 4, 1 use,  1 HIGH -> recency 4/4, frequency 1/4, high 1/4
+    # fld is equal for both (same layer). With weights lru only, A goes; with lfu only, B goes.
+    def scenario(weights):
+        c = _native.ExpertCache(high_slots=2, policy="hobbit", weights=weights, n_layers=4)
+        c.advance_tokens(1)
+        c.place(0, [(0, "high")])  # A, use 1 at token 1
+        c.place(0, [(0, "high")])  # use 2
+        c.place(0, [(0, "high")])  # use 3
+        c.advance_tokens(3)        # T = 4
+        c.place(0, [(1, "high")])  # B at token 4
+        c.place(1, [(9, "high")])  # layer 1 needs a slot: one of layer 0's experts is evicted
+        return "A" if not c.cached(0, 0, "high") else "B"
+
+    assert scenario([1, 0, 0, 0]) == "A"
+    assert scenario([0, 1, 0, 0]) == "B"
+    assert scenario([0, 0, 1, 0]) == "B"
+
+
+def test_fld_evicts_the_expert_whose_layer_comes_last():
+    # running layer 2 of 4: layer 1 is 3 layers away (p = 1/4), layer 3 one away (p = 3/4)
+    c = _native.ExpertCache(high_slots=2, policy="fld", n_layers=4)
+    c.place(3, [(0, "high")])
+    c.place(1, [(0, "high")])
+    c.place(2, [(5, "high")])
+    assert c.cached(3, 0, "high") and not c.cached(1, 0, "high")
+
+
+def test_lhu_does_not_count_low_uses():
+    c = _native.ExpertCache(high_slots=1, low_slots=2, policy="lhu")
+    c.advance_tokens(1)
+    c.place(0, [(1, "low")])
+    c.place(0, [(1, "low")])
+    c.place(0, [(2, "low")])   # 1: two LOW uses, 2: one LOW use, both H = 0: the older (1) goes
+    c.place(0, [(3, "low")])
+    assert not c.cached(0, 1, "low") and c.cached(0, 2, "low")
+
+
+def test_records_reset_with_a_new_sequence():
+    c = _native.ExpertCache(high_slots=2, policy="lhu")
+    c.advance_tokens(1)
+    for _ in range(3):
+        c.place(0, [(1, "high")])  # 1: three HIGH uses
+    c.place(0, [(2, "high")])
+    c.start_sequence()             # both records forgotten: ties go to the least recently used (1)
+    c.place(0, [(3, "high")])
+    assert not c.cached(0, 1, "high") and c.cached(0, 2, "high")
+
+
+# -- the runtime on multi-precision files -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mp_models(tiny_model, tmp_path_factory):
+    """(HIGH q8_0 + LOW q4_0, HIGH q8_0 + LOW q8_0) multi-precision files of tiny Qwen3-MoE."""
+    src, _ = tiny_model("qwen3_moe")
+    d = tmp_path_factory.mktemp("mp")
+    return (convert_gguf(src, d / "q8-q4.gguf", high="q8_0", low="q4_0", progress=False),
+            convert_gguf(src, d / "q8-q8.gguf", high="q8_0", low="q8_0", progress=False))
+
+
+def evaluate(path, **options):
+    with Engine(path, **SETTINGS, **options) as eng:
+        return eng.logits(IDS), eng.time_generation(IDS[:6], 24)["tokens"], eng.stats(), eng.n_ubatch
+
+
+def resident(path, n_ubatch):
+    return evaluate(path, n_batch=n_ubatch)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("budget", ["50%", "minimum"])
+def test_without_low_precision_and_skipping_every_policy_is_lossless(mp_models, policy, budget):
+    path = mp_models[0]
+    if budget == "minimum":
+        with Engine(path, **SETTINGS, expert_cache="50%", low_precision=False) as eng:
+            budget = eng.expert_residency["minimum_bytes"]
+    logits, tokens, stats, n_ubatch = evaluate(path, expert_cache=budget, low_precision=False, skip=False,
+                                               cache_policy=policy)
+    ref_logits, ref_tokens, _, _ = resident(path, n_ubatch)
+    assert stats["experts"]["total"]["misses"] > 0
+    assert np.array_equal(logits, ref_logits)
+    assert tokens == ref_tokens
+
+
+def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
+    _, _, stats, _ = evaluate(mp_models[0], expert_cache="50%")
+    experts = stats["experts"]
+    assert experts["mixed_precision"] and experts["skip"]
+    assert experts["total"]["loads_low"] > 0
+    s = experts["summary"]
+    assert s["high_fraction"] + s["low_fraction"] + s["skip_fraction"] == pytest.approx(1.0)
+
+
+def test_low_copies_identical_to_high_give_the_resident_logits_exactly(mp_models):
+    # LOW = HIGH bytes and nothing skipped: the two passes (HIGH pool, LOW pool) must sum to the
+    # one-pass result bit for bit, whatever each selection's precision
+    path = mp_models[1]
+    logits, tokens, stats, n_ubatch = evaluate(path, expert_cache="50%", t1=0.0, t2=1.0)
+    assert stats["experts"]["summary"]["low_fraction"] > 0.2
+    ref_logits, ref_tokens, _, _ = resident(path, n_ubatch)
+    assert np.array_equal(logits, ref_logits)
+    assert tokens == ref_tokens
+
+
+def test_t1_of_one_serves_everything_in_high(mp_models):
+    path = mp_models[0]
+    logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%", t1=1.0)
+    assert stats["experts"]["summary"]["high_fraction"] == 1.0
+    assert np.array_equal(logits, resident(path, n_ubatch)[0])
+
+
+def test_low_precision_changes_logits_a_little_and_skipping_more(mp_models):
+    path = mp_models[0]
+    low, _, _, n_ubatch = evaluate(path, expert_cache="50%", t1=0.0, t2=1.0)
+    ref = resident(path, n_ubatch)[0]
+    skipped, _, stats, n_ubatch_skip = evaluate(path, expert_cache="50%", t1=0.0, t2=0.0)
+    assert stats["experts"]["summary"]["skip_fraction"] > 0.1
+    low_err = np.abs(low - ref).max()
+    skip_err = np.abs(skipped - resident(path, n_ubatch_skip)[0]).max()
+    assert 0 < low_err < skip_err
+
+
+def test_low_from_a_standard_lower_quant_equals_the_multi_precision_file(mp_models, tmp_path):
+    high = export(mp_models[0], tmp_path / "high.gguf", precision="high", progress=False)
+    low = export(mp_models[0], tmp_path / "low.gguf", precision="low", progress=False)
+    options = dict(expert_cache="50%", t1=0.3, t2=0.95)
+    a_logits, a_tokens, a_stats, _ = evaluate(mp_models[0], **options)
+    b_logits, b_tokens, b_stats, _ = evaluate(high, low_from=low, **options)
+    assert b_stats["experts"]["low_source"] == str(low)
+    assert b_stats["experts"]["total"]["loads_low"] > 0
+    assert np.array_equal(a_logits, b_logits)
+    assert a_tokens == b_tokens
+
+
+def test_a_standard_file_is_lossless_by_default_and_refuses_low_precision(mp_models, tmp_path):
+    high = export(mp_models[0], tmp_path / "high.gguf", precision="high", progress=False)
+    _, _, stats, _ = evaluate(high, expert_cache="50%")
+    assert not stats["experts"]["mixed_precision"] and not stats["experts"]["skip"]
+    with pytest.raises(InvalidOptionError, match="LOW expert copies"):
+        Engine(high, **SETTINGS, expert_cache="50%", low_precision=True)
+
+
+def test_low_from_of_another_model_is_refused(mp_models, tiny_model, tmp_path):
+    high = export(mp_models[0], tmp_path / "high.gguf", precision="high", progress=False)
+    other, _ = tiny_model("mixtral")
+    with pytest.raises(InvalidOptionError, match="not a GGUF of the same model"):
+        Engine(high, **SETTINGS, expert_cache="50%", low_from=other)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(t1=0.8, t2=0.5), "must not exceed"),
+    (dict(t1=1.5), "between 0 and 1"),
+    (dict(low_cache=0), "between 0 and 1"),
+    (dict(low_hit="maybe"), "unknown low_hit"),
+    (dict(cache_policy="random"), "unknown cache_policy"),
+    (dict(policy_weights="1,2,3"), "four"),
+    (dict(policy_weights="1,-1,0,0"), "non-negative"),
+])
+def test_bad_precision_options_are_clear_errors(mp_models, options, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        Engine(mp_models[0], **SETTINGS, expert_cache="50%", **options)
+
+
+def test_budget_below_the_mixed_minimum_names_it(mp_models):
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%") as eng:
+        minimum = eng.expert_residency["minimum_bytes"]
+    with pytest.raises(InvalidOptionError, match=f"minimum of {minimum} bytes"):
+        Engine(mp_models[0], **SETTINGS, expert_cache=minimum - 1)
