@@ -472,6 +472,20 @@ class Engine:
                                          "finish_reason": result["finish_reason"]}], "usage": usage()}
         return chunks()
 
+    # -- routing trace (calibration) ---------------------------------------------------------------
+    def record_routing(self, on: bool = True) -> None:
+        """Start (or stop) recording every MoE layer's routing: needs an expert cache."""
+        if self.expert_residency is None:
+            raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
+        self._model.set_expert_tracing(on)
+
+    def take_routing_trace(self) -> dict:
+        """The routing recorded since the last call, as numpy arrays: "ubatch" and "layer" [n] (one
+        record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used]."""
+        if self.expert_residency is None:
+            raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
+        return dict(self._model.take_expert_trace())
+
     # -- telemetry ---------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters since the Engine was created: tokens and time spent in prefill and decode.

@@ -41,7 +41,7 @@ policy_weights weights_from(const std::vector<float> & w) {
 }
 
 void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_threads, const std::string & policy,
-            const std::vector<float> & weights, bool use_low, bool use_skip, float t1, float t2, double low_fraction,
+            const std::vector<float> & weights, bool use_low, bool use_skip, double t1, double t2, double low_fraction,
             bool low_serves_high, const std::string & low_from) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
@@ -109,6 +109,8 @@ nb::dict info(const Model & m) {
     d["pool_bytes"] = r.pool_bytes(expert_precision::high) + r.pool_bytes(expert_precision::low);
     d["high_pool_bytes"] = r.pool_bytes(expert_precision::high);
     d["low_pool_bytes"] = r.pool_bytes(expert_precision::low);
+    d["high_slots"] = r.pool_slots(expert_precision::high);
+    d["low_slots"] = r.pool_slots(expert_precision::low);
     d["minimum_bytes"] = r.minimum_bytes();
     d["expert_bytes"] = r.expert_bytes();
     d["low_expert_bytes"] = r.low_expert_bytes();
@@ -158,7 +160,7 @@ void register_residency(nb::module_ & m) {
     nb::exception<expert_load_error>(m, "ExpertLoadError", PyExc_RuntimeError);
     nb::exception<expert_budget_error>(m, "ExpertBudgetError", PyExc_ValueError);
 
-    m.def("choose_precisions", [](const std::vector<float> & w, float t1, float t2, bool use_low, bool use_skip) {
+    m.def("choose_precisions", [](const std::vector<float> & w, double t1, double t2, bool use_low, bool use_skip) {
             precision_params p;
             p.t1 = t1; p.t2 = t2; p.use_low = use_low; p.use_skip = use_skip;
             std::vector<expert_precision> out(w.size());
@@ -166,7 +168,7 @@ void register_residency(nb::module_ & m) {
             std::vector<std::string> names;
             for (auto x : out) names.push_back(expert_precision_name(x));
             return names;
-        }, nb::arg("weights"), nb::arg("t1") = 0.6f, nb::arg("t2") = 0.9f, nb::arg("use_low") = true, nb::arg("use_skip") = true,
+        }, nb::arg("weights"), nb::arg("t1") = 0.6, nb::arg("t2") = 0.9, nb::arg("use_low") = true, nb::arg("use_skip") = true,
         "HOBBIT's demand (high/low/skip) for each of one token's selections, from their routing weights.");
 
     nb::class_<cache_simulator>(m, "ExpertCache",
@@ -202,7 +204,7 @@ void add_residency_methods(nb::class_<Model> & cls) {
     cls.def("enable_expert_residency", &enable, nb::arg("budget_bytes"), nb::arg("io") = "direct",
             nb::arg("io_threads") = 1, nb::arg("cache_policy") = "lru",
             nb::arg("policy_weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f},
-            nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6f, nb::arg("t2") = 0.9f,
+            nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6, nb::arg("t2") = 0.9,
             nb::arg("low_fraction") = 0.25, nb::arg("low_serves_high") = true, nb::arg("low_from") = "",
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")

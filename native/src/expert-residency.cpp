@@ -240,6 +240,12 @@ uint64_t expert_residency::pool_bytes(expert_precision p) const {
     return total;
 }
 
+int expert_residency::pool_slots(expert_precision p) const {
+    int total = 0;
+    for (const auto & pool : p == expert_precision::low ? low_pools_ : high_pools_) total += pool->n_slots();
+    return total;
+}
+
 namespace {
 void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;

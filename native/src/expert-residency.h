@@ -81,6 +81,7 @@ public:
 
     uint64_t budget_bytes() const { return budget_bytes_; }
     uint64_t pool_bytes(expert_precision p) const;
+    int      pool_slots(expert_precision p) const;  // summed over groups
     uint64_t minimum_bytes() const { return minimum_bytes_; }
     uint64_t expert_bytes() const { return expert_bytes_total_; }
     uint64_t low_expert_bytes() const { return low_expert_bytes_total_; }

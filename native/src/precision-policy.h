@@ -8,8 +8,8 @@
 enum class expert_precision : int8_t { skip = 0, low = 1, high = 2 };
 
 struct precision_params {
-    float t1 = 0.6f;         // HIGH while the score s_i <= t1
-    float t2 = 0.9f;         // LOW while t1 < s_i <= t2, SKIP above
+    double t1 = 0.6;         // HIGH while the score s_i <= t1
+    double t2 = 0.9;         // LOW while t1 < s_i <= t2, SKIP above
     bool  use_low  = false;  // false: what would be LOW is HIGH
     bool  use_skip = false;  // false: what would be SKIP is LOW (or HIGH without LOW)
 };
