@@ -195,13 +195,14 @@ def _base_type_for(tensor, base: str | None) -> tuple[str, str]:
 
 def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K", base: str | None = None,
                  low_from: Path | None = None, force: bool = False, dry_run: bool = False,
-                 progress: bool = True, n_threads: int | None = None) -> Path | dict:
+                 progress: bool = True, n_threads: int | None = None, calibration: dict | None = None) -> Path | dict:
     """Convert a standard llama.cpp GGUF into a multi-precision GGUF (docs/format.md).
 
     high, low: ggml type names of the expert copies. base: type of the non-expert weight matrices
     (None: keep the source's bytes). low_from: a lower quant of the same model whose expert tensors
     become the LOW copies as they are (then `low` is ignored and the LOW type is that file's).
-    dry_run: return the plan (a dict, see `format_plan`) and write nothing.
+    dry_run: return the plan (a dict, see `format_plan`) and write nothing. calibration: a
+    `pyedgemoe calibrate` sidecar's contents, embedded as `edgemoe.calibration.*` metadata.
     Raises ConversionError; never leaves a file under `out` unless it succeeds.
     """
     src, out = Path(src), Path(out)
@@ -241,7 +242,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     edgemoe_metadata(writer, high, low, {
         "source": str(src), "source_type": "gguf",
-        "low_from": str(low_from) if low_from is not None else None})
+        "low_from": str(low_from) if low_from is not None else None}, calibration)
 
     plan: list[dict] = []
 

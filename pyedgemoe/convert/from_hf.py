@@ -305,19 +305,20 @@ class _QuietOverwrites(logging.Filter):
 
 
 def write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir: Path, *,
-                   model_name: str | None, provenance: dict) -> None:
+                   model_name: str | None, provenance: dict, calibration: dict | None = None) -> None:
     """general.*, hparams, tokenizer and edgemoe.* keys, in llama.cpp's order."""
     log = logging.getLogger("gguf.gguf_writer")
     quiet = _QuietOverwrites()
     log.addFilter(quiet)
     try:
-        _write_metadata(writer, plan, family, hf_dir, model_name=model_name, provenance=provenance)
+        _write_metadata(writer, plan, family, hf_dir, model_name=model_name, provenance=provenance,
+                        calibration=calibration)
     finally:
         log.removeFilter(quiet)
 
 
 def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir: Path, *,
-                    model_name: str | None, provenance: dict) -> None:
+                    model_name: str | None, provenance: dict, calibration: dict | None = None) -> None:
     writer.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, count = _parameter_counts(plan)
     try:
@@ -332,7 +333,7 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
     family.write_hparams(writer, llama_file_type(plan.high_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokenizer_mod.write_vocab(writer, hf_dir, family.vocab_size, family.tokenizer_style)
-    edgemoe_metadata(writer, plan.high_type, plan.low_type, provenance)
+    edgemoe_metadata(writer, plan.high_type, plan.low_type, provenance, calibration)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,12 +343,13 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0", low: str = "q4_K",
                base: str | None = None, force: bool = False, dry_run: bool = False, progress: bool = True,
                n_threads: int | None = None, source_label: str | None = None,
-               model_name: str | None = None) -> Path | Plan:
+               model_name: str | None = None, calibration: dict | None = None) -> Path | Plan:
     """Convert the HF checkpoint directory `src` into the multi-precision GGUF `out`.
 
     high/low: ggml types of the expert copies; base: type of the other weight matrices (default
     f16). dry_run: return the Plan, write nothing. source_label/model_name: what provenance and
-    general.name say (a repo id, when `src` is its download). Raises ConversionError and leaves
+    general.name say (a repo id, when `src` is its download). calibration: a sidecar's contents,
+    embedded as `edgemoe.calibration.*` metadata. Raises ConversionError and leaves
     no file under `out` unless it succeeds.
     """
     src, out = Path(src), Path(out)
@@ -366,12 +368,13 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q
         if dry_run:
             # metadata into a scratch writer: tokenizer and hparams errors show up in a dry run too
             write_metadata(gguf.GGUFWriter(None, plan.architecture), plan, family, src,
-                           model_name=model_name, provenance=provenance)
+                           model_name=model_name, provenance=provenance, calibration=calibration)
             return plan
 
         output = GGUFOutput(out, arch=plan.architecture, force=force)
         try:
-            write_metadata(output.writer, plan, family, src, model_name=model_name, provenance=provenance)
+            write_metadata(output.writer, plan, family, src, model_name=model_name, provenance=provenance,
+                           calibration=calibration)
             for t in plan.tensors:
                 output.add_tensor(t.name, t.ne, t.type, t.produce)
         except BaseException:

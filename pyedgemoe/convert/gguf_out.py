@@ -89,14 +89,21 @@ def llama_file_type(type_name: str) -> int:
         return int(gguf.LlamaFileType.GUESSED)
 
 
-def edgemoe_metadata(writer: gguf.GGUFWriter, high_type: str, low_type: str, provenance: dict) -> None:
-    """Write the `edgemoe.*` keys of docs/format.md. `provenance` gets a `tool` entry if it has none."""
+def edgemoe_metadata(writer: gguf.GGUFWriter, high_type: str, low_type: str, provenance: dict,
+                     calibration: dict | None = None) -> None:
+    """Write the `edgemoe.*` keys of docs/format.md. `provenance` gets a `tool` entry if it has none;
+    `calibration` (a `pyedgemoe calibrate` sidecar's contents) becomes the `edgemoe.calibration.*` keys."""
     prov = {"tool": f"pyedgemoe {_tool_version()}", "source": None, "source_type": None, "low_from": None}
     prov.update(provenance)
     writer.add_uint32("edgemoe.format_version", FORMAT_VERSION)
     writer.add_string("edgemoe.high_type", ggml_type_name(ggml_type(high_type)))
     writer.add_string("edgemoe.low_type", ggml_type_name(ggml_type(low_type)))
     writer.add_string("edgemoe.provenance", json.dumps(prov, sort_keys=True))
+    if calibration is not None:
+        from pyedgemoe.calibrate import calibration_metadata
+        add = {"f32": writer.add_float32, "f32_array": writer.add_array, "string": writer.add_string}
+        for key, value, kind in calibration_metadata(calibration):
+            add[kind](key, value)
 
 
 def _tool_version() -> str:
