@@ -1,4 +1,4 @@
-"""The `pyedgemoe` command: run, perplexity, inspect, convert, export, bench.
+"""The `pyedgemoe` command: run, perplexity, calibrate, inspect, convert, export, bench.
 
 Errors a user can cause print one line (`error: ...`) on stderr and exit with status 1;
 usage errors (unknown flags, values of the wrong type) exit with status 2.
@@ -286,6 +286,69 @@ def perplexity_command(
         raise typer.Exit(130)
 
 
+@app.command("calibrate")
+def calibrate_command(
+    model: Path = typer.Argument(..., help="GGUF model file (multi-precision, or standard with --low-from)"),
+    file: Path = typer.Option(..., "-f", "--file", help="the text to run (representative of the workload)"),
+    budget: str = typer.Option("25%", "--budget", help="the expert cache to calibrate for: 300MiB, 4GiB, 25%"),
+    target_split: str = typer.Option("0.67,0.30,0.03", "--target-split",
+                                     help="shares of selections high,low,skip the thresholds aim at"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="where the routing trace goes "
+                                         "(default: MODEL.routing-trace.npz)"),
+    ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),
+    max_tokens: int = typer.Option(2048, "--max-tokens", help="use at most this many tokens of the text"),
+    grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
+    threads: Optional[int] = THREADS_OPTION,
+    io: str = IO_OPTION,
+    io_threads: int = IO_THREADS_OPTION,
+    low_cache: float = LOW_CACHE_OPTION,
+    low_hit: str = LOW_HIT_OPTION,
+    low_from: Optional[Path] = LOW_FROM_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
+    verbose: bool = VERBOSE_OPTION,
+) -> None:
+    """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
+    sidecar next to the model that `run` picks up (docs/mixed-precision.md)."""
+    from pyedgemoe.calibrate import calibrate
+
+    options = dict(n_threads=threads, io=io, io_threads=io_threads, low_cache=low_cache, low_hit=low_hit,
+                   low_from=low_from, verbose=verbose)
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        fail(f"cannot read text file: {e}")
+    try:
+        result = calibrate(model, text, budget=budget, split=target_split, n_ctx=ctx, max_tokens=max_tokens,
+                           trace=trace, grid_step=grid_step, text_name=str(file), **options)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    d = result.data
+    target, achieved = d["target_split"], d["achieved_split"]
+    share = lambda s: "/".join(f"{s[p]:.1%}" for p in ("high", "low", "skip"))  # noqa: E731
+    typer.echo(f"calibrated on {file.name}: {d['n_tokens']} tokens in {d['n_sequences']} sequences of up to "
+               f"{d['n_ctx']}, top-{d['n_experts_used']} routing")
+    typer.echo(f"thresholds: t1 {d['t1']:.4f}, t2 {d['t2']:.4f}: selections {share(achieved)} HIGH/LOW/SKIP "
+               f"(target {share(target)})")
+    typer.echo(f"replay at {d['budget']} ({d['high_slots']} HIGH + {d['low_slots']} LOW slots; a LOW load costs "
+               f"{d['low_cost']:.3f} of a HIGH one), miss penalty per policy:")
+    for name, r in d["penalties"].items():
+        label = name + (" " + ",".join(f"{w:g}" for w in r["weights"]) if r["weights"] else "")
+        failures = f", {r['failures']} failures" if r["failures"] else ""
+        typer.echo(f"  {label:<24} {r['penalty']:10.1f}  ({r['loads_high']} HIGH + {r['loads_low']} LOW loads, "
+                   f"hit rate {r['hit_rate']:.1%}{failures})")
+    if "prediction" in d and d["prediction"]["top1_accuracy"] is not None:
+        typer.echo(f"next-layer prediction: top-1 right {d['prediction']['top1_accuracy']:.1%}, "
+                   f"{d['prediction']['recall']:.1%} of selections predicted")
+    typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
+
+
 @app.command()
 def inspect(
     model: Path = typer.Argument(..., help="GGUF model file"),
@@ -354,13 +417,15 @@ def convert_command(
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, write nothing"),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="quantization threads"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="embed this `pyedgemoe calibrate` sidecar (MODEL.calibration.json)"),
 ) -> None:
     """Convert a checkpoint or GGUF into a multi-precision GGUF (every expert in HIGH and LOW)."""
     from pyedgemoe.convert import convert
 
     try:
         result = convert(src, out, high=high, low=low, base=base, low_from=low_from, force=force,
-                         dry_run=dry_run, progress=True, n_threads=threads)
+                         dry_run=dry_run, progress=True, n_threads=threads, calibration=calibration)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
