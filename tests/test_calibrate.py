@@ -1,0 +1,392 @@
+"""Calibration (HOBBIT sec. 3.2 and 3.4): thresholds for a target split computed by hand, the
+replay through the runtime's cache code against a hand-walked trace and against the runtime
+itself, the weight search, and `pyedgemoe calibrate` end to end: the sidecar it writes is what a
+following Engine runs with, and a calibration embedded by `convert --calibration` is used when
+there is no sidecar.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import tiny_moe
+from pyedgemoe import Engine
+from pyedgemoe import calibrate as cal
+from pyedgemoe.convert import convert
+from pyedgemoe.convert.export import export
+from pyedgemoe.convert.from_gguf import convert_gguf
+from pyedgemoe.errors import ConversionError, InvalidOptionError
+from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.model_info import read_model_info
+from test_cli import assert_one_line_error, cli
+
+TEXT = " ".join(tiny_moe.training_text(seed=11, n_sentences=30))  # ~900 tokens with the tiny tokenizer
+# one thread: the decode loop of a tiny model is all synchronisation otherwise
+CALIBRATE_ARGS = ("--budget", "50%", "--ctx", "64", "--max-tokens", "256", "-t", "1")
+SETTINGS = dict(n_ctx=64, n_batch=1, n_threads=1, flash_attn=False, kv_type="f32")
+
+
+def trace_of(weights, ids=None, layers=None):
+    """A trace of single-token ubatches of one sequence (one layer unless `layers` says otherwise)."""
+    weights = np.asarray(weights, dtype=np.float32)
+    n, k = weights.shape
+    layers = np.zeros(n, dtype=np.int32) if layers is None else np.asarray(layers, dtype=np.int32)
+    return {"ubatch": np.arange(1, n + 1, dtype=np.int32), "layer": layers,
+            "ids": np.asarray(ids if ids is not None else [list(range(k))] * n, dtype=np.int32),
+            "weights": weights, "sequence": np.zeros(n, dtype=np.int32)}
+
+
+# -- the scores and the thresholds --------------------------------------------------------------
+
+# Top-4, weights exact in binary: per token the scores in position order (rank by weight, ties to
+# the earlier position; s = normalized weight ranked above).
+TOP4 = [[0.5, 0.25, 0.125, 0.125],     # s = 0, .5, .75, .875
+        [0.125, 0.625, 0.125, 0.125],  # s = .625, 0, .75, .875
+        [0.25, 0.25, 0.25, 0.25],      # s = 0, .25, .5, .75
+        [0.375, 0.375, 0.125, 0.125]]  # s = 0, .375, .75, .875
+TOP4_SCORES = [[0, .5, .75, .875], [.625, 0, .75, .875], [0, .25, .5, .75], [0, .375, .75, .875]]
+# the 12 non-top-1 scores, sorted: .25 .375 .5 .5 .625 .75 .75 .75 .75 .875 .875 .875
+
+
+def test_scores_are_the_rules_cumulative_normalized_weights_ranked_above():
+    assert cal.selection_scores(TOP4).tolist() == TOP4_SCORES
+    assert cal.selection_scores([[6.0, 2.0]]).tolist() == [[0.0, 0.75]]  # normalized first
+
+
+def test_top2_thresholds_at_the_quantiles_of_the_second_selections():
+    # 8 tokens, second selection's score s = g0 = 8/16 .. 15/16; 16 selections, 8 top-1 (HIGH).
+    # Target 75/12.5/12.5: 12 HIGH -> 4 more: T1 = 4th smallest = 11/16; 2 SKIP: T2 = 3rd largest = 13/16
+    weights = [[g / 16, 1 - g / 16] for g in range(8, 16)]
+    t1, t2 = cal.choose_thresholds(weights, (0.75, 0.125, 0.125))
+    assert (t1, t2) == (11 / 16, 13 / 16)
+    assert cal.split_of(cal.precision_demands(weights, t1, t2)) == {"high": 0.75, "low": 0.125, "skip": 0.125}
+
+
+def test_a_high_target_below_one_over_k_gives_t1_zero():
+    # top-2: the top-1 alone is 50% HIGH; 40% cannot be reached, the other selections are LOW or SKIP
+    weights = [[g / 16, 1 - g / 16] for g in range(8, 16)]
+    t1, t2 = cal.choose_thresholds(weights, (0.4, 0.5, 0.1))  # 1.6 -> 2 skipped: T2 = 13/16
+    assert (t1, t2) == (0.0, 13 / 16)
+    assert cal.split_of(cal.precision_demands(weights, t1, t2)) == {"high": 0.5, "low": 0.375, "skip": 0.125}
+
+
+def test_top4_thresholds_and_the_achieved_split():
+    # 16 selections: 50% HIGH = 8 -> 4 non-top-1: T1 = .5; 18.75% SKIP = 3: T2 = 4th largest = .75
+    t1, t2 = cal.choose_thresholds(TOP4, (0.5, 0.3125, 0.1875))
+    assert (t1, t2) == (0.5, 0.75)
+    assert cal.split_of(cal.precision_demands(TOP4, t1, t2)) == {"high": 0.5, "low": 0.3125, "skip": 0.1875}
+
+
+def test_tied_scores_fall_on_one_side_and_the_achieved_split_says_so():
+    # 12.5% SKIP = 2 of 16, but the three largest scores are all .875: T2 = .875 skips none of them
+    t1, t2 = cal.choose_thresholds(TOP4, (0.5, 0.375, 0.125))
+    assert (t1, t2) == (0.5, 0.875)
+    assert cal.split_of(cal.precision_demands(TOP4, t1, t2))["skip"] == 0.0
+
+
+@pytest.mark.parametrize("split, message", [
+    ("0.5,0.3,0.3", "sum to 1"),
+    ("0.7,0.3", "three"),
+    ("a,b,c", "three numbers"),
+    ("1.2,-0.1,-0.1", r"in \[0, 1\]"),
+])
+def test_bad_target_splits_are_clear_errors(split, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        cal.parse_split(split)
+
+
+# -- the replay -----------------------------------------------------------------------------------
+
+# One layer, HIGH 2 slots, LOW 2 slots, LRU, t1 = .6, t2 = .9, a LOW load costs .25:
+#   token 1: 0 H (s 0) load, 1 L (s .75) load            HIGH {0}     LOW {1}     1 + .25
+#   token 2: 0 H hit, 2 H (s .5) load                     HIGH {0, 2}             1
+#   token 3: 1 H: the LOW copy serves it, 3 L load                     LOW {1, 3}  .25
+#   token 4: 2 H hit, 0 SKIP (s .95): its HIGH copy serves it
+#   token 5: 4 H load, evicts 2 (0 was used after it);    HIGH {0, 4}
+#            5 L load, evicts 1 (3 was used after it)                  LOW {3, 5}  1 + .25
+HAND_IDS = [[0, 1], [0, 2], [1, 3], [2, 0], [4, 5]]
+HAND_WEIGHTS = [[0.75, 0.25], [0.5, 0.5], [0.75, 0.25], [0.95, 0.05], [0.75, 0.25]]
+HAND_SETUP = cal.CacheSetup(high_slots=2, low_slots=2, n_layers=1, low_cost=0.25)
+
+
+def hand_steps():
+    trace = trace_of(HAND_WEIGHTS, HAND_IDS)
+    return cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+
+
+def test_replay_matches_a_hand_walked_trace():
+    r = cal.replay(hand_steps(), HAND_SETUP, "lru")
+    assert r.penalty == 3.75
+    assert (r.loads_high, r.loads_low, r.hits_high, r.hits_low, r.skipped, r.requests) == (3, 3, 3, 1, 0, 10)
+    assert r.failures == 0
+
+
+def test_replay_is_deterministic():
+    trace = synthetic_trace(seed=3)
+    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    setup = cal.CacheSetup(high_slots=8, low_slots=4, n_layers=4, low_cost=0.3)
+    for policy, weights in [("lru", None), ("lfu", None), ("hobbit", (0.4, 0.1, 0.3, 0.2))]:
+        assert cal.replay(steps, setup, policy, weights) == cal.replay(steps, setup, policy, weights)
+
+
+def test_a_ubatch_places_its_distinct_experts_once_with_the_highest_demand_in_order_of_first_use():
+    trace = trace_of([[0.7, 0.3], [0.96, 0.04]], ids=[[0, 1], [1, 2]])
+    trace["ubatch"][:] = 7  # both tokens in one ubatch
+    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    assert [(s.new_sequence, s.advance_tokens, s.layer, s.wanted) for s in steps] == [
+        (True, 2, 0, [(0, "high"), (1, "high"), (2, "skip")])]
+
+
+def test_the_clock_advances_once_per_ubatch_and_sequences_restart():
+    trace = trace_of([[0.7, 0.3]] * 4, layers=[0, 1, 0, 1])
+    trace["ubatch"] = np.array([1, 1, 2, 2], dtype=np.int32)
+    trace["sequence"] = np.array([0, 0, 1, 1], dtype=np.int32)
+    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    assert [(s.new_sequence, s.advance_tokens, s.layer) for s in steps] == [
+        (True, 1, 0), (False, 0, 1), (True, 1, 0), (False, 0, 1)]
+
+
+def synthetic_trace(seed: int, n_tokens: int = 200, n_layers: int = 4, n_expert: int = 16, k: int = 2) -> dict:
+    """Single-token ubatches over n_layers layers, experts drawn from a skewed per-layer preference."""
+    rng = np.random.default_rng(seed)
+    preference = rng.dirichlet(np.full(n_expert, 0.5), size=n_layers)
+    ids, weights = [], []
+    for _ in range(n_tokens):
+        for layer in range(n_layers):
+            chosen = rng.choice(n_expert, size=k, replace=False, p=preference[layer])
+            w = np.sort(rng.dirichlet(np.ones(k)))[::-1]
+            ids.append(chosen)
+            weights.append(w)
+    n = n_tokens * n_layers
+    return {"ubatch": np.repeat(np.arange(1, n_tokens + 1), n_layers).astype(np.int32),
+            "layer": np.tile(np.arange(n_layers), n_tokens).astype(np.int32),
+            "ids": np.asarray(ids, dtype=np.int32), "weights": np.asarray(weights, dtype=np.float32),
+            "sequence": np.zeros(n, dtype=np.int32)}
+
+
+def test_weight_grid_covers_the_simplex():
+    grid = cal.weight_grid(0.1)
+    assert len(grid) == 286  # C(13, 3)
+    assert all(abs(sum(w) - 1) < 1e-12 and min(w) >= 0 for w in grid)
+    assert {(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 1.0)} <= set(grid)
+    with pytest.raises(InvalidOptionError, match="divide 1"):
+        cal.weight_grid(0.3)
+
+
+def test_the_searched_weights_beat_or_match_every_single_policy():
+    trace = synthetic_trace(seed=5)
+    t1, t2 = cal.choose_thresholds(trace["weights"])
+    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], t1, t2))
+    setup = cal.CacheSetup(high_slots=10, low_slots=6, n_layers=4, low_cost=0.5)
+    best, singles = cal.search_policy_weights(steps, setup, step=0.2)
+    assert best.policy == "hobbit" and sum(best.weights) == pytest.approx(1.0)
+    assert set(singles) == {"lru", "lfu", "lhu", "fld"}
+    for r in singles.values():
+        assert best.penalty <= r.penalty
+    # lhu and fld are the grid's vertices exactly
+    assert singles["lhu"].penalty == cal.replay(steps, setup, "hobbit", (0, 0, 1, 0)).penalty
+    assert singles["fld"].penalty == cal.replay(steps, setup, "hobbit", (0, 0, 0, 1)).penalty
+
+
+# -- on tiny multi-precision models -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models(tiny_model, tmp_path_factory):
+    """HIGH q8_0 + LOW q4_0 and HIGH q8_0 + LOW q8_0 multi-precision copies of tiny Qwen3-MoE, each in a
+    directory of its own (sidecars are written next to them), and a text file."""
+    src, _ = tiny_model("qwen3_moe")
+    d = tmp_path_factory.mktemp("calibrate")
+    (d / "q4").mkdir()
+    (d / "q8").mkdir()
+    text = d / "text.txt"
+    text.write_text(TEXT)
+    return {"q4": convert_gguf(src, d / "q4" / "model.gguf", high="q8_0", low="q4_0", progress=False),
+            "q8": convert_gguf(src, d / "q8" / "model.gguf", high="q8_0", low="q8_0", progress=False),
+            "text": text, "src": src}
+
+
+def decode_sequences(eng, tokens, n_ctx):
+    """Decodes tokens one at a time in sequences of n_ctx, each on a fresh context (as record_trace)."""
+    for start in range(0, len(tokens), n_ctx):
+        eng._live().clear()
+        for pos, token in enumerate(tokens[start:start + n_ctx]):
+            eng._decode([token], pos, False)
+
+
+@pytest.mark.parametrize("policy, weights", [("lru", None), ("lfu", None), ("fld", None),
+                                             ("hobbit", (0.3, 0.1, 0.6, 0.0))])
+def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, weights):
+    # LOW copies equal to HIGH and nothing skipped: the routing under any precision choice is the
+    # recorded one, so the runtime's counters must be the replay's, load for load
+    path = models["q8"]
+    with Engine(path, expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+        tokens = eng.tokenize(TEXT)[:192]
+        trace = cal.record_trace(eng, tokens, 64)
+        residency = eng.expert_residency
+    t1, t2 = cal.choose_thresholds(trace["weights"], (0.6, 0.4, 0.0))
+    assert t2 == 1.0
+    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], t1, t2))
+    setup = cal.CacheSetup(residency["high_slots"], residency["low_slots"], residency["n_layers"], 1.0)
+    predicted = cal.replay(steps, setup, policy, weights)
+    with Engine(path, expert_cache="50%", t1=t1, t2=t2, cache_policy=policy, policy_weights=weights,
+                **SETTINGS) as eng:
+        decode_sequences(eng, tokens, 64)
+        total = eng.stats()["experts"]["total"]
+    assert predicted.loads_low > 0 and predicted.hits_low > 0
+    assert (predicted.requests, predicted.hits_high, predicted.hits_low, predicted.loads_high, predicted.loads_low) == (
+        total["requests"], total["hits_high"], total["hits_low"], total["loads_high"], total["loads_low"])
+
+
+def test_the_trace_has_every_moe_layer_of_every_token_in_single_token_ubatches(models):
+    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+        tokens = eng.tokenize(TEXT)[:100]
+        trace = cal.record_trace(eng, tokens, 64)
+    n_layers = len(read_model_info(models["q4"]).expert_bytes_per_layer)
+    assert len(trace["layer"]) == 100 * n_layers
+    assert trace["ids"].shape == trace["weights"].shape == (100 * n_layers, 2)
+    assert np.unique(np.unique(trace["ubatch"], return_counts=True)[1]).tolist() == [n_layers]
+    assert trace["sequence"].tolist() == [0] * 64 * n_layers + [1] * 36 * n_layers
+
+
+def test_prediction_accuracy_is_counted_as_the_runtime_counts_it(models):
+    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+        trace = cal.record_trace(eng, eng.tokenize(TEXT)[:64], 64)
+        native = eng.stats()["experts"].get("prediction")
+    if "predicted" not in trace or not native:
+        pytest.skip("this build of the runtime records no predictions")
+    accuracy = cal.prediction_accuracy(trace)
+    assert accuracy["top1_accuracy"] == pytest.approx(native[0]["top1_accuracy"])
+    assert accuracy["recall"] == pytest.approx(native[0]["recall"])
+
+
+def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(models["q4"], model)
+    r = cli("calibrate", model, "-f", models["text"], *CALIBRATE_ARGS)
+    assert r.returncode == 0, r.stderr
+    assert "t1" in r.stdout and "hobbit" in r.stdout and cal.sidecar_path(model) in r.stdout
+    assert "Traceback" not in r.stderr
+    data = json.loads(open(cal.sidecar_path(model)).read())
+    assert data["version"] == 1
+    assert 0 <= data["t1"] <= data["t2"] <= 1
+    assert len(data["policy_weights"]) == 4 and sum(data["policy_weights"]) == pytest.approx(1)
+    assert sum(data["achieved_split"].values()) == pytest.approx(1)
+    assert data["achieved_split"]["high"] == pytest.approx(0.67, abs=0.02)
+    assert set(data["penalties"]) == {"hobbit", "lru", "lfu", "lhu", "fld"}
+    assert all(data["penalties"]["hobbit"]["penalty"] <= p["penalty"] for p in data["penalties"].values())
+    assert (data["n_tokens"], data["text"], data["budget"]) == (256, "text.txt", "50%")
+    assert data["high_slots"] > 0 and data["low_slots"] > 0
+    assert data["low_cost"] == pytest.approx(4.5 / 8.5)  # q4_0 / q8_0 bits per weight
+    assert set(data["expert_usage"]) == {"0", "1"}
+    assert sum(sum(c) for c in data["expert_usage"].values()) == 256 * 2 * 2
+    trace = cal.load_trace(cal.trace_path(model))
+    assert {"ubatch", "layer", "ids", "weights", "sequence"} <= set(trace)
+    assert len(trace["layer"]) == 256 * 2
+
+    with Engine(model, expert_cache="50%", **SETTINGS) as eng:
+        residency = eng.expert_residency
+    assert (residency["t1"], residency["t2"], residency["cache_policy"]) == (data["t1"], data["t2"], "hobbit")
+    native = ExpertOptions().native_kwargs(read_model_info(model), cal.load_calibration(model))
+    assert native["policy_weights"] == data["policy_weights"]
+
+
+def test_calibrate_json_and_a_trace_path_of_ones_own(models, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(models["q4"], model)
+    r = cli("calibrate", model, "-f", models["text"], *CALIBRATE_ARGS, "--trace", tmp_path / "t.trace",
+            "--target-split", "0.75,0.25,0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["trace_path"] == str(tmp_path / "t.trace") and (tmp_path / "t.trace").is_file()
+    assert out["target_split"] == {"high": 0.75, "low": 0.25, "skip": 0.0}
+    assert out["t2"] == 1.0 and out["achieved_split"]["skip"] == 0.0
+
+
+def test_explicit_options_beat_the_sidecar_which_beats_the_embedded_calibration(models, tmp_path):
+    embedded = {"version": 1, "t1": 0.3, "t2": 0.8, "policy_weights": [0.1, 0.2, 0.3, 0.4]}
+    sidecar_file = tmp_path / "cal.json"
+    sidecar_file.write_text(json.dumps(embedded))
+    model = convert(models["src"], tmp_path / "embedded.gguf", high="q8_0", low="q4_0", progress=False,
+                    calibration=sidecar_file)
+    assert not (tmp_path / "embedded.gguf.calibration.json").exists()
+
+    def residency(**options):
+        with Engine(model, expert_cache="50%", **SETTINGS, **options) as eng:
+            r = eng.expert_residency
+        return r["t1"], r["t2"], r["cache_policy"]
+
+    assert residency() == (0.3, 0.8, "hobbit")
+    assert cal.load_calibration(model)["policy_weights"] == [0.1, 0.2, 0.3, 0.4]
+    cal.write_sidecar({"version": 1, "t1": 0.5, "t2": 0.7, "policy_weights": [1, 0, 0, 0]},
+                      cal.sidecar_path(model))
+    assert residency() == (0.5, 0.7, "hobbit")
+    assert residency(t1=0.2, t2=0.6, cache_policy="lru") == (0.2, 0.6, "lru")
+
+
+def test_convert_embeds_the_calibration_as_metadata(models, tmp_path):
+    sidecar = {"version": 1, "t1": 0.625, "t2": 0.875, "policy_weights": [0.5, 0.25, 0.25, 0.0], "n_tokens": 7}
+    (tmp_path / "cal.json").write_text(json.dumps(sidecar))
+    r = cli("convert", models["src"], "-o", tmp_path / "out.gguf", "--high", "q8_0", "--low", "q4_0",
+            "--calibration", tmp_path / "cal.json")
+    assert r.returncode == 0, r.stderr
+    kv = read_model_info(tmp_path / "out.gguf").metadata
+    assert (kv["edgemoe.calibration.t1"], kv["edgemoe.calibration.t2"]) == (0.625, 0.875)
+    assert json.loads(kv["edgemoe.calibration.json"]) == sidecar
+    assert cal.embedded_calibration(tmp_path / "out.gguf") == sidecar
+
+
+def test_convert_refuses_a_calibration_that_is_not_one(models, tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"version": 1, "t1": 0.9, "t2": 0.5}))
+    with pytest.raises(ConversionError, match="t1 <= t2"):
+        convert(models["src"], tmp_path / "out.gguf", calibration=tmp_path / "bad.json", progress=False)
+    r = cli("convert", models["src"], "-o", tmp_path / "out.gguf", "--calibration", tmp_path / "missing.json")
+    assert_one_line_error(r, "cannot read the calibration sidecar")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_model_without_low_copies_is_calibrated_with_a_note(models, tmp_path):
+    high = export(models["q4"], tmp_path / "high.gguf", precision="high", progress=False)
+    r = cli("calibrate", high, "-f", models["text"], *CALIBRATE_ARGS)
+    assert r.returncode == 0, r.stderr
+    assert "no LOW expert copies" in r.stderr
+    data = json.loads(open(cal.sidecar_path(high)).read())
+    assert data["low_slots"] == 0 and data["penalties"]["lru"]["loads_low"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--target-split", "0.5,0.3,0.3"), "sum to 1"),
+    (("--budget", "auto"), "needs an expert cache budget"),
+    (("--budget", "1KiB"), "below the minimum"),
+    (("--max-tokens", "10"), "max_tokens must be"),
+    (("--grid-step", "0.3"), "divide 1"),
+])
+def test_bad_calibrate_options_are_one_line_errors(models, tmp_path, args, message):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(models["q4"], model)
+    r = cli("calibrate", model, "-f", models["text"], "-t", "1", *args)
+    assert_one_line_error(r, message)
+    assert not (tmp_path / "model.gguf.calibration.json").exists()
+
+
+def test_a_short_text_is_a_one_line_error(models, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("a few words only")
+    r = cli("calibrate", models["q4"], "-f", short, "-t", "1")
+    assert_one_line_error(r, "at least 64 tokens")
+
+
+def test_a_dense_model_is_a_one_line_error(tiny_model, models):
+    dense, _ = tiny_model("llama")
+    r = cli("calibrate", dense, "-f", models["text"], "-t", "1")
+    assert_one_line_error(r, "no experts")
+
+
+def test_a_sidecar_of_another_version_is_refused(models, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(models["q4"], model)
+    (tmp_path / "model.gguf.calibration.json").write_text(json.dumps({"version": 2, "t1": 0.5, "t2": 0.9}))
+    with pytest.raises(InvalidOptionError, match="not version 1"):
+        Engine(model, expert_cache="50%", **SETTINGS)
