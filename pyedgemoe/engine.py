@@ -138,6 +138,9 @@ class Engine:
         t1/t2 (default: the calibration sidecar's, else 0.6/0.9), low_cache (share of expert_cache
         for LOW copies), low_hit ("accept" a cached LOW copy for a HIGH demand, or "reload"),
         low_from (a standard GGUF of a lower quant of the same model, the source of LOW copies).
+    prefetch: "none", "hobbit" (HOBBIT's adaptive walk: predict the experts of the next layers from
+        this layer's gate input, prefetch_depth layers ahead at most) or "fate" (the next layer's
+        predicted experts plus the likeliest others); reads run in the background, on-demand first.
     verbose: forward llama.cpp's log to stderr.
     """
 
@@ -148,7 +151,7 @@ class Engine:
                  policy_weights: str | list[float] | None = None, low_precision: bool | None = None,
                  skip: bool | None = None, t1: float | None = None, t2: float | None = None,
                  low_cache: float = 0.25, low_hit: str = "accept", low_from: str | os.PathLike | None = None,
-                 verbose: bool = False):
+                 prefetch: str = "none", prefetch_depth: int = 2, verbose: bool = False):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
@@ -161,7 +164,8 @@ class Engine:
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
         expert_options = ExpertOptions(io=io, io_threads=io_threads, cache_policy=cache_policy,
                                        policy_weights=policy_weights, low_precision=low_precision, skip=skip,
-                                       t1=t1, t2=t2, low_cache=low_cache, low_hit=low_hit, low_from=low_from)
+                                       t1=t1, t2=t2, low_cache=low_cache, low_hit=low_hit, low_from=low_from,
+                                       prefetch=prefetch, prefetch_depth=prefetch_depth)
         expert_options.validate()
         _native.set_verbose(verbose)
 

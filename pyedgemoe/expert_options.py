@@ -18,6 +18,7 @@ from pyedgemoe.model_info import ModelInfo, read_model_info
 IO_MODES = ("direct", "buffered", "mmap")
 CACHE_POLICIES = ("lru", "lfu", "lhu", "fld", "hobbit")
 LOW_HIT_MODES = ("accept", "reload")
+PREFETCH_MODES = ("none", "hobbit", "fate")
 DEFAULT_T1, DEFAULT_T2 = 0.6, 0.9  # HOBBIT's values for Mixtral (top-2), sec. 3.2
 DEFAULT_POLICY_WEIGHTS = (0.25, 0.25, 0.25, 0.25)  # lru, lfu, lhu, fld until calibrated
 
@@ -51,6 +52,8 @@ class ExpertOptions:
     low_cache: float = 0.25            # share of the expert cache for LOW copies
     low_hit: str = "accept"            # a cached LOW copy for a HIGH demand: accept it or reload HIGH
     low_from: str | os.PathLike | None = None
+    prefetch: str = "none"             # none, hobbit (walk p layers ahead) or fate (over-prefetch next layer)
+    prefetch_depth: int = 2
 
     def validate(self) -> None:
         if self.io not in IO_MODES:
@@ -60,6 +63,10 @@ class ExpertOptions:
         if self.cache_policy is not None and self.cache_policy not in CACHE_POLICIES:
             raise InvalidOptionError(f"unknown cache_policy {self.cache_policy!r} ({', '.join(CACHE_POLICIES)})")
         parse_policy_weights(self.policy_weights)
+        if self.prefetch not in PREFETCH_MODES:
+            raise InvalidOptionError(f"unknown prefetch {self.prefetch!r} ({', '.join(PREFETCH_MODES)})")
+        if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 1:
+            raise InvalidOptionError(f"prefetch_depth must be a positive integer, got {self.prefetch_depth!r}")
         if self.low_hit not in LOW_HIT_MODES:
             raise InvalidOptionError(f"unknown low_hit {self.low_hit!r} ({', '.join(LOW_HIT_MODES)})")
         if not 0 < self.low_cache < 1:
@@ -94,7 +101,8 @@ class ExpertOptions:
         return dict(io=self.io, io_threads=self.io_threads, cache_policy=policy, policy_weights=list(weights),
                     use_low=use_low, use_skip=use_skip, t1=t1, t2=t2, low_fraction=self.low_cache,
                     low_serves_high=self.low_hit == "accept",
-                    low_from=os.fspath(self.low_from) if self.low_from is not None else "")
+                    low_from=os.fspath(self.low_from) if self.low_from is not None else "",
+                    prefetch=self.prefetch, prefetch_depth=self.prefetch_depth)
 
 
 def _check_low_from(info: ModelInfo, path: str) -> None:

@@ -1,6 +1,7 @@
-"""Mixed-precision experts (HOBBIT sec. 3.2 and 3.4): the precision rule and the cache policies
-against hand-computed expectations, and the runtime on tiny multi-precision models — lossless
-whenever low precision and skipping are off, and exactly the two-pass sum it claims to be.
+"""Mixed-precision experts, prefetching and cache policies (HOBBIT sec. 3.2-3.4): the precision
+rule and the cache policies against hand-computed expectations, and the runtime on tiny
+multi-precision models — lossless whenever low precision and skipping are off (with every cache
+policy and prefetch mode), and exactly the two-pass sum it claims to be.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pyedgemoe.errors import InvalidOptionError
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 POLICIES = ["lru", "lfu", "lhu", "fld", "hobbit"]
+PREFETCH = ["none", "hobbit", "fate"]
 
 
 # -- the precision rule: s_0 = 0, s_i = sum of the normalized weights ranked above ----------------
@@ -159,15 +161,17 @@ def resident(path, n_ubatch):
     return evaluate(path, n_batch=n_ubatch)
 
 
+@pytest.mark.parametrize("prefetch", PREFETCH)
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("budget", ["50%", "minimum"])
-def test_without_low_precision_and_skipping_every_policy_is_lossless(mp_models, policy, budget):
+def test_without_low_precision_and_skipping_every_policy_and_prefetch_is_lossless(mp_models, policy, prefetch,
+                                                                                  budget):
     path = mp_models[0]
     if budget == "minimum":
         with Engine(path, **SETTINGS, expert_cache="50%", low_precision=False) as eng:
             budget = eng.expert_residency["minimum_bytes"]
     logits, tokens, stats, n_ubatch = evaluate(path, expert_cache=budget, low_precision=False, skip=False,
-                                               cache_policy=policy)
+                                               cache_policy=policy, prefetch=prefetch)
     ref_logits, ref_tokens, _, _ = resident(path, n_ubatch)
     assert stats["experts"]["total"]["misses"] > 0
     assert np.array_equal(logits, ref_logits)
@@ -258,3 +262,28 @@ def test_budget_below_the_mixed_minimum_names_it(mp_models):
         minimum = eng.expert_residency["minimum_bytes"]
     with pytest.raises(InvalidOptionError, match=f"minimum of {minimum} bytes"):
         Engine(mp_models[0], **SETTINGS, expert_cache=minimum - 1)
+
+
+@pytest.mark.parametrize("prefetch", ["hobbit", "fate"])
+def test_prefetching_reads_predicted_experts_and_reports_what_became_of_them(mp_models, prefetch):
+    _, _, stats, _ = evaluate(mp_models[0], expert_cache="50%", low_precision=False, skip=False, prefetch=prefetch)
+    experts = stats["experts"]
+    assert experts["prefetch"] == prefetch
+    counters = experts["prefetches"]
+    assert counters["issued"] > 0 and counters["bytes_read"] > 0
+    assert counters["used"] + counters["wasted"] <= counters["issued"]
+    depth1 = experts["prediction"][0]
+    assert depth1["depth"] == 1 and depth1["tokens"] > 0 and 0 <= depth1["top1_accuracy"] <= 1
+
+
+def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_guess(mp_models):
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%") as eng:
+        eng.record_routing()
+        eng.logits(IDS[:5])
+        trace = eng.take_routing_trace()
+        k, layers = eng.info.n_experts_used, eng.expert_residency["n_layers"]
+    assert trace["ids"].shape == (5 * layers, k) and trace["weights"].shape == (5 * layers, k)
+    assert sorted(trace["layer"].tolist()) == sorted(list(range(layers)) * 5)
+    first = trace["layer"] == trace["layer"].min()
+    assert (trace["predicted"][first] == -1).all()           # nothing predicts the first layer
+    assert (trace["predicted"][~first] >= 0).all()

@@ -42,7 +42,8 @@ policy_weights weights_from(const std::vector<float> & w) {
 
 void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_threads, const std::string & policy,
             const std::vector<float> & weights, bool use_low, bool use_skip, double t1, double t2, double low_fraction,
-            bool low_serves_high, const std::string & low_from) {
+            bool low_serves_high, const std::string & low_from, const std::string & prefetch, int prefetch_depth,
+            double fate_percentile, int fate_extra) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
     if (io_threads < 1) throw nb::value_error("io_threads must be >= 1");
@@ -61,6 +62,11 @@ void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_thr
     params.low_fraction = low_fraction;
     params.low_serves_high = low_serves_high;
     params.low_from = low_from;
+    params.prefetch = prefetch;
+    if (prefetch_depth < 1) throw nb::value_error("prefetch_depth must be >= 1");
+    params.prefetch_depth = prefetch_depth;
+    params.fate_percentile = fate_percentile;
+    params.fate_extra = fate_extra;
     m.residency = std::make_unique<expert_residency>(m.model, m.path, params);
 }
 
@@ -99,6 +105,34 @@ nb::dict stats(const Model & m) {
     out["total"] = counters(total);
     out["layers"] = per_layer;
     out["resident_experts"] = r.resident_experts();
+    nb::dict prefetch_layers;
+    expert_prefetch_stats prefetch_total;
+    for (const auto & [il, p] : r.prefetch_stats()) {
+        nb::dict d;
+        d["issued"] = p.issued; d["used"] = p.used; d["wasted"] = p.wasted;
+        d["bytes_read"] = p.bytes_read; d["load_ms"] = p.load_ms;
+        prefetch_layers[nb::str(std::to_string(il).c_str())] = d;
+        prefetch_total.issued += p.issued; prefetch_total.used += p.used; prefetch_total.wasted += p.wasted;
+        prefetch_total.bytes_read += p.bytes_read; prefetch_total.load_ms += p.load_ms;
+    }
+    nb::dict prefetch;
+    prefetch["issued"] = prefetch_total.issued; prefetch["used"] = prefetch_total.used;
+    prefetch["wasted"] = prefetch_total.wasted; prefetch["bytes_read"] = prefetch_total.bytes_read;
+    prefetch["load_ms"] = prefetch_total.load_ms;
+    prefetch["layers"] = prefetch_layers;
+    out["prefetches"] = prefetch;
+    nb::list prediction;
+    const auto ps = r.prediction_stats();
+    for (size_t d = 0; d < ps.size(); d++) {
+        nb::dict p;
+        p["depth"] = d + 1;
+        p["tokens"] = ps[d].tokens;
+        p["top1_accuracy"] = ps[d].tokens ? (double) ps[d].top1_correct / ps[d].tokens : 0.0;
+        p["precision"] = ps[d].predicted ? (double) ps[d].overlap / ps[d].predicted : 0.0;
+        p["recall"] = ps[d].actual ? (double) ps[d].overlap / ps[d].actual : 0.0;
+        prediction.append(p);
+    }
+    out["prediction"] = prediction;
     return out;
 }
 
@@ -126,6 +160,8 @@ nb::dict info(const Model & m) {
     d["t1"] = r.precision().t1;
     d["t2"] = r.precision().t2;
     d["low_source"] = r.low_source();
+    d["prefetch"] = r.prefetch_mode();
+    d["prefetch_depth"] = r.prefetch_depth();
     return d;
 }
 
@@ -139,6 +175,7 @@ nb::dict take_trace(Model & m) {
     d["layer"] = to_numpy(std::move(t.layer), { n });
     d["ids"] = to_numpy(std::move(t.ids), { n, k });
     d["weights"] = to_numpy(std::move(t.weights), { n, k });
+    d["predicted"] = to_numpy(std::move(t.predicted), { n, k });
     return d;
 }
 
@@ -206,6 +243,8 @@ void add_residency_methods(nb::class_<Model> & cls) {
             nb::arg("policy_weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f},
             nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6, nb::arg("t2") = 0.9,
             nb::arg("low_fraction") = 0.25, nb::arg("low_serves_high") = true, nb::arg("low_from") = "",
+            nb::arg("prefetch") = "none", nb::arg("prefetch_depth") = 2, nb::arg("fate_percentile") = 0.9,
+            nb::arg("fate_extra") = 2,
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
        .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, precision, ubatch cap.")

@@ -44,6 +44,51 @@ expert_cache::expert_cache(const expert_cache_config & config) : config_(config)
     }
 }
 
+namespace {
+int tier_of(expert_precision p) { return p == expert_precision::low ? 1 : 0; }
+}  // namespace
+
+bool expert_cache::pinned(expert_key key, expert_precision p, bool hard_only) const {
+    const int t = tier_of(p);
+    return hard_pins_[t].count(key) || (!hard_only && soft_pins_[t].count(key));
+}
+
+void expert_cache::pin(expert_key key, expert_precision p, bool hard) {
+    (hard ? hard_pins_ : soft_pins_)[tier_of(p)][key]++;
+}
+
+void expert_cache::unpin(expert_key key, expert_precision p, bool hard) {
+    auto & pins = (hard ? hard_pins_ : soft_pins_)[tier_of(p)];
+    auto it = pins.find(key);
+    if (it != pins.end() && --it->second == 0) pins.erase(it);
+}
+
+void expert_cache::discard(int group, expert_key key, expert_precision precision) {
+    tier_state & t = tiers_[index(group, precision)];
+    const int slot = t.slots.find(key);
+    if (slot < 0) return;
+    t.policy->on_evict(key);
+    t.slots.release(slot);
+}
+
+int expert_cache::free_or_evict(tier_state & t, expert_precision p, const std::function<bool(expert_key)> & evictable,
+                                bool soft_pins_give_way, placement & out) {
+    int slot = t.slots.take_free_slot();
+    if (slot >= 0) return slot;
+    expert_key victim = 0;
+    bool found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, false); }, clock_, &victim);
+    if (!found && soft_pins_give_way) {
+        found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, true); }, clock_, &victim);
+    }
+    if (!found) return -1;
+    slot = t.slots.find(victim);
+    t.policy->on_evict(victim);
+    t.slots.release(slot);
+    out.has_evicted = true;
+    out.evicted = victim;
+    return t.slots.take_free_slot();
+}
+
 std::vector<expert_cache::placement> expert_cache::place(int group, int il,
                                                          const std::vector<std::pair<int, expert_precision>> & wanted) {
     clock_.layer = il;
@@ -73,25 +118,45 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
             out.push_back({ e, expert_precision::skip, -1, false });
             continue;
         }
-        tier_state & t = demand == expert_precision::high ? high : low;
-        slot = t.slots.take_free_slot();
-        if (slot < 0) {
-            expert_key victim = 0;
-            if (!t.policy->victim(evictable, clock_, &victim)) {
-                throw std::runtime_error("layer " + std::to_string(il) + ": the " + expert_precision_name(demand) +
-                                         " expert cache has no slot left for this ubatch");
-            }
-            slot = t.slots.find(victim);
-            t.policy->on_evict(victim);
-            t.slots.release(slot);
-            slot = t.slots.take_free_slot();
+        placement p = { e, demand, -1, true };
+        p.slot = free_or_evict(demand == expert_precision::high ? high : low, demand, evictable, true, p);
+        if (p.slot < 0 && demand == expert_precision::low) {
+            // the LOW tier is full of experts in use: a HIGH copy serves the LOW demand
+            p = { e, expert_precision::high, -1, true };
+            p.slot = free_or_evict(high, expert_precision::high, evictable, true, p);
         }
-        t.slots.assign(slot, key);
+        tier_state & t = p.precision == expert_precision::high ? high : low;
+        if (p.slot < 0) {
+            // nothing was read yet: give back the slots this call took, so the caller may retry
+            for (const placement & taken : out) {
+                if (taken.load) discard(group, make_expert_key(il, taken.expert), taken.precision);
+            }
+            throw std::runtime_error("layer " + std::to_string(il) + ": the " + expert_precision_name(demand) +
+                                     " expert cache has no slot left for this ubatch");
+        }
+        t.slots.assign(p.slot, key);
         t.policy->on_insert(key);
-        t.policy->on_use(key, demand == expert_precision::high, clock_);
-        out.push_back({ e, demand, slot, true });
+        t.policy->on_use(key, p.precision == expert_precision::high, clock_);
+        out.push_back(p);
     }
     return out;
+}
+
+expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_precision precision) {
+    const expert_key key = make_expert_key(il, e);
+    placement p = { e, precision, -1, false };
+    if (precision == expert_precision::skip) return p;
+    if (tier(group, expert_precision::high).find(key) >= 0) return p;
+    const slot_table & low = tier(group, expert_precision::low);
+    if (low.find(key) >= 0 && (precision == expert_precision::low || config_.low_serves_high)) return p;
+    tier_state & t = tiers_[index(group, precision)];
+    if (t.slots.n_slots() == 0) return p;
+    p.slot = free_or_evict(t, precision, [](expert_key) { return true; }, false, p);
+    if (p.slot < 0) return p;
+    t.slots.assign(p.slot, key);
+    t.policy->on_insert(key);
+    p.load = true;
+    return p;
 }
 
 void expert_cache::start_sequence() {
@@ -99,9 +164,9 @@ void expert_cache::start_sequence() {
     for (auto & t : tiers_) t.policy->reset_sequence();
 }
 
-void expert_cache::forget_group(int group) {
-    for (expert_precision p : { expert_precision::high, expert_precision::low }) {
-        tier_state & t = tiers_[index(group, p)];
+void expert_cache::forget_all() {
+    for (int t = 0; t < 2; t++) { hard_pins_[t].clear(); soft_pins_[t].clear(); }
+    for (auto & t : tiers_) {
         t.slots.release_all();
         t.policy = make_cache_policy(config_.policy, config_.weights);
     }

@@ -7,6 +7,7 @@
 #include "cache-policy.h"
 #include "precision-policy.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -44,11 +45,14 @@ struct expert_cache_config {
 class expert_cache {
 public:
     // Where one needed expert is served: skip (slot -1), or a tier's slot, to be read first if load.
+    // A load may have evicted another expert of the tier (evicted: its key).
     struct placement {
         int expert;
         expert_precision precision;
         int slot;
         bool load;
+        bool has_evicted = false;
+        expert_key evicted = 0;
     };
 
     explicit expert_cache(const expert_cache_config & config);
@@ -58,13 +62,28 @@ public:
     // The experts layer il (of pool group `group`) needs now, each with its demand (distinct
     // experts). A cached HIGH copy serves any demand; a cached LOW copy serves LOW and SKIP (and
     // HIGH if low_serves_high); otherwise SKIP is skipped and LOW/HIGH are loaded into a free or
-    // evicted slot of their tier. None of the experts passed is evicted by this call. Throws
-    // std::runtime_error when a tier has fewer evictable slots than the loads need.
+    // evicted slot of their tier (unpinned first, soft-pinned if need be; a LOW demand the LOW
+    // tier has no room for gets a HIGH copy). None of the experts
+    // passed is evicted by this call. Throws std::runtime_error when a tier has fewer evictable
+    // slots than the loads need; the slots it took are then given back (evictions stay).
     std::vector<placement> place(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted);
+
+    // A slot for expert e of layer il in `precision` ahead of its use (a prefetch): none (slot -1,
+    // load false) if a copy that serves this demand is cached or no slot can be evicted. The
+    // policy sees an insertion, not a use.
+    placement reserve(int group, int il, int e, expert_precision precision);
+
+    // A pinned expert is not evicted. Hard pins (experts in use, reads in flight) always hold; soft
+    // pins (predicted experts, until their layer runs) give way when an on-demand load finds no
+    // other slot, never for a prefetch. Pins count: each pin needs its unpin.
+    void pin(expert_key key, expert_precision precision, bool hard);
+    void unpin(expert_key key, expert_precision precision, bool hard);
+    // frees the slot of a reserved expert whose read was cancelled
+    void discard(int group, expert_key key, expert_precision precision);
 
     void advance_tokens(uint64_t n) { clock_.token += n; }
     void start_sequence();       // the policies' per-sequence records and the token clock restart
-    void forget_group(int group);  // slots may hold partial data (a failed read): all free again
+    void forget_all();  // slots may hold partial data (a failed read): every slot free, no pins
 
     bool has_low() const { return has_low_; }
     const slot_table & tier(int group, expert_precision p) const { return tiers_[index(group, p)].slots; }
@@ -78,9 +97,15 @@ private:
         std::unique_ptr<cache_policy> policy;
     };
     size_t index(int group, expert_precision p) const { return 2 * (size_t) group + (p == expert_precision::low ? 1 : 0); }
+    bool pinned(expert_key key, expert_precision p, bool hard_only) const;
+    // a free slot of t, else the policy's victim among unpinned keys for which evictable(key)
+    // (with soft_pins_give_way, soft-pinned ones next); -1 if none
+    int free_or_evict(tier_state & t, expert_precision p, const std::function<bool(expert_key)> & evictable,
+                      bool soft_pins_give_way, placement & out);
 
     expert_cache_config config_;
     std::vector<tier_state> tiers_;  // [group][high, low]
+    std::unordered_map<expert_key, int> hard_pins_[2], soft_pins_[2];  // [high, low]
     cache_clock clock_;
     bool has_low_ = false;
 };

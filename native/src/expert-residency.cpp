@@ -16,6 +16,7 @@
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace {
 
@@ -189,8 +190,7 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
         low_minimum += (uint64_t) (n_expert_used_ - 1) * low_bytes[g];
     }
     minimum_bytes_ = high_minimum + (use_low ? low_minimum : 0);
-    const uint64_t low_budget = use_low ? std::max(low_minimum, (uint64_t) (budget_bytes_ * params.low_fraction)) : 0;
-    if (budget_bytes_ < minimum_bytes_ || budget_bytes_ - low_budget < high_minimum) {
+    if (budget_bytes_ < minimum_bytes_) {
         throw expert_budget_error("expert cache budget " + std::to_string(budget_bytes_) + " bytes (" + mib(budget_bytes_) +
             ") is below the minimum of " + std::to_string(minimum_bytes_) + " bytes (" + mib(minimum_bytes_) +
             "): one layer's top-" + std::to_string(n_expert_used_) + " experts must fit" +
@@ -198,6 +198,10 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
                        "% of the budget)" : ""));
     }
 
+    // the LOW tier gets low_fraction of the budget, but at least its minimum and at most what the
+    // HIGH tier's minimum leaves
+    const uint64_t low_budget = !use_low ? 0 :
+        std::max(low_minimum, std::min((uint64_t) (budget_bytes_ * params.low_fraction), budget_bytes_ - high_minimum));
     expert_cache_config cache_config;
     cache_config.high_slots = share_slots(budget_bytes_ - low_budget, n_expert_used_, high_bytes, group_layers, n_expert_);
     if (use_low) cache_config.low_slots = share_slots(low_budget, n_expert_used_ - 1, low_bytes, group_layers, n_expert_);
@@ -207,21 +211,18 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     cache_config.n_layers = n_layers_;
     cache_ = std::make_unique<expert_cache>(cache_config);  // std::invalid_argument for a bad policy name
 
-    // a ubatch of t tokens needs up to min(n_expert, t*k) distinct HIGH experts in one layer, and
-    // t*(k-1) LOW ones: cap t so that they fit
-    auto cap_ubatch = [&](int slots, int per_token) {
-        if (slots >= n_expert_ || per_token == 0) return;
-        const int cap = slots / per_token;
-        max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
-    };
+    // a ubatch of t tokens needs up to min(n_expert, t*k) distinct experts in one layer: cap t so
+    // that they fit the HIGH tier (LOW demands the LOW tier has no room for are served in HIGH)
     for (int g = 0; g < n_groups; g++) {
         const int high_slots = cache_config.high_slots[g];
         high_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].first, high_slots, ggml_backend_cpu_buffer_type()));
-        cap_ubatch(high_slots, n_expert_used_);
+        if (high_slots < n_expert_) {
+            const int cap = high_slots / n_expert_used_;
+            max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
+        }
         if (use_low) {
             const int low_slots = cache_config.low_slots[g];
             low_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].second, low_slots, ggml_backend_cpu_buffer_type()));
-            cap_ubatch(low_slots, n_expert_used_ - 1);
         }
     }
 
@@ -229,6 +230,20 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     if (use_low) low_store_ = std::make_unique<expert_store>(low_source_, params.io);
     loaders_ = std::make_unique<loader_threads>(io_threads_);
     stats_.resize(n_layers_);
+    prefetch_stats_.resize(n_layers_);
+    group_of_.assign(n_layers_, -1);
+    std::vector<int> moe_layers;
+    for (const auto & l : layers_) { group_of_[l->il] = l->group; moe_layers.push_back(l->il); }
+
+    // the predictor always looks one layer ahead (prediction telemetry, calibration traces);
+    // prefetching looks prefetch_depth layers ahead
+    if (params.prefetch != "none" && params.prefetch != "hobbit" && params.prefetch != "fate") {
+        throw std::invalid_argument("unknown prefetch '" + params.prefetch + "' (none, hobbit, fate)");
+    }
+    const int depth = params.prefetch == "none" ? 1 : params.prefetch == "fate" ? 1 : std::max(1, params.prefetch_depth);
+    predictor_ = std::make_unique<expert_predictor>(model, moe_layers, depth, n_expert_);
+    prediction_stats_.resize(depth);
+    if (params.prefetch != "none") prefetcher_ = std::make_unique<prefetcher>();
     moe_hook_register(this);
 }
 
@@ -251,17 +266,23 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     auto * l = (expert_residency::layer *) userdata;
-    l->owner->place_experts(*l, dst->src[0], dst->src[1], dst);
+    l->owner->place_experts(*l, dst->src[0], dst->src[1], dst->src[2], dst);
 }
 }  // namespace
 
-int expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor * weights, llama_moe_expert_pass * passes) {
+int expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor * moe_input, ggml_tensor * weights,
+                                  llama_moe_expert_pass * passes) {
     const llama_moe_expert_pass first = passes[0];  // the model's tensors (passes[0] is overwritten)
     ggml_tensor * ids = first.ids;
     const int n_passes = cache_->has_low() ? 2 : 1;
+    ggml_tensor * args[3] = { ids, weights, nullptr };
+    int n_args = 2;
+    if (ggml_tensor * routers = predictor_->stacked(l.il)) {
+        // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
+        args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
+    }
     // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-    ggml_tensor * args[2] = { ids, weights };
-    ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes, 1, args, 2,
+    ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes, 1, args, n_args,
                                             place_experts_op, 1, &l);
     ggml_format_name(slot_ids, "edgemoe_slot_ids-%d", l.il);
     for (int pass = 0; pass < n_passes; pass++) {
@@ -286,7 +307,8 @@ void expert_residency::fail(const std::string & why, ggml_tensor * dst) {
     memset(dst->data, 0xff, ggml_nbytes(dst));  // -1 everywhere: well-defined (ignored) output
 }
 
-void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst) {
+void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights,
+                                     const ggml_tensor * predicted, ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
     GGML_ASSERT(weights->type == GGML_TYPE_F32);
@@ -302,6 +324,17 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
         }
     }
     if (l.il == first_il_) { cache_->advance_tokens(n_tokens); ubatch_index_++; }
+    // the previous layer has been computed: its experts may go; finished prefetches are cached
+    for (const auto & [key, p] : current_pins_) cache_->unpin(key, p, true);
+    current_pins_.clear();
+    if (prefetcher_) collect_finished_prefetches();
+    if (failed_) { memset(dst->data, 0xff, ggml_nbytes(dst)); return; }
+    // predictions for this layer are settled: mispredicted experts may go
+    for (const auto & [key, p] : predicted_pins_[l.il]) cache_->unpin(key, p, false);
+    predicted_pins_.erase(l.il);
+    count_prediction(l, ids);
+    if (tracing_) record_trace(l, ids, weights);
+    predictions_.erase(l.il);
 
     // each selection's demand, and per distinct expert the highest demand of its tokens (in order of first use)
     const precision_params & pp = params_.precision;
@@ -326,46 +359,71 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
             else wanted[it->second].second = std::max(wanted[it->second].second, demand[t * n_used + i]);
         }
     }
-    if (tracing_) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (int64_t t = 0; t < n_tokens; t++) {
-            trace_.ubatch.push_back(ubatch_index_);
-            trace_.layer.push_back(l.il);
-            for (int64_t i = 0; i < n_used; i++) {
-                trace_.ids.push_back(id_at(i, t));
-                trace_.weights.push_back(weight_at(i, t));
-            }
-        }
-    }
 
     std::vector<expert_cache::placement> placed;
     try {
         placed = cache_->place(l.group, l.il, wanted);
-    } catch (const std::exception & ex) {
-        fail(std::string(ex.what()) + " (n_ubatch too large for the budget)", dst);
-        return;
+    } catch (const std::exception &) {
+        // prefetches in flight may hold the slots an on-demand load needs: they give way
+        drop_prefetches();
+        try {
+            placed = cache_->place(l.group, l.il, wanted);
+        } catch (const std::exception & ex) {
+            fail(std::string(ex.what()) + " (n_ubatch too large for the budget)", dst);
+            return;
+        }
     }
 
     expert_layer_stats st;
     st.requests = placed.size();
     std::vector<expert_cache::placement> loads;
+    std::vector<std::shared_ptr<prefetch_job>> claimed;
     std::unordered_map<int, const expert_cache::placement *> where;
+    expert_prefetch_stats & pst = prefetch_stats_[l.il];
     for (const auto & p : placed) {
         where[p.expert] = &p;
+        if (p.has_evicted) pst.wasted += prefetched_unused_.erase({ p.evicted, p.precision });
         if (p.precision == expert_precision::skip) { st.skipped++; continue; }
+        const cached_copy copy = { make_expert_key(l.il, p.expert), p.precision };
         const bool high = p.precision == expert_precision::high;
-        if (p.load) { loads.push_back(p); (high ? st.loads_high : st.loads_low)++; }
-        else        { (high ? st.hits_high : st.hits_low)++; }
+        current_pins_.push_back(copy);
+        cache_->pin(copy.first, copy.second, true);
+        if (p.load) { loads.push_back(p); (high ? st.loads_high : st.loads_low)++; continue; }
+        (high ? st.hits_high : st.hits_low)++;
+        pst.used += prefetched_unused_.erase(copy);
+        auto it = in_flight_.find(copy);
+        if (it != in_flight_.end()) {
+            // prefetched but not read yet: read it now (queued) or wait for it (running)
+            if (auto job = prefetcher_->claim(it->second)) claimed.push_back(job);
+            else collect_finished_prefetches();
+        }
     }
     st.hits = st.hits_high + st.hits_low;
     st.misses = st.loads_high + st.loads_low;
 
-    if (!loads.empty()) {
+    if (!loads.empty() || !claimed.empty()) {
+        if (prefetcher_) prefetcher_->pause();
+        std::string error;
         try {
             load_misses(l, loads, st);
         } catch (const std::exception & ex) {
-            cache_->forget_group(l.group);  // slots may hold partial data
-            fail(ex.what(), dst);
+            error = ex.what();
+        }
+        for (const auto & job : claimed) {
+            run_prefetch_job(*job);
+            if (error.empty()) error = job->error;
+            st.bytes_read += job->bytes;
+            st.load_ms += job->ms;
+            in_flight_.erase({ job->key, job->precision });
+            cache_->unpin(job->key, job->precision, true);
+        }
+        if (prefetcher_) prefetcher_->resume();
+        if (!error.empty()) {
+            drop_prefetches();
+            cache_->forget_all();  // slots may hold partial data
+            current_pins_.clear();
+            predicted_pins_.clear();
+            fail(error, dst);
             return;
         }
     }
@@ -383,9 +441,173 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
              : p.precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
         }
     }
-    st.stall_ms = loads.empty() ? 0.0 : ms_since(t0);
+    st.stall_ms = loads.empty() && claimed.empty() ? 0.0 : ms_since(t0);
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stats_[l.il].add(st);
+    }
+    if (predicted) predict_and_prefetch(l, predicted, n_tokens);
+}
+
+std::vector<prefetch_read> expert_residency::reads_of(const layer & l, int expert, expert_precision precision, int slot) const {
+    const bool low = precision == expert_precision::low;
+    const slot_pool & pool = low ? *low_pools_[l.group] : *high_pools_[l.group];
+    const expert_store & store = low ? *low_store_ : *store_;
+    std::vector<prefetch_read> reads;
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (!l.stacked[p]) continue;
+        const uint64_t size = pool.shapes()[p].bytes;
+        const uint64_t offset = (low ? l.low_offset[p] : l.file_offset[p]) + (uint64_t) expert * size;
+        reads.push_back({ &store, offset, size, pool.slot_data((expert_projection) p, slot),
+                          std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
+                          std::to_string(l.il) + " (" + kProjectionNames[p] + ")" });
+    }
+    return reads;
+}
+
+void expert_residency::predict_and_prefetch(const layer & l, const ggml_tensor * predicted, int64_t n_tokens) {
+    const std::vector<int> & ahead = predictor_->ahead(l.il);
+    const int k = n_expert_used_;
+    auto row = [&](int64_t t, size_t d) {
+        return (const float *) ((const char *) predicted->data + t * predicted->nb[1]) + d * n_expert_;
+    };
+    // remember the top-k guesses for each layer ahead, to score them when it runs
+    std::vector<int> ids;
+    std::vector<float> w;
+    for (size_t d = 0; d < ahead.size(); d++) {
+        auto & guesses = predictions_[ahead[d]];
+        guesses.resize(ahead.size());
+        guesses[d].assign(n_tokens * k, -1);
+        for (int64_t t = 0; t < n_tokens; t++) {
+            predicted_top_k(row(t, d), n_expert_, k, ids, w);
+            std::copy(ids.begin(), ids.end(), guesses[d].begin() + t * k);
+        }
+    }
+    if (!prefetcher_ || n_tokens != 1) return;  // prefetching serves decode
+
+    // HOBBIT's walk: prefetch the next layer's predicted experts; if all are cached, look one
+    // layer further, up to the depth. Predicted experts are pinned until their layer runs.
+    std::vector<expert_precision> demand(n_expert_);
+    for (size_t d = 0; d < ahead.size(); d++) {
+        const int target = ahead[d];
+        const layer * tl = nullptr;
+        for (const auto & x : layers_) if (x->il == target) tl = x.get();
+        predicted_top_k(row(0, d), n_expert_, params_.prefetch == "fate" ? std::min(n_expert_, k + params_.fate_extra) : k, ids, w);
+        choose_precisions(w.data(), k, params_.precision, demand.data());
+        if (params_.prefetch == "fate") {
+            // Fate: beyond the top-k, experts whose predicted probability is above the percentile
+            std::vector<float> probs(n_expert_);
+            std::vector<int> all_ids;
+            predicted_top_k(row(0, d), n_expert_, n_expert_, all_ids, probs);
+            const float threshold = probs[std::min<size_t>(n_expert_ - 1, (size_t) ((1.0 - params_.fate_percentile) * n_expert_))];
+            size_t keep = k;
+            while (keep < ids.size() && w[keep] >= threshold) { demand[keep] = demand[k - 1]; keep++; }
+            ids.resize(keep);
+        }
+        bool all_cached = true;
+        for (size_t i = 0; i < ids.size(); i++) {
+            const expert_precision want = demand[i];
+            if (want == expert_precision::skip) continue;
+            const expert_key key = make_expert_key(target, ids[i]);
+            expert_cache::placement p = cache_->reserve(tl->group, target, ids[i], want);
+            expert_precision pinned = want;
+            if (!p.load) {
+                if (p.slot < 0 && cache_->tier(tl->group, expert_precision::high).find(key) < 0 &&
+                    cache_->tier(tl->group, expert_precision::low).find(key) < 0) { all_cached = false; continue; }  // no room
+                pinned = cache_->tier(tl->group, expert_precision::high).find(key) >= 0 ? expert_precision::high : expert_precision::low;
+            } else {
+                all_cached = false;
+                if (p.has_evicted) prefetch_stats_[target].wasted += prefetched_unused_.erase({ p.evicted, want });
+                auto job = std::make_shared<prefetch_job>();
+                job->key = key;
+                job->precision = want;
+                job->reads = reads_of(*tl, ids[i], want, p.slot);
+                in_flight_[{ key, want }] = job;
+                prefetched_unused_.insert({ key, want });
+                cache_->pin(key, want, true);  // until the read is done
+                prefetch_stats_[target].issued++;
+                prefetcher_->submit(job);
+            }
+            cache_->pin(key, pinned, false);
+            predicted_pins_[target].push_back({ key, pinned });
+        }
+        if (!all_cached || params_.prefetch == "fate") break;
+    }
+}
+
+void expert_residency::count_prediction(const layer & l, const ggml_tensor * ids) {
+    auto it = predictions_.find(l.il);
+    if (it == predictions_.end()) return;
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_[l.il].add(st);
+    for (size_t d = 0; d < it->second.size(); d++) {
+        const std::vector<int32_t> & guess = it->second[d];
+        if ((int64_t) guess.size() != n_tokens * n_used) continue;  // made for another ubatch
+        expert_prediction_stats & ps = prediction_stats_[d];
+        for (int64_t t = 0; t < n_tokens; t++) {
+            const int32_t * row = (const int32_t *) ((const char *) ids->data + t * ids->nb[1]);
+            ps.tokens++;
+            ps.top1_correct += guess[t * n_used] == row[0];
+            ps.predicted += n_used;
+            ps.actual += n_used;
+            for (int64_t i = 0; i < n_used; i++) {
+                ps.overlap += std::find(row, row + n_used, guess[t * n_used + i]) != row + n_used;
+            }
+        }
+    }
+}
+
+void expert_residency::record_trace(const layer & l, const ggml_tensor * ids, const ggml_tensor * weights) {
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
+    auto it = predictions_.find(l.il);
+    const std::vector<int32_t> * guess = it != predictions_.end() && !it->second.empty() &&
+        (int64_t) it->second[0].size() == n_tokens * n_used ? &it->second[0] : nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        trace_.ubatch.push_back(ubatch_index_);
+        trace_.layer.push_back(l.il);
+        for (int64_t i = 0; i < n_used; i++) {
+            trace_.ids.push_back(*(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]));
+            trace_.weights.push_back(*(const float *) ((const char *) weights->data + i * weights->nb[1] + t * weights->nb[2]));
+            trace_.predicted.push_back(guess ? (*guess)[t * n_used + i] : -1);
+        }
+    }
+}
+
+void expert_residency::collect_finished_prefetches() {
+    for (const auto & job : prefetcher_->take_finished()) {
+        in_flight_.erase({ job->key, job->precision });
+        cache_->unpin(job->key, job->precision, true);
+        const int il = expert_key_layer(job->key);
+        prefetch_stats_[il].bytes_read += job->bytes;
+        prefetch_stats_[il].load_ms += job->ms;
+        if (!job->error.empty()) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!failed_) error_ = job->error;
+            failed_ = true;
+        }
+    }
+    if (failed_) {
+        drop_prefetches();
+        cache_->forget_all();
+        current_pins_.clear();
+        predicted_pins_.clear();
+    }
+}
+
+void expert_residency::drop_prefetches() {
+    if (!prefetcher_) return;
+    for (const auto & job : prefetcher_->cancel_all()) {
+        const int il = expert_key_layer(job->key);
+        cache_->unpin(job->key, job->precision, true);
+        cache_->discard(group_of_[il], job->key, job->precision);
+        prefetched_unused_.erase({ job->key, job->precision });
+        in_flight_.erase({ job->key, job->precision });
+    }
+    for (const auto & job : prefetcher_->take_finished()) {
+        in_flight_.erase({ job->key, job->precision });
+        cache_->unpin(job->key, job->precision, true);
+    }
 }
 
 void expert_residency::load_misses(const layer & l, const std::vector<expert_cache::placement> & loads,
@@ -449,11 +671,25 @@ std::vector<std::pair<int, expert_layer_stats>> expert_residency::layer_stats() 
     return out;
 }
 
+std::vector<std::pair<int, expert_prefetch_stats>> expert_residency::prefetch_stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<int, expert_prefetch_stats>> out;
+    for (const auto & l : layers_) out.emplace_back(l->il, prefetch_stats_[l->il]);
+    return out;
+}
+
+std::vector<expert_prediction_stats> expert_residency::prediction_stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prediction_stats_;
+}
+
 uint64_t expert_residency::resident_experts() const { return cache_->resident_experts(); }
 
 void expert_residency::reset_stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto & s : stats_) s = expert_layer_stats();
+    for (auto & s : prefetch_stats_) s = expert_prefetch_stats();
+    for (auto & s : prediction_stats_) s = expert_prediction_stats();
 }
 
 void expert_residency::set_tracing(bool on) {

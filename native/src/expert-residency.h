@@ -10,6 +10,8 @@
 #include "expert-store.h"
 #include "loader.h"
 #include "precision-policy.h"
+#include "predictor.h"
+#include "prefetcher.h"
 #include "slot-pool.h"
 #include "stats.h"
 
@@ -20,6 +22,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <map>
 #include <vector>
 
 struct llama_model;
@@ -34,6 +39,10 @@ struct expert_residency_params {
     precision_params precision;          // all HIGH unless use_low / use_skip
     bool        low_serves_high = true;  // a cached LOW copy serves a HIGH demand (else reload HIGH)
     std::string low_from;                // LOW copies from this standard GGUF; "" = the model's *.lowbit
+    std::string prefetch = "none";       // none, hobbit (HOBBIT sec. 3.3) or fate (Fate's over-prefetch)
+    int         prefetch_depth = 2;      // p: MoE layers ahead the predictor looks
+    double      fate_percentile = 0.9;   // fate: also prefetch experts whose predicted probability is above
+    int         fate_extra = 2;          //   this quantile of the next layer's, at most fate_extra more
 };
 
 // A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
@@ -47,6 +56,8 @@ struct routing_trace {
     std::vector<int32_t> ubatch, layer;  // per (token, layer) record
     std::vector<int32_t> ids;            // n_expert_used per record
     std::vector<float>   weights;        // n_expert_used per record
+    std::vector<int32_t> predicted;      // n_expert_used per record: the predictor's guess one layer
+                                         // earlier (-1: none, e.g. the first MoE layer)
 };
 
 class expert_residency {
@@ -69,10 +80,13 @@ public:
     ~expert_residency();
 
     // called by the hook while a graph is built: fills the passes for layer il; returns their count
-    int build_layer(layer & l, ggml_context * ctx, ggml_tensor * weights, struct llama_moe_expert_pass * passes);
-    // the custom op: ids [n_used, n_tokens] (expert ids) and weights -> dst [n_used, n_tokens, n_passes]
-    // (slot ids per precision pass, -1 where a pass does not compute a selection), loading misses
-    void place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst);
+    int build_layer(layer & l, ggml_context * ctx, ggml_tensor * moe_input, ggml_tensor * weights,
+                    struct llama_moe_expert_pass * passes);
+    // the custom op: ids [n_used, n_tokens] (expert ids), weights and (with prediction) the
+    // predicted router logits of the layers ahead -> dst [n_used, n_tokens, n_passes] (slot ids per
+    // precision pass, -1 where a pass does not compute a selection), loading misses; then prefetches
+    void place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * predicted,
+                       ggml_tensor * dst);
 
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();
@@ -98,6 +112,10 @@ public:
     const std::string & low_source() const { return low_source_; }
 
     std::vector<std::pair<int, expert_layer_stats>> layer_stats() const;  // (il, counters)
+    std::vector<std::pair<int, expert_prefetch_stats>> prefetch_stats() const;  // (il, counters)
+    std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
+    const std::string & prefetch_mode() const { return params_.prefetch; }
+    int prefetch_depth() const { return predictor_ ? predictor_->depth() : 0; }
     uint64_t resident_experts() const;
     void     reset_stats();
 
@@ -107,9 +125,21 @@ public:
     const std::vector<std::unique_ptr<layer>> & layers() const { return layers_; }
 
 private:
-    void find_low_copies(llama_model * model, const std::string & path);
+    // (expert, precision) of a cached copy: a pin or a read in flight is about this
+    using cached_copy = std::pair<expert_key, expert_precision>;
+    struct cached_copy_hash {
+        size_t operator()(const cached_copy & c) const { return std::hash<expert_key>()(c.first) * 3 + (size_t) c.second; }
+    };
+
     void fail(const std::string & why, ggml_tensor * dst);
     void load_misses(const layer & l, const std::vector<expert_cache::placement> & loads, expert_layer_stats & st);
+    std::vector<prefetch_read> reads_of(const layer & l, int expert, expert_precision precision, int slot) const;
+    // after a layer's experts are placed: predictions of the layers ahead, prefetches (one token)
+    void predict_and_prefetch(const layer & l, const ggml_tensor * predicted, int64_t n_tokens);
+    void count_prediction(const layer & l, const ggml_tensor * ids);
+    void collect_finished_prefetches();
+    void drop_prefetches();  // cancels queued reads, waits for the running one, frees their slots
+    void record_trace(const layer & l, const ggml_tensor * ids, const ggml_tensor * weights);
 
     expert_residency_params params_;
     std::unique_ptr<expert_store> store_, low_store_;
@@ -117,7 +147,17 @@ private:
     std::vector<std::unique_ptr<layer>> layers_;
     std::vector<std::unique_ptr<slot_pool>> high_pools_, low_pools_;  // per group
     std::unique_ptr<expert_cache> cache_;
+    std::unique_ptr<expert_predictor> predictor_;              // with prefetch or tracing
+    std::vector<int> group_of_;                                // per il, -1: not a MoE layer
     std::vector<expert_layer_stats> stats_;                    // per il
+    std::vector<expert_prefetch_stats> prefetch_stats_;        // per il (the layer prefetched for)
+    std::vector<expert_prediction_stats> prediction_stats_;    // per depth - 1
+    // op thread only: reads in flight, pins, predictions waiting for their layer
+    std::unordered_map<cached_copy, std::shared_ptr<prefetch_job>, cached_copy_hash> in_flight_;
+    std::unordered_set<cached_copy, cached_copy_hash> prefetched_unused_;
+    std::map<int, std::vector<cached_copy>> predicted_pins_;   // by target layer
+    std::vector<cached_copy> current_pins_;                    // the experts the running layer uses
+    std::map<int, std::vector<std::vector<int32_t>>> predictions_;  // by target layer: [depth-1][token*k]
     mutable std::mutex mutex_;                                 // stats_, trace_ and error_
     std::string error_;
     bool failed_ = false;
@@ -127,4 +167,5 @@ private:
     std::string low_source_;
     uint64_t budget_bytes_ = 0, minimum_bytes_ = 0, expert_bytes_total_ = 0, low_expert_bytes_total_ = 0;
     int n_expert_ = 0, n_expert_used_ = 0, n_layers_ = 0, first_il_ = 0, max_ubatch_tokens_ = 0, io_threads_ = 1;
+    std::unique_ptr<prefetcher> prefetcher_;  // last: stopped first, before the pools it writes to
 };

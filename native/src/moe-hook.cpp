@@ -13,7 +13,6 @@ std::mutex g_mutex;
 std::unordered_map<const ggml_tensor *, expert_residency::layer *> g_layers;  // by any stacked tensor
 
 int hook(ggml_context * ctx, int il, ggml_tensor * moe_input, ggml_tensor * weights, llama_moe_expert_pass * passes) {
-    (void) moe_input;
     const llama_moe_expert_pass & p = passes[0];
     const ggml_tensor * key = p.down_exps ? p.down_exps : (p.gate_up_exps ? p.gate_up_exps : p.up_exps);
     expert_residency::layer * l = nullptr;
@@ -24,7 +23,7 @@ int hook(ggml_context * ctx, int il, ggml_tensor * moe_input, ggml_tensor * weig
         l = it->second;
     }
     GGML_ASSERT(l->il == il || il < 0);
-    return l->owner->build_layer(*l, ctx, weights, passes);
+    return l->owner->build_layer(*l, ctx, moe_input, weights, passes);
 }
 
 }  // namespace

@@ -24,3 +24,17 @@ struct expert_layer_stats {
         bytes_read += o.bytes_read; load_ms += o.load_ms; stall_ms += o.stall_ms;
     }
 };
+
+// How well the predictor guessed the experts of the layer `depth` MoE layers ahead (HOBBIT
+// sec. 3.3), counted per token when that layer ran: top-1 right, and overlap of the predicted
+// top-k with the real top-k (precision = overlap / predicted, recall = overlap / actual).
+struct expert_prediction_stats {
+    uint64_t tokens = 0, top1_correct = 0, overlap = 0, predicted = 0, actual = 0;
+};
+
+// What prefetching did, per target layer: experts read ahead of use, and whether they were used
+// before being evicted.
+struct expert_prefetch_stats {
+    uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0;
+    double   load_ms = 0;
+};

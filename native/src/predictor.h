@@ -1,0 +1,40 @@
+// HOBBIT's layer-level expert predictor (sec. 3.3): the gate inputs of consecutive layers are
+// similar, so layer l's gate input times the routers of layers l+1..l+p predicts their experts.
+// The p routers are stacked into one matrix per layer, so one matmul in the graph gives all p
+// predictions (the "stacking computer").
+#pragma once
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <map>
+#include <vector>
+
+struct llama_model;
+
+class expert_predictor {
+public:
+    // The routers of the MoE layers `layers` (ascending) of model, depth p >= 1: with p = 1 the
+    // model's own router tensors, else F32 copies stacked per layer. Throws std::runtime_error
+    // when a router is missing or has another shape.
+    expert_predictor(const llama_model * model, const std::vector<int> & layers, int depth, int n_expert);
+    ~expert_predictor();
+    expert_predictor(const expert_predictor &) = delete;
+    expert_predictor & operator=(const expert_predictor &) = delete;
+
+    int depth() const { return depth_; }
+    // [n_embd, n_expert * n_ahead(il)]: the routers of the MoE layers after il; null for the last
+    ggml_tensor * stacked(int il) const;
+    // the MoE layers predicted at il, nearest first (at most depth)
+    const std::vector<int> & ahead(int il) const;
+
+private:
+    int depth_;
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer_t buffer_ = nullptr;
+    std::map<int, ggml_tensor *> stacked_;
+    std::map<int, std::vector<int>> ahead_;
+};
+
+// The top-k experts of one predicted router-logit row, best first, with their softmax weights.
+void predicted_top_k(const float * logits, int n_expert, int k, std::vector<int> & ids, std::vector<float> & weights);

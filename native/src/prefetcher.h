@@ -1,0 +1,71 @@
+// The prefetch loader: one background thread that reads predicted experts into the slots reserved
+// for them while the graph computes other layers (HOBBIT sec. 3.3). On-demand loads come first:
+// while the compute waits for one (pause .. resume) the thread starts no new read, so a prefetch
+// delays an on-demand load by at most the one read already in flight (reads are not
+// interruptible, as HOBBIT notes for cudaMemcpy). A job the compute needs before it started is
+// handed to the compute's own loaders (claim).
+#pragma once
+
+#include "cache-policy.h"
+#include "expert-store.h"
+#include "precision-policy.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct prefetch_read {
+    const expert_store * store;
+    uint64_t offset, size;
+    void * dst;
+    std::string what;  // for an error message: which expert, projection and layer
+};
+
+struct prefetch_job {
+    expert_key key;
+    expert_precision precision;
+    std::vector<prefetch_read> reads;
+    // filled by whoever ran it
+    uint64_t bytes = 0;
+    double ms = 0;
+    std::string error;
+};
+
+class prefetcher {
+public:
+    prefetcher();
+    ~prefetcher();  // finishes the read in flight, drops queued jobs
+    prefetcher(const prefetcher &) = delete;
+    prefetcher & operator=(const prefetcher &) = delete;
+
+    void submit(std::shared_ptr<prefetch_job> job);
+    // The compute needs this job now: if it has not started it leaves the queue and is returned
+    // (the caller reads it); if it is running, waits for it and returns null.
+    std::shared_ptr<prefetch_job> claim(const std::shared_ptr<prefetch_job> & job);
+    void pause();   // an on-demand load starts
+    void resume();  // it ended
+    // jobs finished since the last call (read by the thread), with their errors
+    std::vector<std::shared_ptr<prefetch_job>> take_finished();
+    // waits until the thread is idle, dropping queued jobs; returns them
+    std::vector<std::shared_ptr<prefetch_job>> cancel_all();
+
+private:
+    void thread_main();
+
+    std::mutex mutex_;
+    std::condition_variable wake_, done_;
+    std::deque<std::shared_ptr<prefetch_job>> queue_;
+    std::shared_ptr<prefetch_job> running_;
+    std::vector<std::shared_ptr<prefetch_job>> finished_;
+    int paused_ = 0;
+    bool stop_ = false;
+    std::thread thread_;  // last: it starts once everything above is constructed
+};
+
+// Runs one job's reads on the calling thread (errors go to job.error).
+void run_prefetch_job(prefetch_job & job);
