@@ -69,6 +69,14 @@ def print_stats(stats: dict) -> None:
                    f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW "
                    f"(LOW {format_bytes(experts['low_pool_bytes'])} cache); miss penalty {summary['miss_penalty']:.1f}",
                    err=True)
+    prediction = ", ".join(f"{p['depth']} ahead {p['top1_accuracy']:.0%} top-1 / {p['recall']:.0%} of top-k"
+                           for p in experts["prediction"] if p["tokens"])
+    if prediction:
+        typer.echo(f"prediction: {prediction}", err=True)
+    if experts["prefetch"] != "none":
+        p = experts["prefetches"]
+        typer.echo(f"prefetch ({experts['prefetch']}): {p['issued']} experts read ahead, {p['used']} used, "
+                   f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}", err=True)
 
 
 # The options of every command that loads a model into an Engine, declared once: each command
@@ -94,6 +102,8 @@ LOW_CACHE_OPTION = typer.Option(0.25, "--low-cache", help="share of the expert c
 LOW_HIT_OPTION = typer.Option("accept", "--low-hit",
                               help="a cached LOW copy for a HIGH demand: accept it or reload HIGH")
 LOW_FROM_OPTION = typer.Option(None, "--low-from", help="LOW copies from this standard GGUF (a lower quant)")
+PREFETCH_OPTION = typer.Option("none", "--prefetch", help="expert prefetching: none, hobbit or fate")
+PREFETCH_DEPTH_OPTION = typer.Option(2, "--prefetch-depth", help="hobbit: MoE layers ahead to predict")
 VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
 
 
@@ -101,7 +111,8 @@ VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
 ENGINE_OPTION_NAMES = {"threads": "n_threads", "expert_cache": "expert_cache", "io": "io", "io_threads": "io_threads",
                        "cache_policy": "cache_policy", "policy_weights": "policy_weights",
                        "low_precision": "low_precision", "skip": "skip", "t1": "t1", "t2": "t2",
-                       "low_cache": "low_cache", "low_hit": "low_hit", "low_from": "low_from", "verbose": "verbose"}
+                       "low_cache": "low_cache", "low_hit": "low_hit", "low_from": "low_from",
+                       "prefetch": "prefetch", "prefetch_depth": "prefetch_depth", "verbose": "verbose"}
 
 
 def engine_options(params: dict) -> dict:
@@ -144,6 +155,8 @@ def run(
     low_cache: float = LOW_CACHE_OPTION,
     low_hit: str = LOW_HIT_OPTION,
     low_from: Optional[Path] = LOW_FROM_OPTION,
+    prefetch: str = PREFETCH_OPTION,
+    prefetch_depth: int = PREFETCH_DEPTH_OPTION,
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
@@ -247,6 +260,8 @@ def perplexity_command(
     low_cache: float = LOW_CACHE_OPTION,
     low_hit: str = LOW_HIT_OPTION,
     low_from: Optional[Path] = LOW_FROM_OPTION,
+    prefetch: str = PREFETCH_OPTION,
+    prefetch_depth: int = PREFETCH_DEPTH_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     verbose: bool = VERBOSE_OPTION,
 ) -> None:
