@@ -152,7 +152,7 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
 
 
 def parse_option(text: str) -> tuple[str, Any]:
-    """'expert_cache=4GiB' -> ('expert_cache', '4GiB'); integers, true/false and none are typed."""
+    """'expert_cache=4GiB' -> ('expert_cache', '4GiB'); integers, floats, true/false and none are typed."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise ValueError(f"engine option {text!r} is not KEY=VALUE")
@@ -161,10 +161,12 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key, low == "true"
     if low == "none":
         return key, None
-    try:
-        return key, int(value)
-    except ValueError:
-        return key, value
+    for number in (int, float):
+        try:
+            return key, number(value)
+        except ValueError:
+            pass
+    return key, value
 
 
 def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, threads: int,
