@@ -433,7 +433,7 @@ def convert_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, write nothing"),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="quantization threads"),
     calibration: Optional[Path] = typer.Option(None, "--calibration",
-                                               help="embed this `pyedgemoe calibrate` sidecar (MODEL.calibration.json)"),
+                                               help="embed this sidecar of `pyedgemoe calibrate`"),
 ) -> None:
     """Convert a checkpoint or GGUF into a multi-precision GGUF (every expert in HIGH and LOW)."""
     from pyedgemoe.convert import convert
