@@ -348,13 +348,26 @@ class Engine:
         self._totals.decode_seconds += t.decode_seconds
 
     def time_generation(self, prompt_ids: list[int], n_tokens: int) -> dict:
-        """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence."""
+        """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence.
+        With an expert cache, decode_expert_bytes_read is what the decode steps read (on demand
+        and prefetched), without the prefill's reads."""
         self._live().clear()
         self._tokens = []
-        tokens = list(self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True))
+        tokens, after_prefill = [], 0
+        for token in self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True):
+            if not tokens:
+                after_prefill = self._expert_bytes_read()
+            tokens.append(token)
         t = self.last_timings
         return {"prefill_seconds": t.prefill_seconds, "decode_seconds": t.decode_seconds,
-                "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens}
+                "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens,
+                "decode_expert_bytes_read": self._expert_bytes_read() - after_prefill}
+
+    def _expert_bytes_read(self) -> int:
+        if self.expert_residency is None:
+            return 0
+        stats = self._model.expert_stats()
+        return stats["total"]["bytes_read"] + stats["prefetches"]["bytes_read"]
 
     # -- text generation ------------------------------------------------------------------------
     def _stream_text(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,

@@ -138,6 +138,9 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
                   decode_seconds=float(t["decode_seconds"]),
                   n_prompt_tokens=int(t["n_prompt_tokens"]),
                   n_output_tokens=int(t["n_decoded"]), tokens=[int(x) for x in t["tokens"]])
+    if "decode_expert_bytes_read" in t and int(t["n_decoded"]) > 1:
+        # the first token comes from the prefill's logits: n - 1 decode steps read experts
+        result["decode_expert_bytes_per_token"] = int(t["decode_expert_bytes_read"]) / (int(t["n_decoded"]) - 1)
     stats = getattr(eng, "stats", None)
     if callable(stats):
         try:
@@ -146,6 +149,9 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
             if total.get("requests"):  # offloading on: cache behaviour over prefill + decode
                 result["expert_hit_rate"] = total["hits"] / total["requests"]
                 result["expert_bytes_read"] = total.get("bytes_read")
+                prediction = result["engine_stats"]["experts"].get("prediction") or []
+                if prediction and prediction[0].get("tokens"):
+                    result["next_layer_top1_accuracy"] = prediction[0]["top1_accuracy"]
         except Exception as e:  # stats are a bonus; never fail a measurement over them
             result["engine_stats"] = {"error": repr(e)}
     return result
