@@ -103,11 +103,12 @@ def _checked(data, what: str) -> dict:
     return data
 
 
-def embedded_calibration(model_path: str | os.PathLike) -> dict | None:
-    """The calibration that `pyedgemoe convert --calibration` embedded in the model, or None."""
+def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
+    """The calibration that `pyedgemoe convert --calibration` embedded in the model, or None.
+    metadata: the model's key/values if the caller has them (saves reading the header again)."""
     from pyedgemoe.model_info import read_model_info
 
-    kv = read_model_info(model_path).metadata
+    kv = read_model_info(model_path).metadata if metadata is None else metadata
     what = f"calibration embedded in {os.fspath(model_path)}"
     if METADATA_PREFIX + "json" in kv:
         try:
@@ -126,13 +127,13 @@ def embedded_calibration(model_path: str | os.PathLike) -> dict | None:
     return None
 
 
-def load_calibration(model_path: str | os.PathLike) -> dict | None:
+def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
     """The model's calibration: the sidecar next to it, else the one embedded in its metadata, else
     None. A sidecar or embedded calibration that cannot be read is an error."""
     path = sidecar_path(model_path)
     if os.path.exists(path):
         return read_sidecar(path)
-    return embedded_calibration(model_path)
+    return embedded_calibration(model_path, metadata)
 
 
 def write_sidecar(data: dict, path: str | os.PathLike) -> str:

@@ -179,7 +179,7 @@ class Engine:
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
             if offload:
-                native_options = expert_options.native_kwargs(self.info, load_calibration(self.model_path))
+                native_options = expert_options.native_kwargs(self.info, load_calibration(self.model_path, self.info.metadata))
                 self._model.enable_expert_residency(budget, **native_options)
         except _native.ExpertBudgetError as e:
             raise InvalidOptionError(str(e)) from None

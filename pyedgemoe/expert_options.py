@@ -91,7 +91,8 @@ class ExpertOptions:
             _check_low_from(info, os.fspath(self.low_from))
         use_low = has_low_source if self.low_precision is None else self.low_precision
         use_skip = use_low if self.skip is None else self.skip
-        policy = self.cache_policy or ("hobbit" if "policy_weights" in calibration else "lru")
+        policy = self.cache_policy or calibration.get("best_policy") or (
+            "hobbit" if "policy_weights" in calibration else "lru")
         weights = (parse_policy_weights(self.policy_weights) or calibration.get("policy_weights")
                    or DEFAULT_POLICY_WEIGHTS)
         t1 = self.t1 if self.t1 is not None else calibration.get("t1", DEFAULT_T1)
