@@ -407,12 +407,8 @@ def record_trace(engine, tokens: list[int], n_ctx: int) -> dict:
     try:
         engine.take_routing_trace()  # whatever was recorded before
         for i, start in enumerate(range(0, len(tokens), n_ctx)):
-            chunk = tokens[start:start + n_ctx]
-            engine._live().clear()  # a fresh sequence, as a new prompt starts one: the cache's records restart
-            engine._tokens = []
-            for pos, token in enumerate(chunk):
-                engine._decode([token], pos, False)
-                engine._tokens.append(token)
+            # a fresh sequence, as a new prompt starts one: the cache's records restart
+            engine.logits(tokens[start:start + n_ctx], one_token_per_step=True)
             part = engine.take_routing_trace()
             part["sequence"] = np.full(len(part["layer"]), i, dtype=np.int32)
             parts.append(part)

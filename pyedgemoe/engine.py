@@ -251,8 +251,10 @@ class Engine:
         return self._model.token_to_piece(token, False)
 
     # -- evaluation --------------------------------------------------------------------------
-    def logits(self, token_ids: list[int]) -> np.ndarray:
-        """float32 [len(token_ids), n_vocab]: the logits after each token, on a fresh sequence."""
+    def logits(self, token_ids: list[int], *, one_token_per_step: bool = False) -> np.ndarray:
+        """float32 [len(token_ids), n_vocab]: the logits after each token, on a fresh sequence.
+        one_token_per_step: evaluate the tokens one llama_decode at a time, as generation does
+        (with an expert cache, each step then routes, loads and prefetches like a decode step)."""
         ids = [int(t) for t in token_ids]
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
@@ -260,7 +262,10 @@ class Engine:
         ctx = self._live()
         ctx.clear()
         self._tokens = []
-        out = self._decode(ids, 0, True)
+        if one_token_per_step:
+            out = np.stack([self._decode([t], pos, True)[0] for pos, t in enumerate(ids)])
+        else:
+            out = self._decode(ids, 0, True)
         self._tokens = ids
         return out
 
