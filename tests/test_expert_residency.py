@@ -169,3 +169,34 @@ def test_truncated_file_while_running_is_a_clear_error(tiny_model, tmp_path, io)
         # the engine stays usable for a clear error again, not garbage
         with pytest.raises(ExpertLoadError):
             eng.logits(IDS)
+
+
+@pytest.mark.parametrize("io", IO_MODES)
+def test_file_written_in_place_while_running_is_a_clear_error(tiny_model, tmp_path, io):
+    # `cp other.gguf model.gguf` keeps the inode: the experts read afterwards would be another
+    # model's bytes. Same size, new bytes: the store sees the modification time change.
+    src, _ = tiny_model("qwen3_moe")
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    info = read_model_info(path)
+    with Engine(path, **SETTINGS, expert_cache=minimum_budget(path), io=io) as eng:
+        eng.logits(IDS[:4])
+        with open(path, "r+b") as f:
+            f.seek(info.file_bytes - info.expert_bytes // 2)
+            f.write(os.urandom(4096))
+        with pytest.raises(ExpertLoadError, match="modified while running"):
+            eng.logits(IDS)
+
+
+def test_file_replaced_by_rename_keeps_serving_the_loaded_model(tiny_model, tmp_path):
+    # a new file renamed over the path: the open file still holds the loaded model's bytes
+    src, _ = tiny_model("qwen3_moe")
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    budget = minimum_budget(path)
+    with Engine(path, **SETTINGS, expert_cache=budget) as eng:
+        before = eng.logits(IDS)
+        other = tmp_path / "other.gguf"
+        other.write_bytes(os.urandom(os.path.getsize(path)))
+        os.replace(other, path)
+        assert np.array_equal(eng.logits(IDS), before)

@@ -76,9 +76,14 @@ expert_store::expert_store(const std::string & path, expert_io requested) : path
     }
     if (fd_ < 0) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw std::runtime_error("cannot open " + path + ": " + errno_text(errno));
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) {
+        close(fd_);
+        throw std::runtime_error("cannot stat " + path + ": " + errno_text(errno));
+    }
+    size_at_open_ = (uint64_t) st.st_size;
+    mtime_ns_at_open_ = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (io_ == expert_io::mmap) {
-        struct stat st {};
-        if (fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat " + path + ": " + errno_text(errno));
         map_bytes_ = (uint64_t) st.st_size;
         map_ = mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
         if (map_ == MAP_FAILED) {
@@ -95,6 +100,19 @@ expert_store::~expert_store() {
     if (fd_ >= 0) close(fd_);
 }
 
+void expert_store::check_unchanged() const {
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat " + path_ + ": " + errno_text(errno));
+    const int64_t mtime_ns = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if ((uint64_t) st.st_size == size_at_open_ && mtime_ns == mtime_ns_at_open_) return;
+    if ((uint64_t) st.st_size < size_at_open_) {
+        throw std::runtime_error("the file was truncated while running (" + std::to_string(size_at_open_) + " -> " +
+                                 std::to_string((uint64_t) st.st_size) + " bytes)");
+    }
+    throw std::runtime_error("the file was modified while running (written in place): its experts no longer "
+                             "match the loaded model; load the model again");
+}
+
 uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) const {
     switch (io_) {
         case expert_io::buffered: {
@@ -103,6 +121,7 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
                 throw std::runtime_error("short read at " + range_text(offset, size) + ": got " +
                                          std::to_string(got) + " bytes (file truncated?)");
             }
+            check_unchanged();  // after the read: a change during it is caught too
             return size;
         }
         case expert_io::direct: {
@@ -117,17 +136,18 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
                                          std::to_string(begin + got) + " (file truncated?)");
             }
             memcpy(dst, (const char *) buf + (offset - begin), size);
+            check_unchanged();
             return end - begin;
         }
         case expert_io::mmap: {
             // touching a mapped page past the end of a truncated file would be SIGBUS: check first
-            struct stat st {};
-            if (fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat " + path_ + ": " + errno_text(errno));
-            if (offset + size > (uint64_t) st.st_size || offset + size > map_bytes_) {
+            check_unchanged();
+            if (offset + size > map_bytes_) {
                 throw std::runtime_error("short read at " + range_text(offset, size) + ": the file ends at " +
-                                         std::to_string((uint64_t) st.st_size) + " (file truncated?)");
+                                         std::to_string(map_bytes_));
             }
             memcpy(dst, (const char *) map_ + offset, size);
+            check_unchanged();
             return size;
         }
     }

@@ -20,8 +20,11 @@ public:
     expert_store & operator=(const expert_store &) = delete;
 
     // Copies the file's bytes [offset, offset + size) to dst. Returns the bytes read from storage
-    // (with O_DIRECT, the 4 KiB-rounded range). Throws std::runtime_error on a short read (a
-    // truncated file) or an I/O error. Safe to call from several threads at once.
+    // (with O_DIRECT, the 4 KiB-rounded range). Throws std::runtime_error on a short read, an I/O
+    // error, or a file that was truncated or written in place since it was opened (size or
+    // modification time changed: its bytes may belong to another model). A file replaced by a new
+    // one (a rename over the path) is not seen: the open file keeps the old bytes, which still
+    // match the loaded model. Safe to call from several threads at once.
     uint64_t read_range(uint64_t offset, uint64_t size, void * dst) const;
 
     expert_io io() const { return io_; }
@@ -35,4 +38,8 @@ private:
     int         fd_ = -1;
     void *      map_ = nullptr;
     uint64_t    map_bytes_ = 0;
+    uint64_t    size_at_open_ = 0;
+    int64_t     mtime_ns_at_open_ = 0;
+
+    void check_unchanged() const;
 };
