@@ -141,6 +141,40 @@ def test_records_reset_with_a_new_sequence():
     assert not c.cached(0, 1, "high") and c.cached(0, 2, "high")
 
 
+# -- the predictor and HOBBIT's prefetch walk ----------------------------------------------------
+
+def test_predicted_experts_are_the_top_k_in_the_precision_of_their_softmax_weight():
+    # logits ln(0.7), ln(0.2), ln(0.1), ~-inf: softmax 0.7, 0.2, 0.1, 0 -> top-2 (0, 1); normalized
+    # over the top-2 as the rule does: 0.7/0.9 = 0.778 -> s_1 = 0.778
+    logits = [np.log(0.7), np.log(0.2), np.log(0.1), -30.0]
+    assert _native.predict_layer(logits, 2) == [(0, "high"), (1, "low")]
+    assert _native.predict_layer(logits, 2, t1=0.8) == [(0, "high"), (1, "high")]
+    assert _native.predict_layer(logits, 2, t2=0.75) == [(0, "high")]  # s_1 > t2: skipped, not prefetched
+
+
+def test_fate_adds_likely_experts_beyond_the_top_k():
+    # 10 experts, probabilities 0.4 0.3 0.2 0.05 0.0083...: above the 75th percentile are the top
+    # ceil(2.5) = 3 (Fate's rule), above the 90th the top 1
+    probs = [0.4, 0.3, 0.2, 0.05] + [0.05 / 6] * 6
+    logits = list(np.log(probs))
+    assert [e for e, _ in _native.predict_layer(logits, 1, t1=1.0, fate_extra=3)] == [0, 1, 2]
+    assert [e for e, _ in _native.predict_layer(logits, 1, t1=1.0, fate_extra=1)] == [0, 1]  # the I/O cap
+    assert [e for e, _ in _native.predict_layer(logits, 1, t1=1.0, fate_extra=3, fate_percentile=0.9)] == [0]
+
+
+def test_walk_goes_one_layer_further_only_while_every_prediction_is_cached():
+    layers = [[(1, "high"), (2, "low")], [(3, "high"), (4, "high")], [(5, "high"), (6, "low")]]
+    # nothing cached: the next layer only
+    assert _native.walk_predictions(layers, []) == [(0, 1), (0, 2)]
+    # the next layer cached: the one after it too, which has a miss: stop there
+    assert _native.walk_predictions(layers, [(0, 1), (0, 2)]) == [(0, 1), (0, 2), (1, 3), (1, 4)]
+    # two layers cached: all three
+    walked = _native.walk_predictions(layers, [(0, 1), (0, 2), (1, 3), (1, 4)])
+    assert walked == [(0, 1), (0, 2), (1, 3), (1, 4), (2, 5), (2, 6)]
+    # Fate: the next layer only, cached or not
+    assert _native.walk_predictions(layers, [(0, 1), (0, 2)], walk_further=False) == [(0, 1), (0, 2)]
+
+
 # -- the runtime on multi-precision files -------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <vector>
 
 std::string take_residency_error(Context & c) {
@@ -208,6 +209,37 @@ void register_residency(nb::module_ & m) {
         }, nb::arg("weights"), nb::arg("t1") = 0.6, nb::arg("t2") = 0.9, nb::arg("use_low") = true, nb::arg("use_skip") = true,
         "HOBBIT's demand (high/low/skip) for each of one token's selections, from their routing weights.");
 
+    m.def("predict_layer", [](const std::vector<float> & logits, int k, double t1, double t2, bool use_low,
+                              bool use_skip, int fate_extra, double fate_percentile) {
+            if (k < 1 || k > (int) logits.size()) throw nb::value_error("k must be between 1 and the number of experts");
+            precision_params p;
+            p.t1 = t1; p.t2 = t2; p.use_low = use_low; p.use_skip = use_skip;
+            std::vector<std::pair<int, std::string>> out;
+            for (const auto & e : predict_layer(0, logits.data(), (int) logits.size(), k, p, fate_extra, fate_percentile)) {
+                out.emplace_back(e.expert, expert_precision_name(e.precision));
+            }
+            return out;
+        }, nb::arg("logits"), nb::arg("k"), nb::arg("t1") = 0.6, nb::arg("t2") = 0.9, nb::arg("use_low") = true,
+        nb::arg("use_skip") = true, nb::arg("fate_extra") = 0, nb::arg("fate_percentile") = 0.75,
+        "A layer's predicted experts (expert, precision) from predicted router logits, as the prefetcher sees them.");
+
+    m.def("walk_predictions", [](const std::vector<std::vector<std::pair<int, std::string>>> & layers,
+                                 const std::vector<std::pair<int, int>> & cached, bool walk_further) {
+            std::vector<std::vector<predicted_expert>> in;
+            for (size_t d = 0; d < layers.size(); d++) {
+                in.emplace_back();
+                for (const auto & [e, p] : layers[d]) in.back().push_back({ (int) d, e, precision_from_name(p) });
+            }
+            auto is_cached = [&](const predicted_expert & p) {
+                return std::find(cached.begin(), cached.end(), std::make_pair(p.layer, p.expert)) != cached.end();
+            };
+            std::vector<std::pair<int, int>> out;
+            for (const auto & p : walk_predictions(in, walk_further, is_cached)) out.emplace_back(p.layer, p.expert);
+            return out;
+        }, nb::arg("layers"), nb::arg("cached"), nb::arg("walk_further") = true,
+        "HOBBIT's walk over predicted (expert, precision) lists per layer ahead, with the cached (depth, expert) "
+        "pairs: returns the (depth, expert) pairs walked.");
+
     nb::class_<cache_simulator>(m, "ExpertCache",
         "The expert cache's bookkeeping without memory or I/O (one pool group): the runtime's own placement "
         "and eviction code, for tests and trace replay.")
@@ -243,8 +275,8 @@ void add_residency_methods(nb::class_<Model> & cls) {
             nb::arg("policy_weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f},
             nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6, nb::arg("t2") = 0.9,
             nb::arg("low_fraction") = 0.25, nb::arg("low_serves_high") = true, nb::arg("low_from") = "",
-            nb::arg("prefetch") = "none", nb::arg("prefetch_depth") = 2, nb::arg("fate_percentile") = 0.9,
-            nb::arg("fate_extra") = 2,
+            nb::arg("prefetch") = "none", nb::arg("prefetch_depth") = 2, nb::arg("fate_percentile") = 0.75,
+            nb::arg("fate_extra") = -1,
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
        .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, precision, ubatch cap.")

@@ -233,7 +233,8 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     prefetch_stats_.resize(n_layers_);
     group_of_.assign(n_layers_, -1);
     std::vector<int> moe_layers;
-    for (const auto & l : layers_) { group_of_[l->il] = l->group; moe_layers.push_back(l->il); }
+    layer_at_.assign(n_layers_, nullptr);
+    for (const auto & l : layers_) { group_of_[l->il] = l->group; layer_at_[l->il] = l.get(); moe_layers.push_back(l->il); }
 
     // the predictor always looks one layer ahead (prediction telemetry, calibration traces);
     // prefetching looks prefetch_depth layers ahead
@@ -485,53 +486,47 @@ void expert_residency::predict_and_prefetch(const layer & l, const ggml_tensor *
     }
     if (!prefetcher_ || n_tokens != 1) return;  // prefetching serves decode
 
-    // HOBBIT's walk: prefetch the next layer's predicted experts; if all are cached, look one
-    // layer further, up to the depth. Predicted experts are pinned until their layer runs.
-    std::vector<expert_precision> demand(n_expert_);
+    // HOBBIT's walk (or Fate's next layer): the predictions walked are pinned until their layer
+    // runs; those not cached are prefetched into reserved slots
+    std::vector<std::vector<predicted_expert>> predicted_layers;
+    const bool fate = params_.prefetch == "fate";
     for (size_t d = 0; d < ahead.size(); d++) {
-        const int target = ahead[d];
-        const layer * tl = nullptr;
-        for (const auto & x : layers_) if (x->il == target) tl = x.get();
-        predicted_top_k(row(0, d), n_expert_, params_.prefetch == "fate" ? std::min(n_expert_, k + params_.fate_extra) : k, ids, w);
-        choose_precisions(w.data(), k, params_.precision, demand.data());
-        if (params_.prefetch == "fate") {
-            // Fate: beyond the top-k, experts whose predicted probability is above the percentile
-            std::vector<float> probs(n_expert_);
-            std::vector<int> all_ids;
-            predicted_top_k(row(0, d), n_expert_, n_expert_, all_ids, probs);
-            const float threshold = probs[std::min<size_t>(n_expert_ - 1, (size_t) ((1.0 - params_.fate_percentile) * n_expert_))];
-            size_t keep = k;
-            while (keep < ids.size() && w[keep] >= threshold) { demand[keep] = demand[k - 1]; keep++; }
-            ids.resize(keep);
+        predicted_layers.push_back(predict_layer(ahead[d], row(0, d), n_expert_, k, params_.precision,
+                                                 fate ? (params_.fate_extra < 0 ? k : params_.fate_extra) : 0,
+                                                 params_.fate_percentile));
+    }
+    // the tier whose copy serves a demand, if one is cached
+    auto serving = [&](const predicted_expert & p, expert_precision * tier) {
+        const int g = group_of_[p.layer];
+        const expert_key key = make_expert_key(p.layer, p.expert);
+        if (cache_->tier(g, expert_precision::high).find(key) >= 0) { *tier = expert_precision::high; return true; }
+        if (cache_->tier(g, expert_precision::low).find(key) >= 0 &&
+            (p.precision != expert_precision::high || params_.low_serves_high)) { *tier = expert_precision::low; return true; }
+        return false;
+    };
+    const auto walked = walk_predictions(predicted_layers, !fate, [&](const predicted_expert & p) {
+        expert_precision tier;
+        return serving(p, &tier);
+    });
+    for (const predicted_expert & p : walked) {
+        const expert_key key = make_expert_key(p.layer, p.expert);
+        expert_precision pinned = p.precision;
+        if (!serving(p, &pinned)) {
+            expert_cache::placement slot = cache_->reserve(group_of_[p.layer], p.layer, p.expert, p.precision);
+            if (!slot.load) continue;  // no slot can be evicted for it now
+            if (slot.has_evicted) prefetch_stats_[p.layer].wasted += prefetched_unused_.erase({ slot.evicted, p.precision });
+            auto job = std::make_shared<prefetch_job>();
+            job->key = key;
+            job->precision = p.precision;
+            job->reads = reads_of(*layer_at_[p.layer], p.expert, p.precision, slot.slot);
+            in_flight_[{ key, p.precision }] = job;
+            prefetched_unused_.insert({ key, p.precision });
+            cache_->pin(key, p.precision, true);  // until the read is done
+            prefetch_stats_[p.layer].issued++;
+            prefetcher_->submit(job);
         }
-        bool all_cached = true;
-        for (size_t i = 0; i < ids.size(); i++) {
-            const expert_precision want = demand[i];
-            if (want == expert_precision::skip) continue;
-            const expert_key key = make_expert_key(target, ids[i]);
-            expert_cache::placement p = cache_->reserve(tl->group, target, ids[i], want);
-            expert_precision pinned = want;
-            if (!p.load) {
-                if (p.slot < 0 && cache_->tier(tl->group, expert_precision::high).find(key) < 0 &&
-                    cache_->tier(tl->group, expert_precision::low).find(key) < 0) { all_cached = false; continue; }  // no room
-                pinned = cache_->tier(tl->group, expert_precision::high).find(key) >= 0 ? expert_precision::high : expert_precision::low;
-            } else {
-                all_cached = false;
-                if (p.has_evicted) prefetch_stats_[target].wasted += prefetched_unused_.erase({ p.evicted, want });
-                auto job = std::make_shared<prefetch_job>();
-                job->key = key;
-                job->precision = want;
-                job->reads = reads_of(*tl, ids[i], want, p.slot);
-                in_flight_[{ key, want }] = job;
-                prefetched_unused_.insert({ key, want });
-                cache_->pin(key, want, true);  // until the read is done
-                prefetch_stats_[target].issued++;
-                prefetcher_->submit(job);
-            }
-            cache_->pin(key, pinned, false);
-            predicted_pins_[target].push_back({ key, pinned });
-        }
-        if (!all_cached || params_.prefetch == "fate") break;
+        cache_->pin(key, pinned, false);
+        predicted_pins_[p.layer].push_back({ key, pinned });
     }
 }
 

@@ -41,8 +41,8 @@ struct expert_residency_params {
     std::string low_from;                // LOW copies from this standard GGUF; "" = the model's *.lowbit
     std::string prefetch = "none";       // none, hobbit (HOBBIT sec. 3.3) or fate (Fate's over-prefetch)
     int         prefetch_depth = 2;      // p: MoE layers ahead the predictor looks
-    double      fate_percentile = 0.9;   // fate: also prefetch experts whose predicted probability is above
-    int         fate_extra = 2;          //   this quantile of the next layer's, at most fate_extra more
+    double      fate_percentile = 0.75;  // fate: also prefetch experts whose predicted probability is in the
+    int         fate_extra = -1;         //   top (1 - this) of the next layer's, at most fate_extra more (-1: k)
 };
 
 // A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
@@ -149,6 +149,7 @@ private:
     std::unique_ptr<expert_cache> cache_;
     std::unique_ptr<expert_predictor> predictor_;              // with prefetch or tracing
     std::vector<int> group_of_;                                // per il, -1: not a MoE layer
+    std::vector<const layer *> layer_at_;                      // per il, null: not a MoE layer
     std::vector<expert_layer_stats> stats_;                    // per il
     std::vector<expert_prefetch_stats> prefetch_stats_;        // per il (the layer prefetched for)
     std::vector<expert_prediction_stats> prediction_stats_;    // per depth - 1

@@ -106,3 +106,41 @@ void predicted_top_k(const float * logits, int n_expert, int k, std::vector<int>
     weights.resize(k);
     for (int i = 0; i < k; i++) weights[i] = (float) (std::exp((double) logits[ids[i]] - top) / total);
 }
+
+std::vector<predicted_expert> predict_layer(int layer, const float * logits, int n_expert, int k,
+                                            const precision_params & precision, int fate_extra, double fate_percentile) {
+    std::vector<int> ids;
+    std::vector<float> w;
+    predicted_top_k(logits, n_expert, std::min(n_expert, k + fate_extra), ids, w);
+    std::vector<expert_precision> demand(k);
+    choose_precisions(w.data(), k, precision, demand.data());
+    std::vector<predicted_expert> out;
+    for (int i = 0; i < k; i++) {
+        if (demand[i] != expert_precision::skip) out.push_back({ layer, ids[i], demand[i] });
+    }
+    if (fate_extra > 0 && demand[k - 1] != expert_precision::skip) {
+        // the smallest probability among the top (1 - q) share of the experts
+        std::vector<float> sorted;
+        std::vector<int> all_ids;
+        predicted_top_k(logits, n_expert, n_expert, all_ids, sorted);
+        const size_t n_above = (size_t) std::ceil((1.0 - fate_percentile) * n_expert - 1e-9);
+        const float threshold = sorted[std::min<size_t>(n_expert - 1, n_above > 0 ? n_above - 1 : 0)];
+        for (size_t i = k; i < ids.size() && w[i] >= threshold; i++) out.push_back({ layer, ids[i], demand[k - 1] });
+    }
+    return out;
+}
+
+std::vector<predicted_expert> walk_predictions(const std::vector<std::vector<predicted_expert>> & layers_ahead,
+                                               bool walk_further,
+                                               const std::function<bool(const predicted_expert &)> & cached) {
+    std::vector<predicted_expert> out;
+    for (const auto & layer : layers_ahead) {
+        bool all_cached = true;
+        for (const auto & p : layer) {
+            out.push_back(p);
+            all_cached = all_cached && cached(p);
+        }
+        if (!all_cached || !walk_further) break;
+    }
+    return out;
+}

@@ -4,9 +4,12 @@
 // predictions (the "stacking computer").
 #pragma once
 
+#include "precision-policy.h"
+
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -38,3 +41,25 @@ private:
 
 // The top-k experts of one predicted router-logit row, best first, with their softmax weights.
 void predicted_top_k(const float * logits, int n_expert, int k, std::vector<int> & ids, std::vector<float> & weights);
+
+// One predicted expert of a layer ahead, in the precision the score rule gives its predicted weight.
+struct predicted_expert {
+    int layer;
+    int expert;
+    expert_precision precision;
+};
+
+// A layer's predicted experts from its predicted router logits: the top-k in the precision the
+// score rule gives their softmax weights, SKIP left out; with fate_extra > 0 (Fate) also up to
+// fate_extra more whose probability is above the fate_percentile quantile of the layer's, in the
+// k-th's precision.
+std::vector<predicted_expert> predict_layer(int layer, const float * logits, int n_expert, int k,
+                                            const precision_params & precision, int fate_extra = 0,
+                                            double fate_percentile = 0.9);
+
+// HOBBIT's adaptive walk (sec. 3.3): the nearest layer's predictions; if every one of them is
+// cached, the next layer's too, and so on (walk_further false: the nearest layer only, as Fate).
+// Returns the predictions walked: the cached ones are to be pinned, the others prefetched.
+std::vector<predicted_expert> walk_predictions(const std::vector<std::vector<predicted_expert>> & layers_ahead,
+                                               bool walk_further,
+                                               const std::function<bool(const predicted_expert &)> & cached);
