@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from pyedgemoe.bench.runner import OURS, parse_mem_cap, run_benchmark
+from pyedgemoe.bench.runner import OURS, parse_size, run_benchmark
 
 # name -> Engine options added on top of the common ones
 CONFIGURATIONS = {
@@ -46,13 +46,14 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "decode_expert_bytes_per_token": median_of(ok, "decode_expert_bytes_per_token"),
         "expert_hit_rate": median_of(ok, "expert_hit_rate"),
         "next_layer_top1_accuracy": median_of(ok, "next_layer_top1_accuracy"),
+        "roofline_tokens_per_second": median_of(ok, "roofline_tokens_per_second"),
     }
 
 
 def format_table(rows: list[dict]) -> str:
     base = rows[0]
     lines = ["| configuration | decode tok/s | × lossless LRU | MiB read / decode step | vs LRU | "
-             "hit rate | prefill s | next-layer top-1 |", "|---|---|---|---|---|---|---|---|"]
+             "hit rate | prefill s | next-layer top-1 | roofline tok/s |", "|---|---|---|---|---|---|---|---|---|"]
     fmt = (lambda v, spec: "n/a" if v is None else format(v, spec))
     for r in rows:
         speed = (r["decode_tokens_per_second"] / base["decode_tokens_per_second"]
@@ -63,7 +64,7 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"| {r['configuration']} | {fmt(r['decode_tokens_per_second'], '.2f')} | "
                      f"{fmt(speed, '.2f')}× | {fmt(mib, '.1f')} | {fmt(less and -less, '+.0%')} | "
                      f"{fmt(r['expert_hit_rate'], '.1%')} | {fmt(r['prefill_seconds'], '.2f')} | "
-                     f"{fmt(r['next_layer_top1_accuracy'], '.1%')} |")
+                     f"{fmt(r['next_layer_top1_accuracy'], '.1%')} | {fmt(r['roofline_tokens_per_second'], '.2f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     model = Path(args.model)
-    cap = parse_mem_cap(args.mem_cap, model.stat().st_size) if args.mem_cap else None
+    cap = parse_size(args.mem_cap, percent_of=model.stat().st_size) if args.mem_cap else None
     rows, raw = [], {}
     for name, options in CONFIGURATIONS.items():
         if args.only and name not in args.only:

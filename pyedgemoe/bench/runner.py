@@ -285,7 +285,28 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                 log(_one_line(r))
             if r.get("unavailable"):
                 active.remove(engine)
+    _add_roofline(model, results)
     return results
+
+
+def _add_roofline(model: Path, results: list[dict[str, Any]]) -> None:
+    """Adds roofline_tokens_per_second to each of our measurements that reports the expert bytes
+    its decode steps read (bench/roofline.py: active weights at RAM bandwidth + reads at disk
+    bandwidth, both measured now, after the runs)."""
+    ours = [r for r in results if r.get("decode_expert_bytes_per_token") is not None]
+    if not ours:
+        return
+    from pyedgemoe.bench import roofline
+    from pyedgemoe.model_info import read_model_info
+
+    evict_from_page_cache(model)
+    bw = roofline.measure(model, roofline.projection_bytes(model))
+    active = roofline.active_bytes_per_token(read_model_info(model))
+    for r in ours:
+        r["roofline_tokens_per_second"] = roofline.roofline_tokens_per_second(
+            active, r["decode_expert_bytes_per_token"], bw)
+        r["ram_bytes_per_second"] = bw.ram_bytes_per_second
+        r["disk_bytes_per_second"] = bw.disk_bytes_per_second
 
 
 def _one_line(r: dict[str, Any]) -> str:
@@ -317,8 +338,9 @@ def format_report(results: list[dict[str, Any]]) -> str:
         groups.setdefault(key, {}).setdefault(r["engine"], []).append(r)
 
     lines = ["| model | mem cap | prompt | output | engine | runs | prefill s (median) | "
-             "decode tok/s (median) | load s | peak RSS | cgroup peak | expert hits |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "decode tok/s (median) | load s | peak RSS | cgroup peak | expert hits | MiB read / decode step | "
+             "roofline tok/s | of roofline |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ratios = ["| model | mem cap | prompt | output | prefill time ours/stock | decode tok/s ours/stock | "
               "same tokens |", "|---|---|---:|---:|---:|---:|---|"]
     notes: list[str] = []
@@ -333,14 +355,19 @@ def format_report(results: list[dict[str, Any]]) -> str:
                 if "error" in r:
                     notes.append(f"- {engine}, {model}, prompt {p}/output {o}, repeat {r['repeat']}: {r['error']}")
             m = {k: _median(ok, k) for k in ("prefill_seconds", "decode_tokens_per_second", "load_seconds",
-                                             "peak_rss_bytes", "cgroup_max_usage_bytes", "expert_hit_rate")}
+                                             "peak_rss_bytes", "cgroup_max_usage_bytes", "expert_hit_rate",
+                                             "decode_expert_bytes_per_token", "roofline_tokens_per_second")}
             hits = "-" if m["expert_hit_rate"] is None else f"{100 * m['expert_hit_rate']:.0f}%"
+            read = m["decode_expert_bytes_per_token"]
+            roof = m["roofline_tokens_per_second"]
+            share = roof and m["decode_tokens_per_second"] and m["decode_tokens_per_second"] / roof
             medians[engine] = m
             lines.append(
                 f"| {model} | {cap_s} | {p} | {o} | {engine} | {len(ok)}/{len(rs)} | "
                 f"{_fmt(m['prefill_seconds'], '.3f')} | {_fmt(m['decode_tokens_per_second'], '.2f')} | "
                 f"{_fmt(m['load_seconds'], '.2f')} | {format_bytes(m['peak_rss_bytes'])} | "
-                f"{format_bytes(m['cgroup_max_usage_bytes'])} | {hits} |")
+                f"{format_bytes(m['cgroup_max_usage_bytes'])} | {hits} | "
+                f"{_fmt(read and read / 2**20, '.1f')} | {_fmt(roof, '.2f')} | {_fmt(share, '.0%')} |")
         ours, stock = medians.get(OURS), medians.get(STOCK)
         if ours and stock and ours["prefill_seconds"] and stock["prefill_seconds"]:
             any_ratio = True
