@@ -1,0 +1,67 @@
+"""Plot decode tok/s against the memory cap from benchmark JSON files (docs/benchmarks.md).
+
+    python scripts/plot_bench.py build/bench/L16-*.json build/bench/hobbit-*.json \\
+        -o docs/bench-decode-vs-cap.png
+
+Inputs: the measurement lists `python -m pyedgemoe.bench.runner ... --json` writes, and the
+`{"runs": {configuration: [...]}}` files of scripts/bench_hobbit.py. One line per engine (or
+pyedgemoe configuration); x is the cap as a share of the standard (HIGH-only) model file, with
+"no cap" drawn at 100 %; each point is the median over repeats. Needs matplotlib (the `bench` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def measurements(path: Path) -> list[tuple[str, dict]]:
+    """(series name, measurement) pairs of one JSON file."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "runs" in data:
+        return [(f"pyedgemoe: {name}", r) for name, runs in data["runs"].items() for r in runs]
+    names = {"llama_cpp": "stock llama.cpp (mmap)", "pyedgemoe": "pyedgemoe, lossless LRU"}
+    return [(names.get(r["engine"], r["engine"]), r) for r in data]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", nargs="+", type=Path)
+    p.add_argument("--reference-bytes", type=int, default=None,
+                   help="file size the caps are a share of (default: the smallest model in the inputs)")
+    p.add_argument("-o", "--out", type=Path, required=True)
+    args = p.parse_args(argv)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rows = [(name, r) for path in args.json for name, r in measurements(path) if "error" not in r]
+    reference = args.reference_bytes or min(r["model_bytes"] for _, r in rows)
+    for name, r in rows:
+        cap = r.get("mem_cap_bytes")
+        share = 100.0 if cap is None else 100.0 * cap / reference
+        points[name][share].append(r["decode_tokens_per_second"])
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, by_cap in sorted(points.items()):
+        caps = sorted(by_cap)
+        ax.plot(caps, [statistics.median(by_cap[c]) for c in caps], marker="o", label=name)
+    ax.set_xlabel("memory cap (% of the Q8_0 model file; 100 % = no cap)")
+    ax.set_ylabel("decode tokens / s (median)")
+    ax.set_yscale("log")
+    ax.set_title("Synthetic OLMoE-1B-7B geometry (16 layers), 2 threads")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
