@@ -48,10 +48,18 @@ BENCH_MODEL := build/bench/olmoe-1b-7b-L16-q8_0.gguf
 $(BENCH_MODEL):
 	$(PY) scripts/make_synthetic_gguf.py --geometry olmoe-1b-7b --type q8_0 -o $@
 
-bench: setup-test $(BENCH_MODEL)
+# The same with a LOW copy (Q4_0) of every expert, for HOBBIT's mixed precision (scripts/bench_hobbit.py).
+BENCH_MP_MODEL := build/bench/olmoe-1b-7b-L16-q8_0-q4_0.mp.gguf
+BENCH_CAP25 := 1840125952  # 25% of $(BENCH_MODEL), the same cap for both files
+
+$(BENCH_MP_MODEL): $(BENCH_MODEL)
+	$(PY) -m pyedgemoe convert $(BENCH_MODEL) -o $@ --low q4_0
+
+bench: setup-test $(BENCH_MODEL) $(BENCH_MP_MODEL)
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --prompt-tokens 16 --prompt-tokens 128 --output-tokens 32 --output-tokens 128
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 50% --expert-cache 40%
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 25% --expert-cache 15% --repeats 2
+	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP25) --expert-cache 15% --repeats 3
 
 clean:
 	rm -rf build $(VENV) native/vendor tests/.models
