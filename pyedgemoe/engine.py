@@ -174,12 +174,14 @@ class Engine:
         budget, self.expert_cache_note = parse_expert_cache(expert_cache, self.info.high_expert_bytes,
                                                             self.info.non_expert_bytes)
         offload = budget is not None and self.info.is_moe
+        # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
+        native_options = (expert_options.native_kwargs(self.info, load_calibration(self.model_path, self.info.metadata))
+                          if self.info.is_moe else {})
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
             if offload:
-                native_options = expert_options.native_kwargs(self.info, load_calibration(self.model_path, self.info.metadata))
                 self._model.enable_expert_residency(budget, **native_options)
         except _native.ExpertBudgetError as e:
             raise InvalidOptionError(str(e)) from None

@@ -161,6 +161,12 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
     (("--expert-cache", "1KiB"), "minimum"),
     (("--io", "magic"), "io"),
     (("--cache-policy", "fifo"), "cache_policy"),
+    (("--prefetch", "psychic"), "prefetch"),
+    (("--prefetch-depth", "0"), "prefetch_depth"),
+    (("--t1", "0.9", "--t2", "0.5"), "must not exceed"),
+    (("--policy-weights", "1,1"), "four"),
+    (("--low-cache", "1.5"), "low_cache"),
+    (("--low-precision",), "LOW expert copies"),
 ])
 def test_invalid_expert_cache_options(tiny_model, args, fragment):
     olmoe, _ = tiny_model("olmoe")
