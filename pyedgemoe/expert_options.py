@@ -55,6 +55,10 @@ class ExpertOptions:
     prefetch: str = "none"             # none, hobbit (walk p layers ahead) or fate (over-prefetch next layer)
     prefetch_depth: int = 2
 
+    def __post_init__(self) -> None:
+        if self.prefetch is None:  # "none" on a command line of KEY=VALUE options parses to None
+            self.prefetch = "none"
+
     def validate(self) -> None:
         if self.io not in IO_MODES:
             raise InvalidOptionError(f"unknown io {self.io!r} ({', '.join(IO_MODES)})")
