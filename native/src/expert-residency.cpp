@@ -379,6 +379,7 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
     st.requests = placed.size();
     std::vector<expert_cache::placement> loads;
     std::vector<std::shared_ptr<prefetch_job>> claimed;
+    bool waited = false;  // for a prefetch read in flight
     std::unordered_map<int, const expert_cache::placement *> where;
     expert_prefetch_stats & pst = prefetch_stats_[l.il];
     for (const auto & p : placed) {
@@ -396,7 +397,7 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
         if (it != in_flight_.end()) {
             // prefetched but not read yet: read it now (queued) or wait for it (running)
             if (auto job = prefetcher_->claim(it->second)) claimed.push_back(job);
-            else collect_finished_prefetches();
+            else { waited = true; collect_finished_prefetches(); }
         }
     }
     st.hits = st.hits_high + st.hits_low;
@@ -442,7 +443,7 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
              : p.precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
         }
     }
-    st.stall_ms = loads.empty() && claimed.empty() ? 0.0 : ms_since(t0);
+    st.stall_ms = loads.empty() && claimed.empty() && !waited ? 0.0 : ms_since(t0);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stats_[l.il].add(st);
