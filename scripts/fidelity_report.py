@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = (eng.stats().get("experts") or {}).get("summary")
         rows.append(dict(name=name, ppl=ppl.ppl, stderr=ppl.stderr, tokens=ppl.n_tokens_scored,
                          agreement=agree, summary=summary))
+        print(f"  ppl {ppl.ppl:.3f} +/- {ppl.stderr:.3f}, top-1 agreement {agree:.1%}, {summary}",
+              file=sys.stderr, flush=True)
     base = rows[0]["ppl"]
 
     lines = [
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Mixed configurations use an expert cache of {BUDGET} of the expert bytes (LOW share "
         f"25%), LRU, no prefetch; calibrated thresholds T1 = {calibration['t1']:.4f}, "
         f"T2 = {calibration['t2']:.4f} (`{Path(sidecar_path(args.model)).name}`, target split "
-        f"{'/'.join(f'{x:.0%}' for x in calibration.get('target_split', []))} of selections).",
+        f"{'/'.join(f'{x:.0%}' for x in dict(calibration.get('target_split') or {}).values())} of "
+        "HIGH/LOW/SKIP selections).",
         "",
         "| configuration | held-out ppl | vs HIGH only | top-1 agreement | selections HIGH / LOW / SKIP |",
         "|---|---|---|---|---|",
