@@ -1,54 +1,36 @@
 #!/usr/bin/env python3
-"""`make demo`: generate text with a MoE model through pyedgemoe, and show what it holds.
+"""`make demo`: generate Python code with the shipped demo MoE, its experts read from disk on demand.
 
-Until the trained demo model ships in models/ (issue 6), the demo builds a small synthetic
-MoE GGUF (OLMoE layout, random weights, so the text is gibberish) with
-scripts/make_synthetic_gguf.py, then runs `pyedgemoe inspect` and `pyedgemoe run` on it with an
-expert cache of a quarter of the experts, so experts are read from disk on demand.
+models/demo.gguf is a small Qwen3-MoE (6 layers, 16 experts of which 2 per token) trained on the
+Python standard library's sources by scripts/train_demo_moe.py (models/README.md). The demo shows
+what the file holds (`pyedgemoe inspect`), then continues the start of a Python method greedily
+with an expert cache of a quarter of the expert bytes: most experts are not resident, so routed
+experts are read from the file when missing, and `--stats` prints the cache's hits and misses.
 """
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "models" / "demo.gguf"
-SYNTHETIC = REPO / "build" / "demo" / "olmoe-mini-q8_0.gguf"
-PROMPT = "The quick brown fox"
-# Small enough that experts are read from disk on demand: a quarter of them fit in the cache.
+MODEL = REPO / "models" / "demo.gguf"
+PROMPT = "    def close(self):\n        \"\"\"Close the file.\"\"\"\n"
+# A quarter of the experts fit: a token's 2 experts per layer are often not cached, so they are
+# read from disk (misses > 0 in the statistics).
 EXPERT_CACHE = "25%"
 
 
-def write_synthetic_demo_model(path: Path) -> None:
-    """OLMoE's layout at a tenth of its width (4 layers, 16 experts of which 4 per token)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import make_synthetic_gguf as gen
-
-    gen.GEOMETRIES["olmoe-mini"] = dataclasses.replace(
-        gen.GEOMETRIES["olmoe-1b-7b"], n_layer=4, n_embd=512, n_head=8, n_head_kv=8, head_dim=64,
-        n_expert=16, n_expert_used=4, n_ff_exp=512, n_ff=512)
-    gen.write_synthetic_gguf(path, "olmoe-mini", None, "q8_0", seed=0)
-
-
-def demo_model() -> Path:
-    if SHIPPED.exists():
-        return SHIPPED
-    if not SYNTHETIC.exists():
-        SYNTHETIC.parent.mkdir(parents=True, exist_ok=True)
-        print(f"demo: no trained demo model yet; writing a synthetic one to {SYNTHETIC}", flush=True)
-        write_synthetic_demo_model(SYNTHETIC)
-    return SYNTHETIC
-
-
 def main() -> int:
-    model = demo_model()
+    if not MODEL.exists():
+        print(f"demo: {MODEL} is missing (it is committed; see models/README.md to rebuild it)", file=sys.stderr)
+        return 1
     pyedgemoe = [sys.executable, "-m", "pyedgemoe.cli"]
-    subprocess.run(pyedgemoe + ["inspect", str(model)], check=True)
-    args = ["run", str(model), "-p", PROMPT, "-n", "32", "--temp", "0", "--expert-cache", EXPERT_CACHE, "--stats"]
+    subprocess.run(pyedgemoe + ["inspect", str(MODEL)], check=True)
+    args = ["run", str(MODEL), "-p", PROMPT, "-n", "64", "--temp", "0", "--expert-cache", EXPERT_CACHE, "--stats"]
     print(f"\n$ pyedgemoe {shlex.join(args)}\n", flush=True)
+    print(PROMPT, end="", flush=True)  # `run` prints the continuation only
     return subprocess.run(pyedgemoe + args).returncode
 
 

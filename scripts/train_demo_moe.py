@@ -18,7 +18,8 @@ is on every machine and needs no download; PSF License). The script:
    llama.cpp's tokenizer gives the Hugging Face ids on the held-out text, measures each
    precision's perplexity and writes a few greedy completions (models/demo_metrics.json).
 
-Work files (corpus, checkpoints, the HF model, heldout.txt) go to build/demo-train/.
+Work files (the checkpoint to resume from, the HF model, heldout.txt, one standard GGUF per
+precision) go to build/demo-train/. About an hour on 2 CPU cores (models/README.md).
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import tokenizers
 import torch
+import transformers
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 1234
@@ -365,8 +368,9 @@ def train(model, train_ids: np.ndarray, heldout_ids: np.ndarray, s: TrainSetting
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
             write_curve(curve, curve_path)
         if step % s.checkpoint_every == 0 or step == s.steps:
-            save_checkpoint(ckpt_path, model, optimizer, step, curve, time.perf_counter() - started)
-    return time.perf_counter() - started
+            elapsed_s = time.perf_counter() - started
+            save_checkpoint(ckpt_path, model, optimizer, step, curve, elapsed_s)
+    return elapsed_s  # as the checkpoint holds it, so a rerun reports the same time
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,7 +562,8 @@ def main() -> int:
                              "max_position_embeddings": settings.seq_len}},
         "training": {**asdict(settings), "wall_seconds": round(train_seconds),
                      "tokens": settings.steps * settings.batch_size * settings.seq_len,
-                     "torch": torch.__version__, "threads": torch.get_num_threads()},
+                     "torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__, "threads": torch.get_num_threads()},
         "heldout": {"n_ctx": settings.seq_len, "n_chunks": len(chunks), "n_tokens_scored": len(result.nll),
                     "hf_ppl": round(hf_ppl, 4), "unigram_ppl": round(unigram_ppl, 4),
                     "gguf": precision_perplexities(gguf, held_text, settings.seq_len, work)},
