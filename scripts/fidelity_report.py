@@ -49,9 +49,8 @@ def corpus_texts() -> tuple[str, str]:
 
 
 def configurations(model: Path, calibration: dict) -> dict[str, tuple[Path, dict]]:
-    low_only = WORK / "demo-low.gguf"
-    if not low_only.exists():
-        export(model, low_only, precision="low", force=True, progress=False)
+    low_only = WORK / f"{model.stem}-low.gguf"
+    export(model, low_only, precision="low", force=True, progress=False)  # always: the model may have changed
     cache = dict(expert_cache=BUDGET, cache_policy="lru", prefetch="none")
     return {
         "HIGH only": (model, dict(expert_cache=None)),
