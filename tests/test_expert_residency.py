@@ -115,6 +115,25 @@ def test_both_cache_policies_are_lossless(tiny_model, resident_cache, policy):
     assert stats["experts"]["cache_policy"] == policy
 
 
+def test_page_aligned_experts_read_straight_into_slots_are_lossless(tiny_model, resident_cache, tmp_path):
+    """Our converter writes 4 KiB-aligned tensors; f32 experts of this model are whole pages, so
+    O_DIRECT reads go straight into the page-aligned slots (no bounce copy), here also from three
+    prefetch threads at once. The tokens and logits stay those of the resident run."""
+    from gguf import GGUFReader
+
+    from pyedgemoe.convert.from_gguf import convert_gguf
+    src, _ = tiny_model("qwen3_moe")
+    path = convert_gguf(src, tmp_path / "f32-aligned.gguf", high="f32", low="q8_0", progress=False)
+    experts = [t for t in GGUFReader(path).tensors if t.name.endswith("_exps.weight")]
+    assert experts and all(t.data_offset % 4096 == 0 and (t.n_bytes // t.shape[-1]) % 4096 == 0 for t in experts)
+    for options in (dict(), dict(prefetch="hobbit", io_threads=3)):
+        logits, tokens, stats, n_ubatch = run(path, expert_cache=minimum_budget(path), io="direct",
+                                              low_precision=False, **options)
+        ref_logits, ref_tokens = resident_cache(path, n_ubatch)
+        assert np.array_equal(logits, ref_logits) and tokens == ref_tokens
+        assert stats["experts"]["io"] == "direct" and stats["experts"]["total"]["misses"] > 0
+
+
 def _mapping_rss_bytes(path) -> tuple[int, int]:
     """(number of mappings of path, their resident bytes) in this process."""
     real = os.path.realpath(path)

@@ -215,14 +215,14 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     // that they fit the HIGH tier (LOW demands the LOW tier has no room for are served in HIGH)
     for (int g = 0; g < n_groups; g++) {
         const int high_slots = cache_config.high_slots[g];
-        high_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].first, high_slots, ggml_backend_cpu_buffer_type()));
+        high_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].first, high_slots));
         if (high_slots < n_expert_) {
             const int cap = high_slots / n_expert_used_;
             max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
         }
         if (use_low) {
             const int low_slots = cache_config.low_slots[g];
-            low_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].second, low_slots, ggml_backend_cpu_buffer_type()));
+            low_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].second, low_slots));
         }
     }
 
@@ -244,7 +244,7 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     const int depth = params.prefetch == "none" ? 1 : params.prefetch == "fate" ? 1 : std::max(1, params.prefetch_depth);
     predictor_ = std::make_unique<expert_predictor>(model, moe_layers, depth, n_expert_);
     prediction_stats_.resize(depth);
-    if (params.prefetch != "none") prefetcher_ = std::make_unique<prefetcher>();
+    if (params.prefetch != "none") prefetcher_ = std::make_unique<prefetcher>(io_threads_);
     moe_hook_register(this);
 }
 
@@ -404,22 +404,19 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
     st.misses = st.loads_high + st.loads_low;
 
     if (!loads.empty() || !claimed.empty()) {
-        if (prefetcher_) prefetcher_->pause();
-        std::string error;
-        try {
-            load_misses(l, loads, st);
-        } catch (const std::exception & ex) {
-            error = ex.what();
+        // the misses and the claimed prefetches are read together, several in flight
+        std::vector<expert_read> reads;
+        for (const auto & p : loads) {
+            for (expert_read & r : reads_of(l, p.expert, p.precision, p.slot)) reads.push_back(std::move(r));
         }
+        for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
+        if (prefetcher_) prefetcher_->pause();
+        std::string error = read_all(reads, st);
+        if (prefetcher_) prefetcher_->resume();
         for (const auto & job : claimed) {
-            run_prefetch_job(*job);
-            if (error.empty()) error = job->error;
-            st.bytes_read += job->bytes;
-            st.load_ms += job->ms;
             in_flight_.erase({ job->key, job->precision });
             cache_->unpin(job->key, job->precision, true);
         }
-        if (prefetcher_) prefetcher_->resume();
         if (!error.empty()) {
             drop_prefetches();
             cache_->forget_all();  // slots may hold partial data
@@ -451,11 +448,11 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
     if (predicted) predict_and_prefetch(l, predicted, n_tokens);
 }
 
-std::vector<prefetch_read> expert_residency::reads_of(const layer & l, int expert, expert_precision precision, int slot) const {
+std::vector<expert_read> expert_residency::reads_of(const layer & l, int expert, expert_precision precision, int slot) const {
     const bool low = precision == expert_precision::low;
     const slot_pool & pool = low ? *low_pools_[l.group] : *high_pools_[l.group];
     const expert_store & store = low ? *low_store_ : *store_;
-    std::vector<prefetch_read> reads;
+    std::vector<expert_read> reads;
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!l.stacked[p]) continue;
         const uint64_t size = pool.shapes()[p].bytes;
@@ -606,48 +603,33 @@ void expert_residency::drop_prefetches() {
     }
 }
 
-void expert_residency::load_misses(const layer & l, const std::vector<expert_cache::placement> & loads,
-                                   expert_layer_stats & st) {
-    // one job = one projection of one expert
-    struct job { const expert_cache::placement * p; expert_projection proj; };
-    std::vector<job> jobs;
-    for (const auto & p : loads) {
-        for (int proj = 0; proj < PROJ_COUNT; proj++) {
-            if (l.stacked[proj]) jobs.push_back({ &p, (expert_projection) proj });
-        }
-    }
-    // each thread takes the next job: several reads stay in flight (small reads are latency-bound)
-    const int n_threads = std::min<int>(loaders_->n_threads(), (int) jobs.size());
+std::string expert_residency::read_all(const std::vector<expert_read> & reads, expert_layer_stats & st) {
+    // each thread takes the next read: several stay in flight (small reads are latency-bound)
+    const int n_threads = std::min<int>(loaders_->n_threads(), (int) reads.size());
     std::atomic<size_t> next{0};
     std::vector<uint64_t> bytes(n_threads, 0);
     std::vector<double> ms(n_threads, 0.0);
     std::vector<std::string> errs(n_threads);
     loaders_->run(n_threads, [&](int t) {
-        for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
-            const job & jb = jobs[j];
-            const bool low = jb.p->precision == expert_precision::low;
-            const slot_pool & pool = low ? *low_pools_[l.group] : *high_pools_[l.group];
-            const expert_store & store = low ? *low_store_ : *store_;
-            const uint64_t size = pool.shapes()[jb.proj].bytes;
-            const uint64_t offset = (low ? l.low_offset[jb.proj] : l.file_offset[jb.proj]) + (uint64_t) jb.p->expert * size;
+        for (size_t j; (j = next.fetch_add(1)) < reads.size();) {
             const auto t0 = clock_type::now();
             try {
-                bytes[t] += store.read_range(offset, size, pool.slot_data(jb.proj, jb.p->slot));
+                bytes[t] += reads[j].run();
             } catch (const std::exception & ex) {
-                errs[t] = std::string("cannot read ") + (low ? "the LOW copy of " : "") + "expert " + std::to_string(jb.p->expert) +
-                          " of layer " + std::to_string(l.il) + " (" + kProjectionNames[jb.proj] + ", file offset " +
-                          std::to_string(offset) + ") from " + store.path() + ": " + ex.what();
-                next = jobs.size();  // the others stop too
+                errs[t] = ex.what();
+                next = reads.size();  // the others stop too
                 return;
             }
             ms[t] += ms_since(t0);
         }
     });
+    std::string error;
     for (int t = 0; t < n_threads; t++) {
-        if (!errs[t].empty()) throw std::runtime_error(errs[t]);
+        if (error.empty()) error = errs[t];
         st.bytes_read += bytes[t];
         st.load_ms += ms[t];
     }
+    return error;
 }
 
 std::string expert_residency::take_error() {

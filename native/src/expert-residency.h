@@ -132,8 +132,9 @@ private:
     };
 
     void fail(const std::string & why, ggml_tensor * dst);
-    void load_misses(const layer & l, const std::vector<expert_cache::placement> & loads, expert_layer_stats & st);
-    std::vector<prefetch_read> reads_of(const layer & l, int expert, expert_precision precision, int slot) const;
+    // reads on the loader threads; the first error ("" if none)
+    std::string read_all(const std::vector<expert_read> & reads, expert_layer_stats & st);
+    std::vector<expert_read> reads_of(const layer & l, int expert, expert_precision precision, int slot) const;
     // after a layer's experts are placed: predictions of the layers ahead, prefetches (one token)
     void predict_and_prefetch(const layer & l, const ggml_tensor * predicted, int64_t n_tokens);
     void count_prediction(const layer & l, const ggml_tensor * ids);

@@ -127,6 +127,15 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
         case expert_io::direct: {
             const uint64_t begin = offset & ~(kDirectAlignment - 1);
             const uint64_t end   = (offset + size + kDirectAlignment - 1) & ~(kDirectAlignment - 1);
+            if (begin == offset && end == offset + size && (uintptr_t) dst % kDirectAlignment == 0) {
+                // aligned at both ends (page-aligned slots, 4 KiB-aligned GGUF): straight into dst,
+                // no bounce copy (a copy of every expert costs CPU time the compute threads need)
+                if (pread_full(fd_, dst, size, offset) != size) {
+                    throw std::runtime_error("short read at " + range_text(offset, size) + " (file truncated?)");
+                }
+                check_unchanged();
+                return size;
+            }
             thread_local aligned_buffer bounce;
             void * buf = bounce.reserve(end - begin);
             // at the end of the file O_DIRECT returns the short tail: only the wanted part must be there
@@ -152,4 +161,13 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
         }
     }
     return 0;
+}
+
+uint64_t expert_read::run() const {
+    try {
+        return store->read_range(offset, size, dst);
+    } catch (const std::exception & ex) {
+        throw std::runtime_error("cannot read " + what + " (file offset " + std::to_string(offset) + ") from " +
+                                 store->path() + ": " + ex.what());
+    }
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 enum class expert_io { direct, buffered, mmap };
 
@@ -42,4 +43,16 @@ private:
     int64_t     mtime_ns_at_open_ = 0;
 
     void check_unchanged() const;
+};
+
+// One read of one projection of one expert into its slot.
+struct expert_read {
+    const expert_store * store;
+    uint64_t offset, size;
+    void * dst;
+    std::string what;  // for an error message: which expert, projection and layer
+
+    // Returns the bytes read from storage; throws std::runtime_error naming what, the file offset
+    // and the file.
+    uint64_t run() const;
 };

@@ -3,21 +3,9 @@
 #include <algorithm>
 #include <chrono>
 
-void run_prefetch_job(prefetch_job & job) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const prefetch_read & r : job.reads) {
-        try {
-            job.bytes += r.store->read_range(r.offset, r.size, r.dst);
-        } catch (const std::exception & ex) {
-            job.error = "cannot read " + r.what + " (file offset " + std::to_string(r.offset) + ") from " +
-                        r.store->path() + ": " + ex.what();
-            break;
-        }
-    }
-    job.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+prefetcher::prefetcher(int n_threads) {
+    for (int i = 0; i < std::max(1, n_threads); i++) threads_.emplace_back(&prefetcher::thread_main, this);
 }
-
-prefetcher::prefetcher() : thread_(&prefetcher::thread_main, this) {}
 
 prefetcher::~prefetcher() {
     {
@@ -26,7 +14,7 @@ prefetcher::~prefetcher() {
         queue_.clear();
     }
     wake_.notify_all();
-    thread_.join();
+    for (auto & t : threads_) t.join();
 }
 
 void prefetcher::submit(std::shared_ptr<prefetch_job> job) {
@@ -37,6 +25,10 @@ void prefetcher::submit(std::shared_ptr<prefetch_job> job) {
     wake_.notify_all();
 }
 
+bool prefetcher::running(const std::shared_ptr<prefetch_job> & job) const {
+    return std::find(running_.begin(), running_.end(), job) != running_.end();
+}
+
 std::shared_ptr<prefetch_job> prefetcher::claim(const std::shared_ptr<prefetch_job> & job) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto it = std::find(queue_.begin(), queue_.end(), job);
@@ -44,7 +36,7 @@ std::shared_ptr<prefetch_job> prefetcher::claim(const std::shared_ptr<prefetch_j
         queue_.erase(it);
         return job;
     }
-    done_.wait(lock, [&] { return running_ != job; });
+    done_.wait(lock, [&] { return !running(job); });
     return nullptr;
 }
 
@@ -70,7 +62,7 @@ std::vector<std::shared_ptr<prefetch_job>> prefetcher::cancel_all() {
     std::unique_lock<std::mutex> lock(mutex_);
     std::vector<std::shared_ptr<prefetch_job>> dropped(queue_.begin(), queue_.end());
     queue_.clear();
-    done_.wait(lock, [&] { return !running_; });
+    done_.wait(lock, [&] { return running_.empty(); });
     return dropped;
 }
 
@@ -79,26 +71,26 @@ void prefetcher::thread_main() {
     for (;;) {
         wake_.wait(lock, [&] { return stop_ || (paused_ == 0 && !queue_.empty()); });
         if (stop_) return;
-        running_ = queue_.front();
+        std::shared_ptr<prefetch_job> job = queue_.front();
         queue_.pop_front();
-        prefetch_job & job = *running_;
-        lock.unlock();
-        // one read at a time, and none while an on-demand load waits
-        for (size_t i = 0; i < job.reads.size() && job.error.empty(); i++) {
-            {
-                std::unique_lock<std::mutex> wait_lock(mutex_);
-                wake_.wait(wait_lock, [&] { return stop_ || paused_ == 0; });
-                if (stop_) break;
+        running_.push_back(job);
+        // one read at a time per thread, and none starts while an on-demand load waits
+        for (const expert_read & r : job->reads) {
+            wake_.wait(lock, [&] { return stop_ || paused_ == 0; });
+            if (stop_) break;
+            lock.unlock();
+            const auto t0 = std::chrono::steady_clock::now();
+            try {
+                job->bytes += r.run();
+            } catch (const std::exception & ex) {
+                job->error = ex.what();
             }
-            prefetch_job one = { job.key, job.precision, { job.reads[i] } };
-            run_prefetch_job(one);
-            job.bytes += one.bytes;
-            job.ms += one.ms;
-            job.error = one.error;
+            job->ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            lock.lock();
+            if (!job->error.empty()) break;
         }
-        lock.lock();
-        finished_.push_back(std::move(running_));
-        running_.reset();
+        running_.erase(std::find(running_.begin(), running_.end(), job));
+        finished_.push_back(std::move(job));
         done_.notify_all();
     }
 }

@@ -1,9 +1,9 @@
-// The prefetch loader: one background thread that reads predicted experts into the slots reserved
+// The prefetch loader: background threads that read predicted experts into the slots reserved
 // for them while the graph computes other layers (HOBBIT sec. 3.3). On-demand loads come first:
-// while the compute waits for one (pause .. resume) the thread starts no new read, so a prefetch
-// delays an on-demand load by at most the one read already in flight (reads are not
-// interruptible, as HOBBIT notes for cudaMemcpy). A job the compute needs before it started is
-// handed to the compute's own loaders (claim).
+// while the compute waits for one (pause .. resume) no thread starts a new read, so a prefetch
+// delays an on-demand load by at most the reads already in flight (reads are not interruptible,
+// as HOBBIT notes for cudaMemcpy). A job the compute needs before it started is handed to the
+// compute's own loaders (claim).
 #pragma once
 
 #include "cache-policy.h"
@@ -19,17 +19,10 @@
 #include <thread>
 #include <vector>
 
-struct prefetch_read {
-    const expert_store * store;
-    uint64_t offset, size;
-    void * dst;
-    std::string what;  // for an error message: which expert, projection and layer
-};
-
 struct prefetch_job {
     expert_key key;
     expert_precision precision;
-    std::vector<prefetch_read> reads;
+    std::vector<expert_read> reads;
     // filled by whoever ran it
     uint64_t bytes = 0;
     double ms = 0;
@@ -38,8 +31,9 @@ struct prefetch_job {
 
 class prefetcher {
 public:
-    prefetcher();
-    ~prefetcher();  // finishes the read in flight, drops queued jobs
+    // n_threads jobs in flight at once (as many as the on-demand loaders keep)
+    explicit prefetcher(int n_threads);
+    ~prefetcher();  // finishes the reads in flight, drops queued jobs
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
 
@@ -49,23 +43,21 @@ public:
     std::shared_ptr<prefetch_job> claim(const std::shared_ptr<prefetch_job> & job);
     void pause();   // an on-demand load starts
     void resume();  // it ended
-    // jobs finished since the last call (read by the thread), with their errors
+    // jobs finished since the last call (read by the threads), with their errors
     std::vector<std::shared_ptr<prefetch_job>> take_finished();
-    // waits until the thread is idle, dropping queued jobs; returns them
+    // waits until no job runs, dropping queued jobs; returns them
     std::vector<std::shared_ptr<prefetch_job>> cancel_all();
 
 private:
     void thread_main();
+    bool running(const std::shared_ptr<prefetch_job> & job) const;
 
     std::mutex mutex_;
     std::condition_variable wake_, done_;
     std::deque<std::shared_ptr<prefetch_job>> queue_;
-    std::shared_ptr<prefetch_job> running_;
+    std::vector<std::shared_ptr<prefetch_job>> running_;
     std::vector<std::shared_ptr<prefetch_job>> finished_;
     int paused_ = 0;
     bool stop_ = false;
-    std::thread thread_;  // last: it starts once everything above is constructed
+    std::vector<std::thread> threads_;  // last: they start once everything above is constructed
 };
-
-// Runs one job's reads on the calling thread (errors go to job.error).
-void run_prefetch_job(prefetch_job & job);

@@ -30,8 +30,8 @@ uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of o
 
 class slot_pool {
 public:
-    // Allocates the pools in buft (the compute device's memory). Throws std::runtime_error on failure.
-    slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft);
+    // Allocates the pools in page-aligned host memory. Throws std::runtime_error on failure.
+    slot_pool(const expert_shapes & shapes, int n_slots);
     ~slot_pool();
     slot_pool(const slot_pool &) = delete;
     slot_pool & operator=(const slot_pool &) = delete;
@@ -47,6 +47,9 @@ private:
     expert_shapes shapes_;
     int n_slots_;
     ggml_context * ctx_ = nullptr;
+    void * host_ = nullptr;  // the pools' memory, wrapped by buffer_
     ggml_backend_buffer_t buffer_ = nullptr;
+
+    static constexpr uint64_t kPageBytes = 4096;
     std::array<ggml_tensor *, PROJ_COUNT> tensors_{};
 };
