@@ -19,7 +19,11 @@ Four steps, each a function of its own:
 2. choose_thresholds: the scores s_i of the rule (HOBBIT eq. 2) for every selection, and T1/T2 at
    the quantiles that give a target split of selections into HIGH / LOW / SKIP (HOBBIT's 67% /
    30% / 3% for Mixtral's top-2). For top-k, the top-1 selection scores 0 and is always HIGH: that
-   is 1/k of all selections. T1 is the score below which the other selections complete the HIGH
+   is 1/k of all selections. The default split for top-k (default_split) keeps HOBBIT's treatment
+   of the non-top-1 selections: at top-2 its 67/30/3 means that the second selection is HIGH 34%,
+   LOW 60% and SKIP 6% of the time, and so is every non-top-1 selection at any k (top-8: 42% /
+   52.5% / 5.25% of all selections). Keeping 67% HIGH of all selections instead would make 62% of
+   the non-top-1 selections of a top-8 model HIGH, far more conservative than HOBBIT at top-2. T1 is the score below which the other selections complete the HIGH
    share (T1 = 0 when the HIGH target is at most 1/k), T2 the score above which the SKIP share
    lies. The achieved split is then counted with the runtime's own rule (_native.choose_precisions):
    ties between scores make it differ a little from the target.
@@ -58,7 +62,7 @@ TRACE_SUFFIX = ".routing-trace.npz"
 SIDECAR_VERSION = 1
 METADATA_PREFIX = "edgemoe.calibration."
 
-DEFAULT_SPLIT = (0.67, 0.30, 0.03)  # HOBBIT sec. 3.2: Mixtral-8x7B with T1 = 0.6, T2 = 0.9
+TOP2_SPLIT = (0.67, 0.30, 0.03)  # HOBBIT sec. 3.2: Mixtral-8x7B with T1 = 0.6, T2 = 0.9
 DEFAULT_BUDGET = "25%"
 DEFAULT_N_CTX = 512
 DEFAULT_MAX_TOKENS = 2048
@@ -178,6 +182,17 @@ def parse_split(value) -> tuple[float, float, float]:
     return split
 
 
+def default_split(k: int) -> tuple[float, float, float]:
+    """The default target split for top-k routing: the top-1 (1/k of the selections) HIGH, and
+    every other selection split like the second one of HOBBIT's top-2 split (module doc)."""
+    if k < 2:
+        return (1.0, 0.0, 0.0)
+    high, low, skip = TOP2_SPLIT
+    second = (2 * high - 1, 2 * low, 2 * skip)  # at top-2 half the selections are top-1: (0.34, 0.60, 0.06)
+    rest = 1 - 1 / k
+    return (1 / k + rest * second[0], rest * second[1], rest * second[2])
+
+
 # -- scores, thresholds, split ------------------------------------------------------------------
 
 def selection_scores(weights: np.ndarray) -> np.ndarray:
@@ -203,8 +218,9 @@ def selection_scores(weights: np.ndarray) -> np.ndarray:
     return scores
 
 
-def choose_thresholds(weights: np.ndarray, split=DEFAULT_SPLIT) -> tuple[float, float]:
-    """T1, T2 that split the selections of `weights` [n, k] into the target shares (high, low, skip).
+def choose_thresholds(weights: np.ndarray, split=None) -> tuple[float, float]:
+    """T1, T2 that split the selections of `weights` [n, k] into the target shares (high, low, skip;
+    None: default_split(k)).
 
     Of n*k selections, the n top-1 ones are always HIGH. Of the other N = n*(k-1), the
     m_high = round(high * n*k) - n with the smallest scores are HIGH too: T1 is the m_high-th smallest
@@ -213,11 +229,11 @@ def choose_thresholds(weights: np.ndarray, split=DEFAULT_SPLIT) -> tuple[float, 
     The rule is s <= T1 HIGH, T1 < s <= T2 LOW, s > T2 SKIP; equal scores at a boundary all fall on
     the same side, so count the achieved split with precision_split.
     """
-    high, _low, skip = parse_split(split)
     w = np.asarray(weights, dtype=np.float32)
     if w.ndim != 2 or w.shape[0] == 0:
         raise InvalidOptionError("choosing thresholds needs at least one token's routing weights")
     n, k = w.shape
+    high, _low, skip = default_split(k) if split is None else parse_split(split)
     scores = selection_scores(w)
     order = np.argsort(-w, axis=1, kind="stable")
     others = np.sort(np.take_along_axis(scores, order[:, 1:], axis=1).ravel())  # N non-top-1 scores
@@ -486,14 +502,14 @@ class CalibrationResult:
 
 
 def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = DEFAULT_BUDGET,
-              split=DEFAULT_SPLIT, n_ctx: int = DEFAULT_N_CTX, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+              split=None, n_ctx: int = DEFAULT_N_CTX, max_tokens: int | None = DEFAULT_MAX_TOKENS,
               trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
               grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
               **engine_options) -> CalibrationResult:
     """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
     `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`).
 
-    split: target shares of selections (high, low, skip). n_ctx: tokens per sequence. max_tokens:
+    split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). engine_options: further Engine arguments
     (n_threads, io, io_threads, low_cache, low_hit, low_from, verbose). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
@@ -501,7 +517,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     from pyedgemoe.engine import Engine
     from pyedgemoe.model_info import read_model_info
 
-    split = parse_split(split)
+    split = None if split is None else parse_split(split)
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
         raise InvalidOptionError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
@@ -532,6 +548,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     record_seconds = time.perf_counter() - start
 
     k = residency["n_expert_used"]
+    split = default_split(k) if split is None else split
     weights = np.asarray(routing["weights"], dtype=np.float32)
     t1, t2 = choose_thresholds(weights, split)
     achieved = split_of(precision_demands(weights, t1, t2))

@@ -306,8 +306,9 @@ def calibrate_command(
     model: Path = typer.Argument(..., help="GGUF model file (multi-precision, or standard with --low-from)"),
     file: Path = typer.Option(..., "-f", "--file", help="the text to run (representative of the workload)"),
     budget: str = typer.Option("25%", "--budget", help="the expert cache to calibrate for: 300MiB, 4GiB, 25%"),
-    target_split: str = typer.Option("0.67,0.30,0.03", "--target-split",
-                                     help="shares of selections high,low,skip the thresholds aim at"),
+    target_split: Optional[str] = typer.Option(
+        None, "--target-split", help="shares of selections high,low,skip the thresholds aim at (default: "
+        "HOBBIT's 0.67,0.30,0.03 at top-2; at top-k the top-1 plus 34/60/6% of the others)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="where the routing trace goes "
                                          "(default: MODEL.routing-trace.npz)"),
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),

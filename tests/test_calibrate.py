@@ -87,6 +87,14 @@ def test_tied_scores_fall_on_one_side_and_the_achieved_split_says_so():
     assert cal.split_of(cal.precision_demands(TOP4, t1, t2))["skip"] == 0.0
 
 
+def test_the_default_split_is_hobbits_at_top2_and_keeps_its_second_selection_share_at_top_k():
+    assert cal.default_split(2) == pytest.approx((0.67, 0.30, 0.03))
+    # top-8: 1/8 top-1, and 7/8 of the selections split 34/60/6 like top-2's second one
+    assert cal.default_split(8) == pytest.approx((0.125 + 0.875 * 0.34, 0.875 * 0.60, 0.875 * 0.06))
+    assert cal.default_split(1) == (1.0, 0.0, 0.0)
+    assert cal.choose_thresholds(TOP4) == cal.choose_thresholds(TOP4, cal.default_split(4))
+
+
 @pytest.mark.parametrize("split, message", [
     ("0.5,0.3,0.3", "sum to 1"),
     ("0.7,0.3", "three"),
