@@ -76,12 +76,23 @@ def test_offloaded_run_equals_resident_run(tiny_model, resident_cache, arch, out
         assert total["misses"] <= experts["n_expert"] * len(experts["layers"])
 
 
-def test_prefill_beyond_the_cache_caps_the_ubatch(tiny_model):
+def test_prefill_beyond_the_cache_runs_in_waves_loading_each_expert_once_per_layer(tiny_model):
+    """At the minimum budget (one token's top-k experts) a 16-token prefill still runs as one
+    ubatch: each layer computes its distinct experts in waves of k, so each is read once per
+    layer, where one-token ubatches read every token's experts. Lossless: see the test above."""
     path, _ = tiny_model("olmoe")
-    with Engine(path, **SETTINGS, expert_cache=minimum_budget(path)) as eng:
-        assert eng.n_ubatch == 1
-    with Engine(path, **SETTINGS, expert_cache="100%") as eng:
-        assert eng.n_ubatch == 512
+    prompt = IDS[:16]
+    misses = {}
+    for n_batch in (512, 1):
+        with Engine(path, **{**SETTINGS, "n_batch": n_batch}, expert_cache=minimum_budget(path)) as eng:
+            assert eng.n_ubatch == n_batch
+            eng.logits(prompt)
+            experts = eng.stats()["experts"]
+            misses[n_batch] = experts["total"]["misses"]
+            if n_batch == 512:
+                layers = experts["layers"]
+                assert all(0 < s["misses"] == s["requests"] <= experts["n_expert"] for s in layers.values())
+    assert misses[512] * 3 < misses[1], misses
 
 
 def test_budget_below_minimum_is_refused_with_the_minimum(tiny_model):

@@ -226,7 +226,9 @@ def test_low_copies_identical_to_high_give_the_resident_logits_exactly(mp_models
     # one-pass result bit for bit, whatever each selection's precision
     path = mp_models[1]
     logits, tokens, stats, n_ubatch = evaluate(path, expert_cache="50%", t1=0.0, t2=1.0)
-    assert stats["experts"]["summary"]["low_fraction"] > 0.2
+    # a prefill ubatch serves an expert in the highest precision any of its tokens asks for: most
+    # LOW selections come from the decode steps
+    assert stats["experts"]["summary"]["low_fraction"] > 0.1
     ref_logits, ref_tokens, _, _ = resident(path, n_ubatch)
     assert np.array_equal(logits, ref_logits)
     assert tokens == ref_tokens

@@ -108,11 +108,11 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     // where each expert tensor starts in the file
     std::map<int, std::unique_ptr<layer>> by_layer;
     std::map<int, expert_shapes> shapes_of;
-    bool has_expert_bias = false;
+
     {
         gguf_directory dir(path);
         for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
-            has_expert_bias = has_expert_bias || name.find("_exps.bias") != std::string::npos;
+            has_expert_bias_ = has_expert_bias_ || name.find("_exps.bias") != std::string::npos;
             int il; expert_projection proj;
             if (!parse_expert_tensor_name(name, &il, &proj)) continue;
             auto [entry, offset] = dir.find(name);
@@ -142,7 +142,7 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     // the top-1 selection is always HIGH: with top-1 routing there is nothing to serve in LOW
     const bool use_low = params.precision.use_low && n_expert_used_ > 1;
     params_.precision.use_low = use_low;
-    if (use_low && has_expert_bias) {
+    if (use_low && has_expert_bias_) {
         throw std::runtime_error("mixed-precision experts are not supported for models with expert biases "
                                  "(run with low precision off)");
     }
@@ -211,12 +211,14 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     cache_config.n_layers = n_layers_;
     cache_ = std::make_unique<expert_cache>(cache_config);  // std::invalid_argument for a bad policy name
 
-    // a ubatch of t tokens needs up to min(n_expert, t*k) distinct experts in one layer: cap t so
-    // that they fit the HIGH tier (LOW demands the LOW tier has no room for are served in HIGH)
+    // a ubatch of t tokens needs up to min(n_expert, t*k) distinct experts in one layer: those
+    // beyond the HIGH tier (LOW demands the LOW tier has no room for are served in HIGH) are
+    // computed in waves (n_waves); with expert biases, which a pass would add to the rows it
+    // skips, t is capped so that they fit instead
     for (int g = 0; g < n_groups; g++) {
         const int high_slots = cache_config.high_slots[g];
         high_pools_.push_back(std::make_unique<slot_pool>(group_shapes[g].first, high_slots));
-        if (high_slots < n_expert_) {
+        if (has_expert_bias_ && high_slots < n_expert_) {
             const int cap = high_slots / n_expert_used_;
             max_ubatch_tokens_ = max_ubatch_tokens_ == 0 ? cap : std::min(max_ubatch_tokens_, cap);
         }
@@ -234,7 +236,13 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     group_of_.assign(n_layers_, -1);
     std::vector<int> moe_layers;
     layer_at_.assign(n_layers_, nullptr);
-    for (const auto & l : layers_) { group_of_[l->il] = l->group; layer_at_[l->il] = l.get(); moe_layers.push_back(l->il); }
+    for (const auto & l : layers_) {
+        group_of_[l->il] = l->group;
+        layer_at_[l->il] = l.get();
+        moe_layers.push_back(l->il);
+        const int max_waves = (n_expert_ + high_pools_[l->group]->n_slots() - 1) / high_pools_[l->group]->n_slots();
+        for (int w = 0; w < max_waves; w++) l->wave_ops.push_back({ l.get(), w });
+    }
 
     // the predictor always looks one layer ahead (prediction telemetry, calibration traces);
     // prefetching looks prefetch_depth layers ahead
@@ -266,39 +274,59 @@ namespace {
 void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
-    auto * l = (expert_residency::layer *) userdata;
-    l->owner->place_experts(*l, dst->src[0], dst->src[1], dst->src[2], dst);
+    auto * op = (expert_residency::wave_op *) userdata;
+    // wave 0: src[2] is the predicted router logits (if any); later waves: the passes before
+    const ggml_tensor * predicted = op->wave == 0 ? dst->src[2] : nullptr;
+    op->l->owner->place_experts(*op->l, op->wave, dst->src[0], dst->src[1], predicted, dst);
 }
 }  // namespace
 
-int expert_residency::build_layer(layer & l, ggml_context * ctx, ggml_tensor * moe_input, ggml_tensor * weights,
-                                  llama_moe_expert_pass * passes) {
-    const llama_moe_expert_pass first = passes[0];  // the model's tensors (passes[0] is overwritten)
-    ggml_tensor * ids = first.ids;
-    const int n_passes = cache_->has_low() ? 2 : 1;
-    ggml_tensor * args[3] = { ids, weights, nullptr };
-    int n_args = 2;
-    if (ggml_tensor * routers = predictor_->stacked(l.il)) {
-        // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
-        args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
-    }
-    // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-    ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes, 1, args, n_args,
-                                            place_experts_op, 1, &l);
-    ggml_format_name(slot_ids, "edgemoe_slot_ids-%d", l.il);
-    for (int pass = 0; pass < n_passes; pass++) {
-        const slot_pool & pool = pass == 0 ? *high_pools_[l.group] : *low_pools_[l.group];
-        ggml_tensor * stacked[PROJ_COUNT] = { first.up_exps, first.gate_exps, first.down_exps, first.gate_up_exps };
-        ggml_tensor * swapped[PROJ_COUNT] = {};
-        for (int p = 0; p < PROJ_COUNT; p++) {
-            if (!stacked[p]) continue;
-            GGML_ASSERT(stacked[p] == l.stacked[p]);
-            swapped[p] = pool.tensor((expert_projection) p);
+int expert_residency::n_waves(const layer & l, int64_t n_tokens) const {
+    if (has_expert_bias_) return 1;  // the ubatch is capped instead (max_ubatch_tokens)
+    const int64_t most = std::min<int64_t>(n_expert_, n_tokens * n_expert_used_);  // distinct experts
+    const int64_t slots = high_pools_[l.group]->n_slots();
+    return (int) ((most + slots - 1) / slots);
+}
+
+bool expert_residency::build_pass(layer & l, ggml_context * ctx, int pass, ggml_tensor * moe_input,
+                                  ggml_tensor * weights, ggml_tensor * previous, llama_moe_expert_pass * p) {
+    const int n_precisions = cache_->has_low() ? 2 : 1;
+    if (pass == 0) {
+        for (int q = 0; q < PROJ_COUNT; q++) {
+            ggml_tensor * given[PROJ_COUNT] = { p->up_exps, p->gate_exps, p->down_exps, p->gate_up_exps };
+            GGML_ASSERT(given[q] == l.stacked[q]);
         }
-        passes[pass] = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
-                         ggml_view_2d(ctx, slot_ids, ids->ne[0], ids->ne[1], slot_ids->nb[1], pass * slot_ids->nb[2]) };
+        l.building_ids = p->ids;
+        l.building_waves = n_waves(l, p->ids->ne[1]);
     }
-    return n_passes;
+    const int wave = pass / n_precisions, precision = pass % n_precisions;
+    if (wave >= l.building_waves) return false;
+    ggml_tensor * ids = l.building_ids;
+    if (precision == 0) {
+        // one op per wave writes the slot ids of all its precision passes; a later wave's op runs
+        // after the passes before it (previous), whose slots it may reuse
+        ggml_tensor * args[3] = { ids, weights, nullptr };
+        int n_args = 2;
+        if (wave > 0) {
+            args[n_args++] = previous;
+        } else if (ggml_tensor * routers = predictor_->stacked(l.il)) {
+            // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
+            args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
+        }
+        // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
+        l.building_slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_precisions, 1, args, n_args,
+                                             place_experts_op, 1, &l.wave_ops[wave]);
+        ggml_format_name(l.building_slot_ids, "edgemoe_slot_ids-%d-%d", l.il, wave);
+    }
+    const slot_pool & pool = precision == 0 ? *high_pools_[l.group] : *low_pools_[l.group];
+    ggml_tensor * swapped[PROJ_COUNT] = {};
+    for (int q = 0; q < PROJ_COUNT; q++) {
+        if (l.stacked[q]) swapped[q] = pool.tensor((expert_projection) q);
+    }
+    ggml_tensor * slot_ids = l.building_slot_ids;
+    *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
+           ggml_view_2d(ctx, slot_ids, ids->ne[0], ids->ne[1], slot_ids->nb[1], precision * slot_ids->nb[2]) };
+    return true;
 }
 
 void expert_residency::fail(const std::string & why, ggml_tensor * dst) {
@@ -308,15 +336,17 @@ void expert_residency::fail(const std::string & why, ggml_tensor * dst) {
     memset(dst->data, 0xff, ggml_nbytes(dst));  // -1 everywhere: well-defined (ignored) output
 }
 
-void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights,
+namespace {
+int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
+    return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
+}
+}  // namespace
+
+void expert_residency::place_experts(layer & l, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
                                      const ggml_tensor * predicted, ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
     GGML_ASSERT(weights->type == GGML_TYPE_F32);
-    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
-    auto id_at = [&](int64_t i, int64_t t) { return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]); };
-    // weights: [1, n_used, n_tokens]
-    auto weight_at = [&](int64_t i, int64_t t) { return *(const float *) ((const char *) weights->data + i * weights->nb[1] + t * weights->nb[2]); };
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (failed_) {  // a load failed earlier in this decode
@@ -324,12 +354,21 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
             return;
         }
     }
+    if (wave == 0 && !begin_layer(l, ids, weights, dst)) return;
+    if (!serve_wave(l, wave, ids, dst, t0)) return;
+    if (wave == 0 && predicted) predict_and_prefetch(l, predicted, ids->ne[1]);
+}
+
+bool expert_residency::begin_layer(const layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst) {
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
+    // weights: [1, n_used, n_tokens]
+    auto weight_at = [&](int64_t i, int64_t t) { return *(const float *) ((const char *) weights->data + i * weights->nb[1] + t * weights->nb[2]); };
     if (l.il == first_il_) { cache_->advance_tokens(n_tokens); ubatch_index_++; }
     // the previous layer has been computed: its experts may go; finished prefetches are cached
     for (const auto & [key, p] : current_pins_) cache_->unpin(key, p, true);
     current_pins_.clear();
     if (prefetcher_) collect_finished_prefetches();
-    if (failed_) { memset(dst->data, 0xff, ggml_nbytes(dst)); return; }
+    if (failed_) { memset(dst->data, 0xff, ggml_nbytes(dst)); return false; }
     // predictions for this layer are settled: mispredicted experts may go
     for (const auto & [key, p] : predicted_pins_[l.il]) cache_->unpin(key, p, false);
     predicted_pins_.erase(l.il);
@@ -350,10 +389,10 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
             choose_precisions(w.data(), (int) n_used, pp, &demand[t * n_used]);
         }
         for (int64_t i = 0; i < n_used; i++) {
-            const int e = id_at(i, t);
+            const int e = id_at(ids, i, t);
             if (e < 0 || e >= n_expert_) {
                 fail("layer " + std::to_string(l.il) + ": router chose expert " + std::to_string(e) + " out of " + std::to_string(n_expert_), dst);
-                return;
+                return false;
             }
             auto [it, inserted] = wanted_index.emplace(e, wanted.size());
             if (inserted) wanted.emplace_back(e, demand[t * n_used + i]);
@@ -361,6 +400,30 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
         }
     }
 
+    // waves of at most one HIGH tier's worth of experts each; the cached experts go first, so the
+    // loads of the first wave do not evict them before their use
+    const int waves = n_waves(l, n_tokens);
+    wave_plan_.assign(waves, {});
+    if (waves > 1) {
+        std::stable_partition(wanted.begin(), wanted.end(), [&](const std::pair<int, expert_precision> & e) {
+            expert_precision tier;
+            return serving_tier(l.il, e.first, e.second, &tier);
+        });
+    }
+    const size_t per_wave = waves == 1 ? wanted.size() : (size_t) high_pools_[l.group]->n_slots();
+    for (size_t i = 0; i < wanted.size(); i++) wave_plan_[i / per_wave].push_back(wanted[i]);
+    return true;
+}
+
+bool expert_residency::serve_wave(const layer & l, int wave, const ggml_tensor * ids, ggml_tensor * dst,
+                                  std::chrono::steady_clock::time_point t0) {
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
+    if (wave > 0) {  // the wave before has been computed: its experts may go
+        for (const auto & [key, p] : current_pins_) cache_->unpin(key, p, true);
+        current_pins_.clear();
+    }
+    const std::vector<std::pair<int, expert_precision>> none;
+    const auto & wanted = wave < (int) wave_plan_.size() ? wave_plan_[wave] : none;
     std::vector<expert_cache::placement> placed;
     try {
         placed = cache_->place(l.group, l.il, wanted);
@@ -370,8 +433,8 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
         try {
             placed = cache_->place(l.group, l.il, wanted);
         } catch (const std::exception & ex) {
-            fail(std::string(ex.what()) + " (n_ubatch too large for the budget)", dst);
-            return;
+            fail(ex.what(), dst);
+            return false;
         }
     }
 
@@ -423,21 +486,24 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
             current_pins_.clear();
             predicted_pins_.clear();
             fail(error, dst);
-            return;
+            return false;
         }
     }
 
+    // slot ids for the selections this wave serves, -1 for the others (and for the other pass)
     const int n_passes = (int) dst->ne[2];
     int32_t * out = (int32_t *) dst->data;
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
-            const expert_cache::placement & p = *where[id_at(i, t)];
-            const int pass = p.precision == expert_precision::low ? 1 : 0;
+            auto it = where.find(id_at(ids, i, t));
+            const expert_cache::placement * p = it == where.end() ? nullptr : it->second;
+            const int pass = p && p->precision == expert_precision::low ? 1 : 0;
             for (int q = 0; q < n_passes; q++) {
-                out[(q * n_tokens + t) * n_used + i] = (q == pass && p.precision != expert_precision::skip) ? p.slot : -1;
+                out[(q * n_tokens + t) * n_used + i] = p && q == pass && p->precision != expert_precision::skip ? p->slot : -1;
             }
-            (p.precision == expert_precision::high ? st.selections_high
-             : p.precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
+            if (!p) continue;
+            (p->precision == expert_precision::high ? st.selections_high
+             : p->precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
         }
     }
     st.stall_ms = loads.empty() && claimed.empty() && !waited ? 0.0 : ms_since(t0);
@@ -445,7 +511,16 @@ void expert_residency::place_experts(layer & l, const ggml_tensor * ids, const g
         std::lock_guard<std::mutex> lock(mutex_);
         stats_[l.il].add(st);
     }
-    if (predicted) predict_and_prefetch(l, predicted, n_tokens);
+    return true;
+}
+
+bool expert_residency::serving_tier(int il, int expert, expert_precision demand, expert_precision * tier) const {
+    const int g = group_of_[il];
+    const expert_key key = make_expert_key(il, expert);
+    if (cache_->tier(g, expert_precision::high).find(key) >= 0) { *tier = expert_precision::high; return true; }
+    if (cache_->tier(g, expert_precision::low).find(key) >= 0 &&
+        (demand != expert_precision::high || params_.low_serves_high)) { *tier = expert_precision::low; return true; }
+    return false;
 }
 
 std::vector<expert_read> expert_residency::reads_of(const layer & l, int expert, expert_precision precision, int slot) const {
@@ -493,23 +568,14 @@ void expert_residency::predict_and_prefetch(const layer & l, const ggml_tensor *
                                                  fate ? (params_.fate_extra < 0 ? k : params_.fate_extra) : 0,
                                                  params_.fate_percentile));
     }
-    // the tier whose copy serves a demand, if one is cached
-    auto serving = [&](const predicted_expert & p, expert_precision * tier) {
-        const int g = group_of_[p.layer];
-        const expert_key key = make_expert_key(p.layer, p.expert);
-        if (cache_->tier(g, expert_precision::high).find(key) >= 0) { *tier = expert_precision::high; return true; }
-        if (cache_->tier(g, expert_precision::low).find(key) >= 0 &&
-            (p.precision != expert_precision::high || params_.low_serves_high)) { *tier = expert_precision::low; return true; }
-        return false;
-    };
     const auto walked = walk_predictions(predicted_layers, !fate, [&](const predicted_expert & p) {
         expert_precision tier;
-        return serving(p, &tier);
+        return serving_tier(p.layer, p.expert, p.precision, &tier);
     });
     for (const predicted_expert & p : walked) {
         const expert_key key = make_expert_key(p.layer, p.expert);
         expert_precision pinned = p.precision;
-        if (!serving(p, &pinned)) {
+        if (!serving_tier(p.layer, p.expert, p.precision, &pinned)) {
             expert_cache::placement slot = cache_->reserve(group_of_[p.layer], p.layer, p.expert, p.precision);
             if (!slot.load) continue;  // no slot can be evicted for it now
             if (slot.has_evicted) prefetch_stats_[p.layer].wasted += prefetched_unused_.erase({ slot.evicted, p.precision });

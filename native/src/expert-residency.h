@@ -17,6 +17,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,11 @@ struct routing_trace {
 
 class expert_residency {
 public:
+    struct layer;
+    struct wave_op {  // one wave's custom op in a layer's graph
+        layer * l;
+        int wave;
+    };
     // One MoE layer: where its experts are in the file(s) and which pool group caches them.
     struct layer {
         expert_residency * owner = nullptr;
@@ -70,7 +76,12 @@ public:
         std::array<const ggml_tensor *, PROJ_COUNT> stacked{};  // the model's (on-demand) tensors
         std::array<uint64_t, PROJ_COUNT> file_offset{};         // HIGH copy of expert 0
         std::array<uint64_t, PROJ_COUNT> low_offset{};          // LOW copy of expert 0 (in the LOW store)
+        std::vector<wave_op> wave_ops;                   // the custom ops' userdata, per wave
+        // while its graph is built (build_pass)
+        ggml_tensor * building_ids = nullptr, * building_slot_ids = nullptr;
+        int building_waves = 0;
     };
+
 
     // Finds the stacked expert tensors of model (loaded from path with experts on demand) and, for
     // mixed precision, their LOW copies; sizes and allocates the pools for the budget. Throws
@@ -79,15 +90,17 @@ public:
     expert_residency(llama_model * model, const std::string & path, const expert_residency_params & params);
     ~expert_residency();
 
-    // called by the hook while a graph is built: fills the passes for layer il; returns their count
-    int build_layer(layer & l, ggml_context * ctx, ggml_tensor * moe_input, ggml_tensor * weights,
-                    struct llama_moe_expert_pass * passes);
-    // the custom op: ids [n_used, n_tokens] (expert ids), weights and (with prediction) the
-    // predicted router logits of the layers ahead -> dst [n_used, n_tokens, n_passes] (slot ids per
-    // precision pass, -1 where a pass does not compute a selection), loading misses; then prefetches
-    void place_experts(layer & l, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * predicted,
-                       ggml_tensor * dst);
-
+    // called by the hook while a graph is built (patch 0002): fills in pass `pass` of layer l's
+    // expert FFN and returns true, or false when there is none. A ubatch runs n_waves(l, n_tokens)
+    // waves of one pass per precision; `previous` (the sum of the passes before) orders the waves.
+    bool build_pass(layer & l, ggml_context * ctx, int pass, ggml_tensor * moe_input, ggml_tensor * weights,
+                    ggml_tensor * previous, struct llama_moe_expert_pass * p);
+    // the custom op of a wave: ids [n_used, n_tokens] (expert ids), weights and (wave 0, with
+    // prediction) the predicted router logits of the layers ahead -> dst [n_used, n_tokens,
+    // n_passes] (slot ids per precision pass, -1 where a pass does not compute a selection, or
+    // another wave does), loading misses; after wave 0, predictions and prefetches
+    void place_experts(layer & l, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
+                       const ggml_tensor * predicted, ggml_tensor * dst);
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();
     // a new sequence (the KV cache was cleared): the policies' per-sequence records restart
@@ -132,6 +145,16 @@ private:
     };
 
     void fail(const std::string & why, ggml_tensor * dst);
+    // waves of experts one ubatch needs at most in layer l: its distinct experts over the HIGH tier
+    int n_waves(const layer & l, int64_t n_tokens) const;
+    // wave 0 of a layer: settles the layer before (pins, prefetches, predictions), decides the
+    // selections' precisions and splits the distinct experts into waves (wave_plan_)
+    bool begin_layer(const layer & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst);
+    // places, loads and pins one wave's experts and writes their slot ids; false after a failure
+    bool serve_wave(const layer & l, int wave, const ggml_tensor * ids, ggml_tensor * dst,
+                    std::chrono::steady_clock::time_point t0);
+    // whether a copy of (il, expert) that serves `demand` is cached, and in which tier
+    bool serving_tier(int il, int expert, expert_precision demand, expert_precision * tier) const;
     // reads on the loader threads; the first error ("" if none)
     std::string read_all(const std::vector<expert_read> & reads, expert_layer_stats & st);
     std::vector<expert_read> reads_of(const layer & l, int expert, expert_precision precision, int slot) const;
@@ -158,7 +181,8 @@ private:
     std::unordered_map<cached_copy, std::shared_ptr<prefetch_job>, cached_copy_hash> in_flight_;
     std::unordered_set<cached_copy, cached_copy_hash> prefetched_unused_;
     std::map<int, std::vector<cached_copy>> predicted_pins_;   // by target layer
-    std::vector<cached_copy> current_pins_;                    // the experts the running layer uses
+    std::vector<cached_copy> current_pins_;                    // the experts the running wave uses
+    std::vector<std::vector<std::pair<int, expert_precision>>> wave_plan_;  // the running layer's waves
     std::map<int, std::vector<std::vector<int32_t>>> predictions_;  // by target layer: [depth-1][token*k]
     mutable std::mutex mutex_;                                 // stats_, trace_ and error_
     std::string error_;
@@ -169,5 +193,6 @@ private:
     std::string low_source_;
     uint64_t budget_bytes_ = 0, minimum_bytes_ = 0, expert_bytes_total_ = 0, low_expert_bytes_total_ = 0;
     int n_expert_ = 0, n_expert_used_ = 0, n_layers_ = 0, first_il_ = 0, max_ubatch_tokens_ = 0, io_threads_ = 1;
+    bool has_expert_bias_ = false;
     std::unique_ptr<prefetcher> prefetcher_;  // last: stopped first, before the pools it writes to
 };

@@ -12,18 +12,20 @@ namespace {
 std::mutex g_mutex;
 std::unordered_map<const ggml_tensor *, expert_residency::layer *> g_layers;  // by any stacked tensor
 
-int hook(ggml_context * ctx, int il, ggml_tensor * moe_input, ggml_tensor * weights, llama_moe_expert_pass * passes) {
-    const llama_moe_expert_pass & p = passes[0];
-    const ggml_tensor * key = p.down_exps ? p.down_exps : (p.gate_up_exps ? p.gate_up_exps : p.up_exps);
-    expert_residency::layer * l = nullptr;
-    {
+// the layer whose passes the current thread is building (pass > 0 sees our pools, not the model's tensors)
+thread_local expert_residency::layer * t_building = nullptr;
+
+bool hook(ggml_context * ctx, int il, int pass, ggml_tensor * moe_input, ggml_tensor * weights, ggml_tensor * previous,
+          llama_moe_expert_pass * p) {
+    if (pass == 0) {
+        const ggml_tensor * key = p->down_exps ? p->down_exps : (p->gate_up_exps ? p->gate_up_exps : p->up_exps);
         std::lock_guard<std::mutex> lock(g_mutex);
         auto it = g_layers.find(key);
-        if (it == g_layers.end()) return 1;
-        l = it->second;
+        t_building = it == g_layers.end() ? nullptr : it->second;
     }
-    GGML_ASSERT(l->il == il || il < 0);
-    return l->owner->build_layer(*l, ctx, moe_input, weights, passes);
+    if (!t_building) return false;
+    GGML_ASSERT(t_building->il == il || il < 0);
+    return t_building->owner->build_pass(*t_building, ctx, pass, moe_input, weights, previous, p);
 }
 
 }  // namespace
