@@ -5,7 +5,8 @@ Like the paper's Figures 16-18, each configuration adds one technique to the one
     lossless LRU  ->  + dynamic loading (HIGH/LOW/SKIP)  ->  + prefetch (hobbit)  ->  + hobbit cache
 
 Each run is a fresh worker process in a cgroup v1 memory cap (pyedgemoe.bench.runner), greedy,
-medians over repeats. Reported per configuration: decode tok/s, prefill seconds, expert bytes read
+medians over repeats; each round runs every configuration once, in an order rotated per round.
+Reported per configuration: decode tok/s, prefill seconds, expert bytes read
 per decode step, hit rate, next-layer top-1 prediction accuracy; and the ratios to lossless LRU.
 
     python scripts/bench_hobbit.py build/bench/olmoe-1b-7b-L16-q8_0-q4_0.mp.gguf --mem-cap 25% \\
@@ -83,16 +84,19 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Path(args.model)
     cap = parse_size(args.mem_cap, percent_of=model.stat().st_size) if args.mem_cap else None
-    rows, raw = [], {}
-    for name, options in CONFIGURATIONS.items():
-        if args.only and name not in args.only:
-            continue
-        runs = run_benchmark(model, engines=[OURS], prompt_tokens=args.prompt_tokens,
-                             output_tokens=args.output_tokens, repeats=args.repeats, threads=args.threads,
-                             mem_cap_bytes=cap, ours_options={"expert_cache": args.expert_cache, **options},
-                             log=lambda line: print(line, file=sys.stderr, flush=True))
-        raw[name] = runs
-        rows.append(summarize(name, runs))
+    names = [n for n in CONFIGURATIONS if not args.only or n in args.only]
+    raw = {name: [] for name in names}
+    # one run of each configuration per round, the order rotated from round to round: the shared
+    # virtual disk gets faster as the host caches the file, which would favour whichever runs last
+    for round_index in range(args.repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            raw[name] += run_benchmark(model, engines=[OURS], prompt_tokens=args.prompt_tokens,
+                                       output_tokens=args.output_tokens, repeats=1, threads=args.threads,
+                                       mem_cap_bytes=cap,
+                                       ours_options={"expert_cache": args.expert_cache, **CONFIGURATIONS[name]},
+                                       log=lambda line, name=name: print(f"{name}: {line}", file=sys.stderr, flush=True))
+    rows = [summarize(name, raw[name]) for name in names]
     print(f"{model.name}, cap {args.mem_cap or 'none'}, expert cache {args.expert_cache}, "
           f"prompt {args.prompt_tokens} / output {args.output_tokens}, median of {args.repeats}\n")
     print(format_table(rows), end="")
