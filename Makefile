@@ -48,18 +48,25 @@ BENCH_MODEL := build/bench/olmoe-1b-7b-L16-q8_0.gguf
 $(BENCH_MODEL):
 	$(PY) scripts/make_synthetic_gguf.py --geometry olmoe-1b-7b --type q8_0 -o $@
 
-# The same with a LOW copy (Q4_0) of every expert, for HOBBIT's mixed precision (scripts/bench_hobbit.py).
-BENCH_MP_MODEL := build/bench/olmoe-1b-7b-L16-q8_0-q4_0.mp.gguf
+# The same with a LOW copy (Q2_K) of every expert, for HOBBIT's mixed precision, calibrated on a
+# text (the sidecar next to it sets T1/T2 and the cache weights; scripts/bench_hobbit.py).
+BENCH_MP_MODEL := build/bench/olmoe-1b-7b-L16-q8_0-q2_K.mp.gguf
 BENCH_CAP25 := 1840125952  # 25% of $(BENCH_MODEL), the same cap for both files
+BENCH_CAP50 := 3680251904  # 50%
 
 $(BENCH_MP_MODEL): $(BENCH_MODEL)
-	$(PY) -m pyedgemoe convert $(BENCH_MODEL) -o $@ --low q4_0
+	$(PY) -m pyedgemoe convert $(BENCH_MODEL) -o $@ --low q2_K
 
-bench: setup-test $(BENCH_MODEL) $(BENCH_MP_MODEL)
+$(BENCH_MP_MODEL).calibration.json: $(BENCH_MP_MODEL)
+	cat docs/*.md | head -c 60000 > build/bench/calibration.txt
+	$(PY) -m pyedgemoe calibrate $(BENCH_MP_MODEL) -f build/bench/calibration.txt --budget 15% --max-tokens 256 --ctx 128 -t 2
+
+bench: setup-test $(BENCH_MODEL) $(BENCH_MP_MODEL).calibration.json
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --prompt-tokens 16 --prompt-tokens 128 --output-tokens 32 --output-tokens 128
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 50% --expert-cache 40%
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 25% --expert-cache 15% --repeats 2
-	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP25) --expert-cache 15% --repeats 3
+	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP25) --expert-cache 15% --repeats 4
+	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP50) --expert-cache 40% --repeats 4
 
 clean:
 	rm -rf build $(VENV) native/vendor tests/.models

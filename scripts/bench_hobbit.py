@@ -9,7 +9,7 @@ medians over repeats; each round runs every configuration once, in an order rota
 Reported per configuration: decode tok/s, prefill seconds, expert bytes read
 per decode step, hit rate, next-layer top-1 prediction accuracy; and the ratios to lossless LRU.
 
-    python scripts/bench_hobbit.py build/bench/olmoe-1b-7b-L16-q8_0-q4_0.mp.gguf --mem-cap 25% \\
+    python scripts/bench_hobbit.py build/bench/olmoe-1b-7b-L16-q8_0-q2_K.mp.gguf --mem-cap 25% \\
         --expert-cache 15% --repeats 3 --json build/bench/hobbit-cap25.json
 """
 from __future__ import annotations

@@ -3,14 +3,16 @@
     python scripts/fidelity_report.py            # writes docs/fidelity.md (and calibrates if needed)
 
 The demo model (models/demo.gguf, a Qwen3-MoE trained on the Python standard library, models/README.md)
-runs in five configurations:
+runs in seven configurations:
 - HIGH only: every expert resident in its HIGH type (the reference);
 - HOBBIT mixed, calibrated: an expert cache of BUDGET with dynamic loading (HIGH/LOW/SKIP on misses)
   at the thresholds `pyedgemoe calibrate` chose (models/demo.gguf.calibration.json, made from the
   training split if absent);
 - HOBBIT mixed, HOBBIT's default thresholds (T1 0.6, T2 0.9);
 - skip only: the same cache, misses either HIGH or skipped (no LOW copies) at the calibrated T2;
-- LOW only: every expert in its LOW type (`pyedgemoe export --precision low`), resident.
+- LOW only: every expert in its LOW type (`pyedgemoe export --precision low`), resident;
+- the calibrated HOBBIT configuration and LOW only again with Q2_K LOW copies (the benchmarks' LOW
+  type, docs/benchmarks.md) in place of the shipped Q4_K ones.
 
 For each: perplexity on the held-out split (llama.cpp's method, pyedgemoe.perplexity), and top-1
 agreement with HIGH only over 256-token continuations of held-out prompts (the HIGH-only greedy
@@ -32,6 +34,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from pyedgemoe import Engine  # noqa: E402
 from pyedgemoe.calibrate import calibrate, load_calibration, sidecar_path  # noqa: E402
 from pyedgemoe.convert.export import export  # noqa: E402
+from pyedgemoe.convert.from_gguf import convert_gguf  # noqa: E402
 from pyedgemoe.perplexity import perplexity  # noqa: E402
 
 MODEL = REPO / "models" / "demo.gguf"
@@ -49,8 +52,13 @@ def corpus_texts() -> tuple[str, str]:
 
 
 def configurations(model: Path, calibration: dict) -> dict[str, tuple[Path, dict]]:
-    low_only = WORK / f"{model.stem}-low.gguf"
-    export(model, low_only, precision="low", force=True, progress=False)  # always: the model may have changed
+    # always exported again: the model may have changed
+    low_only = export(model, WORK / f"{model.stem}-low.gguf", precision="low", force=True, progress=False)
+    # the Q2_K LOW copy of the benchmarks (docs/benchmarks.md): the HIGH copies as they are, LOW re-quantized
+    high_only = export(model, WORK / f"{model.stem}-high.gguf", precision="high", force=True, progress=False)
+    q2k = convert_gguf(high_only, WORK / f"{model.stem}-q2_K.mp.gguf", high="q8_0", low="q2_K", force=True,
+                       progress=False)
+    q2k_low_only = export(q2k, WORK / f"{model.stem}-q2_K-low.gguf", precision="low", force=True, progress=False)
     cache = dict(expert_cache=BUDGET, cache_policy="lru", prefetch="none")
     return {
         "HIGH only": (model, dict(expert_cache=None)),
@@ -59,6 +67,8 @@ def configurations(model: Path, calibration: dict) -> dict[str, tuple[Path, dict
         "skip only": (model, dict(**cache, low_precision=False, skip=True, t1=calibration["t2"],
                                   t2=calibration["t2"])),
         "LOW only": (low_only, dict(expert_cache=None)),
+        "HOBBIT mixed, calibrated, Q2_K LOW": (q2k, dict(**cache, t1=calibration["t1"], t2=calibration["t2"])),
+        "LOW only, Q2_K": (q2k_low_only, dict(expert_cache=None)),
     }
 
 
@@ -133,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                  else "all resident")
         lines.append(f"| {r['name']} | {r['ppl']:.3f} ± {r['stderr']:.3f} | {r['ppl'] / base - 1:+.2%} | "
                      f"{r['agreement']:.1%} | {split} |")
-    lines += ["", "Targets (issue 5): HOBBIT mixed within +1.5% of HIGH-only perplexity, top-1 agreement >= 95%.", ""]
+    lines += ["", "The selections are counted as served: a prefill ubatch (the perplexity chunks, the prompts) serves "
+              "an expert in the highest precision any of its tokens asks for, so the HIGH share is above the "
+              "calibration's target, which the one-token decode steps follow.",
+              "", "Targets (issue 5): HOBBIT mixed within +1.5% of HIGH-only perplexity, top-1 agreement >= 95%.", ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

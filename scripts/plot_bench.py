@@ -22,7 +22,8 @@ def measurements(path: Path) -> list[tuple[str, dict]]:
     """(series name, measurement) pairs of one JSON file."""
     data = json.loads(path.read_text())
     if isinstance(data, dict) and "runs" in data:
-        return [(f"ablation ({path.stem}): {name}", r) for name, runs in data["runs"].items() for r in runs]
+        # one line per configuration across the files (e.g. one file per cap)
+        return [(f"HOBBIT ablation: {name}", r) for name, runs in data["runs"].items() for r in runs]
     names = {"llama_cpp": "stock llama.cpp (mmap)", "pyedgemoe": "pyedgemoe (resident; lossless LRU cache under a cap)"}
     return [(names.get(r["engine"], r["engine"]), r) for r in data]
 
