@@ -303,16 +303,24 @@ class Engine:
         return logits, reuse
 
     def generate_tokens(self, prompt_tokens: list[int], max_tokens: int | None,
-                        sampling: SamplingParams, *, ignore_eos: bool = False) -> Iterator[int]:
+                        sampling: SamplingParams, *, ignore_eos: bool = False,
+                        feed_tokens: list[int] | None = None) -> Iterator[int]:
         """Yields generated token ids. Stops at end-of-generation tokens (unless ignore_eos),
         after max_tokens (None = until the context is full), or when the context is full.
-        Timings of the run land in last_timings."""
+        feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead of
+        the pick (teacher forcing; needs max_tokens - 1 of them). Timings of the run land in
+        last_timings."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
             raise InvalidOptionError("the prompt is empty (no tokens)")
         if max_tokens is not None and max_tokens < 0:
             raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
+        if feed_tokens is not None:
+            feed_tokens = [int(t) for t in feed_tokens]
+            if max_tokens is None or len(feed_tokens) < max_tokens - 1:
+                raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
+                                         f"for max_tokens {max_tokens}")
         self._check_fits(len(prompt), 1 if max_tokens else 0)
         seed = sampling.seed if sampling.seed is not None else self.seed
         if seed is None:
@@ -341,8 +349,9 @@ class Engine:
                 yield token
                 decode_start = time.perf_counter() - timings.decode_seconds  # time spent by the consumer does not count
                 if i + 1 < budget:
-                    self._decode([token], len(self._tokens), False)
-                    self._tokens.append(token)
+                    fed = token if feed_tokens is None else feed_tokens[i]
+                    self._decode([fed], len(self._tokens), False)
+                    self._tokens.append(fed)
             timings.decode_seconds = time.perf_counter() - decode_start
         finally:
             self._add_to_totals(timings)
@@ -354,14 +363,16 @@ class Engine:
         self._totals.n_decoded += t.n_decoded
         self._totals.decode_seconds += t.decode_seconds
 
-    def time_generation(self, prompt_ids: list[int], n_tokens: int) -> dict:
-        """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence.
-        With an expert cache, decode_expert_bytes_read is what the decode steps read (on demand
-        and prefetched), without the prefill's reads."""
+    def time_generation(self, prompt_ids: list[int], n_tokens: int, feed_tokens: list[int] | None = None) -> dict:
+        """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence;
+        with feed_tokens, those are fed back instead of the picks (generate_tokens). With an expert
+        cache, decode_expert_bytes_read is what the decode steps read (on demand and prefetched),
+        without the prefill's reads."""
         self._live().clear()
         self._tokens = []
         tokens, after_prefill = [], 0
-        for token in self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True):
+        for token in self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True,
+                                          feed_tokens=feed_tokens):
             if not tokens:
                 after_prefill = self._expert_bytes_read()
             tokens.append(token)

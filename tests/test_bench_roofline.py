@@ -9,10 +9,15 @@ from pyedgemoe.model_info import read_model_info
 
 
 def test_roofline_is_active_bytes_at_ram_speed_plus_reads_at_disk_speed():
-    bw = roofline.Bandwidths(ram_bytes_per_second=10e9, disk_bytes_per_second=1e9, disk_read_bytes=4096)
     # 1 GB of weights at 10 GB/s (0.1 s) + 0.4 GB of reads at 1 GB/s (0.4 s) = 0.5 s: 2 tok/s
-    assert roofline.roofline_tokens_per_second(1e9, 0.4e9, bw) == pytest.approx(2.0)
-    assert roofline.roofline_tokens_per_second(1e9, 0, bw) == pytest.approx(10.0)
+    assert roofline.roofline_tokens_per_second(1e9, 0.4e9, 10e9, 1e9) == pytest.approx(2.0)
+    assert roofline.roofline_tokens_per_second(1e9, 0, 10e9, 1e9) == pytest.approx(10.0)
+
+
+def test_the_disk_bandwidth_is_the_runs_own_reads_on_demand_and_prefetched():
+    stats = {"total": {"bytes_read": 3_000_000, "load_ms": 2.0}, "prefetches": {"bytes_read": 1_000_000, "load_ms": 2.0}}
+    assert roofline.run_disk_bandwidth(stats) == pytest.approx(1e9)
+    assert roofline.run_disk_bandwidth({"total": {"bytes_read": 0, "load_ms": 0.0}}) is None
 
 
 def test_active_bytes_are_the_non_expert_weights_and_k_experts_per_layer(tiny_model):
@@ -37,3 +42,20 @@ def test_engine_options_from_the_command_line_are_typed():
     assert parse_option("io_threads=2") == ("io_threads", 2)
     assert parse_option("skip=false") == ("skip", False)
     assert parse_option("expert_cache=25%") == ("expert_cache", "25%")
+
+
+def test_fed_decode_picks_the_teacher_forced_argmax(tiny_model):
+    """--decode-input fixed for ours: feed_tokens go in instead of the picks; each pick is then the
+    argmax of the logits after the prompt and the tokens fed so far."""
+    from pyedgemoe import Engine
+    from pyedgemoe.errors import InvalidOptionError
+    path, _ = tiny_model("qwen3_moe")
+    prompt, feed = [5, 17, 42, 99], [7, 150, 33, 12, 201, 88, 3]
+    with Engine(path, n_ctx=64, n_threads=1, flash_attn=False, kv_type="f32", expert_cache="50%") as eng:
+        picks = eng.time_generation(prompt, 8, feed_tokens=feed)["tokens"]
+        forced = eng.logits(prompt + feed, one_token_per_step=True)[len(prompt) - 1:].argmax(axis=1)
+        assert picks == forced.tolist()
+        assert picks != eng.time_generation(prompt, 8)["tokens"]  # the picks were not fed back
+        with pytest.raises(InvalidOptionError, match="feed_tokens"):
+            eng.time_generation(prompt, 8, feed_tokens=feed[:5])
+

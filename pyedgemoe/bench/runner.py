@@ -291,22 +291,23 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
 
 def _add_roofline(model: Path, results: list[dict[str, Any]]) -> None:
     """Adds roofline_tokens_per_second to each of our measurements that reports the expert bytes
-    its decode steps read (bench/roofline.py: active weights at RAM bandwidth + reads at disk
-    bandwidth, both measured now, after the runs)."""
+    its decode steps read (bench/roofline.py: active weights at RAM bandwidth, measured now, plus
+    the decode's reads at the bandwidth the run's own reads got)."""
     ours = [r for r in results if r.get("decode_expert_bytes_per_token") is not None]
     if not ours:
         return
     from pyedgemoe.bench import roofline
     from pyedgemoe.model_info import read_model_info
 
-    evict_from_page_cache(model)
-    bw = roofline.measure(model, roofline.projection_bytes(model))
+    ram = roofline.ram_bandwidth()
     active = roofline.active_bytes_per_token(read_model_info(model))
     for r in ours:
-        r["roofline_tokens_per_second"] = roofline.roofline_tokens_per_second(
-            active, r["decode_expert_bytes_per_token"], bw)
-        r["ram_bytes_per_second"] = bw.ram_bytes_per_second
-        r["disk_bytes_per_second"] = bw.disk_bytes_per_second
+        disk = roofline.run_disk_bandwidth(r["engine_stats"]["experts"])
+        r["ram_bytes_per_second"] = ram
+        r["disk_bytes_per_second"] = disk
+        if disk:
+            r["roofline_tokens_per_second"] = roofline.roofline_tokens_per_second(
+                active, r["decode_expert_bytes_per_token"], ram, disk)
 
 
 def _one_line(r: dict[str, Any]) -> str:

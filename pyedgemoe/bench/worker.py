@@ -125,14 +125,7 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
     eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads, n_batch=512,
                  flash_attn=flash_attn, **options)
     load_seconds = time.perf_counter() - t0
-    if feed is None:
-        t = eng.time_generation(prompt, n_out)
-    else:
-        import inspect
-        if "feed_tokens" not in inspect.signature(eng.time_generation).parameters:
-            raise EngineUnavailable("this pyedgemoe's Engine.time_generation has no feed_tokens "
-                                    "argument: decode_input='fixed' needs it")
-        t = eng.time_generation(prompt, n_out, feed_tokens=feed)
+    t = eng.time_generation(prompt, n_out, feed_tokens=feed)
     result = dict(engine_version=version, load_seconds=load_seconds,
                   prefill_seconds=float(t["prefill_seconds"]),
                   decode_seconds=float(t["decode_seconds"]),
