@@ -486,6 +486,9 @@ def bench(
     decode_input: str = typer.Option("greedy", "--decode-input",
                                      help="greedy, or fixed: a non-repeating token sequence (realistic routing "
                                           "on random-weight models)"),
+    stock_no_repack: bool = typer.Option(False, "--stock-no-repack",
+                                         help="stock llama.cpp as with --no-repack (no repacked copy of "
+                                              "Q4_K/Q4_0 weights in anonymous memory)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="also write every measurement here"),
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process."""
@@ -495,7 +498,7 @@ def bench(
     try:
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, mem_cap=mem_cap, ours_options=ours_options,
-                 json_path=json_path, decode_input=decode_input)
+                 json_path=json_path, decode_input=decode_input, stock_repack=not stock_no_repack)
     except PyEdgeMoEError as e:
         fail(str(e))
 

@@ -230,12 +230,13 @@ def _run_worker(engine: str, model: Path, prompt_tokens: int, output_tokens: int
 def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] = (OURS, STOCK),
                   prompt_tokens: int = 16, output_tokens: int = 32, repeats: int = 3,
                   threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
-                  ours_options: dict[str, Any] | None = None, decode_input: str = "greedy",
-                  timeout_s: float | None = 1800, log=None) -> list[dict[str, Any]]:
+                  ours_options: dict[str, Any] | None = None, stock_repack: bool = True,
+                  decode_input: str = "greedy", timeout_s: float | None = 1800, log=None) -> list[dict[str, Any]]:
     """Measure each engine `repeats` times, alternating engines within each repeat.
 
     flash_attn applies to both engines (default off, as in llama-cpp-python); ours_options are
-    keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. decode_input
+    keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. stock_repack=False
+    runs stock llama.cpp as with --no-repack (weights stay in their file layout). decode_input
     "fixed" feeds a fixed token sequence during decode instead of the greedy picks (keeps the
     routing varied where greedy decoding falls into a cycle of a few tokens, which flatters
     expert caches; see worker.fixed_decode_token_ids).
@@ -262,7 +263,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     if mem_cap_bytes is None:
         read_whole_file(model)
 
-    options = {e: (dict(ours_options or {}) if e == OURS else {}) for e in engines}
+    options = {e: (dict(ours_options or {}) if e == OURS else {} if stock_repack else {"repack": False})
+               for e in engines}
     active = list(engines)
     results: list[dict[str, Any]] = []
     for rep in range(repeats):
@@ -293,7 +295,8 @@ def _add_roofline(model: Path, results: list[dict[str, Any]]) -> None:
     """Adds roofline_tokens_per_second to each of our measurements that reports the expert bytes
     its decode steps read (bench/roofline.py: active weights at RAM bandwidth, measured now, plus
     the decode's reads at the bandwidth the run's own reads got)."""
-    ours = [r for r in results if r.get("decode_expert_bytes_per_token") is not None]
+    ours = [r for r in results if r.get("decode_expert_bytes_per_token") is not None
+            and "experts" in (r.get("engine_stats") or {})]
     if not ours:
         return
     from pyedgemoe.bench import roofline
@@ -394,6 +397,8 @@ def format_report(results: list[dict[str, Any]]) -> str:
         feeds = sorted({r["decode_input"] for r in results if r.get("decode_input")})
         out += f"; decode input: {'/'.join(feeds)}" if feeds else ""
         out += f"; pyedgemoe options: {', '.join(ours_opts)}" if ours_opts else ""
+        no_repack = any(r["engine"] == STOCK and (r.get("options") or {}).get("repack") is False for r in results)
+        out += "; stock llama.cpp without repacking (--no-repack)" if no_repack else ""
         out += f"; other runnable tasks just before a run: max {max(busy)}." if busy else "."
     if any_ratio:
         out += "\n\n" + "\n".join(ratios)
@@ -410,7 +415,8 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
              output_tokens: int | Sequence[int] = 32, repeats: int = 3, threads: int | None = None,
              vs_llama_cpp: bool = True, mem_cap: str | None = None, flash_attn: bool = False,
              ours_options: dict[str, Any] | None = None, json_path: Path | None = None,
-             engines: Sequence[str] | None = None, decode_input: str = "greedy") -> list[dict[str, Any]]:
+             engines: Sequence[str] | None = None, decode_input: str = "greedy",
+             stock_repack: bool = True) -> list[dict[str, Any]]:
     """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
     stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
     def log(s: str) -> None:
@@ -430,7 +436,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
             results += run_benchmark(path, engines=engines, prompt_tokens=pt, output_tokens=ot,
                                      repeats=repeats, threads=threads, mem_cap_bytes=cap,
                                      flash_attn=flash_attn, ours_options=ours_options,
-                                     decode_input=decode_input, log=log)
+                                     stock_repack=stock_repack, decode_input=decode_input, log=log)
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -455,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
                    help="token fed back at each decode step: the greedy pick (default) or a fixed "
                         "non-repeating sequence (realistic routing on random-weight models)")
+    p.add_argument("--stock-no-repack", action="store_true",
+                   help="stock llama.cpp as with --no-repack (no repacked copy of Q4_K/Q4_0 weights)")
     p.add_argument("--json", type=Path, default=None, help="also write every measurement here")
     args = p.parse_args(argv)
 
@@ -466,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         cli_main(args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                  repeats=args.repeats, threads=args.threads, mem_cap=args.mem_cap,
                  flash_attn=args.flash_attn, ours_options=ours_options, json_path=args.json,
-                 engines=args.engines, decode_input=args.decode_input)
+                 engines=args.engines, decode_input=args.decode_input, stock_repack=not args.stock_no_repack)
     except BenchmarkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,8 +72,20 @@ def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flas
     except ImportError as e:
         raise EngineUnavailable(f"llama_cpp (llama-cpp-python) is not importable: {e}") from e
 
-    if options:
-        raise ValueError(f"engine options are for pyedgemoe only, got {sorted(options)} for llama_cpp")
+    unknown = set(options) - {"repack"}
+    if unknown:
+        raise ValueError(f"llama_cpp takes only the option repack, got {sorted(unknown)}")
+    if options.get("repack") is False:
+        # llama.cpp's --no-repack, which llama-cpp-python's Llama does not expose: on x86 the CPU
+        # backend copies Q4_0/Q4_K/IQ4 weights into a repacked layout in anonymous memory, which a
+        # memory cap cannot page out (the mmap'd file pages it can)
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def no_repack():
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+        llama_cpp.llama_cpp.llama_model_default_params = no_repack
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads,
                           n_threads_batch=threads, n_batch=512, flash_attn=flash_attn, verbose=False)
