@@ -61,12 +61,22 @@ $(BENCH_MP_MODEL).calibration.json: $(BENCH_MP_MODEL)
 	cat docs/*.md | head -c 60000 > build/bench/calibration.txt
 	$(PY) -m pyedgemoe calibrate $(BENCH_MP_MODEL) -f build/bench/calibration.txt --budget 15% --max-tokens 256 --ctx 128 -t 2
 
-bench: setup-test $(BENCH_MODEL) $(BENCH_MP_MODEL).calibration.json
+# Synthetic Qwen3-30B-A3B geometry, 12 of its 48 layers (Q4_K, 4.6 GB). Stock llama.cpp repacks
+# Q4_K weights into anonymous memory on x86 and is killed under the caps: it runs with --no-repack.
+BENCH_QWEN3 := build/bench/qwen3-30b-a3b-L12-q4_k.gguf
+
+$(BENCH_QWEN3):
+	$(PY) scripts/make_synthetic_gguf.py --geometry qwen3-30b-a3b --layers 12 --type q4_k -o $@
+
+bench: setup-test $(BENCH_MODEL) $(BENCH_MP_MODEL).calibration.json $(BENCH_QWEN3)
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --prompt-tokens 16 --prompt-tokens 128 --output-tokens 32 --output-tokens 128
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 50% --expert-cache 40%
 	$(PY) -m pyedgemoe bench $(BENCH_MODEL) --mem-cap 25% --expert-cache 15% --repeats 2
 	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP25) --expert-cache 15% --repeats 4
 	$(PY) scripts/bench_hobbit.py $(BENCH_MP_MODEL) --mem-cap $(BENCH_CAP50) --expert-cache 40% --repeats 4
+	$(PY) -m pyedgemoe bench $(BENCH_QWEN3) --prompt-tokens 16 --prompt-tokens 128 --output-tokens 32 --output-tokens 128
+	$(PY) -m pyedgemoe bench $(BENCH_QWEN3) --prompt-tokens 16 --prompt-tokens 128 --mem-cap 50% --expert-cache 35% --stock-no-repack
+	$(PY) -m pyedgemoe bench $(BENCH_QWEN3) --prompt-tokens 16 --prompt-tokens 128 --mem-cap 25% --expert-cache 10% --stock-no-repack
 
 clean:
 	rm -rf build $(VENV) native/vendor tests/.models
