@@ -24,8 +24,12 @@ def measurements(path: Path) -> list[tuple[str, dict]]:
     if isinstance(data, dict) and "runs" in data:
         # one line per configuration across the files (e.g. one file per cap)
         return [(f"HOBBIT ablation: {name}", r) for name, runs in data["runs"].items() for r in runs]
-    names = {"llama_cpp": "stock llama.cpp (mmap)", "pyedgemoe": "pyedgemoe (resident; lossless LRU cache under a cap)"}
-    return [(names.get(r["engine"], r["engine"]), r) for r in data]
+    def name(r: dict) -> str:
+        if r["engine"] == "llama_cpp":
+            no_repack = (r.get("options") or {}).get("repack") is False
+            return "stock llama.cpp (mmap, --no-repack)" if no_repack else "stock llama.cpp (mmap)"
+        return "pyedgemoe (resident; lossless LRU cache under a cap)" if r["engine"] == "pyedgemoe" else r["engine"]
+    return [(name(r), r) for r in data]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", nargs="+", type=Path)
     p.add_argument("--reference-bytes", type=int, default=None,
                    help="file size the caps are a share of (default: the smallest model in the inputs)")
+    p.add_argument("--title", default="Synthetic OLMoE-1B-7B geometry (16 layers), 2 threads")
     p.add_argument("-o", "--out", type=Path, required=True)
     args = p.parse_args(argv)
 
@@ -52,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, by_cap in sorted(points.items()):
         caps = sorted(by_cap)
         ax.plot(caps, [statistics.median(by_cap[c]) for c in caps], marker="o", label=name)
-    ax.set_xlabel("memory cap (% of the Q8_0 model file; 100 % = no cap)")
+    ax.set_xlabel("memory cap (% of the standard model file; 100 % = no cap)")
     ax.set_ylabel("decode tokens / s (median)")
     ax.set_yscale("log")
-    ax.set_title("Synthetic OLMoE-1B-7B geometry (16 layers), 2 threads")
+    ax.set_title(args.title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
