@@ -108,7 +108,6 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
     // where each expert tensor starts in the file
     std::map<int, std::unique_ptr<layer>> by_layer;
     std::map<int, expert_shapes> shapes_of;
-
     {
         gguf_directory dir(path);
         for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
@@ -292,10 +291,8 @@ bool expert_residency::build_pass(layer & l, ggml_context * ctx, int pass, ggml_
                                   ggml_tensor * weights, ggml_tensor * previous, llama_moe_expert_pass * p) {
     const int n_precisions = cache_->has_low() ? 2 : 1;
     if (pass == 0) {
-        for (int q = 0; q < PROJ_COUNT; q++) {
-            ggml_tensor * given[PROJ_COUNT] = { p->up_exps, p->gate_exps, p->down_exps, p->gate_up_exps };
-            GGML_ASSERT(given[q] == l.stacked[q]);
-        }
+        const ggml_tensor * given[PROJ_COUNT] = { p->up_exps, p->gate_exps, p->down_exps, p->gate_up_exps };
+        for (int q = 0; q < PROJ_COUNT; q++) GGML_ASSERT(given[q] == l.stacked[q]);
         l.building_ids = p->ids;
         l.building_waves = n_waves(l, p->ids->ne[1]);
     }
