@@ -85,7 +85,7 @@ THREADS_OPTION = typer.Option(None, "-t", "--threads", help="threads (default: a
 EXPERT_CACHE_OPTION = typer.Option("auto", "--expert-cache",
                                    help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto")
 IO_OPTION = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap")
-IO_THREADS_OPTION = typer.Option(1, "--io-threads", help="parallel expert reads")
+IO_THREADS_OPTION = typer.Option(4, "--io-threads", help="expert reads in flight at once")
 CACHE_POLICY_OPTION = typer.Option(None, "--cache-policy",
                                    help="expert cache eviction: lru, lfu, lhu, fld or hobbit "
                                         "(default: hobbit when calibrated, else lru)")

@@ -130,7 +130,7 @@ class Engine:
         bytes), or None / "auto" (every expert resident, no offloading). With a budget the experts stay
         in the file and are read into a cache when routed to (docs/expert-residency.md).
     io: how experts are read: "direct" (O_DIRECT; buffered where the filesystem has none), "buffered"
-        (pread) or "mmap". io_threads: parallel reads per layer.
+        (pread) or "mmap". io_threads: expert reads in flight at once (default 4).
     cache_policy: "lru", "lfu", "lhu", "fld" or "hobbit" (HOBBIT's multidimensional priority with
         policy_weights "lru,lfu,lhu,fld"); default "hobbit" when the model is calibrated, else "lru".
     Mixed precision (HOBBIT, docs/mixed-precision.md): low_precision (default: on when LOW copies
@@ -147,7 +147,7 @@ class Engine:
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
-                 io: str = "direct", io_threads: int = 1, cache_policy: str | None = None,
+                 io: str = "direct", io_threads: int = 4, cache_policy: str | None = None,
                  policy_weights: str | list[float] | None = None, low_precision: bool | None = None,
                  skip: bool | None = None, t1: float | None = None, t2: float | None = None,
                  low_cache: float = 0.25, low_hit: str = "accept", low_from: str | os.PathLike | None = None,

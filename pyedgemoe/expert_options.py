@@ -42,7 +42,7 @@ def parse_policy_weights(value) -> tuple[float, float, float, float] | None:
 @dataclass
 class ExpertOptions:
     io: str = "direct"
-    io_threads: int = 1
+    io_threads: int = 4
     cache_policy: str | None = None   # None: "hobbit" when calibrated, else "lru"
     policy_weights: object = None     # "a,b,c,d" or 4 numbers; None: calibrated or equal weights
     low_precision: bool | None = None  # None: on when LOW copies exist

@@ -120,6 +120,7 @@ nb::dict stats(const Model & m) {
     prefetch["issued"] = prefetch_total.issued; prefetch["used"] = prefetch_total.used;
     prefetch["wasted"] = prefetch_total.wasted; prefetch["bytes_read"] = prefetch_total.bytes_read;
     prefetch["load_ms"] = prefetch_total.load_ms;
+    prefetch["busy_ms"] = r.prefetch_busy_ms();
     prefetch["layers"] = prefetch_layers;
     out["prefetches"] = prefetch;
     nb::list prediction;

@@ -671,11 +671,10 @@ std::string expert_residency::read_all(const std::vector<expert_read> & reads, e
     const int n_threads = std::min<int>(loaders_->n_threads(), (int) reads.size());
     std::atomic<size_t> next{0};
     std::vector<uint64_t> bytes(n_threads, 0);
-    std::vector<double> ms(n_threads, 0.0);
     std::vector<std::string> errs(n_threads);
+    const auto t0 = clock_type::now();
     loaders_->run(n_threads, [&](int t) {
         for (size_t j; (j = next.fetch_add(1)) < reads.size();) {
-            const auto t0 = clock_type::now();
             try {
                 bytes[t] += reads[j].run();
             } catch (const std::exception & ex) {
@@ -683,14 +682,13 @@ std::string expert_residency::read_all(const std::vector<expert_read> & reads, e
                 next = reads.size();  // the others stop too
                 return;
             }
-            ms[t] += ms_since(t0);
         }
     });
+    st.load_ms += ms_since(t0);
     std::string error;
     for (int t = 0; t < n_threads; t++) {
         if (error.empty()) error = errs[t];
         st.bytes_read += bytes[t];
-        st.load_ms += ms[t];
     }
     return error;
 }
@@ -724,6 +722,8 @@ std::vector<expert_prediction_stats> expert_residency::prediction_stats() const 
     return prediction_stats_;
 }
 
+double expert_residency::prefetch_busy_ms() const { return prefetcher_ ? prefetcher_->busy_ms() : 0.0; }
+
 uint64_t expert_residency::resident_experts() const { return cache_->resident_experts(); }
 
 void expert_residency::reset_stats() {
@@ -731,6 +731,7 @@ void expert_residency::reset_stats() {
     for (auto & s : stats_) s = expert_layer_stats();
     for (auto & s : prefetch_stats_) s = expert_prefetch_stats();
     for (auto & s : prediction_stats_) s = expert_prediction_stats();
+    if (prefetcher_) prefetcher_->reset_busy_ms();
 }
 
 void expert_residency::set_tracing(bool on) {

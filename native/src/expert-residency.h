@@ -126,6 +126,7 @@ public:
 
     std::vector<std::pair<int, expert_layer_stats>> layer_stats() const;  // (il, counters)
     std::vector<std::pair<int, expert_prefetch_stats>> prefetch_stats() const;  // (il, counters)
+    double   prefetch_busy_ms() const;  // wall time with prefetch reads in flight
     std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
     const std::string & prefetch_mode() const { return params_.prefetch; }
     int prefetch_depth() const { return predictor_ ? predictor_->depth() : 0; }

@@ -66,6 +66,17 @@ std::vector<std::shared_ptr<prefetch_job>> prefetcher::cancel_all() {
     return dropped;
 }
 
+double prefetcher::busy_ms() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return busy_ms_;
+}
+
+void prefetcher::reset_busy_ms() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ms_ = 0;
+    busy_since_ = std::chrono::steady_clock::now();  // a read in flight counts from now
+}
+
 void prefetcher::thread_main() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
@@ -78,15 +89,18 @@ void prefetcher::thread_main() {
         for (const expert_read & r : job->reads) {
             wake_.wait(lock, [&] { return stop_ || paused_ == 0; });
             if (stop_) break;
-            lock.unlock();
             const auto t0 = std::chrono::steady_clock::now();
+            if (reading_++ == 0) busy_since_ = t0;
+            lock.unlock();
             try {
                 job->bytes += r.run();
             } catch (const std::exception & ex) {
                 job->error = ex.what();
             }
-            job->ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            const auto t1 = std::chrono::steady_clock::now();
+            job->ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
             lock.lock();
+            if (--reading_ == 0) busy_ms_ += std::chrono::duration<double, std::milli>(t1 - busy_since_).count();
             if (!job->error.empty()) break;
         }
         running_.erase(std::find(running_.begin(), running_.end(), job));

@@ -10,6 +10,7 @@
 #include "expert-store.h"
 #include "precision-policy.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -47,6 +48,9 @@ public:
     std::vector<std::shared_ptr<prefetch_job>> take_finished();
     // waits until no job runs, dropping queued jobs; returns them
     std::vector<std::shared_ptr<prefetch_job>> cancel_all();
+    // wall time with at least one prefetch read in flight (the jobs' ms overlap), since the reset
+    double busy_ms();
+    void reset_busy_ms();
 
 private:
     void thread_main();
@@ -58,6 +62,9 @@ private:
     std::vector<std::shared_ptr<prefetch_job>> running_;
     std::vector<std::shared_ptr<prefetch_job>> finished_;
     int paused_ = 0;
+    int reading_ = 0;  // reads in flight
+    double busy_ms_ = 0;
+    std::chrono::steady_clock::time_point busy_since_;
     bool stop_ = false;
     std::vector<std::thread> threads_;  // last: they start once everything above is constructed
 };

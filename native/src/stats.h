@@ -14,7 +14,7 @@ struct expert_layer_stats {
     // token selections (token x top-k) by the precision that served them
     uint64_t selections_high = 0, selections_low = 0, selections_skip = 0;
     uint64_t bytes_read  = 0;  // bytes read from storage (after rounding out for O_DIRECT)
-    double   load_ms     = 0;  // summed over reads (across io threads)
+    double   load_ms     = 0;  // wall time with this layer's reads in flight
     double   stall_ms    = 0;  // wall time the compute waited for this layer's loads
 
     void add(const expert_layer_stats & o) {
@@ -36,5 +36,5 @@ struct expert_prediction_stats {
 // before being evicted.
 struct expert_prefetch_stats {
     uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0;
-    double   load_ms = 0;
+    double   load_ms = 0;  // summed over the jobs (several run at once: see prefetcher::busy_ms)
 };

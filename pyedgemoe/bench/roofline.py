@@ -31,11 +31,13 @@ def ram_bandwidth(n_bytes: int = 512 << 20, repeats: int = 3) -> float:
 
 
 def run_disk_bandwidth(expert_stats: dict) -> float | None:
-    """Bytes per second of a run's expert reads, on demand and prefetched (Engine.stats()["experts"]);
-    None when it read nothing."""
+    """Bytes per second of a run's expert reads, on demand and prefetched (Engine.stats()["experts"]),
+    over the wall time reads were in flight; None when it read nothing. (Results written before the
+    prefetcher reported busy_ms ran one prefetch read at a time: its summed load_ms is that time.)"""
     prefetched = expert_stats.get("prefetches") or {}
     n_bytes = expert_stats["total"]["bytes_read"] + prefetched.get("bytes_read", 0)
-    seconds = (expert_stats["total"]["load_ms"] + prefetched.get("load_ms", 0.0)) / 1000
+    prefetch_ms = prefetched.get("busy_ms", prefetched.get("load_ms", 0.0))
+    seconds = (expert_stats["total"]["load_ms"] + prefetch_ms) / 1000
     return n_bytes / seconds if n_bytes and seconds > 0 else None
 
 
