@@ -182,8 +182,7 @@ def run(
                     repeat_penalty=repeat_penalty, seed=seed)
     try:
         with Engine(model, n_ctx=ctx, seed=seed, **options) as eng:
-            if not as_json or not eng.info.is_moe:
-                print_model_note(eng, model)
+            print_model_note(eng, model)  # stderr: --json's stdout stays one object
             if chat:
                 run_chat(eng, prompt, max_tokens, sampling)
             elif as_json:
@@ -285,8 +284,7 @@ def perplexity_command(
 
     try:
         with Engine(model, n_ctx=ctx, **options) as eng:
-            if not as_json or not eng.info.is_moe:
-                print_model_note(eng, model)
+            print_model_note(eng, model)  # stderr: --json's stdout stays one object
             result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running)
             if as_json:
                 typer.echo(json.dumps({**result.to_dict(), "stats": eng.stats()}))

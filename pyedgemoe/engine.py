@@ -22,7 +22,7 @@ from pyedgemoe.chat_template import render_chat
 from pyedgemoe.calibrate import load_calibration
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions
-from pyedgemoe.memory_budget import parse_expert_cache
+from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.text_stream import TextStream
 
@@ -171,8 +171,10 @@ class Engine:
 
         self.model_path = os.fspath(model_path)
         self.info: ModelInfo = read_model_info(self.model_path)
+        block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
+        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn)
         budget, self.expert_cache_note = parse_expert_cache(expert_cache, self.info.high_expert_bytes,
-                                                            self.info.non_expert_bytes)
+                                                            self.info.non_expert_bytes, context)
         offload = budget is not None and self.info.is_moe
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         native_options = (expert_options.native_kwargs(self.info, load_calibration(self.model_path, self.info.metadata))

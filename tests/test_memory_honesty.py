@@ -32,6 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from pyedgemoe import memory_budget
+from pyedgemoe.model_info import read_model_info
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / ".models"
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -163,3 +166,32 @@ def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model):
     totals = capped["stats"]["experts"]["total"]
     assert totals["misses"] > 0 and totals["bytes_read"] > budget, "the experts must really stream from the file"
     assert capped["peak_rss"] <= bound, report
+
+
+def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(model):
+    """`--expert-cache auto` (the default) in a cgroup too small for the model: it sizes the cache
+    from the room under the cap minus the non-expert weights, the KV cache and the slack, says so,
+    and gives the resident run's tokens."""
+    reason = cgroup_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    dense = MODELS / "llama" / "llama-f32.gguf"
+    if not dense.is_file():
+        pytest.skip(f"{dense} missing (built by the other tests' fixtures)")
+    base = run_cli(dense, "auto")
+    assert base["returncode"] == 0, base["stderr"][-2000:]
+    resident = run_cli(model, "auto")
+    assert resident["returncode"] == 0, resident["stderr"][-2000:]
+    info = resident["stats"]["model"]
+    metadata = read_model_info(model).metadata
+    context = memory_budget.context_bytes(metadata, 4096, 512, 2, flash_attn=None)  # run's --ctx default, f16
+    # room for about a third of the experts beside the interpreter, the weights, the context and the slack
+    cap = base["peak_rss"] + info["non_expert_bytes"] + context + memory_budget.RESERVE_SLACK_BYTES + info["expert_bytes"] // 3
+
+    evict_from_page_cache(model)
+    capped = run_cli(model, "auto", limit_bytes=cap)
+    assert capped["returncode"] == 0, f"auto under a {cap}-byte cap failed:\n{capped['stderr'][-2000:]}"
+    assert "expert cache auto:" in capped["stderr"] and "reserved for the context" in capped["stderr"]
+    experts = capped["stats"]["experts"]
+    assert 0 < experts["pool_bytes"] < info["expert_bytes"], "auto must offload under this cap"
+    assert capped["tokens"] == resident["tokens"]

@@ -470,6 +470,10 @@ bool expert_residency::serve_wave(const layer & l, int wave, const ggml_tensor *
             for (expert_read & r : reads_of(l, p.expert, p.precision, p.slot)) reads.push_back(std::move(r));
         }
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
+        // in file order: a prefill wave's experts of one projection then read as one forward sweep
+        std::sort(reads.begin(), reads.end(), [](const expert_read & a, const expert_read & b) {
+            return std::make_pair(a.store, a.offset) < std::make_pair(b.store, b.offset);
+        });
         if (prefetcher_) prefetcher_->pause();
         std::string error = read_all(reads, st);
         if (prefetcher_) prefetcher_->resume();
