@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import MOE_ARCHITECTURES
 from pyedgemoe import Engine
+from pyedgemoe.convert.export import export
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
 from pyedgemoe.model_info import read_model_info
 
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 N_GREEDY = 32
@@ -60,7 +63,25 @@ def resident_cache():
 @pytest.mark.parametrize("budget", ["100%", "50%", "minimum"])
 @pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
 def test_offloaded_run_equals_resident_run(tiny_model, resident_cache, arch, outtype, budget, io):
-    path, _ = tiny_model(arch, outtype)
+    check_offloaded_equals_resident(tiny_model(arch, outtype)[0], budget, io, resident_cache)
+
+
+@pytest.fixture(scope="module")
+def q4_k_model(tmp_path_factory):
+    """The demo model's Q4_K expert copies as a standard GGUF. llama.cpp repacks Q4_K expert tensors
+    for its faster kernels (CPU_REPACK, on x86 AVX2 and ARM), so the slot pools must too."""
+    out = tmp_path_factory.mktemp("q4_k") / "demo-q4_k.gguf"
+    return export(DEMO, out, precision="low", progress=False)
+
+
+@pytest.mark.parametrize("io", IO_MODES)
+@pytest.mark.parametrize("budget", ["50%", "minimum"])
+def test_offloaded_run_equals_resident_run_with_repacked_expert_types(q4_k_model, resident_cache, budget, io):
+    assert read_model_info(q4_k_model).tensor_types.get("q4_K", 0) > 0
+    check_offloaded_equals_resident(q4_k_model, budget, io, resident_cache)
+
+
+def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache) -> None:
     logits, tokens, stats, n_ubatch = run(path, expert_cache=budget_bytes(path, budget), io=io)
     ref_logits, ref_tokens = resident_cache(path, n_ubatch)
     assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))

@@ -535,7 +535,8 @@ std::vector<expert_read> expert_residency::reads_of(const layer & l, int expert,
         const uint64_t offset = (low ? l.low_offset[p] : l.file_offset[p]) + (uint64_t) expert * size;
         reads.push_back({ &store, offset, size, pool.slot_data((expert_projection) p, slot),
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
-                          std::to_string(l.il) + " (" + kProjectionNames[p] + ")" });
+                          std::to_string(l.il) + " (" + kProjectionNames[p] + ")",
+                          pool.repack_view((expert_projection) p, slot) });
     }
     return reads;
 }

@@ -1,5 +1,7 @@
 #include "expert-store.h"
 
+#include "ggml-backend.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -163,9 +165,31 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
     return 0;
 }
 
+// this thread's page-aligned buffer of at least size bytes (O_DIRECT reads go straight into it)
+static void * staging_buffer(uint64_t size) {
+    struct buffer {
+        void * data = nullptr;
+        uint64_t bytes = 0;
+        ~buffer() { free(data); }
+    };
+    thread_local buffer b;
+    if (b.bytes < size) {
+        free(b.data);
+        b.data = nullptr;
+        b.bytes = 0;
+        if (posix_memalign(&b.data, expert_store::kDirectAlignment, size) != 0) throw std::bad_alloc();
+        b.bytes = size;
+    }
+    return b.data;
+}
+
 uint64_t expert_read::run() const {
     try {
-        return store->read_range(offset, size, dst);
+        if (!repack_view) return store->read_range(offset, size, dst);
+        void * staging = staging_buffer(size);
+        const uint64_t n = store->read_range(offset, size, staging);
+        ggml_backend_tensor_set(repack_view, staging, 0, size);
+        return n;
     } catch (const std::exception & ex) {
         throw std::runtime_error("cannot read " + what + " (file offset " + std::to_string(offset) + ") from " +
                                  store->path() + ": " + ex.what());

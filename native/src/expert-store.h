@@ -45,12 +45,16 @@ private:
     void check_unchanged() const;
 };
 
+struct ggml_tensor;
+
 // One read of one projection of one expert into its slot.
 struct expert_read {
     const expert_store * store;
     uint64_t offset, size;
     void * dst;
     std::string what;  // for an error message: which expert, projection and layer
+    // a slot of a repacked pool (slot-pool.h): the bytes go through a staging buffer into this view
+    ggml_tensor * repack_view = nullptr;
 
     // Returns the bytes read from storage; throws std::runtime_error naming what, the file offset
     // and the file.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -11,47 +12,112 @@ uint64_t expert_bytes_of(const expert_shapes & shapes) {
     return total;
 }
 
+// llama.cpp's CPU_REPACK buffer type, or nullptr where this CPU has none
+static ggml_backend_buffer_type_t cpu_repack_buffer_type() {
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!cpu) return nullptr;
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t * b = get_extra ? get_extra(cpu) : nullptr; b && *b; b++) {
+        if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) return *b;
+    }
+    return nullptr;
+}
+
+// Whether llama.cpp repacks a tensor of this type and shape: the buffer type's init_tensor
+// attaches its repacked kernels (tensor->extra) exactly when it does.
+static bool repacks(ggml_backend_buffer_type_t repack, const ggml_tensor * t) {
+    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(repack, 1);
+    if (!probe) return false;
+    ggml_tensor copy = *t;
+    copy.extra = nullptr;
+    ggml_backend_buffer_init_tensor(probe, &copy);
+    ggml_backend_buffer_free(probe);
+    return copy.extra != nullptr;
+}
+
 slot_pool::slot_pool(const expert_shapes & shapes, int n_slots) : shapes_(shapes), n_slots_(n_slots) {
-    ggml_init_params params = { ggml_tensor_overhead() * PROJ_COUNT + 1024, nullptr, /*no_alloc*/ true };
+    // the pools, and a view of every slot of the repacked ones
+    ggml_init_params params = { ggml_tensor_overhead() * PROJ_COUNT * (2 + (size_t) n_slots) + 1024, nullptr, /*no_alloc*/ true };
     ctx_ = ggml_init(params);
     if (!ctx_) throw std::runtime_error("slot pool: ggml_init failed");
     static const char * names[PROJ_COUNT] = { "edgemoe_pool_up", "edgemoe_pool_gate", "edgemoe_pool_down", "edgemoe_pool_gate_up" };
-    // every projection's pool starts on a page: O_DIRECT reads of page-multiple experts then go
-    // straight into their slots (expert_store::read_range)
+    ggml_backend_buffer_type_t repack = cpu_repack_buffer_type();
+    // every plain projection's pool starts on a page: O_DIRECT reads of page-multiple experts then
+    // go straight into their slots (expert_store::read_range)
     auto page_round = [](uint64_t n) { return (n + kPageBytes - 1) / kPageBytes * kPageBytes; };
     uint64_t total = 0;
     std::array<uint64_t, PROJ_COUNT> offset{};
+    std::array<bool, PROJ_COUNT> repacked{};
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!shapes[p].present) continue;
         tensors_[p] = ggml_new_tensor_3d(ctx_, shapes[p].type, shapes[p].ne0, shapes[p].ne1, n_slots);
+        repacked[p] = repack && repacks(repack, tensors_[p]);
+        if (repacked[p] && n_slots == 1) {
+            // the repacked mul_mat_id takes only 3-D weights, and ggml_n_dims calls one slot 2-D:
+            // a second slot, never used
+            tensors_[p] = ggml_new_tensor_3d(ctx_, shapes[p].type, shapes[p].ne0, shapes[p].ne1, 2);
+        }
         ggml_set_name(tensors_[p], names[p]);
         if (tensors_[p]->nb[2] != shapes[p].bytes) {
-            ggml_free(ctx_);
+            free_all();
             throw std::runtime_error("slot pool: expert stride mismatch for " + std::string(names[p]));
         }
+        if (repacked[p]) continue;
         offset[p] = total;
         total += page_round(ggml_nbytes(tensors_[p]));
     }
-    if (posix_memalign(&host_, kPageBytes, std::max<uint64_t>(total, kPageBytes)) != 0) {
-        host_ = nullptr;
-        ggml_free(ctx_);
+    auto fail = [&]() {
+        free_all();
         throw std::runtime_error("slot pool: cannot allocate " + std::to_string(bytes()) + " bytes for " +
                                  std::to_string(n_slots) + " expert slots");
+    };
+    if (total > 0) {
+        if (posix_memalign(&host_, kPageBytes, total) != 0) {
+            host_ = nullptr;
+            fail();
+        }
+        buffer_ = ggml_backend_cpu_buffer_from_ptr(host_, total);
+        // the scheduler treats the pools like model weights (never as compute scratch)
+        ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }
-    buffer_ = ggml_backend_cpu_buffer_from_ptr(host_, total);
     for (int p = 0; p < PROJ_COUNT; p++) {
-        if (tensors_[p]) ggml_backend_tensor_alloc(buffer_, tensors_[p], (char *) host_ + offset[p]);
+        if (!tensors_[p]) continue;
+        if (!repacked[p]) {
+            ggml_backend_tensor_alloc(buffer_, tensors_[p], (char *) host_ + offset[p]);
+            continue;
+        }
+        ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(repack, ggml_nbytes(tensors_[p]));
+        if (!buffer) fail();
+        repack_buffers_.push_back(buffer);
+        ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_backend_tensor_alloc(buffer, tensors_[p], ggml_backend_buffer_get_base(buffer));
+        const ggml_tensor * t = tensors_[p];
+        for (int s = 0; s < n_slots; s++) {
+            ggml_tensor * view = ggml_view_3d(ctx_, tensors_[p], t->ne[0], t->ne[1], 1, t->nb[1], t->nb[2], (size_t) s * t->nb[2]);
+            ggml_backend_view_init(view);  // attaches the repacked kernels to the view, as to the pool
+            repack_views_[p].push_back(view);
+        }
     }
-    // the scheduler treats the pools like model weights (never as compute scratch)
-    ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
 }
 
-slot_pool::~slot_pool() {
+void slot_pool::free_all() {
+    for (ggml_backend_buffer_t b : repack_buffers_) ggml_backend_buffer_free(b);
+    repack_buffers_.clear();
     if (buffer_) ggml_backend_buffer_free(buffer_);  // does not own host_
+    buffer_ = nullptr;
     free(host_);
+    host_ = nullptr;
     if (ctx_) ggml_free(ctx_);
+    ctx_ = nullptr;
 }
+
+slot_pool::~slot_pool() { free_all(); }
 
 void * slot_pool::slot_data(expert_projection p, int slot) const {
     return (char *) tensors_[p]->data + (size_t) slot * tensors_[p]->nb[2];
+}
+
+ggml_tensor * slot_pool::repack_view(expert_projection p, int slot) const {
+    return repack_views_[p].empty() ? nullptr : repack_views_[p][slot];
 }

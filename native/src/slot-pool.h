@@ -3,6 +3,11 @@
 // [ne0, ne1, n_slots] per projection; a cached expert is a slot index, the same in every
 // projection's pool. ggml_mul_mat_id multiplies
 // over the pools with slot ids exactly as it would over the stacked expert tensors.
+//
+// Where llama.cpp would repack a resident expert tensor (its CPU_REPACK buffer type: Q4_0, Q4_K,
+// IQ4_NL, MXFP4 on x86 AVX2), that projection's pool lives in a CPU_REPACK buffer too, so the
+// same repacked kernels compute and the result is bit-identical to the resident model. Such a
+// slot is written through its view (repack_view), which converts the file's layout.
 #pragma once
 
 #include "ggml.h"
@@ -10,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 enum expert_projection { PROJ_UP, PROJ_GATE, PROJ_DOWN, PROJ_GATE_UP, PROJ_COUNT };
 
@@ -42,13 +48,20 @@ public:
 
     ggml_tensor * tensor(expert_projection p) const { return tensors_[p]; }
     void * slot_data(expert_projection p, int slot) const;
+    // a repacked projection: the slot's view, to be written whole with ggml_backend_tensor_set
+    // (the file's layout in, the repacked one stored); nullptr for a plain projection
+    ggml_tensor * repack_view(expert_projection p, int slot) const;
 
 private:
     expert_shapes shapes_;
     int n_slots_;
     ggml_context * ctx_ = nullptr;
-    void * host_ = nullptr;  // the pools' memory, wrapped by buffer_
+    void * host_ = nullptr;  // the plain pools' memory, wrapped by buffer_
     ggml_backend_buffer_t buffer_ = nullptr;
+    std::vector<ggml_backend_buffer_t> repack_buffers_;  // one per repacked projection
+    std::array<std::vector<ggml_tensor *>, PROJ_COUNT> repack_views_;
+
+    void free_all();
 
     static constexpr uint64_t kPageBytes = 4096;
     std::array<ggml_tensor *, PROJ_COUNT> tensors_{};
