@@ -124,22 +124,27 @@ def llama_buffer_bytes(stderr: str) -> int:
     return int(total * 2**20)
 
 
-def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model):
+def baseline_and_resident_runs(model, *, baseline_limit: int | None = None) -> tuple[dict, dict]:
+    """(the same command on the tiny dense model: the interpreter + numpy + our module, in a cgroup
+    of baseline_limit bytes when given; the model's uncapped run); skips where cgroups or the dense
+    model are missing."""
     reason = cgroup_skip_reason()
     if reason:
         pytest.skip(reason)
-
-    # the interpreter + numpy + our module: the same command on the tiny dense model
     dense = MODELS / "llama" / "llama-f32.gguf"
     if not dense.is_file():
         pytest.skip(f"{dense} missing (built by the other tests' fixtures)")
-    base = run_cli(dense, "auto")
+    base = run_cli(dense, "auto", limit_bytes=baseline_limit)
     assert base["returncode"] == 0, base["stderr"][-2000:]
-    baseline = base["peak_rss"]
-
-    resident = run_cli(model, "auto")  # uncapped: every expert resident (they fit)
+    resident = run_cli(model, "auto")
     assert resident["returncode"] == 0, resident["stderr"][-2000:]
-    assert "experts" not in resident["stats"], "the reference run must be fully resident"
+    return base, resident
+
+
+def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model):
+    base, resident = baseline_and_resident_runs(model)
+    baseline = base["peak_rss"]
+    assert "experts" not in resident["stats"], "the reference run must be fully resident (they fit)"
 
     info = resident["stats"]["model"]
     budget = info["expert_bytes"] // 5
@@ -172,18 +177,9 @@ def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(mod
     """`--expert-cache auto` (the default) in a cgroup too small for the model: it sizes the cache
     from the room under the cap minus the non-expert weights, the KV cache and the slack, says so,
     and gives the resident run's tokens."""
-    reason = cgroup_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    dense = MODELS / "llama" / "llama-f32.gguf"
-    if not dense.is_file():
-        pytest.skip(f"{dense} missing (built by the other tests' fixtures)")
-    # what the interpreter and our module take, as the cgroup counts it (ru_maxrss would include
-    # the pages a forked child shares with this test process before it execs)
-    base = run_cli(dense, "auto", limit_bytes=4 * 2**30)
-    assert base["returncode"] == 0, base["stderr"][-2000:]
-    resident = run_cli(model, "auto")
-    assert resident["returncode"] == 0, resident["stderr"][-2000:]
+    # the baseline as the cgroup counts it (ru_maxrss would include the pages a forked child
+    # shares with this test process before it execs)
+    base, resident = baseline_and_resident_runs(model, baseline_limit=4 * 2**30)
     info = resident["stats"]["model"]
     metadata = read_model_info(model).metadata
     context = memory_budget.context_bytes(metadata, 4096, 512, 2, flash_attn=None)  # run's --ctx default, f16
