@@ -127,8 +127,10 @@ class Engine:
     flash_attn: True/False, or None to let llama.cpp decide (its default).
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
     expert_cache: bytes of memory for routed experts: an int, "300MiB", "4GiB", "50%" (of the expert
-        bytes), or None / "auto" (every expert resident, no offloading). With a budget the experts stay
-        in the file and are read into a cache when routed to (docs/expert-residency.md).
+        bytes), or None / "auto" (every expert resident when the model fits in the memory available,
+        else a cache of what is left after the non-expert weights, the context and a slack). With a
+        budget the experts stay in the file and are read into a cache when routed to
+        (docs/expert-residency.md).
     io: how experts are read: "direct" (O_DIRECT; buffered where the filesystem has none), "buffered"
         (pread) or "mmap". io_threads: expert reads in flight at once (default 4).
     cache_policy: "lru", "lfu", "lhu", "fld" or "hobbit" (HOBBIT's multidimensional priority with
