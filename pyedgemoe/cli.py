@@ -59,6 +59,10 @@ def print_stats(stats: dict) -> None:
     typer.echo(f"expert cache: {format_bytes(experts['pool_bytes'])} of {format_bytes(experts['expert_bytes'])} "
                f"experts (minimum {format_bytes(experts['minimum_bytes'])}), io {experts['io']}, "
                f"policy {experts['cache_policy']}", err=True)
+    fill = experts["fill"]
+    if fill["experts"]:
+        typer.echo(f"filled at load: {fill['experts']} experts, {format_bytes(fill['bytes_read'])} read in "
+                   f"{fill['ms'] / 1000:.3f} s", err=True)
     for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
         typer.echo(line(f"layer {layer}", counters), err=True)
     typer.echo(line("total", experts["total"]), err=True)
@@ -104,6 +108,8 @@ LOW_HIT_OPTION = typer.Option("accept", "--low-hit",
 LOW_FROM_OPTION = typer.Option(None, "--low-from", help="LOW copies from this standard GGUF (a lower quant)")
 PREFETCH_OPTION = typer.Option("none", "--prefetch", help="expert prefetching: none, hobbit or fate")
 PREFETCH_DEPTH_OPTION = typer.Option(2, "--prefetch-depth", help="hobbit: MoE layers ahead to predict")
+FILL_CACHE_OPTION = typer.Option(True, "--fill-cache/--no-fill-cache",
+                                 help="read experts into the expert cache at load (most routed first when calibrated)")
 VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
 
 
@@ -112,7 +118,8 @@ ENGINE_OPTION_NAMES = {"threads": "n_threads", "expert_cache": "expert_cache", "
                        "cache_policy": "cache_policy", "policy_weights": "policy_weights",
                        "low_precision": "low_precision", "skip": "skip", "t1": "t1", "t2": "t2",
                        "low_cache": "low_cache", "low_hit": "low_hit", "low_from": "low_from",
-                       "prefetch": "prefetch", "prefetch_depth": "prefetch_depth", "verbose": "verbose"}
+                       "prefetch": "prefetch", "prefetch_depth": "prefetch_depth", "fill_cache": "fill_cache",
+                       "verbose": "verbose"}
 
 
 def engine_options(params: dict) -> dict:
@@ -157,6 +164,7 @@ def run(
     low_from: Optional[Path] = LOW_FROM_OPTION,
     prefetch: str = PREFETCH_OPTION,
     prefetch_depth: int = PREFETCH_DEPTH_OPTION,
+    fill_cache: bool = FILL_CACHE_OPTION,
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
@@ -261,6 +269,7 @@ def perplexity_command(
     low_from: Optional[Path] = LOW_FROM_OPTION,
     prefetch: str = PREFETCH_OPTION,
     prefetch_depth: int = PREFETCH_DEPTH_OPTION,
+    fill_cache: bool = FILL_CACHE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     verbose: bool = VERBOSE_OPTION,
 ) -> None:

@@ -21,7 +21,7 @@ from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.calibrate import load_calibration
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
-from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.text_stream import TextStream
@@ -143,6 +143,9 @@ class Engine:
     prefetch: "none", "hobbit" (HOBBIT's adaptive walk: predict the experts of the next layers from
         this layer's gate input, prefetch_depth layers ahead at most) or "fate" (the next layer's
         predicted experts plus the likeliest others); reads run in the background, on-demand first.
+    fill_cache: read experts into the expert cache at load, as many HIGH copies as it holds (each
+        layer's most routed first when the model is calibrated, else by id), so the first tokens hit
+        instead of missing; False starts with an empty cache.
     verbose: forward llama.cpp's log to stderr.
     """
 
@@ -153,7 +156,8 @@ class Engine:
                  policy_weights: str | list[float] | None = None, low_precision: bool | None = None,
                  skip: bool | None = None, t1: float | None = None, t2: float | None = None,
                  low_cache: float = 0.25, low_hit: str = "accept", low_from: str | os.PathLike | None = None,
-                 prefetch: str = "none", prefetch_depth: int = 2, verbose: bool = False):
+                 prefetch: str = "none", prefetch_depth: int = 2, fill_cache: bool = True,
+                 verbose: bool = False):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
@@ -167,7 +171,7 @@ class Engine:
         expert_options = ExpertOptions(io=io, io_threads=io_threads, cache_policy=cache_policy,
                                        policy_weights=policy_weights, low_precision=low_precision, skip=skip,
                                        t1=t1, t2=t2, low_cache=low_cache, low_hit=low_hit, low_from=low_from,
-                                       prefetch=prefetch, prefetch_depth=prefetch_depth)
+                                       prefetch=prefetch, prefetch_depth=prefetch_depth, fill_cache=fill_cache)
         expert_options.validate()
         _native.set_verbose(verbose)
 
@@ -179,14 +183,16 @@ class Engine:
                                                             self.info.non_expert_bytes, context)
         offload = budget is not None and self.info.is_moe
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
-        native_options = (expert_options.native_kwargs(self.info, load_calibration(self.model_path, self.info.metadata))
-                          if self.info.is_moe else {})
+        calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
+        native_options = expert_options.native_kwargs(self.info, calibration) if self.info.is_moe else {}
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
             if offload:
                 self._model.enable_expert_residency(budget, **native_options)
+                if expert_options.fill_cache:
+                    self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
         except _native.ExpertBudgetError as e:
             raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:

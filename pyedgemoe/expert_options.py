@@ -54,6 +54,7 @@ class ExpertOptions:
     low_from: str | os.PathLike | None = None
     prefetch: str = "none"             # none, hobbit (walk p layers ahead) or fate (over-prefetch next layer)
     prefetch_depth: int = 2
+    fill_cache: bool = True            # read experts into the cache at load (most routed first when calibrated)
 
     def __post_init__(self) -> None:
         if self.prefetch is None:  # "none" on a command line of KEY=VALUE options parses to None
@@ -71,6 +72,8 @@ class ExpertOptions:
             raise InvalidOptionError(f"unknown prefetch {self.prefetch!r} ({', '.join(PREFETCH_MODES)})")
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 1:
             raise InvalidOptionError(f"prefetch_depth must be a positive integer, got {self.prefetch_depth!r}")
+        if not isinstance(self.fill_cache, bool):
+            raise InvalidOptionError(f"fill_cache must be True or False, got {self.fill_cache!r}")
         if self.low_hit not in LOW_HIT_MODES:
             raise InvalidOptionError(f"unknown low_hit {self.low_hit!r} ({', '.join(LOW_HIT_MODES)})")
         if not 0 < self.low_cache < 1:
@@ -108,6 +111,14 @@ class ExpertOptions:
                     low_serves_high=self.low_hit == "accept",
                     low_from=os.fspath(self.low_from) if self.low_from is not None else "",
                     prefetch=self.prefetch, prefetch_depth=self.prefetch_depth)
+
+
+def fill_ranking(calibration: dict | None, n_experts: int) -> dict[int, list[int]]:
+    """Per MoE layer, its experts most routed first, from the calibration's expert usage (the
+    counts of calibrate.expert_usage); layers it does not cover fill by expert id."""
+    usage = (calibration or {}).get("expert_usage") or {}
+    return {int(layer): sorted(range(n_experts), key=lambda e: -counts[e])
+            for layer, counts in usage.items() if len(counts) == n_experts}
 
 
 def _check_low_from(info: ModelInfo, path: str) -> None:

@@ -240,7 +240,7 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
     setup = cal.CacheSetup(residency["high_slots"], residency["low_slots"], residency["n_layers"], 1.0)
     predicted = cal.replay(steps, setup, policy, weights)
     with Engine(path, expert_cache="50%", t1=t1, t2=t2, cache_policy=policy, policy_weights=weights,
-                **SETTINGS) as eng:
+                fill_cache=False, **SETTINGS) as eng:  # the replay starts with an empty cache
         decode_sequences(eng, tokens, 64)
         total = eng.stats()["experts"]["total"]
     assert predicted.loads_low > 0 and predicted.hits_low > 0

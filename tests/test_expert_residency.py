@@ -8,6 +8,7 @@ experts caps n_ubatch, docs/expert-residency.md), so both use exactly the same k
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -82,7 +83,8 @@ def test_offloaded_run_equals_resident_run_with_repacked_expert_types(q4_k_model
 
 
 def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache) -> None:
-    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget_bytes(path, budget), io=io)
+    # an empty cache at the start, so that every budget loads experts on demand (filled: below)
+    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget_bytes(path, budget), io=io, fill_cache=False)
     ref_logits, ref_tokens = resident_cache(path, n_ubatch)
     assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
     assert tokens == ref_tokens
@@ -97,6 +99,56 @@ def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache) 
         assert total["misses"] <= experts["n_expert"] * len(experts["layers"])
 
 
+@pytest.mark.parametrize("budget", ["100%", "50%"])
+@pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
+def test_filled_cache_is_lossless_and_spares_the_first_tokens_misses(tiny_model, resident_cache, arch, outtype, budget):
+    path = tiny_model(arch, outtype)[0]
+    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget)
+    ref_logits, ref_tokens = resident_cache(path, n_ubatch)
+    assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
+    assert tokens == ref_tokens
+    experts = stats["experts"]
+    fill, total = experts["fill"], experts["total"]
+    assert fill["experts"] == experts["high_slots"] == experts["resident_experts"]
+    assert fill["bytes_read"] >= experts["high_pool_bytes"]
+    if budget == "100%":
+        assert total["misses"] == 0 and total["bytes_read"] == 0
+    else:
+        cold = run(path, expert_cache=budget, fill_cache=False)[2]["experts"]["total"]
+        assert total["misses"] < cold["misses"]
+
+
+def test_fill_takes_each_layers_most_routed_experts_from_the_calibration(tiny_model, tmp_path):
+    """With a calibration sidecar, the fill reads each layer's most routed experts first: a cache
+    just large enough for the experts a prompt routes to then serves that prompt without a miss,
+    where the fill by expert id does not."""
+    src, _ = tiny_model("olmoe")
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    info = read_model_info(path)
+    k = info.n_experts_used
+    with Engine(path, **SETTINGS, expert_cache="100%", fill_cache=False) as eng:
+        eng.record_routing()
+        for token in IDS:  # a one-token prompt that routes to experts other than 0..k-1 somewhere
+            eng.logits([token])
+            trace = eng.take_routing_trace()
+            if any(set(row) != set(range(k)) for row in trace["ids"].tolist()):
+                break
+    usage = {str(int(l)): np.bincount(trace["ids"][trace["layer"] == l].ravel(), minlength=info.n_experts).tolist()
+             for l in np.unique(trace["layer"])}
+    budget = len(usage) * minimum_budget(path)  # k experts per layer
+    misses = {}
+    for calibrated in (False, True):
+        if calibrated:
+            sidecar = {"version": 1, "t1": 0.6, "t2": 0.9, "expert_usage": usage}
+            Path(str(path) + ".calibration.json").write_text(json.dumps(sidecar))
+        with Engine(path, **SETTINGS, expert_cache=budget) as eng:
+            assert eng.stats()["experts"]["fill"]["experts"] == len(usage) * k
+            eng.logits([token])
+            misses[calibrated] = eng.stats()["experts"]["total"]["misses"]
+    assert misses[True] == 0 < misses[False], misses
+
+
 def test_prefill_beyond_the_cache_runs_in_waves_loading_each_expert_once_per_layer(tiny_model):
     """At the minimum budget (one token's top-k experts) a 16-token prefill still runs as one
     ubatch: each layer computes its distinct experts in waves of k, so each is read once per
@@ -105,7 +157,8 @@ def test_prefill_beyond_the_cache_runs_in_waves_loading_each_expert_once_per_lay
     prompt = IDS[:16]
     misses = {}
     for n_batch in (512, 1):
-        with Engine(path, **{**SETTINGS, "n_batch": n_batch}, expert_cache=minimum_budget(path)) as eng:
+        with Engine(path, **{**SETTINGS, "n_batch": n_batch}, expert_cache=minimum_budget(path),
+                    fill_cache=False) as eng:
             assert eng.n_ubatch == n_batch
             eng.logits(prompt)
             experts = eng.stats()["experts"]
@@ -187,14 +240,14 @@ def _read_chars() -> int:
 
 
 def test_expert_pages_are_never_touched(tiny_model, tmp_path):
-    """Loading reads only the non-expert bytes; the experts' mapping stays unfaulted even after
+    """Loading (without filling the cache) reads only the non-expert bytes; the experts' mapping stays unfaulted even after
     generating; all expert bytes come through the store's counters."""
     src, _ = tiny_model("mixtral")
     path = tmp_path / "model.gguf"
     shutil.copyfile(src, path)
     info = read_model_info(path)
     before = _read_chars()
-    with Engine(path, **SETTINGS, expert_cache="50%", io="buffered") as eng:
+    with Engine(path, **SETTINGS, expert_cache="50%", io="buffered", fill_cache=False) as eng:
         loaded = _read_chars() - before
         eng.time_generation(IDS[:8], 16)
         n_maps, rss = _mapping_rss_bytes(path)

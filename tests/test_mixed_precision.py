@@ -243,9 +243,10 @@ def test_t1_of_one_serves_everything_in_high(mp_models):
 
 def test_low_precision_changes_logits_a_little_and_skipping_more(mp_models):
     path = mp_models[0]
-    low, _, _, n_ubatch = evaluate(path, expert_cache="50%", t1=0.0, t2=1.0)
+    # an empty cache at the start: LOW precision and skipping apply to misses
+    low, _, _, n_ubatch = evaluate(path, expert_cache="50%", t1=0.0, t2=1.0, fill_cache=False)
     ref = resident(path, n_ubatch)[0]
-    skipped, _, stats, n_ubatch_skip = evaluate(path, expert_cache="50%", t1=0.0, t2=0.0)
+    skipped, _, stats, n_ubatch_skip = evaluate(path, expert_cache="50%", t1=0.0, t2=0.0, fill_cache=False)
     assert stats["experts"]["summary"]["skip_fraction"] > 0.1
     low_err = np.abs(low - ref).max()
     skip_err = np.abs(skipped - resident(path, n_ubatch_skip)[0]).max()

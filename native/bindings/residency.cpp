@@ -6,6 +6,7 @@
 #include "../src/expert-residency.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -71,6 +72,20 @@ void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_thr
     m.residency = std::make_unique<expert_residency>(m.model, m.path, params);
 }
 
+nb::dict fill_counters(const expert_fill_stats & f) {
+    nb::dict d;
+    d["experts"] = f.experts;
+    d["bytes_read"] = f.bytes_read;
+    d["ms"] = f.ms;
+    return d;
+}
+
+// ranking: per layer, expert ids most routed first (the others follow by id)
+nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
+    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
+    return fill_counters(m.residency->fill(ranking));  // std::runtime_error -> RuntimeError
+}
+
 const expert_residency & live(const Model & m) {
     if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
     return *m.residency;
@@ -106,6 +121,7 @@ nb::dict stats(const Model & m) {
     out["total"] = counters(total);
     out["layers"] = per_layer;
     out["resident_experts"] = r.resident_experts();
+    out["fill"] = fill_counters(r.fill_stats());
     nb::dict prefetch_layers;
     expert_prefetch_stats prefetch_total;
     for (const auto & [il, p] : r.prefetch_stats()) {
@@ -279,6 +295,9 @@ void add_residency_methods(nb::class_<Model> & cls) {
             nb::arg("prefetch") = "none", nb::arg("prefetch_depth") = 2, nb::arg("fate_percentile") = 0.75,
             nb::arg("fate_extra") = -1,
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
+       .def("fill_expert_cache", &fill, nb::arg("ranking") = std::map<int, std::vector<int>>{},
+            "Reads experts into the cache's free slots before the first token (ranking: per layer, "
+            "expert ids most routed first).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
        .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, precision, ubatch cap.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })

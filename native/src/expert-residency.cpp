@@ -81,6 +81,13 @@ expert_matrix_shape shape_of(const ggml_tensor * t) {
     return s;
 }
 
+// a wave's (or a fill's) experts of one projection then read as one forward sweep
+void sort_in_file_order(std::vector<expert_read> & reads) {
+    std::sort(reads.begin(), reads.end(), [](const expert_read & a, const expert_read & b) {
+        return std::make_pair(a.store, a.offset) < std::make_pair(b.store, b.offset);
+    });
+}
+
 // Slots per group for one tier: each group gets its minimum, the rest of the budget is shared in
 // proportion to the group's expert bytes, and no group gets more slots than it has experts.
 std::vector<int> share_slots(uint64_t budget, int min_slots, const std::vector<uint64_t> & slot_bytes,
@@ -470,10 +477,7 @@ bool expert_residency::serve_wave(const layer & l, int wave, const ggml_tensor *
             for (expert_read & r : reads_of(l, p.expert, p.precision, p.slot)) reads.push_back(std::move(r));
         }
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
-        // in file order: a prefill wave's experts of one projection then read as one forward sweep
-        std::sort(reads.begin(), reads.end(), [](const expert_read & a, const expert_read & b) {
-            return std::make_pair(a.store, a.offset) < std::make_pair(b.store, b.offset);
-        });
+        sort_in_file_order(reads);
         if (prefetcher_) prefetcher_->pause();
         std::string error = read_all(reads, st);
         if (prefetcher_) prefetcher_->resume();
@@ -696,6 +700,52 @@ std::string expert_residency::read_all(const std::vector<expert_read> & reads, e
         st.bytes_read += bytes[t];
     }
     return error;
+}
+
+expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking) {
+    const auto t0 = clock_type::now();
+    // per layer: its experts in fill order, and how many of them are placed
+    std::vector<std::vector<int>> order(n_layers_);
+    std::vector<size_t> placed(n_layers_, 0);
+    for (const auto & l : layers_) {
+        std::vector<bool> listed(n_expert_, false);
+        auto it = ranking.find(l->il);
+        for (int e : it == ranking.end() ? std::vector<int>() : it->second) {
+            if (e < 0 || e >= n_expert_ || listed[e]) throw std::invalid_argument("fill ranking: bad expert id");
+            listed[e] = true;
+            order[l->il].push_back(e);
+        }
+        for (int e = 0; e < n_expert_; e++) if (!listed[e]) order[l->il].push_back(e);
+    }
+    expert_fill_stats out;
+    std::vector<expert_read> reads;
+    const expert_precision high = expert_precision::high;
+    for (int g = 0; g < (int) high_pools_.size(); g++) {
+        const slot_table & tier = cache_->tier(g, high);
+        for (bool more = true; more && tier.n_used() < tier.n_slots();) {
+            more = false;
+            for (const auto & l : layers_) {
+                if (l->group != g || placed[l->il] == order[l->il].size() || tier.n_used() == tier.n_slots()) continue;
+                more = true;
+                const int e = order[l->il][placed[l->il]++];
+                const expert_cache::placement slot = cache_->reserve(g, l->il, e, high);
+                if (!slot.load) continue;
+                for (expert_read & r : reads_of(*l, e, high, slot.slot)) reads.push_back(std::move(r));
+                out.experts++;
+            }
+        }
+    }
+    sort_in_file_order(reads);
+    expert_layer_stats st;
+    const std::string error = read_all(reads, st);
+    if (!error.empty()) {
+        cache_->forget_all();
+        throw std::runtime_error(error);
+    }
+    out.bytes_read = st.bytes_read;
+    out.ms = ms_since(t0);
+    fill_stats_ = out;
+    return out;
 }
 
 std::string expert_residency::take_error() {

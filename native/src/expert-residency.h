@@ -101,6 +101,13 @@ public:
     // another wave does), loading misses; after wave 0, predictions and prefetches
     void place_experts(layer & l, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
                        const ggml_tensor * predicted, ggml_tensor * dst);
+    // Before the first token: reads HIGH copies into the free slots of the HIGH tier (the LOW tier
+    // fills as LOW demands come: a LOW copy read ahead would serve HIGH demands in LOW). A group's
+    // slots go round-robin over its layers, so each layer gets about the same number; each layer's
+    // experts come in ranking[il]'s order (most routed first; ids missing from it follow by id).
+    // Throws std::runtime_error on a read error, after emptying the cache.
+    expert_fill_stats fill(const std::map<int, std::vector<int>> & ranking);
+    const expert_fill_stats & fill_stats() const { return fill_stats_; }
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();
     // a new sequence (the KV cache was cleared): the policies' per-sequence records restart
@@ -190,6 +197,7 @@ private:
     bool failed_ = false;
     std::atomic<bool> tracing_{false};
     routing_trace trace_;
+    expert_fill_stats fill_stats_;
     int32_t ubatch_index_ = 0;
     std::string low_source_;
     uint64_t budget_bytes_ = 0, minimum_bytes_ = 0, expert_bytes_total_ = 0, low_expert_bytes_total_ = 0;

@@ -25,6 +25,12 @@ struct expert_layer_stats {
     }
 };
 
+// What filling the cache at load read (expert_residency::fill).
+struct expert_fill_stats {
+    uint64_t experts = 0, bytes_read = 0;
+    double   ms = 0;  // wall time of the fill
+};
+
 // How well the predictor guessed the experts of the layer `depth` MoE layers ahead (HOBBIT
 // sec. 3.3), counted per token when that layer ran: top-1 right, and overlap of the predicted
 // top-k with the real top-k (precision = overlap / predicted, recall = overlap / actual).
