@@ -83,7 +83,12 @@ nb::dict fill_counters(const expert_fill_stats & f) {
 // ranking: per layer, expert ids most routed first (the others follow by id)
 nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
     if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
-    return fill_counters(m.residency->fill(ranking));  // std::runtime_error -> RuntimeError
+    expert_fill_stats filled;
+    {
+        nb::gil_scoped_release release;  // seconds of reads for a large cache
+        filled = m.residency->fill(ranking);  // std::runtime_error -> RuntimeError
+    }
+    return fill_counters(filled);
 }
 
 const expert_residency & live(const Model & m) {
