@@ -1,8 +1,7 @@
 """What a GGUF file holds, read from its header alone: architecture, experts and bytes.
 
-Expert tensors are the stacked routed experts llama.cpp's MoE path multiplies with
-ggml_mul_mat_id (`blk.N.ffn_{gate,up,down,gate_up}_exps`); shared experts (`_shexp`) run for
-every token, so they count as non-expert (always resident) bytes.
+Expert bytes are those of the stacked routed experts (pyedgemoe/gguf_format.py); shared experts
+(`_shexp`) run for every token, so they count as non-expert (always resident) bytes.
 
 A multi-precision file (docs/format.md) holds each expert tensor twice: the HIGH copy under the
 standard name and the LOW copy under the `.lowbit` name; `expert_bytes_per_layer` counts both,
@@ -11,15 +10,12 @@ standard name and the LOW copy under the `.lowbit` name; `expert_bytes_per_layer
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from pyedgemoe import _native
 from pyedgemoe.errors import ModelLoadError
-
-EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps(\.[a-z_]+)*$")
-LOW_PRECISION_SUFFIX = ".lowbit"
+from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, expert_stack_layer, is_low_copy
 
 
 @dataclass
@@ -123,14 +119,14 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     for t in info["tensors"]:
         total += t["nbytes"]
         tensor_types[t["type"]] += t["nbytes"]
-        match = EXPERT_TENSOR.match(t["name"].removesuffix(".weight"))
-        if match:
-            expert_bytes[int(match.group(1))] += t["nbytes"]
-            copies = low_bytes if t["name"].endswith(LOW_PRECISION_SUFFIX) else high_bytes
-            copies[int(match.group(1))] += t["nbytes"]
+        layer = expert_stack_layer(t["name"])
+        if layer is not None:
+            expert_bytes[layer] += t["nbytes"]
+            copies = low_bytes if is_low_copy(t["name"]) else high_bytes
+            copies[layer] += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
-    multi_precision = "edgemoe.format_version" in kv
-    version = kv.get("edgemoe.format_version")
+    multi_precision = FORMAT_VERSION_KEY in kv
+    version = kv.get(FORMAT_VERSION_KEY)
     return ModelInfo(
         path=path,
         file_bytes=file_bytes,
@@ -146,8 +142,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         multi_precision=multi_precision,
         metadata=kv,
         format_version=int(version) if isinstance(version, (int, float)) else None,
-        high_type=str(kv["edgemoe.high_type"]) if multi_precision and "edgemoe.high_type" in kv else None,
-        low_type=str(kv["edgemoe.low_type"]) if multi_precision and "edgemoe.low_type" in kv else None,
+        high_type=str(kv[HIGH_TYPE_KEY]) if multi_precision and HIGH_TYPE_KEY in kv else None,
+        low_type=str(kv[LOW_TYPE_KEY]) if multi_precision and LOW_TYPE_KEY in kv else None,
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,15 +20,25 @@ import pytest
 
 from pyedgemoe import Engine
 from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf, tensor_bytes, tensor_ne
-from pyedgemoe.convert.gguf_out import LOWBIT_SUFFIX, GGUFOutput
+from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.gguf_format import (
+    FORMAT_VERSION_KEY,
+    HIGH_TYPE_KEY,
+    LOW_COPY_SUFFIX,
+    LOW_TYPE_KEY,
+    PROVENANCE_KEY,
+    expert_tensor_name,
+    is_expert_tensor,
+    is_low_copy,
+    low_copy_name,
+)
 
 SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 # Architectures whose expert rows (32 and 64 elements) fit 32-element blocks. Mixtral's down
 # projection has 48-element rows: it is the case for the "type cannot quantize this row" error.
 BLOCK32_ARCHS = ["qwen3_moe", "qwen2_moe", "olmoe", "deepseek_v2"]
-EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def tensors(path: Path) -> dict:
@@ -73,15 +84,15 @@ def test_every_routed_expert_tensor_gets_a_lowbit_copy_of_the_same_shape(tiny_mo
     out = convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="q4_0", progress=False)
     got = tensors(out)
     source = tensors(src)
-    experts = [n for n in source if any(p in n for p in EXPERT_PARTS)]
+    experts = [n for n in source if is_expert_tensor(n)]
     assert len(experts) == 2 * 3
     for name in experts:
-        low = got[name.removesuffix(".weight") + LOWBIT_SUFFIX][0]
+        low = got[low_copy_name(name)][0]
         assert tensor_ne(low) == tensor_ne(got[name][0])
         assert low.tensor_type == gguf.GGMLQuantizationType.Q4_0
-    lowbits = [n for n in got if n.endswith(LOWBIT_SUFFIX)]
-    assert len(lowbits) == len(experts)
-    assert set(got) - set(lowbits) == set(source)
+    copies = [n for n in got if is_low_copy(n)]
+    assert len(copies) == len(experts)
+    assert set(got) - set(copies) == set(source)
 
 
 def test_non_expert_tensors_and_f32_high_experts_keep_the_source_bytes(tiny_model, tmp_path):
@@ -99,16 +110,16 @@ def test_lowbit_bytes_equal_an_independent_quantization_of_the_source(tiny_model
     src, _ = tiny_model("qwen3_moe")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="f32", low=low, progress=False)
     got, source = tensors(out), tensors(src)
-    for name in (n for n in source if "_exps" in n):
+    for name in (n for n in source if is_expert_tensor(n)):
         expected = reference_quant(raw(source[name]), tensor_ne(source[name][0]), qtype)
-        assert np.array_equal(raw(got[name.removesuffix(".weight") + LOWBIT_SUFFIX]), expected), name
+        assert np.array_equal(raw(got[low_copy_name(name)]), expected), name
 
 
 def test_high_q8_0_experts_equal_an_independent_quantization(tiny_model, tmp_path):
     src, _ = tiny_model("qwen3_moe")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
     got, source = tensors(out), tensors(src)
-    name = "blk.1.ffn_down_exps.weight"
+    name = expert_tensor_name(1, "down")
     expected = reference_quant(raw(source[name]), tensor_ne(source[name][0]), gguf.GGMLQuantizationType.Q8_0)
     assert got[name][0].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert np.array_equal(raw(got[name]), expected)
@@ -118,7 +129,7 @@ def test_experts_already_in_the_high_type_are_copied_not_requantized(tiny_model,
     src, _ = tiny_model("qwen3_moe", "q8_0")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
     got, source = tensors(out), tensors(src)
-    for name in (n for n in source if "_exps" in n):
+    for name in (n for n in source if is_expert_tensor(n)):
         assert np.array_equal(raw(got[name]), raw(source[name]))
     assert np.array_equal(logits(out), logits(src))
 
@@ -127,10 +138,10 @@ def test_metadata_keys_alignment_and_tokenizer(tiny_model, tmp_path):
     src, _ = tiny_model("qwen3_moe")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="q8_0", progress=False)
     meta, source_meta = kv(out), kv(src)
-    assert meta["edgemoe.format_version"] == 1
-    assert meta["edgemoe.high_type"] == "f32"
-    assert meta["edgemoe.low_type"] == "q8_0"
-    provenance = json.loads(meta["edgemoe.provenance"])
+    assert meta[FORMAT_VERSION_KEY] == 1
+    assert meta[HIGH_TYPE_KEY] == "f32"
+    assert meta[LOW_TYPE_KEY] == "q8_0"
+    provenance = json.loads(meta[PROVENANCE_KEY])
     assert provenance["source"] == str(src) and provenance["source_type"] == "gguf"
     assert provenance["low_from"] is None and provenance["tool"].startswith("pyedgemoe ")
     assert meta["general.alignment"] == 4096
@@ -186,13 +197,13 @@ def test_low_from_takes_the_low_copies_from_the_second_file(tiny_model, tmp_path
     low_src, _ = tiny_model("qwen3_moe", "q8_0")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="f32", low_from=low_src, progress=False)
     got, lows = tensors(out), tensors(low_src)
-    for name in (n for n in lows if "_exps" in n):
-        low = got[name.removesuffix(".weight") + LOWBIT_SUFFIX]
+    for name in (n for n in lows if is_expert_tensor(n)):
+        low = got[low_copy_name(name)]
         assert low[0].tensor_type == gguf.GGMLQuantizationType.Q8_0
         assert np.array_equal(raw(low), raw(lows[name]))
     meta = kv(out)
-    assert meta["edgemoe.low_type"] == "q8_0"
-    assert json.loads(meta["edgemoe.provenance"])["low_from"] == str(low_src)
+    assert meta[LOW_TYPE_KEY] == "q8_0"
+    assert json.loads(meta[PROVENANCE_KEY])["low_from"] == str(low_src)
     assert np.array_equal(logits(out), logits(src))
 
 
@@ -240,7 +251,8 @@ def test_a_type_whose_blocks_do_not_fit_the_rows_is_a_clear_error(tiny_model, tm
 
 def test_mixtral_48_element_rows_do_not_fit_q4_0(tiny_model, tmp_path):
     src, _ = tiny_model("mixtral")
-    with pytest.raises(ConversionError, match=r"ffn_down_exps.lowbit \[48, 64, 4\].*blocks of 32"):
+    low_copy = re.escape(f"ffn_down_exps{LOW_COPY_SUFFIX} [48, 64, 4]")
+    with pytest.raises(ConversionError, match=low_copy + ".*blocks of 32"):
         convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="q4_0", progress=False)
     out = convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="f16", progress=False)
     assert np.array_equal(logits(out), logits(src))
@@ -274,7 +286,7 @@ def test_existing_output_needs_force(tiny_model, tmp_path):
         convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="q4_0", progress=False)
     assert (tmp_path / "mp.gguf").read_bytes() == b"keep me"
     convert_gguf(src, tmp_path / "mp.gguf", high="f32", low="q4_0", force=True, progress=False)
-    assert kv(tmp_path / "mp.gguf")["edgemoe.low_type"] == "q4_0"
+    assert kv(tmp_path / "mp.gguf")[LOW_TYPE_KEY] == "q4_0"
 
 
 # -- the writer ----------------------------------------------------------------------------------

@@ -26,10 +26,20 @@ from pyedgemoe import ConversionError, Engine
 from pyedgemoe.convert import Plan, convert
 from pyedgemoe.convert.plan import fitting_type
 from pyedgemoe.convert.hf_checkpoint import HFCheckpoint
+from pyedgemoe.gguf_format import (
+    FORMAT_VERSION_KEY,
+    HIGH_TYPE_KEY,
+    KEY_PREFIX,
+    LOW_TYPE_KEY,
+    PROVENANCE_KEY,
+    expert_tensor_name,
+    is_expert_tensor,
+    is_low_copy,
+    low_copy_name,
+)
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
-ROUTED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_up_exps.weight")
 # q8_0 experts plus an f16 base move these tiny models' logits by ~0.03-0.08 per position
 # (measured; a router flipping to another expert moves one position more). Greedy tokens may
 # differ from transformers' only where its top-2 logits are closer than this.
@@ -43,14 +53,6 @@ def read(path) -> gguf.GGUFReader:
 def kv(reader: gguf.GGUFReader, key: str):
     field = reader.fields.get(key)
     return None if field is None else field.contents()
-
-
-def is_routed_expert(name: str) -> bool:
-    return name.endswith(ROUTED) and name.startswith("blk.")
-
-
-def lowbit(name: str) -> str:
-    return name[: -len(".weight")] + ".lowbit"
 
 
 def dir_listing(d: Path) -> list[str]:
@@ -261,23 +263,23 @@ def test_every_routed_expert_tensor_has_a_lowbit_copy_in_the_low_type(converted,
     path = converted(arch, "q8_0")
     r = read(path)
     tensors = {t.name: t for t in r.tensors}
-    experts = [n for n in tensors if is_routed_expert(n)]
-    copies = [n for n in tensors if n.endswith(".lowbit")]
-    assert experts and sorted(copies) == sorted(lowbit(n) for n in experts)
+    experts = [n for n in tensors if is_expert_tensor(n)]
+    copies = [n for n in tensors if is_low_copy(n)]
+    assert experts and sorted(copies) == sorted(low_copy_name(n) for n in experts)
     for name in experts:
-        hi, lo = tensors[name], tensors[lowbit(name)]
+        hi, lo = tensors[name], tensors[low_copy_name(name)]
         assert list(hi.shape) == list(lo.shape)
         row = int(hi.shape[0])
         # tiny rows (32, 48, 64) cannot hold q4_K's 256-element blocks: llama.cpp's fallback type
         assert ggml_name(hi.tensor_type) == fitting_type("q8_0", row)
         assert ggml_name(lo.tensor_type) == fitting_type("q4_K", row)
-    assert not any(("shexp" in n or "gate_inp" in n) and n.endswith(".lowbit") for n in tensors)
+    assert not any(("shexp" in n or "gate_inp" in n) and is_low_copy(n) for n in tensors)
     # the HIGH part is exactly llama.cpp's tensor set
     reference = {t.name for t in read(tiny_model(arch)[0]).tensors}
     assert set(tensors) - set(copies) == reference
-    assert kv(r, "edgemoe.format_version") == 1
-    assert (kv(r, "edgemoe.high_type"), kv(r, "edgemoe.low_type")) == ("q8_0", "q4_K")
-    provenance = json.loads(kv(r, "edgemoe.provenance"))
+    assert kv(r, FORMAT_VERSION_KEY) == 1
+    assert (kv(r, HIGH_TYPE_KEY), kv(r, LOW_TYPE_KEY)) == ("q8_0", "q4_K")
+    provenance = json.loads(kv(r, PROVENANCE_KEY))
     assert provenance["source_type"] == "hf" and provenance["low_from"] is None
     assert provenance["source"] == str(tiny_model(arch)[1])
     assert kv(r, "general.alignment") == 4096
@@ -292,8 +294,8 @@ def ggml_name(qtype) -> str:
 def test_experts_are_exactly_the_requested_types_when_rows_fit(wide_qwen3, out_dir):
     out = convert(wide_qwen3, out_dir / "wide.gguf", high="q8_0", low="q4_K", progress=False)
     r = read(out)
-    experts = [t for t in r.tensors if is_routed_expert(t.name)]
-    copies = [t for t in r.tensors if t.name.endswith(".lowbit")]
+    experts = [t for t in r.tensors if is_expert_tensor(t.name)]
+    copies = [t for t in r.tensors if is_low_copy(t.name)]
     assert len(experts) == len(copies) == 6
     assert {ggml_name(t.tensor_type) for t in experts} == {"q8_0"}
     assert {ggml_name(t.tensor_type) for t in copies} == {"q4_K"}
@@ -309,10 +311,12 @@ def test_expert_e_of_a_quantized_stack_is_expert_e_of_the_checkpoint(wide_qwen3,
     r = read(out)
     tensors = {t.name: t for t in r.tensors}
     with HFCheckpoint(wide_qwen3) as ckpt:
-        for name, proj in (("blk.1.ffn_up_exps", "up_proj"), ("blk.1.ffn_down_exps", "down_proj")):
-            source = np.stack([ckpt.read(f"model.layers.1.mlp.experts.{e}.{proj}.weight") for e in range(4)])
-            for suffix, tol in ((".weight", 0.02), (".lowbit", 0.15)):
-                t = tensors[name + suffix]
+        for projection in ("up", "down"):
+            name = expert_tensor_name(1, projection)
+            source = np.stack([ckpt.read(f"model.layers.1.mlp.experts.{e}.{projection}_proj.weight")
+                               for e in range(4)])
+            for copy, tol in ((name, 0.02), (low_copy_name(name), 0.15)):
+                t = tensors[copy]
                 rows, row_len = source.shape[0] * source.shape[1], source.shape[2]
                 got = _native.dequantize(np.asarray(t.data).reshape(-1).view(np.uint8), ggml_name(t.tensor_type),
                                          rows, row_len).reshape(source.shape)
@@ -328,7 +332,7 @@ def assert_same_as_llama_cpp(ours_path: Path, reference_path: Path) -> None:
     same tensors in the same order, shapes, types and bytes, and the same metadata (tokenizer
     included) except general.name, which llama.cpp was given on its command line."""
     ours, ref = read(ours_path), read(reference_path)
-    ours_t = [t for t in ours.tensors if not t.name.endswith(".lowbit")]
+    ours_t = [t for t in ours.tensors if not is_low_copy(t.name)]
     assert [t.name for t in ours_t] == [t.name for t in ref.tensors]
     for a, b in zip(ours_t, ref.tensors):
         assert list(a.shape) == list(b.shape), a.name
@@ -336,7 +340,7 @@ def assert_same_as_llama_cpp(ours_path: Path, reference_path: Path) -> None:
         assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name
     skip = ("general.name", "general.alignment")
     ours_kv = {k: f.contents() for k, f in ours.fields.items()
-               if not k.startswith(("GGUF.", "edgemoe.")) and k not in skip}
+               if not k.startswith(("GGUF.", KEY_PREFIX)) and k not in skip}
     ref_kv = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.") and k not in skip}
     assert ours_kv.keys() == ref_kv.keys()
     for k in ref_kv:
@@ -358,8 +362,8 @@ def test_phimoe_f32_conversion_equals_llama_cpp_converter_and_runs(phimoe_model,
     with Engine(reference, **SETTINGS) as eng:
         theirs = eng.logits(IDS)
     assert np.array_equal(ours, theirs)
-    assert {t.name for t in read(out).tensors if t.name.endswith(".lowbit")} == \
-        {lowbit(t.name) for t in read(reference).tensors if is_routed_expert(t.name)}
+    assert {t.name for t in read(out).tensors if is_low_copy(t.name)} == \
+        {low_copy_name(t.name) for t in read(reference).tensors if is_expert_tensor(t.name)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,7 +431,7 @@ def test_dry_run_returns_the_plan_and_writes_nothing(converted, tiny_model, out_
     assert b["high"] > b["low"] > 0 and b["base"] > 0
     assert plan.total_bytes == sum(b.values())
     text = plan.format()
-    assert "blk.1.ffn_up_exps.lowbit" in text and "total" in text
+    assert low_copy_name(expert_tensor_name(1, "up")) in text and "total" in text
 
 
 def test_a_gguf_source_goes_to_the_gguf_converter(tiny_model, tmp_path):

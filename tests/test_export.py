@@ -17,8 +17,9 @@ import pytest
 from pyedgemoe import Engine
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf, tensor_bytes, tensor_ne
-from pyedgemoe.convert.gguf_out import LOWBIT_SUFFIX, GGUFOutput
+from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
 
 SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
@@ -72,11 +73,11 @@ def test_low_export_loads_in_stock_llama_cpp_with_our_logits(multi, tmp_path):
 def test_high_export_is_the_multi_precision_file_without_lowbit_tensors_and_edgemoe_keys(multi, tmp_path):
     high = export(multi, tmp_path / "high.gguf", precision="high", progress=False)
     got, src = tensors(high), tensors(multi)
-    assert set(got) == {n for n in src if not n.endswith(LOWBIT_SUFFIX)}
+    assert set(got) == {n for n in src if not is_low_copy(n)}
     for name, (t, data) in got.items():
         assert t.tensor_type == src[name][0].tensor_type and np.array_equal(data, src[name][1]), name
     meta, src_meta = kv(high), kv(multi)
-    assert not any(k.startswith("edgemoe.") for k in meta)
+    assert not any(k.startswith(KEY_PREFIX) for k in meta)
     assert meta["general.file_type"] == gguf.LlamaFileType.ALL_F32
     assert meta["tokenizer.ggml.tokens"] == src_meta["tokenizer.ggml.tokens"]
     assert meta["tokenizer.ggml.merges"] == src_meta["tokenizer.ggml.merges"]
@@ -85,14 +86,14 @@ def test_high_export_is_the_multi_precision_file_without_lowbit_tensors_and_edge
 def test_low_export_puts_the_lowbit_copies_under_the_standard_names(multi, tmp_path):
     low = export(multi, tmp_path / "low.gguf", precision="low", progress=False)
     got, src = tensors(low), tensors(multi)
-    assert not any(n.endswith(LOWBIT_SUFFIX) for n in got)
-    experts = [n for n in got if "_exps" in n]
+    assert not any(is_low_copy(n) for n in got)
+    experts = [n for n in got if is_expert_tensor(n)]
     assert len(experts) == 6
     for name in experts:
-        lowbit = src[name.removesuffix(".weight") + LOWBIT_SUFFIX]
+        copy = src[low_copy_name(name)]
         assert got[name][0].tensor_type == gguf.GGMLQuantizationType.Q4_0
-        assert tensor_ne(got[name][0]) == tensor_ne(lowbit[0])
-        assert np.array_equal(got[name][1], lowbit[1])
+        assert tensor_ne(got[name][0]) == tensor_ne(copy[0])
+        assert np.array_equal(got[name][1], copy[1])
     assert np.array_equal(got["blk.0.attn_q.weight"][1], src["blk.0.attn_q.weight"][1])
     assert kv(low)["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_0
 
@@ -118,14 +119,14 @@ def test_export_refuses_overwrite_without_force_and_bad_precision(multi, tmp_pat
     with pytest.raises(ConversionError, match="precision must be one of high, low"):
         export(multi, tmp_path / "y.gguf", precision="medium", progress=False)
     export(multi, tmp_path / "x.gguf", force=True, progress=False)
-    assert "edgemoe.format_version" not in kv(tmp_path / "x.gguf")
+    assert FORMAT_VERSION_KEY not in kv(tmp_path / "x.gguf")
 
 
 def test_a_newer_format_version_is_refused(multi, tmp_path):
     reader = open_gguf(multi)
     o = GGUFOutput(tmp_path / "v2.gguf", arch=reader.get_field("general.architecture").contents())
-    copy_kv(reader, o.writer, skip=lambda k: k == "edgemoe.format_version")
-    o.writer.add_uint32("edgemoe.format_version", 2)
+    copy_kv(reader, o.writer, skip=lambda k: k == FORMAT_VERSION_KEY)
+    o.writer.add_uint32(FORMAT_VERSION_KEY, 2)
     for t in reader.tensors:
         o.add_tensor(t.name, tensor_ne(t), gguf.GGMLQuantizationType(t.tensor_type).name,
                      lambda t=t: np.array(tensor_bytes(reader, t)))

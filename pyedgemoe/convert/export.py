@@ -20,21 +20,24 @@ from pyedgemoe.convert.from_gguf import (
     copy_chunks,
     copy_kv,
     is_multi_precision,
-    is_routed_expert,
     kv_value,
-    lowbit_name,
     open_gguf,
     tensor_ne,
     tensor_type_name,
 )
-from pyedgemoe.convert.gguf_out import (
-    FORMAT_VERSION,
-    LOWBIT_SUFFIX,
-    GGUFOutput,
-    create_partial_file,
-    llama_file_type,
-)
+from pyedgemoe.convert.gguf_out import GGUFOutput, create_partial_file, llama_file_type
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.gguf_format import (
+    FORMAT_VERSION,
+    FORMAT_VERSION_KEY,
+    HIGH_TYPE_KEY,
+    KEY_PREFIX,
+    LOW_COPY_SUFFIX,
+    LOW_TYPE_KEY,
+    is_expert_tensor,
+    is_low_copy,
+    low_copy_name,
+)
 
 PRECISIONS = ("high", "low")
 
@@ -60,28 +63,28 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
         del reader
         return _copy_file(model, out, force=force, progress=progress)
 
-    version = kv_value(reader, "edgemoe.format_version")
+    version = kv_value(reader, FORMAT_VERSION_KEY)
     if version is not None and int(version) > FORMAT_VERSION:
-        raise ConversionError(f"{model} has edgemoe.format_version {version}; this pyedgemoe reads "
+        raise ConversionError(f"{model} has {FORMAT_VERSION_KEY} {version}; this pyedgemoe reads "
                               f"version {FORMAT_VERSION} and older — upgrade pyedgemoe")
     by_name = {t.name: t for t in reader.tensors}
-    expert_type = kv_value(reader, f"edgemoe.{precision}_type")
+    expert_type = kv_value(reader, {"high": HIGH_TYPE_KEY, "low": LOW_TYPE_KEY}[precision])
 
     output = GGUFOutput(out, arch=arch, force=force)
     copy_kv(reader, output.writer,
-            skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith("edgemoe."))
+            skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith(KEY_PREFIX))
     if expert_type:
         output.writer.add_file_type(llama_file_type(expert_type))
 
     for t in reader.tensors:
-        if t.name.endswith(LOWBIT_SUFFIX):
+        if is_low_copy(t.name):
             continue
         source = t
-        if precision == "low" and is_routed_expert(t.name):
-            source = by_name.get(lowbit_name(t.name))
+        if precision == "low" and is_expert_tensor(t.name):
+            source = by_name.get(low_copy_name(t.name))
             if source is None:
                 output.abort()
-                raise ConversionError(f"{model}: expert tensor {t.name} has no {LOWBIT_SUFFIX} copy")
+                raise ConversionError(f"{model}: expert tensor {t.name} has no {LOW_COPY_SUFFIX} copy")
             if tensor_ne(source) != tensor_ne(t):
                 output.abort()
                 raise ConversionError(f"{model}: {source.name} has shape {tensor_ne(source)}, "

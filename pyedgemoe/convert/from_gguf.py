@@ -12,7 +12,6 @@ time without the user noticing. `pyedgemoe export --precision high` first, then 
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator
@@ -21,7 +20,6 @@ import gguf
 import numpy as np
 
 from pyedgemoe.convert.gguf_out import (
-    LOWBIT_SUFFIX,
     GGUFOutput,
     edgemoe_metadata,
     ggml_type,
@@ -31,21 +29,10 @@ from pyedgemoe.convert.gguf_out import (
 )
 from pyedgemoe.convert.plan import check_type, fitting_type
 from pyedgemoe.errors import ConversionError
-
-# Routed experts, stacked along ne[2]: the tensors that get a LOW copy (docs/format.md).
-ROUTED_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
 
 # Float rows per requantization chunk: bounds the float32 scratch to 64 MiB whatever the tensor size.
 _CHUNK_ELEMENTS = 16 * 1024 * 1024
-
-
-def is_routed_expert(name: str) -> bool:
-    return ROUTED_EXPERT_TENSOR.match(name) is not None
-
-
-def lowbit_name(name: str) -> str:
-    """`blk.3.ffn_up_exps.weight` -> `blk.3.ffn_up_exps.lowbit`."""
-    return name.removesuffix(".weight") + LOWBIT_SUFFIX
 
 
 # -- reading a source GGUF ------------------------------------------------------------------------
@@ -77,8 +64,8 @@ def kv_value(reader: gguf.GGUFReader, key: str, default=None):
 
 
 def is_multi_precision(reader: gguf.GGUFReader) -> bool:
-    return (reader.get_field("edgemoe.format_version") is not None
-            or any(t.name.endswith(LOWBIT_SUFFIX) for t in reader.tensors))
+    return (reader.get_field(FORMAT_VERSION_KEY) is not None
+            or any(is_low_copy(t.name) for t in reader.tensors))
 
 
 def copy_kv(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, *, skip: Callable[[str], bool]) -> None:
@@ -217,7 +204,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     if is_multi_precision(reader):
         raise ConversionError(f"{src} already is a multi-precision GGUF; run `pyedgemoe export "
                               f"--precision high` on it and convert the export")
-    experts = [t for t in reader.tensors if is_routed_expert(t.name)]
+    experts = [t for t in reader.tensors if is_expert_tensor(t.name)]
     if not experts:
         raise ConversionError(f"{src} has no routed-expert tensors (blk.N.ffn_*_exps.weight): "
                               f"not a Mixture-of-Experts model")
@@ -236,7 +223,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
 
     output = None if dry_run else GGUFOutput(out, arch=arch, force=force)
     writer = output.writer if output else gguf.GGUFWriter(None, arch)
-    copy_kv(reader, writer, skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith("edgemoe."))
+    copy_kv(reader, writer, skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith(KEY_PREFIX))
     writer.add_file_type(llama_file_type(high))
     if kv_value(reader, gguf.Keys.General.QUANTIZATION_VERSION) is None:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -258,7 +245,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
 
     for t in reader.tensors:
         ne, src_type = tensor_ne(t), tensor_type_name(t)
-        if not is_routed_expert(t.name):
+        if not is_expert_tensor(t.name):
             dst, action = _base_type_for(t, base)
             produce = _keep(src, t) if dst == src_type else _convert(src, t, dst, n_threads)
             add(t.name, ne, dst, produce, src_type, action, "base")
@@ -269,12 +256,12 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
             add(t.name, ne, high, _convert(src, t, high, n_threads), src_type, "requantize", "high")
         if low_reader is not None:
             lt = low_tensors[t.name]
-            add(lowbit_name(t.name), ne, tensor_type_name(lt), _keep(Path(low_from), lt),
+            add(low_copy_name(t.name), ne, tensor_type_name(lt), _keep(Path(low_from), lt),
                 tensor_type_name(lt), f"copy from {Path(low_from).name}", "low")
         elif src_type == low:
-            add(lowbit_name(t.name), ne, low, _keep(src, t), src_type, "copy", "low")
+            add(low_copy_name(t.name), ne, low, _keep(src, t), src_type, "copy", "low")
         else:
-            add(lowbit_name(t.name), ne, low, _convert(src, t, low, n_threads), src_type, "requantize", "low")
+            add(low_copy_name(t.name), ne, low, _convert(src, t, low, n_threads), src_type, "requantize", "low")
 
     summary = _plan_summary(src, out, arch, high, low, base, low_from, plan)
     if dry_run:
@@ -294,7 +281,7 @@ def _open_low_from(path: Path, arch: str, experts: list) -> tuple[gguf.GGUFReade
         raise ConversionError(f"--low-from {path} is a {low_arch!r} model, the source is {arch!r}")
     if is_multi_precision(reader):
         raise ConversionError(f"--low-from {path} is a multi-precision GGUF; give a standard one")
-    by_name = {t.name: t for t in reader.tensors if is_routed_expert(t.name)}
+    by_name = {t.name: t for t in reader.tensors if is_expert_tensor(t.name)}
     wanted = {t.name for t in experts}
     missing = sorted(wanted - set(by_name))
     if missing:

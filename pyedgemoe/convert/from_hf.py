@@ -29,7 +29,6 @@ from pyedgemoe.convert import tokenizer as tokenizer_mod
 from pyedgemoe.convert.deepseek_v2 import DeepseekV2
 from pyedgemoe.convert.family import ExpertSource, ExpertStack, Family, TensorOut
 from pyedgemoe.convert.gguf_out import (
-    LOWBIT_SUFFIX,
     GGUFOutput,
     edgemoe_metadata,
     llama_file_type,
@@ -44,6 +43,7 @@ from pyedgemoe.convert.plan import Plan, check_type, fitting_type, format_bytes
 from pyedgemoe.convert.qwen2_moe import Qwen2Moe
 from pyedgemoe.convert.qwen3_moe import Qwen3Moe
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.gguf_format import low_copy_name
 
 FAMILIES: tuple[type[Family], ...] = (Mixtral, PhiMoE, Qwen2Moe, Qwen3Moe, Olmoe, DeepseekV2)
 # config.json "architectures" value -> family
@@ -183,8 +183,7 @@ def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base:
             raise ConversionError(f"expert tensor {stack.merged_name} maps to {gname}, not a weight")
         rows, cols = stack.shape
         ne = [cols, rows, len(stack.sources)]
-        for role, requested, name in (("high", high, gname),
-                                      ("low", low, gname[:-len(".weight")] + LOWBIT_SUFFIX)):
+        for role, requested, name in (("high", high, gname), ("low", low, low_copy_name(gname))):
             t, why = _type_for(requested, cols)
             action = why or f"{n_experts} experts stacked, {role.upper()}"
             plan.add(name, ne, t, role, src_type=src_dtype, action=action,

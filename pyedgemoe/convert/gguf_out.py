@@ -23,9 +23,8 @@ import gguf
 import numpy as np
 
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, PROVENANCE_KEY
 
-LOWBIT_SUFFIX = ".lowbit"
-FORMAT_VERSION = 1
 ALIGNMENT = 4096
 
 # numpy dtypes a produce() callback may return instead of raw bytes, per ggml type.
@@ -95,10 +94,10 @@ def edgemoe_metadata(writer: gguf.GGUFWriter, high_type: str, low_type: str, pro
     `calibration` (a `pyedgemoe calibrate` sidecar's contents) becomes the `edgemoe.calibration.*` keys."""
     prov = {"tool": f"pyedgemoe {_tool_version()}", "source": None, "source_type": None, "low_from": None}
     prov.update(provenance)
-    writer.add_uint32("edgemoe.format_version", FORMAT_VERSION)
-    writer.add_string("edgemoe.high_type", ggml_type_name(ggml_type(high_type)))
-    writer.add_string("edgemoe.low_type", ggml_type_name(ggml_type(low_type)))
-    writer.add_string("edgemoe.provenance", json.dumps(prov, sort_keys=True))
+    writer.add_uint32(FORMAT_VERSION_KEY, FORMAT_VERSION)
+    writer.add_string(HIGH_TYPE_KEY, ggml_type_name(ggml_type(high_type)))
+    writer.add_string(LOW_TYPE_KEY, ggml_type_name(ggml_type(low_type)))
+    writer.add_string(PROVENANCE_KEY, json.dumps(prov, sort_keys=True))
     if calibration is not None:
         from pyedgemoe.calibrate import calibration_metadata
         add = {"f32": writer.add_float32, "f32_array": writer.add_array, "string": writer.add_string}
