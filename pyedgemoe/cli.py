@@ -15,6 +15,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from pyedgemoe.errors import PyEdgeMoEError
+from pyedgemoe.sysmem import format_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run Mixture-of-Experts GGUF models with a bounded expert memory.")
@@ -23,14 +24,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def print_timings(t: dict) -> None:

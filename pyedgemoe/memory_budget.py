@@ -10,39 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.sysmem import own_memory_cgroup_v1, parse_size
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-               "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 # Kept free under "auto" beside the context's KV cache and attention scores: llama.cpp's other
 # compute buffers, Python and the OS (a 7 GB model's run used 0.12 GiB beyond weights and cache).
 RESERVE_SLACK_BYTES = 384 * 1024**2
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
-
-
-def parse_size(text: str) -> int:
-    """"300MiB", "4GiB", "1.5GB", "123" -> bytes; ValueError otherwise."""
-    text = text.strip().lower().replace(" ", "")
-    number = text.rstrip("kmgtib")
-    unit = text[len(number):]
-    if unit not in _SIZE_UNITS or not number:
-        raise ValueError(text)
-    value = int(float(number) * _SIZE_UNITS[unit])
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-def _own_memory_cgroup_v1() -> Path | None:
-    """The v1 memory cgroup this process is in (where a cap set for it is written)."""
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                return CGROUP_V1 / path.lstrip("/")
-    except OSError:
-        pass
-    return None
 
 
 def available_memory_bytes() -> int:
@@ -54,7 +27,7 @@ def available_memory_bytes() -> int:
     if available is None:
         raise OSError("no MemAvailable in /proc/meminfo")
     limits = [(CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current")]
-    v1 = _own_memory_cgroup_v1()
+    v1 = own_memory_cgroup_v1()
     if v1 is not None:
         limits.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
     for limit_file, usage_file in limits:
@@ -126,15 +99,10 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
         if value <= 0:
             raise InvalidOptionError(f"expert_cache must be positive, got {value}")
         return value, f"expert cache: {value} bytes"
-    text = value.strip().lower().replace(" ", "")
     try:
-        if text.endswith("%"):
-            pct = float(text[:-1])
-            if not 0 < pct <= 100:
-                raise ValueError
-            budget = max(1, int(expert_bytes * pct / 100))
-        else:
-            budget = parse_size(text)
+        budget = parse_size(value, percent_of=expert_bytes)
+        if value.strip().endswith("%") and budget > expert_bytes:
+            raise ValueError("more than every expert")
     except ValueError:
         raise InvalidOptionError(
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', or 'auto'"

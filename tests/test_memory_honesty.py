@@ -34,6 +34,7 @@ import pytest
 
 from pyedgemoe import memory_budget
 from pyedgemoe.model_info import read_model_info
+from pyedgemoe.sysmem import evict_from_page_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / ".models"
@@ -65,14 +66,6 @@ def model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("honesty") / "olmoe-honesty-q8_0.gguf"
     gen.write_synthetic_gguf(path, "olmoe-honesty", 2, "q8_0", seed=0, vocab_path=vocab, log=lambda s: None)
     return path
-
-
-def evict_from_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = None, verbose: bool = False) -> dict:

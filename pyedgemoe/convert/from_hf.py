@@ -39,11 +39,12 @@ from pyedgemoe.convert.hf_checkpoint import HFCheckpoint
 from pyedgemoe.convert.mixtral import Mixtral
 from pyedgemoe.convert.olmoe import Olmoe
 from pyedgemoe.convert.phimoe import PhiMoE
-from pyedgemoe.convert.plan import Plan, check_type, fitting_type, format_bytes
+from pyedgemoe.convert.plan import Plan, check_type, fitting_type
 from pyedgemoe.convert.qwen2_moe import Qwen2Moe
 from pyedgemoe.convert.qwen3_moe import Qwen3Moe
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import low_copy_name
+from pyedgemoe.sysmem import format_bytes
 
 FAMILIES: tuple[type[Family], ...] = (Mixtral, PhiMoE, Qwen2Moe, Qwen3Moe, Olmoe, DeepseekV2)
 # config.json "architectures" value -> family
@@ -382,8 +383,8 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q
         if progress:
             b = plan.bytes_by_role()
             sys.stderr.write(f"converting {plan.source} ({family.name}) -> {out}: experts {high} "
-                             f"{format_bytes(b['high'])} + {low} {format_bytes(b['low'])}, non-expert "
-                             f"{base} {format_bytes(b['base'])}\n")
+                             f"{format_bytes(b['high'], decimals=1)} + {low} {format_bytes(b['low'], decimals=1)}, "
+                             f"non-expert {base} {format_bytes(b['base'], decimals=1)}\n")
             fallbacks = plan.fallbacks()
             if fallbacks:
                 sys.stderr.write(f"note: {len(fallbacks)} tensor(s) use a fallback type, e.g. "

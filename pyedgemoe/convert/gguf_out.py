@@ -24,6 +24,7 @@ import numpy as np
 
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, PROVENANCE_KEY
+from pyedgemoe.sysmem import format_bytes
 
 ALIGNMENT = 4096
 
@@ -345,14 +346,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 class _Progress:
     """One status line on stderr: tensor name, bytes done/total, ETA. Redrawn in place on a
     terminal, at most once every 2 s as separate lines otherwise (logs stay short)."""
@@ -376,8 +369,8 @@ class _Progress:
         elapsed = now - self.t0
         rate = self.done_bytes / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done_bytes) / rate if rate > 0 else 0.0
-        line = (f"{100 * self.done_bytes / self.total:5.1f}%  {_fmt_bytes(self.done_bytes)}/"
-                f"{_fmt_bytes(self.total)}  ETA {eta:5.0f}s  {name}")
+        line = (f"{100 * self.done_bytes / self.total:5.1f}%  {format_bytes(self.done_bytes, decimals=1)}/"
+                f"{format_bytes(self.total, decimals=1)}  ETA {eta:5.0f}s  {name}")
         if self.tty:
             sys.stderr.write("\r\x1b[K" + line)
         else:
@@ -397,5 +390,5 @@ class _Progress:
         if self.tty:
             sys.stderr.write("\n")
         elapsed = time.monotonic() - self.t0
-        sys.stderr.write(f"wrote {_fmt_bytes(self.done_bytes)} of tensor data in {elapsed:.1f}s\n")
+        sys.stderr.write(f"wrote {format_bytes(self.done_bytes, decimals=1)} of tensor data in {elapsed:.1f}s\n")
         sys.stderr.flush()

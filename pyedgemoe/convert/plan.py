@@ -14,6 +14,7 @@ import numpy as np
 
 from pyedgemoe.convert.gguf_out import block_size, ggml_type, ggml_type_name, tensor_nbytes
 from pyedgemoe.errors import ConversionError
+from pyedgemoe.sysmem import format_bytes
 
 ROLES = ("base", "high", "low")
 
@@ -151,11 +152,12 @@ class Plan:
             width = max((len(t.name) for t in self.tensors), default=10)
             for t in self.tensors:
                 lines.append(f"  {t.name:<{width}}  {str(t.ne):<18} {t.src_type:>5} -> {t.type:<6} "
-                             f"{format_bytes(t.nbytes):>10}  {t.action}")
+                             f"{format_bytes(t.nbytes, decimals=1):>10}  {t.action}")
         b = self.bytes_by_role()
-        lines.append(f"{len(self.tensors)} tensors: experts HIGH {format_bytes(b['high'])}, "
-                     f"experts LOW {format_bytes(b['low'])}, non-expert {format_bytes(b['base'])}, "
-                     f"total {format_bytes(self.total_bytes)}")
+        lines.append(f"{len(self.tensors)} tensors: experts HIGH {format_bytes(b['high'], decimals=1)}, "
+                     f"experts LOW {format_bytes(b['low'], decimals=1)}, "
+                     f"non-expert {format_bytes(b['base'], decimals=1)}, "
+                     f"total {format_bytes(self.total_bytes, decimals=1)}")
         n_fallback = len(self.fallbacks())
         if n_fallback:
             lines.append(f"{n_fallback} tensor(s) use a fallback type: their row length does not fill the "
@@ -164,11 +166,3 @@ class Plan:
 
     def __str__(self) -> str:
         return self.format()
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
