@@ -476,13 +476,19 @@ def bench(
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),
     output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
     repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads of both engines (default: all cores)"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
                                       help="also run stock llama.cpp (llama-cpp-python) on the same file"),
+    engines: Optional[list[str]] = typer.Option(None, "--engines",
+                                                help="repeatable: pyedgemoe, llama_cpp (overrides --ours-only)"),
     mem_cap: Optional[str] = typer.Option(None, "--mem-cap",
                                           help="cgroup memory cap for each run: 4GiB, or 25% of the file"),
+    flash_attn: bool = typer.Option(False, "--flash-attn", help="flash attention on in both engines (default off)"),
     expert_cache: Optional[str] = typer.Option(None, "--expert-cache", help="pyedgemoe's expert cache (default auto)"),
     io: Optional[str] = typer.Option(None, "--io", help="pyedgemoe's expert reads: direct, buffered, mmap"),
+    ours_option: list[str] = typer.Option([], "--ours-option", metavar="KEY=VALUE",
+                                          help="repeatable: keyword argument for pyedgemoe.Engine, e.g. "
+                                               "prefetch=hobbit"),
     decode_input: str = typer.Option("greedy", "--decode-input",
                                      help="greedy, or fixed: a non-repeating token sequence (realistic routing "
                                           "on random-weight models)"),
@@ -493,12 +499,18 @@ def bench(
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process."""
     from pyedgemoe.bench.runner import cli_main
+    from pyedgemoe.bench.worker import parse_option
 
-    ours_options = {k: v for k, v in (("expert_cache", expert_cache), ("io", io)) if v is not None}
+    try:
+        ours_options = dict(parse_option(o) for o in ours_option)
+    except ValueError as e:
+        fail(str(e))
+    ours_options.update((k, v) for k, v in (("expert_cache", expert_cache), ("io", io)) if v is not None)
     try:
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
-                 threads=threads, vs_llama_cpp=vs_llama_cpp, mem_cap=mem_cap, ours_options=ours_options,
-                 json_path=json_path, decode_input=decode_input, stock_repack=not stock_no_repack)
+                 threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
+                 flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
+                 decode_input=decode_input, stock_repack=not stock_no_repack)
     except PyEdgeMoEError as e:
         fail(str(e))
 

@@ -20,7 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from pyedgemoe.bench.runner import OURS, parse_size, run_benchmark
+from pyedgemoe.bench.runner import OURS, run_benchmark
+from pyedgemoe.sysmem import parse_size
 
 # name -> Engine options added on top of the common ones
 CONFIGURATIONS = {

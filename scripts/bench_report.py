@@ -17,7 +17,7 @@ from pyedgemoe.bench.runner import ENGINES, format_report
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json", nargs="+", help="files written by the runner's --json, each optionally FILE:ENGINE")
+    p.add_argument("json", nargs="+", help="files written by `pyedgemoe bench --json`, each optionally FILE:ENGINE")
     args = p.parse_args()
     results = []
     for arg in args.json:

@@ -3,7 +3,7 @@
     python scripts/plot_bench.py build/bench/L16-*.json build/bench/hobbit-*.json \\
         [--prompt-tokens 128 --output-tokens 128] -o docs/bench-decode-vs-cap.png
 
-Inputs: the measurement lists `python -m pyedgemoe.bench.runner ... --json` writes, and the
+Inputs: the measurement lists `pyedgemoe bench ... --json` writes, and the
 `{"runs": {configuration: [...]}}` files of scripts/bench_hobbit.py. One line per engine (or
 pyedgemoe configuration); x is the cap as a share of the standard (HIGH-only) model file, with
 "no cap" drawn right of the largest cap; each point is the median over repeats of the cells kept

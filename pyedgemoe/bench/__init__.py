@@ -6,13 +6,13 @@
 See docs/benchmarks.md for what is measured and how.
 """
 
-__all__ = ["BenchmarkError", "format_report", "parse_size", "prompt_token_ids", "run_benchmark"]
+__all__ = ["BenchmarkError", "format_report", "prompt_token_ids", "run_benchmark"]
 
 
 def __getattr__(name: str):
-    # Imported on first use, not here: `python -m pyedgemoe.bench.runner` (or .worker) would
-    # otherwise find its own module already imported by the package and runpy warns about it.
-    if name in ("BenchmarkError", "format_report", "parse_size", "run_benchmark"):
+    # Imported on first use, not here: `python -m pyedgemoe.bench.worker` would otherwise find
+    # its own module already imported by the package and runpy warns about it.
+    if name in ("BenchmarkError", "format_report", "run_benchmark"):
         from pyedgemoe.bench import runner
         return getattr(runner, name)
     if name == "prompt_token_ids":

@@ -1,26 +1,24 @@
 """Benchmark pyedgemoe against stock llama.cpp (llama-cpp-python) on one GGUF file.
 
-    python -m pyedgemoe.bench.runner build/bench/olmoe-L4-q8_0.gguf \\
-        --prompt-tokens 16 128 --output-tokens 32 --repeats 3 --threads 2 [--mem-cap 50%]
+    pyedgemoe bench build/bench/olmoe-L4-q8_0.gguf --prompt-tokens 16 --prompt-tokens 128 \\
+        --output-tokens 32 --repeats 3 --threads 2 [--mem-cap 50%]
 
 Every measurement is its own worker process (pyedgemoe.bench.worker). Engines alternate within
 each repeat (A B A B ...) so slow drifts of the machine hit both; the report gives medians and
 the ratio ours / stock.
 
-Page cache (DESIGN.md section 8): without a cap the model file is read once up front so every
-run starts warm; with a cap it is evicted before every run (posix_fadvise DONTNEED), because
-pages an earlier run left behind stay charged to another cgroup and would be free memory for
-this one. The cap is a cgroup v1 memory group holding only the worker process; it is created
-under the caller's own memory cgroup, so the worker also stays inside any limit the caller
-already runs under, and it is removed after each run.
+Page cache (docs/benchmarks.md, "What is measured"): without a cap the model file is read once
+up front so every run starts warm; with a cap it is evicted before every run (posix_fadvise
+DONTNEED), because pages an earlier run left behind stay charged to another cgroup and would be
+free memory for this one. The cap is a cgroup v1 memory group holding only the worker process;
+it is created under the caller's own memory cgroup, so the worker also stays inside any limit
+the caller already runs under, and it is removed after each run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -30,59 +28,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-if __package__:
-    from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE, parse_option
-else:  # run as a file (python pyedgemoe/bench/runner.py): works before the native module is built
-    from worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE, parse_option  # type: ignore[no-redef]
+from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
+from pyedgemoe.errors import PyEdgeMoEError
+from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, own_memory_cgroup_v1, parse_size
 
-CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
 OURS, STOCK = "pyedgemoe", "llama_cpp"
 WORKER_SCRIPT = Path(__file__).resolve().with_name("worker.py")
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # so workers import this very copy
 
 
-try:
-    from pyedgemoe.errors import PyEdgeMoEError as _ErrorBase
-except ImportError:  # run as a file from a source tree whose native module is not built
-    _ErrorBase = Exception  # type: ignore[misc,assignment]
-
-
-class BenchmarkError(_ErrorBase):
+class BenchmarkError(PyEdgeMoEError):
     """A benchmark that cannot be run as asked (missing model, no cgroup v1, bad size...)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# sizes
-
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str, *, percent_of: int | None = None) -> int:
-    """'8GiB', '7.5G', '512MiB', '123456' -> bytes; 'N%' -> N% of percent_of (the model size)."""
-    s = text.strip().lower().replace(" ", "")
-    if s.endswith("%"):
-        if percent_of is None:
-            raise BenchmarkError(f"size {text!r}: a percentage needs a reference size")
-        try:
-            return int(float(s[:-1]) / 100 * percent_of)
-        except ValueError:
-            raise BenchmarkError(f"cannot parse size {text!r}") from None
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", s)
-    if not m or m.group(2) not in _UNITS:
-        raise BenchmarkError(f"cannot parse size {text!r} (examples: 8GiB, 7.5G, 512MiB, 50%)")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def format_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,30 +51,6 @@ def read_whole_file(path: Path) -> None:
         buf = bytearray(16 << 20)
         while f.readinto(buf):
             pass
-
-
-def evict_from_page_cache(path: Path) -> None:
-    """Drop the file's clean pages from the page cache, wherever they are charged."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages (a freshly written model) are not dropped by DONTNEED
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _own_memory_cgroup() -> Path:
-    """Directory of this process's cgroup v1 memory group (the parent for the benchmark group)."""
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, rel = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                parent = CGROUP_V1_MEMORY / rel.lstrip("/")
-                if parent.is_dir():
-                    return parent
-    except OSError:
-        pass
-    return CGROUP_V1_MEMORY
 
 
 def check_cgroup_v1() -> None:
@@ -134,7 +66,8 @@ def check_cgroup_v1() -> None:
 def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
     """A fresh cgroup v1 memory group with the given limit; removed on exit."""
     check_cgroup_v1()
-    group = _own_memory_cgroup() / f"pyedgemoe-bench-{os.getpid()}"
+    # under this process's own group: the worker also stays inside any limit the caller runs under
+    group = (own_memory_cgroup_v1() or CGROUP_V1_MEMORY) / f"pyedgemoe-bench-{os.getpid()}"
     if group.exists():
         group.rmdir()  # left over from an interrupted run of this same pid
     group.mkdir()
@@ -408,7 +341,7 @@ def format_report(results: list[dict[str, Any]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# command line (the `pyedgemoe bench` command wraps run_benchmark + format_report)
+# what the `pyedgemoe bench` command runs (pyedgemoe/cli.py parses its options)
 
 
 def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int] = 16,
@@ -427,7 +360,10 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
     threads = threads or os.cpu_count() or 1
     path = Path(model)
     model_bytes = path.stat().st_size if path.is_file() else None
-    cap = None if mem_cap is None else parse_size(mem_cap, percent_of=model_bytes)
+    try:
+        cap = None if mem_cap is None else parse_size(mem_cap, percent_of=model_bytes)
+    except ValueError as e:
+        raise BenchmarkError(str(e)) from None
     prompts = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
     outputs = [output_tokens] if isinstance(output_tokens, int) else list(output_tokens)
     results: list[dict[str, Any]] = []
@@ -443,43 +379,3 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
         json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(format_report(results), end="", flush=True)
     return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="benchmark pyedgemoe vs stock llama.cpp on one GGUF")
-    p.add_argument("model")
-    p.add_argument("--prompt-tokens", type=int, nargs="+", default=[16], help="one or more (default 16)")
-    p.add_argument("--output-tokens", type=int, nargs="+", default=[32], help="one or more (default 32)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="default: all cores")
-    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-    p.add_argument("--mem-cap", default=None,
-                   help="memory cap for each worker: bytes with unit (8GiB, 7.5G) or %% of the model file")
-    p.add_argument("--flash-attn", action="store_true", help="flash attention on in both engines (default off)")
-    p.add_argument("--ours-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for pyedgemoe.Engine, e.g. expert_cache=4GiB (repeatable)")
-    p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
-                   help="token fed back at each decode step: the greedy pick (default) or a fixed "
-                        "non-repeating sequence (realistic routing on random-weight models)")
-    p.add_argument("--stock-no-repack", action="store_true",
-                   help="stock llama.cpp as with --no-repack (no repacked copy of Q4_K/Q4_0 weights)")
-    p.add_argument("--json", type=Path, default=None, help="also write every measurement here")
-    args = p.parse_args(argv)
-
-    try:
-        try:
-            ours_options = dict(parse_option(o) for o in args.ours_option)
-        except ValueError as e:
-            raise BenchmarkError(str(e)) from None
-        cli_main(args.model, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                 repeats=args.repeats, threads=args.threads, mem_cap=args.mem_cap,
-                 flash_attn=args.flash_attn, ours_options=ours_options, json_path=args.json,
-                 engines=args.engines, decode_input=args.decode_input, stock_repack=not args.stock_no_repack)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
