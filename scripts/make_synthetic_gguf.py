@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a standard llama.cpp GGUF with the real geometry of a known MoE model and random weights.
 
-Speed benchmarks (DESIGN.md section 8) need models whose per-layer shapes, expert sizes and file
+Speed benchmarks (docs/benchmarks.md) need models whose per-layer shapes, expert sizes and file
 layout match the real checkpoints, but not their weights. This script writes such a file straight
 to GGUF, streaming: the header, metadata and tensor index go first, then every tensor's data in
 row chunks of 4 M weights, so peak memory does not grow with the model: 0.2 GB for OLMoE geometry
@@ -57,12 +57,13 @@ WEIGHT_STD = 0.02
 # OLMoE geometry) and greedy decoding cycles through 3-5 tokens. So token embeddings are N(0, 1),
 # and the residual-branch output projections (attn_output, ffn_down_exps) N(0, 0.02/sqrt(2 L)).
 # Then routing is close to uniform (LRU hit rate at 15% of the experts: 10-15% in every layer)
-# and greedy output does not cycle: the "random routing" DESIGN.md's roofline assumes.
+# and greedy output does not cycle: routing spread over all the experts, as the benchmarks'
+# roofline assumes (docs/benchmarks.md).
 EMBEDDING_STD = 1.0
 # Row chunk written at a time: bounds peak memory (f32 chunk + its quantized copy) to ~32 MB.
 CHUNK_ELEMENTS = 4 * 1024 * 1024
 DEFAULT_ROW_POOL = 16384  # rows per (row length, type) when a pool is used: ~20-130 MB at q4_k
-GGUF_ALIGNMENT = 4096  # DESIGN.md section 4: lets an expert's bytes be read with O_DIRECT
+GGUF_ALIGNMENT = 4096  # lets an expert's bytes be read with O_DIRECT (docs/format.md, "Alignment")
 
 # name on the command line -> (ggml type, general.file_type)
 TYPES: dict[str, tuple[QType, gguf.LlamaFileType]] = {

@@ -4,8 +4,8 @@
 Everything is built locally (no hub access): a small byte-level BPE tokenizer trained on a
 deterministic text, a transformers model of each family built from a config with seeded random
 weights, and a standard GGUF written by the vendored `convert_hf_to_gguf.py`. They are the
-independent reference for correctness tests (DESIGN.md §8): transformers' logits vs llama.cpp's
-on the same weights.
+independent reference for correctness tests: transformers' logits vs llama.cpp's on the same
+weights.
 
     python scripts/tiny_moe.py qwen3_moe --out /tmp/tiny [--outtype f32|f16|q8_0]
 """

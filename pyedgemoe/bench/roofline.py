@@ -1,5 +1,5 @@
-"""The roofline of a decode step (DESIGN §8): the weights a token must touch, at RAM bandwidth,
-plus the expert bytes it must read from storage, at the disk's bandwidth.
+"""The roofline of a decode step (docs/benchmarks.md): the weights a token must touch, at RAM
+bandwidth, plus the expert bytes it must read from storage, at the disk's bandwidth.
 
     time/token >= active bytes / RAM bandwidth + read bytes / disk bandwidth
 

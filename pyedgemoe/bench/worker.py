@@ -5,7 +5,7 @@
 
 prints exactly one JSON line on stdout (see `measure`). The runner starts one worker per
 measurement, so every engine starts from the same state (no warm allocator, no shared mmap) and,
-under a memory cap, only the worker sits in the cgroup (DESIGN.md section 8).
+under a memory cap, only the worker sits in the cgroup (docs/benchmarks.md, "What is measured").
 
 The runner starts this file by its path, not with -m: then a stock llama.cpp measurement never
 imports the pyedgemoe package, so our native module (and its copy of ggml) is not even loaded in
