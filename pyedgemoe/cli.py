@@ -325,7 +325,7 @@ def calibrate_command(
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
     sidecar next to the model that `run` picks up (docs/mixed-precision.md)."""
-    from pyedgemoe.calibrate import calibrate
+    from pyedgemoe.calibration.run import calibrate
 
     options = dict(n_threads=threads, io=io, io_threads=io_threads, low_cache=low_cache, low_hit=low_hit,
                    low_from=low_from, verbose=verbose)

@@ -19,7 +19,7 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe.calibrate import load_calibration
+from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe.memory_budget import context_bytes, parse_expert_cache

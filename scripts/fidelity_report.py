@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from pyedgemoe import Engine  # noqa: E402
-from pyedgemoe.calibrate import calibrate, load_calibration, sidecar_path  # noqa: E402
+from pyedgemoe.calibration.run import calibrate  # noqa: E402
+from pyedgemoe.calibration.sidecar import load_calibration, sidecar_path  # noqa: E402
 from pyedgemoe.convert.export import export  # noqa: E402
 from pyedgemoe.convert.from_gguf import convert_gguf  # noqa: E402
 from pyedgemoe.perplexity import perplexity  # noqa: E402

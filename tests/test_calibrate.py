@@ -14,7 +14,11 @@ import pytest
 
 from conftest import tiny_moe
 from pyedgemoe import Engine
-from pyedgemoe import calibrate as cal
+from pyedgemoe.calibration.replay import CacheSetup, replay, replay_steps, search_policy_weights, weight_grid
+from pyedgemoe.calibration.sidecar import embedded_calibration, load_calibration, sidecar_path, write_sidecar
+from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split, precision_demands,
+                                              selection_scores, split_of)
+from pyedgemoe.calibration.trace import load_trace, prediction_accuracy, record_trace, trace_path
 from pyedgemoe.convert import convert
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf
@@ -52,47 +56,47 @@ TOP4_SCORES = [[0, .5, .75, .875], [.625, 0, .75, .875], [0, .25, .5, .75], [0, 
 
 
 def test_scores_are_the_rules_cumulative_normalized_weights_ranked_above():
-    assert cal.selection_scores(TOP4).tolist() == TOP4_SCORES
-    assert cal.selection_scores([[6.0, 2.0]]).tolist() == [[0.0, 0.75]]  # normalized first
+    assert selection_scores(TOP4).tolist() == TOP4_SCORES
+    assert selection_scores([[6.0, 2.0]]).tolist() == [[0.0, 0.75]]  # normalized first
 
 
 def test_top2_thresholds_at_the_quantiles_of_the_second_selections():
     # 8 tokens, second selection's score s = g0 = 8/16 .. 15/16; 16 selections, 8 top-1 (HIGH).
     # Target 75/12.5/12.5: 12 HIGH -> 4 more: T1 = 4th smallest = 11/16; 2 SKIP: T2 = 3rd largest = 13/16
     weights = [[g / 16, 1 - g / 16] for g in range(8, 16)]
-    t1, t2 = cal.choose_thresholds(weights, (0.75, 0.125, 0.125))
+    t1, t2 = choose_thresholds(weights, (0.75, 0.125, 0.125))
     assert (t1, t2) == (11 / 16, 13 / 16)
-    assert cal.split_of(cal.precision_demands(weights, t1, t2)) == {"high": 0.75, "low": 0.125, "skip": 0.125}
+    assert split_of(precision_demands(weights, t1, t2)) == {"high": 0.75, "low": 0.125, "skip": 0.125}
 
 
 def test_a_high_target_below_one_over_k_gives_t1_zero():
     # top-2: the top-1 alone is 50% HIGH; 40% cannot be reached, the other selections are LOW or SKIP
     weights = [[g / 16, 1 - g / 16] for g in range(8, 16)]
-    t1, t2 = cal.choose_thresholds(weights, (0.4, 0.5, 0.1))  # 1.6 -> 2 skipped: T2 = 13/16
+    t1, t2 = choose_thresholds(weights, (0.4, 0.5, 0.1))  # 1.6 -> 2 skipped: T2 = 13/16
     assert (t1, t2) == (0.0, 13 / 16)
-    assert cal.split_of(cal.precision_demands(weights, t1, t2)) == {"high": 0.5, "low": 0.375, "skip": 0.125}
+    assert split_of(precision_demands(weights, t1, t2)) == {"high": 0.5, "low": 0.375, "skip": 0.125}
 
 
 def test_top4_thresholds_and_the_achieved_split():
     # 16 selections: 50% HIGH = 8 -> 4 non-top-1: T1 = .5; 18.75% SKIP = 3: T2 = 4th largest = .75
-    t1, t2 = cal.choose_thresholds(TOP4, (0.5, 0.3125, 0.1875))
+    t1, t2 = choose_thresholds(TOP4, (0.5, 0.3125, 0.1875))
     assert (t1, t2) == (0.5, 0.75)
-    assert cal.split_of(cal.precision_demands(TOP4, t1, t2)) == {"high": 0.5, "low": 0.3125, "skip": 0.1875}
+    assert split_of(precision_demands(TOP4, t1, t2)) == {"high": 0.5, "low": 0.3125, "skip": 0.1875}
 
 
 def test_tied_scores_fall_on_one_side_and_the_achieved_split_says_so():
     # 12.5% SKIP = 2 of 16, but the three largest scores are all .875: T2 = .875 skips none of them
-    t1, t2 = cal.choose_thresholds(TOP4, (0.5, 0.375, 0.125))
+    t1, t2 = choose_thresholds(TOP4, (0.5, 0.375, 0.125))
     assert (t1, t2) == (0.5, 0.875)
-    assert cal.split_of(cal.precision_demands(TOP4, t1, t2))["skip"] == 0.0
+    assert split_of(precision_demands(TOP4, t1, t2))["skip"] == 0.0
 
 
 def test_the_default_split_is_hobbits_at_top2_and_keeps_its_second_selection_share_at_top_k():
-    assert cal.default_split(2) == pytest.approx((0.67, 0.30, 0.03))
+    assert default_split(2) == pytest.approx((0.67, 0.30, 0.03))
     # top-8: 1/8 top-1, and 7/8 of the selections split 34/60/6 like top-2's second one
-    assert cal.default_split(8) == pytest.approx((0.125 + 0.875 * 0.34, 0.875 * 0.60, 0.875 * 0.06))
-    assert cal.default_split(1) == (1.0, 0.0, 0.0)
-    assert cal.choose_thresholds(TOP4) == cal.choose_thresholds(TOP4, cal.default_split(4))
+    assert default_split(8) == pytest.approx((0.125 + 0.875 * 0.34, 0.875 * 0.60, 0.875 * 0.06))
+    assert default_split(1) == (1.0, 0.0, 0.0)
+    assert choose_thresholds(TOP4) == choose_thresholds(TOP4, default_split(4))
 
 
 @pytest.mark.parametrize("split, message", [
@@ -103,7 +107,7 @@ def test_the_default_split_is_hobbits_at_top2_and_keeps_its_second_selection_sha
 ])
 def test_bad_target_splits_are_clear_errors(split, message):
     with pytest.raises(InvalidOptionError, match=message):
-        cal.parse_split(split)
+        parse_split(split)
 
 
 # -- the replay -----------------------------------------------------------------------------------
@@ -117,16 +121,16 @@ def test_bad_target_splits_are_clear_errors(split, message):
 #            5 L load, evicts 1 (3 was used after it)                  LOW {3, 5}  1 + .25
 HAND_IDS = [[0, 1], [0, 2], [1, 3], [2, 0], [4, 5]]
 HAND_WEIGHTS = [[0.75, 0.25], [0.5, 0.5], [0.75, 0.25], [0.95, 0.05], [0.75, 0.25]]
-HAND_SETUP = cal.CacheSetup(high_slots=2, low_slots=2, n_layers=1, low_cost=0.25)
+HAND_SETUP = CacheSetup(high_slots=2, low_slots=2, n_layers=1, low_cost=0.25)
 
 
 def hand_steps():
     trace = trace_of(HAND_WEIGHTS, HAND_IDS)
-    return cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    return replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
 
 
 def test_replay_matches_a_hand_walked_trace():
-    r = cal.replay(hand_steps(), HAND_SETUP, "lru")
+    r = replay(hand_steps(), HAND_SETUP, "lru")
     assert r.penalty == 3.75
     assert (r.loads_high, r.loads_low, r.hits_high, r.hits_low, r.skipped, r.requests) == (3, 3, 3, 1, 0, 10)
     assert r.failures == 0
@@ -134,16 +138,16 @@ def test_replay_matches_a_hand_walked_trace():
 
 def test_replay_is_deterministic():
     trace = synthetic_trace(seed=3)
-    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
-    setup = cal.CacheSetup(high_slots=8, low_slots=4, n_layers=4, low_cost=0.3)
+    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
+    setup = CacheSetup(high_slots=8, low_slots=4, n_layers=4, low_cost=0.3)
     for policy, weights in [("lru", None), ("lfu", None), ("hobbit", (0.4, 0.1, 0.3, 0.2))]:
-        assert cal.replay(steps, setup, policy, weights) == cal.replay(steps, setup, policy, weights)
+        assert replay(steps, setup, policy, weights) == replay(steps, setup, policy, weights)
 
 
 def test_a_ubatch_places_its_distinct_experts_once_with_the_highest_demand_in_order_of_first_use():
     trace = trace_of([[0.7, 0.3], [0.96, 0.04]], ids=[[0, 1], [1, 2]])
     trace["ubatch"][:] = 7  # both tokens in one ubatch
-    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
     assert [(s.new_sequence, s.advance_tokens, s.layer, s.wanted) for s in steps] == [
         (True, 2, 0, [(0, "high"), (1, "high"), (2, "skip")])]
 
@@ -152,7 +156,7 @@ def test_the_clock_advances_once_per_ubatch_and_sequences_restart():
     trace = trace_of([[0.7, 0.3]] * 4, layers=[0, 1, 0, 1])
     trace["ubatch"] = np.array([1, 1, 2, 2], dtype=np.int32)
     trace["sequence"] = np.array([0, 0, 1, 1], dtype=np.int32)
-    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], 0.6, 0.9))
+    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
     assert [(s.new_sequence, s.advance_tokens, s.layer) for s in steps] == [
         (True, 1, 0), (False, 0, 1), (True, 1, 0), (False, 0, 1)]
 
@@ -176,27 +180,27 @@ def synthetic_trace(seed: int, n_tokens: int = 200, n_layers: int = 4, n_expert:
 
 
 def test_weight_grid_covers_the_simplex():
-    grid = cal.weight_grid(0.1)
+    grid = weight_grid(0.1)
     assert len(grid) == 286  # C(13, 3)
     assert all(abs(sum(w) - 1) < 1e-12 and min(w) >= 0 for w in grid)
     assert {(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 1.0)} <= set(grid)
     with pytest.raises(InvalidOptionError, match="divide 1"):
-        cal.weight_grid(0.3)
+        weight_grid(0.3)
 
 
 def test_the_searched_weights_beat_or_match_every_single_policy():
     trace = synthetic_trace(seed=5)
-    t1, t2 = cal.choose_thresholds(trace["weights"])
-    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], t1, t2))
-    setup = cal.CacheSetup(high_slots=10, low_slots=6, n_layers=4, low_cost=0.5)
-    best, singles = cal.search_policy_weights(steps, setup, step=0.2)
+    t1, t2 = choose_thresholds(trace["weights"])
+    steps = replay_steps(trace, precision_demands(trace["weights"], t1, t2))
+    setup = CacheSetup(high_slots=10, low_slots=6, n_layers=4, low_cost=0.5)
+    best, singles = search_policy_weights(steps, setup, step=0.2)
     assert best.policy == "hobbit" and sum(best.weights) == pytest.approx(1.0)
     assert set(singles) == {"lru", "lfu", "lhu", "fld"}
     for r in singles.values():
         assert best.penalty <= r.penalty
     # lhu and fld are the grid's vertices exactly
-    assert singles["lhu"].penalty == cal.replay(steps, setup, "hobbit", (0, 0, 1, 0)).penalty
-    assert singles["fld"].penalty == cal.replay(steps, setup, "hobbit", (0, 0, 0, 1)).penalty
+    assert singles["lhu"].penalty == replay(steps, setup, "hobbit", (0, 0, 1, 0)).penalty
+    assert singles["fld"].penalty == replay(steps, setup, "hobbit", (0, 0, 0, 1)).penalty
 
 
 # -- on tiny multi-precision models -----------------------------------------------------------------
@@ -232,13 +236,13 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
     path = models["q8"]
     with Engine(path, expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
         tokens = eng.tokenize(TEXT)[:192]
-        trace = cal.record_trace(eng, tokens, 64)
+        trace = record_trace(eng, tokens, 64)
         residency = eng.expert_residency
-    t1, t2 = cal.choose_thresholds(trace["weights"], (0.6, 0.4, 0.0))
+    t1, t2 = choose_thresholds(trace["weights"], (0.6, 0.4, 0.0))
     assert t2 == 1.0
-    steps = cal.replay_steps(trace, cal.precision_demands(trace["weights"], t1, t2))
-    setup = cal.CacheSetup(residency["high_slots"], residency["low_slots"], residency["n_layers"], 1.0)
-    predicted = cal.replay(steps, setup, policy, weights)
+    steps = replay_steps(trace, precision_demands(trace["weights"], t1, t2))
+    setup = CacheSetup(residency["high_slots"], residency["low_slots"], residency["n_layers"], 1.0)
+    predicted = replay(steps, setup, policy, weights)
     with Engine(path, expert_cache="50%", t1=t1, t2=t2, cache_policy=policy, policy_weights=weights,
                 fill_cache=False, **SETTINGS) as eng:  # the replay starts with an empty cache
         decode_sequences(eng, tokens, 64)
@@ -251,7 +255,7 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
 def test_the_trace_has_every_moe_layer_of_every_token_in_single_token_ubatches(models):
     with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
         tokens = eng.tokenize(TEXT)[:100]
-        trace = cal.record_trace(eng, tokens, 64)
+        trace = record_trace(eng, tokens, 64)
     n_layers = len(read_model_info(models["q4"]).expert_bytes_per_layer)
     assert len(trace["layer"]) == 100 * n_layers
     assert trace["ids"].shape == trace["weights"].shape == (100 * n_layers, 2)
@@ -261,11 +265,11 @@ def test_the_trace_has_every_moe_layer_of_every_token_in_single_token_ubatches(m
 
 def test_prediction_accuracy_is_counted_as_the_runtime_counts_it(models):
     with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
-        trace = cal.record_trace(eng, eng.tokenize(TEXT)[:64], 64)
+        trace = record_trace(eng, eng.tokenize(TEXT)[:64], 64)
         native = eng.stats()["experts"].get("prediction")
     if "predicted" not in trace or not native:
         pytest.skip("this build of the runtime records no predictions")
-    accuracy = cal.prediction_accuracy(trace)
+    accuracy = prediction_accuracy(trace)
     assert accuracy["top1_accuracy"] == pytest.approx(native[0]["top1_accuracy"])
     assert accuracy["recall"] == pytest.approx(native[0]["recall"])
 
@@ -275,9 +279,9 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
     shutil.copyfile(models["q4"], model)
     r = cli("calibrate", model, "-f", models["text"], *CALIBRATE_ARGS)
     assert r.returncode == 0, r.stderr
-    assert "t1" in r.stdout and "hobbit" in r.stdout and cal.sidecar_path(model) in r.stdout
+    assert "t1" in r.stdout and "hobbit" in r.stdout and sidecar_path(model) in r.stdout
     assert "Traceback" not in r.stderr
-    data = json.loads(open(cal.sidecar_path(model)).read())
+    data = json.loads(open(sidecar_path(model)).read())
     assert data["version"] == 1
     assert 0 <= data["t1"] <= data["t2"] <= 1
     assert len(data["policy_weights"]) == 4 and sum(data["policy_weights"]) == pytest.approx(1)
@@ -290,14 +294,14 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
     assert data["low_cost"] == pytest.approx(4.5 / 8.5)  # q4_0 / q8_0 bits per weight
     assert set(data["expert_usage"]) == {"0", "1"}
     assert sum(sum(c) for c in data["expert_usage"].values()) == 256 * 2 * 2
-    trace = cal.load_trace(cal.trace_path(model))
+    trace = load_trace(trace_path(model))
     assert {"ubatch", "layer", "ids", "weights", "sequence"} <= set(trace)
     assert len(trace["layer"]) == 256 * 2
 
     with Engine(model, expert_cache="50%", **SETTINGS) as eng:
         residency = eng.expert_residency
     assert (residency["t1"], residency["t2"], residency["cache_policy"]) == (data["t1"], data["t2"], "hobbit")
-    native = ExpertOptions().native_kwargs(read_model_info(model), cal.load_calibration(model))
+    native = ExpertOptions().native_kwargs(read_model_info(model), load_calibration(model))
     assert native["policy_weights"] == data["policy_weights"]
 
 
@@ -327,9 +331,9 @@ def test_explicit_options_beat_the_sidecar_which_beats_the_embedded_calibration(
         return r["t1"], r["t2"], r["cache_policy"]
 
     assert residency() == (0.3, 0.8, "hobbit")
-    assert cal.load_calibration(model)["policy_weights"] == [0.1, 0.2, 0.3, 0.4]
-    cal.write_sidecar({"version": 1, "t1": 0.5, "t2": 0.7, "policy_weights": [1, 0, 0, 0]},
-                      cal.sidecar_path(model))
+    assert load_calibration(model)["policy_weights"] == [0.1, 0.2, 0.3, 0.4]
+    write_sidecar({"version": 1, "t1": 0.5, "t2": 0.7, "policy_weights": [1, 0, 0, 0]},
+                      sidecar_path(model))
     assert residency() == (0.5, 0.7, "hobbit")
     assert residency(t1=0.2, t2=0.6, cache_policy="lru") == (0.2, 0.6, "lru")
 
@@ -343,7 +347,7 @@ def test_convert_embeds_the_calibration_as_metadata(models, tmp_path):
     kv = read_model_info(tmp_path / "out.gguf").metadata
     assert (kv["edgemoe.calibration.t1"], kv["edgemoe.calibration.t2"]) == (0.625, 0.875)
     assert json.loads(kv["edgemoe.calibration.json"]) == sidecar
-    assert cal.embedded_calibration(tmp_path / "out.gguf") == sidecar
+    assert embedded_calibration(tmp_path / "out.gguf") == sidecar
 
 
 def test_convert_refuses_a_calibration_that_is_not_one(models, tmp_path):
@@ -360,7 +364,7 @@ def test_a_model_without_low_copies_is_calibrated_with_a_note(models, tmp_path):
     r = cli("calibrate", high, "-f", models["text"], *CALIBRATE_ARGS)
     assert r.returncode == 0, r.stderr
     assert "no LOW expert copies" in r.stderr
-    data = json.loads(open(cal.sidecar_path(high)).read())
+    data = json.loads(open(sidecar_path(high)).read())
     assert data["low_slots"] == 0 and data["penalties"]["lru"]["loads_low"] == 0
 
 

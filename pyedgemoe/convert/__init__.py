@@ -86,7 +86,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
 
 def _read_calibration(calibration) -> dict | None:
     """A calibration sidecar's contents from its path (or checked contents), as a ConversionError if bad."""
-    from pyedgemoe.calibrate import check_calibration, read_sidecar
+    from pyedgemoe.calibration.sidecar import check_calibration, read_sidecar
     from pyedgemoe.errors import InvalidOptionError
 
     if calibration is None:

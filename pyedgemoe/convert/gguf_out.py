@@ -100,7 +100,7 @@ def edgemoe_metadata(writer: gguf.GGUFWriter, high_type: str, low_type: str, pro
     writer.add_string(LOW_TYPE_KEY, ggml_type_name(ggml_type(low_type)))
     writer.add_string(PROVENANCE_KEY, json.dumps(prov, sort_keys=True))
     if calibration is not None:
-        from pyedgemoe.calibrate import calibration_metadata
+        from pyedgemoe.calibration.sidecar import calibration_metadata
         add = {"f32": writer.add_float32, "f32_array": writer.add_array, "string": writer.add_string}
         for key, value, kind in calibration_metadata(calibration):
             add[kind](key, value)

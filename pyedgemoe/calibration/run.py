@@ -1,0 +1,188 @@
+"""The whole calibration of a model (HOBBIT sec. 3.2 and 3.4): thresholds T1/T2 and cache-policy
+weights from the routing trace of a text under an expert cache budget, written to the sidecar
+that the Engine reads (docs/mixed-precision.md).
+
+    from pyedgemoe.calibration.run import calibrate
+    result = calibrate("model.gguf", open("text.txt").read(), budget="25%")
+    print(result.t1, result.t2, result.policy_weights)   # also in model.gguf.calibration.json
+
+Four steps, each in a module of its own:
+
+1. trace.record_trace: the model runs the text with the expert cache it will run with (the
+   budget), one token per ubatch, in sequences of n_ctx tokens, recording every MoE layer's
+   routing. While recording, t1 = t2 = 1 (every selection HIGH), so the routing is the model's own,
+   not bent by LOW copies or skipped experts, and the cache has the HIGH/LOW slot split that `run`
+   gets for the same budget.
+2. thresholds.choose_thresholds: T1/T2 at the quantiles of the selections' scores that give the
+   target split (default: thresholds.default_split of the model's top-k).
+3. replay.replay_steps: the trace as the runtime's place() calls, with each selection's demand
+   under T1/T2.
+4. replay.search_policy_weights: the hobbit weights with the lowest miss penalty when those calls
+   are replayed through the runtime's cache code, and the single policies to compare.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, replay_steps,
+                                          search_policy_weights, weight_grid)
+from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, sidecar_path, write_sidecar
+from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split,
+                                              precision_demands, split_of)
+from pyedgemoe.calibration.trace import (expert_usage, prediction_accuracy, record_trace, save_trace,
+                                         trace_path)
+from pyedgemoe.engine import Engine
+from pyedgemoe.errors import InvalidOptionError, TextTooShortError
+from pyedgemoe.model_info import read_model_info
+
+DEFAULT_BUDGET = "25%"
+DEFAULT_N_CTX = 512
+DEFAULT_MAX_TOKENS = 2048
+MIN_TOKENS = 64  # fewer tokens give too few selections for quantiles and too short a replay
+
+
+@dataclass
+class CalibrationResult:
+    """The sidecar's contents (to_dict) and where it and the trace were written."""
+    data: dict
+    sidecar: str | None = None
+    trace: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def t1(self) -> float:
+        return self.data["t1"]
+
+    @property
+    def t2(self) -> float:
+        return self.data["t2"]
+
+    @property
+    def policy_weights(self) -> list[float]:
+        return self.data["policy_weights"]
+
+    def to_dict(self) -> dict:
+        return {**self.data, "sidecar_path": self.sidecar, "trace_path": self.trace}
+
+
+def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = DEFAULT_BUDGET,
+              split=None, n_ctx: int = DEFAULT_N_CTX, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+              trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
+              grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
+              **engine_options) -> CalibrationResult:
+    """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
+    `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`).
+
+    split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
+    use at most this many tokens of the text (None: all). engine_options: further Engine arguments
+    (n_threads, io, io_threads, low_cache, low_hit, low_from, verbose). Raises InvalidOptionError
+    for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
+    """
+    split = None if split is None else parse_split(split)
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
+        raise InvalidOptionError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < MIN_TOKENS):
+        raise InvalidOptionError(f"max_tokens must be an integer >= {MIN_TOKENS}, got {max_tokens!r}")
+    model_path = os.fspath(model_path)
+    info = read_model_info(model_path)
+    if not info.is_moe:
+        raise InvalidOptionError(f"{model_path} has no experts ({info.architecture} is dense): nothing to calibrate")
+    if budget is None or (isinstance(budget, str) and budget.strip().lower() == "auto"):
+        raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%)")
+    weight_grid(grid_step)  # a bad step fails before the model runs
+
+    notes: list[str] = []
+    start = time.perf_counter()
+    # t1 = t2 = 1: every selection HIGH, so the routing recorded is the model's own (module doc);
+    # an empty cache at the start, as in the replay
+    with Engine(model_path, n_ctx=n_ctx, n_batch=1, expert_cache=budget, t1=1.0, t2=1.0, fill_cache=False,
+                **engine_options) as eng:
+        tokens = eng.tokenize(text, add_bos=True, special=False)
+        if max_tokens is not None:
+            tokens = tokens[:max_tokens]
+        if len(tokens) < MIN_TOKENS:
+            raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
+                                    f"the text has only {len(tokens)}")
+        residency = dict(eng.expert_residency)
+        routing = record_trace(eng, tokens, n_ctx)
+        low_source = residency.get("low_source") or None
+    record_seconds = time.perf_counter() - start
+
+    k = residency["n_expert_used"]
+    split = default_split(k) if split is None else split
+    weights = np.asarray(routing["weights"], dtype=np.float32)
+    t1, t2 = choose_thresholds(weights, split)
+    achieved = split_of(precision_demands(weights, t1, t2))
+    if not residency["mixed_precision"]:
+        notes.append("the model has no LOW expert copies: the thresholds take effect with --low-from "
+                     "(or a multi-precision GGUF); the replay loads everything in HIGH")
+    if k == 1:
+        notes.append("top-1 routing: every selection is HIGH, the thresholds have no effect")
+    groups = {(info.high_expert_bytes_per_layer.get(l), info.low_expert_bytes_per_layer.get(l))
+              for l in info.expert_bytes_per_layer}
+    if len(groups) > 1:
+        notes.append(f"the MoE layers have {len(groups)} expert shapes (slot pool groups); the replay "
+                     "approximates them with one pool of all slots")
+
+    demands = precision_demands(weights, t1, t2, use_low=residency["mixed_precision"], use_skip=residency["skip"])
+    steps = replay_steps(routing, demands)
+    low_cost = residency["low_expert_bytes"] / residency["expert_bytes"] if residency["mixed_precision"] else 0.0
+    setup = CacheSetup(high_slots=residency["high_slots"], low_slots=residency["low_slots"],
+                       n_layers=residency["n_layers"], low_cost=low_cost,
+                       low_serves_high=engine_options.get("low_hit", "accept") == "accept")
+    replay_start = time.perf_counter()
+    best, singles = search_policy_weights(steps, setup, grid_step)
+    replay_seconds = time.perf_counter() - replay_start
+    ranked = sorted([best, *singles.values()], key=ReplayResult.rank_key)
+    if best.failures:
+        notes.append(f"the runtime's cache cannot serve {best.failures} layer(s) of this trace even with the best "
+                     "weights (a tier runs out of evictable slots): such a decode fails; use a larger budget")
+    winner = ranked[0]
+    if winner.policy != "hobbit" and winner.rank_key() < best.rank_key():
+        why = (f"{winner.failures} failures against {best.failures}" if winner.failures != best.failures
+               else f"miss penalty {winner.penalty:.1f} against {best.penalty:.1f}")
+        notes.append(f"the {winner.policy} policy alone does better than the best hobbit weights ({why}): "
+                     f"run with --cache-policy {winner.policy}")
+
+    n_sequences = int(routing["sequence"].max()) + 1 if len(routing["sequence"]) else 0
+    data = {
+        "version": SIDECAR_VERSION,
+        "t1": t1,
+        "t2": t2,
+        "policy_weights": [float(w) for w in best.weights],
+        "best_policy": winner.policy,
+        "target_split": dict(zip(("high", "low", "skip"), split)),
+        "achieved_split": achieved,
+        "n_experts_used": k,
+        "penalties": {"hobbit": best.to_dict(), **{p: r.to_dict() for p, r in singles.items()}},
+        "grid_step": grid_step,
+        "budget": str(budget),
+        "budget_bytes": residency["budget_bytes"],
+        "high_slots": residency["high_slots"],
+        "low_slots": residency["low_slots"],
+        "low_cost": low_cost,
+        "low_hit": engine_options.get("low_hit", "accept"),
+        "low_source": low_source,
+        "mixed_precision": residency["mixed_precision"],
+        "text": os.path.basename(text_name) if text_name else None,
+        "n_tokens": len(tokens),
+        "n_ctx": n_ctx,
+        "n_sequences": n_sequences,
+        "expert_usage": expert_usage(routing, residency["n_expert"]),
+        "seconds": {"record": record_seconds, "replay": replay_seconds},
+        "notes": notes,
+    }
+    accuracy = prediction_accuracy(routing)
+    if accuracy is not None:
+        data["prediction"] = accuracy
+    result = CalibrationResult(data, notes=notes)
+    if write:
+        result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))
+        data["trace"] = os.path.basename(result.trace)
+        result.sidecar = write_sidecar(data, sidecar if sidecar is not None else sidecar_path(model_path))
+    return result
