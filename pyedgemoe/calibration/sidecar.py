@@ -14,11 +14,16 @@ import os
 import gguf
 
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.gguf_format import CALIBRATION_KEY_PREFIX
 from pyedgemoe.model_info import read_model_info
 
 SIDECAR_SUFFIX = ".calibration.json"
 SIDECAR_VERSION = 1
-METADATA_PREFIX = "edgemoe.calibration."
+# the embedded copy's keys (docs/format.md)
+T1_KEY = CALIBRATION_KEY_PREFIX + "t1"
+T2_KEY = CALIBRATION_KEY_PREFIX + "t2"
+POLICY_WEIGHTS_KEY = CALIBRATION_KEY_PREFIX + "policy_weights"
+JSON_KEY = CALIBRATION_KEY_PREFIX + "json"  # the whole sidecar
 
 
 def sidecar_path(model_path: str | os.PathLike) -> str:
@@ -54,17 +59,16 @@ def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = 
     metadata: the model's key/values if the caller has them (saves reading the header again)."""
     kv = read_model_info(model_path).metadata if metadata is None else metadata
     what = f"calibration embedded in {os.fspath(model_path)}"
-    if METADATA_PREFIX + "json" in kv:
+    if JSON_KEY in kv:
         try:
-            data = json.loads(str(kv[METADATA_PREFIX + "json"]))
+            data = json.loads(str(kv[JSON_KEY]))
         except ValueError as e:
             raise InvalidOptionError(f"{what} is not valid JSON: {e}") from None
         return _checked(data, what)
-    if METADATA_PREFIX + "t1" in kv and METADATA_PREFIX + "t2" in kv:
-        data = {"version": SIDECAR_VERSION, "t1": float(kv[METADATA_PREFIX + "t1"]),
-                "t2": float(kv[METADATA_PREFIX + "t2"])}
-        if METADATA_PREFIX + "policy_weights" in kv:  # an array: model_info gives its length only
-            field = gguf.GGUFReader(os.fspath(model_path)).get_field(METADATA_PREFIX + "policy_weights")
+    if T1_KEY in kv and T2_KEY in kv:
+        data = {"version": SIDECAR_VERSION, "t1": float(kv[T1_KEY]), "t2": float(kv[T2_KEY])}
+        if POLICY_WEIGHTS_KEY in kv:  # an array: model_info gives its length only
+            field = gguf.GGUFReader(os.fspath(model_path)).get_field(POLICY_WEIGHTS_KEY)
             data["policy_weights"] = [float(w) for w in field.contents()]
         return _checked(data, what)
     return None
@@ -99,8 +103,8 @@ def calibration_metadata(data: dict) -> list[tuple[str, object, str]]:
     """The `edgemoe.calibration.*` keys of docs/format.md for a calibration: (key, value, type)
     with type "f32", "f32_array" or "string"."""
     data = _checked(data, "calibration")
-    keys = [(METADATA_PREFIX + "t1", float(data["t1"]), "f32"), (METADATA_PREFIX + "t2", float(data["t2"]), "f32")]
+    keys = [(T1_KEY, float(data["t1"]), "f32"), (T2_KEY, float(data["t2"]), "f32")]
     if data.get("policy_weights") is not None:
-        keys.append((METADATA_PREFIX + "policy_weights", [float(w) for w in data["policy_weights"]], "f32_array"))
-    keys.append((METADATA_PREFIX + "json", json.dumps(data, sort_keys=True), "string"))
+        keys.append((POLICY_WEIGHTS_KEY, [float(w) for w in data["policy_weights"]], "f32_array"))
+    keys.append((JSON_KEY, json.dumps(data, sort_keys=True), "string"))
     return keys
