@@ -66,7 +66,7 @@ def extract_llama(archive: Path, dest: Path) -> None:
 def apply_patches(tree: Path) -> None:
     for patch in PATCHES:
         result = subprocess.run(
-            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(patch)],
+            ["patch", "-p1", "--fuzz=0", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(patch)],
             cwd=tree, capture_output=True, text=True,
         )
         if result.returncode != 0:

@@ -14,6 +14,7 @@ import typer
 # typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+from pyedgemoe.cli_options import model_options
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.sysmem import format_bytes
 
@@ -76,50 +77,6 @@ def print_stats(stats: dict) -> None:
                    f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}", err=True)
 
 
-# The options of every command that loads a model into an Engine, declared once: each command
-# uses them as its parameters' defaults and engine_options() turns them into Engine arguments.
-THREADS_OPTION = typer.Option(None, "-t", "--threads", help="threads (default: all cores)")
-EXPERT_CACHE_OPTION = typer.Option("auto", "--expert-cache",
-                                   help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto")
-IO_OPTION = typer.Option("direct", "--io", help="how experts are read: direct (O_DIRECT), buffered, mmap")
-IO_THREADS_OPTION = typer.Option(4, "--io-threads", help="expert reads in flight at once")
-CACHE_POLICY_OPTION = typer.Option(None, "--cache-policy",
-                                   help="expert cache eviction: lru, lfu, lhu, fld or hobbit "
-                                        "(default: hobbit when calibrated, else lru)")
-POLICY_WEIGHTS_OPTION = typer.Option(None, "--policy-weights",
-                                     help="hobbit policy weights lru,lfu,lhu,fld (default: calibrated or equal)")
-LOW_PRECISION_OPTION = typer.Option(None, "--low-precision/--no-low-precision",
-                                    help="load unimportant missed experts in LOW precision "
-                                         "(default: on when LOW copies exist)")
-SKIP_OPTION = typer.Option(None, "--skip/--no-skip",
-                           help="skip the least important missed experts (default: with low precision)")
-T1_OPTION = typer.Option(None, "--t1", help="HIGH while the expert's score <= T1 (default: calibrated, else 0.6)")
-T2_OPTION = typer.Option(None, "--t2", help="LOW while score <= T2, SKIP above (default: calibrated, else 0.9)")
-LOW_CACHE_OPTION = typer.Option(0.25, "--low-cache", help="share of the expert cache for LOW copies")
-LOW_HIT_OPTION = typer.Option("accept", "--low-hit",
-                              help="a cached LOW copy for a HIGH demand: accept it or reload HIGH")
-LOW_FROM_OPTION = typer.Option(None, "--low-from", help="LOW copies from this standard GGUF (a lower quant)")
-PREFETCH_OPTION = typer.Option("none", "--prefetch", help="expert prefetching: none, hobbit or fate")
-PREFETCH_DEPTH_OPTION = typer.Option(2, "--prefetch-depth", help="hobbit: MoE layers ahead to predict")
-FILL_CACHE_OPTION = typer.Option(True, "--fill-cache/--no-fill-cache",
-                                 help="read experts into the expert cache at load (most routed first when calibrated)")
-VERBOSE_OPTION = typer.Option(False, "--verbose", help="show llama.cpp's log")
-
-
-# the command parameters that engine_options() passes on, and the Engine argument each becomes
-ENGINE_OPTION_NAMES = {"threads": "n_threads", "expert_cache": "expert_cache", "io": "io", "io_threads": "io_threads",
-                       "cache_policy": "cache_policy", "policy_weights": "policy_weights",
-                       "low_precision": "low_precision", "skip": "skip", "t1": "t1", "t2": "t2",
-                       "low_cache": "low_cache", "low_hit": "low_hit", "low_from": "low_from",
-                       "prefetch": "prefetch", "prefetch_depth": "prefetch_depth", "fill_cache": "fill_cache",
-                       "verbose": "verbose"}
-
-
-def engine_options(params: dict) -> dict:
-    """Engine keyword arguments from a command's parameters (its locals(), taken first thing)."""
-    return {arg: params[name] for name, arg in ENGINE_OPTION_NAMES.items()}
-
-
 def print_model_note(eng, model: Path) -> None:
     """On stderr: a dense model has nothing to offload; else what the expert cache is."""
     if not eng.info.is_moe:
@@ -130,6 +87,7 @@ def print_model_note(eng, model: Path) -> None:
 
 
 @app.command()
+@model_options
 def run(
     model: Path = typer.Argument(..., help="GGUF model file"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
@@ -142,29 +100,12 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
-    threads: Optional[int] = THREADS_OPTION,
-    expert_cache: str = EXPERT_CACHE_OPTION,
-    io: str = IO_OPTION,
-    io_threads: int = IO_THREADS_OPTION,
-    cache_policy: Optional[str] = CACHE_POLICY_OPTION,
-    policy_weights: Optional[str] = POLICY_WEIGHTS_OPTION,
-    low_precision: Optional[bool] = LOW_PRECISION_OPTION,
-    skip: Optional[bool] = SKIP_OPTION,
-    t1: Optional[float] = T1_OPTION,
-    t2: Optional[float] = T2_OPTION,
-    low_cache: float = LOW_CACHE_OPTION,
-    low_hit: str = LOW_HIT_OPTION,
-    low_from: Optional[Path] = LOW_FROM_OPTION,
-    prefetch: str = PREFETCH_OPTION,
-    prefetch_depth: int = PREFETCH_DEPTH_OPTION,
-    fill_cache: bool = FILL_CACHE_OPTION,
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
-    verbose: bool = VERBOSE_OPTION,
+    engine_options: dict = None,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
-    options = engine_options(locals())
     from pyedgemoe.engine import Engine
 
     if prompt is not None and file is not None:
@@ -182,7 +123,7 @@ def run(
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=seed)
     try:
-        with Engine(model, n_ctx=ctx, seed=seed, **options) as eng:
+        with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             if chat:
                 run_chat(eng, prompt, max_tokens, sampling)
@@ -242,32 +183,16 @@ def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampl
 
 
 @app.command("perplexity")
+@model_options
 def perplexity_command(
     model: Path = typer.Argument(..., help="GGUF model file"),
     file: Path = typer.Option(..., "-f", "--file", help="the text to score (e.g. wikitext-2's wiki.test.raw)"),
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per chunk, llama-perplexity's --ctx-size"),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
-    threads: Optional[int] = THREADS_OPTION,
-    expert_cache: str = EXPERT_CACHE_OPTION,
-    io: str = IO_OPTION,
-    io_threads: int = IO_THREADS_OPTION,
-    cache_policy: Optional[str] = CACHE_POLICY_OPTION,
-    policy_weights: Optional[str] = POLICY_WEIGHTS_OPTION,
-    low_precision: Optional[bool] = LOW_PRECISION_OPTION,
-    skip: Optional[bool] = SKIP_OPTION,
-    t1: Optional[float] = T1_OPTION,
-    t2: Optional[float] = T2_OPTION,
-    low_cache: float = LOW_CACHE_OPTION,
-    low_hit: str = LOW_HIT_OPTION,
-    low_from: Optional[Path] = LOW_FROM_OPTION,
-    prefetch: str = PREFETCH_OPTION,
-    prefetch_depth: int = PREFETCH_DEPTH_OPTION,
-    fill_cache: bool = FILL_CACHE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    verbose: bool = VERBOSE_OPTION,
+    engine_options: dict = None,
 ) -> None:
     """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
-    options = engine_options(locals())
     from pyedgemoe.engine import Engine
     from pyedgemoe.perplexity import MIN_N_CTX, perplexity
 
@@ -285,7 +210,7 @@ def perplexity_command(
         sys.stdout.flush()
 
     try:
-        with Engine(model, n_ctx=ctx, **options) as eng:
+        with Engine(model, n_ctx=ctx, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running)
             if as_json:
@@ -302,6 +227,7 @@ def perplexity_command(
 
 
 @app.command("calibrate")
+@model_options(expert_cache=False)
 def calibrate_command(
     model: Path = typer.Argument(..., help="GGUF model file (multi-precision, or standard with --low-from)"),
     file: Path = typer.Option(..., "-f", "--file", help="the text to run (representative of the workload)"),
@@ -314,28 +240,20 @@ def calibrate_command(
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),
     max_tokens: int = typer.Option(2048, "--max-tokens", help="use at most this many tokens of the text"),
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
-    threads: Optional[int] = THREADS_OPTION,
-    io: str = IO_OPTION,
-    io_threads: int = IO_THREADS_OPTION,
-    low_cache: float = LOW_CACHE_OPTION,
-    low_hit: str = LOW_HIT_OPTION,
-    low_from: Optional[Path] = LOW_FROM_OPTION,
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
-    verbose: bool = VERBOSE_OPTION,
+    engine_options: dict = None,
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
     sidecar next to the model that `run` picks up (docs/mixed-precision.md)."""
     from pyedgemoe.calibration.run import calibrate
 
-    options = dict(n_threads=threads, io=io, io_threads=io_threads, low_cache=low_cache, low_hit=low_hit,
-                   low_from=low_from, verbose=verbose)
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         fail(f"cannot read text file: {e}")
     try:
         result = calibrate(model, text, budget=budget, split=target_split, n_ctx=ctx, max_tokens=max_tokens,
-                           trace=trace, grid_step=grid_step, text_name=str(file), **options)
+                           trace=trace, grid_step=grid_step, text_name=str(file), **engine_options)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -131,33 +131,25 @@ class Engine:
         else a cache of what is left after the non-expert weights, the context and a slack). With a
         budget the experts stay in the file and are read into a cache when routed to
         (docs/expert-residency.md).
-    io: how experts are read: "direct" (O_DIRECT; buffered where the filesystem has none), "buffered"
-        (pread) or "mmap". io_threads: expert reads in flight at once (default 4).
-    cache_policy: "lru", "lfu", "lhu", "fld" or "hobbit" (HOBBIT's multidimensional priority with
-        policy_weights "lru,lfu,lhu,fld"); default "hobbit" when the model is calibrated, else "lru".
-    Mixed precision (HOBBIT, docs/mixed-precision.md): low_precision (default: on when LOW copies
-        exist: a multi-precision GGUF or low_from), skip (default: with low precision), thresholds
-        t1/t2 (default: the calibration sidecar's, else 0.6/0.9), low_cache (share of expert_cache
-        for LOW copies), low_hit ("accept" a cached LOW copy for a HIGH demand, or "reload"),
-        low_from (a standard GGUF of a lower quant of the same model, the source of LOW copies).
-    prefetch: "none", "hobbit" (HOBBIT's adaptive walk: predict the experts of the next layers from
-        this layer's gate input, prefetch_depth layers ahead at most) or "fate" (the next layer's
-        predicted experts plus the likeliest others); reads run in the background, on-demand first.
-    fill_cache: read experts into the expert cache at load, as many HIGH copies as it holds (each
-        layer's most routed first when the model is calibrated, else by id), so the first tokens hit
-        instead of missing; False starts with an empty cache.
+    expert_options: how the cache serves experts, one ExpertOptions; its options can also be
+        keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
+        options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
+        their defaults): io, io_threads (reads in flight), fill_cache (read experts at load, most
+        routed first when calibrated), cache_policy and policy_weights (HOBBIT's priority), mixed
+        precision (low_precision, skip, t1, t2, low_cache, low_hit, low_from; docs/mixed-precision.md),
+        prefetch ("none", "hobbit": HOBBIT's walk prefetch_depth layers ahead, "fate"),
+        fate_percentile, fate_extra. Left unset, the calibration sidecar and the model decide
+        (expert_options.AUTOMATIC), else the defaults of native/src/expert-options.h.
+    trace_routing: record every MoE layer's routing for calibration (record_routing): the expert
+        predictor then runs even without prefetch.
     verbose: forward llama.cpp's log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
-                 io: str = "direct", io_threads: int = 4, cache_policy: str | None = None,
-                 policy_weights: str | list[float] | None = None, low_precision: bool | None = None,
-                 skip: bool | None = None, t1: float | None = None, t2: float | None = None,
-                 low_cache: float = 0.25, low_hit: str = "accept", low_from: str | os.PathLike | None = None,
-                 prefetch: str = "none", prefetch_depth: int = 2, fill_cache: bool = True,
-                 verbose: bool = False):
+                 expert_options: ExpertOptions | None = None, trace_routing: bool = False,
+                 verbose: bool = False, **options):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
@@ -168,11 +160,7 @@ class Engine:
         except KeyError:
             raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
-        expert_options = ExpertOptions(io=io, io_threads=io_threads, cache_policy=cache_policy,
-                                       policy_weights=policy_weights, low_precision=low_precision, skip=skip,
-                                       t1=t1, t2=t2, low_cache=low_cache, low_hit=low_hit, low_from=low_from,
-                                       prefetch=prefetch, prefetch_depth=prefetch_depth, fill_cache=fill_cache)
-        expert_options.validate()
+        expert_options = (expert_options or ExpertOptions()).merged(**options)
         _native.set_verbose(verbose)
 
         self.model_path = os.fspath(model_path)
@@ -184,16 +172,16 @@ class Engine:
         offload = budget is not None and self.info.is_moe
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
-        native_options = expert_options.native_kwargs(self.info, calibration) if self.info.is_moe else {}
+        native_options = expert_options.resolve(self.info, calibration) if self.info.is_moe else None
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
             if offload:
-                self._model.enable_expert_residency(budget, **native_options)
-                if expert_options.fill_cache:
+                self._model.enable_expert_residency(budget, native_options, trace_routing)
+                if native_options.fill_cache:
                     self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
-        except _native.ExpertBudgetError as e:
+        except (_native.ExpertBudgetError, ValueError) as e:
             raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
@@ -519,9 +507,12 @@ class Engine:
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True) -> None:
-        """Start (or stop) recording every MoE layer's routing: needs an expert cache."""
+        """Start (or stop) recording every MoE layer's routing: needs an expert cache and an Engine
+        made with trace_routing=True."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
+        if not self.expert_residency["predictor_depth"]:
+            raise InvalidOptionError("recording the routing needs an Engine made with trace_routing=True")
         self._model.set_expert_tracing(on)
 
     def take_routing_trace(self) -> dict:

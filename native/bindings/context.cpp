@@ -31,6 +31,9 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     params.type_k = (ggml_type) kv_type;
     params.type_v = (ggml_type) kv_type;
     params.no_perf = true;
+    // Slot ids may be negative (a row a pass skips), which only the CPU's mul_mat_id skips (patch
+    // 0004): a GPU backend must not be handed the expert ops of an offloaded model.
+    if (model.residency) params.op_offload = false;
     log_clear_recent();
     llama_context * ctx;
     {

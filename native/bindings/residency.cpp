@@ -1,17 +1,19 @@
 // Expert residency: turn on the byte-budgeted expert cache of a Model loaded with
-// experts_on_demand, read its statistics, and report load errors after a decode.
+// experts_on_demand, read its statistics, and report load errors after a decode. The options
+// are one object, ExpertOptions, bound field by field from EDGEMOE_EXPERT_OPTIONS.
 #include "native.h"
 
 #include "llama.h"
 #include "../src/expert-residency.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 std::string take_residency_error(Context & c) {
@@ -23,6 +25,12 @@ std::string take_residency_error(Context & c) {
 
 namespace {
 
+template <typename E>
+void bind_enum(nb::module_ & m, const char * name) {
+    nb::enum_<E> e(m, name);
+    for (size_t v = 0; v < enum_names<E>::values.size(); v++) e.value(enum_names<E>::values[v], (E) v);
+}
+
 template <typename T>
 nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
     auto * data = new std::vector<T>(std::move(v));
@@ -30,46 +38,11 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<si
     return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
 }
 
-expert_precision precision_from_name(const std::string & name) {
-    if (name == "high") return expert_precision::high;
-    if (name == "low") return expert_precision::low;
-    if (name == "skip") return expert_precision::skip;
-    throw nb::value_error(("unknown precision '" + name + "' (high, low, skip)").c_str());
-}
-
-policy_weights weights_from(const std::vector<float> & w) {
-    if (w.size() != 4) throw nb::value_error("policy weights are four numbers: lru, lfu, lhu, fld");
-    return { w[0], w[1], w[2], w[3] };
-}
-
-void enable(Model & m, uint64_t budget_bytes, const std::string & io, int io_threads, const std::string & policy,
-            const std::vector<float> & weights, bool use_low, bool use_skip, double t1, double t2, double low_fraction,
-            bool low_serves_high, const std::string & low_from, const std::string & prefetch, int prefetch_depth,
-            double fate_percentile, int fate_extra) {
+void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bool trace_routing) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
-    if (io_threads < 1) throw nb::value_error("io_threads must be >= 1");
-    if (!(low_fraction > 0 && low_fraction < 1)) throw nb::value_error("low_fraction must be between 0 and 1");
-    if (!(0 <= t1 && t1 <= t2)) throw nb::value_error("thresholds must satisfy 0 <= t1 <= t2");
-    expert_residency_params params;
-    params.budget_bytes = budget_bytes;
-    params.io = expert_io_from_name(io);  // std::invalid_argument -> ValueError
-    params.io_threads = io_threads;
-    params.cache_policy = policy;
-    params.cache_weights = weights_from(weights);
-    params.precision.use_low = use_low;
-    params.precision.use_skip = use_skip;
-    params.precision.t1 = t1;
-    params.precision.t2 = t2;
-    params.low_fraction = low_fraction;
-    params.low_serves_high = low_serves_high;
-    params.low_from = low_from;
-    params.prefetch = prefetch;
-    if (prefetch_depth < 1) throw nb::value_error("prefetch_depth must be >= 1");
-    params.prefetch_depth = prefetch_depth;
-    params.fate_percentile = fate_percentile;
-    params.fate_extra = fate_extra;
-    m.residency = std::make_unique<expert_residency>(m.model, m.path, params);
+    // std::invalid_argument (bad options, expert_budget_error) -> ValueError / ExpertBudgetError
+    m.residency = std::make_unique<expert_residency>(m.model, m.path, budget_bytes, options, trace_routing);
 }
 
 nb::dict fill_counters(const expert_fill_stats & f) {
@@ -80,20 +53,20 @@ nb::dict fill_counters(const expert_fill_stats & f) {
     return d;
 }
 
+const expert_residency & live(const Model & m) {
+    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
+    return *m.residency;
+}
+
 // ranking: per layer, expert ids most routed first (the others follow by id)
 nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
-    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
+    live(m);
     expert_fill_stats filled;
     {
         nb::gil_scoped_release release;  // seconds of reads for a large cache
         filled = m.residency->fill(ranking);  // std::runtime_error -> RuntimeError
     }
     return fill_counters(filled);
-}
-
-const expert_residency & live(const Model & m) {
-    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
-    return *m.residency;
 }
 
 nb::dict counters(const expert_layer_stats & s) {
@@ -115,6 +88,13 @@ nb::dict counters(const expert_layer_stats & s) {
     return d;
 }
 
+nb::dict prefetch_counters(const expert_prefetch_stats & p) {
+    nb::dict d;
+    d["issued"] = p.issued; d["used"] = p.used; d["wasted"] = p.wasted;
+    d["bytes_read"] = p.bytes_read; d["load_ms"] = p.load_ms;
+    return d;
+}
+
 nb::dict stats(const Model & m) {
     const expert_residency & r = live(m);
     nb::dict out, per_layer;
@@ -130,17 +110,11 @@ nb::dict stats(const Model & m) {
     nb::dict prefetch_layers;
     expert_prefetch_stats prefetch_total;
     for (const auto & [il, p] : r.prefetch_stats()) {
-        nb::dict d;
-        d["issued"] = p.issued; d["used"] = p.used; d["wasted"] = p.wasted;
-        d["bytes_read"] = p.bytes_read; d["load_ms"] = p.load_ms;
-        prefetch_layers[nb::str(std::to_string(il).c_str())] = d;
+        prefetch_layers[nb::str(std::to_string(il).c_str())] = prefetch_counters(p);
         prefetch_total.issued += p.issued; prefetch_total.used += p.used; prefetch_total.wasted += p.wasted;
         prefetch_total.bytes_read += p.bytes_read; prefetch_total.load_ms += p.load_ms;
     }
-    nb::dict prefetch;
-    prefetch["issued"] = prefetch_total.issued; prefetch["used"] = prefetch_total.used;
-    prefetch["wasted"] = prefetch_total.wasted; prefetch["bytes_read"] = prefetch_total.bytes_read;
-    prefetch["load_ms"] = prefetch_total.load_ms;
+    nb::dict prefetch = prefetch_counters(prefetch_total);
     prefetch["busy_ms"] = r.prefetch_busy_ms();
     prefetch["layers"] = prefetch_layers;
     out["prefetches"] = prefetch;
@@ -159,40 +133,46 @@ nb::dict stats(const Model & m) {
     return out;
 }
 
+// an option's value for Python: an enum by its name
+template <typename T>
+nb::object option_value(const T & v) {
+    if constexpr (std::is_enum_v<T>) return nb::str(name_of(v)); else return nb::cast(v);
+}
+
+// What the cache is (budget, pools, model) and the options in effect (by their names).
 nb::dict info(const Model & m) {
     const expert_residency & r = live(m);
+    const expert_residency_info & i = r.info();
     nb::dict d;
-    d["budget_bytes"] = r.budget_bytes();
-    d["pool_bytes"] = r.pool_bytes(expert_precision::high) + r.pool_bytes(expert_precision::low);
-    d["high_pool_bytes"] = r.pool_bytes(expert_precision::high);
-    d["low_pool_bytes"] = r.pool_bytes(expert_precision::low);
-    d["high_slots"] = r.pool_slots(expert_precision::high);
-    d["low_slots"] = r.pool_slots(expert_precision::low);
-    d["minimum_bytes"] = r.minimum_bytes();
-    d["expert_bytes"] = r.expert_bytes();
-    d["low_expert_bytes"] = r.low_expert_bytes();
-    d["n_expert"] = r.n_expert();
-    d["n_expert_used"] = r.n_expert_used();
-    d["n_layers"] = r.n_layers();
-    d["max_ubatch_tokens"] = r.max_ubatch_tokens();
-    d["io"] = expert_io_name(r.io());
-    d["io_threads"] = r.io_threads();
-    d["cache_policy"] = r.policy_name();
-    d["mixed_precision"] = r.mixed_precision();
-    d["skip"] = r.precision().use_skip;
-    d["t1"] = r.precision().t1;
-    d["t2"] = r.precision().t2;
-    d["low_source"] = r.low_source();
-    d["prefetch"] = r.prefetch_mode();
-    d["prefetch_depth"] = r.prefetch_depth();
+    d["budget_bytes"] = i.budget_bytes;
+    d["pool_bytes"] = i.high_pool_bytes + i.low_pool_bytes;
+    d["high_pool_bytes"] = i.high_pool_bytes;
+    d["low_pool_bytes"] = i.low_pool_bytes;
+    d["high_slots"] = i.high_slots;
+    d["low_slots"] = i.low_slots;
+    d["minimum_bytes"] = i.minimum_bytes;
+    d["expert_bytes"] = i.expert_bytes;
+    d["low_expert_bytes"] = i.low_expert_bytes;
+    d["n_expert"] = i.n_expert;
+    d["n_expert_used"] = i.n_expert_used;
+    d["n_layers"] = i.n_layers;
+    d["max_ubatch_tokens"] = i.max_ubatch_tokens;
+    d["mixed_precision"] = i.mixed_precision;
+    d["low_source"] = i.low_source;
+    d["predictor_depth"] = i.predictor_depth;
+    const expert_options & o = r.options();
+#define EDGEMOE_OPTION_TO_DICT(type, name, default_value, help) d[#name] = option_value(o.name);
+    EDGEMOE_EXPERT_OPTIONS(EDGEMOE_OPTION_TO_DICT)
+#undef EDGEMOE_OPTION_TO_DICT
+    d["io"] = name_of(i.io);  // in effect
     return d;
 }
 
 // The routing trace recorded since the last call: numpy arrays ubatch, layer [n], ids, weights [n, k].
 nb::dict take_trace(Model & m) {
-    if (!m.residency) throw nb::value_error("expert residency is not enabled for this model");
+    live(m);
     routing_trace t = m.residency->take_trace();
-    const size_t n = t.layer.size(), k = (size_t) m.residency->n_expert_used();
+    const size_t n = t.layer.size(), k = (size_t) m.residency->info().n_expert_used;
     nb::dict d;
     d["ubatch"] = to_numpy(std::move(t.ubatch), { n });
     d["layer"] = to_numpy(std::move(t.layer), { n });
@@ -202,109 +182,42 @@ nb::dict take_trace(Model & m) {
     return d;
 }
 
-nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
-    nb::list out;
-    for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
-    return out;
-}
-
-// The cache's bookkeeping alone (no memory, no I/O): for unit tests and calibration's trace replay.
-struct cache_simulator {
-    expert_cache cache;
-    explicit cache_simulator(const expert_cache_config & c) : cache(c) {}
-};
-
 }  // namespace
 
 void register_residency(nb::module_ & m) {
     nb::exception<expert_load_error>(m, "ExpertLoadError", PyExc_RuntimeError);
     nb::exception<expert_budget_error>(m, "ExpertBudgetError", PyExc_ValueError);
 
-    m.def("choose_precisions", [](const std::vector<float> & w, double t1, double t2, bool use_low, bool use_skip) {
-            precision_params p;
-            p.t1 = t1; p.t2 = t2; p.use_low = use_low; p.use_skip = use_skip;
-            std::vector<expert_precision> out(w.size());
-            choose_precisions(w.data(), (int) w.size(), p, out.data());
-            std::vector<std::string> names;
-            for (auto x : out) names.push_back(expert_precision_name(x));
-            return names;
-        }, nb::arg("weights"), nb::arg("t1") = 0.6, nb::arg("t2") = 0.9, nb::arg("use_low") = true, nb::arg("use_skip") = true,
-        "HOBBIT's demand (high/low/skip) for each of one token's selections, from their routing weights.");
+    bind_enum<expert_io>(m, "ExpertIO");
+    bind_enum<cache_policy_kind>(m, "CachePolicy");
+    bind_enum<prefetch_mode>(m, "Prefetch");
+    bind_enum<low_hit_rule>(m, "LowHit");
 
-    m.def("predict_layer", [](const std::vector<float> & logits, int k, double t1, double t2, bool use_low,
-                              bool use_skip, int fate_extra, double fate_percentile) {
-            if (k < 1 || k > (int) logits.size()) throw nb::value_error("k must be between 1 and the number of experts");
-            precision_params p;
-            p.t1 = t1; p.t2 = t2; p.use_low = use_low; p.use_skip = use_skip;
-            std::vector<std::pair<int, std::string>> out;
-            for (const auto & e : predict_layer(0, logits.data(), (int) logits.size(), k, p, fate_extra, fate_percentile)) {
-                out.emplace_back(e.expert, expert_precision_name(e.precision));
-            }
-            return out;
-        }, nb::arg("logits"), nb::arg("k"), nb::arg("t1") = 0.6, nb::arg("t2") = 0.9, nb::arg("use_low") = true,
-        nb::arg("use_skip") = true, nb::arg("fate_extra") = 0, nb::arg("fate_percentile") = 0.75,
-        "A layer's predicted experts (expert, precision) from predicted router logits, as the prefetcher sees them.");
+    nb::class_<expert_options> options(m, "ExpertOptions",
+        "The expert cache's options; a default-constructed one holds every default.");
+    options.def(nb::init<>());
+#define EDGEMOE_BIND_OPTION(type, name, default_value, help) options.def_rw(#name, &expert_options::name, help);
+    EDGEMOE_EXPERT_OPTIONS(EDGEMOE_BIND_OPTION)
+#undef EDGEMOE_BIND_OPTION
+#define EDGEMOE_OPTION_NAME(type, name, default_value, help) #name,
+    options.def_prop_ro_static("names", [](nb::handle) {
+        return std::vector<std::string>{ EDGEMOE_EXPERT_OPTIONS(EDGEMOE_OPTION_NAME) };
+    }, "The options' names, in declaration order.");
+#undef EDGEMOE_OPTION_NAME
+    options.def("check", &check_expert_options, "Raises ValueError naming the first option out of its range.");
 
-    m.def("walk_predictions", [](const std::vector<std::vector<std::pair<int, std::string>>> & layers,
-                                 const std::vector<std::pair<int, int>> & cached, bool walk_further) {
-            std::vector<std::vector<predicted_expert>> in;
-            for (size_t d = 0; d < layers.size(); d++) {
-                in.emplace_back();
-                for (const auto & [e, p] : layers[d]) in.back().push_back({ (int) d, e, precision_from_name(p) });
-            }
-            auto is_cached = [&](const predicted_expert & p) {
-                return std::find(cached.begin(), cached.end(), std::make_pair(p.layer, p.expert)) != cached.end();
-            };
-            std::vector<std::pair<int, int>> out;
-            for (const auto & p : walk_predictions(in, walk_further, is_cached)) out.emplace_back(p.layer, p.expert);
-            return out;
-        }, nb::arg("layers"), nb::arg("cached"), nb::arg("walk_further") = true,
-        "HOBBIT's walk over predicted (expert, precision) lists per layer ahead, with the cached (depth, expert) "
-        "pairs: returns the (depth, expert) pairs walked.");
-
-    nb::class_<cache_simulator>(m, "ExpertCache",
-        "The expert cache's bookkeeping without memory or I/O (one pool group): the runtime's own placement "
-        "and eviction code, for tests and trace replay.")
-        .def("__init__", [](cache_simulator * self, int high_slots, int low_slots, const std::string & policy,
-                            const std::vector<float> & weights, bool low_serves_high, int n_layers) {
-                 expert_cache_config c;
-                 c.high_slots = { high_slots };
-                 c.low_slots = { low_slots };
-                 c.policy = policy;
-                 c.weights = weights_from(weights);
-                 c.low_serves_high = low_serves_high;
-                 c.n_layers = n_layers;
-                 new (self) cache_simulator(c);
-             }, nb::arg("high_slots"), nb::arg("low_slots") = 0, nb::arg("policy") = "lru",
-             nb::arg("weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f}, nb::arg("low_serves_high") = true,
-             nb::arg("n_layers") = 1)
-        .def("place", [](cache_simulator & s, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
-                 std::vector<std::pair<int, expert_precision>> w;
-                 for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
-                 return placements_to_python(s.cache.place(0, layer, w));
-             }, nb::arg("layer"), nb::arg("wanted"),
-             "Serves (expert, demand) pairs of one layer; returns (expert, precision, slot, load) per pair.")
-        .def("advance_tokens", [](cache_simulator & s, uint64_t n) { s.cache.advance_tokens(n); })
-        .def("start_sequence", [](cache_simulator & s) { s.cache.start_sequence(); })
-        .def("cached", [](const cache_simulator & s, int layer, int expert, const std::string & precision) {
-                 return s.cache.tier(0, precision_from_name(precision)).find(make_expert_key(layer, expert)) >= 0;
-             });
+    register_policies(m);
 }
 
 void add_residency_methods(nb::class_<Model> & cls) {
-    cls.def("enable_expert_residency", &enable, nb::arg("budget_bytes"), nb::arg("io") = "direct",
-            nb::arg("io_threads") = 1, nb::arg("cache_policy") = "lru",
-            nb::arg("policy_weights") = std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f},
-            nb::arg("use_low") = false, nb::arg("use_skip") = false, nb::arg("t1") = 0.6, nb::arg("t2") = 0.9,
-            nb::arg("low_fraction") = 0.25, nb::arg("low_serves_high") = true, nb::arg("low_from") = "",
-            nb::arg("prefetch") = "none", nb::arg("prefetch_depth") = 2, nb::arg("fate_percentile") = 0.75,
-            nb::arg("fate_extra") = -1,
+    cls.def("enable_expert_residency", &enable, nb::arg("budget_bytes"), nb::arg("options"),
+            nb::arg("trace_routing") = false,
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
        .def("fill_expert_cache", &fill, nb::arg("ranking") = std::map<int, std::vector<int>>{},
             "Reads experts into the cache's free slots before the first token (ranking: per layer, "
             "expert ids most routed first).")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
-       .def("expert_residency_info", &info, "Budget, pool bytes, minimum, io mode, policy, precision, ubatch cap.")
+       .def("expert_residency_info", &info, "Budget, pool bytes, minimum, ubatch cap, and the options in effect.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })
        .def("set_expert_tracing", [](Model & mm, bool on) { if (mm.residency) mm.residency->set_tracing(on); })
        .def("take_expert_trace", &take_trace, "The routing trace recorded since the last call.")

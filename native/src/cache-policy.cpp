@@ -66,12 +66,12 @@ struct lfu_policy final : cache_policy {
 struct weighted_policy final : cache_policy {
     struct record { uint64_t last_token = 0, uses = 0, high_uses = 0, last_use = 0; };
     std::string policy_name;
-    policy_weights w;
+    hobbit_weights w;
     std::unordered_set<expert_key> cached;
     std::unordered_map<expert_key, record> records;  // per sequence, kept across evictions
     uint64_t use_clock = 0;
 
-    weighted_policy(std::string n, const policy_weights & weights) : policy_name(std::move(n)), w(weights) {}
+    weighted_policy(std::string n, const hobbit_weights & weights) : policy_name(std::move(n)), w(weights) {}
 
     const char * name() const override { return policy_name.c_str(); }
     void on_insert(expert_key key) override { cached.insert(key); }
@@ -112,11 +112,14 @@ struct weighted_policy final : cache_policy {
 
 }  // namespace
 
-std::unique_ptr<cache_policy> make_cache_policy(const std::string & name, const policy_weights & weights) {
-    if (name == "lru") return std::make_unique<lru_policy>();
-    if (name == "lfu") return std::make_unique<lfu_policy>();
-    if (name == "lhu") return std::make_unique<weighted_policy>(name, policy_weights{0, 0, 1, 0});
-    if (name == "fld") return std::make_unique<weighted_policy>(name, policy_weights{0, 0, 0, 1});
-    if (name == "hobbit") return std::make_unique<weighted_policy>(name, weights);
-    throw std::invalid_argument("unknown cache policy '" + name + "' (lru, lfu, lhu, fld, hobbit)");
+std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights) {
+    const std::string name = name_of(kind);
+    switch (kind) {
+        case cache_policy_kind::lru:    return std::make_unique<lru_policy>();
+        case cache_policy_kind::lfu:    return std::make_unique<lfu_policy>();
+        case cache_policy_kind::lhu:    return std::make_unique<weighted_policy>(name, hobbit_weights{0, 0, 1, 0});
+        case cache_policy_kind::fld:    return std::make_unique<weighted_policy>(name, hobbit_weights{0, 0, 0, 1});
+        case cache_policy_kind::hobbit: return std::make_unique<weighted_policy>(name, weights);
+    }
+    throw std::invalid_argument("unknown cache policy");
 }

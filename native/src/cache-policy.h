@@ -2,7 +2,8 @@
 // samplers): a policy sees uses and insertions and names a victim; it never touches slots or I/O.
 #pragma once
 
-#include <array>
+#include "expert-options.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,9 +36,5 @@ struct cache_policy {
     virtual void reset_sequence() {}
 };
 
-// Weights of HOBBIT's multidimensional priority (sec. 3.4, eq. 3), in the order lru, lfu, lhu, fld.
-using policy_weights = std::array<float, 4>;
-inline constexpr policy_weights kDefaultHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.25f };
-
-// "lru", "lfu", "lhu", "fld" or "hobbit" (with weights); throws std::invalid_argument otherwise
-std::unique_ptr<cache_policy> make_cache_policy(const std::string & name, const policy_weights & weights = kDefaultHobbitWeights);
+// weights: HOBBIT's multidimensional priority's (for cache_policy_kind::hobbit)
+std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights);

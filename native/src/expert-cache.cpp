@@ -63,6 +63,14 @@ void expert_cache::unpin(expert_key key, expert_precision p, bool hard) {
     if (it != pins.end() && --it->second == 0) pins.erase(it);
 }
 
+expert_precision expert_cache::serving_tier(int group, expert_key key, expert_precision demand) const {
+    if (tier(group, expert_precision::high).find(key) >= 0) return expert_precision::high;
+    if (tier(group, expert_precision::low).find(key) >= 0 && (demand != expert_precision::high || config_.low_serves_high)) {
+        return expert_precision::low;
+    }
+    return expert_precision::skip;
+}
+
 void expert_cache::discard(int group, expert_key key, expert_precision precision) {
     tier_state & t = tiers_[index(group, precision)];
     const int slot = t.slots.find(key);
@@ -102,16 +110,11 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
     out.reserve(wanted.size());
     for (const auto & [e, demand] : wanted) {
         const expert_key key = make_expert_key(il, e);
-        int slot = high.slots.find(key);
-        if (slot >= 0) {
-            high.policy->on_use(key, true, clock_);
-            out.push_back({ e, expert_precision::high, slot, false });
-            continue;
-        }
-        slot = low.slots.find(key);
-        if (slot >= 0 && (demand != expert_precision::high || config_.low_serves_high)) {
-            low.policy->on_use(key, false, clock_);
-            out.push_back({ e, expert_precision::low, slot, false });
+        const expert_precision cached = serving_tier(group, key, demand);
+        if (cached != expert_precision::skip) {
+            tier_state & t = cached == expert_precision::high ? high : low;
+            t.policy->on_use(key, cached == expert_precision::high, clock_);
+            out.push_back({ e, cached, t.slots.find(key), false });
             continue;
         }
         if (demand == expert_precision::skip) {
@@ -145,10 +148,7 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
 expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_precision precision) {
     const expert_key key = make_expert_key(il, e);
     placement p = { e, precision, -1, false };
-    if (precision == expert_precision::skip) return p;
-    if (tier(group, expert_precision::high).find(key) >= 0) return p;
-    const slot_table & low = tier(group, expert_precision::low);
-    if (low.find(key) >= 0 && (precision == expert_precision::low || config_.low_serves_high)) return p;
+    if (precision == expert_precision::skip || serving_tier(group, key, precision) != expert_precision::skip) return p;
     tier_state & t = tiers_[index(group, precision)];
     if (t.slots.n_slots() == 0) return p;
     p.slot = free_or_evict(t, precision, [](expert_key) { return true; }, false, p);

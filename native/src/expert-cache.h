@@ -9,7 +9,6 @@
 
 #include <functional>
 #include <memory>
-#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -36,10 +35,10 @@ private:
 struct expert_cache_config {
     std::vector<int> high_slots;          // per group
     std::vector<int> low_slots;           // per group; empty or 0: no LOW tier
-    std::string policy = "lru";
-    policy_weights weights = kDefaultHobbitWeights;
-    bool low_serves_high = true;          // a cached LOW copy serves a HIGH demand (else: load HIGH)
-    int n_layers = 1;                     // layers of the model (the FLD term's L)
+    cache_policy_kind policy;
+    hobbit_weights weights;               // for cache_policy_kind::hobbit
+    bool low_serves_high;                 // a cached LOW copy serves a HIGH demand (else: load HIGH)
+    int n_layers;                         // layers of the model (the FLD term's L)
 };
 
 class expert_cache {
@@ -78,6 +77,11 @@ public:
     // other slot, never for a prefetch. Pins count: each pin needs its unpin.
     void pin(expert_key key, expert_precision precision, bool hard);
     void unpin(expert_key key, expert_precision precision, bool hard);
+    // The one serving rule: the cached copy of (il, expert) that serves `demand` (a HIGH copy serves
+    // any demand; a LOW copy serves LOW and SKIP, and HIGH if low_serves_high): its tier (high or
+    // low), or skip when none is cached.
+    expert_precision serving_tier(int group, expert_key key, expert_precision demand) const;
+
     // frees the slot of a reserved expert whose read was cancelled
     void discard(int group, expert_key key, expert_precision precision);
 

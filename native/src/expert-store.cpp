@@ -55,22 +55,6 @@ struct aligned_buffer {
 
 }  // namespace
 
-expert_io expert_io_from_name(const std::string & name) {
-    if (name == "direct") return expert_io::direct;
-    if (name == "buffered") return expert_io::buffered;
-    if (name == "mmap") return expert_io::mmap;
-    throw std::invalid_argument("unknown io mode '" + name + "' (direct, buffered, mmap)");
-}
-
-const char * expert_io_name(expert_io io) {
-    switch (io) {
-        case expert_io::direct:   return "direct";
-        case expert_io::buffered: return "buffered";
-        case expert_io::mmap:     return "mmap";
-    }
-    return "?";
-}
-
 expert_store::expert_store(const std::string & path, expert_io requested) : path_(path), io_(requested) {
     if (io_ == expert_io::direct) {
         fd_ = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);

@@ -2,14 +2,11 @@
 // buffers; the page cache does not silently hold the model), pread, or a private mmap.
 #pragma once
 
+#include "expert-options.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-enum class expert_io { direct, buffered, mmap };
-
-expert_io   expert_io_from_name(const std::string & name);  // throws std::invalid_argument
-const char * expert_io_name(expert_io io);
 
 class expert_store {
 public:

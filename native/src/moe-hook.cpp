@@ -1,7 +1,5 @@
 #include "moe-hook.h"
 
-#include "expert-residency.h"
-
 #include "llama-graph.h"
 
 #include <mutex>
@@ -9,11 +7,16 @@
 
 namespace {
 
+struct hooked_layer {
+    moe_pass_builder * builder;
+    int il;
+};
+
 std::mutex g_mutex;
-std::unordered_map<const ggml_tensor *, expert_residency::layer *> g_layers;  // by any stacked tensor
+std::unordered_map<const ggml_tensor *, hooked_layer> g_layers;  // by any stacked tensor
 
 // the layer whose passes the current thread is building (pass > 0 sees our pools, not the model's tensors)
-thread_local expert_residency::layer * t_building = nullptr;
+thread_local const hooked_layer * t_building = nullptr;
 
 bool hook(ggml_context * ctx, int il, int pass, ggml_tensor * moe_input, ggml_tensor * weights, ggml_tensor * previous,
           llama_moe_expert_pass * p) {
@@ -21,28 +24,26 @@ bool hook(ggml_context * ctx, int il, int pass, ggml_tensor * moe_input, ggml_te
         const ggml_tensor * key = p->down_exps ? p->down_exps : (p->gate_up_exps ? p->gate_up_exps : p->up_exps);
         std::lock_guard<std::mutex> lock(g_mutex);
         auto it = g_layers.find(key);
-        t_building = it == g_layers.end() ? nullptr : it->second;
+        t_building = it == g_layers.end() ? nullptr : &it->second;
     }
     if (!t_building) return false;
     GGML_ASSERT(t_building->il == il || il < 0);
-    return t_building->owner->build_pass(*t_building, ctx, pass, moe_input, weights, previous, p);
+    return t_building->builder->build_pass(t_building->il, ctx, pass, moe_input, weights, previous, p);
 }
 
 }  // namespace
 
-void moe_hook_register(expert_residency * residency) {
+moe_hook_registration::moe_hook_registration(moe_pass_builder & builder,
+                                             const std::vector<std::pair<const ggml_tensor *, int>> & tensors)
+    : builder_(&builder) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    for (const auto & l : residency->layers()) {
-        for (const ggml_tensor * t : l->stacked) {
-            if (t) g_layers[t] = l.get();
-        }
-    }
+    for (const auto & [t, il] : tensors) g_layers[t] = { builder_, il };
     llama_moe_expert_hook = &hook;
 }
 
-void moe_hook_unregister(expert_residency * residency) {
+moe_hook_registration::~moe_hook_registration() {
     std::lock_guard<std::mutex> lock(g_mutex);
     for (auto it = g_layers.begin(); it != g_layers.end();) {
-        if (it->second->owner == residency) it = g_layers.erase(it); else ++it;
+        if (it->second.builder == builder_) it = g_layers.erase(it); else ++it;
     }
 }

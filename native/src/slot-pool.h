@@ -10,14 +10,14 @@
 // slot is written through its view (repack_view), which converts the file's layout.
 #pragma once
 
+#include "expert-format.h"
+
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <array>
 #include <cstdint>
 #include <vector>
-
-enum expert_projection { PROJ_UP, PROJ_GATE, PROJ_DOWN, PROJ_GATE_UP, PROJ_COUNT };
 
 // The type and shape of one projection's expert matrix; absent projections have present = false.
 struct expert_matrix_shape {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 struct expert_layer_stats {
     // distinct experts a ubatch needed in this layer: hits + misses + skipped
@@ -43,4 +44,14 @@ struct expert_prediction_stats {
 struct expert_prefetch_stats {
     uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0;
     double   load_ms = 0;  // summed over the jobs (several run at once: see prefetcher::busy_ms)
+};
+
+// The routing of MoE layers, for calibration: one record per (token, layer): the ubatch's index,
+// the layer, and the token's top-k expert ids and routing weights.
+struct routing_trace {
+    std::vector<int32_t> ubatch, layer;  // per record
+    std::vector<int32_t> ids;            // n_expert_used per record
+    std::vector<float>   weights;        // n_expert_used per record
+    std::vector<int32_t> predicted;      // n_expert_used per record: the predictor's guess one layer
+                                         // earlier (-1: none, e.g. the first MoE layer)
 };

@@ -1,0 +1,143 @@
+// The residency layer's pure policies, bound for calibration and tests: the precision rule, the
+// layer planner, the predictor's decisions and the expert cache's bookkeeping (no memory, no I/O).
+// Calibration replays routing traces through these, so it computes exactly what the runtime does.
+#include "native.h"
+
+#include "../src/expert-cache.h"
+#include "../src/expert-options.h"
+#include "../src/layer-planner.h"
+#include "../src/predictor.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+using routing_ids = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using routing_weights = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+expert_precision precision_from_name(const std::string & name) {
+    if (name == "high") return expert_precision::high;
+    if (name == "low") return expert_precision::low;
+    if (name == "skip") return expert_precision::skip;
+    throw nb::value_error(("unknown precision '" + name + "' (high, low, skip)").c_str());
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
+    auto * data = new std::vector<T>(std::move(v));
+    nb::capsule owner(data, [](void * p) noexcept { delete (std::vector<T> *) p; });
+    return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
+}
+
+// scores [n, k] (float64) of each token's selections, from routing weights [n, k]
+nb::ndarray<nb::numpy, double> scores_of(routing_weights weights) {
+    const size_t n = weights.shape(0), k = weights.shape(1);
+    std::vector<double> out(n * k);
+    for (size_t t = 0; t < n; t++) selection_scores(weights.data() + t * k, (int) k, out.data() + t * k);
+    return to_numpy(std::move(out), { n, k });
+}
+
+// One layer of one ubatch as the runtime plans it, in one wave: (demands [n, k] as int8 2 HIGH /
+// 1 LOW / 0 SKIP, [(expert, demand name)] of the distinct experts in order of first use).
+nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1, double t2, bool use_low, bool use_skip) {
+    if (ids.shape(0) != weights.shape(0) || ids.shape(1) != weights.shape(1)) throw nb::value_error("ids and weights differ in shape");
+    const int64_t n = (int64_t) ids.shape(0);
+    const int k = (int) ids.shape(1);
+    const layer_plan p = plan_layer(ids.data(), weights.data(), n, k, n_expert, { t1, t2, use_low, use_skip }, 1, 0,
+                                    [](int, expert_precision) { return false; });
+    if (!p.error.empty()) throw nb::value_error(p.error.c_str());
+    std::vector<int8_t> demand(p.demand.size());
+    std::transform(p.demand.begin(), p.demand.end(), demand.begin(), [](expert_precision d) { return (int8_t) d; });
+    std::vector<std::pair<int, std::string>> wanted;
+    for (const auto & [e, d] : p.waves[0]) wanted.emplace_back(e, expert_precision_name(d));
+    return nb::make_tuple(to_numpy(std::move(demand), { (size_t) n, (size_t) k }), wanted);
+}
+
+nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
+    nb::list out;
+    for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
+    return out;
+}
+
+}  // namespace
+
+void register_policies(nb::module_ & m) {
+    m.def("choose_precisions", [](const std::vector<float> & w, double t1, double t2, bool use_low, bool use_skip) {
+            std::vector<expert_precision> out(w.size());
+            choose_precisions(w.data(), (int) w.size(), { t1, t2, use_low, use_skip }, out.data());
+            std::vector<std::string> names;
+            for (auto x : out) names.push_back(expert_precision_name(x));
+            return names;
+        }, nb::arg("weights"), nb::arg("t1") = expert_options().t1, nb::arg("t2") = expert_options().t2,
+        nb::arg("use_low") = true, nb::arg("use_skip") = true,
+        "HOBBIT's demand (high/low/skip) for each of one token's selections, from their routing weights.");
+
+    m.def("selection_scores", &scores_of, nb::arg("weights"),
+          "HOBBIT's score s_i of each selection (float64 [n, k]) from routing weights (float32 [n, k]), as the runtime computes it.");
+
+    m.def("plan_layer", &plan, nb::arg("ids"), nb::arg("weights"), nb::arg("n_expert"), nb::arg("t1") = expert_options().t1,
+          nb::arg("t2") = expert_options().t2,
+          nb::arg("use_low") = true, nb::arg("use_skip") = true,
+          "The runtime's plan of one layer of one ubatch (ids int32 [n, k], weights float32 [n, k]): each "
+          "selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) and the distinct experts with their demand.");
+
+    m.def("predict_layer", [](const std::vector<float> & logits, int k, double t1, double t2, bool use_low,
+                              bool use_skip, int fate_extra, double fate_percentile) {
+            if (k < 1 || k > (int) logits.size()) throw nb::value_error("k must be between 1 and the number of experts");
+            std::vector<std::pair<int, std::string>> out;
+            for (const auto & e : predict_layer(0, logits.data(), (int) logits.size(), k, { t1, t2, use_low, use_skip },
+                                                fate_extra, fate_percentile)) {
+                out.emplace_back(e.expert, expert_precision_name(e.precision));
+            }
+            return out;
+        }, nb::arg("logits"), nb::arg("k"), nb::arg("t1") = expert_options().t1, nb::arg("t2") = expert_options().t2,
+        nb::arg("use_low") = true, nb::arg("use_skip") = true, nb::arg("fate_extra") = 0,
+        nb::arg("fate_percentile") = expert_options().fate_percentile,
+        "A layer's predicted experts (expert, precision) from predicted router logits, as the prefetcher sees them.");
+
+    m.def("walk_predictions", [](const std::vector<std::vector<std::pair<int, std::string>>> & layers,
+                                 const std::vector<std::pair<int, int>> & cached, bool walk_further) {
+            std::vector<std::vector<predicted_expert>> in;
+            for (size_t d = 0; d < layers.size(); d++) {
+                in.emplace_back();
+                for (const auto & [e, p] : layers[d]) in.back().push_back({ (int) d, e, precision_from_name(p) });
+            }
+            auto is_cached = [&](const predicted_expert & p) {
+                return std::find(cached.begin(), cached.end(), std::make_pair(p.layer, p.expert)) != cached.end();
+            };
+            std::vector<std::pair<int, int>> out;
+            for (const auto & p : walk_predictions(in, walk_further, is_cached)) out.emplace_back(p.layer, p.expert);
+            return out;
+        }, nb::arg("layers"), nb::arg("cached"), nb::arg("walk_further") = true,
+        "HOBBIT's walk over predicted (expert, precision) lists per layer ahead, with the cached (depth, expert) "
+        "pairs: returns the (depth, expert) pairs walked.");
+
+    nb::class_<expert_cache>(m, "ExpertCache",
+        "The expert cache's bookkeeping without memory or I/O (one pool group): the runtime's own placement "
+        "and eviction code, for tests and trace replay.")
+        .def("__init__", [](expert_cache * self, int high_slots, int low_slots, const std::string & policy,
+                            const hobbit_weights & weights, bool low_serves_high, int n_layers) {
+                 new (self) expert_cache({ { high_slots }, { low_slots }, enum_from_name<cache_policy_kind>(policy), weights,
+                                           low_serves_high, n_layers });
+             }, nb::arg("high_slots"), nb::arg("low_slots") = 0, nb::arg("policy") = name_of(expert_options().cache_policy),
+             nb::arg("weights") = expert_options().policy_weights,
+             nb::arg("low_serves_high") = expert_options().low_hit == low_hit_rule::accept, nb::arg("n_layers") = 1)
+        .def("place", [](expert_cache & c, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
+                 std::vector<expert_demand> w;
+                 for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
+                 return placements_to_python(c.place(0, layer, w));
+             }, nb::arg("layer"), nb::arg("wanted"),
+             "Serves (expert, demand) pairs of one layer; returns (expert, precision, slot, load) per pair.")
+        .def("advance_tokens", [](expert_cache & c, uint64_t n) { c.advance_tokens(n); })
+        .def("start_sequence", [](expert_cache & c) { c.start_sequence(); })
+        .def("cached", [](const expert_cache & c, int layer, int expert, const std::string & precision) {
+                 return c.tier(0, precision_from_name(precision)).find(make_expert_key(layer, expert)) >= 0;
+             });
+}

@@ -1,0 +1,67 @@
+#include "expert-budget.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.2f MiB", bytes / 1048576.0);
+    return buf;
+}
+
+// Slots per group for one tier: each group gets its minimum, the rest of the budget is shared in
+// proportion to the group's expert bytes, and no group gets more slots than it has experts.
+std::vector<int> share_slots(uint64_t budget, int min_slots, const std::vector<uint64_t> & slot_bytes,
+                             const std::vector<expert_group> & groups, int n_expert) {
+    uint64_t minimum = 0, demand = 0;
+    for (size_t g = 0; g < slot_bytes.size(); g++) {
+        minimum += (uint64_t) min_slots * slot_bytes[g];
+        demand += (uint64_t) groups[g].n_layers * n_expert * slot_bytes[g];
+    }
+    const uint64_t extra = budget > minimum ? budget - minimum : 0;
+    std::vector<int> slots;
+    for (size_t g = 0; g < slot_bytes.size(); g++) {
+        const uint64_t group_demand = (uint64_t) groups[g].n_layers * n_expert;
+        const double share = (double) (group_demand * slot_bytes[g]) / (double) demand;
+        uint64_t n = min_slots + (uint64_t) (extra * share / slot_bytes[g]);
+        slots.push_back((int) std::min(n, group_demand));
+    }
+    return slots;
+}
+
+}  // namespace
+
+expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, double low_share) : budget_bytes(budget) {
+    const int k = layout.n_expert_used;
+    std::vector<uint64_t> high_bytes, low_bytes;
+    uint64_t high_minimum = 0, low_minimum = 0;
+    for (const expert_group & g : layout.groups) {
+        high_bytes.push_back(expert_bytes_of(g.high));
+        low_bytes.push_back(expert_bytes_of(g.low));
+        high_minimum += (uint64_t) k * high_bytes.back();
+        low_minimum += (uint64_t) (k - 1) * low_bytes.back();
+    }
+    const bool use_low = layout.has_low;
+    minimum_bytes = high_minimum + (use_low ? low_minimum : 0);
+    if (budget < minimum_bytes) {
+        throw expert_budget_error("expert cache budget " + std::to_string(budget) + " bytes (" + mib(budget) +
+            ") is below the minimum of " + std::to_string(minimum_bytes) + " bytes (" + mib(minimum_bytes) +
+            "): one layer's top-" + std::to_string(k) + " experts must fit" +
+            (use_low ? " in HIGH, and all but one of them in LOW (" + std::to_string((int) (low_share * 100)) +
+                       "% of the budget)" : ""));
+    }
+    const uint64_t low_budget = !use_low ? 0 :
+        std::max(low_minimum, std::min((uint64_t) (budget * low_share), budget - high_minimum));
+    high_slots = share_slots(budget - low_budget, k, high_bytes, layout.groups, layout.n_expert);
+    if (use_low) low_slots = share_slots(low_budget, k - 1, low_bytes, layout.groups, layout.n_expert);
+    if (layout.has_expert_bias) {
+        for (int slots : high_slots) {
+            if (slots >= layout.n_expert) continue;
+            const int cap = slots / k;
+            max_ubatch_tokens = max_ubatch_tokens == 0 ? cap : std::min(max_ubatch_tokens, cap);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+#include "expert-layout.h"
+
+#include "gguf.h"
+#include "llama.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+namespace {
+
+std::string meta_string(const llama_model * model, const std::string & key) {
+    char buf[256];
+    int32_t n = llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf));
+    return n < 0 ? std::string() : std::string(buf);
+}
+
+// A GGUF's tensor directory with shapes (no data): the offsets and shapes of expert copies.
+struct gguf_directory {
+    gguf_context * meta = nullptr;
+    ggml_context * shapes = nullptr;
+
+    explicit gguf_directory(const std::string & path) {
+        gguf_init_params params = { /*no_alloc*/ true, &shapes };
+        meta = gguf_init_from_file(path.c_str(), params);
+        if (!meta) throw std::runtime_error("cannot read the GGUF header of " + path);
+    }
+    ~gguf_directory() {
+        if (meta) gguf_free(meta);
+        if (shapes) ggml_free(shapes);
+    }
+    // (tensor, absolute file offset); tensor null when absent
+    std::pair<const ggml_tensor *, uint64_t> find(const std::string & name) const {
+        int64_t id = gguf_find_tensor(meta, name.c_str());
+        if (id < 0) return { nullptr, 0 };
+        return { ggml_get_tensor(shapes, name.c_str()), gguf_get_data_offset(meta) + gguf_get_tensor_offset(meta, id) };
+    }
+};
+
+expert_matrix_shape shape_of(const ggml_tensor * t) {
+    expert_matrix_shape s;
+    s.present = true; s.type = t->type; s.ne0 = t->ne[0]; s.ne1 = t->ne[1]; s.bytes = t->nb[2];
+    return s;
+}
+
+}  // namespace
+
+expert_layout::expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from) {
+    std::map<int, moe_layer_layout> by_layer;
+    std::map<int, std::pair<expert_shapes, expert_shapes>> shapes_of;  // (HIGH, LOW) per il
+    {
+        gguf_directory dir(path);
+        for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
+            has_expert_bias = has_expert_bias || name.find("_exps.bias") != std::string::npos;
+            int il; expert_projection proj;
+            if (!parse_expert_tensor_name(name, &il, &proj)) continue;
+            auto [entry, offset] = dir.find(name);
+            if (!entry) throw std::runtime_error("expert tensor " + name + " not in the GGUF directory");
+            moe_layer_layout & l = by_layer[il];
+            l.il = il;
+            l.stacked[proj] = t;
+            l.high_offset[proj] = offset;
+            shapes_of[il].first[proj] = shape_of(t);
+            if (n_expert == 0) n_expert = (int) t->ne[2];
+            if (t->ne[2] != n_expert || !ggml_is_contiguous(t)) {
+                throw std::runtime_error("expert tensor " + name + " has an unsupported layout");
+            }
+        }
+    }
+    if (by_layer.empty()) throw std::runtime_error("the model has no stacked expert tensors: nothing to offload");
+
+    const std::string arch = meta_string(model, "general.architecture");
+    n_expert_used = atoi(meta_string(model, arch + ".expert_used_count").c_str());
+    if (n_expert_used <= 0 || n_expert_used > n_expert) {
+        throw std::runtime_error("cannot read " + arch + ".expert_used_count from the model");
+    }
+    n_layers = by_layer.rbegin()->first + 1;
+    for (auto & [il, l] : by_layer) layers.push_back(l);
+
+    // the top-1 selection is always HIGH: with top-1 routing there is nothing to serve in LOW
+    has_low = want_low && n_expert_used > 1;
+    if (has_low && has_expert_bias) {
+        throw std::runtime_error("mixed-precision experts are not supported for models with expert biases "
+                                 "(run with low precision off)");
+    }
+    if (has_low) {
+        low_source = low_from.empty() ? path : low_from;
+        gguf_directory dir(low_source);
+        for (auto & l : layers) {
+            for (int p = 0; p < PROJ_COUNT; p++) {
+                if (!l.stacked[p]) continue;
+                const std::string stem = expert_tensor_stem(l.il, (expert_projection) p);
+                const std::string name = stem + (low_from.empty() ? kLowCopySuffix : ".weight");
+                auto [t, offset] = dir.find(name);
+                if (!t) throw std::runtime_error("no LOW copy " + name + " in " + low_source);
+                const ggml_tensor * high = l.stacked[p];
+                if (t->ne[0] != high->ne[0] || t->ne[1] != high->ne[1] || t->ne[2] != high->ne[2]) {
+                    throw std::runtime_error("LOW copy " + name + " in " + low_source + " has another shape than " + stem + ".weight");
+                }
+                l.low_offset[p] = offset;
+                shapes_of[l.il].second[p] = shape_of(t);
+            }
+        }
+    }
+
+    for (auto & l : layers) {
+        const auto & [high, low] = shapes_of[l.il];
+        auto same = [&](const expert_group & g) { return g.high == high && g.low == low; };
+        auto it = std::find_if(groups.begin(), groups.end(), same);
+        l.group = (int) (it - groups.begin());
+        if (it == groups.end()) groups.push_back({ high, low, 0 });
+        groups[l.group].n_layers++;
+        high_bytes += expert_bytes_of(high) * n_expert;
+        low_bytes += expert_bytes_of(low) * n_expert;
+    }
+}
+
+const moe_layer_layout * expert_layout::layer_at(int il) const {
+    auto it = std::lower_bound(layers.begin(), layers.end(), il, [](const moe_layer_layout & l, int i) { return l.il < i; });
+    return it != layers.end() && it->il == il ? &*it : nullptr;
+}

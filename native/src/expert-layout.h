@@ -1,0 +1,47 @@
+// Where a model's routed experts are: per MoE layer its stacked expert tensors (the model's
+// on-demand tensors) and the file offsets of their HIGH copies and, with mixed precision, of their
+// LOW copies; and the groups of layers whose experts have the same shapes (they share slot pools).
+#pragma once
+
+#include "expert-format.h"
+#include "slot-pool.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct llama_model;
+
+struct moe_layer_layout {
+    int il = -1;
+    int group = -1;                                         // index into expert_layout::groups
+    std::array<const ggml_tensor *, PROJ_COUNT> stacked{};  // the model's tensors (null: no such projection)
+    std::array<uint64_t, PROJ_COUNT> high_offset{};         // file offset of expert 0's HIGH copy
+    std::array<uint64_t, PROJ_COUNT> low_offset{};          // of its LOW copy, in the LOW source
+};
+
+// Layers whose experts have the same types and shapes in both precisions.
+struct expert_group {
+    expert_shapes high, low;  // low: all absent without LOW copies
+    int n_layers = 0;
+};
+
+struct expert_layout {
+    // The stacked expert tensors of model, loaded from path with experts on demand, and, with
+    // want_low (and top-k > 1: the top-1 is always HIGH), their LOW copies: low_from's standard
+    // tensors, or path's own LOW copies when low_from is "". Throws std::runtime_error naming what
+    // is missing or unsupported.
+    expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from);
+
+    std::vector<moe_layer_layout> layers;  // ascending il
+    std::vector<expert_group> groups;
+    int n_expert = 0, n_expert_used = 0;
+    int n_layers = 0;  // the last MoE layer's il + 1
+    bool has_low = false;
+    bool has_expert_bias = false;  // *_exps.bias tensors, which the FFN adds by expert id to every row
+    std::string low_source;        // the file of the LOW copies ("" without)
+    uint64_t high_bytes = 0, low_bytes = 0;  // of all experts, per precision
+
+    const moe_layer_layout * layer_at(int il) const;  // null for a layer without experts
+};

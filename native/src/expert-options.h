@@ -1,0 +1,75 @@
+// The expert-residency layer's options, each declared once in EDGEMOE_EXPERT_OPTIONS: type, name,
+// default and help. The struct, the binding (pyedgemoe._native.ExpertOptions), the Engine's
+// keyword arguments and the CLI's flags (--name-with-dashes) are all made from that list, so an
+// option is added with one line here and the code that uses it (docs/architecture.md).
+#pragma once
+
+#include "precision-policy.h"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+enum class expert_io         { direct, buffered, mmap };
+enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit };
+enum class prefetch_mode     { none, hobbit, fate };
+enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
+
+// each enum's names, in the order of its values: how the CLI and Python spell them
+template <typename E> struct enum_names;
+template <> struct enum_names<expert_io>         { static constexpr std::array<const char *, 3> values = { "direct", "buffered", "mmap" }; };
+template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 5> values = { "lru", "lfu", "lhu", "fld", "hobbit" }; };
+template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 3> values = { "none", "hobbit", "fate" }; };
+template <> struct enum_names<low_hit_rule>      { static constexpr std::array<const char *, 2> values = { "accept", "reload" }; };
+
+template <typename E> const char * name_of(E value) { return enum_names<E>::values[(size_t) value]; }
+
+// The value named name; throws std::invalid_argument listing the names.
+template <typename E> E enum_from_name(const std::string & name) {
+    std::string all;
+    for (size_t v = 0; v < enum_names<E>::values.size(); v++) {
+        if (name == enum_names<E>::values[v]) return (E) v;
+        all += (v ? ", " : "") + std::string(enum_names<E>::values[v]);
+    }
+    throw std::invalid_argument("unknown '" + name + "' (" + all + ")");
+}
+
+// Weights of HOBBIT's multidimensional cache priority (sec. 3.4, eq. 3): lru, lfu, lhu, fld.
+using hobbit_weights = std::array<float, 4>;
+inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.25f };
+
+#define EDGEMOE_EXPERT_OPTIONS(X)                                                                                        \
+    X(expert_io,         io,              expert_io::direct,      "how experts are read: direct (O_DIRECT), buffered, mmap") \
+    X(int,               io_threads,      4,                      "expert reads in flight at once")                     \
+    X(bool,              fill_cache,      true,                   "read experts into the expert cache at load (most routed first when calibrated)") \
+    X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld or hobbit") \
+    X(hobbit_weights,    policy_weights,  kEqualHobbitWeights,    "hobbit policy weights lru,lfu,lhu,fld")              \
+    X(bool,              low_precision,   false,                  "load unimportant missed experts in LOW precision")   \
+    X(bool,              skip,            false,                  "skip the least important missed experts")            \
+    X(double,            t1,              0.6,                    "HIGH while the expert's score <= T1 (HOBBIT sec. 3.2)") \
+    X(double,            t2,              0.9,                    "LOW while the score <= T2, SKIP above")             \
+    X(double,            low_cache,       0.25,                   "share of the expert cache for LOW copies")           \
+    X(low_hit_rule,      low_hit,         low_hit_rule::accept,   "a cached LOW copy for a HIGH demand: accept it or reload HIGH") \
+    X(std::string,       low_from,        "",                     "LOW copies from this standard GGUF (a lower quant)") \
+    X(prefetch_mode,     prefetch,        prefetch_mode::none,    "expert prefetching: none, hobbit or fate")           \
+    X(int,               prefetch_depth,  2,                      "hobbit: MoE layers ahead to predict")                \
+    X(double,            fate_percentile, 0.75,                   "fate: also prefetch experts above this quantile of the next layer's predicted probabilities") \
+    X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k)")
+
+struct expert_options {
+#define EDGEMOE_DECLARE_OPTION(type, name, default_value, help) type name = default_value;
+    EDGEMOE_EXPERT_OPTIONS(EDGEMOE_DECLARE_OPTION)
+#undef EDGEMOE_DECLARE_OPTION
+
+    precision_params precision() const { return { t1, t2, low_precision, skip }; }
+};
+
+// Throws std::invalid_argument naming the first option out of its range.
+void check_expert_options(const expert_options & o);
+
+// A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
+struct expert_budget_error : std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};

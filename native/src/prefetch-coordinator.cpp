@@ -1,0 +1,87 @@
+#include "prefetch-coordinator.h"
+
+prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of)
+    : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
+      stats_(group_of_.size()) {
+    if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
+}
+
+void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
+
+std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c, bool * waited) {
+    stats_[expert_key_layer(c.first)].used += unused_.erase(c);
+    auto it = in_flight_.find(c);
+    if (it == in_flight_.end()) return nullptr;
+    if (auto job = prefetcher_->claim(it->second)) return job;
+    *waited = true;  // it was running and is over now: collect_finished() takes it
+    return nullptr;
+}
+
+void prefetch_coordinator::evicted(const cached_copy & c) {
+    stats_[expert_key_layer(c.first)].wasted += unused_.erase(c);
+}
+
+void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked) {
+    for (const predicted_expert & p : walked) {
+        const expert_key key = make_expert_key(p.layer, p.expert);
+        const int group = group_of_[p.layer];
+        expert_precision pinned = cache_.serving_tier(group, key, p.precision);
+        if (pinned == expert_precision::skip) {
+            expert_cache::placement slot = cache_.reserve(group, p.layer, p.expert, p.precision);
+            if (!slot.load) continue;  // no slot can be evicted for it now
+            if (slot.has_evicted) evicted({ slot.evicted, p.precision });
+            auto job = std::make_shared<prefetch_job>();
+            job->key = key;
+            job->precision = pinned = p.precision;
+            job->reads = reads_of_(p.layer, p.expert, p.precision, slot.slot);
+            in_flight_[{ key, p.precision }] = job;
+            unused_.insert({ key, p.precision });
+            cache_.pin(key, p.precision, true);  // until the read is over (finish)
+            stats_[p.layer].issued++;
+            prefetcher_->submit(job);
+        }
+        auto & pins = predicted_pins_[p.layer];
+        if (!pins) pins = std::make_unique<pin_set>(cache_, false);
+        pins->add({ key, pinned });
+    }
+}
+
+void prefetch_coordinator::finish(const prefetch_job & job) {
+    in_flight_.erase({ job.key, job.precision });
+    cache_.unpin(job.key, job.precision, true);
+}
+
+std::string prefetch_coordinator::collect_finished() {
+    std::string error;
+    if (!prefetcher_) return error;
+    for (const auto & job : prefetcher_->take_finished()) {
+        finish(*job);
+        expert_prefetch_stats & st = stats_[expert_key_layer(job->key)];
+        st.bytes_read += job->bytes;
+        st.load_ms += job->ms;
+        if (error.empty()) error = job->error;
+    }
+    return error;
+}
+
+void prefetch_coordinator::drop_all() {
+    if (!prefetcher_) return;
+    for (const auto & job : prefetcher_->cancel_all()) {
+        finish(*job);
+        cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
+        unused_.erase({ job->key, job->precision });
+    }
+    for (const auto & job : prefetcher_->take_finished()) finish(*job);
+}
+
+void prefetch_coordinator::forget() {
+    drop_all();
+    wave_pins_.forget();
+    for (auto & [il, pins] : predicted_pins_) pins->forget();
+    predicted_pins_.clear();
+}
+
+void prefetch_coordinator::reset_stats() {
+    for (auto & s : stats_) s = expert_prefetch_stats();
+    if (prefetcher_) prefetcher_->reset_busy_ms();
+}

@@ -1,0 +1,102 @@
+// What the residency layer keeps between layers: the pins on cached experts and the prefetch
+// reads in flight (HOBBIT sec. 3.3). Pins release themselves (pin_set); each prefetch read
+// pins its slot until it is done, cancelled or claimed by the compute, in one place.
+#pragma once
+
+#include "expert-cache.h"
+#include "predictor.h"
+#include "prefetcher.h"
+#include "stats.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+// (expert, precision) of a cached copy: a pin or a read in flight is about this
+using cached_copy = std::pair<expert_key, expert_precision>;
+struct cached_copy_hash {
+    size_t operator()(const cached_copy & c) const { return std::hash<expert_key>()(c.first) * 3 + (size_t) c.second; }
+};
+
+// Pins taken on an expert_cache, undone together by release() or the destructor.
+class pin_set {
+public:
+    pin_set(expert_cache & cache, bool hard) : cache_(cache), hard_(hard) {}
+    ~pin_set() { release(); }
+    pin_set(const pin_set &) = delete;
+    pin_set & operator=(const pin_set &) = delete;
+
+    void add(const cached_copy & c) { cache_.pin(c.first, c.second, hard_); pins_.push_back(c); }
+    void release() {
+        for (const auto & [key, p] : pins_) cache_.unpin(key, p, hard_);
+        pins_.clear();
+    }
+    void forget() { pins_.clear(); }  // after expert_cache::forget_all, which dropped every pin
+
+private:
+    expert_cache & cache_;
+    bool hard_;
+    std::vector<cached_copy> pins_;
+};
+
+class prefetch_coordinator {
+public:
+    // The reads that fill `slot` with expert e of layer il in precision p.
+    using reads_fn = std::function<std::vector<expert_read>(int il, int e, expert_precision p, int slot)>;
+
+    // group_of: per il, the pool group (-1: not a MoE layer). With n_threads > 0 prefetch reads
+    // run on that many background threads; with 0 nothing is prefetched.
+    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of);
+
+    bool prefetching() const { return (bool) prefetcher_; }
+
+    // The experts the running wave uses stay cached until release_wave().
+    void use(const cached_copy & c) { wave_pins_.add(c); }
+    void release_wave() { wave_pins_.release(); }
+    // Layer il runs now: the experts predicted for it may go.
+    void settle(int il);
+
+    // A wave placed `c` (a hit): counts a prefetch used. If c's prefetch read has not finished,
+    // returns its job when it has not started (the caller reads it with its loads, then calls
+    // claimed_done) or waits for it (*waited = true; collect_finished() then takes it) and returns null.
+    std::shared_ptr<prefetch_job> claim(const cached_copy & c, bool * waited);
+    void claimed_done(const prefetch_job & job) { finish(job); }
+    // A placement evicted `c` from its tier: a prefetched copy never used was wasted.
+    void evicted(const cached_copy & c);
+
+    // HOBBIT's walked predictions: each is pinned (softly) until its layer runs; those not cached
+    // are prefetched into slots reserved for them, as far as slots can be evicted.
+    void prefetch(const std::vector<predicted_expert> & walked);
+    // Collects finished prefetch reads; returns the first read error ("" if none).
+    std::string collect_finished();
+    // Cancels queued reads, waits for the running ones and frees the slots reserved for them.
+    void drop_all();
+    // A read failed and the cache is about to forget every slot and pin: drops the reads in
+    // flight and forgets the pins without undoing them.
+    void forget();
+
+    // a prefetch never delays an on-demand load: no new prefetch read starts in between
+    void pause_for_loads() { if (prefetcher_) prefetcher_->pause(); }
+    void resume_after_loads() { if (prefetcher_) prefetcher_->resume(); }
+
+    const std::vector<expert_prefetch_stats> & stats() const { return stats_; }  // per il: the layer prefetched for
+    double busy_ms() const { return prefetcher_ ? prefetcher_->busy_ms() : 0.0; }
+    void reset_stats();
+
+private:
+    void finish(const prefetch_job & job);  // the job's read is over: no longer in flight, unpinned
+
+    expert_cache & cache_;
+    std::vector<int> group_of_;
+    reads_fn reads_of_;
+    std::unordered_map<cached_copy, std::shared_ptr<prefetch_job>, cached_copy_hash> in_flight_;
+    std::unordered_set<cached_copy, cached_copy_hash> unused_;  // prefetched, not used yet
+    pin_set wave_pins_;
+    std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
+    std::vector<expert_prefetch_stats> stats_;
+    std::unique_ptr<prefetcher> prefetcher_;  // last: stopped first, before the pins it reads into
+};
