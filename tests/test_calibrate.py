@@ -234,7 +234,7 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
     # LOW copies equal to HIGH and nothing skipped: the routing under any precision choice is the
     # recorded one, so the runtime's counters must be the replay's, load for load
     path = models["q8"]
-    with Engine(path, expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+    with Engine(path, expert_cache="50%", t1=1.0, t2=1.0, trace_routing=True, **SETTINGS) as eng:
         tokens = eng.tokenize(TEXT)[:192]
         trace = record_trace(eng, tokens, 64)
         residency = eng.expert_residency
@@ -253,7 +253,7 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
 
 
 def test_the_trace_has_every_moe_layer_of_every_token_in_single_token_ubatches(models):
-    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, trace_routing=True, **SETTINGS) as eng:
         tokens = eng.tokenize(TEXT)[:100]
         trace = record_trace(eng, tokens, 64)
     n_layers = len(read_model_info(models["q4"]).expert_bytes_per_layer)
@@ -264,7 +264,7 @@ def test_the_trace_has_every_moe_layer_of_every_token_in_single_token_ubatches(m
 
 
 def test_prediction_accuracy_is_counted_as_the_runtime_counts_it(models):
-    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, **SETTINGS) as eng:
+    with Engine(models["q4"], expert_cache="50%", t1=1.0, t2=1.0, trace_routing=True, **SETTINGS) as eng:
         trace = record_trace(eng, eng.tokenize(TEXT)[:64], 64)
         native = eng.stats()["experts"].get("prediction")
     if "predicted" not in trace or not native:
@@ -301,8 +301,8 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
     with Engine(model, expert_cache="50%", **SETTINGS) as eng:
         residency = eng.expert_residency
     assert (residency["t1"], residency["t2"], residency["cache_policy"]) == (data["t1"], data["t2"], "hobbit")
-    native = ExpertOptions().native_kwargs(read_model_info(model), load_calibration(model))
-    assert native["policy_weights"] == data["policy_weights"]
+    native = ExpertOptions().resolve(read_model_info(model), load_calibration(model))
+    assert list(native.policy_weights) == pytest.approx(data["policy_weights"])  # the runtime's are float32
 
 
 def test_calibrate_json_and_a_trace_path_of_ones_own(models, tmp_path):

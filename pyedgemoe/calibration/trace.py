@@ -20,11 +20,11 @@ def trace_path(model_path: str | os.PathLike) -> str:
 
 
 def record_trace(engine, tokens: list[int], n_ctx: int) -> dict:
-    """The routing of `tokens` under engine (which needs an expert cache) as decode sees it:
-    consecutive sequences of n_ctx tokens, each on a fresh context, one token per llama_decode
-    with its logits (llama.cpp computes the last layer only for tokens whose logits are wanted, so
-    a prefill would skip the last MoE layer for all but its last token). Returns the arrays of
-    Engine.take_routing_trace plus "sequence" [n]."""
+    """The routing of `tokens` under engine (made with an expert cache and trace_routing=True) as
+    decode sees it: consecutive sequences of n_ctx tokens, each on a fresh context, one token per
+    llama_decode with its logits (llama.cpp computes the last layer only for tokens whose logits
+    are wanted, so a prefill would skip the last MoE layer for all but its last token). Returns the
+    arrays of Engine.take_routing_trace plus "sequence" [n]."""
     parts = []
     engine.record_routing(True)
     try:
