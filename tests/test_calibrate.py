@@ -6,8 +6,10 @@ there is no sidecar.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from pyedgemoe.calibration.replay import CacheSetup, replay, replay_steps, searc
 from pyedgemoe.calibration.sidecar import embedded_calibration, load_calibration, sidecar_path, write_sidecar
 from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split, precision_demands,
                                               selection_scores, split_of)
-from pyedgemoe.calibration.trace import load_trace, prediction_accuracy, record_trace, trace_path
+from pyedgemoe.calibration.trace import expert_usage, load_trace, prediction_accuracy, record_trace, trace_path
 from pyedgemoe.convert import convert
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf
@@ -179,11 +181,13 @@ def synthetic_trace(seed: int, n_tokens: int = 200, n_layers: int = 4, n_expert:
             "sequence": np.zeros(n, dtype=np.int32)}
 
 
-def test_weight_grid_covers_the_simplex():
-    grid = weight_grid(0.1)
-    assert len(grid) == 286  # C(13, 3)
-    assert all(abs(sum(w) - 1) < 1e-12 and min(w) >= 0 for w in grid)
-    assert {(1.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 1.0)} <= set(grid)
+def test_weight_grid_is_every_point_of_the_simplex_on_the_step_in_lexicographic_order():
+    assert weight_grid(0.5) == [(0, 0, 0, 1), (0, 0, .5, .5), (0, 0, 1, 0), (0, .5, 0, .5), (0, .5, .5, 0),
+                                (0, 1, 0, 0), (.5, 0, 0, .5), (.5, 0, .5, 0), (.5, .5, 0, 0), (1, 0, 0, 0)]
+    # step 0.1: the tenths of four non-negative integers that sum to 10, C(13, 3) = 286 of them
+    tenths = sorted(c for c in itertools.product(range(11), repeat=4) if sum(c) == 10)
+    assert weight_grid(0.1) == [tuple(x / 10 for x in c) for c in tenths]
+    assert len(tenths) == 286
     with pytest.raises(InvalidOptionError, match="divide 1"):
         weight_grid(0.3)
 
@@ -194,13 +198,37 @@ def test_the_searched_weights_beat_or_match_every_single_policy():
     steps = replay_steps(trace, precision_demands(trace["weights"], t1, t2))
     setup = CacheSetup(high_slots=10, low_slots=6, n_layers=4, low_cost=0.5)
     best, singles = search_policy_weights(steps, setup, step=0.2)
-    assert best.policy == "hobbit" and sum(best.weights) == pytest.approx(1.0)
+    # the search's choice is the first grid point with the fewest failures, then the lowest
+    # penalty, then the fewest loads
+    replays = [replay(steps, setup, "hobbit", w) for w in weight_grid(0.2)]
+    first_best = min(replays, key=lambda r: (r.failures, r.penalty, r.loads_high + r.loads_low))
+    assert (best.policy, best.weights, best.penalty) == ("hobbit", first_best.weights, first_best.penalty)
     assert set(singles) == {"lru", "lfu", "lhu", "fld"}
     for r in singles.values():
         assert best.penalty <= r.penalty
     # lhu and fld are the grid's vertices exactly
     assert singles["lhu"].penalty == replay(steps, setup, "hobbit", (0, 0, 1, 0)).penalty
     assert singles["fld"].penalty == replay(steps, setup, "hobbit", (0, 0, 0, 1)).penalty
+
+
+# -- what a trace says on its own -------------------------------------------------------------------
+
+def test_expert_usage_counts_each_layers_selections_per_expert():
+    trace = trace_of([[0.5, 0.5]] * 4, ids=[[0, 2], [2, 3], [2, 0], [1, 3]], layers=[0, 0, 1, 1])
+    assert expert_usage(trace, 4) == {"0": [1, 0, 2, 1], "1": [1, 1, 1, 1]}
+
+
+def test_prediction_accuracy_counts_top1_hits_and_recall_over_the_tokens_with_a_prediction():
+    trace = trace_of([[0.5, 0.5]] * 4, ids=[[0, 1], [1, 0], [2, 3], [2, 3]])
+    trace["predicted"] = np.array([[-1, -1],   # none made (the first MoE layer)
+                                   [1, 2],     # top-1 right, 1 of 2 selections predicted
+                                   [3, 0],     # top-1 wrong, 1 of 2
+                                   [2, 5]])    # top-1 right, 1 of 2
+    assert prediction_accuracy(trace) == {"n_predicted": 3, "top1_accuracy": 2 / 3, "recall": 3 / 6}
+    trace["predicted"][:] = -1
+    assert prediction_accuracy(trace) == {"n_predicted": 0, "top1_accuracy": None, "recall": None}
+    del trace["predicted"]
+    assert prediction_accuracy(trace) is None
 
 
 # -- on tiny multi-precision models -----------------------------------------------------------------
@@ -283,24 +311,35 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
     assert "Traceback" not in r.stderr
     data = json.loads(open(sidecar_path(model)).read())
     assert data["version"] == 1
-    assert 0 <= data["t1"] <= data["t2"] <= 1
-    assert len(data["policy_weights"]) == 4 and sum(data["policy_weights"]) == pytest.approx(1)
-    assert sum(data["achieved_split"].values()) == pytest.approx(1)
-    assert data["achieved_split"]["high"] == pytest.approx(0.67, abs=0.02)
-    assert set(data["penalties"]) == {"hobbit", "lru", "lfu", "lhu", "fld"}
-    assert all(data["penalties"]["hobbit"]["penalty"] <= p["penalty"] for p in data["penalties"].values())
     assert (data["n_tokens"], data["text"], data["budget"]) == (256, "text.txt", "50%")
-    assert data["high_slots"] > 0 and data["low_slots"] > 0
     assert data["low_cost"] == pytest.approx(4.5 / 8.5)  # q4_0 / q8_0 bits per weight
-    assert set(data["expert_usage"]) == {"0", "1"}
-    assert sum(sum(c) for c in data["expert_usage"].values()) == 256 * 2 * 2
     trace = load_trace(trace_path(model))
     assert {"ubatch", "layer", "ids", "weights", "sequence"} <= set(trace)
     assert len(trace["layer"]) == 256 * 2
 
+    # the sidecar's numbers are those of the trace: the thresholds of the default top-2 split, the
+    # split they give counted from the scores by the rule (s <= T1 HIGH, s <= T2 LOW, else SKIP),
+    # each layer's expert counts, and each policy's penalty replayed again
+    assert (data["t1"], data["t2"]) == choose_thresholds(trace["weights"], default_split(2))
+    scores = selection_scores(trace["weights"])
+    assert data["achieved_split"] == {"high": float(np.mean(scores <= data["t1"])),
+                                      "low": float(np.mean((scores > data["t1"]) & (scores <= data["t2"]))),
+                                      "skip": float(np.mean(scores > data["t2"]))}
+    assert data["achieved_split"]["high"] == pytest.approx(0.67, abs=0.02)
+    n_experts = read_model_info(model).n_experts
+    assert data["expert_usage"] == {
+        str(layer): [Counter(trace["ids"][trace["layer"] == layer].ravel().tolist())[e] for e in range(n_experts)]
+        for layer in (0, 1)}
+
     with Engine(model, expert_cache="50%", **SETTINGS) as eng:
         residency = eng.expert_residency
     assert (residency["t1"], residency["t2"], residency["cache_policy"]) == (data["t1"], data["t2"], "hobbit")
+    assert (data["high_slots"], data["low_slots"]) == (residency["high_slots"], residency["low_slots"])
+    steps = replay_steps(trace, precision_demands(trace["weights"], data["t1"], data["t2"]))
+    setup = CacheSetup(data["high_slots"], data["low_slots"], residency["n_layers"], data["low_cost"])
+    assert data["penalties"] == {"hobbit": replay(steps, setup, "hobbit", data["policy_weights"]).to_dict(),
+                                 **{p: replay(steps, setup, p).to_dict() for p in ("lru", "lfu", "lhu", "fld")}}
+    assert all(data["penalties"]["hobbit"]["penalty"] <= p["penalty"] for p in data["penalties"].values())
     native = ExpertOptions().resolve(read_model_info(model), load_calibration(model))
     assert list(native.policy_weights) == pytest.approx(data["policy_weights"])  # the runtime's are float32
 
