@@ -507,12 +507,10 @@ class Engine:
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True) -> None:
-        """Start (or stop) recording every MoE layer's routing: needs an expert cache and an Engine
-        made with trace_routing=True."""
+        """Start (or stop) recording every MoE layer's routing: needs an expert cache. The trace holds
+        the predictor's guesses only for an Engine made with trace_routing=True (else -1)."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
-        if not self.expert_residency["predictor_depth"]:
-            raise InvalidOptionError("recording the routing needs an Engine made with trace_routing=True")
         self._model.set_expert_tracing(on)
 
     def take_routing_trace(self) -> dict:

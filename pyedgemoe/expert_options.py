@@ -70,6 +70,8 @@ def _converted(name: str, value):
     kind = default(name)
     names = choices(name)
     if names is not None:
+        if isinstance(value, enum.Enum):
+            value = value.name
         if value not in names:
             raise InvalidOptionError(f"unknown {name} {value!r} ({', '.join(names)})")
         return getattr(type(getattr(_DEFAULTS, name)), value)

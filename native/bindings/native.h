@@ -3,11 +3,13 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 class expert_residency;
 
@@ -16,6 +18,14 @@ struct llama_context;
 struct llama_sampler;
 
 namespace nb = nanobind;
+
+// A numpy array that owns v's data.
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
+    auto * data = new std::vector<T>(std::move(v));
+    nb::capsule owner(data, [](void * p) noexcept { delete (std::vector<T> *) p; });
+    return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
+}
 
 // errors.cpp: llama.cpp's log goes through here, so failures can quote the reason it logged.
 void log_install();

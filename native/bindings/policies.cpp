@@ -29,13 +29,6 @@ expert_precision precision_from_name(const std::string & name) {
     throw nb::value_error(("unknown precision '" + name + "' (high, low, skip)").c_str());
 }
 
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
-    auto * data = new std::vector<T>(std::move(v));
-    nb::capsule owner(data, [](void * p) noexcept { delete (std::vector<T> *) p; });
-    return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
-}
-
 // scores [n, k] (float64) of each token's selections, from routing weights [n, k]
 nb::ndarray<nb::numpy, double> scores_of(routing_weights weights) {
     const size_t n = weights.shape(0), k = weights.shape(1);

@@ -31,13 +31,6 @@ void bind_enum(nb::module_ & m, const char * name) {
     for (size_t v = 0; v < enum_names<E>::values.size(); v++) e.value(enum_names<E>::values[v], (E) v);
 }
 
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
-    auto * data = new std::vector<T>(std::move(v));
-    nb::capsule owner(data, [](void * p) noexcept { delete (std::vector<T> *) p; });
-    return nb::ndarray<nb::numpy, T>(data->data(), shape, owner);
-}
-
 void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bool trace_routing) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
