@@ -128,7 +128,7 @@ HAND_SETUP = CacheSetup(high_slots=2, low_slots=2, n_layers=1, low_cost=0.25)
 
 def hand_steps():
     trace = trace_of(HAND_WEIGHTS, HAND_IDS)
-    return replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
+    return replay_steps(trace, 0.6, 0.9)
 
 
 def test_replay_matches_a_hand_walked_trace():
@@ -140,7 +140,7 @@ def test_replay_matches_a_hand_walked_trace():
 
 def test_replay_is_deterministic():
     trace = synthetic_trace(seed=3)
-    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
+    steps = replay_steps(trace, 0.6, 0.9)
     setup = CacheSetup(high_slots=8, low_slots=4, n_layers=4, low_cost=0.3)
     for policy, weights in [("lru", None), ("lfu", None), ("hobbit", (0.4, 0.1, 0.3, 0.2))]:
         assert replay(steps, setup, policy, weights) == replay(steps, setup, policy, weights)
@@ -149,7 +149,7 @@ def test_replay_is_deterministic():
 def test_a_ubatch_places_its_distinct_experts_once_with_the_highest_demand_in_order_of_first_use():
     trace = trace_of([[0.7, 0.3], [0.96, 0.04]], ids=[[0, 1], [1, 2]])
     trace["ubatch"][:] = 7  # both tokens in one ubatch
-    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
+    steps = replay_steps(trace, 0.6, 0.9)
     assert [(s.new_sequence, s.advance_tokens, s.layer, s.wanted) for s in steps] == [
         (True, 2, 0, [(0, "high"), (1, "high"), (2, "skip")])]
 
@@ -158,7 +158,7 @@ def test_the_clock_advances_once_per_ubatch_and_sequences_restart():
     trace = trace_of([[0.7, 0.3]] * 4, layers=[0, 1, 0, 1])
     trace["ubatch"] = np.array([1, 1, 2, 2], dtype=np.int32)
     trace["sequence"] = np.array([0, 0, 1, 1], dtype=np.int32)
-    steps = replay_steps(trace, precision_demands(trace["weights"], 0.6, 0.9))
+    steps = replay_steps(trace, 0.6, 0.9)
     assert [(s.new_sequence, s.advance_tokens, s.layer) for s in steps] == [
         (True, 1, 0), (False, 0, 1), (True, 1, 0), (False, 0, 1)]
 
@@ -195,7 +195,7 @@ def test_weight_grid_is_every_point_of_the_simplex_on_the_step_in_lexicographic_
 def test_the_searched_weights_beat_or_match_every_single_policy():
     trace = synthetic_trace(seed=5)
     t1, t2 = choose_thresholds(trace["weights"])
-    steps = replay_steps(trace, precision_demands(trace["weights"], t1, t2))
+    steps = replay_steps(trace, t1, t2)
     setup = CacheSetup(high_slots=10, low_slots=6, n_layers=4, low_cost=0.5)
     best, singles = search_policy_weights(steps, setup, step=0.2)
     # the search's choice is the first grid point with the fewest failures, then the lowest
@@ -268,7 +268,7 @@ def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, wei
         residency = eng.expert_residency
     t1, t2 = choose_thresholds(trace["weights"], (0.6, 0.4, 0.0))
     assert t2 == 1.0
-    steps = replay_steps(trace, precision_demands(trace["weights"], t1, t2))
+    steps = replay_steps(trace, t1, t2)
     setup = CacheSetup(residency["high_slots"], residency["low_slots"], residency["n_layers"], 1.0)
     predicted = replay(steps, setup, policy, weights)
     with Engine(path, expert_cache="50%", t1=t1, t2=t2, cache_policy=policy, policy_weights=weights,
@@ -335,7 +335,7 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
         residency = eng.expert_residency
     assert (residency["t1"], residency["t2"], residency["cache_policy"]) == (data["t1"], data["t2"], "hobbit")
     assert (data["high_slots"], data["low_slots"]) == (residency["high_slots"], residency["low_slots"])
-    steps = replay_steps(trace, precision_demands(trace["weights"], data["t1"], data["t2"]))
+    steps = replay_steps(trace, data["t1"], data["t2"])
     setup = CacheSetup(data["high_slots"], data["low_slots"], residency["n_layers"], data["low_cost"])
     assert data["penalties"] == {"hobbit": replay(steps, setup, "hobbit", data["policy_weights"]).to_dict(),
                                  **{p: replay(steps, setup, p).to_dict() for p in ("lru", "lfu", "lhu", "fld")}}

@@ -37,6 +37,18 @@ nb::ndarray<nb::numpy, double> scores_of(routing_weights weights) {
     return to_numpy(std::move(out), { n, k });
 }
 
+// each selection's demand (int8 [n, k]: 2 HIGH, 1 LOW, 0 SKIP) from routing weights [n, k]
+nb::ndarray<nb::numpy, int8_t> demands_of(routing_weights weights, double t1, double t2, bool use_low, bool use_skip) {
+    const size_t n = weights.shape(0), k = weights.shape(1);
+    std::vector<expert_precision> demand(n * k);
+    for (size_t t = 0; t < n; t++) {
+        choose_precisions(weights.data() + t * k, (int) k, { t1, t2, use_low, use_skip }, demand.data() + t * k);
+    }
+    std::vector<int8_t> out(demand.size());
+    std::transform(demand.begin(), demand.end(), out.begin(), [](expert_precision d) { return (int8_t) d; });
+    return to_numpy(std::move(out), { n, k });
+}
+
 // One layer of one ubatch as the runtime plans it, in one wave: (demands [n, k] as int8 2 HIGH /
 // 1 LOW / 0 SKIP, [(expert, demand name)] of the distinct experts in order of first use).
 nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1, double t2, bool use_low, bool use_skip) {
@@ -74,6 +86,10 @@ void register_policies(nb::module_ & m) {
 
     m.def("selection_scores", &scores_of, nb::arg("weights"),
           "HOBBIT's score s_i of each selection (float64 [n, k]) from routing weights (float32 [n, k]), as the runtime computes it.");
+
+    m.def("precision_demands", &demands_of, nb::arg("weights"), nb::arg("t1") = expert_options().t1,
+          nb::arg("t2") = expert_options().t2, nb::arg("use_low") = true, nb::arg("use_skip") = true,
+          "Each selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) from routing weights (float32 [n, k]).");
 
     m.def("plan_layer", &plan, nb::arg("ids"), nb::arg("weights"), nb::arg("n_expert"), nb::arg("t1") = expert_options().t1,
           nb::arg("t2") = expert_options().t2,

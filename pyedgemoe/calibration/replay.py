@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyedgemoe import _native
-from pyedgemoe.calibration.thresholds import DEMAND_NAME
 from pyedgemoe.errors import InvalidOptionError
 
 DEFAULT_GRID_STEP = 0.1
@@ -37,35 +36,32 @@ class ReplayStep:
     wanted: list  # [(expert, "high"|"low"|"skip")], in order of first use
 
 
-def replay_steps(trace: dict, demands: np.ndarray) -> list[ReplayStep]:
+def replay_steps(trace: dict, t1: float, t2: float, use_low: bool = True, use_skip: bool = True) -> list[ReplayStep]:
     """The runtime's place() calls for a trace (records of one (sequence, ubatch, layer) consecutive)
-    and each selection's demand: per layer of a ubatch the distinct experts in order of first use,
-    each with the highest demand of its tokens (native/src/expert-residency.cpp, place_experts)."""
+    under the thresholds t1/t2: per layer of a ubatch, the runtime's own plan of it
+    (_native.plan_layer: the distinct experts in order of first use, each with the highest demand
+    of its tokens)."""
     layer = np.asarray(trace["layer"])
     ubatch = np.asarray(trace["ubatch"])
     sequence = np.asarray(trace.get("sequence", np.zeros(len(layer), dtype=np.int64)))
-    ids = np.asarray(trace["ids"])
+    ids = np.ascontiguousarray(trace["ids"], dtype=np.int32)
+    weights = np.ascontiguousarray(trace["weights"], dtype=np.float32)
     n = len(layer)
     if n == 0:
         return []
+    n_expert = int(ids.max()) + 1  # a recorded routing: every id is in range
     key = np.stack([sequence, ubatch, layer], axis=1)
     starts = np.flatnonzero(np.r_[True, np.any(key[1:] != key[:-1], axis=1)])
     ends = np.r_[starts[1:], n]
     steps: list[ReplayStep] = []
-    ids_list, demands_list = ids.tolist(), demands.tolist()
     prev_sequence, prev_ubatch = None, None
     for s, e in zip(starts.tolist(), ends.tolist()):
         seq, ub = int(sequence[s]), int(ubatch[s])
         new_sequence = seq != prev_sequence
         new_ubatch = new_sequence or ub != prev_ubatch
         prev_sequence, prev_ubatch = seq, ub
-        best: dict[int, int] = {}
-        for t in range(s, e):
-            for expert, demand in zip(ids_list[t], demands_list[t]):
-                if expert not in best or demand > best[expert]:
-                    best[expert] = demand
-        steps.append(ReplayStep(new_sequence, e - s if new_ubatch else 0, int(layer[s]),
-                                [(expert, DEMAND_NAME[d]) for expert, d in best.items()]))
+        _, wanted = _native.plan_layer(ids[s:e], weights[s:e], n_expert, t1, t2, use_low, use_skip)
+        steps.append(ReplayStep(new_sequence, e - s if new_ubatch else 0, int(layer[s]), wanted))
     return steps
 
 

@@ -79,7 +79,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
 
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). engine_options: further Engine arguments
-    (n_threads, io, io_threads, low_cache, low_hit, low_from, verbose). Raises InvalidOptionError
+    (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
     """
     split = None if split is None else parse_split(split)
@@ -129,12 +129,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         notes.append(f"the MoE layers have {len(groups)} expert shapes (slot pool groups); the replay "
                      "approximates them with one pool of all slots")
 
-    demands = precision_demands(weights, t1, t2, use_low=residency["mixed_precision"], use_skip=residency["skip"])
-    steps = replay_steps(routing, demands)
+    steps = replay_steps(routing, t1, t2, use_low=residency["mixed_precision"], use_skip=residency["skip"])
     low_cost = residency["low_expert_bytes"] / residency["expert_bytes"] if residency["mixed_precision"] else 0.0
     setup = CacheSetup(high_slots=residency["high_slots"], low_slots=residency["low_slots"],
                        n_layers=residency["n_layers"], low_cost=low_cost,
-                       low_serves_high=engine_options.get("low_hit", "accept") == "accept")
+                       low_serves_high=residency["low_hit"] == "accept")
     replay_start = time.perf_counter()
     best, singles = search_policy_weights(steps, setup, grid_step)
     replay_seconds = time.perf_counter() - replay_start
@@ -166,7 +165,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         "high_slots": residency["high_slots"],
         "low_slots": residency["low_slots"],
         "low_cost": low_cost,
-        "low_hit": engine_options.get("low_hit", "accept"),
+        "low_hit": residency["low_hit"],
         "low_source": low_source,
         "mixed_precision": residency["mixed_precision"],
         "text": os.path.basename(text_name) if text_name else None,

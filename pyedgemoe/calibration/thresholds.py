@@ -18,10 +18,8 @@ from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
 
 TOP2_SPLIT = (0.67, 0.30, 0.03)  # HOBBIT sec. 3.2: Mixtral-8x7B with T1 = 0.6, T2 = 0.9
-# A selection's demand as a number, ordered like the runtime's expert_precision: a layer's
-# distinct experts take the highest demand among its tokens (replay.replay_steps).
+# A selection's demand as a number, ordered like the runtime's expert_precision (precision_demands)
 DEMAND_CODE = {"skip": 0, "low": 1, "high": 2}
-DEMAND_NAME = ("skip", "low", "high")
 
 
 def parse_split(value) -> tuple[float, float, float]:
@@ -49,26 +47,10 @@ def default_split(k: int) -> tuple[float, float, float]:
 
 
 def selection_scores(weights: np.ndarray) -> np.ndarray:
-    """float64 [n, k]: each selection's score s_i (HOBBIT eq. 2) in the order of `weights`, computed
-    with the runtime's arithmetic (native/src/precision-policy.cpp): selections ranked by weight
-    (ties: earlier position first), s = the sum, in rank order, of w_j / sum(w) over those ranked
-    above, in double precision from the float32 weights; the top-1 scores 0."""
-    w32 = np.asarray(weights, dtype=np.float32)
-    n, k = w32.shape
-    w = w32.astype(np.float64)
-    total = np.zeros(n)
-    for j in range(k):  # in position order, as the runtime sums
-        total = total + w[:, j]
-    order = np.argsort(-w32, axis=1, kind="stable")
-    rows = np.arange(n)
-    safe_total = np.where(total > 0, total, 1.0)
-    scores = np.zeros((n, k))
-    running = np.zeros(n)
-    for r in range(k):
-        i = order[:, r]
-        scores[rows, i] = running
-        running = running + np.where(total > 0, w[rows, i] / safe_total, 0.0)
-    return scores
+    """float64 [n, k]: each selection's score s_i (HOBBIT eq. 2) in the order of `weights`, as the
+    runtime computes it (native/src/precision-policy.cpp): ranked by weight (ties: earlier position
+    first), s = the sum of the normalized weights ranked above; the top-1 scores 0."""
+    return _native.selection_scores(np.ascontiguousarray(weights, dtype=np.float32))
 
 
 def choose_thresholds(weights: np.ndarray, split=None) -> tuple[float, float]:
@@ -103,13 +85,8 @@ def choose_thresholds(weights: np.ndarray, split=None) -> tuple[float, float]:
 
 def precision_demands(weights: np.ndarray, t1: float, t2: float, use_low: bool = True,
                       use_skip: bool = True) -> np.ndarray:
-    """int8 [n, k]: each selection's demand by the runtime's rule (_native.choose_precisions):
-    2 HIGH, 1 LOW, 0 SKIP (DEMAND_CODE)."""
-    w = np.asarray(weights, dtype=np.float32)
-    out = np.empty(w.shape, dtype=np.int8)
-    for r, row in enumerate(w.tolist()):
-        out[r] = [DEMAND_CODE[p] for p in _native.choose_precisions(row, t1, t2, use_low, use_skip)]
-    return out
+    """int8 [n, k]: each selection's demand by the runtime's rule: 2 HIGH, 1 LOW, 0 SKIP (DEMAND_CODE)."""
+    return _native.precision_demands(np.ascontiguousarray(weights, dtype=np.float32), t1, t2, use_low, use_skip)
 
 
 def split_of(demands: np.ndarray) -> dict:
