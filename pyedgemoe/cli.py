@@ -389,12 +389,12 @@ def export_command(
 
 
 @app.command()
+@model_options
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),
     output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
     repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads of both engines (default: all cores)"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
                                       help="also run stock llama.cpp (llama-cpp-python) on the same file"),
     engines: Optional[list[str]] = typer.Option(None, "--engines",
@@ -402,11 +402,9 @@ def bench(
     mem_cap: Optional[str] = typer.Option(None, "--mem-cap",
                                           help="cgroup memory cap for each run: 4GiB, or 25% of the file"),
     flash_attn: bool = typer.Option(False, "--flash-attn", help="flash attention on in both engines (default off)"),
-    expert_cache: Optional[str] = typer.Option(None, "--expert-cache", help="pyedgemoe's expert cache (default auto)"),
-    io: Optional[str] = typer.Option(None, "--io", help="pyedgemoe's expert reads: direct, buffered, mmap"),
     ours_option: list[str] = typer.Option([], "--ours-option", metavar="KEY=VALUE",
-                                          help="repeatable: keyword argument for pyedgemoe.Engine, e.g. "
-                                               "prefetch=hobbit"),
+                                          help="repeatable: another keyword argument for pyedgemoe.Engine, "
+                                               "e.g. n_batch=256 (the expert options have flags of their own)"),
     decode_input: str = typer.Option("greedy", "--decode-input",
                                      help="greedy, or fixed: a non-repeating token sequence (realistic routing "
                                           "on random-weight models)"),
@@ -414,8 +412,10 @@ def bench(
                                          help="stock llama.cpp as with --no-repack (no repacked copy of "
                                               "Q4_K/Q4_0 weights in anonymous memory)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="also write every measurement here"),
+    engine_options: dict = None,
 ) -> None:
-    """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process."""
+    """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process
+    (--threads for both; --expert-cache and the expert options for pyedgemoe)."""
     from pyedgemoe.bench.runner import cli_main
     from pyedgemoe.bench.worker import parse_option
 
@@ -423,7 +423,16 @@ def bench(
         ours_options = dict(parse_option(o) for o in ours_option)
     except ValueError as e:
         fail(str(e))
-    ours_options.update((k, v) for k, v in (("expert_cache", expert_cache), ("io", io)) if v is not None)
+    # the flags go on top of --ours-option, as the worker's KEY=VALUE text
+    expert_options = engine_options["expert_options"]
+    for name in expert_options.given:
+        value = expert_options[name]
+        ours_options[name] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+    if engine_options["expert_cache"] != "auto":
+        ours_options["expert_cache"] = engine_options["expert_cache"]
+    if engine_options["verbose"]:
+        ours_options["verbose"] = True
+    threads = engine_options["n_threads"]
     try:
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
