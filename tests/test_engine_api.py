@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import tiny_moe
 from pyedgemoe import ContextOverflowError, Engine, InvalidOptionError, ModelLoadError
+
+# <|endoftext|>, <|im_start|>, <|im_end|>: the end-of-generation tokens are among them
+SPECIAL_IDS = set(range(len(tiny_moe.SPECIAL_TOKENS)))
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +18,13 @@ def eng(mixtral_gguf):
         yield e
 
 
-def test_tokenize_detokenize_round_trip(eng):
+def test_tokenize_gives_the_checkpoints_ids_and_detokenize_round_trips(eng, tiny_model):
+    from transformers import AutoTokenizer
+
     text = "hello world, this is a test"
     ids = eng.tokenize(text, add_bos=False)
-    assert ids and all(0 <= t < eng.n_vocab for t in ids)
+    hf = AutoTokenizer.from_pretrained(str(tiny_model("mixtral")[1]))
+    assert ids == hf.encode(text, add_special_tokens=False)
     assert eng.detokenize(ids) == text
 
 
@@ -28,22 +35,46 @@ def test_generate_stream_pieces_join_to_the_full_text(eng):
     assert len(pieces) >= 2
 
 
+def greedy_without_end_tokens(eng, prompt: str, n_tokens: int) -> list[int]:
+    """The first n_tokens greedy tokens after prompt (time_generation ignores end-of-generation
+    tokens); asserts none of them is a special token, so a generation of n_tokens ends by length."""
+    tokens = eng.time_generation(eng.tokenize(prompt), n_tokens)["tokens"]
+    assert not set(tokens) & SPECIAL_IDS, tokens
+    return tokens
+
+
 def test_create_completion_is_shaped_like_llama_cpp_python(eng):
+    expected = greedy_without_end_tokens(eng, "hello", 6)
     out = eng.create_completion("hello", max_tokens=6, temperature=0)
     assert out["object"] == "text_completion"
-    choice = out["choices"][0]
-    assert set(choice) == {"text", "index", "logprobs", "finish_reason"}
-    assert choice["finish_reason"] in ("stop", "length")
-    usage = out["usage"]
-    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert usage["completion_tokens"] <= 6
+    assert out["choices"] == [{"text": eng.detokenize(expected), "index": 0, "logprobs": None,
+                               "finish_reason": "length"}]
+    n_prompt = len(eng.tokenize("hello"))
+    assert out["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 6, "total_tokens": n_prompt + 6}
 
 
 def test_create_completion_stream_chunks(eng):
     chunks = list(eng.create_completion("hello", max_tokens=6, temperature=0, stream=True))
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text == eng.create_completion("hello", max_tokens=6, temperature=0)["choices"][0]["text"]
-    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_completion_ends_at_the_models_end_token_with_finish_reason_stop(eng):
+    # a prompt whose greedy continuation (time_generation ignores end tokens) reaches the model's
+    # EOS, <|im_end|>, after a few ordinary tokens
+    eos = tiny_moe.SPECIAL_TOKENS.index(tiny_moe.EOS_TOKEN)
+    for first in range(len(tiny_moe.SPECIAL_TOKENS), eng.n_vocab):
+        greedy = eng.time_generation([first], 8)["tokens"]
+        if eos in greedy[1:] and not set(greedy[:greedy.index(eos)]) & SPECIAL_IDS:
+            break
+    else:
+        pytest.fail("no one-token prompt leads to EOS within 8 greedy tokens")
+    n = greedy.index(eos)
+    out = eng.create_completion([first], max_tokens=8, temperature=0)
+    assert out["choices"][0]["text"] == eng.detokenize(greedy[:n])
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] == n
 
 
 def test_chat_completion_shape_and_stream(eng):
@@ -58,17 +89,19 @@ def test_chat_completion_shape_and_stream(eng):
 
 
 def test_chat_prompt_uses_the_models_template(eng):
+    # tiny_moe.CHAT_TEMPLATE, rendered by hand, with the assistant's turn opened
     text = eng.format_chat([{"role": "user", "content": "hi"}])
-    assert "hi" in text and "<|im_start|>" in text
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_stop_string_ends_generation_before_it(eng):
-    full = eng.generate("hello", max_tokens=20, temperature=0)
-    if len(full) < 4:
-        pytest.skip("generation too short to pick a stop string")
+    full = eng.detokenize(greedy_without_end_tokens(eng, "hello", 20))
     stop = full[2:4]
-    cut = eng.generate("hello", max_tokens=20, temperature=0, stop=stop)
-    assert cut == full[: full.index(stop)]
+    assert len(stop) == 2
+    assert eng.generate("hello", max_tokens=20, temperature=0, stop=stop) == full[: full.index(stop)]
+    out = eng.create_completion("hello", max_tokens=20, temperature=0, stop=stop)
+    assert out["choices"][0]["text"] == full[: full.index(stop)]
+    assert out["choices"][0]["finish_reason"] == "stop"
 
 
 def test_second_prompt_reuses_the_common_prefix_and_matches_a_fresh_run(eng, mixtral_gguf):
@@ -103,11 +136,14 @@ def test_errors_are_typed(eng, tmp_path, mixtral_gguf):
 
 
 def test_generation_stops_at_the_end_of_the_context(mixtral_gguf):
+    prompt = [1, 2, 3, 4]
     with Engine(mixtral_gguf, n_ctx=32, n_threads=2) as small:
-        out = small.create_completion([1, 2, 3, 4], max_tokens=None, temperature=0)
-        n_ctx = small.n_ctx
-    assert out["usage"]["total_tokens"] <= n_ctx
-    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+        n_ctx = small.n_ctx  # llama.cpp pads the context (to 256)
+        # no end-of-generation token within the context: only its end stops the generation
+        assert not set(small.time_generation(prompt, n_ctx - len(prompt))["tokens"]) & SPECIAL_IDS
+        out = small.create_completion(prompt, max_tokens=None, temperature=0)
+    assert out["usage"] == {"prompt_tokens": 4, "completion_tokens": n_ctx - 4, "total_tokens": n_ctx}
+    assert out["choices"][0]["finish_reason"] == "length"
 
 
 def test_closed_engine_refuses_work(mixtral_gguf):
