@@ -186,9 +186,12 @@ def mp_models(tiny_model, tmp_path_factory):
             convert_gguf(src, d / "q8-q8.gguf", high="q8_0", low="q8_0", progress=False))
 
 
+N_GENERATED = 24
+
+
 def evaluate(path, **options):
     with Engine(path, **SETTINGS, **options) as eng:
-        return eng.logits(IDS), eng.time_generation(IDS[:6], 24)["tokens"], eng.stats(), eng.n_ubatch
+        return eng.logits(IDS), eng.time_generation(IDS[:6], N_GENERATED)["tokens"], eng.stats(), eng.n_ubatch
 
 
 def resident(path, n_ubatch):
@@ -216,9 +219,16 @@ def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
     _, _, stats, _ = evaluate(mp_models[0], expert_cache="50%")
     experts = stats["experts"]
     assert experts["mixed_precision"] and experts["skip"]
-    assert experts["total"]["loads_low"] > 0
-    s = experts["summary"]
-    assert s["high_fraction"] + s["low_fraction"] + s["skip_fraction"] == pytest.approx(1.0)
+    total = experts["total"]
+    assert total["loads_low"] > 0
+    # every token's k selections in a layer are served exactly once: in HIGH, in LOW or skipped.
+    # evaluate() runs IDS, then the prompt IDS[:6] again (time_generation starts a new sequence) and
+    # each generated token but the last; llama.cpp runs the last layer only on the tokens whose
+    # logits are read: all of IDS, the prompt's last token and the generated ones
+    tokens = {"0": len(IDS) + 6 + N_GENERATED - 1, "1": len(IDS) + 1 + N_GENERATED - 1}
+    served = {layer: c["selections_high"] + c["selections_low"] + c["selections_skip"]
+              for layer, c in experts["layers"].items()}
+    assert served == {layer: experts["n_expert_used"] * n for layer, n in tokens.items()}
 
 
 def test_low_copies_identical_to_high_give_the_resident_logits_exactly(mp_models):
@@ -303,14 +313,26 @@ def test_budget_below_the_mixed_minimum_names_it(mp_models):
 
 @pytest.mark.parametrize("prefetch", ["hobbit", "fate"])
 def test_prefetching_reads_predicted_experts_and_reports_what_became_of_them(mp_models, prefetch):
-    _, _, stats, _ = evaluate(mp_models[0], expert_cache="50%", low_precision=False, skip=False, prefetch=prefetch)
-    experts = stats["experts"]
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%", low_precision=False, skip=False,
+                prefetch=prefetch) as eng:
+        eng.record_routing()
+        eng.logits(IDS)
+        eng.time_generation(IDS[:6], N_GENERATED)
+        trace = eng.take_routing_trace()
+        experts = eng.stats()["experts"]
     assert experts["prefetch"] == prefetch
     counters = experts["prefetches"]
     assert counters["issued"] > 0 and counters["bytes_read"] > 0
     assert counters["used"] + counters["wasted"] <= counters["issued"]
-    depth1 = experts["prediction"][0]
-    assert depth1["depth"] == 1 and depth1["tokens"] > 0 and 0 <= depth1["top1_accuracy"] <= 1
+    # the next-layer prediction's scores, recounted from the routing trace: per token and layer,
+    # the guessed top-k next to the real one (-1 where nothing was guessed: the first layer)
+    guessed = trace["predicted"][:, 0] >= 0
+    predicted, actual = trace["predicted"][guessed], trace["ids"][guessed]
+    k = actual.shape[1]
+    overlap = sum(len(set(p) & set(a)) for p, a in zip(predicted.tolist(), actual.tolist()))
+    assert experts["prediction"][0] == {
+        "depth": 1, "tokens": len(actual), "top1_accuracy": pytest.approx(np.mean(predicted[:, 0] == actual[:, 0])),
+        "precision": pytest.approx(overlap / (k * len(actual))), "recall": pytest.approx(overlap / (k * len(actual)))}
 
 
 def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_guess(mp_models):
