@@ -8,6 +8,7 @@ and an F32 KV cache (an F16 one alone moves logits by ~1e-3, more than the toler
 """
 from __future__ import annotations
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -20,7 +21,6 @@ ARCHS = MOE_ARCHITECTURES + ["llama"]
 
 
 def stock_llama(path, n_ctx=256):
-    llama_cpp = pytest.importorskip("llama_cpp")
     f32 = llama_cpp.GGML_TYPE_F32
     return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=2,
                            n_threads_batch=2, flash_attn=False, type_k=f32, type_v=f32, verbose=False)

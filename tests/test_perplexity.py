@@ -13,6 +13,7 @@ import math
 import shutil
 
 import gguf
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -42,7 +43,6 @@ def with_bos_added(path, tmp_path):
 def reference_perplexity(path, text: str, n_ctx: int, n_chunks: int) -> tuple[float, float, int]:
     """(ppl, stderr, tokens in the text) of llama.cpp's method, in numpy over stock
     llama-cpp-python's logits."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     f32 = llama_cpp.GGML_TYPE_F32
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=2, n_threads_batch=2,
                           flash_attn=False, type_k=f32, type_v=f32, verbose=False)
@@ -161,9 +161,11 @@ def text_file(tmp_path_factory):
 def test_cli_prints_running_ppl_then_the_estimate(olmoe, text_file):
     r = cli("perplexity", olmoe, "-f", text_file, "--ctx", N_CTX, "--chunks", N_CHUNKS, "-t", 2)
     assert r.returncode == 0, r.stderr
-    running, final = r.stdout.strip().splitlines()
-    assert [p.split("]")[0] for p in running.rstrip(",").split(",")] == ["[1", "[2", "[3"]
-    assert final.startswith("ppl = ") and " +/- " in final
+    with Engine(olmoe, n_ctx=N_CTX, n_threads=2) as eng:
+        api = perplexity(eng, TEXT, n_ctx=N_CTX, n_chunks=N_CHUNKS)
+    # llama-perplexity's layout: "[1]ppl,[2]ppl,..." as the chunks finish, then the estimate
+    running = "".join(f"[{i + 1}]{ppl:.4f}," for i, ppl in enumerate(api.running_ppl))
+    assert r.stdout == f"{running}\nppl = {api.ppl:.4f} +/- {api.stderr:.5f}\n"
 
 
 def test_cli_json_matches_the_api(olmoe, text_file):

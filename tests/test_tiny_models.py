@@ -6,24 +6,17 @@ models are built once into tests/.models and reused.
 """
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
+import llama_cpp
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-import tiny_moe  # noqa: E402
-
-llama_cpp = pytest.importorskip("llama_cpp")
-gguf = pytest.importorskip("gguf")
-
-CACHE_DIR = REPO / "tests" / ".models"
+from conftest import MODELS_DIR, REPO, tiny_moe
 
 # 16 fixed ids across the vocabulary (0 is <|endoftext|>, 1 <|im_start|>, 3.. bytes, 259.. merges).
 TOKEN_IDS = [1, 57, 300, 12, 259, 383, 100, 7, 7, 201, 150, 42, 2, 330, 64, 99]
@@ -69,19 +62,14 @@ def gguf_tensors(path: Path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
 
 
-@functools.cache
-def tiny_model(arch: str) -> TinyModel:
-    return TinyModel(arch, tiny_moe.tiny_gguf(arch, CACHE_DIR))
-
-
 @pytest.fixture(scope="session", params=tiny_moe.ARCHITECTURES)
-def tiny(request) -> TinyModel:
-    return tiny_model(request.param)
+def tiny(request, tiny_model) -> TinyModel:
+    return TinyModel(request.param, tiny_model(request.param)[0])
 
 
 @pytest.fixture(scope="session", params=tiny_moe.MOE_ARCHITECTURES)
-def tiny_moe_model(request) -> TinyModel:
-    return tiny_model(request.param)
+def tiny_moe_model(request, tiny_model) -> TinyModel:
+    return TinyModel(request.param, tiny_model(request.param)[0])
 
 
 def test_llama_cpp_logits_match_transformers(tiny):
@@ -125,8 +113,8 @@ def test_moe_gguf_has_llama_cpp_arch_and_stacked_expert_tensors(tiny_moe_model):
         assert f"blk.{last}.{kind}.weight" in names
 
 
-def test_dense_llama_gguf_has_no_experts():
-    path = tiny_model("llama").gguf_path
+def test_dense_llama_gguf_has_no_experts(tiny_model):
+    path, _ = tiny_model("llama")
     names = gguf_tensors(path)
     assert gguf_fields(path)["general.architecture"] == "llama"
     assert not any("exps" in n for n in names)
@@ -159,14 +147,14 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
         assert len(experts) >= n_experts // 2 + 1, (name, experts)
 
 
-def test_qwen2_moe_keeps_shared_expert_and_its_gate():
-    names = gguf_tensors(tiny_model("qwen2_moe").gguf_path)
+def test_qwen2_moe_keeps_shared_expert_and_its_gate(tiny_model):
+    names = gguf_tensors(tiny_model("qwen2_moe")[0])
     for kind in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"):
         assert f"blk.0.{kind}.weight" in names
 
 
-def test_deepseek_v2_has_mla_shared_experts_and_one_leading_dense_layer():
-    path = tiny_model("deepseek_v2").gguf_path
+def test_deepseek_v2_has_mla_shared_experts_and_one_leading_dense_layer(tiny_model):
+    path, _ = tiny_model("deepseek_v2")
     fields = gguf_fields(path)
     names = gguf_tensors(path)
     assert fields["deepseek2.leading_dense_block_count"] == 1
@@ -179,9 +167,9 @@ def test_deepseek_v2_has_mla_shared_experts_and_one_leading_dense_layer():
 
 def test_cli_writes_a_q8_0_gguf_and_prints_its_path():
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "tiny_moe.py"), "qwen3_moe", "--out", str(CACHE_DIR), "--outtype", "q8_0"],
+        [sys.executable, str(REPO / "scripts" / "tiny_moe.py"), "qwen3_moe", "--out", str(MODELS_DIR), "--outtype", "q8_0"],
         capture_output=True, text=True, check=True,
     )
     path = Path(proc.stdout.strip().splitlines()[-1])
-    assert path == CACHE_DIR / "qwen3_moe" / "qwen3_moe-q8_0.gguf" and path.is_file()
+    assert path == MODELS_DIR / "qwen3_moe" / "qwen3_moe-q8_0.gguf" and path.is_file()
     assert gguf_tensors(path)["blk.0.ffn_down_exps.weight"] == "Q8_0"
