@@ -9,7 +9,7 @@ export CMAKE_ARGS
 # ccache (when installed) keeps rebuilds of llama.cpp cheap.
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
-.PHONY: setup setup-test native test demo bench clean
+.PHONY: setup setup-test native test test-fast demo bench clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ setup-test: $(VENV)/.test-deps-done
 
 test: setup-test
 	$(PY) -m pytest -q tests
+
+# The same without the tests marked slow (more than ~5 s each on 2 cores).
+test-fast: setup-test
+	$(PY) -m pytest -q -m "not slow" tests
 
 demo: setup
 	$(PY) scripts/demo.py

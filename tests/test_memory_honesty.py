@@ -37,7 +37,6 @@ from pyedgemoe.model_info import read_model_info
 from pyedgemoe.sysmem import evict_from_page_cache
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "tests" / ".models"
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
 PROMPT = "The quick brown fox jumps over the lazy dog"
 SLACK = 0.10
@@ -51,11 +50,13 @@ def cgroup_skip_reason() -> str | None:
     return None
 
 
+pytestmark = [pytest.mark.skipif(cgroup_skip_reason() is not None, reason=str(cgroup_skip_reason())),
+              pytest.mark.slow]  # the 224 MB model takes ~6 s to write, each test ~4-6 s more
+
+
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    vocab = MODELS / "olmoe" / "olmoe-f32.gguf"
-    if not vocab.is_file():
-        pytest.skip(f"{vocab} missing (built by the other residency tests' fixtures)")
+def model(tmp_path_factory, tiny_model) -> Path:
+    vocab, _ = tiny_model("olmoe")
     spec = importlib.util.spec_from_file_location("make_synthetic_gguf", ROOT / "scripts" / "make_synthetic_gguf.py")
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen
@@ -117,16 +118,14 @@ def llama_buffer_bytes(stderr: str) -> int:
     return int(total * 2**20)
 
 
-def baseline_and_resident_runs(model, *, baseline_limit: int | None = None) -> tuple[dict, dict]:
+@pytest.fixture(scope="module")
+def dense(tiny_model) -> Path:
+    return tiny_model("llama")[0]
+
+
+def baseline_and_resident_runs(model, dense, *, baseline_limit: int | None = None) -> tuple[dict, dict]:
     """(the same command on the tiny dense model: the interpreter + numpy + our module, in a cgroup
-    of baseline_limit bytes when given; the model's uncapped run); skips where cgroups or the dense
-    model are missing."""
-    reason = cgroup_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    dense = MODELS / "llama" / "llama-f32.gguf"
-    if not dense.is_file():
-        pytest.skip(f"{dense} missing (built by the other tests' fixtures)")
+    of baseline_limit bytes when given; the model's uncapped run)."""
     base = run_cli(dense, "auto", limit_bytes=baseline_limit)
     assert base["returncode"] == 0, base["stderr"][-2000:]
     resident = run_cli(model, "auto")
@@ -134,8 +133,8 @@ def baseline_and_resident_runs(model, *, baseline_limit: int | None = None) -> t
     return base, resident
 
 
-def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model):
-    base, resident = baseline_and_resident_runs(model)
+def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model, dense):
+    base, resident = baseline_and_resident_runs(model, dense)
     baseline = base["peak_rss"]
     assert "experts" not in resident["stats"], "the reference run must be fully resident (they fit)"
 
@@ -166,13 +165,13 @@ def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model):
     assert capped["peak_rss"] <= bound, report
 
 
-def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(model):
+def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(model, dense):
     """`--expert-cache auto` (the default) in a cgroup too small for the model: it sizes the cache
     from the room under the cap minus the non-expert weights, the KV cache and the slack, says so,
     and gives the resident run's tokens."""
     # the baseline as the cgroup counts it (ru_maxrss would include the pages a forked child
     # shares with this test process before it execs)
-    base, resident = baseline_and_resident_runs(model, baseline_limit=4 * 2**30)
+    base, resident = baseline_and_resident_runs(model, dense, baseline_limit=4 * 2**30)
     info = resident["stats"]["model"]
     metadata = read_model_info(model).metadata
     context = memory_budget.context_bytes(metadata, 4096, 512, 2, flash_attn=None)  # run's --ctx default, f16
