@@ -336,7 +336,7 @@ def test_prefetching_reads_predicted_experts_and_reports_what_became_of_them(mp_
 
 
 def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_guess(mp_models):
-    with Engine(mp_models[0], **SETTINGS, expert_cache="50%") as eng:
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%", trace_routing=True) as eng:
         eng.record_routing()
         eng.logits(IDS[:5])
         trace = eng.take_routing_trace()
@@ -346,3 +346,13 @@ def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_gue
     first = trace["layer"] == trace["layer"].min()
     assert (trace["predicted"][first] == -1).all()           # nothing predicts the first layer
     assert (trace["predicted"][~first] >= 0).all()
+
+
+def test_without_prefetch_or_tracing_no_predictor_runs(mp_models):
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%") as eng:
+        eng.record_routing()
+        eng.logits(IDS[:5])
+        trace = eng.take_routing_trace()
+        experts = eng.stats()["experts"]
+    assert experts["predictor_depth"] == 0 and experts["prediction"] == []
+    assert (trace["predicted"] == -1).all() and len(trace["layer"]) > 0
