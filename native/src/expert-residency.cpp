@@ -15,7 +15,6 @@
 #include "llama-graph.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -28,13 +27,6 @@ using clock_type = std::chrono::steady_clock;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-// a wave's (or a fill's) experts of one projection then read as one forward sweep
-void sort_in_file_order(std::vector<expert_read> & reads) {
-    std::sort(reads.begin(), reads.end(), [](const expert_read & a, const expert_read & b) {
-        return std::make_pair(a.store, a.offset) < std::make_pair(b.store, b.offset);
-    });
 }
 
 expert_cache_config cache_config_of(const expert_budget & budget, const expert_options & o, int n_layers) {
@@ -84,8 +76,8 @@ struct expert_residency::impl : moe_pass_builder {
     bool serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst, clock_type::time_point t0);
     void predict_and_prefetch(const moe_layer_layout & l, const ggml_tensor * predicted, int64_t n_tokens);
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot) const;
-    // reads on the loader threads; the first error ("" if none)
-    std::string read_all(const std::vector<expert_read> & reads, expert_layer_stats & st);
+    // reads on the loader threads, counted in st; the first error ("" if none)
+    std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() { coordinator.forget(); cache.forget_all(); }
     void fail(const std::string & why, ggml_tensor * dst);
@@ -333,9 +325,8 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
             for (expert_read & r : reads_of(l, p->expert, p->precision, p->slot)) reads.push_back(std::move(r));
         }
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
-        sort_in_file_order(reads);
         coordinator.pause_for_loads();
-        read_error = read_all(reads, st);
+        read_error = read_all(std::move(reads), st);
         coordinator.resume_after_loads();
     }
     for (const auto & job : claimed) coordinator.claimed_done(*job);
@@ -419,31 +410,11 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     }));
 }
 
-std::string expert_residency::impl::read_all(const std::vector<expert_read> & reads, expert_layer_stats & st) {
-    // each thread takes the next read: several stay in flight (small reads are latency-bound)
-    const int n_threads = std::min<int>(loaders.n_threads(), (int) reads.size());
-    std::atomic<size_t> next{0};
-    std::vector<uint64_t> bytes(n_threads, 0);
-    std::vector<std::string> errs(n_threads);
-    const auto t0 = clock_type::now();
-    loaders.run(n_threads, [&](int t) {
-        for (size_t j; (j = next.fetch_add(1)) < reads.size();) {
-            try {
-                bytes[t] += reads[j].run();
-            } catch (const std::exception & ex) {
-                errs[t] = ex.what();
-                next = reads.size();  // the others stop too
-                return;
-            }
-        }
-    });
-    st.load_ms += ms_since(t0);
-    std::string first_error;
-    for (int t = 0; t < n_threads; t++) {
-        if (first_error.empty()) first_error = errs[t];
-        st.bytes_read += bytes[t];
-    }
-    return first_error;
+std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
+    const loader_threads::read_result r = loaders.read_all(std::move(reads));
+    st.bytes_read += r.bytes;
+    st.load_ms += r.ms;
+    return r.error;
 }
 
 // -- the front ------------------------------------------------------------------------------------
@@ -489,9 +460,8 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
             }
         }
     }
-    sort_in_file_order(reads);
     expert_layer_stats st;
-    const std::string error = r.read_all(reads, st);
+    const std::string error = r.read_all(std::move(reads), st);
     if (!error.empty()) {
         r.cache.forget_all();
         throw std::runtime_error(error);

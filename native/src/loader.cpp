@@ -1,5 +1,10 @@
 #include "loader.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+
 loader_threads::loader_threads(int n_threads) {
     for (int i = 1; i < n_threads; i++) workers_.emplace_back(&loader_threads::worker_main, this, i);
 }
@@ -51,4 +56,33 @@ void loader_threads::worker_main(int index) {
             if (--n_running_ == 0) done_.notify_one();
         }
     }
+}
+
+loader_threads::read_result loader_threads::read_all(std::vector<expert_read> reads) {
+    std::sort(reads.begin(), reads.end(), [](const expert_read & a, const expert_read & b) {
+        return std::make_pair(a.store, a.offset) < std::make_pair(b.store, b.offset);
+    });
+    const int n = std::min<int>(n_threads(), (int) reads.size());
+    std::atomic<size_t> next{0};
+    std::vector<uint64_t> bytes(n, 0);
+    std::vector<std::string> errors(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    run(n, [&](int t) {
+        for (size_t j; (j = next.fetch_add(1)) < reads.size();) {
+            try {
+                bytes[t] += reads[j].run();
+            } catch (const std::exception & ex) {
+                errors[t] = ex.what();
+                next = reads.size();  // the others stop too
+                return;
+            }
+        }
+    });
+    read_result out;
+    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (int t = 0; t < n; t++) {
+        if (out.error.empty()) out.error = errors[t];
+        out.bytes += bytes[t];
+    }
+    return out;
 }

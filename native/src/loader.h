@@ -5,10 +5,13 @@
 // O_DIRECT reads 0.11 GB/s at queue depth 1, 0.26 GB/s at 4; docs/expert-residency.md).
 #pragma once
 
+#include "expert-store.h"
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +23,16 @@ public:
     loader_threads & operator=(const loader_threads &) = delete;
 
     int n_threads() const { return (int) workers_.size() + 1; }
+
+    // What one batch of reads did: bytes from storage, wall time, the first error ("" if none).
+    struct read_result {
+        uint64_t bytes = 0;
+        double ms = 0;
+        std::string error;
+    };
+    // Reads the batch in file order (one forward sweep per file), each thread taking the next
+    // read, so several stay in flight (small reads are latency-bound); an error stops the others.
+    read_result read_all(std::vector<expert_read> reads);
 
     // Runs fn(thread_index) on threads 0 .. n-1 (n <= n_threads(); 0 is the caller) and returns
     // when all have returned. One batch at a time (the graph runs layers one after another).
