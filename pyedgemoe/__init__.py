@@ -7,9 +7,11 @@ from pyedgemoe.errors import (
     PyEdgeMoEError,
 )
 from pyedgemoe.engine import Engine
+from pyedgemoe.expert_options import ExpertOptions
 
 __all__ = [
     "Engine",
+    "ExpertOptions",
     "PyEdgeMoEError",
     "ModelLoadError",
     "ContextOverflowError",
