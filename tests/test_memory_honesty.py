@@ -1,4 +1,4 @@
-"""Memory honesty (issue 4, DESIGN §5 and §8): with --io direct and an expert budget B, the CLI
+"""Memory honesty (issue 4; docs/expert-residency.md, docs/benchmarks.md): with --io direct and an expert budget B, the CLI
 runs inside a cgroup memory limit on a model whose experts are 5x B, gives the tokens of the
 uncapped resident run, and its peak RSS stays within
 
