@@ -1,17 +1,26 @@
 #include "expert-options.h"
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+
+namespace {
+std::string number(double x) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%g", x);
+    return buf;
+}
+}  // namespace
 
 void check_expert_options(const expert_options & o) {
     auto require = [](bool ok, const std::string & why) { if (!ok) throw std::invalid_argument(why); };
     require(o.io_threads >= 1, "io_threads must be a positive integer, got " + std::to_string(o.io_threads));
     require(o.prefetch_depth >= 1, "prefetch_depth must be a positive integer, got " + std::to_string(o.prefetch_depth));
-    require(o.low_cache > 0 && o.low_cache < 1, "low_cache must be a fraction between 0 and 1, got " + std::to_string(o.low_cache));
-    require(o.t1 >= 0 && o.t1 <= 1, "t1 must be between 0 and 1, got " + std::to_string(o.t1));
-    require(o.t2 >= 0 && o.t2 <= 1, "t2 must be between 0 and 1, got " + std::to_string(o.t2));
-    require(o.t1 <= o.t2, "t1 (" + std::to_string(o.t1) + ") must not exceed t2 (" + std::to_string(o.t2) + ")");
-    require(o.fate_percentile >= 0 && o.fate_percentile <= 1, "fate_percentile must be between 0 and 1");
+    require(o.low_cache > 0 && o.low_cache < 1, "low_cache must be a fraction between 0 and 1, got " + number(o.low_cache));
+    require(o.t1 >= 0 && o.t1 <= 1, "t1 must be between 0 and 1, got " + number(o.t1));
+    require(o.t2 >= 0 && o.t2 <= 1, "t2 must be between 0 and 1, got " + number(o.t2));
+    require(o.t1 <= o.t2, "t1 (" + number(o.t1) + ") must not exceed t2 (" + number(o.t2) + ")");
+    require(o.fate_percentile >= 0 && o.fate_percentile <= 1, "fate_percentile must be between 0 and 1, got " + number(o.fate_percentile));
     require(o.fate_extra >= -1, "fate_extra must be -1 (top-k) or a count");
     float sum = 0;
     for (float w : o.policy_weights) { require(w >= 0, "policy weights must be non-negative"); sum += w; }
