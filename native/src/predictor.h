@@ -54,8 +54,8 @@ struct predicted_expert {
 // fate_extra more whose probability is above the fate_percentile quantile of the layer's, in the
 // k-th's precision.
 std::vector<predicted_expert> predict_layer(int layer, const float * logits, int n_expert, int k,
-                                            const precision_params & precision, int fate_extra = 0,
-                                            double fate_percentile = 0.9);
+                                            const precision_params & precision, int fate_extra,
+                                            double fate_percentile);
 
 // HOBBIT's adaptive walk (sec. 3.3): the nearest layer's predictions; if every one of them is
 // cached, the next layer's too, and so on (walk_further false: the nearest layer only, as Fate).

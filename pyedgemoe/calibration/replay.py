@@ -22,6 +22,7 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.expert_options import default
 
 DEFAULT_GRID_STEP = 0.1
 SINGLE_POLICIES = ("lru", "lfu", "lhu", "fld")
@@ -110,7 +111,7 @@ def replay(steps: list[ReplayStep], setup: CacheSetup, policy: str = "lru", weig
     Where the runtime's cache cannot serve a layer (its tier has no evictable slot left: the
     runtime fails that decode and forgets the cache), the failure is counted and the replay goes on
     from an empty cache at the same token clock, as a retried decode would."""
-    w = list(weights) if weights is not None else [0.25] * 4
+    w = list(weights) if weights is not None else list(default("policy_weights"))
 
     def new_cache():
         return _native.ExpertCache(setup.high_slots, setup.low_slots, policy=policy, weights=w,
