@@ -3,26 +3,38 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-# Extra CMake flags for our native build, e.g. `make setup GGML_CUDA=1`.
-CMAKE_ARGS ?= $(if $(GGML_CUDA),-DGGML_CUDA=ON,)
+# GPU variants of our native build (docs/gpu.md): `make setup GGML_VULKAN=1` (glslc, the Vulkan
+# loader and Mesa's lavapipe from Debian; Debian 13's headers, native/fetch_vulkan_headers.sh) and
+# `make setup GGML_CUDA=1 [CUDA_ARCH=90]` (CUDA 13.0's nvcc, one architecture).
+CUDA_ARCH ?= 89
+VULKAN_INCLUDE := $(CURDIR)/native/vendor/vulkan/usr/include
+CMAKE_ARGS ?= $(if $(GGML_CUDA),-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) \
+                -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc,) \
+              $(if $(GGML_VULKAN),-DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE),)
 export CMAKE_ARGS
 # ccache (when installed) keeps rebuilds of llama.cpp cheap.
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
-.PHONY: setup setup-test native test test-fast demo bench clean
+.PHONY: setup setup-test native test test-fast demo bench clean vulkan-deps
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip==26.3
 
 # Build deps, the vendored+patched llama.cpp and our package (editable: a rebuild is `make native`).
-$(VENV)/.setup-done: $(VENV)/bin/activate pyproject.toml native/CMakeLists.txt native/fetch_llama.py $(wildcard native/patches/*.patch native/src/* native/bindings/*)
+$(VENV)/.setup-done: $(if $(GGML_VULKAN),vulkan-deps) $(VENV)/bin/activate pyproject.toml native/CMakeLists.txt native/fetch_llama.py $(wildcard native/patches/*.patch native/src/* native/bindings/*)
 	$(PIP) install --quiet scikit-build-core==1.1.2 nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2
 	$(PY) native/fetch_llama.py
 	$(PIP) install --quiet --no-build-isolation -e .
 	touch $@
 
 setup: $(VENV)/.setup-done
+
+# What the Vulkan variant needs from Debian (as root), and headers new enough for ggml-vulkan.
+vulkan-deps:
+	command -v glslc >/dev/null && [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || \
+	  apt-get install -y -q glslc libvulkan-dev mesa-vulkan-drivers spirv-headers
+	native/fetch_vulkan_headers.sh
 
 native:
 	rm -f $(VENV)/.setup-done
