@@ -53,8 +53,8 @@ def own_memory_cgroup_v1() -> Path | None:
             if "memory" in controllers.split(","):
                 group = CGROUP_V1_MEMORY / path.lstrip("/")
                 return group if group.is_dir() else None
-    except OSError:
-        pass
+    except OSError:  # no /proc/self/cgroup: no cgroup to speak of
+        return None
     return None
 
 
