@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.calibration.sidecar import load_calibration
+from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
@@ -142,6 +144,12 @@ class Engine:
         (expert_options.AUTOMATIC), else the defaults of native/src/expert-options.h.
     trace_routing: record every MoE layer's routing for calibration (record_routing): the expert
         predictor then runs even without prefetch.
+    mode (an expert option): "cpu", "gpu", "coop" or "auto" (the default where the build has a
+        GPU; pyedgemoe.devices, docs/gpu.md). With a GPU, expert_cache is the GPU's expert budget
+        (auto: from its free memory), non-expert weights and the KV cache live there too.
+    device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
+    host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
+        a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
     verbose: forward llama.cpp's log to stderr.
     """
 
@@ -149,6 +157,7 @@ class Engine:
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
                  expert_options: ExpertOptions | None = None, trace_routing: bool = False,
+                 device: str | None = None, host_cache: str | int | None = None,
                  verbose: bool = False, **options):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
@@ -161,24 +170,33 @@ class Engine:
             raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
         expert_options = (expert_options or ExpertOptions()).merged(**options)
+        self.mode = resolve_mode(expert_options["mode"] if "mode" in expert_options.given else None)
+        expert_options = expert_options.merged(mode=self.mode)
+        self.device = choose_device(self.mode, device)
         _native.set_verbose(verbose)
 
         self.model_path = os.fspath(model_path)
         self.info: ModelInfo = read_model_info(self.model_path)
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn)
-        budget, self.expert_cache_note = parse_expert_cache(expert_cache, self.info.high_expert_bytes,
-                                                            self.info.non_expert_bytes, context)
+        budget, self.expert_cache_note = parse_expert_cache(
+            expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
+            self.device["free_bytes"] if self.device else None)
         offload = budget is not None and self.info.is_moe
+        if offload and self.device:
+            check_fits_device(budget, self.device)
+        host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes) if offload else 0
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
         native_options = expert_options.resolve(self.info, calibration) if self.info.is_moe else None
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
-            self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload)
+            self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload,
+                                        device=self.device["name"] if self.device else "")
             if offload:
-                self._model.enable_expert_residency(budget, native_options, trace_routing)
+                self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
+                                                    n_threads or os.cpu_count() or 1)
                 if native_options.fill_cache:
                     self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
         except (_native.ExpertBudgetError, ValueError) as e:
@@ -186,6 +204,8 @@ class Engine:
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
+        if self.expert_residency and self.expert_residency["mode_reason"]:
+            print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
         n_ubatch = n_batch
         if offload and self.expert_residency["max_ubatch_tokens"] > 0:
             # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)

@@ -67,10 +67,12 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
     return int(kv + scores)
 
 
-def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int) -> tuple[int | None, str]:
+def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
+                      available: int | None = None) -> tuple[int | None, str]:
     """(budget bytes, or None for every expert resident; a sentence saying which and why).
-    context: context_bytes() of the context the model will run in."""
-    available = available_memory_bytes()
+    context: context_bytes() of the context the model will run in. available: the memory the
+    model runs in (a GPU's free memory), else available_memory_bytes()."""
+    available = available_memory_bytes() if available is None else available
     reserve = context + RESERVE_SLACK_BYTES
     gib = 1024**3
     if expert_bytes + non_expert_bytes + reserve <= available:
@@ -87,12 +89,12 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int) ->
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
-                       context: int) -> tuple[int | None, str]:
+                       context: int, available: int | None = None) -> tuple[int | None, str]:
     """(bytes of the expert cache or None = every expert resident, a sentence for the user).
     value: None / "auto", bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the expert bytes.
-    context: context_bytes(), kept free under "auto"."""
+    context: context_bytes(), kept free under "auto"; available: as for auto_expert_cache."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return auto_expert_cache(expert_bytes, non_expert_bytes, context)
+        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage or 'auto', got {value!r}")
     if isinstance(value, int):

@@ -1,6 +1,7 @@
 // Model: loading (mmap), vocabulary, chat template and metadata.
 #include "native.h"
 
+#include "ggml-backend.h"
 #include "llama.h"
 #include "../src/expert-residency.h"
 
@@ -24,9 +25,16 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 
 // experts_on_demand: the stacked expert tensors stay in the file (patch 0003: lazy mode ON maps
 // them without reading or prefetching), for an expert cache (enable_expert_residency) to read.
-void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mmap, bool experts_on_demand) {
+// device: a ggml device name for every layer (as -ngl 99 -dev NAME); "" keeps the model on the CPU.
+void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device) {
     llama_model_params params = llama_model_default_params();
-    params.n_gpu_layers = n_gpu_layers;
+    ggml_backend_dev_t devices[2] = { nullptr, nullptr };  // none: the CPU only
+    if (!device.empty()) {
+        devices[0] = ggml_backend_dev_by_name(device.c_str());
+        if (!devices[0]) throw nb::value_error(("no ggml device named '" + device + "'").c_str());
+        params.n_gpu_layers = -1;  // all
+    }
+    params.devices = devices;
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     if (experts_on_demand) params.lazy_mode = LLAMA_LAZY_MODE_ON;
     log_clear_recent();
@@ -40,6 +48,27 @@ void load(Model * self, const std::string & path, int n_gpu_layers, bool use_mma
     self->model = model;
     self->path = path;
     self->experts_on_demand = experts_on_demand;
+    self->device = device;
+}
+
+// The ggml devices this build has: name, description, type ("cpu", "gpu", "igpu", "accel"), memory.
+std::vector<nb::dict> devices() {
+    static const char * types[] = { "cpu", "gpu", "igpu", "accel", "meta" };
+    std::vector<nb::dict> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        const int type = (int) ggml_backend_dev_type(dev);
+        nb::dict d;
+        d["name"] = ggml_backend_dev_name(dev);
+        d["description"] = ggml_backend_dev_description(dev);
+        d["type"] = type < 5 ? types[type] : "other";
+        d["free_bytes"] = free;
+        d["total_bytes"] = total;
+        out.push_back(d);
+    }
+    return out;
 }
 
 std::vector<llama_token> tokenize(const Model & m, const std::string & text, bool add_special, bool parse_special) {
@@ -133,8 +162,9 @@ nb::object optional_token(llama_token t) { return t == LLAMA_TOKEN_NULL ? nb::ob
 void register_model(nb::module_ & m) {
     nb::class_<Model> cls(m, "Model");
     cls
-        .def("__init__", &load, nb::arg("path"), nb::arg("n_gpu_layers") = 0, nb::arg("use_mmap") = true,
-             nb::arg("experts_on_demand") = false)
+        .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
+             nb::arg("device") = "")
+        .def_ro("device", &Model::device)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
         .def("token_to_piece", &token_to_piece, nb::arg("token"), nb::arg("special") = false)
@@ -157,4 +187,5 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
         .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
     add_residency_methods(cls);
+    m.def("devices", &devices, "The ggml devices of this build (name, description, type, free_bytes, total_bytes).");
 }

@@ -31,11 +31,13 @@ void bind_enum(nb::module_ & m, const char * name) {
     for (size_t v = 0; v < enum_names<E>::values.size(); v++) e.value(enum_names<E>::values[v], (E) v);
 }
 
-void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bool trace_routing) {
+void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bool trace_routing, uint64_t host_cache_bytes,
+            int n_threads) {
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
     // std::invalid_argument (bad options, expert_budget_error) -> ValueError / ExpertBudgetError
-    m.residency = std::make_unique<expert_residency>(m.model, m.path, budget_bytes, options, trace_routing);
+    const expert_device_config device = { m.device, host_cache_bytes, n_threads };
+    m.residency = std::make_unique<expert_residency>(m.model, m.path, budget_bytes, options, trace_routing, device);
 }
 
 nb::dict fill_counters(const expert_fill_stats & f) {
@@ -78,6 +80,12 @@ nb::dict counters(const expert_layer_stats & s) {
     d["bytes_read"] = s.bytes_read;
     d["load_ms"] = s.load_ms;
     d["stall_ms"] = s.stall_ms;
+    d["host_hits"] = s.host_hits;
+    d["host_loads"] = s.host_loads;
+    d["uploads"] = s.uploads;
+    d["bytes_uploaded"] = s.bytes_uploaded;
+    d["upload_ms"] = s.upload_ms;
+    d["cpu_experts"] = s.cpu_experts;
     return d;
 }
 
@@ -85,6 +93,7 @@ nb::dict prefetch_counters(const expert_prefetch_stats & p) {
     nb::dict d;
     d["issued"] = p.issued; d["used"] = p.used; d["wasted"] = p.wasted;
     d["bytes_read"] = p.bytes_read; d["load_ms"] = p.load_ms;
+    d["bytes_uploaded"] = p.bytes_uploaded; d["upload_ms"] = p.upload_ms;
     return d;
 }
 
@@ -106,6 +115,7 @@ nb::dict stats(const Model & m) {
         prefetch_layers[nb::str(std::to_string(il).c_str())] = prefetch_counters(p);
         prefetch_total.issued += p.issued; prefetch_total.used += p.used; prefetch_total.wasted += p.wasted;
         prefetch_total.bytes_read += p.bytes_read; prefetch_total.load_ms += p.load_ms;
+        prefetch_total.bytes_uploaded += p.bytes_uploaded; prefetch_total.upload_ms += p.upload_ms;
     }
     nb::dict prefetch = prefetch_counters(prefetch_total);
     prefetch["busy_ms"] = r.prefetch_busy_ms();
@@ -153,6 +163,11 @@ nb::dict info(const Model & m) {
     d["mixed_precision"] = i.mixed_precision;
     d["low_source"] = i.low_source;
     d["predictor_depth"] = i.predictor_depth;
+    d["device"] = i.device;
+    d["host_pool_bytes"] = i.host_pool_bytes;
+    d["host_high_slots"] = i.host_high_slots;
+    d["host_low_slots"] = i.host_low_slots;
+    d["mode_reason"] = i.mode_reason;
     const expert_options & o = r.options();
 #define EDGEMOE_OPTION_TO_DICT(type, name, default_value, help) d[#name] = option_value(o.name);
     EDGEMOE_EXPERT_OPTIONS(EDGEMOE_OPTION_TO_DICT)
@@ -185,6 +200,7 @@ void register_residency(nb::module_ & m) {
     bind_enum<cache_policy_kind>(m, "CachePolicy");
     bind_enum<prefetch_mode>(m, "Prefetch");
     bind_enum<low_hit_rule>(m, "LowHit");
+    bind_enum<compute_mode>(m, "ComputeMode");
 
     nb::class_<expert_options> options(m, "ExpertOptions",
         "The expert cache's options; a default-constructed one holds every default.");
@@ -204,8 +220,9 @@ void register_residency(nb::module_ & m) {
 
 void add_residency_methods(nb::class_<Model> & cls) {
     cls.def("enable_expert_residency", &enable, nb::arg("budget_bytes"), nb::arg("options"),
-            nb::arg("trace_routing") = false,
-            "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand).")
+            nb::arg("trace_routing") = false, nb::arg("host_cache_bytes") = 0, nb::arg("n_threads") = 1,
+            "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand); "
+            "on a device (the model's), with a host tier of host_cache_bytes.")
        .def("fill_expert_cache", &fill, nb::arg("ranking") = std::map<int, std::vector<int>>{},
             "Reads experts into the cache's free slots before the first token (ranking: per layer, "
             "expert ids most routed first).")

@@ -16,6 +16,9 @@ enum class expert_io         { direct, buffered, mmap };
 enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit };
 enum class prefetch_mode     { none, hobbit, fate };
 enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
+// where expert math runs (HOBBIT sec. 4): the CPU; a GPU, misses uploaded (GPU-centric); a GPU for
+// hits and the CPU for misses (CPU-GPU cooperative); or one of the two chosen at load
+enum class compute_mode      { cpu, gpu, coop, automatic };
 
 // each enum's names, in the order of its values: how the CLI and Python spell them
 template <typename E> struct enum_names;
@@ -23,6 +26,7 @@ template <> struct enum_names<expert_io>         { static constexpr std::array<c
 template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 5> values = { "lru", "lfu", "lhu", "fld", "hobbit" }; };
 template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 3> values = { "none", "hobbit", "fate" }; };
 template <> struct enum_names<low_hit_rule>      { static constexpr std::array<const char *, 2> values = { "accept", "reload" }; };
+template <> struct enum_names<compute_mode>      { static constexpr std::array<const char *, 4> values = { "cpu", "gpu", "coop", "auto" }; };
 
 template <typename E> const char * name_of(E value) { return enum_names<E>::values[(size_t) value]; }
 
@@ -56,7 +60,8 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(prefetch_mode,     prefetch,        prefetch_mode::none,    "expert prefetching: none, hobbit or fate")           \
     X(int,               prefetch_depth,  2,                      "hobbit: MoE layers ahead to predict")                \
     X(double,            fate_percentile, 0.75,                   "fate: also prefetch experts above this quantile of the next layer's predicted probabilities") \
-    X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k)")
+    X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k)")        \
+    X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU) or auto")
 
 struct expert_options {
 #define EDGEMOE_DECLARE_OPTION(type, name, default_value, help) type name = default_value;

@@ -6,6 +6,7 @@
 #include "expert-store.h"
 #include "layer-planner.h"
 #include "loader.h"
+#include "mode-chooser.h"
 #include "moe-hook.h"
 #include "predictor.h"
 #include "prefetch-coordinator.h"
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -48,6 +50,30 @@ int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
     return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
 }
 
+ggml_backend_dev_t device_named(const std::string & name) {
+    if (name.empty()) return nullptr;
+    ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+    if (!dev) throw std::invalid_argument("no ggml device named '" + name + "'");
+    return dev;
+}
+
+std::string gib(uint64_t bytes) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.2f GiB", bytes / 1073741824.0);
+    return buf;
+}
+
+// the device pools must fit in what the device has free
+void check_device_room(ggml_backend_dev_t dev, uint64_t pool_bytes) {
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    if (total > 0 && pool_bytes > free) {
+        throw expert_budget_error("the expert cache's " + std::to_string(pool_bytes) + " bytes (" + gib(pool_bytes) +
+            ") do not fit in " + ggml_backend_dev_name(dev) + "'s free memory: " + std::to_string(free) + " bytes (" +
+            gib(free) + ") free of " + std::to_string(total) + " (" + gib(total) + ")");
+    }
+}
+
 }  // namespace
 
 struct expert_residency::impl : moe_pass_builder {
@@ -56,11 +82,18 @@ struct expert_residency::impl : moe_pass_builder {
         int il, wave;
     };
     struct building_layer {  // a layer's graph while build_pass fills in its passes
-        ggml_tensor * ids = nullptr, * slot_ids = nullptr;
+        ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr;
         int waves = 0;
     };
+    // One pass of the expert FFN within a wave: over the HIGH or LOW pools of the device (or, mode
+    // cpu, host memory) or of the host tier (coop: the CPU computes the device's misses there).
+    struct pass_kind {
+        bool host;
+        expert_precision precision;
+    };
 
-    impl(llama_model * model, const std::string & path, uint64_t budget_bytes, const expert_options & o, bool trace_routing);
+    impl(llama_model * model, const std::string & path, uint64_t budget_bytes, const expert_options & o, bool trace_routing,
+         const expert_device_config & device);
 
     bool build_pass(int il, ggml_context * ctx, int pass, ggml_tensor * moe_input, ggml_tensor * weights,
                     ggml_tensor * previous, llama_moe_expert_pass * p) override;
@@ -75,14 +108,38 @@ struct expert_residency::impl : moe_pass_builder {
     // places, loads and pins one wave's experts and writes their slot ids; false after a failure
     bool serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst, clock_type::time_point t0);
     void predict_and_prefetch(const moe_layer_layout & l, const ggml_tensor * predicted, int64_t n_tokens);
-    std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot) const;
+    // the reads that fill the device slot `slot` (-1: none) with an expert, through the host slot
+    // host_slot (-1: none; in_host: it holds the expert already)
+    std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot,
+                                      int host_slot = -1, bool in_host = false) const;
+    // the device's misses that its HIGH or LOW copy in the host tier serves (host placements, in
+    // the device placements' order; slot -1 where none), reserving host slots for the others
+    std::vector<expert_cache::placement> host_copies(int group, int il, const std::vector<const expert_cache::placement *> & loads);
     // reads on the loader threads, counted in st; the first error ("" if none)
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
-    void forget_cache() { coordinator.forget(); cache.forget_all(); }
+    void forget_cache() {
+        coordinator.forget();
+        cache.forget_all();
+        if (host_pins) host_pins->forget();
+        if (host_cache) host_cache->forget_all();
+    }
+    void release_wave() {
+        coordinator.release_wave();
+        if (host_pins) host_pins->release();
+    }
+    // slots a wave's distinct experts may take: the device's HIGH slots (coop: and the host tier's)
+    int wave_slots(int group) const {
+        const int slots = high_pools[group]->n_slots();
+        return options.mode == compute_mode::coop ? std::min(slots, host_budget->high_slots[group]) : slots;
+    }
     void fail(const std::string & why, ggml_tensor * dst);
+    void write_unserved(ggml_tensor * dst) const;
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
     const slot_pool & pool(int group, expert_precision p) const { return p == expert_precision::low ? *low_pools[group] : *high_pools[group]; }
+    const slot_pool & host_pool(int group, expert_precision p) const {
+        return p == expert_precision::low ? *host_low_pools[group] : *host_high_pools[group];
+    }
 
     expert_options options;
     expert_layout layout;
@@ -91,8 +148,15 @@ struct expert_residency::impl : moe_pass_builder {
     expert_store store;
     std::unique_ptr<expert_store> low_store;
     loader_threads loaders;                                    // io_threads - 1 workers + the op's thread
+    ggml_backend_dev_t device;                                 // of the pools; nullptr: host memory (mode cpu)
     std::vector<std::unique_ptr<slot_pool>> high_pools, low_pools;  // per group
     expert_cache cache;
+    std::unique_ptr<expert_budget> host_budget;                // the host tier (with a device, if budgeted)
+    std::vector<std::unique_ptr<slot_pool>> host_high_pools, host_low_pools;
+    std::unique_ptr<expert_cache> host_cache;
+    std::unique_ptr<pin_set> host_pins;                        // host copies the running wave reads or computes
+    std::vector<pass_kind> passes;                             // of each wave; device passes first (masked)
+    int n_masked = 0;                                          // device passes: masks instead of negative ids
     std::unique_ptr<expert_predictor> predictor;               // with prefetch or tracing
     routing_recorder recorder;
     prefetch_coordinator coordinator;
@@ -117,29 +181,78 @@ std::vector<int> group_of_layers(const expert_layout & layout) {
 }  // namespace
 
 expert_residency::impl::impl(llama_model * model, const std::string & path, uint64_t budget_bytes,
-                             const expert_options & o, bool trace_routing)
+                             const expert_options & o, bool trace_routing, const expert_device_config & dc)
     : options((check_expert_options(o), o)),
       layout(model, path, o.low_precision, o.low_from),
       budget(layout, budget_bytes, o.low_cache),
       store(path, o.io),
       loaders(o.io_threads),
+      device(device_named(dc.device)),
       cache(cache_config_of(budget, o, layout.n_layers)),
       recorder(predictor_depth(o, trace_routing)),
       coordinator(cache, group_of_layers(layout), o.prefetch == prefetch_mode::none ? 0 : o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
-    if (layout.has_low) low_store = std::make_unique<expert_store>(layout.low_source, o.io);
-    for (size_t g = 0; g < layout.groups.size(); g++) {
-        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g]));
-        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g]));
+    if ((options.mode == compute_mode::cpu) != !device) {
+        throw std::invalid_argument(device ? "--mode cpu takes no device" : std::string("--mode ") + name_of(options.mode) +
+                                    " needs a GPU device (a build with GGML_VULKAN=1 or GGML_CUDA=1)");
     }
+    if (layout.has_low) low_store = std::make_unique<expert_store>(layout.low_source, o.io);
+    ggml_backend_buffer_type_t device_buft = device ? ggml_backend_dev_buffer_type(device) : nullptr;
+    if (device) {
+        uint64_t pool_bytes = 0;
+        for (size_t g = 0; g < layout.groups.size(); g++) {
+            pool_bytes += budget.high_slots[g] * expert_bytes_of(layout.groups[g].high);
+            if (layout.has_low) pool_bytes += budget.low_slots[g] * expert_bytes_of(layout.groups[g].low);
+        }
+        check_device_room(device, pool_bytes);
+    }
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], device_buft));
+        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], device_buft));
+    }
+    if (device && dc.host_bytes > 0) {
+        try {
+            host_budget = std::make_unique<expert_budget>(layout, dc.host_bytes, o.low_cache);
+        } catch (const expert_budget_error & e) {
+            throw expert_budget_error(std::string("host cache: ") + e.what());
+        }
+        // pinned RAM where the device has it: uploads from it are direct
+        ggml_backend_buffer_type_t host_buft = ggml_backend_dev_host_buffer_type(device);
+        if (!host_buft) host_buft = ggml_backend_cpu_buffer_type();
+        for (size_t g = 0; g < layout.groups.size(); g++) {
+            host_high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, host_budget->high_slots[g], host_buft));
+            if (layout.has_low) {
+                host_low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, host_budget->low_slots[g], host_buft));
+            }
+        }
+        host_cache = std::make_unique<expert_cache>(expert_cache_config{ host_budget->high_slots, host_budget->low_slots,
+            cache_policy_kind::lru, o.policy_weights, /*low_serves_high*/ false, layout.n_layers });
+        host_pins = std::make_unique<pin_set>(*host_cache, true);
+    }
+    if (options.mode == compute_mode::automatic) {
+        const mode_choice choice = choose_mode(*high_pools[0], host_cache ? host_high_pools[0].get() : nullptr, dc.n_threads);
+        options.mode = choice.mode;
+        info.mode_reason = choice.reason;
+    }
+    if (options.mode == compute_mode::coop && !host_cache) {
+        throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
+    }
+    passes.push_back({ false, expert_precision::high });
+    if (layout.has_low) passes.push_back({ false, expert_precision::low });
+    n_masked = device ? (int) passes.size() : 0;
+    if (options.mode == compute_mode::coop) {
+        passes.push_back({ true, expert_precision::high });
+        if (layout.has_low) passes.push_back({ true, expert_precision::low });
+    }
+
     stats.resize(layout.n_layers);
     std::vector<int> moe_layers;
     std::vector<std::pair<const ggml_tensor *, int>> hooked;
     for (const auto & l : layout.layers) {
         moe_layers.push_back(l.il);
         for (const ggml_tensor * t : l.stacked) if (t) hooked.emplace_back(t, l.il);
-        const int slots = high_pools[l.group]->n_slots();
+        const int slots = wave_slots(l.group);
         for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
     if (const int depth = predictor_depth(o, trace_routing)) {
@@ -150,6 +263,9 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.minimum_bytes = budget.minimum_bytes;
     for (const auto & p : high_pools) { info.high_pool_bytes += p->bytes(); info.high_slots += p->n_slots(); }
     for (const auto & p : low_pools) { info.low_pool_bytes += p->bytes(); info.low_slots += p->n_slots(); }
+    for (const auto & p : host_high_pools) { info.host_pool_bytes += p->bytes(); info.host_high_slots += p->n_slots(); }
+    for (const auto & p : host_low_pools) { info.host_pool_bytes += p->bytes(); info.host_low_slots += p->n_slots(); }
+    info.device = device ? ggml_backend_dev_name(device) : "";
     info.expert_bytes = layout.high_bytes;
     info.low_expert_bytes = layout.low_bytes;
     info.n_expert = layout.n_expert;
@@ -172,26 +288,37 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * predicted = op->wave == 0 ? dst->src[2] : nullptr;
     op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], predicted, dst);
 }
+
+// slot ids [n_used, n_tokens, n_passes + n_masked] -> masks [1, n_used, n_tokens, n_masked]: the
+// served flags of the masked passes (the planes after the slot ids) as 1.0 and 0.0
+void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) nth; (void) userdata;
+    if (ith != 0) return;
+    const ggml_tensor * ids = dst->src[0];
+    const int64_t n = ids->ne[0] * ids->ne[1], n_masked = dst->ne[3];
+    const int32_t * flags = (const int32_t *) ids->data + (ids->ne[2] - n_masked) * n;
+    float * out = (float *) dst->data;
+    for (int64_t i = 0; i < n * n_masked; i++) out[i] = flags[i] ? 1.0f : 0.0f;
+}
 }  // namespace
 
 bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, ggml_tensor * moe_input, ggml_tensor * weights,
                                         ggml_tensor * previous, llama_moe_expert_pass * p) {
     const moe_layer_layout & l = *layout.layer_at(il);
-    const int n_precisions = layout.has_low ? 2 : 1;
+    const int n_passes = (int) passes.size();
     building_layer & b = building[il];
     if (pass == 0) {
         const ggml_tensor * given[PROJ_COUNT] = { p->up_exps, p->gate_exps, p->down_exps, p->gate_up_exps };
         for (int q = 0; q < PROJ_COUNT; q++) GGML_ASSERT(given[q] == l.stacked[q]);
         b.ids = p->ids;
-        b.waves = waves_needed(layout.n_expert, layout.n_expert_used, p->ids->ne[1], high_pools[l.group]->n_slots(),
-                               layout.has_expert_bias);
+        b.waves = waves_needed(layout.n_expert, layout.n_expert_used, p->ids->ne[1], wave_slots(l.group), layout.has_expert_bias);
     }
-    const int wave = pass / n_precisions, precision = pass % n_precisions;
+    const int wave = pass / n_passes, index = pass % n_passes;
     if (wave >= b.waves) return false;
     ggml_tensor * ids = b.ids;
-    if (precision == 0) {
-        // one op per wave writes the slot ids of all its precision passes; a later wave's op runs
-        // after the passes before it (previous), whose slots it may reuse
+    if (index == 0) {
+        // one op per wave writes the slot ids of all its passes; a later wave's op runs after the
+        // passes before it (previous), whose slots it may reuse
         ggml_tensor * args[3] = { ids, weights, nullptr };
         int n_args = 2;
         if (wave > 0) {
@@ -201,17 +328,24 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
             args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
         }
         // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-        b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_precisions, 1, args, n_args,
+        b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes + n_masked, 1, args, n_args,
                                     place_experts_op, 1, &wave_ops[il][wave]);
         ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
+        if (n_masked > 0) {
+            b.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, ids->ne[0], ids->ne[1], n_masked, &b.slot_ids, 1, masks_op, 1, nullptr);
+            ggml_format_name(b.masks, "edgemoe_masks-%d-%d", il, wave);
+        }
     }
-    const slot_pool & pl = pool(l.group, precision == 0 ? expert_precision::high : expert_precision::low);
+    const pass_kind kind = passes[index];
+    const slot_pool & pl = kind.host ? host_pool(l.group, kind.precision) : pool(l.group, kind.precision);
     ggml_tensor * swapped[PROJ_COUNT] = {};
     for (int q = 0; q < PROJ_COUNT; q++) {
         if (l.stacked[q]) swapped[q] = pl.tensor((expert_projection) q);
     }
+    ggml_tensor * mask = index < n_masked ? ggml_view_3d(ctx, b.masks, 1, ids->ne[0], ids->ne[1], b.masks->nb[1], b.masks->nb[2],
+                                                         index * b.masks->nb[3]) : nullptr;
     *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
-           ggml_view_2d(ctx, b.slot_ids, ids->ne[0], ids->ne[1], b.slot_ids->nb[1], precision * b.slot_ids->nb[2]) };
+           ggml_view_2d(ctx, b.slot_ids, ids->ne[0], ids->ne[1], b.slot_ids->nb[1], index * b.slot_ids->nb[2]), mask };
     return true;
 }
 
@@ -219,7 +353,17 @@ void expert_residency::impl::fail(const std::string & why, ggml_tensor * dst) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!failed) error = why;
     failed = true;
-    memset(dst->data, 0xff, ggml_nbytes(dst));  // -1 everywhere: well-defined (ignored) output
+    write_unserved(dst);
+}
+
+void expert_residency::impl::write_unserved(ggml_tensor * dst) const {
+    // nothing served: a well-defined (ignored) output. Masked passes: slot 0 under a 0 flag;
+    // the others: -1 (skipped)
+    const size_t plane = (size_t) dst->ne[0] * dst->ne[1];
+    int32_t * out = (int32_t *) dst->data;
+    std::fill(out, out + plane * passes.size(), -1);
+    std::fill(out, out + plane * n_masked, 0);
+    std::fill(out + plane * passes.size(), out + plane * (passes.size() + n_masked), 0);
 }
 
 void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
@@ -228,7 +372,7 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
     GGML_ASSERT(weights->type == GGML_TYPE_F32);
     if (has_failed()) {  // a load failed earlier in this decode
-        memset(dst->data, 0xff, ggml_nbytes(dst));
+        write_unserved(dst);
         return;
     }
     const moe_layer_layout & l = *layout.layer_at(il);
@@ -243,7 +387,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     const int k = (int) ids->ne[0];
     if (l.il == layout.layers.front().il) { cache.advance_tokens(n_tokens); ubatch_index++; }
     // the layer before has been computed: its experts may go; finished prefetches are cached
-    coordinator.release_wave();
+    release_wave();
     const std::string read_error = coordinator.collect_finished();
     if (!read_error.empty()) {
         forget_cache();
@@ -263,7 +407,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
         }
     }
     recorder.on_layer(l.il, ubatch_index, id.data(), w.data(), n_tokens, k);
-    const int high_slots = high_pools[l.group]->n_slots();
+    const int high_slots = wave_slots(l.group);
     const int n_waves = waves_needed(layout.n_expert, k, n_tokens, high_slots, layout.has_expert_bias);
     layer_plan plan = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert, options.precision(), n_waves, high_slots,
         [&](int e, expert_precision demand) {
@@ -280,31 +424,46 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
 bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst,
                                         clock_type::time_point t0) {
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
-    if (wave > 0) coordinator.release_wave();  // the wave before has been computed: its experts may go
+    if (wave > 0) release_wave();  // the wave before has been computed: its experts may go
     const std::vector<expert_demand> none;
     const auto & wanted = wave < (int) planned_waves.size() ? planned_waves[wave] : none;
-    std::vector<expert_cache::placement> placed;
+    // coop: the device computes what it holds, the CPU the rest (from the host tier)
+    std::vector<expert_demand> on_device, on_cpu;
+    for (const auto & d : wanted) {
+        const bool held = d.second == expert_precision::skip ||
+                          cache.serving_tier(l.group, make_expert_key(l.il, d.first), d.second) != expert_precision::skip;
+        (options.mode != compute_mode::coop || held ? on_device : on_cpu).push_back(d);
+    }
+    std::vector<expert_cache::placement> placed, on_host;
     try {
-        placed = cache.place(l.group, l.il, wanted);
+        placed = cache.place(l.group, l.il, on_device);
     } catch (const std::exception &) {
         // prefetches in flight may hold the slots an on-demand load needs: they give way
         coordinator.drop_all();
         try {
-            placed = cache.place(l.group, l.il, wanted);
+            placed = cache.place(l.group, l.il, on_device);
         } catch (const std::exception & ex) {
             fail(ex.what(), dst);
             return false;
         }
     }
+    if (!on_cpu.empty()) {
+        try {
+            on_host = host_cache->place(l.group, l.il, on_cpu);
+        } catch (const std::exception & ex) {
+            fail(std::string("host cache: ") + ex.what(), dst);
+            return false;
+        }
+    }
 
     expert_layer_stats st;
-    st.requests = placed.size();
+    st.requests = placed.size() + on_host.size();
     std::vector<const expert_cache::placement *> loads;
     std::vector<std::shared_ptr<prefetch_job>> claimed;
     bool waited = false;  // for a prefetch read in flight
-    std::unordered_map<int, const expert_cache::placement *> where;
+    std::unordered_map<int, std::pair<const expert_cache::placement *, bool>> where;  // expert -> (placement, on the host)
     for (const auto & p : placed) {
-        where[p.expert] = &p;
+        where[p.expert] = { &p, false };
         if (p.has_evicted) coordinator.evicted({ p.evicted, p.precision });
         if (p.precision == expert_precision::skip) { st.skipped++; continue; }
         const bool high = p.precision == expert_precision::high;
@@ -314,16 +473,34 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         (high ? st.hits_high : st.hits_low)++;
         if (auto job = coordinator.claim(copy, &waited)) claimed.push_back(job);
     }
+    // the device's loads: through the host tier when there is one (its copy, or read into it)
+    std::vector<expert_read> reads;
+    const std::vector<expert_cache::placement> from_host = host_cache ? host_copies(l.group, l.il, loads) : std::vector<expert_cache::placement>();
+    for (size_t j = 0; j < loads.size(); j++) {
+        const auto & p = *loads[j];
+        const int host_slot = from_host.empty() ? -1 : from_host[j].slot;
+        if (host_slot >= 0) (from_host[j].load ? st.host_loads : st.host_hits)++;
+        if (device) st.uploads++;
+        for (expert_read & r : reads_of(l, p.expert, p.precision, p.slot, host_slot, host_slot >= 0 && !from_host[j].load)) {
+            reads.push_back(std::move(r));
+        }
+    }
+    // coop: the CPU's experts, read into the host tier where missing
+    for (const auto & p : on_host) {
+        where[p.expert] = { &p, true };
+        host_pins->add({ make_expert_key(l.il, p.expert), p.precision });
+        st.cpu_experts++;
+        if (!p.load) { st.host_hits++; continue; }
+        st.host_loads++;
+        for (expert_read & r : reads_of(l, p.expert, p.precision, -1, p.slot, false)) reads.push_back(std::move(r));
+    }
     st.hits = st.hits_high + st.hits_low;
-    st.misses = st.loads_high + st.loads_low;
+    st.misses = st.loads_high + st.loads_low + on_host.size();
     std::string read_error = waited ? coordinator.collect_finished() : std::string();
 
-    if (read_error.empty() && (!loads.empty() || !claimed.empty())) {
+    const bool any_reads = !reads.empty() || !claimed.empty();
+    if (read_error.empty() && any_reads) {
         // the misses and the claimed prefetches are read together, several in flight
-        std::vector<expert_read> reads;
-        for (const auto * p : loads) {
-            for (expert_read & r : reads_of(l, p->expert, p->precision, p->slot)) reads.push_back(std::move(r));
-        }
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
         coordinator.pause_for_loads();
         read_error = read_all(std::move(reads), st);
@@ -336,42 +513,78 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         return false;
     }
 
-    // slot ids for the selections this wave serves, -1 for the others (and for the other pass)
-    const int n_passes = (int) dst->ne[2];
+    // per pass: slot ids for the selections it serves; the others -1, or (masked) slot 0 under a
+    // 0 flag in the planes after the slot ids
+    const int n_passes = (int) passes.size();
     int32_t * out = (int32_t *) dst->data;
+    auto at = [&](int plane, int64_t t, int64_t i) -> int32_t & { return out[(plane * n_tokens + t) * n_used + i]; };
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
             auto it = where.find(id_at(ids, i, t));
-            const expert_cache::placement * p = it == where.end() ? nullptr : it->second;
-            const int pass = p && p->precision == expert_precision::low ? 1 : 0;
+            const expert_cache::placement * p = it == where.end() ? nullptr : it->second.first;
+            int serving = -1;  // the pass that computes this selection
+            if (p && p->precision != expert_precision::skip) {
+                for (int q = 0; q < n_passes; q++) {
+                    if (passes[q].host == it->second.second && passes[q].precision == p->precision) serving = q;
+                }
+            }
             for (int q = 0; q < n_passes; q++) {
-                out[(q * n_tokens + t) * n_used + i] = p && q == pass && p->precision != expert_precision::skip ? p->slot : -1;
+                at(q, t, i) = q == serving ? p->slot : (q < n_masked ? 0 : -1);
+                if (q < n_masked) at(n_passes + q, t, i) = q == serving;
             }
             if (!p) continue;
             (p->precision == expert_precision::high ? st.selections_high
              : p->precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
         }
     }
-    st.stall_ms = loads.empty() && claimed.empty() && !waited ? 0.0 : ms_since(t0);
+    st.stall_ms = !any_reads && !waited ? 0.0 : ms_since(t0);
     std::lock_guard<std::mutex> lock(mutex);
     stats[l.il].add(st);
     return true;
 }
 
+std::vector<expert_cache::placement> expert_residency::impl::host_copies(int group, int il,
+                                                                         const std::vector<const expert_cache::placement *> & loads) {
+    std::vector<expert_demand> wanted;
+    for (const auto * p : loads) wanted.emplace_back(p->expert, p->precision);
+    std::vector<expert_cache::placement> placed;
+    try {
+        placed = host_cache->place(group, il, wanted);
+    } catch (const std::exception &) {
+        // too few host slots for this wave's loads: they go straight to the device
+        return std::vector<expert_cache::placement>(loads.size(), expert_cache::placement{ -1, expert_precision::skip, -1, false });
+    }
+    std::unordered_map<int, const expert_cache::placement *> by_expert;
+    for (const auto & p : placed) by_expert[p.expert] = &p;
+    std::vector<expert_cache::placement> out;
+    for (const auto * d : loads) {
+        expert_cache::placement h = *by_expert.at(d->expert);
+        // a HIGH copy serving a LOW demand cannot fill a LOW device slot: read that one directly
+        if (h.precision != d->precision) h = { d->expert, expert_precision::skip, -1, false };
+        else host_pins->add({ make_expert_key(il, d->expert), h.precision });
+        out.push_back(h);
+    }
+    return out;
+}
+
 std::vector<expert_read> expert_residency::impl::reads_of(const moe_layer_layout & l, int expert, expert_precision precision,
-                                                          int slot) const {
+                                                          int slot, int host_slot, bool in_host) const {
     const bool low = precision == expert_precision::low;
-    const slot_pool & pl = pool(l.group, precision);
     const expert_store & source = low ? *low_store : store;
     std::vector<expert_read> reads;
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!l.stacked[p]) continue;
-        const uint64_t size = pl.shapes()[p].bytes;
+        const uint64_t size = (slot >= 0 ? pool(l.group, precision) : host_pool(l.group, precision)).shapes()[p].bytes;
         const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
-        reads.push_back({ &source, offset, size, pl.slot_data((expert_projection) p, slot),
+        const auto proj = (expert_projection) p;
+        // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
+        // staging buffer, and from there through the device slot's view (if any)
+        void * dst = host_slot >= 0 ? host_pool(l.group, precision).slot_data(proj, host_slot)
+                                    : pool(l.group, precision).slot_data(proj, slot);
+        reads.push_back({ &source, offset, size, dst,
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
                           std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
-                          pl.repack_view((expert_projection) p, slot) });
+                          slot >= 0 ? pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host });
     }
     return reads;
 }
@@ -412,7 +625,9 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
 
 std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
     const loader_threads::read_result r = loaders.read_all(std::move(reads));
-    st.bytes_read += r.bytes;
+    st.bytes_read += r.moved.bytes_read;
+    st.bytes_uploaded += r.moved.bytes_uploaded;
+    st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
     return r.error;
 }
@@ -420,8 +635,8 @@ std::string expert_residency::impl::read_all(std::vector<expert_read> reads, exp
 // -- the front ------------------------------------------------------------------------------------
 
 expert_residency::expert_residency(llama_model * model, const std::string & path, uint64_t budget_bytes,
-                                   const expert_options & options, bool trace_routing)
-    : impl_(std::make_unique<impl>(model, path, budget_bytes, options, trace_routing)) {}
+                                   const expert_options & options, bool trace_routing, const expert_device_config & device)
+    : impl_(std::make_unique<impl>(model, path, budget_bytes, options, trace_routing, device)) {}
 
 expert_residency::~expert_residency() = default;
 

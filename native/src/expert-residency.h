@@ -5,6 +5,12 @@
 // The parts: expert-layout (where experts are), expert-budget (slots per tier and group),
 // expert-cache (which slot holds what), prefetch-coordinator (pins and reads in flight),
 // routing-recorder (prediction telemetry, traces), moe-hook (how llama.cpp reaches us).
+//
+// With a GPU (modes gpu and coop, HOBBIT sec. 4) the pools are in the device's memory and a host
+// tier of pinned RAM (its own cache, both precisions, LRU) sits between the file and the device.
+// gpu: a device miss is uploaded, from the host tier when there, else read into it first. coop: a
+// device miss is computed on the CPU from its host copy, in passes of their own; the device cache
+// changes only by fill and prefetch.
 #pragma once
 
 #include "expert-options.h"
@@ -19,6 +25,14 @@
 
 struct llama_model;
 
+// Where the experts' memory is: a ggml device for the device pools ("": none, mode cpu) and the
+// host tier's byte budget (0: none; uploads then go through a staging buffer).
+struct expert_device_config {
+    std::string device;
+    uint64_t host_bytes = 0;
+    int n_threads = 1;  // the CPU's threads, for --mode auto's measurement
+};
+
 // What a residency is, once built (the options in effect aside).
 struct expert_residency_info {
     uint64_t budget_bytes = 0, minimum_bytes = 0;
@@ -31,6 +45,10 @@ struct expert_residency_info {
     bool mixed_precision = false;
     std::string low_source;
     int predictor_depth = 0;                  // layers the predictor looks ahead (0: no predictor)
+    std::string device;                       // the device pools' ggml device ("": host memory)
+    uint64_t host_pool_bytes = 0;             // the host tier
+    int host_high_slots = 0, host_low_slots = 0;
+    std::string mode_reason;                  // --mode auto: what it measured and chose
 };
 
 class expert_residency {
@@ -38,10 +56,11 @@ public:
     // Finds model's stacked expert tensors (loaded from path with experts on demand) and, for
     // mixed precision, their LOW copies; sizes and allocates the pools for budget_bytes. With
     // trace_routing the predictor runs even without prefetch, for calibration's traces. Throws
-    // expert_budget_error (the minimum in the message) when the budget is below the minimum,
-    // std::invalid_argument for bad options, std::runtime_error on other failures.
+    // expert_budget_error (the minimum in the message) when the budget is below the minimum or
+    // more than the device has free, std::invalid_argument for bad options, std::runtime_error on
+    // other failures.
     expert_residency(llama_model * model, const std::string & path, uint64_t budget_bytes,
-                     const expert_options & options, bool trace_routing);
+                     const expert_options & options, bool trace_routing, const expert_device_config & device = {});
     ~expert_residency();
 
     // Before the first token: reads HIGH copies into the free slots of the HIGH tier (the LOW tier

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -167,13 +168,18 @@ static void * staging_buffer(uint64_t size) {
     return b.data;
 }
 
-uint64_t expert_read::run() const {
+read_outcome expert_read::run() const {
     try {
-        if (!repack_view) return store->read_range(offset, size, dst);
-        void * staging = staging_buffer(size);
-        const uint64_t n = store->read_range(offset, size, staging);
-        ggml_backend_tensor_set(repack_view, staging, 0, size);
-        return n;
+        read_outcome out;
+        if (!in_dst) out.bytes_read = store->read_range(offset, size, dst ? dst : staging_buffer(size));
+        if (!view) return out;
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_tensor_set(view, dst ? dst : staging_buffer(size), 0, size);
+        if (!ggml_backend_buffer_is_host(view->buffer)) {
+            out.bytes_uploaded = size;
+            out.upload_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+        return out;
     } catch (const std::exception & ex) {
         throw std::runtime_error("cannot read " + what + " (file offset " + std::to_string(offset) + ") from " +
                                  store->path() + ": " + ex.what());

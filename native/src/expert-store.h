@@ -44,16 +44,26 @@ private:
 
 struct ggml_tensor;
 
+// What one expert_read did.
+struct read_outcome {
+    uint64_t bytes_read = 0;      // from storage (with O_DIRECT, the 4 KiB-rounded range)
+    uint64_t bytes_uploaded = 0;  // written into device memory
+    double   upload_ms = 0;
+
+    void add(const read_outcome & o) { bytes_read += o.bytes_read; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; }
+};
+
 // One read of one projection of one expert into its slot.
 struct expert_read {
     const expert_store * store;
     uint64_t offset, size;
-    void * dst;
+    void * dst;        // host memory for the bytes (a host slot); nullptr: a staging buffer
     std::string what;  // for an error message: which expert, projection and layer
-    // a slot of a repacked pool (slot-pool.h): the bytes go through a staging buffer into this view
-    ggml_tensor * repack_view = nullptr;
+    // a slot written through its view (slot-pool.h: repacked, or in a device's memory): the bytes
+    // go from dst (or the staging buffer) into it with ggml_backend_tensor_set
+    ggml_tensor * view = nullptr;
+    bool in_dst = false;  // the bytes are in dst already (a host-tier hit): only the write through view
 
-    // Returns the bytes read from storage; throws std::runtime_error naming what, the file offset
-    // and the file.
-    uint64_t run() const;
+    // Throws std::runtime_error naming what, the file offset and the file.
+    read_outcome run() const;
 };

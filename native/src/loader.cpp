@@ -64,13 +64,13 @@ loader_threads::read_result loader_threads::read_all(std::vector<expert_read> re
     });
     const int n = std::min<int>(n_threads(), (int) reads.size());
     std::atomic<size_t> next{0};
-    std::vector<uint64_t> bytes(n, 0);
+    std::vector<read_outcome> moved(n);
     std::vector<std::string> errors(n);
     const auto t0 = std::chrono::steady_clock::now();
     run(n, [&](int t) {
         for (size_t j; (j = next.fetch_add(1)) < reads.size();) {
             try {
-                bytes[t] += reads[j].run();
+                moved[t].add(reads[j].run());
             } catch (const std::exception & ex) {
                 errors[t] = ex.what();
                 next = reads.size();  // the others stop too
@@ -82,7 +82,7 @@ loader_threads::read_result loader_threads::read_all(std::vector<expert_read> re
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (int t = 0; t < n; t++) {
         if (out.error.empty()) out.error = errors[t];
-        out.bytes += bytes[t];
+        out.moved.add(moved[t]);
     }
     return out;
 }

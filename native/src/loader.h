@@ -24,9 +24,9 @@ public:
 
     int n_threads() const { return (int) workers_.size() + 1; }
 
-    // What one batch of reads did: bytes from storage, wall time, the first error ("" if none).
+    // What one batch of reads did: bytes from storage and uploaded, wall time, the first error ("" if none).
     struct read_result {
-        uint64_t bytes = 0;
+        read_outcome moved;
         double ms = 0;
         std::string error;
     };

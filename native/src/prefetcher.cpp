@@ -93,7 +93,7 @@ void prefetcher::thread_main() {
             if (reading_++ == 0) busy_since_ = t0;
             lock.unlock();
             try {
-                job->bytes += r.run();
+                job->moved.add(r.run());
             } catch (const std::exception & ex) {
                 job->error = ex.what();
             }

@@ -25,7 +25,7 @@ struct prefetch_job {
     expert_precision precision;
     std::vector<expert_read> reads;
     // filled by whoever ran it
-    uint64_t bytes = 0;
+    read_outcome moved;
     double ms = 0;
     std::string error;
 };

@@ -36,16 +36,18 @@ static bool repacks(ggml_backend_buffer_type_t repack, const ggml_tensor * t) {
     return copy.extra != nullptr;
 }
 
-slot_pool::slot_pool(const expert_shapes & shapes, int n_slots) : shapes_(shapes), n_slots_(n_slots) {
-    // the pools, and a view of every slot of the repacked ones
+slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft)
+    : shapes_(shapes), n_slots_(n_slots) {
+    // the pools, and a view of every slot of those written through views
     ggml_init_params params = { ggml_tensor_overhead() * PROJ_COUNT * (2 + (size_t) n_slots) + 1024, nullptr, /*no_alloc*/ true };
     ctx_ = ggml_init(params);
     if (!ctx_) throw std::runtime_error("slot pool: ggml_init failed");
     static const char * names[PROJ_COUNT] = { "edgemoe_pool_up", "edgemoe_pool_gate", "edgemoe_pool_down", "edgemoe_pool_gate_up" };
-    ggml_backend_buffer_type_t repack = cpu_repack_buffer_type();
+    ggml_backend_buffer_type_t repack = buft ? nullptr : cpu_repack_buffer_type();
     // every plain projection's pool starts on a page: O_DIRECT reads of page-multiple experts then
     // go straight into their slots (expert_store::read_range)
-    auto page_round = [](uint64_t n) { return (n + kPageBytes - 1) / kPageBytes * kPageBytes; };
+    const uint64_t align = std::max<uint64_t>(kPageBytes, buft ? ggml_backend_buft_get_alignment(buft) : 0);
+    auto round_up = [&](uint64_t n) { return (n + align - 1) / align * align; };
     uint64_t total = 0;
     std::array<uint64_t, PROJ_COUNT> offset{};
     std::array<bool, PROJ_COUNT> repacked{};
@@ -65,26 +67,44 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots) : shapes_(shapes
         }
         if (repacked[p]) continue;
         offset[p] = total;
-        total += page_round(ggml_nbytes(tensors_[p]));
+        total += round_up(ggml_nbytes(tensors_[p]));
     }
     auto fail = [&]() {
+        const uint64_t want = bytes();
         free_all();
-        throw std::runtime_error("slot pool: cannot allocate " + std::to_string(bytes()) + " bytes for " +
-                                 std::to_string(n_slots) + " expert slots");
+        throw std::runtime_error("slot pool: cannot allocate " + std::to_string(want) + " bytes for " +
+                                 std::to_string(n_slots) + " expert slots" +
+                                 (buft ? std::string(" in ") + ggml_backend_buft_name(buft) : std::string()));
     };
     if (total > 0) {
-        if (posix_memalign(&host_, kPageBytes, total) != 0) {
-            host_ = nullptr;
-            fail();
+        if (buft) {
+            buffer_ = ggml_backend_buft_alloc_buffer(buft, total);
+            if (!buffer_) fail();
+            ggml_backend_buffer_clear(buffer_, 0);  // a masked row may read any slot (moe hook)
+            on_device_ = !ggml_backend_buffer_is_host(buffer_);
+        } else {
+            if (posix_memalign(&host_, kPageBytes, total) != 0) {
+                host_ = nullptr;
+                fail();
+            }
+            buffer_ = ggml_backend_cpu_buffer_from_ptr(host_, total);
         }
-        buffer_ = ggml_backend_cpu_buffer_from_ptr(host_, total);
         // the scheduler treats the pools like model weights (never as compute scratch)
         ggml_backend_buffer_set_usage(buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }
+    auto add_slot_views = [&](int p) {
+        const ggml_tensor * t = tensors_[p];
+        for (int s = 0; s < n_slots; s++) {
+            ggml_tensor * view = ggml_view_3d(ctx_, tensors_[p], t->ne[0], t->ne[1], 1, t->nb[1], t->nb[2], (size_t) s * t->nb[2]);
+            ggml_backend_view_init(view);  // repacked: attaches the repacked kernels to the view, as to the pool
+            slot_views_[p].push_back(view);
+        }
+    };
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!tensors_[p]) continue;
         if (!repacked[p]) {
-            ggml_backend_tensor_alloc(buffer_, tensors_[p], (char *) host_ + offset[p]);
+            ggml_backend_tensor_alloc(buffer_, tensors_[p], (char *) ggml_backend_buffer_get_base(buffer_) + offset[p]);
+            if (on_device_) add_slot_views(p);
             continue;
         }
         ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(repack, ggml_nbytes(tensors_[p]));
@@ -92,19 +112,14 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots) : shapes_(shapes
         repack_buffers_.push_back(buffer);
         ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         ggml_backend_tensor_alloc(buffer, tensors_[p], ggml_backend_buffer_get_base(buffer));
-        const ggml_tensor * t = tensors_[p];
-        for (int s = 0; s < n_slots; s++) {
-            ggml_tensor * view = ggml_view_3d(ctx_, tensors_[p], t->ne[0], t->ne[1], 1, t->nb[1], t->nb[2], (size_t) s * t->nb[2]);
-            ggml_backend_view_init(view);  // attaches the repacked kernels to the view, as to the pool
-            repack_views_[p].push_back(view);
-        }
+        add_slot_views(p);
     }
 }
 
 void slot_pool::free_all() {
     for (ggml_backend_buffer_t b : repack_buffers_) ggml_backend_buffer_free(b);
     repack_buffers_.clear();
-    if (buffer_) ggml_backend_buffer_free(buffer_);  // does not own host_
+    if (buffer_) ggml_backend_buffer_free(buffer_);  // does not own host_ (buft null)
     buffer_ = nullptr;
     free(host_);
     host_ = nullptr;
@@ -115,9 +130,10 @@ void slot_pool::free_all() {
 slot_pool::~slot_pool() { free_all(); }
 
 void * slot_pool::slot_data(expert_projection p, int slot) const {
+    if (!slot_views_[p].empty()) return nullptr;
     return (char *) tensors_[p]->data + (size_t) slot * tensors_[p]->nb[2];
 }
 
-ggml_tensor * slot_pool::repack_view(expert_projection p, int slot) const {
-    return repack_views_[p].empty() ? nullptr : repack_views_[p][slot];
+ggml_tensor * slot_pool::slot_view(expert_projection p, int slot) const {
+    return slot_views_[p].empty() ? nullptr : slot_views_[p][slot];
 }

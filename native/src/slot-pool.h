@@ -4,10 +4,12 @@
 // projection's pool. ggml_mul_mat_id multiplies
 // over the pools with slot ids exactly as it would over the stacked expert tensors.
 //
-// Where llama.cpp would repack a resident expert tensor (its CPU_REPACK buffer type: Q4_0, Q4_K,
-// IQ4_NL, MXFP4 on x86 AVX2), that projection's pool lives in a CPU_REPACK buffer too, so the
-// same repacked kernels compute and the result is bit-identical to the resident model. Such a
-// slot is written through its view (repack_view), which converts the file's layout.
+// Host pools (the default): where llama.cpp would repack a resident expert tensor (its CPU_REPACK
+// buffer type: Q4_0, Q4_K, IQ4_NL, MXFP4 on x86 AVX2), that projection's pool lives in a
+// CPU_REPACK buffer too, so the same repacked kernels compute and the result is bit-identical to
+// the resident model. Such a slot is written through its view (slot_view), which converts the
+// file's layout. Pools in another buffer type: a GPU's memory (written through slot views with
+// ggml_backend_tensor_set, i.e. uploaded) or its pinned host memory (plain, CPU-addressable).
 #pragma once
 
 #include "expert-format.h"
@@ -36,8 +38,9 @@ uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of o
 
 class slot_pool {
 public:
-    // Allocates the pools in page-aligned host memory. Throws std::runtime_error on failure.
-    slot_pool(const expert_shapes & shapes, int n_slots);
+    // Allocates the pools in page-aligned host memory (buft null) or in a buffer of buft (every
+    // slot zeroed). Throws std::runtime_error on failure.
+    slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft = nullptr);
     ~slot_pool();
     slot_pool(const slot_pool &) = delete;
     slot_pool & operator=(const slot_pool &) = delete;
@@ -47,19 +50,23 @@ public:
     const expert_shapes & shapes() const { return shapes_; }
 
     ggml_tensor * tensor(expert_projection p) const { return tensors_[p]; }
+    // the slot's bytes in host memory; nullptr where they are written through slot_view
     void * slot_data(expert_projection p, int slot) const;
-    // a repacked projection: the slot's view, to be written whole with ggml_backend_tensor_set
-    // (the file's layout in, the repacked one stored); nullptr for a plain projection
-    ggml_tensor * repack_view(expert_projection p, int slot) const;
+    // a repacked or device projection: the slot's view, to be written whole with
+    // ggml_backend_tensor_set (repacked: the file's layout in, the repacked one stored); nullptr
+    // for a plain host projection
+    ggml_tensor * slot_view(expert_projection p, int slot) const;
+    bool on_device() const { return on_device_; }  // in memory the CPU cannot address
 
 private:
     expert_shapes shapes_;
     int n_slots_;
     ggml_context * ctx_ = nullptr;
-    void * host_ = nullptr;  // the plain pools' memory, wrapped by buffer_
-    ggml_backend_buffer_t buffer_ = nullptr;
+    void * host_ = nullptr;  // the plain pools' memory, wrapped by buffer_ (buft null)
+    ggml_backend_buffer_t buffer_ = nullptr;  // the plain pools
     std::vector<ggml_backend_buffer_t> repack_buffers_;  // one per repacked projection
-    std::array<std::vector<ggml_tensor *>, PROJ_COUNT> repack_views_;
+    std::array<std::vector<ggml_tensor *>, PROJ_COUNT> slot_views_;
+    bool on_device_ = false;
 
     void free_all();
 

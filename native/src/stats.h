@@ -17,12 +17,20 @@ struct expert_layer_stats {
     uint64_t bytes_read  = 0;  // bytes read from storage (after rounding out for O_DIRECT)
     double   load_ms     = 0;  // wall time with this layer's reads in flight
     double   stall_ms    = 0;  // wall time the compute waited for this layer's loads
+    // the device tier (gpu and coop modes): misses served by the host tier or read into it,
+    // experts uploaded to the device, and (coop) experts computed on the CPU from the host tier
+    uint64_t host_hits = 0, host_loads = 0;
+    uint64_t uploads = 0, bytes_uploaded = 0;
+    double   upload_ms   = 0;  // summed over the uploads (several run at once)
+    uint64_t cpu_experts = 0;
 
     void add(const expert_layer_stats & o) {
         requests += o.requests; hits += o.hits; misses += o.misses; skipped += o.skipped;
         hits_high += o.hits_high; hits_low += o.hits_low; loads_high += o.loads_high; loads_low += o.loads_low;
         selections_high += o.selections_high; selections_low += o.selections_low; selections_skip += o.selections_skip;
         bytes_read += o.bytes_read; load_ms += o.load_ms; stall_ms += o.stall_ms;
+        host_hits += o.host_hits; host_loads += o.host_loads;
+        uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
     }
 };
 
@@ -42,8 +50,9 @@ struct expert_prediction_stats {
 // What prefetching did, per target layer: experts read ahead of use, and whether they were used
 // before being evicted.
 struct expert_prefetch_stats {
-    uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0;
-    double   load_ms = 0;  // summed over the jobs (several run at once: see prefetcher::busy_ms)
+    uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0, bytes_uploaded = 0;
+    double   load_ms = 0;    // summed over the jobs (several run at once: see prefetcher::busy_ms)
+    double   upload_ms = 0;  // of those, uploading to the device
 };
 
 // The routing of MoE layers, for calibration: one record per (token, layer): the ubatch's index,

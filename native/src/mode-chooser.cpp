@@ -1,0 +1,88 @@
+#include "mode-chooser.h"
+
+#include "slot-pool.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+namespace {
+
+constexpr int kRepeats = 3;  // the best of these
+
+double best_seconds(const std::function<void()> & fn) {
+    double best = 1e30;
+    for (int i = 0; i < kRepeats; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return std::max(best, 1e-9);
+}
+
+// the largest projection present: the rates of small ones are dominated by fixed costs
+int largest_projection(const slot_pool & pool) {
+    int best = -1;
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (pool.shapes()[p].present && (best < 0 || pool.shapes()[p].bytes > pool.shapes()[best].bytes)) best = p;
+    }
+    return best;
+}
+
+double upload_gbps(const slot_pool & device) {
+    const int p = largest_projection(device);
+    const uint64_t bytes = device.shapes()[p].bytes;
+    std::vector<char> zeros(bytes, 0);
+    ggml_tensor * slot = device.slot_view((expert_projection) p, 0);
+    return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, zeros.data(), 0, bytes); }) / 1e9;
+}
+
+double cpu_gbps(const slot_pool & host, int n_threads) {
+    const int p = largest_projection(host);
+    const ggml_tensor * pool = host.tensor((expert_projection) p);
+    ggml_init_params params = { ggml_tensor_overhead() * 4 + ggml_graph_overhead() + 1024, nullptr, /*no_alloc*/ true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * w = ggml_view_2d(ctx, const_cast<ggml_tensor *>(pool), pool->ne[0], pool->ne[1], pool->nb[1], 0);
+    ggml_tensor * x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, pool->ne[0]);
+    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    ggml_cgraph * graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, y);
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(cpu, n_threads);
+    ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    double gbps = 0;
+    if (buffer) {  // x and y (w, a view of the host pool, is initialized by the allocation)
+        ggml_backend_buffer_clear(buffer, 0);
+        ggml_backend_graph_compute(cpu, graph);  // warm-up
+        gbps = host.shapes()[p].bytes / best_seconds([&] { ggml_backend_graph_compute(cpu, graph); }) / 1e9;
+        ggml_backend_buffer_free(buffer);
+    }
+    ggml_backend_free(cpu);
+    ggml_free(ctx);
+    return gbps;
+}
+
+}  // namespace
+
+mode_choice choose_mode(const slot_pool & device, const slot_pool * host, int n_threads) {
+    mode_choice c;
+    c.upload_gbps = upload_gbps(device);
+    char line[256];
+    if (!host) {
+        snprintf(line, sizeof(line), "--mode auto chose gpu: no host tier for the CPU to compute misses from (uploads %.2f GB/s)",
+                 c.upload_gbps);
+        c.reason = line;
+        return c;
+    }
+    c.cpu_gbps = cpu_gbps(*host, n_threads);
+    c.mode = c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
+    snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
+             name_of(c.mode), c.upload_gbps, c.cpu_gbps);
+    c.reason = line;
+    return c;
+}
