@@ -15,7 +15,7 @@ export CMAKE_ARGS
 # ccache (when installed) keeps rebuilds of llama.cpp cheap.
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
-.PHONY: setup setup-test native test test-fast demo bench clean vulkan-deps
+.PHONY: setup setup-test native native-vulkan test test-fast test-device demo bench clean vulkan-deps
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -47,12 +47,30 @@ $(VENV)/.test-deps-done: $(VENV)/.setup-done pyproject.toml
 
 setup-test: $(VENV)/.test-deps-done
 
+# The Vulkan variant of the native module, built beside the installed one (same sources, plus
+# ggml's Vulkan backend). make test runs the device tests (tests/device) with it on Mesa's
+# lavapipe, a Vulkan device on the CPU (docs/gpu.md).
+VULKAN_NATIVE_DIR := build/vulkan-native
+DEVICE_TEST_ENV = PYEDGEMOE_NATIVE=$$(ls $(VULKAN_NATIVE_DIR)/_native*.so) PYEDGEMOE_REQUIRE_GPU=1 \
+                  GGML_VK_VISIBLE_DEVICES=0 XDG_RUNTIME_DIR=$(CURDIR)/build/xdg
+
+native-vulkan: vulkan-deps setup
+	$(VENV)/bin/cmake -S native -B $(VULKAN_NATIVE_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	  -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE) \
+	  -DPython_EXECUTABLE=$(CURDIR)/$(PY) >/dev/null
+	$(VENV)/bin/cmake --build $(VULKAN_NATIVE_DIR) --target _native
+
+test-device: setup-test native-vulkan
+	mkdir -p build/xdg && chmod 700 build/xdg
+	$(DEVICE_TEST_ENV) $(PY) -m pytest -q tests/device
+
 test: setup-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/device
+	$(MAKE) test-device
 
 # The same without the tests marked slow (more than ~5 s each on 2 cores).
 test-fast: setup-test
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/device
 
 demo: setup
 	$(PY) scripts/demo.py

@@ -67,6 +67,12 @@ def print_stats(stats: dict) -> None:
                    f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW "
                    f"(LOW {format_bytes(experts['low_pool_bytes'])} cache); miss penalty {summary['miss_penalty']:.1f}",
                    err=True)
+    if experts["device"]:
+        t = experts["total"]
+        typer.echo(f"device {experts['device']} ({experts['mode']}): host tier {format_bytes(experts['host_pool_bytes'])}, "
+                   f"{t['host_hits']} host hits, {t['host_loads']} read into it; {t['uploads']} experts uploaded "
+                   f"({format_bytes(t['bytes_uploaded'])} in {t['upload_ms'] / 1000:.3f} s); "
+                   f"{t['cpu_experts']} computed on the CPU", err=True)
     prediction = ", ".join(f"{p['depth']} ahead {p['top1_accuracy']:.0%} top-1 / {p['recall']:.0%} of top-k"
                            for p in experts["prediction"] if p["tokens"])
     if prediction:

@@ -1,5 +1,5 @@
 """The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`--expert-cache`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
+`--expert-cache`, `--device`, `--host-cache`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
 pyedgemoe.expert_options.OPTION_NAMES with dashes, their help and defaults from the native schema)
 and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
 of Engine keyword arguments; a bad value is one `error:` line."""
@@ -20,6 +20,13 @@ _ENGINE_OPTIONS = (
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
                                        help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto"),
      "expert_cache"),
+    ("device", Optional[str], typer.Option(None, "--device",
+                                           help="the GPU by ggml's name, e.g. Vulkan0, CUDA0 (default: the first)"),
+     "device"),
+    ("host_cache", str, typer.Option("auto", "--host-cache",
+                                     help="with a GPU: pinned RAM for experts between the file and the GPU: "
+                                          "8GiB, 50% (of expert bytes), 0 or auto"),
+     "host_cache"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log"), "verbose"),
 )
 

@@ -36,7 +36,8 @@ def choose_device(mode: str, name: str | None) -> dict | None:
     """The GPU of a gpu/coop/auto mode (--device NAME, default the first), None for cpu."""
     if mode == "cpu":
         if name:
-            raise InvalidOptionError(f"--device {name} needs --mode gpu, coop or auto")
+            raise InvalidOptionError(f"--device {name} needs --mode gpu, coop or auto" if gpu_devices() else
+                                     f"--device {name} needs a GPU backend and this build has none: {BUILD_HINT}")
         return None
     gpus = gpu_devices()
     if not name:

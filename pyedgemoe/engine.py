@@ -545,12 +545,14 @@ class Engine:
         """Counters since the Engine was created: tokens and time spent in prefill and decode.
         With an expert cache, "experts" holds its settings and per-layer and total counters."""
         out = {
+            "mode": self.mode, "device": self.device["name"] if self.device else None,
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},
             "totals": self._totals.to_dict(),
             "last": self.last_timings.to_dict(),
         }
+        out["memory"] = self._live().memory_breakdown()
         if self.expert_residency is not None:
             experts = {**self.expert_residency, **self._model.expert_stats()}
             out["experts"] = {**experts, "summary": _expert_summary(experts)}

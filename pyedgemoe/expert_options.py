@@ -48,6 +48,7 @@ AUTOMATIC = {
     "skip": "with low precision",
     "t1": f"calibrated, else {default('t1')}",
     "t2": f"calibrated, else {default('t2')}",
+    "mode": "auto with a GPU, else cpu",
 }
 
 

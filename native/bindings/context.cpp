@@ -2,6 +2,7 @@
 #include "native.h"
 
 #include "llama.h"
+#include "llama-ext.h"
 #include "../src/expert-residency.h"
 
 #include <nanobind/ndarray.h>
@@ -102,6 +103,20 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
     return Logits(out, {n_rows, (size_t) self.n_vocab}, owner);
 }
 
+// llama.cpp's own account of its buffers, per buffer type (e.g. "Vulkan0", "CPU")
+std::vector<nb::dict> memory_breakdown(const Context & c) {
+    std::vector<nb::dict> out;
+    for (const auto & [buft, data] : llama_get_memory_breakdown(c.ctx)) {
+        nb::dict d;
+        d["buffer_type"] = ggml_backend_buft_name(buft);
+        d["model"] = data.model;
+        d["context"] = data.context;
+        d["compute"] = data.compute;
+        out.push_back(d);
+    }
+    return out;
+}
+
 }  // namespace
 
 void register_context(nb::module_ & m) {
@@ -122,5 +137,8 @@ void register_context(nb::module_ & m) {
              }, nb::arg("pos"), "Drop positions >= pos of sequence 0.")
         .def_prop_ro("n_ctx", [](const Context & c) { return llama_n_ctx(c.ctx); })
         .def_prop_ro("n_batch", [](const Context & c) { return llama_n_batch(c.ctx); })
-        .def_prop_ro("n_vocab", [](const Context & c) { return c.n_vocab; });
+        .def_prop_ro("n_vocab", [](const Context & c) { return c.n_vocab; })
+        .def("memory_breakdown", &memory_breakdown,
+             "What llama.cpp allocated per buffer type (model weights, context, compute buffers), in bytes; "
+             "the expert cache's pools are not in it (expert_residency_info has them).");
 }

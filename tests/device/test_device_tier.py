@@ -1,0 +1,130 @@
+"""The device tier (docs/gpu.md) on a real ggml GPU backend: in CI the Vulkan variant on Mesa's
+lavapipe, a Vulkan device with its own memory and kernels on the CPU.
+
+Lossless with low precision off: gpu (misses uploaded) and coop (misses computed on the CPU from
+the host tier) at device budgets of 50 %, 25 % and the minimum give the greedy tokens of the run
+with every expert resident on the device, and logits within 1e-3 of the CPU's. The counters show
+what really happened (bytes uploaded, experts computed on the CPU), and the memory llama.cpp and
+the pools allocate stays within the budgets."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import MOE_ARCHITECTURES
+from pyedgemoe import Engine
+from pyedgemoe.devices import gpu_devices
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.model_info import read_model_info
+
+SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
+IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
+N_GREEDY = 32
+
+
+def minimum_budget(path) -> int:
+    info = read_model_info(path)
+    return info.n_experts_used * max(info.expert_bytes_per_layer.values()) // info.n_experts
+
+
+def run(path, **options) -> tuple:
+    """(logits of IDS, greedy tokens after IDS[:8], stats)"""
+    with Engine(path, **SETTINGS, **options) as eng:
+        logits = eng.logits(IDS)
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        return logits, tokens, eng.stats()
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model):
+    """Per architecture: (the run with every expert resident on the device, the CPU's logits)."""
+    cache = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            path = tiny_model(arch)[0]
+            resident = run(path, mode="gpu")
+            assert "experts" not in resident[2]  # all resident: no expert cache
+            cache[arch] = (resident, run(path, mode="cpu")[0])
+        return cache[arch]
+    return get
+
+
+@pytest.mark.parametrize("budget", ["50%", "25%", "minimum"])
+@pytest.mark.parametrize("mode", ["gpu", "coop"])
+@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
+def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
+    path = tiny_model(arch)[0]
+    (resident_logits, resident_tokens, _), cpu_logits = references(arch)
+    logits, tokens, stats = run(path, mode=mode, expert_cache=minimum_budget(path) if budget == "minimum" else budget)
+    assert tokens == resident_tokens
+    assert np.abs(logits - cpu_logits).max() < 1e-3
+    assert np.abs(resident_logits - cpu_logits).max() < 1e-3
+
+    experts = stats["experts"]
+    assert experts["device"] == stats["device"] == gpu_devices()[0]["name"]
+    assert experts["mode"] == mode
+    t = experts["total"]
+    assert t["misses"] > 0
+    if mode == "gpu":
+        # every miss is uploaded, its bytes counted; nothing runs on the CPU
+        assert t["uploads"] == t["misses"] and t["cpu_experts"] == 0
+        info = read_model_info(path)
+        per_expert = {il: b // info.n_experts for il, b in info.high_expert_bytes_per_layer.items()}
+        assert t["bytes_uploaded"] == sum(c["uploads"] * per_expert[int(il)] for il, c in experts["layers"].items())
+    else:
+        # every miss is computed on the CPU from the host tier; none is uploaded
+        assert t["cpu_experts"] == t["misses"] and t["uploads"] == 0 and t["bytes_uploaded"] == 0
+    assert t["host_hits"] + t["host_loads"] == t["misses"]
+
+
+def test_memory_stays_within_the_budgets(tiny_model):
+    path = tiny_model("qwen3_moe")[0]
+    info = read_model_info(path)
+    budget, host = minimum_budget(path) * 3, minimum_budget(path) * 5
+    with Engine(path, **SETTINGS, mode="gpu", expert_cache=budget, host_cache=host) as eng:
+        eng.logits(IDS)
+        stats = eng.stats()
+    experts = stats["experts"]
+    assert experts["pool_bytes"] <= budget and experts["host_pool_bytes"] <= host
+    device = {m["buffer_type"]: m for m in stats["memory"]}[stats["device"]]
+    # the model's device weights are the non-expert ones (the experts stay in the file)
+    assert 0 < device["model"] <= info.non_expert_bytes
+
+
+def test_a_gpu_run_without_a_host_tier_uploads_through_staging(tiny_model, references):
+    path = tiny_model("olmoe")[0]
+    _, tokens, stats = run(path, mode="gpu", expert_cache="25%", host_cache=0)
+    assert tokens == references("olmoe")[0][1]
+    t = stats["experts"]["total"]
+    assert stats["experts"]["host_pool_bytes"] == 0 and t["host_hits"] + t["host_loads"] == 0
+    assert t["bytes_uploaded"] > 0
+
+
+def test_coop_needs_a_host_tier(tiny_model):
+    with pytest.raises(InvalidOptionError, match="host-cache"):
+        Engine(tiny_model("olmoe")[0], **SETTINGS, mode="coop", expert_cache="25%", host_cache=0)
+
+
+def test_auto_mode_measures_and_says_which(tiny_model, capfd):
+    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="auto", expert_cache="25%") as eng:
+        mode = eng.stats()["experts"]["mode"]
+    assert mode in ("gpu", "coop")
+    assert f"--mode auto chose {mode}: uploads" in capfd.readouterr().err
+
+
+def test_a_budget_beyond_the_devices_free_memory_is_a_clear_error(tiny_model):
+    free = gpu_devices()[0]["free_bytes"]
+    with pytest.raises(InvalidOptionError, match=rf"does not fit in .*free memory: {free} bytes"):
+        Engine(tiny_model("olmoe")[0], **SETTINGS, mode="gpu", expert_cache=free + 1)
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop"])
+def test_mixed_precision_and_prefetch_run_on_the_device(tiny_model, tmp_path, mode):
+    from pyedgemoe.convert import convert
+
+    path = convert(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
+    _, tokens, stats = run(path, mode=mode, expert_cache="40%", prefetch="hobbit", skip=False, t1=0.0, t2=1.0)
+    assert len(tokens) == N_GREEDY
+    t, p = stats["experts"]["total"], stats["experts"]["prefetches"]
+    assert t["selections_low"] > 0 and p["issued"] > 0
