@@ -3,19 +3,28 @@ lavapipe, a Vulkan device with its own memory and kernels on the CPU.
 
 Lossless with low precision off: gpu (misses uploaded) and coop (misses computed on the CPU from
 the host tier) at device budgets of 50 %, 25 % and the minimum give the greedy tokens of the run
-with every expert resident on the device, and logits within 1e-3 of the CPU's. The counters show
+with every expert resident on the device (gpu: bit-identical logits; coop: the CPU computes the
+misses, so its logits lie within the two backends' own difference). The counters show
 what really happened (bytes uploaded, experts computed on the CPU), and the memory llama.cpp and
 the pools allocate stays within the budgets."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+import tiny_moe  # scripts/, on the path by tests/conftest.py
 
-from conftest import MOE_ARCHITECTURES
 from pyedgemoe import Engine
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import read_model_info
+
+MOE_ARCHITECTURES = tiny_moe.MOE_ARCHITECTURES
+# make test runs these with the Vulkan variant on lavapipe and PYEDGEMOE_REQUIRE_GPU=1 (a build
+# without a GPU is then a failure); elsewhere a build without a GPU skips them
+if not gpu_devices() and os.environ.get("PYEDGEMOE_REQUIRE_GPU") != "1":
+    pytest.skip("no GPU device in this build (make test runs these with the Vulkan variant)", allow_module_level=True)
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
@@ -58,8 +67,14 @@ def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
     (resident_logits, resident_tokens, _), cpu_logits = references(arch)
     logits, tokens, stats = run(path, mode=mode, expert_cache=minimum_budget(path) if budget == "minimum" else budget)
     assert tokens == resident_tokens
-    assert np.abs(logits - cpu_logits).max() < 1e-3
-    assert np.abs(resident_logits - cpu_logits).max() < 1e-3
+    # how far the device backend's own arithmetic is from the CPU's in the resident run (stock
+    # llama.cpp on lavapipe: up to 1.4e-2 on these models, docs/gpu.md)
+    backend = np.abs(resident_logits - cpu_logits).max()
+    assert backend < 2e-2
+    if mode == "gpu":  # the same kernels over the same bytes, masked rows removed exactly
+        assert np.array_equal(logits, resident_logits)
+    else:  # the misses' rows by the CPU's kernels, the rest by the device's: a mix of the two
+        assert max(np.abs(logits - resident_logits).max(), np.abs(logits - cpu_logits).max()) <= 2 * backend
 
     experts = stats["experts"]
     assert experts["device"] == stats["device"] == gpu_devices()[0]["name"]
