@@ -8,14 +8,12 @@ PIP     := $(PY) -m pip
 # `make setup GGML_CUDA=1 [CUDA_ARCH=90]` (CUDA 13.0's nvcc, one architecture).
 CUDA_ARCH ?= 89
 VULKAN_INCLUDE := $(CURDIR)/native/vendor/vulkan/usr/include
-CMAKE_ARGS ?= $(if $(GGML_CUDA),-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) \
-                -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc,) \
-              $(if $(GGML_VULKAN),-DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE),)
+CMAKE_ARGS ?= $(if $(GGML_CUDA),$(CUDA_FLAGS),) $(if $(GGML_VULKAN),$(VULKAN_FLAGS),)
 export CMAKE_ARGS
 # ccache (when installed) keeps rebuilds of llama.cpp cheap.
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
-.PHONY: setup setup-test native native-vulkan test test-fast test-device demo bench clean vulkan-deps
+.PHONY: setup setup-test native native-vulkan native-cuda test test-fast test-device demo bench clean vulkan-deps
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -47,18 +45,26 @@ $(VENV)/.test-deps-done: $(VENV)/.setup-done pyproject.toml
 
 setup-test: $(VENV)/.test-deps-done
 
-# The Vulkan variant of the native module, built beside the installed one (same sources, plus
-# ggml's Vulkan backend). make test runs the device tests (tests/device) with it on Mesa's
-# lavapipe, a Vulkan device on the CPU (docs/gpu.md).
-VULKAN_NATIVE_DIR := build/vulkan-native
-DEVICE_TEST_ENV = PYEDGEMOE_NATIVE=$$(ls $(VULKAN_NATIVE_DIR)/_native*.so) PYEDGEMOE_REQUIRE_GPU=1 \
+# GPU variants of the native module, built beside the installed one (same sources, plus one of
+# ggml's GPU backends) into build/<variant>-native; PYEDGEMOE_NATIVE=<its .so> makes pyedgemoe use
+# it. make test runs the device tests (tests/device) with the Vulkan variant on Mesa's lavapipe,
+# a Vulkan device on the CPU (docs/gpu.md).
+VULKAN_FLAGS := -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE)
+CUDA_FLAGS   := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc
+define build_variant
+	$(VENV)/bin/cmake -S native -B build/$(1)-native -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	  -DCMAKE_BUILD_TYPE=Release $(2) -DPython_EXECUTABLE=$(CURDIR)/$(PY) >/dev/null
+	$(VENV)/bin/cmake --build build/$(1)-native --target _native
+endef
+DEVICE_TEST_ENV = PYEDGEMOE_NATIVE=$$(ls build/vulkan-native/_native*.so) PYEDGEMOE_REQUIRE_GPU=1 \
                   GGML_VK_VISIBLE_DEVICES=0 XDG_RUNTIME_DIR=$(CURDIR)/build/xdg
 
 native-vulkan: vulkan-deps setup
-	$(VENV)/bin/cmake -S native -B $(VULKAN_NATIVE_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
-	  -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE) \
-	  -DPython_EXECUTABLE=$(CURDIR)/$(PY) >/dev/null
-	$(VENV)/bin/cmake --build $(VULKAN_NATIVE_DIR) --target _native
+	$(call build_variant,vulkan,$(VULKAN_FLAGS))
+
+# Compiles (CUDA 13.0's nvcc, one architecture: CUDA_ARCH); runs where a GPU is lent.
+native-cuda: setup
+	$(call build_variant,cuda,$(CUDA_FLAGS))
 
 test-device: setup-test native-vulkan
 	mkdir -p build/xdg && chmod 700 build/xdg
