@@ -20,7 +20,7 @@ $(VENV)/bin/activate:
 	$(PIP) install --quiet --upgrade pip==26.3
 
 # Build deps, the vendored+patched llama.cpp and our package (editable: a rebuild is `make native`).
-$(VENV)/.setup-done: $(if $(GGML_VULKAN),vulkan-deps) $(VENV)/bin/activate pyproject.toml native/CMakeLists.txt native/fetch_llama.py $(wildcard native/patches/*.patch native/src/* native/bindings/*)
+$(VENV)/.setup-done: $(if $(GGML_VULKAN),vulkan-deps) $(VENV)/bin/activate $(if $(GGML_CUDA),$(CUBLAS)) pyproject.toml native/CMakeLists.txt native/fetch_llama.py $(wildcard native/patches/*.patch native/src/* native/bindings/*)
 	$(PIP) install --quiet scikit-build-core==1.1.2 nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2
 	$(PY) native/fetch_llama.py
 	$(PIP) install --quiet --no-build-isolation -e .
@@ -50,7 +50,13 @@ setup-test: $(VENV)/.test-deps-done
 # it. make test runs the device tests (tests/device) with the Vulkan variant on Mesa's lavapipe,
 # a Vulkan device on the CPU (docs/gpu.md).
 VULKAN_FLAGS := -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$(VULKAN_INCLUDE)
-CUDA_FLAGS   := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc
+# CUDA 13.0 here is nvcc and the runtime without cuBLAS or the driver library: cuBLAS comes from
+# PyPI (nvidia-cublas), and without libcuda.so to link the build leaves out ggml's VMM pool
+# (GGML_CUDA_NO_VMM: the runtime finds the driver itself).
+CUBLAS       := $(CURDIR)/build/cuda-deps/nvidia/cu13
+CUDA_FLAGS   := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc \
+                -DGGML_CUDA_NO_VMM=ON -DCUDA_cublas_LIBRARY=$(CUBLAS)/lib/libcublas.so.13 \
+                -DCUDA_cublasLt_LIBRARY=$(CUBLAS)/lib/libcublasLt.so.13 -DCMAKE_CUDA_FLAGS=-I$(CUBLAS)/include
 define build_variant
 	$(VENV)/bin/cmake -S native -B build/$(1)-native -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
 	  -DCMAKE_BUILD_TYPE=Release $(2) -DPython_EXECUTABLE=$(CURDIR)/$(PY) >/dev/null
@@ -63,8 +69,11 @@ native-vulkan: vulkan-deps setup
 	$(call build_variant,vulkan,$(VULKAN_FLAGS))
 
 # Compiles (CUDA 13.0's nvcc, one architecture: CUDA_ARCH); runs where a GPU is lent.
-native-cuda: setup
+native-cuda: setup $(CUBLAS)
 	$(call build_variant,cuda,$(CUDA_FLAGS))
+
+$(CUBLAS):
+	$(PIP) install --quiet --no-deps --target build/cuda-deps nvidia-cublas==13.0.2.14
 
 test-device: setup-test native-vulkan
 	mkdir -p build/xdg && chmod 700 build/xdg
