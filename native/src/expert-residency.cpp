@@ -4,6 +4,7 @@
 #include "expert-cache.h"
 #include "expert-layout.h"
 #include "expert-store.h"
+#include "host-tier.h"
 #include "layer-planner.h"
 #include "loader.h"
 #include "mode-chooser.h"
@@ -121,25 +122,24 @@ struct expert_residency::impl : moe_pass_builder {
     void forget_cache() {
         coordinator.forget();
         cache.forget_all();
-        if (host_pins) host_pins->forget();
-        if (host_cache) host_cache->forget_all();
+        if (host) {
+            host->pins.forget();
+            host->cache.forget_all();
+        }
     }
     void release_wave() {
         coordinator.release_wave();
-        if (host_pins) host_pins->release();
+        if (host) host->pins.release();
     }
     // slots a wave's distinct experts may take: the device's HIGH slots (coop: and the host tier's)
     int wave_slots(int group) const {
         const int slots = high_pools[group]->n_slots();
-        return options.mode == compute_mode::coop ? std::min(slots, host_budget->high_slots[group]) : slots;
+        return options.mode == compute_mode::coop ? std::min(slots, host->budget.high_slots[group]) : slots;
     }
     void fail(const std::string & why, ggml_tensor * dst);
     void write_unserved(ggml_tensor * dst) const;
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
     const slot_pool & pool(int group, expert_precision p) const { return p == expert_precision::low ? *low_pools[group] : *high_pools[group]; }
-    const slot_pool & host_pool(int group, expert_precision p) const {
-        return p == expert_precision::low ? *host_low_pools[group] : *host_high_pools[group];
-    }
 
     expert_options options;
     expert_layout layout;
@@ -151,10 +151,7 @@ struct expert_residency::impl : moe_pass_builder {
     ggml_backend_dev_t device;                                 // of the pools; nullptr: host memory (mode cpu)
     std::vector<std::unique_ptr<slot_pool>> high_pools, low_pools;  // per group
     expert_cache cache;
-    std::unique_ptr<expert_budget> host_budget;                // the host tier (with a device, if budgeted)
-    std::vector<std::unique_ptr<slot_pool>> host_high_pools, host_low_pools;
-    std::unique_ptr<expert_cache> host_cache;
-    std::unique_ptr<pin_set> host_pins;                        // host copies the running wave reads or computes
+    std::unique_ptr<host_tier> host;                           // with a device, if budgeted
     std::vector<pass_kind> passes;                             // of each wave; device passes first (masked)
     int n_masked = 0;                                          // device passes: masks instead of negative ids
     std::unique_ptr<expert_predictor> predictor;               // with prefetch or tracing
@@ -211,31 +208,13 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], device_buft));
         if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], device_buft));
     }
-    if (device && dc.host_bytes > 0) {
-        try {
-            host_budget = std::make_unique<expert_budget>(layout, dc.host_bytes, o.low_cache);
-        } catch (const expert_budget_error & e) {
-            throw expert_budget_error(std::string("host cache: ") + e.what());
-        }
-        // pinned RAM where the device has it: uploads from it are direct
-        ggml_backend_buffer_type_t host_buft = ggml_backend_dev_host_buffer_type(device);
-        if (!host_buft) host_buft = ggml_backend_cpu_buffer_type();
-        for (size_t g = 0; g < layout.groups.size(); g++) {
-            host_high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, host_budget->high_slots[g], host_buft));
-            if (layout.has_low) {
-                host_low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, host_budget->low_slots[g], host_buft));
-            }
-        }
-        host_cache = std::make_unique<expert_cache>(expert_cache_config{ host_budget->high_slots, host_budget->low_slots,
-            cache_policy_kind::lru, o.policy_weights, /*low_serves_high*/ false, layout.n_layers });
-        host_pins = std::make_unique<pin_set>(*host_cache, true);
-    }
+    if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
     if (options.mode == compute_mode::automatic) {
-        const mode_choice choice = choose_mode(*high_pools[0], host_cache ? host_high_pools[0].get() : nullptr, dc.n_threads);
+        const mode_choice choice = choose_mode(*high_pools[0], host ? host->high_pools[0].get() : nullptr, dc.n_threads);
         options.mode = choice.mode;
         info.mode_reason = choice.reason;
     }
-    if (options.mode == compute_mode::coop && !host_cache) {
+    if (options.mode == compute_mode::coop && !host) {
         throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
     }
     passes.push_back({ false, expert_precision::high });
@@ -263,8 +242,11 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.minimum_bytes = budget.minimum_bytes;
     for (const auto & p : high_pools) { info.high_pool_bytes += p->bytes(); info.high_slots += p->n_slots(); }
     for (const auto & p : low_pools) { info.low_pool_bytes += p->bytes(); info.low_slots += p->n_slots(); }
-    for (const auto & p : host_high_pools) { info.host_pool_bytes += p->bytes(); info.host_high_slots += p->n_slots(); }
-    for (const auto & p : host_low_pools) { info.host_pool_bytes += p->bytes(); info.host_low_slots += p->n_slots(); }
+    if (host) {
+        info.host_pool_bytes = host->bytes();
+        for (const auto & p : host->high_pools) info.host_high_slots += p->n_slots();
+        for (const auto & p : host->low_pools) info.host_low_slots += p->n_slots();
+    }
     info.device = device ? ggml_backend_dev_name(device) : "";
     info.expert_bytes = layout.high_bytes;
     info.low_expert_bytes = layout.low_bytes;
@@ -337,7 +319,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         }
     }
     const pass_kind kind = passes[index];
-    const slot_pool & pl = kind.host ? host_pool(l.group, kind.precision) : pool(l.group, kind.precision);
+    const slot_pool & pl = kind.host ? host->pool(l.group, kind.precision) : pool(l.group, kind.precision);
     ggml_tensor * swapped[PROJ_COUNT] = {};
     for (int q = 0; q < PROJ_COUNT; q++) {
         if (l.stacked[q]) swapped[q] = pl.tensor((expert_projection) q);
@@ -449,7 +431,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     }
     if (!on_cpu.empty()) {
         try {
-            on_host = host_cache->place(l.group, l.il, on_cpu);
+            on_host = host->cache.place(l.group, l.il, on_cpu);
         } catch (const std::exception & ex) {
             fail(std::string("host cache: ") + ex.what(), dst);
             return false;
@@ -475,7 +457,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     }
     // the device's loads: through the host tier when there is one (its copy, or read into it)
     std::vector<expert_read> reads;
-    const std::vector<expert_cache::placement> from_host = host_cache ? host_copies(l.group, l.il, loads) : std::vector<expert_cache::placement>();
+    const std::vector<expert_cache::placement> from_host = host ? host_copies(l.group, l.il, loads) : std::vector<expert_cache::placement>();
     for (size_t j = 0; j < loads.size(); j++) {
         const auto & p = *loads[j];
         const int host_slot = from_host.empty() ? -1 : from_host[j].slot;
@@ -488,7 +470,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     // coop: the CPU's experts, read into the host tier where missing
     for (const auto & p : on_host) {
         where[p.expert] = { &p, true };
-        host_pins->add({ make_expert_key(l.il, p.expert), p.precision });
+        host->pins.add({ make_expert_key(l.il, p.expert), p.precision });
         st.cpu_experts++;
         if (!p.load) { st.host_hits++; continue; }
         st.host_loads++;
@@ -549,7 +531,7 @@ std::vector<expert_cache::placement> expert_residency::impl::host_copies(int gro
     for (const auto * p : loads) wanted.emplace_back(p->expert, p->precision);
     std::vector<expert_cache::placement> placed;
     try {
-        placed = host_cache->place(group, il, wanted);
+        placed = host->cache.place(group, il, wanted);
     } catch (const std::exception &) {
         // too few host slots for this wave's loads: they go straight to the device
         return std::vector<expert_cache::placement>(loads.size(), expert_cache::placement{ -1, expert_precision::skip, -1, false });
@@ -561,7 +543,7 @@ std::vector<expert_cache::placement> expert_residency::impl::host_copies(int gro
         expert_cache::placement h = *by_expert.at(d->expert);
         // a HIGH copy serving a LOW demand cannot fill a LOW device slot: read that one directly
         if (h.precision != d->precision) h = { d->expert, expert_precision::skip, -1, false };
-        else host_pins->add({ make_expert_key(il, d->expert), h.precision });
+        else host->pins.add({ make_expert_key(il, d->expert), h.precision });
         out.push_back(h);
     }
     return out;
@@ -574,12 +556,12 @@ std::vector<expert_read> expert_residency::impl::reads_of(const moe_layer_layout
     std::vector<expert_read> reads;
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!l.stacked[p]) continue;
-        const uint64_t size = (slot >= 0 ? pool(l.group, precision) : host_pool(l.group, precision)).shapes()[p].bytes;
+        const uint64_t size = (slot >= 0 ? pool(l.group, precision) : host->pool(l.group, precision)).shapes()[p].bytes;
         const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
         const auto proj = (expert_projection) p;
         // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
         // staging buffer, and from there through the device slot's view (if any)
-        void * dst = host_slot >= 0 ? host_pool(l.group, precision).slot_data(proj, host_slot)
+        void * dst = host_slot >= 0 ? host->pool(l.group, precision).slot_data(proj, host_slot)
                                     : pool(l.group, precision).slot_data(proj, slot);
         reads.push_back({ &source, offset, size, dst,
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +

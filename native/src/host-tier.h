@@ -1,0 +1,30 @@
+// The host tier (modes gpu and coop, HOBBIT sec. 4): pinned RAM between the GGUF and the device's
+// expert cache, holding copies of experts in both precisions under its own byte budget, evicted
+// least recently used. A device miss is uploaded from it (gpu) or computed from it on the CPU
+// (coop); what it lacks is read into it first.
+#pragma once
+
+#include "expert-budget.h"
+#include "expert-cache.h"
+#include "prefetch-coordinator.h"
+#include "slot-pool.h"
+
+#include "ggml-backend.h"
+
+#include <memory>
+#include <vector>
+
+struct host_tier {
+    // Throws expert_budget_error ("host cache: ..." and the minimum) below one layer's top-k experts.
+    host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device);
+
+    const slot_pool & pool(int group, expert_precision p) const {
+        return p == expert_precision::low ? *low_pools[group] : *high_pools[group];
+    }
+    uint64_t bytes() const;
+
+    expert_budget budget;
+    std::vector<std::unique_ptr<slot_pool>> high_pools, low_pools;  // per group
+    expert_cache cache;
+    pin_set pins;  // the copies the running wave reads or computes (hard pins)
+};
