@@ -168,3 +168,13 @@ def test_calibration_runs_on_the_device(tiny_model, tmp_path):
                        capture_output=True, text=True, timeout=600)  # the environment picks this native build
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "model.gguf.calibration.json").read_text())["n_tokens"] == 64
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop"])
+def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
+    path = tiny_model("mixtral")[0]
+    _, tokens, stats = run(path, mode=mode, expert_cache="40%", prefetch="hobbit")
+    assert tokens == references("mixtral")[0][1]
+    p = stats["experts"]["prefetches"]
+    # prefetches read from storage and upload on the prefetch threads
+    assert p["issued"] > 0 and p["bytes_uploaded"] > 0
