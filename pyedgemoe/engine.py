@@ -185,7 +185,7 @@ class Engine:
         offload = budget is not None and self.info.is_moe
         if offload and self.device:
             check_fits_device(budget, self.device)
-        host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes) if offload else 0
+        host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
         native_options = expert_options.resolve(self.info, calibration) if self.info.is_moe else None

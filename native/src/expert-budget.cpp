@@ -34,7 +34,8 @@ std::vector<int> share_slots(uint64_t budget, int min_slots, const std::vector<u
 
 }  // namespace
 
-expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, double low_share) : budget_bytes(budget) {
+expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, double low_share, const char * what)
+    : budget_bytes(budget) {
     const int k = layout.n_expert_used;
     std::vector<uint64_t> high_bytes, low_bytes;
     uint64_t high_minimum = 0, low_minimum = 0;
@@ -47,7 +48,7 @@ expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, doub
     const bool use_low = layout.has_low;
     minimum_bytes = high_minimum + (use_low ? low_minimum : 0);
     if (budget < minimum_bytes) {
-        throw expert_budget_error("expert cache budget " + std::to_string(budget) + " bytes (" + mib(budget) +
+        throw expert_budget_error(std::string(what) + " budget " + std::to_string(budget) + " bytes (" + mib(budget) +
             ") is below the minimum of " + std::to_string(minimum_bytes) + " bytes (" + mib(minimum_bytes) +
             "): one layer's top-" + std::to_string(k) + " experts must fit" +
             (use_low ? " in HIGH, and all but one of them in LOW (" + std::to_string((int) (low_share * 100)) +

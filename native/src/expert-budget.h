@@ -14,7 +14,8 @@ struct expert_budget {
     // least its minimum and at most what the HIGH minimum leaves); each tier's rest is shared in
     // proportion to the groups' expert bytes, and no group gets more slots than it has experts.
     // Throws expert_budget_error (with the minimum) below the minimum.
-    expert_budget(const expert_layout & layout, uint64_t budget_bytes, double low_share);
+    // what: the budget's name in the error ("expert cache", "host cache").
+    expert_budget(const expert_layout & layout, uint64_t budget_bytes, double low_share, const char * what = "expert cache");
 
     uint64_t budget_bytes = 0, minimum_bytes = 0;
     std::vector<int> high_slots, low_slots;  // per group (low_slots empty without LOW copies)

@@ -1,21 +1,7 @@
 #include "host-tier.h"
 
-#include <string>
-
-namespace {
-
-expert_budget host_budget(const expert_layout & layout, uint64_t bytes, double low_share) {
-    try {
-        return expert_budget(layout, bytes, low_share);
-    } catch (const expert_budget_error & e) {
-        throw expert_budget_error(std::string("host cache: ") + e.what());
-    }
-}
-
-}  // namespace
-
 host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device)
-    : budget(host_budget(layout, budget_bytes, low_share)),
+    : budget(layout, budget_bytes, low_share, "host cache"),
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {

@@ -15,7 +15,7 @@
 #include <vector>
 
 struct host_tier {
-    // Throws expert_budget_error ("host cache: ..." and the minimum) below one layer's top-k experts.
+    // Throws expert_budget_error (with the minimum) below one layer's top-k experts.
     host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device);
 
     const slot_pool & pool(int group, expert_precision p) const {

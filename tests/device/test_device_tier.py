@@ -178,3 +178,13 @@ def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
     p = stats["experts"]["prefetches"]
     # prefetches read from storage and upload on the prefetch threads
     assert p["issued"] > 0 and p["bytes_uploaded"] > 0
+
+
+@pytest.mark.parametrize("expert_cache, host_cache, match", [
+    ("25%", "lots", "invalid host_cache 'lots'"),
+    (None, "lots", "invalid host_cache 'lots'"),  # checked even with every expert resident
+    ("25%", "1KiB", r"host cache budget 1024 bytes .* below the minimum"),
+])
+def test_a_bad_host_cache_is_a_clear_error(tiny_model, expert_cache, host_cache, match):
+    with pytest.raises(InvalidOptionError, match=match):
+        Engine(tiny_model("olmoe")[0], **SETTINGS, mode="gpu", expert_cache=expert_cache, host_cache=host_cache)
