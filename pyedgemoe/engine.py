@@ -196,7 +196,7 @@ class Engine:
                                         device=self.device["name"] if self.device else "")
             if offload:
                 self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
-                                                    n_threads or os.cpu_count() or 1)
+                                                    n_threads or os.cpu_count() or 1)  # --mode auto measures with them
                 if native_options.fill_cache:
                     self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
         except (_native.ExpertBudgetError, ValueError) as e:
@@ -206,6 +206,8 @@ class Engine:
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
         if self.expert_residency and self.expert_residency["mode_reason"]:
             print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
+        if self.mode == "auto":  # as chosen: every expert resident on the GPU is the GPU-centric mode
+            self.mode = self.expert_residency["mode"] if self.expert_residency else "gpu"
         n_ubatch = n_batch
         if offload and self.expert_residency["max_ubatch_tokens"] > 0:
             # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)

@@ -124,7 +124,7 @@ def test_coop_needs_a_host_tier(tiny_model):
 def test_auto_mode_measures_and_says_which(tiny_model, capfd):
     with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="auto", expert_cache="25%") as eng:
         mode = eng.stats()["experts"]["mode"]
-    assert mode in ("gpu", "coop")
+        assert eng.mode == eng.stats()["mode"] == mode in ("gpu", "coop")
     assert f"--mode auto chose {mode}: uploads" in capfd.readouterr().err
 
 
