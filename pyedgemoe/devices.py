@@ -15,7 +15,8 @@ from pyedgemoe.memory_budget import RESERVE_SLACK_BYTES, available_memory_bytes
 from pyedgemoe.sysmem import parse_size
 
 GPU_TYPES = ("gpu", "igpu")
-BUILD_HINT = "rebuild with `make setup GGML_VULKAN=1` (or GGML_CUDA=1)"
+BUILD_HINT = ("build with `make setup GGML_VULKAN=1` (or GGML_CUDA=1) and run where ggml sees a GPU "
+              "(docs/gpu.md)")
 
 
 def gpu_devices() -> list[dict]:
@@ -28,7 +29,7 @@ def resolve_mode(given: str | None) -> str:
     if given is None:
         return "auto" if gpu_devices() else "cpu"
     if given != "cpu" and not gpu_devices():
-        raise InvalidOptionError(f"--mode {given} needs a GPU backend and this build has none: {BUILD_HINT}")
+        raise InvalidOptionError(f"--mode {given} needs a GPU and this build found none: {BUILD_HINT}")
     return given
 
 
@@ -37,7 +38,7 @@ def choose_device(mode: str, name: str | None) -> dict | None:
     if mode == "cpu":
         if name:
             raise InvalidOptionError(f"--device {name} needs --mode gpu, coop or auto" if gpu_devices() else
-                                     f"--device {name} needs a GPU backend and this build has none: {BUILD_HINT}")
+                                     f"--device {name} needs a GPU and this build found none: {BUILD_HINT}")
         return None
     gpus = gpu_devices()
     if not name:
