@@ -55,7 +55,9 @@ nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1
     if (ids.shape(0) != weights.shape(0) || ids.shape(1) != weights.shape(1)) throw nb::value_error("ids and weights differ in shape");
     const int64_t n = (int64_t) ids.shape(0);
     const int k = (int) ids.shape(1);
-    const layer_plan p = plan_layer(ids.data(), weights.data(), n, k, n_expert, { t1, t2, use_low, use_skip }, 1, 0,
+    plan_rules rules;
+    rules.precision = { t1, t2, use_low, use_skip };
+    const layer_plan p = plan_layer(ids.data(), weights.data(), n, k, n_expert, rules, 1, 0,
                                     [](int, expert_precision) { return false; });
     if (!p.error.empty()) throw nb::value_error(p.error.c_str());
     std::vector<int8_t> demand(p.demand.size());
@@ -132,12 +134,16 @@ void register_policies(nb::module_ & m) {
         "The expert cache's bookkeeping without memory or I/O (one pool group): the runtime's own placement "
         "and eviction code, for tests and trace replay.")
         .def("__init__", [](expert_cache * self, int high_slots, int low_slots, const std::string & policy,
-                            const hobbit_weights & weights, bool low_serves_high, int n_layers) {
+                            const hobbit_weights & weights, bool low_serves_high, int n_layers, std::vector<int> layers,
+                            int n_expert, int fate_shallow) {
+                 if (layers.empty()) for (int il = 0; il < n_layers; il++) layers.push_back(il);
                  new (self) expert_cache({ { high_slots }, { low_slots }, enum_from_name<cache_policy_kind>(policy), weights,
-                                           low_serves_high, n_layers });
+                                           low_serves_high, n_layers, { layers }, n_expert, fate_shallow });
              }, nb::arg("high_slots"), nb::arg("low_slots") = 0, nb::arg("policy") = name_of(expert_options().cache_policy),
              nb::arg("weights") = expert_options().policy_weights,
-             nb::arg("low_serves_high") = expert_options().low_hit == low_hit_rule::accept, nb::arg("n_layers") = 1)
+             nb::arg("low_serves_high") = expert_options().low_hit == low_hit_rule::accept, nb::arg("n_layers") = 1,
+             nb::arg("layers") = std::vector<int>(), nb::arg("n_expert") = 0, nb::arg("fate_shallow") = expert_options().fate_shallow,
+             "layers: the MoE layers (default 0 .. n_layers - 1) and n_expert: experts per layer, for the fate policy's split.")
         .def("place", [](expert_cache & c, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
                  std::vector<expert_demand> w;
                  for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
@@ -149,4 +155,9 @@ void register_policies(nb::module_ & m) {
         .def("cached", [](const expert_cache & c, int layer, int expert, const std::string & precision) {
                  return c.tier(0, precision_from_name(precision)).find(make_expert_key(layer, expert)) >= 0;
              });
+
+    m.def("shallow_favoring_split", [](int n_slots, const std::vector<int> & layers, int n_expert, int n_shallow) {
+              return shallow_favoring_split({ n_slots, layers, n_expert, n_shallow });
+          }, nb::arg("n_slots"), nb::arg("layers"), nb::arg("n_expert"), nb::arg("n_shallow") = expert_options().fate_shallow,
+          "Fate's split of a tier's slots over its layers (shallow ones first): slots per layer.");
 }

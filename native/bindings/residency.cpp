@@ -11,6 +11,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <type_traits>
@@ -231,5 +232,20 @@ void add_residency_methods(nb::class_<Model> & cls) {
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })
        .def("set_expert_tracing", [](Model & mm, bool on) { if (mm.residency) mm.residency->set_tracing(on); })
        .def("take_expert_trace", &take_trace, "The routing trace recorded since the last call.")
+       .def("set_expert_precision_map", [](Model & mm, const std::map<int, std::vector<int>> & low) {
+                live(mm);
+                mm.residency->set_precision_map(low);
+            }, nb::arg("low"),
+            "EdgeMoE's static map: the experts listed ({layer: [expert, ...]}) only in LOW, the others only in HIGH "
+            "(with the static_precision option). Empties the cache.")
+       .def("set_expert_path_statistics", [](Model & mm, const std::vector<expert_residency::path_entry> & entries) {
+                live(mm);
+                mm.residency->set_path_statistics(entries);
+            }, nb::arg("entries"),
+            "EdgeMoE's path statistics for prefetch edgemoe: (layer, prev2, prev1, probabilities) entries.")
+       .def("set_expert_little", [](Model & mm, bool on) { live(mm); mm.residency->set_little(on); }, nb::arg("on"),
+            "MoBiLE: while on, decode tokens compute only their top-k/2 experts.")
+       .def("prefetch_expert_big", [](Model & mm) { live(mm); return mm.residency->prefetch_big(); },
+            "MoBiLE's fallback: prefetches the last little token's whole top-k in every layer; returns how many.")
        .def_prop_ro("expert_residency_enabled", [](const Model & mm) { return (bool) mm.residency; });
 }

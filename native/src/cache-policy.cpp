@@ -24,7 +24,7 @@ struct lru_policy final : cache_policy {
         order.erase(it->second);
         where.erase(it);
     }
-    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key * out) const override {
+    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key, expert_key * out) const override {
         for (auto it = order.rbegin(); it != order.rend(); ++it) {
             if (evictable(*it)) { *out = *it; return true; }
         }
@@ -45,7 +45,7 @@ struct lfu_policy final : cache_policy {
         if (it != entries.end()) { it->second.uses++; it->second.last_use = ++clock; }
     }
     void on_evict(expert_key key) override { entries.erase(key); }
-    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key * out) const override {
+    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key, expert_key * out) const override {
         bool found = false;
         entry best{};
         for (const auto & [key, e] : entries) {
@@ -92,7 +92,7 @@ struct weighted_policy final : cache_policy {
         return w[0] * r.last_token / T + w[1] * r.uses / T + w[2] * r.high_uses / T + w[3] * (1.0 - (double) distance / L);
     }
 
-    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key * out) const override {
+    bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key, expert_key * out) const override {
         bool found = false;
         double best = 0;
         uint64_t best_use = 0;
@@ -112,7 +112,8 @@ struct weighted_policy final : cache_policy {
 
 }  // namespace
 
-std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights) {
+std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights,
+                                                const cache_tier_shape & shape) {
     const std::string name = name_of(kind);
     switch (kind) {
         case cache_policy_kind::lru:    return std::make_unique<lru_policy>();
@@ -120,6 +121,8 @@ std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const ho
         case cache_policy_kind::lhu:    return std::make_unique<weighted_policy>(name, hobbit_weights{0, 0, 1, 0});
         case cache_policy_kind::fld:    return std::make_unique<weighted_policy>(name, hobbit_weights{0, 0, 0, 1});
         case cache_policy_kind::hobbit: return std::make_unique<weighted_policy>(name, weights);
+        case cache_policy_kind::edgemoe: return make_edgemoe_policy();
+        case cache_policy_kind::fate:   return make_fate_policy(shape);
     }
     throw std::invalid_argument("unknown cache policy");
 }

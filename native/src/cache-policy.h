@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 // A cached expert: (layer, expert) packed into one key.
 using expert_key = uint64_t;
@@ -30,11 +31,34 @@ struct cache_policy {
     virtual void on_use(expert_key key, bool high, const cache_clock & now) = 0;
     virtual void on_insert(expert_key key) = 0;
     virtual void on_evict(expert_key key) = 0;
-    // the cached key to evict next among those for which evictable(key) is true; false if none
-    virtual bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key * out) const = 0;
+    // the cached key to evict next, for `incoming`, among those for which evictable(key) is true;
+    // false if none
+    virtual bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key incoming,
+                        expert_key * out) const = 0;
     // a new sequence starts: per-sequence records are forgotten (the cached set stays)
     virtual void reset_sequence() {}
 };
 
+// What a policy may know of its tier: slots, the MoE layers whose experts share them (ascending),
+// experts per layer, and Fate's shallow layers among them (-1: the first sixth, rounded up).
+struct cache_tier_shape {
+    int n_slots = 0;
+    std::vector<int> layers;
+    int n_expert = 0;
+    int n_shallow = -1;
+};
+
 // weights: HOBBIT's multidimensional priority's (for cache_policy_kind::hobbit)
-std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights);
+std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const hobbit_weights & weights,
+                                                const cache_tier_shape & shape);
+
+// Fate's shallow-favoring split (Fate sec. 4.4) of shape's slots over its layers (same order):
+// fewer slots than the shallow layers' experts go to the layers in order, each up to n_expert;
+// else every shallow layer gets n_expert and the rest is split evenly over the deep layers (the
+// remainder one each to the first).
+std::vector<int> shallow_favoring_split(const cache_tier_shape & shape);
+
+// the papers' policies, a file each: EdgeMoE's frequency x layer distance (cache-policy-edgemoe.cpp),
+// Fate's shallow-favoring split with an ARC per layer (cache-policy-fate.cpp)
+std::unique_ptr<cache_policy> make_edgemoe_policy();
+std::unique_ptr<cache_policy> make_fate_policy(const cache_tier_shape & shape);

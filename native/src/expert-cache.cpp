@@ -39,8 +39,11 @@ expert_cache::expert_cache(const expert_cache_config & config) : config_(config)
     for (size_t g = 0; g < config.high_slots.size(); g++) {
         const int low = g < config.low_slots.size() ? config.low_slots[g] : 0;
         has_low_ = has_low_ || low > 0;
-        tiers_.push_back({ slot_table(config.high_slots[g]), make_cache_policy(config.policy, config.weights) });
-        tiers_.push_back({ slot_table(low), make_cache_policy(config.policy, config.weights) });
+        const std::vector<int> layers = g < config.group_layers.size() ? config.group_layers[g] : std::vector<int>();
+        for (int slots : { config.high_slots[g], low }) {
+            const cache_tier_shape shape = { slots, layers, config.n_expert, config.fate_shallow };
+            tiers_.push_back({ slot_table(slots), shape, make_cache_policy(config.policy, config.weights, shape) });
+        }
     }
 }
 
@@ -79,14 +82,14 @@ void expert_cache::discard(int group, expert_key key, expert_precision precision
     t.slots.release(slot);
 }
 
-int expert_cache::free_or_evict(tier_state & t, expert_precision p, const std::function<bool(expert_key)> & evictable,
-                                bool soft_pins_give_way, placement & out) {
+int expert_cache::free_or_evict(tier_state & t, expert_precision p, expert_key incoming,
+                                const std::function<bool(expert_key)> & evictable, bool soft_pins_give_way, placement & out) {
     int slot = t.slots.take_free_slot();
     if (slot >= 0) return slot;
     expert_key victim = 0;
-    bool found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, false); }, clock_, &victim);
+    bool found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, false); }, clock_, incoming, &victim);
     if (!found && soft_pins_give_way) {
-        found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, true); }, clock_, &victim);
+        found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, true); }, clock_, incoming, &victim);
     }
     if (!found) return -1;
     slot = t.slots.find(victim);
@@ -122,11 +125,11 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
             continue;
         }
         placement p = { e, demand, -1, true };
-        p.slot = free_or_evict(demand == expert_precision::high ? high : low, demand, evictable, true, p);
+        p.slot = free_or_evict(demand == expert_precision::high ? high : low, demand, key, evictable, true, p);
         if (p.slot < 0 && demand == expert_precision::low) {
             // the LOW tier is full of experts in use: a HIGH copy serves the LOW demand
             p = { e, expert_precision::high, -1, true };
-            p.slot = free_or_evict(high, expert_precision::high, evictable, true, p);
+            p.slot = free_or_evict(high, expert_precision::high, key, evictable, true, p);
         }
         tier_state & t = p.precision == expert_precision::high ? high : low;
         if (p.slot < 0) {
@@ -151,7 +154,7 @@ expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_p
     if (precision == expert_precision::skip || serving_tier(group, key, precision) != expert_precision::skip) return p;
     tier_state & t = tiers_[index(group, precision)];
     if (t.slots.n_slots() == 0) return p;
-    p.slot = free_or_evict(t, precision, [](expert_key) { return true; }, false, p);
+    p.slot = free_or_evict(t, precision, key, [](expert_key) { return true; }, false, p);
     if (p.slot < 0) return p;
     t.slots.assign(p.slot, key);
     t.policy->on_insert(key);
@@ -168,7 +171,7 @@ void expert_cache::forget_all() {
     for (int t = 0; t < 2; t++) { hard_pins_[t].clear(); soft_pins_[t].clear(); }
     for (auto & t : tiers_) {
         t.slots.release_all();
-        t.policy = make_cache_policy(config_.policy, config_.weights);
+        t.policy = make_cache_policy(config_.policy, config_.weights, t.shape);
     }
 }
 

@@ -39,6 +39,9 @@ struct expert_cache_config {
     hobbit_weights weights;               // for cache_policy_kind::hobbit
     bool low_serves_high;                 // a cached LOW copy serves a HIGH demand (else: load HIGH)
     int n_layers;                         // layers of the model (the FLD term's L)
+    std::vector<std::vector<int>> group_layers;  // per group its MoE layers (for the fate policy)
+    int n_expert = 0;                     // experts per layer (for the fate policy)
+    int fate_shallow = -1;                // the fate policy's shallow layers (-1: its default)
 };
 
 class expert_cache {
@@ -98,13 +101,14 @@ public:
 private:
     struct tier_state {
         slot_table slots;
+        cache_tier_shape shape;
         std::unique_ptr<cache_policy> policy;
     };
     size_t index(int group, expert_precision p) const { return 2 * (size_t) group + (p == expert_precision::low ? 1 : 0); }
     bool pinned(expert_key key, expert_precision p, bool hard_only) const;
     // a free slot of t, else the policy's victim among unpinned keys for which evictable(key)
     // (with soft_pins_give_way, soft-pinned ones next); -1 if none
-    int free_or_evict(tier_state & t, expert_precision p, const std::function<bool(expert_key)> & evictable,
+    int free_or_evict(tier_state & t, expert_precision p, expert_key incoming, const std::function<bool(expert_key)> & evictable,
                       bool soft_pins_give_way, placement & out);
 
     expert_cache_config config_;

@@ -22,6 +22,11 @@ void check_expert_options(const expert_options & o) {
     require(o.t1 <= o.t2, "t1 (" + number(o.t1) + ") must not exceed t2 (" + number(o.t2) + ")");
     require(o.fate_percentile >= 0 && o.fate_percentile <= 1, "fate_percentile must be between 0 and 1, got " + number(o.fate_percentile));
     require(o.fate_extra >= -1, "fate_extra must be -1 (top-k) or a count");
+    require(o.fate_shallow >= -1, "fate_shallow must be -1 (the first sixth) or a count of layers");
+    require(o.prefill_low_share >= 0 && o.prefill_low_share < 1,
+            "prefill_low_share must be a fraction in [0, 1), got " + number(o.prefill_low_share));
+    require(o.big_little == 0 || (o.big_little > 0 && o.big_little < 1),
+            "big_little must be 0 (off) or a probability threshold between 0 and 1, got " + number(o.big_little));
     float sum = 0;
     for (float w : o.policy_weights) { require(w >= 0, "policy weights must be non-negative"); sum += w; }
     require(sum > 0, "policy weights must have a positive sum");

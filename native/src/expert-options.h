@@ -13,8 +13,8 @@
 #include <string>
 
 enum class expert_io         { direct, buffered, mmap };
-enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit };
-enum class prefetch_mode     { none, hobbit, fate };
+enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit, edgemoe, fate };
+enum class prefetch_mode     { none, hobbit, fate, edgemoe };
 enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
 // where expert math runs (HOBBIT sec. 4): the CPU; a GPU, misses uploaded (GPU-centric); a GPU for
 // hits and the CPU for misses (CPU-GPU cooperative); or one of the two chosen at load
@@ -23,8 +23,8 @@ enum class compute_mode      { cpu, gpu, coop, automatic };
 // each enum's names, in the order of its values: how the CLI and Python spell them
 template <typename E> struct enum_names;
 template <> struct enum_names<expert_io>         { static constexpr std::array<const char *, 3> values = { "direct", "buffered", "mmap" }; };
-template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 5> values = { "lru", "lfu", "lhu", "fld", "hobbit" }; };
-template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 3> values = { "none", "hobbit", "fate" }; };
+template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 7> values = { "lru", "lfu", "lhu", "fld", "hobbit", "edgemoe", "fate" }; };
+template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 4> values = { "none", "hobbit", "fate", "edgemoe" }; };
 template <> struct enum_names<low_hit_rule>      { static constexpr std::array<const char *, 2> values = { "accept", "reload" }; };
 template <> struct enum_names<compute_mode>      { static constexpr std::array<const char *, 4> values = { "cpu", "gpu", "coop", "auto" }; };
 
@@ -48,19 +48,23 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(expert_io,         io,              expert_io::direct,      "how experts are read: direct (O_DIRECT), buffered, mmap") \
     X(int,               io_threads,      4,                      "expert reads in flight at once")                     \
     X(bool,              fill_cache,      true,                   "read experts into the expert cache at load (most routed first when calibrated)") \
-    X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld or hobbit") \
+    X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld, hobbit, edgemoe or fate") \
     X(hobbit_weights,    policy_weights,  kEqualHobbitWeights,    "hobbit policy weights lru,lfu,lhu,fld")              \
+    X(int,               fate_shallow,    -1,                     "fate policy: MoE layers cached first, as shallow (-1: the first sixth)") \
     X(bool,              low_precision,   false,                  "load unimportant missed experts in LOW precision")   \
     X(bool,              skip,            false,                  "skip the least important missed experts")            \
     X(double,            t1,              0.6,                    "HIGH while the expert's score <= T1 (HOBBIT sec. 3.2)") \
     X(double,            t2,              0.9,                    "LOW while the score <= T2, SKIP above")             \
     X(double,            low_cache,       0.25,                   "share of the expert cache for LOW copies")           \
+    X(bool,              static_precision, false,                 "EdgeMoE: each expert only in the precision calibrate --system edgemoe gave it") \
+    X(double,            prefill_low_share, 0.0,                  "Fate: a prefill ubatch's least popular experts covering this share of its selections in LOW, popular ones first") \
     X(low_hit_rule,      low_hit,         low_hit_rule::accept,   "a cached LOW copy for a HIGH demand: accept it or reload HIGH") \
     X(std::string,       low_from,        "",                     "LOW copies from this standard GGUF (a lower quant)") \
-    X(prefetch_mode,     prefetch,        prefetch_mode::none,    "expert prefetching: none, hobbit or fate")           \
+    X(prefetch_mode,     prefetch,        prefetch_mode::none,    "expert prefetching: none, hobbit, fate or edgemoe (path statistics, calibrated)")           \
     X(int,               prefetch_depth,  2,                      "hobbit: MoE layers ahead to predict")                \
     X(double,            fate_percentile, 0.75,                   "fate: also prefetch experts above this quantile of the next layer's predicted probabilities") \
     X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k)")        \
+    X(double,            big_little,      0.0,                    "MoBiLE: decode with top-k/2, redo a token with top-k when its top probability is below this (0: off)") \
     X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU) or auto")
 
 struct expert_options {

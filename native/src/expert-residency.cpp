@@ -9,6 +9,7 @@
 #include "loader.h"
 #include "mode-chooser.h"
 #include "moe-hook.h"
+#include "path-predictor.h"
 #include "predictor.h"
 #include "prefetch-coordinator.h"
 #include "routing-recorder.h"
@@ -17,6 +18,7 @@
 #include "llama-graph.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,19 +34,30 @@ double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
-expert_cache_config cache_config_of(const expert_budget & budget, const expert_options & o, int n_layers) {
-    return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept, n_layers };
+expert_cache_config cache_config_of(const expert_budget & budget, const expert_options & o, const expert_layout & layout) {
+    std::vector<std::vector<int>> group_layers(layout.groups.size());
+    for (const auto & l : layout.layers) group_layers[l.group].push_back(l.il);
+    return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
+             layout.n_layers, group_layers, layout.n_expert, o.fate_shallow };
 }
 
-// layers the predictor looks ahead: HOBBIT's walk prefetch_depth, Fate's next layer; with tracing
-// only, the next layer (calibration scores the guesses); 0: no predictor
+// layers the predictor looks ahead: HOBBIT's walk prefetch_depth, Fate's and EdgeMoE's next layer;
+// with tracing only, the next layer (calibration scores the guesses); 0: no predictor
 int predictor_depth(const expert_options & o, bool trace_routing) {
     switch (o.prefetch) {
-        case prefetch_mode::hobbit: return std::max(1, o.prefetch_depth);
-        case prefetch_mode::fate:   return 1;
-        case prefetch_mode::none:   return trace_routing ? 1 : 0;
+        case prefetch_mode::hobbit:  return std::max(1, o.prefetch_depth);
+        case prefetch_mode::fate:    return 1;
+        case prefetch_mode::edgemoe: return 1;
+        case prefetch_mode::none:    return trace_routing ? 1 : 0;
     }
     return 0;
+}
+
+// the mask planes hold each selection's output scale, an F32 stored in the I32 slot-id tensor
+int32_t float_bits(float x) {
+    int32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    return bits;
 }
 
 int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
@@ -109,6 +122,12 @@ struct expert_residency::impl : moe_pass_builder {
     // places, loads and pins one wave's experts and writes their slot ids; false after a failure
     bool serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst, clock_type::time_point t0);
     void predict_and_prefetch(const moe_layer_layout & l, const ggml_tensor * predicted, int64_t n_tokens);
+    // EdgeMoE: the next MoE layer's experts from this ubatch's paths so far (path statistics)
+    void path_prefetch(const moe_layer_layout & l, int64_t n_tokens);
+    // the precision of expert e of layer il: EdgeMoE's static map's, else `otherwise`
+    expert_precision fixed_or(int il, int e, expert_precision otherwise) const {
+        return fixed.empty() || fixed[il].empty() ? otherwise : fixed[il][e];
+    }
     // the reads that fill the device slot `slot` (-1: none) with an expert, through the host slot
     // host_slot (-1: none; in_host: it holds the expert already)
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot,
@@ -154,12 +173,21 @@ struct expert_residency::impl : moe_pass_builder {
     std::unique_ptr<host_tier> host;                           // with a device, if budgeted
     std::vector<pass_kind> passes;                             // of each wave; device passes first (masked)
     int n_masked = 0;                                          // device passes: masks instead of negative ids
+    int n_scaled = 0;                                          // passes with a mask (the masked; all with big-little)
     std::unique_ptr<expert_predictor> predictor;               // with prefetch or tracing
     routing_recorder recorder;
     prefetch_coordinator coordinator;
     std::map<int, std::vector<wave_op>> wave_ops;              // per il, per wave
     std::map<int, building_layer> building;                    // per il
     std::vector<std::vector<expert_demand>> planned_waves;     // the running layer's
+    std::vector<uint8_t> planned_dropped;                      // its selections the little pass drops
+    std::vector<float> planned_scale;                          // per token, its output's scale
+    std::vector<std::vector<expert_precision>> fixed;          // per il: EdgeMoE's static map (empty: none)
+    std::unique_ptr<path_predictor> paths;                     // EdgeMoE's predictor, once given its table
+    std::map<int, std::vector<int32_t>> ubatch_ids;            // the running ubatch's routing per il (paths)
+    std::atomic<bool> little{false};                           // MoBiLE: decode tokens compute top-k/2
+    std::map<int, std::vector<int32_t>> little_choices;        // per il, the last little token's whole top-k
+    std::vector<uint8_t> weights_normalized;                   // per il: llama.cpp normalizes its top-k weights
     std::vector<expert_layer_stats> stats;                     // per il
     mutable std::mutex mutex;                                  // stats, error, failed
     std::string error;
@@ -185,9 +213,9 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       store(path, o.io),
       loaders(o.io_threads),
       device(device_named(dc.device)),
-      cache(cache_config_of(budget, o, layout.n_layers)),
+      cache(cache_config_of(budget, o, layout)),
       recorder(predictor_depth(o, trace_routing)),
-      coordinator(cache, group_of_layers(layout), o.prefetch == prefetch_mode::none ? 0 : o.io_threads,
+      coordinator(cache, group_of_layers(layout), o.prefetch == prefetch_mode::none && o.big_little == 0 ? 0 : o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
     if ((options.mode == compute_mode::cpu) != !device) {
@@ -195,6 +223,12 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
                                     " needs a GPU device (a build with GGML_VULKAN=1 or GGML_CUDA=1)");
     }
     if (layout.has_low) low_store = std::make_unique<expert_store>(layout.low_source, o.io);
+    if (o.static_precision && !layout.has_low) {
+        throw std::invalid_argument("static_precision needs LOW expert copies (a multi-precision GGUF or low_from)");
+    }
+    if (o.big_little > 0 && layout.n_expert_used < 2) {
+        throw std::invalid_argument("big_little needs a model that routes each token to 2 or more experts");
+    }
     ggml_backend_buffer_type_t device_buft = device ? ggml_backend_dev_buffer_type(device) : nullptr;
     if (device) {
         uint64_t pool_bytes = 0;
@@ -224,6 +258,9 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         passes.push_back({ true, expert_precision::high });
         if (layout.has_low) passes.push_back({ true, expert_precision::low });
     }
+    // MoBiLE's little pass renormalizes the weights it keeps through the masks
+    n_scaled = options.big_little > 0 ? (int) passes.size() : n_masked;
+    weights_normalized.assign(layout.n_layers, 0);
 
     stats.resize(layout.n_layers);
     std::vector<int> moe_layers;
@@ -234,7 +271,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         const int slots = wave_slots(l.group);
         for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
-    if (const int depth = predictor_depth(o, trace_routing)) {
+    const int depth = predictor_depth(o, trace_routing);
+    if (depth > 0 && o.prefetch != prefetch_mode::edgemoe) {
         predictor = std::make_unique<expert_predictor>(model, moe_layers, depth, layout.n_expert);
     }
 
@@ -257,7 +295,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.io = store.io();
     info.mixed_precision = layout.has_low;
     info.low_source = layout.low_source;
-    info.predictor_depth = predictor ? predictor->depth() : 0;
+    info.predictor_depth = depth;
     hook = std::make_unique<moe_hook_registration>(*this, hooked);
 }
 
@@ -271,16 +309,14 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], predicted, dst);
 }
 
-// slot ids [n_used, n_tokens, n_passes + n_masked] -> masks [1, n_used, n_tokens, n_masked]: the
-// served flags of the masked passes (the planes after the slot ids) as 1.0 and 0.0
+// slot ids [n_used, n_tokens, n_passes + n_scaled] -> masks [1, n_used, n_tokens, n_scaled]: the
+// output scales of the scaled passes (the planes after the slot ids; 0 where a pass does not serve)
 void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth; (void) userdata;
     if (ith != 0) return;
     const ggml_tensor * ids = dst->src[0];
-    const int64_t n = ids->ne[0] * ids->ne[1], n_masked = dst->ne[3];
-    const int32_t * flags = (const int32_t *) ids->data + (ids->ne[2] - n_masked) * n;
-    float * out = (float *) dst->data;
-    for (int64_t i = 0; i < n * n_masked; i++) out[i] = flags[i] ? 1.0f : 0.0f;
+    const int64_t n = ids->ne[0] * ids->ne[1], n_scaled = dst->ne[3];
+    memcpy(dst->data, (const int32_t *) ids->data + (ids->ne[2] - n_scaled) * n, n * n_scaled * sizeof(float));
 }
 }  // namespace
 
@@ -293,6 +329,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         const ggml_tensor * given[PROJ_COUNT] = { p->up_exps, p->gate_exps, p->down_exps, p->gate_up_exps };
         for (int q = 0; q < PROJ_COUNT; q++) GGML_ASSERT(given[q] == l.stacked[q]);
         b.ids = p->ids;
+        weights_normalized[il] = p->weights_normalized;
         b.waves = waves_needed(layout.n_expert, layout.n_expert_used, p->ids->ne[1], wave_slots(l.group), layout.has_expert_bias);
     }
     const int wave = pass / n_passes, index = pass % n_passes;
@@ -310,11 +347,11 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
             args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
         }
         // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-        b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes + n_masked, 1, args, n_args,
+        b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], n_passes + n_scaled, 1, args, n_args,
                                     place_experts_op, 1, &wave_ops[il][wave]);
         ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
-        if (n_masked > 0) {
-            b.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, ids->ne[0], ids->ne[1], n_masked, &b.slot_ids, 1, masks_op, 1, nullptr);
+        if (n_scaled > 0) {
+            b.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, ids->ne[0], ids->ne[1], n_scaled, &b.slot_ids, 1, masks_op, 1, nullptr);
             ggml_format_name(b.masks, "edgemoe_masks-%d-%d", il, wave);
         }
     }
@@ -324,10 +361,11 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
     for (int q = 0; q < PROJ_COUNT; q++) {
         if (l.stacked[q]) swapped[q] = pl.tensor((expert_projection) q);
     }
-    ggml_tensor * mask = index < n_masked ? ggml_view_3d(ctx, b.masks, 1, ids->ne[0], ids->ne[1], b.masks->nb[1], b.masks->nb[2],
+    ggml_tensor * mask = index < n_scaled ? ggml_view_3d(ctx, b.masks, 1, ids->ne[0], ids->ne[1], b.masks->nb[1], b.masks->nb[2],
                                                          index * b.masks->nb[3]) : nullptr;
     *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
-           ggml_view_2d(ctx, b.slot_ids, ids->ne[0], ids->ne[1], b.slot_ids->nb[1], index * b.slot_ids->nb[2]), mask };
+           ggml_view_2d(ctx, b.slot_ids, ids->ne[0], ids->ne[1], b.slot_ids->nb[1], index * b.slot_ids->nb[2]), mask,
+           p->weights_normalized };
     return true;
 }
 
@@ -339,13 +377,13 @@ void expert_residency::impl::fail(const std::string & why, ggml_tensor * dst) {
 }
 
 void expert_residency::impl::write_unserved(ggml_tensor * dst) const {
-    // nothing served: a well-defined (ignored) output. Masked passes: slot 0 under a 0 flag;
+    // nothing served: a well-defined (ignored) output. Masked passes: slot 0 under a 0 scale;
     // the others: -1 (skipped)
     const size_t plane = (size_t) dst->ne[0] * dst->ne[1];
     int32_t * out = (int32_t *) dst->data;
     std::fill(out, out + plane * passes.size(), -1);
     std::fill(out, out + plane * n_masked, 0);
-    std::fill(out + plane * passes.size(), out + plane * (passes.size() + n_masked), 0);
+    std::fill(out + plane * passes.size(), out + plane * (passes.size() + n_scaled), float_bits(0.0f));
 }
 
 void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
@@ -361,13 +399,14 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     if (wave == 0 && !begin_layer(l, ids, weights, dst)) return;
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     if (wave == 0 && predicted) predict_and_prefetch(l, predicted, ids->ne[1]);
+    if (wave == 0 && paths && options.prefetch == prefetch_mode::edgemoe) path_prefetch(l, ids->ne[1]);
 }
 
 bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights,
                                          ggml_tensor * dst) {
     const int64_t n_tokens = ids->ne[1];
     const int k = (int) ids->ne[0];
-    if (l.il == layout.layers.front().il) { cache.advance_tokens(n_tokens); ubatch_index++; }
+    if (l.il == layout.layers.front().il) { cache.advance_tokens(n_tokens); ubatch_index++; ubatch_ids.clear(); }
     // the layer before has been computed: its experts may go; finished prefetches are cached
     release_wave();
     const std::string read_error = coordinator.collect_finished();
@@ -389,9 +428,19 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
         }
     }
     recorder.on_layer(l.il, ubatch_index, id.data(), w.data(), n_tokens, k);
+    // MoBiLE's little pass: a decode token keeps its top-k/2 (the whole top-k is remembered for
+    // the big pass's prefetch)
+    const bool little_pass = little && n_tokens == 1;
+    if (little_pass) little_choices[l.il] = id;
+    if (paths) ubatch_ids[l.il] = id;
+    plan_rules rules;
+    rules.precision = options.precision();
+    rules.fixed = fixed.empty() || fixed[l.il].empty() ? nullptr : fixed[l.il].data();
+    rules.prefill_low_share = options.prefill_low_share;
+    rules.keep = little_pass ? k / 2 : 0;
     const int high_slots = wave_slots(l.group);
     const int n_waves = waves_needed(layout.n_expert, k, n_tokens, high_slots, layout.has_expert_bias);
-    layer_plan plan = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert, options.precision(), n_waves, high_slots,
+    layer_plan plan = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert, rules, n_waves, high_slots,
         [&](int e, expert_precision demand) {
             return cache.serving_tier(l.group, make_expert_key(l.il, e), demand) != expert_precision::skip;
         });
@@ -400,6 +449,17 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
         return false;
     }
     planned_waves = std::move(plan.waves);
+    planned_dropped = std::move(plan.dropped);
+    // a model that normalizes its top-k weights, routed to fewer experts, normalizes over those
+    planned_scale.assign(n_tokens, 1.0f);
+    for (int64_t t = 0; little_pass && weights_normalized[l.il] && t < n_tokens; t++) {
+        double all = 0, kept = 0;
+        for (int i = 0; i < k; i++) {
+            all += w[t * k + i];
+            kept += planned_dropped[t * k + i] ? 0.0 : w[t * k + i];
+        }
+        if (kept > 0) planned_scale[t] = (float) (all / kept);
+    }
     return true;
 }
 
@@ -495,14 +555,14 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         return false;
     }
 
-    // per pass: slot ids for the selections it serves; the others -1, or (masked) slot 0 under a
-    // 0 flag in the planes after the slot ids
+    // per pass: slot ids for the selections it serves; the others -1, or (masked) slot 0; the
+    // scaled passes' output scales (0 where they do not serve) in the planes after the slot ids
     const int n_passes = (int) passes.size();
     int32_t * out = (int32_t *) dst->data;
     auto at = [&](int plane, int64_t t, int64_t i) -> int32_t & { return out[(plane * n_tokens + t) * n_used + i]; };
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
-            auto it = where.find(id_at(ids, i, t));
+            auto it = planned_dropped[t * n_used + i] ? where.end() : where.find(id_at(ids, i, t));
             const expert_cache::placement * p = it == where.end() ? nullptr : it->second.first;
             int serving = -1;  // the pass that computes this selection
             if (p && p->precision != expert_precision::skip) {
@@ -512,7 +572,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
             }
             for (int q = 0; q < n_passes; q++) {
                 at(q, t, i) = q == serving ? p->slot : (q < n_masked ? 0 : -1);
-                if (q < n_masked) at(n_passes + q, t, i) = q == serving;
+                if (q < n_scaled) at(n_passes + q, t, i) = float_bits(q == serving ? planned_scale[t] : 0.0f);
             }
             if (!p) continue;
             (p->precision == expert_precision::high ? st.selections_high
@@ -588,7 +648,7 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
         }
         recorder.remember(ahead[d], d, ahead.size(), std::move(guesses));
     }
-    if (!coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
+    if (options.prefetch == prefetch_mode::none || !coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
 
     // HOBBIT's walk (or Fate's next layer): the predictions walked are pinned until their layer
     // runs; those not cached are prefetched into reserved slots
@@ -598,11 +658,38 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     for (size_t d = 0; d < ahead.size(); d++) {
         predicted_layers.push_back(predict_layer(ahead[d], row(0, d), n_expert, k, options.precision(), extra,
                                                  options.fate_percentile));
+        for (auto & p : predicted_layers.back()) p.precision = fixed_or(p.layer, p.expert, p.precision);
     }
     coordinator.prefetch(walk_predictions(predicted_layers, !fate, [&](const predicted_expert & p) {
         const int group = layout.layer_at(p.layer)->group;
         return cache.serving_tier(group, make_expert_key(p.layer, p.expert), p.precision) != expert_precision::skip;
     }));
+}
+
+void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n_tokens) {
+    auto at = std::find_if(layout.layers.begin(), layout.layers.end(), [&](const moe_layer_layout & x) { return x.il == l.il; });
+    if (at == layout.layers.end() || at + 1 == layout.layers.end()) return;
+    const int next = (at + 1)->il, k = layout.n_expert_used;
+    const std::vector<int32_t> & now = ubatch_ids[l.il];
+    auto before = at == layout.layers.begin() ? ubatch_ids.end() : ubatch_ids.find((at - 1)->il);
+    // each token's top-k guess (scored when the next layer runs) and the summed probabilities
+    std::vector<int32_t> guesses((size_t) n_tokens * k, -1);
+    std::vector<float> total(layout.n_expert, 0.0f);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const std::vector<int> prev1(now.begin() + t * k, now.begin() + (t + 1) * k);
+        const std::vector<int> prev2 = before == ubatch_ids.end() ? std::vector<int>()
+            : std::vector<int>(before->second.begin() + t * k, before->second.begin() + (t + 1) * k);
+        const std::vector<float> * probs = paths->lookup(next, prev2, prev1);
+        if (!probs || (int) probs->size() != layout.n_expert) continue;
+        const std::vector<int> top = most_probable(*probs, k);
+        std::copy(top.begin(), top.end(), guesses.begin() + t * k);
+        for (int e = 0; e < layout.n_expert; e++) total[e] += (*probs)[e];
+    }
+    recorder.remember(next, 0, 1, std::move(guesses));
+    if (!coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
+    std::vector<predicted_expert> predicted;
+    for (int e : most_probable(total, k)) predicted.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
+    coordinator.prefetch(predicted);
 }
 
 std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
@@ -650,6 +737,7 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
                 if (l.group != g || placed[l.il] == order[l.il].size() || tier.n_used() == tier.n_slots()) continue;
                 more = true;
                 const int e = order[l.il][placed[l.il]++];
+                if (r.fixed_or(l.il, e, high) != high) continue;  // EdgeMoE's map keeps it LOW
                 const expert_cache::placement slot = r.cache.reserve(g, l.il, e, high);
                 if (!slot.load) continue;
                 for (expert_read & rd : r.reads_of(l, e, high, slot.slot)) reads.push_back(std::move(rd));
@@ -714,5 +802,57 @@ void expert_residency::reset_stats() {
 }
 
 void expert_residency::set_tracing(bool on) { impl_->recorder.set_tracing(on); }
+
+void expert_residency::set_precision_map(const std::map<int, std::vector<int>> & low) {
+    impl & r = *impl_;
+    if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
+    std::vector<std::vector<expert_precision>> fixed(r.layout.n_layers);
+    for (const auto & l : r.layout.layers) fixed[l.il].assign(r.layout.n_expert, expert_precision::high);
+    for (const auto & [il, experts] : low) {
+        if (il < 0 || il >= r.layout.n_layers || fixed[il].empty()) {
+            throw std::invalid_argument("precision map: layer " + std::to_string(il) + " has no experts");
+        }
+        for (int e : experts) {
+            if (e < 0 || e >= r.layout.n_expert) {
+                throw std::invalid_argument("precision map: layer " + std::to_string(il) + " has no expert " + std::to_string(e));
+            }
+            fixed[il][e] = expert_precision::low;
+        }
+    }
+    // copies cached in another precision go: each expert is only ever in its own
+    r.coordinator.drop_all();
+    r.forget_cache();
+    r.fixed = std::move(fixed);
+}
+
+void expert_residency::set_path_statistics(const std::vector<path_entry> & entries) {
+    impl & r = *impl_;
+    auto paths = std::make_unique<path_predictor>();
+    for (const auto & [layer, prev2, prev1, probs] : entries) {
+        if ((int) probs.size() != r.layout.n_expert) {
+            throw std::invalid_argument("path statistics: layer " + std::to_string(layer) + " has " + std::to_string(probs.size()) +
+                                        " probabilities for " + std::to_string(r.layout.n_expert) + " experts");
+        }
+        paths->add(layer, prev2, prev1, probs);
+    }
+    r.paths = std::move(paths);
+}
+
+void expert_residency::set_little(bool on) { impl_->little = on; }
+
+int expert_residency::prefetch_big() {
+    impl & r = *impl_;
+    std::vector<predicted_expert> predicted;
+    for (const auto & [il, ids] : r.little_choices) {
+        std::vector<int> distinct(ids.begin(), ids.end());
+        std::sort(distinct.begin(), distinct.end());
+        distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+        for (int e : distinct) predicted.push_back({ il, e, r.fixed_or(il, e, expert_precision::high) });
+    }
+    r.little_choices.clear();
+    if (!r.coordinator.prefetching()) return 0;
+    r.coordinator.prefetch(predicted);
+    return (int) predicted.size();
+}
 
 routing_trace expert_residency::take_trace() { return impl_->recorder.take_trace(); }

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,21 @@ public:
 
     void set_tracing(bool on);
     routing_trace take_trace();
+
+    // EdgeMoE's static precision map: the experts listed (per il) only ever in LOW, the others only
+    // in HIGH (used while options().static_precision). Empties the cache. Throws
+    // std::invalid_argument without LOW copies or for an expert that does not exist.
+    void set_precision_map(const std::map<int, std::vector<int>> & low);
+    // EdgeMoE's path statistics (prefetch edgemoe): (layer, prev2, prev1, probabilities) entries
+    // of path-predictor.h. Throws std::invalid_argument for a row of the wrong length.
+    using path_entry = std::tuple<int, std::vector<int>, std::vector<int>, std::vector<float>>;
+    void set_path_statistics(const std::vector<path_entry> & entries);
+    // MoBiLE: while on, a decode token (a one-token ubatch) computes only its top-k/2 experts,
+    // renormalized where the model normalizes its top-k weights
+    void set_little(bool on);
+    // MoBiLE's fallback: prefetches the whole top-k that the last little token's routers chose, in
+    // every layer, for the big pass that redoes it; returns how many (expert, layer) were asked for
+    int prefetch_big();
 
     struct impl;
 

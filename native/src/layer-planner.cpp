@@ -10,26 +10,55 @@ int waves_needed(int n_expert, int k, int64_t n_tokens, int high_slots, bool has
 }
 
 layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_tokens, int k, int n_expert,
-                      const precision_params & precision, int n_waves, int high_slots,
+                      const plan_rules & rules, int n_waves, int high_slots,
                       const std::function<bool(int, expert_precision)> & served) {
     layer_plan plan;
+    const precision_params & precision = rules.precision;
     const bool all_high = !precision.use_low && !precision.use_skip;
     plan.demand.assign((size_t) n_tokens * k, expert_precision::high);
+    plan.dropped.assign((size_t) n_tokens * k, 0);
     std::vector<expert_demand> wanted;
+    std::vector<int64_t> uses;  // selections per wanted expert
     std::unordered_map<int, size_t> index_of;
+    std::vector<double> scores(k);
+    std::vector<int> rank(k);
     for (int64_t t = 0; t < n_tokens; t++) {
         expert_precision * demand = &plan.demand[t * k];
         if (!all_high) choose_precisions(weights + t * k, k, precision, demand);
+        if (rules.keep > 0 && rules.keep < k) {
+            selection_scores(weights + t * k, k, scores.data(), rank.data());
+            for (int r = rules.keep; r < k; r++) { plan.dropped[t * k + rank[r]] = 1; demand[rank[r]] = expert_precision::skip; }
+        }
         for (int i = 0; i < k; i++) {
             const int e = ids[t * k + i];
             if (e < 0 || e >= n_expert) {
                 plan.error = "router chose expert " + std::to_string(e) + " out of " + std::to_string(n_expert);
                 return plan;
             }
+            if (plan.dropped[t * k + i]) continue;
+            if (rules.fixed) demand[i] = rules.fixed[e];
             auto [it, inserted] = index_of.emplace(e, wanted.size());
-            if (inserted) wanted.emplace_back(e, demand[i]);
+            if (inserted) { wanted.emplace_back(e, demand[i]); uses.push_back(0); }
             else wanted[it->second].second = std::max(wanted[it->second].second, demand[i]);
+            uses[it->second]++;
         }
+    }
+    if (n_tokens > 1 && rules.prefill_low_share > 0) {
+        // Fate: popular experts first; the coldest, up to the share of selections, in LOW
+        std::vector<size_t> order(wanted.size());
+        for (size_t i = 0; i < order.size(); i++) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return uses[a] > uses[b]; });
+        int64_t total = 0, cold = 0;
+        for (int64_t u : uses) total += u;
+        std::vector<expert_demand> by_popularity;
+        for (size_t i = order.size(); i-- > 0;) {
+            expert_demand & d = wanted[order[i]];
+            cold += uses[order[i]];
+            if ((double) cold > rules.prefill_low_share * total) break;
+            if (!rules.fixed && d.second == expert_precision::high) d.second = expert_precision::low;
+        }
+        for (size_t i : order) by_popularity.push_back(wanted[i]);
+        wanted = std::move(by_popularity);
     }
     if (n_waves > 1) {
         std::stable_partition(wanted.begin(), wanted.end(), [&](const expert_demand & e) { return served(e.first, e.second); });
