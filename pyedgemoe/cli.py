@@ -6,6 +6,7 @@ usage errors (unknown flags, values of the wrong type) exit with status 2.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+def parse_share(value: str, flag: str) -> float:
+    """'1%' or '0.01' as 0.01; a bad value fails with one error line."""
+    text = value.strip()
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        fail(f"{flag} must be a share like 1% or 0.01, got {value!r}")
+    if not (math.isfinite(share) and share >= 0):
+        fail(f"{flag} must be a finite share >= 0, got {value!r}")
+    return share
 
 
 def print_timings(t: dict) -> None:
@@ -77,10 +90,14 @@ def print_stats(stats: dict) -> None:
                            for p in experts["prediction"] if p["tokens"])
     if prediction:
         typer.echo(f"prediction: {prediction}", err=True)
-    if experts["prefetch"] != "none":
+    if experts["prefetch"] != "none" or stats.get("big_little"):
         p = experts["prefetches"]
         typer.echo(f"prefetch ({experts['prefetch']}): {p['issued']} experts read ahead, {p['used']} used, "
                    f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}", err=True)
+    if stats.get("big_little"):
+        b = stats["big_little"]
+        typer.echo(f"big-little (gamma {b['gamma']:g}): {b['little_tokens']} tokens decoded little, {b['fallbacks']} "
+                   f"redone big ({b['fallback_rate']:.1%}), {b['prefetched']} experts prefetched for them", err=True)
 
 
 def print_model_note(eng, model: Path) -> None:
@@ -246,11 +263,16 @@ def calibrate_command(
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),
     max_tokens: int = typer.Option(2048, "--max-tokens", help="use at most this many tokens of the text"),
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
+    loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe: the perplexity increase over "
+                                    "HIGH only that the static precision map may cost"),
+    size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
+                                              "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
     engine_options: dict = None,
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
-    sidecar next to the model that `run` picks up (docs/mixed-precision.md)."""
+    sidecar next to the model that `run` picks up (docs/mixed-precision.md); EdgeMoE's path
+    statistics too, and with --system edgemoe its static precision map (docs/systems.md)."""
     from pyedgemoe.calibration.run import calibrate
 
     try:
@@ -258,8 +280,12 @@ def calibrate_command(
     except OSError as e:
         fail(f"cannot read text file: {e}")
     try:
+        system = engine_options.pop("system")
         result = calibrate(model, text, budget=budget, split=target_split, n_ctx=ctx, max_tokens=max_tokens,
-                           trace=trace, grid_step=grid_step, text_name=str(file), **engine_options)
+                           trace=trace, grid_step=grid_step, text_name=str(file), system=system,
+                           loss_budget=parse_share(loss_budget, "--loss-budget"),
+                           size_budget=None if size_budget is None else parse_share(size_budget, "--size-budget"),
+                           **engine_options)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -286,6 +312,14 @@ def calibrate_command(
     if "prediction" in d and d["prediction"]["top1_accuracy"] is not None:
         typer.echo(f"next-layer prediction: top-1 right {d['prediction']['top1_accuracy']:.1%}, "
                    f"{d['prediction']['recall']:.1%} of selections predicted")
+    typer.echo(f"EdgeMoE path statistics: top-{d['n_experts_used']} of the next layer predicted "
+               f"{d['path_accuracy']:.1%} right on this text")
+    if "precision_map" in d:
+        m = d["precision_map"]
+        budget_text = (f"loss budget +{m['loss_budget']:.1%}" if m["size_budget"] is None
+                       else f"size budget {m['size_budget']:.0%}")
+        typer.echo(f"EdgeMoE precision map ({budget_text}): {m['n_low']} of {m['n_experts']} experts LOW, "
+                   f"decode-mode perplexity {m['ppl']:.4f} vs {m['baseline_ppl']:.4f} all HIGH")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 

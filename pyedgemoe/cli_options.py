@@ -1,5 +1,5 @@
 """The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`--expert-cache`, `--device`, `--host-cache`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
+`--expert-cache`, `--device`, `--host-cache`, `--system`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
 pyedgemoe.expert_options.OPTION_NAMES with dashes, their help and defaults from the native schema)
 and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
 of Engine keyword arguments; a bad value is one `error:` line."""
@@ -27,6 +27,10 @@ _ENGINE_OPTIONS = (
                                      help="with a GPU: pinned RAM for experts between the file and the GPU: "
                                           "8GiB, 50% (of expert bytes), 0 or auto"),
      "host_cache"),
+    ("system", Optional[str], typer.Option(None, "--system",
+                                           help="a seed system's preset of the expert options: lossless, hobbit, "
+                                                "edgemoe, fate or mobile (docs/systems.md); options given win"),
+     "system"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log"), "verbose"),
 )
 

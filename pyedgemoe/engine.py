@@ -20,12 +20,14 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.chat_template import render_chat
+from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
 
 
@@ -114,6 +116,24 @@ def _expert_summary(experts: dict) -> dict:
     }
 
 
+def _calibrated_tables(model, options, calibration: dict | None) -> None:
+    """Hands the native layer what EdgeMoE's options read from the calibration sidecar: the static
+    precision map (static_precision) and the path statistics (prefetch edgemoe)."""
+    calibration = calibration or {}
+    if options.static_precision:
+        precision_map = calibration.get("precision_map")
+        if not precision_map:
+            raise InvalidOptionError("static_precision needs the precision map of `pyedgemoe calibrate --system edgemoe` "
+                                     "in the calibration sidecar")
+        model.set_expert_precision_map({int(l): es for l, es in precision_map["low"].items()})
+    if options.prefetch.name == "edgemoe":
+        stats = calibration.get("path_statistics")
+        if not stats:
+            raise InvalidOptionError("prefetch edgemoe needs the path statistics of `pyedgemoe calibrate` in the "
+                                     "calibration sidecar")
+        model.set_expert_path_statistics(native_entries(stats))
+
+
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
@@ -150,6 +170,10 @@ class Engine:
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
     host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
         a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
+    system: a seed system's preset of the expert options ("lossless", "hobbit", "edgemoe", "fate",
+        "mobile"; pyedgemoe.systems, docs/systems.md); options given explicitly win over it.
+        static_precision and prefetch="edgemoe" read the calibration sidecar (`pyedgemoe calibrate
+        --system edgemoe`); big_little (MoBiLE) decodes with top-k/2 and redoes low-confidence tokens.
     verbose: forward llama.cpp's log to stderr.
     """
 
@@ -157,7 +181,7 @@ class Engine:
                  n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
                  expert_options: ExpertOptions | None = None, trace_routing: bool = False,
-                 device: str | None = None, host_cache: str | int | None = None,
+                 device: str | None = None, host_cache: str | int | None = None, system: str | None = None,
                  verbose: bool = False, **options):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
@@ -170,13 +194,16 @@ class Engine:
             raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
         flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
         expert_options = (expert_options or ExpertOptions()).merged(**options)
+        self.model_path = os.fspath(model_path)
+        self.info: ModelInfo = read_model_info(self.model_path)
+        self.system = system
+        if system is not None:
+            expert_options = system_options(system, expert_options, self.info)
         self.mode = resolve_mode(expert_options["mode"] if "mode" in expert_options.given else None)
         expert_options = expert_options.merged(mode=self.mode)
         self.device = choose_device(self.mode, device)
         _native.set_verbose(verbose)
 
-        self.model_path = os.fspath(model_path)
-        self.info: ModelInfo = read_model_info(self.model_path)
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn)
         budget, self.expert_cache_note = parse_expert_cache(
@@ -189,6 +216,10 @@ class Engine:
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
         native_options = expert_options.resolve(self.info, calibration) if self.info.is_moe else None
+        if native_options is not None and not offload and (native_options.big_little > 0 or native_options.static_precision
+                                                           or native_options.prefetch.name == "edgemoe"):
+            raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "
+                                     "give an expert_cache below the model's experts (e.g. --expert-cache 50%)")
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
@@ -197,6 +228,7 @@ class Engine:
             if offload:
                 self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
                                                     n_threads or os.cpu_count() or 1)  # --mode auto measures with them
+                _calibrated_tables(self._model, native_options, calibration)
                 if native_options.fill_cache:
                     self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
         except (_native.ExpertBudgetError, ValueError) as e:
@@ -224,6 +256,8 @@ class Engine:
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
         self.n_threads = n_threads
         self.seed = seed
+        self.big_little = native_options.big_little if offload else 0.0  # MoBiLE's gamma; 0: off
+        self._big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
@@ -293,10 +327,34 @@ class Engine:
 
     def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> np.ndarray:
         try:
+            if self.big_little > 0 and len(ids) == 1:
+                return self._decode_big_little(ids, pos0, all_logits)
             return self._live().decode(ids, pos0, all_logits)
         except _native.ExpertLoadError as e:
             self._tokens = []  # the native side cleared the KV cache
             raise ExpertLoadError(str(e)) from None
+
+    def _decode_big_little(self, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:
+        """MoBiLE (docs/systems.md): the token through each layer's top-k/2 experts; when its top
+        output probability is below big_little, its KV entry is removed and it runs again with the
+        whole top-k, the experts the little pass's routers chose prefetched."""
+        ctx = self._live()
+        counts = self._big_little_counts
+        self._model.set_expert_little(True)
+        try:
+            logits = ctx.decode(ids, pos, all_logits)
+        finally:
+            self._model.set_expert_little(False)
+        counts["little_tokens"] += 1
+        row = np.asarray(logits, dtype=np.float64).reshape(-1, self.n_vocab)[-1]
+        top_probability = 1.0 / np.exp(row - row.max()).sum()
+        if top_probability >= self.big_little:
+            return logits
+        counts["fallbacks"] += 1
+        if not ctx.truncate(pos):
+            raise ModelLoadError("big_little: this model's memory cannot drop a token to redo it")
+        counts["prefetched"] += self._model.prefetch_expert_big()
+        return ctx.decode(ids, pos, all_logits)
 
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
@@ -555,7 +613,22 @@ class Engine:
             "last": self.last_timings.to_dict(),
         }
         out["memory"] = self._live().memory_breakdown()
+        out["system"] = self.system
         if self.expert_residency is not None:
             experts = {**self.expert_residency, **self._model.expert_stats()}
             out["experts"] = {**experts, "summary": _expert_summary(experts)}
+        if self.big_little > 0:
+            c = self._big_little_counts
+            out["big_little"] = {"gamma": self.big_little, **c,
+                                 "fallback_rate": c["fallbacks"] / c["little_tokens"] if c["little_tokens"] else 0.0}
         return out
+
+    def set_precision_map(self, low: dict[int, list[int]]) -> None:
+        """EdgeMoE's static precision map (with static_precision): the experts listed ({layer: [expert,
+        ...]}) only ever in LOW, every other one only in HIGH. Empties the expert cache."""
+        if self.expert_residency is None:
+            raise InvalidOptionError("a precision map needs an expert cache (expert_cache=...)")
+        try:
+            self._model.set_expert_precision_map({int(l): [int(e) for e in es] for l, es in low.items()})
+        except ValueError as e:
+            raise InvalidOptionError(str(e)) from None

@@ -135,15 +135,17 @@ void register_policies(nb::module_ & m) {
         "and eviction code, for tests and trace replay.")
         .def("__init__", [](expert_cache * self, int high_slots, int low_slots, const std::string & policy,
                             const hobbit_weights & weights, bool low_serves_high, int n_layers, std::vector<int> layers,
-                            int n_expert, int fate_shallow) {
+                            int n_expert, int fate_shallow, int n_expert_used) {
                  if (layers.empty()) for (int il = 0; il < n_layers; il++) layers.push_back(il);
                  new (self) expert_cache({ { high_slots }, { low_slots }, enum_from_name<cache_policy_kind>(policy), weights,
-                                           low_serves_high, n_layers, { layers }, n_expert, fate_shallow });
+                                           low_serves_high, n_layers, { layers }, n_expert, fate_shallow, n_expert_used });
              }, nb::arg("high_slots"), nb::arg("low_slots") = 0, nb::arg("policy") = name_of(expert_options().cache_policy),
              nb::arg("weights") = expert_options().policy_weights,
              nb::arg("low_serves_high") = expert_options().low_hit == low_hit_rule::accept, nb::arg("n_layers") = 1,
              nb::arg("layers") = std::vector<int>(), nb::arg("n_expert") = 0, nb::arg("fate_shallow") = expert_options().fate_shallow,
-             "layers: the MoE layers (default 0 .. n_layers - 1) and n_expert: experts per layer, for the fate policy's split.")
+             nb::arg("n_expert_used") = 0,
+             "layers: the MoE layers (default 0 .. n_layers - 1), n_expert and n_expert_used: experts per layer and per "
+             "token, for the fate policy's split.")
         .def("place", [](expert_cache & c, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
                  std::vector<expert_demand> w;
                  for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
@@ -156,8 +158,9 @@ void register_policies(nb::module_ & m) {
                  return c.tier(0, precision_from_name(precision)).find(make_expert_key(layer, expert)) >= 0;
              });
 
-    m.def("shallow_favoring_split", [](int n_slots, const std::vector<int> & layers, int n_expert, int n_shallow) {
-              return shallow_favoring_split({ n_slots, layers, n_expert, n_shallow });
+    m.def("shallow_favoring_split", [](int n_slots, const std::vector<int> & layers, int n_expert, int n_shallow, int n_expert_used) {
+              return shallow_favoring_split({ n_slots, layers, n_expert, n_shallow, n_expert_used });
           }, nb::arg("n_slots"), nb::arg("layers"), nb::arg("n_expert"), nb::arg("n_shallow") = expert_options().fate_shallow,
+          nb::arg("n_expert_used") = 0,
           "Fate's split of a tier's slots over its layers (shallow ones first): slots per layer.");
 }

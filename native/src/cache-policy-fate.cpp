@@ -17,7 +17,9 @@ std::vector<int> shallow_favoring_split(const cache_tier_shape & shape) {
     const int L = (int) shape.layers.size(), E = shape.n_expert;
     std::vector<int> share(L, 0);
     if (L == 0) return share;
-    const int S = std::min(L, shape.n_shallow >= 0 ? shape.n_shallow : (L + 5) / 6);
+    int S = std::min(L, shape.n_shallow >= 0 ? shape.n_shallow : (L + 5) / 6);
+    // our default's one change to the paper's: the deep layers keep room for a token's top-k each
+    while (shape.n_shallow < 0 && S > 0 && shape.n_slots - S * E < (L - S) * shape.n_expert_used) S--;
     int left = shape.n_slots;
     if (left <= S * E) {
         for (int i = 0; i < S && left > 0; i++) left -= share[i] = std::min(E, left);

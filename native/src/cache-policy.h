@@ -40,12 +40,14 @@ struct cache_policy {
 };
 
 // What a policy may know of its tier: slots, the MoE layers whose experts share them (ascending),
-// experts per layer, and Fate's shallow layers among them (-1: the first sixth, rounded up).
+// experts per layer and per token, and Fate's shallow layers among them (-1: the first sixth,
+// rounded up, fewer where the deep layers would be left less than a token's top-k each).
 struct cache_tier_shape {
     int n_slots = 0;
     std::vector<int> layers;
     int n_expert = 0;
     int n_shallow = -1;
+    int n_expert_used = 0;
 };
 
 // weights: HOBBIT's multidimensional priority's (for cache_policy_kind::hobbit)

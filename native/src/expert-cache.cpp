@@ -41,7 +41,7 @@ expert_cache::expert_cache(const expert_cache_config & config) : config_(config)
         has_low_ = has_low_ || low > 0;
         const std::vector<int> layers = g < config.group_layers.size() ? config.group_layers[g] : std::vector<int>();
         for (int slots : { config.high_slots[g], low }) {
-            const cache_tier_shape shape = { slots, layers, config.n_expert, config.fate_shallow };
+            const cache_tier_shape shape = { slots, layers, config.n_expert, config.fate_shallow, config.n_expert_used };
             tiers_.push_back({ slot_table(slots), shape, make_cache_policy(config.policy, config.weights, shape) });
         }
     }

@@ -42,6 +42,7 @@ struct expert_cache_config {
     std::vector<std::vector<int>> group_layers;  // per group its MoE layers (for the fate policy)
     int n_expert = 0;                     // experts per layer (for the fate policy)
     int fate_shallow = -1;                // the fate policy's shallow layers (-1: its default)
+    int n_expert_used = 0;                // experts per token (for the fate policy's default)
 };
 
 class expert_cache {

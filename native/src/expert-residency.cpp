@@ -38,7 +38,7 @@ expert_cache_config cache_config_of(const expert_budget & budget, const expert_o
     std::vector<std::vector<int>> group_layers(layout.groups.size());
     for (const auto & l : layout.layers) group_layers[l.group].push_back(l.il);
     return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
-             layout.n_layers, group_layers, layout.n_expert, o.fate_shallow };
+             layout.n_layers, group_layers, layout.n_expert, o.fate_shallow, layout.n_expert_used };
 }
 
 // layers the predictor looks ahead: HOBBIT's walk prefetch_depth, Fate's and EdgeMoE's next layer;

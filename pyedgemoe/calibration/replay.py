@@ -10,8 +10,9 @@ Deterministic: the same trace and settings give the same numbers.
 search_policy_weights tries the priority weights (lru, lfu, lhu, fld) on a grid over the simplex
 (step 0.1 by default: 286 points, including the single-term vertices, which are the lhu and fld
 policies exactly), keeping the lowest penalty (ties: fewer loads, then grid order); the
-stand-alone lru and lfu policies are replayed for comparison. They keep their records across
-sequences and count frequency since insertion, so they are not grid points and may win.
+stand-alone lru and lfu policies are replayed for comparison, and the seed systems' edgemoe
+(frequency x layer distance) and fate (shallow-favoring split, ARC per layer). They keep their
+records across sequences (lfu counts frequency since insertion), so they are not grid points and may win.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import default
 
 DEFAULT_GRID_STEP = 0.1
-SINGLE_POLICIES = ("lru", "lfu", "lhu", "fld")
+SINGLE_POLICIES = ("lru", "lfu", "lhu", "fld", "edgemoe", "fate")
 
 
 @dataclass
@@ -74,6 +75,9 @@ class CacheSetup:
     n_layers: int
     low_cost: float  # LOW expert bytes / HIGH expert bytes (= B_low / B_high)
     low_serves_high: bool = True
+    layers: tuple = ()  # the MoE layers, experts per layer and per token (the fate policy's split); (): 0 .. n_layers - 1
+    n_expert: int = 0
+    n_expert_used: int = 0
 
 
 @dataclass
@@ -115,7 +119,8 @@ def replay(steps: list[ReplayStep], setup: CacheSetup, policy: str = "lru", weig
 
     def new_cache():
         return _native.ExpertCache(setup.high_slots, setup.low_slots, policy=policy, weights=w,
-                                   low_serves_high=setup.low_serves_high, n_layers=setup.n_layers)
+                                   low_serves_high=setup.low_serves_high, n_layers=setup.n_layers,
+                                   layers=list(setup.layers), n_expert=setup.n_expert, n_expert_used=setup.n_expert_used)
 
     cache = new_cache()
     result = ReplayResult(policy, tuple(w) if policy == "hobbit" else None, 0.0)
@@ -157,7 +162,7 @@ def weight_grid(step: float = DEFAULT_GRID_STEP) -> list[tuple[float, float, flo
 def search_policy_weights(steps: list[ReplayStep], setup: CacheSetup,
                           step: float = DEFAULT_GRID_STEP) -> tuple[ReplayResult, dict[str, ReplayResult]]:
     """The hobbit weights of the grid with the lowest penalty (ties: fewer loads, then grid order;
-    fewer failures first), and the replay of every single policy (lru, lfu, lhu, fld) to compare."""
+    fewer failures first), and the replay of every single policy (SINGLE_POLICIES) to compare."""
     best = None
     for weights in weight_grid(step):
         r = replay(steps, setup, "hobbit", weights)

@@ -19,6 +19,9 @@ Four steps, each in a module of its own:
    under T1/T2.
 4. replay.search_policy_weights: the hobbit weights with the lowest miss penalty when those calls
    are replayed through the runtime's cache code, and the single policies to compare.
+
+Besides, from the same trace: EdgeMoE's path statistics (paths.py; `--prefetch edgemoe` reads
+them) and, with system="edgemoe", EdgeMoE's static precision map (edgemoe.py; `--static-precision`).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyedgemoe.calibration import edgemoe
+from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, replay_steps,
                                           search_policy_weights, weight_grid)
 from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, sidecar_path, write_sidecar
@@ -73,12 +78,15 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
               split=None, n_ctx: int = DEFAULT_N_CTX, max_tokens: int | None = DEFAULT_MAX_TOKENS,
               trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
               grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
-              **engine_options) -> CalibrationResult:
+              system: str | None = None, loss_budget: float = edgemoe.DEFAULT_LOSS_BUDGET,
+              size_budget: float | None = None, **engine_options) -> CalibrationResult:
     """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
     `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`).
 
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
-    use at most this many tokens of the text (None: all). engine_options: further Engine arguments
+    use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
+    or "edgemoe" (also the static precision map for loss_budget, or size_budget: edgemoe.py).
+    engine_options: further Engine arguments
     (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
     """
@@ -95,6 +103,9 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "auto"):
         raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%)")
     weight_grid(grid_step)  # a bad step fails before the model runs
+    if system not in (None, "hobbit", "edgemoe"):
+        raise InvalidOptionError(f"calibrate --system takes hobbit or edgemoe, got {system!r} (fate and mobile "
+                                 "need no calibration; lossless has nothing to calibrate)")
 
     notes: list[str] = []
     start = time.perf_counter()
@@ -133,7 +144,9 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     low_cost = residency["low_expert_bytes"] / residency["expert_bytes"] if residency["mixed_precision"] else 0.0
     setup = CacheSetup(high_slots=residency["high_slots"], low_slots=residency["low_slots"],
                        n_layers=residency["n_layers"], low_cost=low_cost,
-                       low_serves_high=residency["low_hit"] == "accept")
+                       low_serves_high=residency["low_hit"] == "accept",
+                       layers=tuple(sorted(info.expert_bytes_per_layer)), n_expert=residency["n_expert"],
+                       n_expert_used=k)
     replay_start = time.perf_counter()
     best, singles = search_policy_weights(steps, setup, grid_step)
     replay_seconds = time.perf_counter() - replay_start
@@ -179,6 +192,13 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     accuracy = prediction_accuracy(routing)
     if accuracy is not None:
         data["prediction"] = accuracy
+    data["path_statistics"] = path_statistics(routing, residency["n_expert"])
+    data["path_accuracy"] = path_accuracy(data["path_statistics"], routing)
+    if system == "edgemoe":
+        start = time.perf_counter()
+        data["precision_map"] = edgemoe.precision_map(model_path, tokens, loss_budget=loss_budget,
+                                                      size_budget=size_budget, **engine_options)
+        data["seconds"]["precision_map"] = time.perf_counter() - start
     result = CalibrationResult(data, notes=notes)
     if write:
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))

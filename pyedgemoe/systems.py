@@ -1,0 +1,44 @@
+"""The seed systems as presets (`--system NAME`, `Engine(system=NAME)`): each paper's combination of
+the expert options, set consistently (docs/systems.md says why each knob is set as it is). A preset
+only fills in options: every knob stays available alone, and one given explicitly wins.
+
+- lossless: every expert in HIGH, nothing skipped, plain LRU, no prefetch: the same tokens as
+  everything resident.
+- hobbit (HOBBIT): misses in HIGH, LOW or skipped by their score (T1/T2 and the policy's weights
+  calibrated), HOBBIT's multidimensional cache policy, stacked-router prefetch.
+- edgemoe (EdgeMoE): each expert in the one precision `pyedgemoe calibrate --system edgemoe` chose
+  for it, frequency x layer-distance eviction, path-statistics prefetch.
+- fate (Fate): decode in HIGH only; prefill ubatches load their experts by popularity, the coldest
+  covering 15 % of the selections in LOW; shallow-favoring cache with per-layer ARC; next-layer gate
+  prefetch with Fate's extra experts.
+- mobile (MoBiLE): lossless experts; decode with top-k/2 and redo a token with the whole top-k when
+  its top probability is below 0.7, prefetching what the little pass's routers chose.
+"""
+from __future__ import annotations
+
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.model_info import ModelInfo
+
+SYSTEMS: dict[str, dict] = {
+    "lossless": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none"),
+    "hobbit": dict(low_precision=True, skip=True, cache_policy="hobbit", prefetch="hobbit"),
+    "edgemoe": dict(low_precision=True, skip=False, static_precision=True, cache_policy="edgemoe", prefetch="edgemoe"),
+    # the LOW tier serves prefill's cold experts only: a small one; reload keeps decode in HIGH
+    "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.1,
+                 prefill_low_share=0.15, cache_policy="fate", prefetch="fate"),
+    "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=0.7),
+}
+# the presets that need LOW expert copies (a multi-precision GGUF, or low_from)
+NEEDS_LOW = ("hobbit", "edgemoe", "fate")
+
+
+def system_options(system: str, given: ExpertOptions, info: ModelInfo) -> ExpertOptions:
+    """The options of `system` with the explicitly given ones on top; InvalidOptionError for an
+    unknown system, or one that needs LOW copies the model does not have."""
+    if system not in SYSTEMS:
+        raise InvalidOptionError(f"unknown system {system!r} ({', '.join(SYSTEMS)})")
+    if system in NEEDS_LOW and not info.multi_precision and "low_from" not in given.given:
+        raise InvalidOptionError(f"--system {system} needs LOW expert copies: a multi-precision GGUF "
+                                 "(pyedgemoe convert) or --low-from OTHER.gguf")
+    return ExpertOptions(**SYSTEMS[system]).merged(**given.given)
