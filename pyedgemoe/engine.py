@@ -116,6 +116,12 @@ def _expert_summary(experts: dict) -> dict:
     }
 
 
+def top_probability(logits: np.ndarray) -> float:
+    """The largest softmax probability of one row of logits (MoBiLE's confidence)."""
+    row = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.exp(row - row.max()).sum())
+
+
 def _calibrated_tables(model, options, calibration: dict | None) -> None:
     """Hands the native layer what EdgeMoE's options read from the calibration sidecar: the static
     precision map (static_precision) and the path statistics (prefetch edgemoe)."""
@@ -346,9 +352,7 @@ class Engine:
         finally:
             self._model.set_expert_little(False)
         counts["little_tokens"] += 1
-        row = np.asarray(logits, dtype=np.float64).reshape(-1, self.n_vocab)[-1]
-        top_probability = 1.0 / np.exp(row - row.max()).sum()
-        if top_probability >= self.big_little:
+        if top_probability(np.asarray(logits).reshape(-1, self.n_vocab)[-1]) >= self.big_little:
             return logits
         counts["fallbacks"] += 1
         if not ctx.truncate(pos):

@@ -15,7 +15,7 @@ from pyedgemoe.errors import InvalidOptionError
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
-POLICIES = ["lru", "lfu", "lhu", "fld", "hobbit"]
+POLICIES = ["lru", "lfu", "lhu", "fld", "hobbit", "edgemoe", "fate"]
 PREFETCH = ["none", "hobbit", "fate"]
 
 

@@ -51,12 +51,19 @@ nb::ndarray<nb::numpy, int8_t> demands_of(routing_weights weights, double t1, do
 
 // One layer of one ubatch as the runtime plans it, in one wave: (demands [n, k] as int8 2 HIGH /
 // 1 LOW / 0 SKIP, [(expert, demand name)] of the distinct experts in order of first use).
-nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1, double t2, bool use_low, bool use_skip) {
+nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1, double t2, bool use_low, bool use_skip,
+               const std::vector<std::string> & fixed, double prefill_low_share, int keep) {
     if (ids.shape(0) != weights.shape(0) || ids.shape(1) != weights.shape(1)) throw nb::value_error("ids and weights differ in shape");
+    if (!fixed.empty() && (int) fixed.size() != n_expert) throw nb::value_error("fixed needs one precision per expert");
     const int64_t n = (int64_t) ids.shape(0);
     const int k = (int) ids.shape(1);
+    std::vector<expert_precision> fixed_precision;
+    for (const auto & name : fixed) fixed_precision.push_back(precision_from_name(name));
     plan_rules rules;
     rules.precision = { t1, t2, use_low, use_skip };
+    rules.fixed = fixed_precision.empty() ? nullptr : fixed_precision.data();
+    rules.prefill_low_share = prefill_low_share;
+    rules.keep = keep;
     const layer_plan p = plan_layer(ids.data(), weights.data(), n, k, n_expert, rules, 1, 0,
                                     [](int, expert_precision) { return false; });
     if (!p.error.empty()) throw nb::value_error(p.error.c_str());
@@ -95,9 +102,12 @@ void register_policies(nb::module_ & m) {
 
     m.def("plan_layer", &plan, nb::arg("ids"), nb::arg("weights"), nb::arg("n_expert"), nb::arg("t1") = expert_options().t1,
           nb::arg("t2") = expert_options().t2,
-          nb::arg("use_low") = true, nb::arg("use_skip") = true,
+          nb::arg("use_low") = true, nb::arg("use_skip") = true, nb::arg("fixed") = std::vector<std::string>(),
+          nb::arg("prefill_low_share") = 0.0, nb::arg("keep") = 0,
           "The runtime's plan of one layer of one ubatch (ids int32 [n, k], weights float32 [n, k]): each "
-          "selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) and the distinct experts with their demand.");
+          "selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) and the distinct experts with their demand. "
+          "fixed: EdgeMoE's map (a precision name per expert); prefill_low_share: Fate's prefill rule; keep: "
+          "MoBiLE's little pass (each token's heaviest selections kept; the others skip and are not wanted).");
 
     m.def("predict_layer", [](const std::vector<float> & logits, int k, double t1, double t2, bool use_low,
                               bool use_skip, int fate_extra, double fate_percentile) {
