@@ -212,6 +212,8 @@ def perplexity_command(
     file: Path = typer.Option(..., "-f", "--file", help="the text to score (e.g. wikitext-2's wiki.test.raw)"),
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per chunk, llama-perplexity's --ctx-size"),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
+    decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
+                                     "an expert cache, loaded) as generation does"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     engine_options: dict = None,
 ) -> None:
@@ -235,7 +237,8 @@ def perplexity_command(
     try:
         with Engine(model, n_ctx=ctx, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
-            result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running)
+            result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
+                                one_token_per_step=decode_mode)
             if as_json:
                 typer.echo(json.dumps({**result.to_dict(), "stats": eng.stats()}))
                 return

@@ -86,13 +86,16 @@ def _stderr_of_ppl(nll: np.ndarray, ppl: float) -> float:
 
 
 def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_CTX, n_chunks: int | None = None,
-               *, on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+               *, on_chunk: Callable[[int, float], None] | None = None,
+               one_token_per_step: bool = False) -> PerplexityResult:
     """llama.cpp's perplexity of text (or of token ids, already tokenized as llama.cpp does: with
     BOS first if the model adds one) under engine, whatever its runtime configuration.
 
     n_ctx: tokens per chunk (llama-perplexity's --ctx-size); at most engine.n_ctx.
     n_chunks: evaluate at most this many chunks (None: all that fit in the text).
     on_chunk(i, running_ppl): called after each chunk i (0-based), e.g. to print progress.
+    one_token_per_step: decode mode, each chunk evaluated one llama_decode per token (Engine.logits):
+    every token is routed, and with an expert cache served, as a decode step is (docs/systems.md).
     Raises TextTooShortError when the text has fewer than 2 * n_ctx tokens, InvalidOptionError
     for a bad n_ctx / n_chunks, ContextOverflowError when n_ctx exceeds the engine's context.
     """
@@ -129,7 +132,7 @@ def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_C
         targets = np.asarray(chunk[first + 1:], dtype=np.int64)
         if bos is not None:
             chunk = [bos] + chunk[1:]
-        logits = engine.logits(chunk)
+        logits = engine.logits(chunk, one_token_per_step=one_token_per_step)
         scored = token_nll(logits[first:n_ctx - 1], targets)
         nll[i * per_chunk:(i + 1) * per_chunk] = scored
         chunk_nll.append(float(scored.mean()))

@@ -15,6 +15,7 @@ import pytest
 import tiny_moe
 from conftest import MOE_ARCHITECTURES
 from pyedgemoe import Engine, _native
+from pyedgemoe.calibration.paths import path_accuracy
 from pyedgemoe.calibration.run import calibrate
 from pyedgemoe.convert.from_gguf import convert_gguf
 from pyedgemoe.engine import top_probability
@@ -242,6 +243,34 @@ def test_the_edgemoe_preset_runs_the_calibrated_map(calibrated):
     assert stats["prediction"][0]["tokens"] > 0
     n_low = sum(c["selections_low"] for c in stats["layers"].values())
     assert (n_low > 0) == bool(low)
+
+
+def test_the_runtimes_path_predictions_are_the_calibrated_statistics(calibrated):
+    # the runtime's lookup (path-predictor.cpp) and paths.predict fall back alike: its share of
+    # selections predicted is path_accuracy of the same routing
+    path, data = calibrated
+    with Engine(path, **SETTINGS, expert_cache="50%", low_precision=False, prefetch="edgemoe") as eng:
+        eng.record_routing()
+        eng.logits(IDS, one_token_per_step=True)
+        trace = eng.take_routing_trace()
+        prediction = eng.stats()["experts"]["prediction"][0]
+    assert prediction["recall"] == pytest.approx(path_accuracy(data["path_statistics"], trace))
+
+
+def test_calibrate_edgemoe_from_the_cli(mp_model, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(mp_model.read_bytes())
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "calibrate", str(model), "-f", str(text), "--budget", "50%",
+                        "--max-tokens", "128", "--system", "edgemoe", "--size-budget", "80%"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "EdgeMoE precision map (size budget 80%)" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "pyedgemoe", "calibrate", str(model), "-f", str(text),
+                          "--system", "edgemoe", "--loss-budget", "lots"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: --loss-budget must be a share")
+    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("policy", ["edgemoe", "fate"])

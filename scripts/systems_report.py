@@ -1,0 +1,356 @@
+"""docs/systems.md: the seed systems side by side, from one command.
+
+    python scripts/systems_report.py                 # fidelity, then speed (about an hour and a half)
+    python scripts/systems_report.py --reuse-speed   # fidelity again; speed from build/systems/speed-*.json
+
+Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
+mobile. The documentation's table of the knobs each sets comes from the same dict.
+
+Fidelity, on the trained demo model with an expert cache of 25 % of the expert bytes, twice: as
+shipped (models/demo.gguf: Q8_0 HIGH, Q4_K LOW) and with Q2_K LOW copies (the speed files' LOW
+type), each in build/systems/ and calibrated there with `--system edgemoe` on the training split
+(as the shipped sidecar is): decode-mode perplexity of the held-out split (one token per llama_decode,
+so every token is routed and served as a decode step is), top-1 agreement with HIGH only over
+greedy continuations of held-out prompts (fed one token per step), expert bytes per token, hit
+rate, next-layer prediction accuracy and MoBiLE's fallback rate.
+
+Speed, on the synthetic OLMoE-1B-7B and Qwen3-30B-A3B geometries of docs/benchmarks.md (random
+weights, multi-precision: Q8_0 + Q2_K and Q4_K + Q2_K) under cgroup memory caps of 25 % and 50 % of
+the single-precision file: decode tok/s, prefill seconds, expert bytes per decode step, hit rate and
+prediction accuracy, medians over rounds that run every system once in an order rotated per round
+(pyedgemoe.bench.runner: a fresh worker process per run). Missing files are generated and
+converted first (scripts/make_synthetic_gguf.py, pyedgemoe convert), and calibrated on docs/*.md.
+Random weights have no accuracy to profile, so EdgeMoE's map there puts the same share of experts
+in LOW as the demo model's calibration chose with Q2_K LOW copies, least routed first.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+from fidelity_report import MODEL, PROMPT_TOKENS, SETTINGS, agreement, corpus_texts  # noqa: E402
+from pyedgemoe import Engine  # noqa: E402
+from pyedgemoe.convert.export import export  # noqa: E402
+from pyedgemoe.convert.from_gguf import convert_gguf  # noqa: E402
+from pyedgemoe.bench.runner import OURS, run_benchmark  # noqa: E402
+from pyedgemoe.calibration.run import calibrate  # noqa: E402
+from pyedgemoe.calibration.sidecar import load_calibration, sidecar_path, write_sidecar  # noqa: E402
+from pyedgemoe.perplexity import perplexity  # noqa: E402
+from pyedgemoe.systems import SYSTEMS  # noqa: E402
+
+WORK = REPO / "build" / "systems"
+BUDGET = "25%"
+N_PROMPTS, CONTINUATION = 4, 128
+PPL_CTX, PPL_CHUNKS = 256, 16
+PROMPT, OUTPUT, REPEATS = 64, 32, 3
+BENCH = REPO / "build" / "bench"
+# name -> (single-precision file, how to make it, multi-precision file, its convert arguments,
+#          {cap % of the single-precision file: expert cache}, calibration budget)
+GEOMETRIES = {
+    "OLMoE-1B-7B geometry, 16 layers, Q8_0 + Q2_K": (
+        BENCH / "olmoe-1b-7b-L16-q8_0.gguf", ["--geometry", "olmoe-1b-7b", "--layers", "16", "--type", "q8_0"],
+        BENCH / "olmoe-1b-7b-L16-q8_0-q2_K.mp.gguf", ["--low", "q2_K"], {25: "15%", 50: "40%"}, "15%"),
+    "Qwen3-30B-A3B geometry, 12 layers, Q4_K + Q2_K": (
+        BENCH / "qwen3-30b-a3b-L12-q4_k.gguf", ["--geometry", "qwen3-30b-a3b", "--layers", "12", "--type", "q4_k"],
+        BENCH / "qwen3-30b-a3b-L12-q4_k-q2_K.mp.gguf", ["--high", "q4_K", "--low", "q2_K"], {25: "10%", 50: "35%"}, "10%"),
+}
+# each paper's own numbers, as its text states them (../papers are not part of the project: quoted here)
+PAPER_CLAIMS = {
+    "hobbit": "up to 9.93x decode speed over the state-of-the-art offloading systems (Mixtral-8x7B, Phi-MoE; "
+              "RTX 4090 and Jetson Orin); mixed precision keeps accuracy",
+    "edgemoe": "2.63-3.01x per-token latency over loading experts on demand (Jetson TX2, SSD; 4.49-4.76x on HDD); "
+               "accuracy loss close to the user's tolerance (5 %)",
+    "fate": "decode up to 4.1x over load-on-demand, 2.2x over activation-path prefetch; expert hit rate 99.08 % "
+            "(shallow-favoring cache); prefetch accuracy 78.79 % (97.15 % with the extra experts); prefill up to 4.5x",
+    "mobile": "1.60-1.72x decode speed (Qwen-MoE 2/64, OLMoE 4/64 little) with fallback ratios 0.11-0.21, accuracy "
+              "close to the full top-k",
+    "lossless": "(the baseline: every expert in HIGH, LRU, on demand)",
+}
+
+
+# the demo model's variants: name -> LOW type (None: as shipped)
+DEMO_VARIANTS = {"as shipped: Q8_0 HIGH + Q4_K LOW": None, "Q8_0 HIGH + Q2_K LOW": "q2_K"}
+
+
+def calibrated_demo(low: str | None) -> Path:
+    """The demo model (with LOW copies of type `low`) in WORK, calibrated with --system edgemoe on
+    the training split."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    if low is None:
+        model = WORK / MODEL.name
+        shutil.copyfile(MODEL, model)
+    else:
+        high_only = export(MODEL, WORK / f"{MODEL.stem}-high.gguf", precision="high", force=True, progress=False)
+        model = convert_gguf(high_only, WORK / f"{MODEL.stem}-{low}.mp.gguf", high="q8_0", low=low, force=True,
+                             progress=False)
+    _, calibration_text = corpus_texts()
+    calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
+              n_threads=1, system="edgemoe")
+    return model
+
+
+def fidelity(model: Path) -> list[dict]:
+    heldout, _ = corpus_texts()
+    with Engine(model, **SETTINGS) as eng:
+        ids = eng.tokenize(heldout, add_bos=False)
+        step = len(ids) // N_PROMPTS
+        prompts = [ids[i * step:i * step + PROMPT_TOKENS] for i in range(N_PROMPTS)]
+        references = [eng.time_generation(prompt, CONTINUATION)["tokens"] for prompt in prompts]
+    n_steps = PPL_CTX * PPL_CHUNKS + sum(len(p) + len(r) - 1 for p, r in zip(prompts, references))
+    rows = []
+    for name in ["HIGH only", *SYSTEMS]:
+        options = dict(expert_cache=None) if name == "HIGH only" else dict(expert_cache=BUDGET, system=name)
+        print(f"fidelity: {name} ...", file=sys.stderr, flush=True)
+        with Engine(model, **SETTINGS, **options) as eng:
+            ppl = perplexity(eng, heldout, n_ctx=PPL_CTX, n_chunks=PPL_CHUNKS, one_token_per_step=True)
+            agree = agreement(eng, prompts, references)
+            stats = eng.stats()
+        row = dict(system=name, ppl=ppl.ppl, stderr=ppl.stderr, agreement=agree, tokens=ppl.n_tokens_scored)
+        experts = stats.get("experts")
+        if experts:
+            t = experts["total"]
+            row.update(bytes_per_token=(t["bytes_read"] + experts["prefetches"]["bytes_read"]) / n_steps,
+                       hit_rate=experts["summary"]["hit_rate"],
+                       prediction=next((p["top1_accuracy"] for p in experts["prediction"] if p["tokens"]), None),
+                       low_fraction=experts["summary"]["low_fraction"], skip_fraction=experts["summary"]["skip_fraction"])
+        if stats.get("big_little"):
+            row["fallback_rate"] = stats["big_little"]["fallback_rate"]
+        rows.append(row)
+        print(f"  {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def prepared(single: Path, make: list[str], mp: Path, convert: list[str], budget: str, low_share: float) -> Path:
+    """The multi-precision file, generated, converted and calibrated if missing."""
+    if not single.exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), *make, "-o", str(single)],
+                       check=True)
+    if not mp.exists():
+        subprocess.run([sys.executable, "-m", "pyedgemoe", "convert", str(single), "-o", str(mp), *convert], check=True)
+    if load_calibration(mp) is None or "path_statistics" not in load_calibration(mp):
+        text = "".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))[:60000]
+        calibrate(mp, text, budget=budget, max_tokens=256, n_ctx=128, n_threads=2, text_name="docs/*.md")
+    data = load_calibration(mp)
+    # EdgeMoE's map for random weights: the demo model's LOW share, least routed first
+    usage = data["expert_usage"]
+    experts = sorted((counts[e], int(layer), e) for layer, counts in usage.items() for e in range(len(counts)))
+    n_low = round(low_share * len(experts))
+    low: dict[str, list[int]] = {}
+    for _, layer, e in experts[:n_low]:
+        low.setdefault(str(layer), []).append(e)
+    data["precision_map"] = {"low": {l: sorted(es) for l, es in low.items()}, "n_low": n_low,
+                             "n_experts": len(experts), "stand_in": "least routed first, the demo model's LOW share"}
+    write_sidecar(data, sidecar_path(mp))
+    return mp
+
+
+def speed(name: str, low_share: float) -> dict[int, dict]:
+    single, make, mp, convert, caches, budget = GEOMETRIES[name]
+    model = prepared(single, make, mp, convert, budget, low_share)
+    out = {}
+    for cap, cache in caches.items():
+        cap_bytes = single.stat().st_size * cap // 100
+        raw: dict[str, list] = {s: [] for s in SYSTEMS}
+        names = list(SYSTEMS)
+        for round_index in range(REPEATS):
+            shift = round_index % len(names)
+            for system in names[shift:] + names[:shift]:
+                raw[system] += run_benchmark(
+                    model, engines=[OURS], prompt_tokens=PROMPT, output_tokens=OUTPUT, repeats=1, threads=2,
+                    mem_cap_bytes=cap_bytes, ours_options={"expert_cache": cache, "system": system},
+                    log=lambda line, s=system: print(f"{name} cap {cap}% {s}: {line}", file=sys.stderr, flush=True))
+        out[cap] = {"cap_bytes": cap_bytes, "expert_cache": cache, "runs": raw}
+        path = WORK / f"speed-{mp.stem}-cap{cap}.json"
+        path.write_text(json.dumps(out[cap], indent=1, default=str) + "\n")
+    return out
+
+
+def median(runs: list[dict], key) -> float | None:
+    values = [v for v in (key(r) for r in runs if "error" not in r) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def speed_rows(cell: dict) -> list[dict]:
+    rows = []
+    for system, runs in cell["runs"].items():
+        fallback = (lambda r: ((r.get("engine_stats") or {}).get("big_little") or {}).get("fallback_rate"))
+        rows.append(dict(system=system, errors=[r["error"] for r in runs if "error" in r],
+                         tok_s=median(runs, lambda r: r.get("decode_tokens_per_second")),
+                         prefill=median(runs, lambda r: r.get("prefill_seconds")),
+                         bytes=median(runs, lambda r: r.get("decode_expert_bytes_per_token")),
+                         hit=median(runs, lambda r: r.get("expert_hit_rate")),
+                         prediction=median(runs, lambda r: r.get("next_layer_top1_accuracy")),
+                         fallback=median(runs, fallback), n=len([r for r in runs if "error" not in r])))
+    return rows
+
+
+def fmt(value, spec: str, none: str = "n/a") -> str:
+    return none if value is None else format(value, spec)
+
+
+def knobs_table() -> list[str]:
+    names = sorted({k for options in SYSTEMS.values() for k in options})
+    lines = ["| system | " + " | ".join(f"`{n}`" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for system, options in SYSTEMS.items():
+        lines.append(f"| {system} | " + " | ".join(str(options.get(n, "·")) for n in names) + " |")
+    return lines
+
+
+def fidelity_table(rows: list[dict]) -> list[str]:
+    base, lossless = rows[0], next(r for r in rows if r["system"] == "lossless")
+    lines = ["| system | decode-mode ppl | vs HIGH only | top-1 agreement | expert MiB / token | vs lossless | "
+             "hit rate | next-layer top-1 | LOW / SKIP selections | fallbacks |", "|---" * 10 + "|"]
+    for r in rows:
+        b = r.get("bytes_per_token")
+        lines.append(
+            f"| {r['system']} | {r['ppl']:.3f} ± {r['stderr']:.3f} | {r['ppl'] / base['ppl'] - 1:+.2%} | "
+            f"{r['agreement']:.1%} | {fmt(b and b / 2**20, '.3f', 'resident')} | "
+            f"{fmt(b and lossless.get('bytes_per_token') and b / lossless['bytes_per_token'] - 1, '+.0%', '')} | "
+            f"{fmt(r.get('hit_rate'), '.1%', '')} | {fmt(r.get('prediction'), '.1%', '')} | "
+            f"{fmt(r.get('low_fraction'), '.1%', '')} / {fmt(r.get('skip_fraction'), '.1%', '')} | "
+            f"{fmt(r.get('fallback_rate'), '.1%', '')} |")
+    return lines
+
+
+def speed_table(rows: list[dict]) -> list[str]:
+    base = next(r for r in rows if r["system"] == "lossless")
+    lines = ["| system | decode tok/s | × lossless | prefill s | expert MiB / decode step | vs lossless | hit rate | "
+             "next-layer top-1 | fallbacks | runs |", "|---" * 10 + "|"]
+    for r in rows:
+        ratio = r["tok_s"] / base["tok_s"] if r["tok_s"] and base["tok_s"] else None
+        less = r["bytes"] / base["bytes"] - 1 if r["bytes"] is not None and base["bytes"] else None
+        lines.append(f"| {r['system']} | {fmt(r['tok_s'], '.2f')} | {fmt(ratio, '.2f')}× | {fmt(r['prefill'], '.2f')} | "
+                     f"{fmt(r['bytes'] and r['bytes'] / 2**20, '.1f')} | {fmt(less, '+.0%')} | {fmt(r['hit'], '.1%')} | "
+                     f"{fmt(r['prediction'], '.1%', '')} | {fmt(r['fallback'], '.0%', '')} | {r['n']}"
+                     + (f" ({len(r['errors'])} failed: {r['errors'][0][:80]})" if r["errors"] else "") + " |")
+    return lines
+
+
+def causes(rows: list[dict]) -> list[str]:
+    """Per system, its speed-up over lossless and what the counters say caused it."""
+    base = next(r for r in rows if r["system"] == "lossless")
+    out = []
+    for r in rows:
+        if r["system"] == "lossless" or not (r["tok_s"] and base["tok_s"] and r["bytes"] is not None and base["bytes"]):
+            continue
+        why = (f"{r['bytes'] / base['bytes'] - 1:+.0%} expert bytes per step, hit rate {r['hit']:.0%} vs "
+               f"{base['hit']:.0%}")
+        if r["fallback"] is not None:
+            why += f", {r['fallback']:.0%} of tokens redone big"
+        out.append(f"- {r['system']}: {r['tok_s'] / base['tok_s']:.2f}× ({why})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reuse-speed", action="store_true", help="take the speed runs from build/systems/speed-*.json")
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "systems.md")
+    args = p.parse_args(argv)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    fid, maps = {}, {}
+    for variant, low in DEMO_VARIANTS.items():
+        model = calibrated_demo(low)
+        maps[variant] = load_calibration(model)["precision_map"]
+        fid[variant] = fidelity(model)
+    (WORK / "fidelity.json").write_text(json.dumps(fid, indent=1) + "\n")
+    q2k_map = maps["Q8_0 HIGH + Q2_K LOW"]
+    low_share = q2k_map["n_low"] / q2k_map["n_experts"]
+    cells = {}
+    for name, (_, _, mp, _, caches, _) in GEOMETRIES.items():
+        if args.reuse_speed:
+            cells[name] = {cap: json.loads((WORK / f"speed-{mp.stem}-cap{cap}.json").read_text()) for cap in caches}
+        else:
+            cells[name] = speed(name, low_share)
+    write_doc(args.out, fid, cells, maps, started)
+    return 0
+
+
+def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, maps: dict[str, dict], started) -> None:
+    lines = ["# The seed systems side by side: HOBBIT, EdgeMoE, Fate, MoBiLE", "",
+             f"Generated by `python scripts/systems_report.py` (started {started:%Y-%m-%d %H:%M} UTC, nothing else "
+             "running). Each system is a preset, `pyedgemoe run MODEL --system NAME` or `Engine(system=NAME)` "
+             "(pyedgemoe/systems.py): it only fills in expert options, every knob stays available alone and one "
+             "given explicitly wins.", "", "## What each preset sets", "", *knobs_table(), "",
+             SYSTEMS_PROSE, "", "## Fidelity (the trained demo model, expert cache 25 %)", "",
+             f"Decode-mode perplexity of the held-out split ({PPL_CHUNKS} chunks of {PPL_CTX} tokens, one token per "
+             f"llama_decode); top-1 agreement with HIGH only over {N_PROMPTS} held-out prompts × {CONTINUATION} greedy "
+             "HIGH-only tokens, fed one per step. Bytes per token: expert bytes read (on demand and prefetched) per "
+             "decode step. Targets (decode mode, 25 % cache): each lossy system within +1.5 % perplexity of HIGH "
+             "only, ≥ 95 % top-1 agreement, fewer expert bytes than lossless.", ""]
+    for variant, rows in fid.items():
+        m = maps[variant]
+        lines += [f"**{variant}**: EdgeMoE's map put {m['n_low']} of {m['n_experts']} experts in LOW at a "
+                  f"+{m['loss_budget']:.0%} decode-mode perplexity budget on the training split ({m['ppl']:.3f} vs "
+                  f"{m['baseline_ppl']:.3f} all HIGH, {m['n_tokens']} tokens).", "", *fidelity_table(rows), ""]
+    for name, by_cap in cells.items():
+        for cap, cell in sorted(by_cap.items(), key=lambda kv: int(kv[0])):
+            rows = speed_rows(cell)
+            lines += [f"## Speed: {name}, cap {cap} % ({int(cell['cap_bytes']):,} B), expert cache "
+                      f"{cell['expert_cache']}", "",
+                      f"Prompt {PROMPT} / output {OUTPUT} tokens, greedy, 2 threads, median of {REPEATS} rounds.", "",
+                      *speed_table(rows), "", "Speed-up over lossless and its cause, from the counters:", "",
+                      *causes(rows), ""]
+    lines += ["## The papers' own numbers", "", "| system | claimed |", "|---|---|",
+              *[f"| {s} | {c} |" for s, c in PAPER_CLAIMS.items()], "", FINDINGS, ""]
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+SYSTEMS_PROSE = """\
+- **lossless**: every expert in its HIGH copy, nothing skipped, LRU, no prefetch: the same tokens
+  and logits as everything resident (tests/test_systems.py).
+- **hobbit** (HOBBIT): on a miss, HIGH / LOW / skip by the selection's score against T1/T2
+  (calibrated), the multidimensional cache policy with calibrated weights, stacked-router prefetch
+  two layers ahead (docs/mixed-precision.md).
+- **edgemoe** (EdgeMoE): `static_precision` loads each expert only in the precision of the
+  sidecar's map, which `pyedgemoe calibrate --system edgemoe` chooses: each expert's importance is
+  the decode-mode perplexity increase with it alone LOW; the least important go LOW, as many as the
+  loss budget (`--loss-budget`, default 1 %) allows, or as a size budget (`--size-budget`) needs.
+  `--cache-policy edgemoe` keeps the experts with the largest f · ((S − i + I) mod S): uses times
+  how soon their layer runs (EdgeMoE sec. 3.3.3; `fld` is the distance alone, with the running
+  layer first, `lfu` the frequency alone). `--prefetch edgemoe` predicts the next layer's experts
+  from the experts the token activated at the two layers before (the path statistics of the
+  calibration trace, with fallback to one layer and to the layer's marginal) and prefetches its
+  top-k.
+- **fate** (Fate): decode in HIGH only (T1 = T2 = 1; a LOW copy never serves a HIGH demand). A
+  prefill ubatch loads its experts most popular first, and the least popular ones covering 15 % of
+  its selections in LOW (`--prefill-low-share`; the paper's INT2/INT4 split). `--cache-policy fate`
+  splits each tier's slots over the layers, shallow ones first (`--fate-shallow`, default the first
+  sixth, fewer where the deep layers would be left less than a token's top-k each: the paper's
+  split assumes budgets where they are not), and manages each layer's share with ARC.
+  `--prefetch fate`: the next layer's router on this layer's gate input, plus the experts above the
+  75th percentile of its predicted probabilities (at most top-k more), as the paper does.
+- **mobile** (MoBiLE): `--big-little 0.7` decodes each token through its top-k/2 experts
+  (renormalized where the model normalizes its top-k weights, like llama.cpp routed to k/2: tested
+  against stock llama.cpp with `expert_used_count` overridden); when the token's top output
+  probability is below γ, its KV entry is removed and it runs again with the whole top-k, after
+  prefetching every layer's top-k that the little pass's routers chose."""
+
+FINDINGS = """\
+## Where ours differs from the papers
+
+- EdgeMoE chooses among INT2/4/8 per expert; here the two precisions the file holds. Its importance
+  is profiled as the accuracy loss of each expert alone in INT2; here the decode-mode perplexity.
+- Fate's popularity order decides which reads go first: a wave's experts are all computed after
+  its loads, so compute does not yet hide later loads (the overlap belongs to the prefill work of
+  the "never slower than stock" issue). Fate runs prediction on the CPU next to GPU compute; here
+  prediction and compute share the CPU.
+- MoBiLE measures its speed-up on a GPU whose experts come over PCIe; here the little pass saves
+  the expert bytes and the expert compute of half the selections, and a fallback pays the token
+  twice. Random weights (the speed geometries) are never confident: every token falls back there,
+  which is MoBiLE's worst case, not its typical one.
+- The demo model's 6 layers × 16 experts are small next to the papers' models; the hit rates and
+  prediction accuracies of the synthetic geometries come from random routers."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
