@@ -473,6 +473,11 @@ def bench(
         ours_options[name] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
     if engine_options["expert_cache"] != "auto":
         ours_options["expert_cache"] = engine_options["expert_cache"]
+    for name in ("system", "device"):
+        if engine_options[name] is not None:
+            ours_options[name] = engine_options[name]
+    if engine_options["host_cache"] != "auto":
+        ours_options["host_cache"] = engine_options["host_cache"]
     if engine_options["verbose"]:
         ours_options["verbose"] = True
     threads = engine_options["n_threads"]
