@@ -50,7 +50,7 @@ from pyedgemoe.systems import SYSTEMS  # noqa: E402
 WORK = REPO / "build" / "systems"
 BUDGET = "25%"
 N_PROMPTS, CONTINUATION = 4, 128
-PPL_CTX, PPL_CHUNKS = 256, 16
+PPL_CTX, PPL_CHUNKS = 256, 8
 PROMPT, OUTPUT, REPEATS = 64, 32, 3
 BENCH = REPO / "build" / "bench"
 # name -> (single-precision file, how to make it, multi-precision file, its convert arguments,
@@ -63,7 +63,7 @@ GEOMETRIES = {
         BENCH / "qwen3-30b-a3b-L12-q4_k.gguf", ["--geometry", "qwen3-30b-a3b", "--layers", "12", "--type", "q4_k"],
         BENCH / "qwen3-30b-a3b-L12-q4_k-q2_K.mp.gguf", ["--high", "q4_K", "--low", "q2_K"], {25: "10%", 50: "35%"}, "10%"),
 }
-# each paper's own numbers, as its text states them (../papers are not part of the project: quoted here)
+# each paper's own numbers, as its text states them
 PAPER_CLAIMS = {
     "hobbit": "up to 9.93x decode speed over the state-of-the-art offloading systems (Mixtral-8x7B, Phi-MoE; "
               "RTX 4090 and Jetson Orin); mixed precision keeps accuracy",

@@ -188,3 +188,18 @@ def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
 def test_a_bad_host_cache_is_a_clear_error(tiny_model, expert_cache, host_cache, match):
     with pytest.raises(InvalidOptionError, match=match):
         Engine(tiny_model("olmoe")[0], **SETTINGS, mode="gpu", expert_cache=expert_cache, host_cache=host_cache)
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop"])
+def test_the_seed_systems_run_on_the_device(tiny_model, references, mode):
+    # MoBiLE redoing every token big is the resident run; its little pass scales the device's (and
+    # coop's host) passes through the masks; the papers' policies are lossless in HIGH
+    path = tiny_model("mixtral")[0]
+    _, tokens, stats = run(path, mode=mode, expert_cache="40%", big_little=0.999999, cache_policy="fate")
+    assert tokens == references("mixtral")[0][1]
+    assert stats["big_little"]["fallbacks"] == stats["big_little"]["little_tokens"] > 0
+    _, little, stats = run(path, mode=mode, expert_cache="40%", big_little=1e-9, cache_policy="edgemoe")
+    assert stats["big_little"]["fallbacks"] == 0 and len(little) == N_GREEDY
+    with Engine(path, **SETTINGS, mode="cpu", expert_cache="40%", big_little=1e-9) as eng:
+        cpu_little = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+    assert little == cpu_little
