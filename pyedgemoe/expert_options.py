@@ -49,6 +49,7 @@ AUTOMATIC = {
     "t1": f"calibrated, else {default('t1')}",
     "t2": f"calibrated, else {default('t2')}",
     "mode": "auto with a GPU, else cpu",
+    "low_cache": f"{default('low_cache')}; with static_precision, the LOW share of the map's bytes",
 }
 
 
@@ -151,7 +152,19 @@ class ExpertOptions:
             "t1": t1,
             "t2": given.get("t2", calibration.get("t2", max(default("t2"), t1))),
         }
+        precision_map = calibration.get("precision_map")
+        if given.get("static_precision") and "low_cache" not in given and precision_map:
+            automatic["low_cache"] = _static_low_share(info, precision_map)
         return self._checked({**given, **automatic})
+
+
+def _static_low_share(info: ModelInfo, precision_map: dict) -> float:
+    """EdgeMoE's map decides each expert's one precision: the LOW tier gets the LOW experts' share
+    of the bytes (within [0.05, 0.95]: each tier keeps room for a token's experts)."""
+    ratio = info.low_expert_bytes / info.high_expert_bytes
+    n_low, n = precision_map["n_low"], precision_map["n_experts"]
+    low = n_low * ratio
+    return min(0.95, max(0.05, low / (low + n - n_low))) if n else default("low_cache")
 
 
 def fill_ranking(calibration: dict | None, n_experts: int) -> dict[int, list[int]]:

@@ -240,6 +240,11 @@ def test_the_edgemoe_preset_runs_the_calibrated_map(calibrated):
         eng.logits(IDS, one_token_per_step=True)
         stats = eng.stats()["experts"]
     assert stats["static_precision"] and stats["prefetch"] == "edgemoe" and stats["cache_policy"] == "edgemoe"
+    # the LOW tier's share of the cache is the map's LOW share of the bytes
+    info = read_model_info(path)
+    m = data["precision_map"]
+    low = m["n_low"] * info.low_expert_bytes / info.high_expert_bytes
+    assert stats["low_cache"] == pytest.approx(min(0.95, max(0.05, low / (low + m["n_experts"] - m["n_low"]))))
     assert stats["prediction"][0]["tokens"] > 0
     n_low = sum(c["selections_low"] for c in stats["layers"].values())
     assert (n_low > 0) == bool(low)
