@@ -100,7 +100,7 @@ def test_each_chunk_starts_with_bos_when_the_model_adds_one(tiny_model, tmp_path
         bos = tokens[0]
         evaluated = []
         logits = eng.logits
-        monkeypatch.setattr(eng, "logits", lambda ids: evaluated.append(list(ids)) or logits(ids))
+        monkeypatch.setattr(eng, "logits", lambda ids, **kw: evaluated.append(list(ids)) or logits(ids, **kw))
         perplexity(eng, tokens, n_ctx=N_CTX, n_chunks=N_CHUNKS)
     assert evaluated == [[bos] + tokens[i * N_CTX + 1:(i + 1) * N_CTX] for i in range(N_CHUNKS)]
 
