@@ -296,7 +296,12 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.mixed_precision = layout.has_low;
     info.low_source = layout.low_source;
     info.predictor_depth = depth;
-    hook = std::make_unique<moe_hook_registration>(*this, hooked);
+    // every wave's op and passes, in every layer (a generous count of a pass's nodes: views, the
+    // projections' mul_mat_id, activations, biases, the mask and the sum)
+    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 4;
+    uint32_t extra_nodes = 0;
+    for (const auto & [il, ops] : wave_ops) extra_nodes += ops.size() * (passes.size() * kNodesPerPass + kNodesPerWave);
+    hook = std::make_unique<moe_hook_registration>(*this, hooked, extra_nodes);
 }
 
 namespace {

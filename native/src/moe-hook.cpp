@@ -2,6 +2,7 @@
 
 #include "llama-graph.h"
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -14,6 +15,14 @@ struct hooked_layer {
 
 std::mutex g_mutex;
 std::unordered_map<const ggml_tensor *, hooked_layer> g_layers;  // by any stacked tensor
+std::unordered_map<const moe_pass_builder *, uint32_t> g_extra_nodes;  // by builder
+
+// llama.cpp reserves the most nodes any live builder adds (call with g_mutex held)
+void update_extra_nodes() {
+    uint32_t most = 0;
+    for (const auto & [builder, n] : g_extra_nodes) most = std::max(most, n);
+    llama_moe_expert_extra_nodes = most;
+}
 
 // the layer whose passes the current thread is building (pass > 0 sees our pools, not the model's tensors)
 thread_local const hooked_layer * t_building = nullptr;
@@ -34,10 +43,13 @@ bool hook(ggml_context * ctx, int il, int pass, ggml_tensor * moe_input, ggml_te
 }  // namespace
 
 moe_hook_registration::moe_hook_registration(moe_pass_builder & builder,
-                                             const std::vector<std::pair<const ggml_tensor *, int>> & tensors)
+                                             const std::vector<std::pair<const ggml_tensor *, int>> & tensors,
+                                             uint32_t extra_nodes)
     : builder_(&builder) {
     std::lock_guard<std::mutex> lock(g_mutex);
     for (const auto & [t, il] : tensors) g_layers[t] = { builder_, il };
+    g_extra_nodes[builder_] = extra_nodes;
+    update_extra_nodes();
     llama_moe_expert_hook = &hook;
 }
 
@@ -46,4 +58,6 @@ moe_hook_registration::~moe_hook_registration() {
     for (auto it = g_layers.begin(); it != g_layers.end();) {
         if (it->second.builder == builder_) it = g_layers.erase(it); else ++it;
     }
+    g_extra_nodes.erase(builder_);
+    update_extra_nodes();
 }

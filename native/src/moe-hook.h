@@ -3,6 +3,7 @@
 // that serves their layer; tensors of other models pass through untouched.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -20,10 +21,12 @@ struct moe_pass_builder {
 };
 
 // While it lives, the hook sends the layers whose stacked expert tensors are given (each with its
-// layer) to builder.
+// layer) to builder; extra_nodes: the most graph nodes its passes add to a graph (llama.cpp reserves
+// the largest of the live registrations').
 class moe_hook_registration {
 public:
-    moe_hook_registration(moe_pass_builder & builder, const std::vector<std::pair<const ggml_tensor *, int>> & tensors);
+    moe_hook_registration(moe_pass_builder & builder, const std::vector<std::pair<const ggml_tensor *, int>> & tensors,
+                          uint32_t extra_nodes);
     ~moe_hook_registration();
     moe_hook_registration(const moe_hook_registration &) = delete;
     moe_hook_registration & operator=(const moe_hook_registration &) = delete;
