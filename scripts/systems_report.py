@@ -1,7 +1,7 @@
 """docs/systems.md: the seed systems side by side, from one command.
 
     python scripts/systems_report.py                 # fidelity, then speed (about an hour and a half)
-    python scripts/systems_report.py --reuse-speed   # fidelity again; speed from build/systems/speed-*.json
+    python scripts/systems_report.py --reuse         # only the document, from build/systems/*.json and sidecars
 
 Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
 mobile. The documentation's table of the knobs each sets comes from the same dict.
@@ -81,17 +81,20 @@ PAPER_CLAIMS = {
 DEMO_VARIANTS = {"as shipped: Q8_0 HIGH + Q4_K LOW": None, "Q8_0 HIGH + Q2_K LOW": "q2_K"}
 
 
+def demo_path(low: str | None) -> Path:
+    return WORK / (MODEL.name if low is None else f"{MODEL.stem}-{low}.mp.gguf")
+
+
 def calibrated_demo(low: str | None) -> Path:
     """The demo model (with LOW copies of type `low`) in WORK, calibrated with --system edgemoe on
     the training split."""
     WORK.mkdir(parents=True, exist_ok=True)
+    model = demo_path(low)
     if low is None:
-        model = WORK / MODEL.name
         shutil.copyfile(MODEL, model)
     else:
         high_only = export(MODEL, WORK / f"{MODEL.stem}-high.gguf", precision="high", force=True, progress=False)
-        model = convert_gguf(high_only, WORK / f"{MODEL.stem}-{low}.mp.gguf", high="q8_0", low=low, force=True,
-                             progress=False)
+        convert_gguf(high_only, model, high="q8_0", low=low, force=True, progress=False)
     _, calibration_text = corpus_texts()
     calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
               n_threads=1, system="edgemoe")
@@ -183,13 +186,18 @@ def speed_rows(cell: dict) -> list[dict]:
     rows = []
     for system, runs in cell["runs"].items():
         fallback = (lambda r: ((r.get("engine_stats") or {}).get("big_little") or {}).get("fallback_rate"))
+
+        def prefetch_wasted(r):
+            p = (((r.get("engine_stats") or {}).get("experts") or {}).get("prefetches") or {})
+            return p["wasted"] / p["issued"] if p.get("issued") else None
         rows.append(dict(system=system, errors=[r["error"] for r in runs if "error" in r],
                          tok_s=median(runs, lambda r: r.get("decode_tokens_per_second")),
                          prefill=median(runs, lambda r: r.get("prefill_seconds")),
                          bytes=median(runs, lambda r: r.get("decode_expert_bytes_per_token")),
                          hit=median(runs, lambda r: r.get("expert_hit_rate")),
                          prediction=median(runs, lambda r: r.get("next_layer_top1_accuracy")),
-                         fallback=median(runs, fallback), n=len([r for r in runs if "error" not in r])))
+                         fallback=median(runs, fallback), wasted=median(runs, prefetch_wasted),
+                         n=len([r for r in runs if "error" not in r])))
     return rows
 
 
@@ -224,13 +232,14 @@ def fidelity_table(rows: list[dict]) -> list[str]:
 def speed_table(rows: list[dict]) -> list[str]:
     base = next(r for r in rows if r["system"] == "lossless")
     lines = ["| system | decode tok/s | × lossless | prefill s | expert MiB / decode step | vs lossless | hit rate | "
-             "next-layer top-1 | fallbacks | runs |", "|---" * 10 + "|"]
+             "next-layer top-1 | prefetches evicted unused | fallbacks | runs |", "|---" * 11 + "|"]
     for r in rows:
         ratio = r["tok_s"] / base["tok_s"] if r["tok_s"] and base["tok_s"] else None
         less = r["bytes"] / base["bytes"] - 1 if r["bytes"] is not None and base["bytes"] else None
         lines.append(f"| {r['system']} | {fmt(r['tok_s'], '.2f')} | {fmt(ratio, '.2f')}× | {fmt(r['prefill'], '.2f')} | "
                      f"{fmt(r['bytes'] and r['bytes'] / 2**20, '.1f')} | {fmt(less, '+.0%')} | {fmt(r['hit'], '.1%')} | "
-                     f"{fmt(r['prediction'], '.1%', '')} | {fmt(r['fallback'], '.0%', '')} | {r['n']}"
+                     f"{fmt(r['prediction'], '.1%', '')} | {fmt(r['wasted'], '.0%', '')} | {fmt(r['fallback'], '.0%', '')} | "
+                     f"{r['n']}"
                      + (f" ({len(r['errors'])} failed: {r['errors'][0][:80]})" if r["errors"] else "") + " |")
     return lines
 
@@ -244,6 +253,8 @@ def causes(rows: list[dict]) -> list[str]:
             continue
         why = (f"{r['bytes'] / base['bytes'] - 1:+.0%} expert bytes per step, hit rate {r['hit']:.0%} vs "
                f"{base['hit']:.0%}")
+        if r["wasted"] is not None:
+            why += f", {r['wasted']:.0%} of its prefetches evicted unused"
         if r["fallback"] is not None:
             why += f", {r['fallback']:.0%} of tokens redone big"
         out.append(f"- {r['system']}: {r['tok_s'] / base['tok_s']:.2f}× ({why})")
@@ -252,22 +263,25 @@ def causes(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reuse-speed", action="store_true", help="take the speed runs from build/systems/speed-*.json")
+    p.add_argument("--reuse", action="store_true", help="write the document from the last run's build/systems/*.json "
+                   "and sidecars, running nothing")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "systems.md")
     args = p.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
-    fid, maps, replays = {}, {}, {}
+    fid = json.loads((WORK / "fidelity.json").read_text()) if args.reuse else {}
+    maps, replays = {}, {}
     for variant, low in DEMO_VARIANTS.items():
-        model = calibrated_demo(low)
+        model = demo_path(low) if args.reuse else calibrated_demo(low)
         calibration = load_calibration(model)
         maps[variant], replays[variant] = calibration["precision_map"], calibration
-        fid[variant] = fidelity(model)
+        if not args.reuse:
+            fid[variant] = fidelity(model)
     (WORK / "fidelity.json").write_text(json.dumps(fid, indent=1) + "\n")
     q2k_map = maps["Q8_0 HIGH + Q2_K LOW"]
     low_share = q2k_map["n_low"] / q2k_map["n_experts"]
     cells = {}
     for name, (_, _, mp, _, caches, _) in GEOMETRIES.items():
-        if args.reuse_speed:
+        if args.reuse:
             cells[name] = {cap: json.loads((WORK / f"speed-{mp.stem}-cap{cap}.json").read_text()) for cap in caches}
         else:
             cells[name] = speed(name, low_share)
