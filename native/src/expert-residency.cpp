@@ -9,6 +9,7 @@
 #include "loader.h"
 #include "mode-chooser.h"
 #include "moe-hook.h"
+#include "overlap-meter.h"
 #include "path-predictor.h"
 #include "predictor.h"
 #include "prefetch-coordinator.h"
@@ -188,6 +189,7 @@ struct expert_residency::impl : moe_pass_builder {
     std::atomic<bool> little{false};                           // MoBiLE: decode tokens compute top-k/2
     std::map<int, std::vector<int32_t>> little_choices;        // per il, the last little token's whole top-k
     std::vector<uint8_t> weights_normalized;                   // per il: llama.cpp normalizes its top-k weights
+    overlap_meter overlap;                                     // Fate's bound on its extra prefetches
     std::vector<expert_layer_stats> stats;                     // per il
     mutable std::mutex mutex;                                  // stats, error, failed
     std::string error;
@@ -402,9 +404,11 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     }
     const moe_layer_layout & l = *layout.layer_at(il);
     if (wave == 0 && !begin_layer(l, ids, weights, dst)) return;
+    if (wave == 0) overlap.layer_began(t0, ubatch_index);
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     if (wave == 0 && predicted) predict_and_prefetch(l, predicted, ids->ne[1]);
     if (wave == 0 && paths && options.prefetch == prefetch_mode::edgemoe) path_prefetch(l, ids->ne[1]);
+    overlap.layer_ended(clock_type::now(), ubatch_index);
 }
 
 bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights,
@@ -552,6 +556,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         coordinator.pause_for_loads();
         read_error = read_all(std::move(reads), st);
         coordinator.resume_after_loads();
+        overlap.experts_read((int) (loads.size() + on_host.size() + claimed.size()), st.load_ms);
     }
     for (const auto & job : claimed) coordinator.claimed_done(*job);
     if (!read_error.empty()) {
@@ -658,7 +663,9 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     // HOBBIT's walk (or Fate's next layer): the predictions walked are pinned until their layer
     // runs; those not cached are prefetched into reserved slots
     const bool fate = options.prefetch == prefetch_mode::fate;
-    const int extra = fate ? (options.fate_extra < 0 ? k : options.fate_extra) : 0;
+    // Fate's extra experts, as many as the compute between layers hides (its N_max beyond the top-k)
+    const int extra = !fate ? 0 : std::min(options.fate_extra < 0 ? k : options.fate_extra,
+                                           std::max(0, overlap.hidden_experts() - k));
     std::vector<std::vector<predicted_expert>> predicted_layers;
     for (size_t d = 0; d < ahead.size(); d++) {
         predicted_layers.push_back(predict_layer(ahead[d], row(0, d), n_expert, k, options.precision(), extra,
