@@ -358,8 +358,11 @@ SYSTEMS_PROSE = """\
   splits each tier's slots over the layers, shallow ones first (`--fate-shallow`, default the first
   sixth, fewer where the deep layers would be left less than a token's top-k each: the paper's
   split assumes budgets where they are not), and manages each layer's share with ARC.
-  `--prefetch fate`: the next layer's router on this layer's gate input, plus the experts above the
-  75th percentile of its predicted probabilities (at most top-k more), as the paper does.
+  `--prefetch fate`: the next layer's router on this layer's gate input (the paper's choice of
+  input), plus the experts above the 75th percentile of its predicted probabilities (at most top-k
+  more), only as many as the compute between two layers hides (the paper's N_max, which it
+  measures offline; here a moving average of the compute time between layers over the time of an
+  expert read, `overlap-meter.h`).
 - **mobile** (MoBiLE): `--big-little 0.7` decodes each token through its top-k/2 experts
   (renormalized where the model normalizes its top-k weights, like llama.cpp routed to k/2: tested
   against stock llama.cpp with `expert_used_count` overridden); when the token's top output
