@@ -370,20 +370,47 @@ SYSTEMS_PROSE = """\
   prefetching every layer's top-k that the little pass's routers chose."""
 
 FINDINGS = """\
+## What the numbers say (the run of 2026-11-24)
+
+- **Targets** (decode mode, demo model, 25 % cache). hobbit, edgemoe and mobile, the lossy
+  ones, are within +1.5 % perplexity of HIGH only (+0.23 to +0.90 %; mobile -0.63 %), at >= 98 %
+  top-1 agreement, with fewer expert bytes than lossless (-10 to -87 %; mobile -1 %). fate decodes
+  in HIGH only, so it is lossless in decode mode, but it reads 37-38 % more than lossless: a
+  mispredicted prefetch is a HIGH read that lossless does not make (next-layer top-1 78.5 %).
+- **EdgeMoE** is the fastest here (1.84-5.46x lossless). At a +1 % budget the demo model affords
+  every expert in LOW, with Q4_K and with Q2_K copies (LOW only with Q2_K costs +1.21 % on the
+  held-out split, docs/fidelity.md; the map's 128 training tokens allowed it). So the synthetic
+  files run all LOW: a third of the bytes per expert, and at the OLMoE 50 % cap every LOW copy fits
+  in the cache (3.6 MiB read per step). Its path predictor guesses 50 % of the demo model's next
+  top-1 experts (the stacked routers 78.5 %). On random routers a path is almost never seen twice:
+  1.4-1.9 % right, and 79-90 % of its prefetches are evicted unused.
+- **HOBBIT**: 1.27-1.99x, from dynamic loading (30-65 % fewer bytes) and prefetch (as in
+  docs/benchmarks.md's ablation).
+- **Fate**: 1.02-1.16x. Its decode is lossless and reads 8-11 % more than lossless. Prefetching
+  the top-k overlaps reads with compute, at hit rates of 62-83 % against 4-30 %, and that more
+  than pays for the mispredictions. The extra experts stay off here (too little compute between
+  layers hides their reads); without that bound they made Fate 0.64-0.88x (+52 to +112 % bytes).
+  Its shallow-favoring ARC has the second-lowest miss penalty in the replays, after the
+  calibrated HOBBIT weights: 19,811 against 20,995 for LRU on the shipped demo model.
+- **MoBiLE**: 0.88-0.95x on random weights. They are never confident at gamma = 0.7, so every
+  token is redone big. On the demo model 85.5 % of the tokens fall back (a 6-layer model trained
+  for an hour is rarely that sure), so the bytes barely fall (-1 %). Its little pass is exactly
+  llama.cpp routed to k/2 (tested against stock llama.cpp with expert_used_count overridden). Its
+  speed-up needs a model that is confident on most tokens, as in the paper (fallback 11-21 %).
+
 ## Where ours differs from the papers
 
-- EdgeMoE chooses among INT2/4/8 per expert; here the two precisions the file holds. Its importance
-  is profiled as the accuracy loss of each expert alone in INT2; here the decode-mode perplexity.
-- Fate's popularity order decides which reads go first: a wave's experts are all computed after
-  its loads, so compute does not yet hide later loads (the overlap belongs to the prefill work of
-  the "never slower than stock" issue). Fate runs prediction on the CPU next to GPU compute; here
+- EdgeMoE chooses among INT2/4/8 per expert; here it chooses between the two precisions the file
+  holds. The paper profiles each expert's importance as the accuracy lost with that expert alone
+  in INT2; here it is the decode-mode perplexity.
+- Fate's popularity order decides which reads go first. A wave's experts are all computed after
+  its loads, so compute does not yet hide later loads: that overlap belongs to the prefill work of
+  the "never slower than stock" issue. Fate runs prediction on the CPU next to GPU compute; here
   prediction and compute share the CPU.
-- MoBiLE measures its speed-up on a GPU whose experts come over PCIe; here the little pass saves
-  the expert bytes and the expert compute of half the selections, and a fallback pays the token
-  twice. Random weights (the speed geometries) are never confident: every token falls back there,
-  which is MoBiLE's worst case, not its typical one.
-- The demo model's 6 layers × 16 experts are small next to the papers' models; the hit rates and
-  prediction accuracies of the synthetic geometries come from random routers."""
+- MoBiLE measures its speed-up on a GPU that gets its experts over PCIe. Here the little pass saves
+  the expert bytes and compute of half the selections, and a fallback pays for the token twice.
+- The demo model's 6 layers x 16 experts are small next to the papers' models. The synthetic
+  geometries' hit rates and prediction accuracies come from random routers."""
 
 
 if __name__ == "__main__":
