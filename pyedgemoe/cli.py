@@ -75,7 +75,9 @@ def print_stats(stats: dict) -> None:
     typer.echo(line("total", experts["total"]), err=True)
     if experts["mixed_precision"] or experts["skip"]:
         t, summary = experts["total"], experts["summary"]
-        typer.echo(f"precision: t1 {experts['t1']:.3g}, t2 {experts['t2']:.3g}; selections "
+        rule = ("EdgeMoE's static map" if experts["static_precision"]
+                else f"t1 {experts['t1']:.3g}, t2 {experts['t2']:.3g}")
+        typer.echo(f"precision: {rule}; selections "
                    f"{summary['high_fraction']:.1%} HIGH, {summary['low_fraction']:.1%} LOW, "
                    f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW "
                    f"(LOW {format_bytes(experts['low_pool_bytes'])} cache); miss penalty {summary['miss_penalty']:.1f}",
@@ -92,7 +94,8 @@ def print_stats(stats: dict) -> None:
         typer.echo(f"prediction: {prediction}", err=True)
     if experts["prefetch"] != "none" or stats.get("big_little"):
         p = experts["prefetches"]
-        typer.echo(f"prefetch ({experts['prefetch']}): {p['issued']} experts read ahead, {p['used']} used, "
+        why = experts["prefetch"] if experts["prefetch"] != "none" else "for big-little's fallbacks"
+        typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used, "
                    f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}", err=True)
     if stats.get("big_little"):
         b = stats["big_little"]
