@@ -38,9 +38,10 @@ native:
 	rm -f $(VENV)/.setup-done
 	$(MAKE) setup
 
-# Test-only references: stock llama-cpp-python (built from its sdist), torch (CPU), transformers.
+# Test-only references: stock llama-cpp-python (built from its sdist), torch (CPU), transformers;
+# and the server's extra (FastAPI, uvicorn), which tests/test_server.py runs.
 $(VENV)/.test-deps-done: $(VENV)/.setup-done pyproject.toml
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet --no-build-isolation -e ".[test]"
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet --no-build-isolation -e ".[test,server]"
 	touch $@
 
 setup-test: $(VENV)/.test-deps-done

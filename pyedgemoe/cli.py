@@ -208,6 +208,50 @@ def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampl
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
+@app.command()
+@model_options
+def serve(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8080, "--port", help="TCP port (0: any free one)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PYEDGEMOE_API_KEY",
+                                          help="require 'Authorization: Bearer KEY' on every path but /health"),
+    parallel: int = typer.Option(1, "--parallel", help="requests to serve at once; for now they are served one "
+                                 "at a time whatever N, the others queue (docs/server.md)"),
+    ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    engine_options: dict = None,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
+    /v1/chat/completions, /health, /metrics (docs/server.md)."""
+    if not 0 <= port <= 65535:
+        fail(f"--port must be in 0..65535, got {port}")
+    if parallel < 1:
+        fail(f"--parallel must be >= 1, got {parallel}")
+    if api_key is not None and not api_key.strip():
+        fail("--api-key is empty")
+    try:
+        from pyedgemoe.server.serve import bind_socket, serve as serve_engine
+    except ImportError as e:
+        fail(f"the server needs its extra ({e.name} is missing): pip install 'pyedgemoe[server]'")
+    from pyedgemoe.engine import Engine
+
+    try:
+        sock = bind_socket(host, port)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    try:
+        with sock, Engine(model, n_ctx=ctx, **engine_options) as eng:
+            print_model_note(eng, model)
+            if parallel > 1:
+                typer.echo(f"note: --parallel {parallel}: requests are served one at a time for now, the others "
+                           "queue", err=True)
+            serve_engine(eng, sock, model_id=model.name, model_aliases=(str(model),), api_key=api_key)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
 @app.command("perplexity")
 @model_options
 def perplexity_command(

@@ -1,0 +1,155 @@
+"""The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over
+one Engine, plus /health and /metrics (docs/server.md).
+
+Generations are produced by the EngineQueue (engine_queue.py), one at a time; a streamed one is
+sent as server-sent events (`data: {chunk}` ... `data: [DONE]`), a non-streamed one is the same
+chunks joined, so both give the same text.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from pyedgemoe.server import metrics
+from pyedgemoe.server.engine_queue import EngineQueue, Generation
+from pyedgemoe.server.middleware import BearerAuth, RequestCounting
+from pyedgemoe.server.openai_errors import APIError, from_engine_error
+from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
+                                             parse_body, parse_generation)
+
+PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _has_output(chunk: dict) -> bool:
+    """A chunk the Engine produced after evaluating the prompt: text, or the end."""
+    choice = chunk["choices"][0]
+    return bool(choice.get("text") or choice.get("delta", {}).get("content")) or choice["finish_reason"] is not None
+
+
+def _joined_completion(chunks: list[dict]) -> dict:
+    last = chunks[-1]
+    return {"id": last["id"], "object": "text_completion", "created": last["created"], "model": last["model"],
+            "choices": [{"text": "".join(c["choices"][0]["text"] for c in chunks), "index": 0, "logprobs": None,
+                         "finish_reason": last["choices"][0]["finish_reason"]}],
+            "usage": last.get("usage")}
+
+
+def _joined_chat_completion(chunks: list[dict]) -> dict:
+    last = chunks[-1]
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    return {"id": last["id"], "object": "chat.completion", "created": last["created"], "model": last["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                         "finish_reason": last["choices"][0]["finish_reason"]}],
+            "usage": last.get("usage")}
+
+
+def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None) -> FastAPI:
+    """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
+    loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
+    app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
+    queue = EngineQueue(engine)
+    requests = metrics.RequestCounts(PATHS)
+    names = {model_id, *model_aliases}
+    created = int(os.path.getmtime(engine.model_path)) if os.path.exists(engine.model_path) else int(time.time())
+    model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "pyedgemoe"}
+
+    app = FastAPI(title="pyedgemoe", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine_queue = queue
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> Response:
+        return e.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> Response:
+        message = {404: f"no such path: {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return APIError(e.status_code, message).response()
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in names:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves {model_id!r}",
+                           "model_not_found", "model")
+
+    async def generate(request: Request, start, stream: bool, join) -> Response:
+        """Queues start (an Engine call that streams chunks) and answers with its chunks: as events
+        when streamed, else joined into one object. An error before the first token (the prompt
+        does not fit, a bad option) is an error response; one while streaming is an error event."""
+        generation = queue.generate(start, request.is_disconnected)
+        first: list[dict] = []
+        try:
+            while (chunk := await generation.next()) is not None:
+                first.append({**chunk, "model": model_id})
+                if stream and _has_output(chunk):
+                    break
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+            generation.abandon()
+            raise from_engine_error(e) from None
+        if not stream:
+            generation.abandon()
+            if not first:
+                raise APIError(499, "the client closed the request")
+            return JSONResponse(join(first))
+        return StreamingResponse(_events(generation, first), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    async def _events(generation: Generation, first: list[dict]):
+        try:
+            for chunk in first:
+                yield _event(chunk)
+            while (chunk := await generation.next()) is not None:
+                yield _event({**chunk, "model": model_id})
+            yield "data: [DONE]\n\n"
+        except Exception as e:  # noqa: BLE001 - the stream has started: the error is an event
+            yield _event(from_engine_error(e).body())
+        finally:
+            generation.abandon()  # the client left (cancelled) or the stream ended: the engine moves on
+
+    async def request_body(request: Request, parameters: dict, required: str) -> GenerationRequest:
+        parsed = parse_generation(parse_body(await request.body()), parameters, required)
+        check_model(parsed.model)
+        return parsed
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_id, "queue_depth": queue.waiting}
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        stats = await queue.call(engine.stats)
+        return Response(metrics.render(stats, requests, queue.waiting, queue.running), media_type=metrics.CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str) -> dict:
+        check_model(name)
+        return model_card
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        r = await request_body(request, COMPLETION_PARAMETERS, "prompt")
+        start = functools.partial(engine.create_completion, r.prompt, stream=True, **r.engine_kwargs)
+        return await generate(request, start, r.stream, _joined_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        r = await request_body(request, CHAT_PARAMETERS, "messages")
+        start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
+        return await generate(request, start, r.stream, _joined_chat_completion)
+
+    app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(RequestCounting, counts=requests)  # outermost: 401s are counted too
+    return app

@@ -1,0 +1,103 @@
+"""The one Engine behind the server, shared by every request.
+
+The Engine is single-threaded and holds one sequence in its KV cache, so:
+- every Engine call runs on one thread of its own, never on the event loop, which stays free to
+  answer /health and /metrics and to notice clients that leave;
+- a generation holds the Engine from its first token to its last: requests take turns, in
+  arrival order (asyncio.Lock wakes its waiters first come, first served);
+- a generation runs as a task of its own that hands its chunks over a queue, checking between
+  pieces whether its client is still there; when the client is gone it closes the Engine's
+  generator and gives up its turn. Its clean-up never waits on the response, which the server
+  may cancel when the client disconnects.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Awaitable, Callable, Iterator
+
+_END = object()
+
+
+class Generation:
+    """The chunks of one generation as they are produced (a chunk: the Engine's streamed dict)."""
+
+    def __init__(self) -> None:
+        self._chunks: asyncio.Queue = asyncio.Queue()
+        self.abandoned = False  # the response stopped reading: its client left
+
+    def _put(self, item) -> None:
+        self._chunks.put_nowait(item)
+
+    async def next(self) -> dict | None:
+        """The next chunk; None at the end. Re-raises what the Engine raised."""
+        item = await self._chunks.get()
+        if item is _END:
+            self._chunks.put_nowait(_END)  # the end stays the end
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+class EngineQueue:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyedgemoe-engine")
+        self._turn = asyncio.Lock()
+        self.waiting = 0  # generations waiting for their turn (the queue depth)
+        self.running = 0  # 0 or 1: the generation holding the Engine
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+
+    async def call(self, fn: Callable, *args):
+        """fn(*args) on the Engine's thread, between the steps of a running generation."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def generate(self, start: Callable[[], Iterator[dict]], client_gone: Callable[[], Awaitable[bool]]) -> Generation:
+        """Queues start() (an Engine call with stream=True, run on the Engine's thread when this
+        generation's turn comes) and returns its Generation at once."""
+        generation = Generation()
+        task = asyncio.create_task(self._produce(generation, start, client_gone))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return generation
+
+    async def _produce(self, generation: Generation, start, client_gone) -> None:
+        async def gone() -> bool:
+            return generation.abandoned or await client_gone()
+
+        queued = True
+        self.waiting += 1
+        try:
+            async with self._turn:
+                queued = False
+                self.waiting -= 1
+                self.running += 1
+                try:
+                    if await gone():  # it left while queued
+                        return
+                    chunks = await self.call(start)
+                    try:
+                        while not await gone():
+                            chunk = await self.call(next, chunks, _END)
+                            if chunk is _END:
+                                break
+                            generation._put(chunk)
+                    finally:
+                        # closing the generator ends the Engine's generation (its finally blocks run)
+                        await self.call(chunks.close)
+                finally:
+                    self.running -= 1
+        except Exception as e:  # noqa: BLE001 - handed to the response, which shapes it
+            generation._put(e)
+        finally:
+            if queued:  # cancelled (the server stopping) while waiting
+                self.waiting -= 1
+            generation._put(_END)
+
+    def close(self) -> None:
+        """After the server stopped: waits for the Engine's thread to finish what it runs."""
+        self._thread.shutdown(wait=True)

@@ -1,0 +1,60 @@
+"""Two ASGI middlewares (plain ASGI: Starlette's BaseHTTPMiddleware would stand between a streamed
+response and the client's disconnect): the API key check and the request counter of /metrics."""
+from __future__ import annotations
+
+import hmac
+
+from pyedgemoe.server.metrics import RequestCounts
+from pyedgemoe.server.openai_errors import APIError
+
+
+class BearerAuth:
+    """With an API key, every path but the open ones (/health, for probes) needs the header
+    `Authorization: Bearer KEY`; else 401 as OpenAI answers it."""
+
+    def __init__(self, app, api_key: str | None, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+        self.app = app
+        self.api_key = api_key.encode("utf-8") if api_key is not None else None
+        self.open_paths = open_paths
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.api_key is not None and scope["path"] not in self.open_paths:
+            header = dict(scope["headers"]).get(b"authorization")
+            if header is None:
+                error = APIError(401, "no API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
+            else:
+                scheme, _, token = header.partition(b" ")
+                error = None
+                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
+                    error = APIError(401, "incorrect API key", "invalid_api_key")
+            if error is not None:
+                response = error.response()
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RequestCounting:
+    """Counts each HTTP request by path and the status it was answered with."""
+
+    def __init__(self, app, counts: RequestCounts) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # unless a response starts
+
+        async def send_and_note_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note_status)
+        finally:
+            self.counts.add(scope["path"], status)

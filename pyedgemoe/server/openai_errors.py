@@ -1,0 +1,45 @@
+"""Errors as OpenAI's API shapes them: an HTTP status and {"error": {"message", "type", "param",
+"code"}}, so that OpenAI's clients raise their usual exceptions (BadRequestError, NotFoundError,
+AuthenticationError, ...)."""
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoEError
+
+# OpenAI's error types, by HTTP status
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 500: "server_error"}
+
+
+class APIError(Exception):
+    """A request the server answers with an error; code is OpenAI's machine-readable reason
+    (e.g. "model_not_found"), param the request parameter at fault."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def from_engine_error(e: Exception) -> APIError:
+    """The API error of an exception the Engine raised: what the request asked for is the client's
+    fault (400), anything else (an expert that cannot be read, a bug) the server's (500)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ContextOverflowError):
+        return APIError(400, str(e), "context_length_exceeded")
+    if isinstance(e, InvalidOptionError):
+        return APIError(400, str(e), "invalid_value")
+    if isinstance(e, PyEdgeMoEError):
+        return APIError(500, str(e), type(e).__name__)
+    return APIError(500, f"internal error: {type(e).__name__}: {e}")

@@ -1,0 +1,44 @@
+"""Running the server: the listening socket, then uvicorn over it until SIGINT/SIGTERM.
+
+The socket is bound before the model loads (a port in use fails at once, not after a long load)
+and listens only once the model is loaded (until then connections are refused, not queued)."""
+from __future__ import annotations
+
+import socket
+import sys
+
+import uvicorn
+
+from pyedgemoe.server.app import create_app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one); raises OSError."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[str, ...] = (),
+          api_key: str | None = None, log_level: str = "info") -> None:
+    """Serves engine on sock until the process is told to stop."""
+    app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_key=api_key)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
+    sock.listen(config.backlog)
+    print(f"pyedgemoe: serving {model_id} on {url_of(sock)} (OpenAI API under /v1)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        app.state.engine_queue.close()
