@@ -87,21 +87,21 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         when streamed, else joined into one object. An error before the first token (the prompt
         does not fit, a bad option) is an error response; one while streaming is an error event."""
         generation = queue.generate(start, request.is_disconnected)
-        first: list[dict] = []
+        chunks: list[dict] = []  # streamed: those up to the first text, sent once the prompt is known to fit
         try:
             while (chunk := await generation.next()) is not None:
-                first.append({**chunk, "model": model_id})
+                chunks.append({**chunk, "model": model_id})
                 if stream and _has_output(chunk):
                     break
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             generation.abandon()
             raise from_engine_error(e) from None
-        if not stream:
-            generation.abandon()
-            if not first:
-                raise APIError(499, "the client closed the request")
-            return JSONResponse(join(first))
-        return StreamingResponse(_events(generation, first), media_type="text/event-stream", headers=_SSE_HEADERS)
+        if stream:
+            return StreamingResponse(_events(generation, chunks), media_type="text/event-stream",
+                                     headers=_SSE_HEADERS)
+        if not chunks:  # the client left before its turn
+            raise APIError(499, "the client closed the request")
+        return JSONResponse(join(chunks))
 
     async def _events(generation: Generation, first: list[dict]):
         try:

@@ -16,6 +16,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, Iterator
 
+from pyedgemoe.server.openai_errors import APIError
+
 _END = object()
 
 
@@ -50,6 +52,7 @@ class EngineQueue:
         self._turn = asyncio.Lock()
         self.waiting = 0  # generations waiting for their turn (the queue depth)
         self.running = 0  # 0 or 1: the generation holding the Engine
+        self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     async def call(self, fn: Callable, *args):
@@ -67,8 +70,9 @@ class EngineQueue:
 
     async def _produce(self, generation: Generation, start, client_gone) -> None:
         async def gone() -> bool:
-            return generation.abandoned or await client_gone()
+            return generation.abandoned or self.stopping or await client_gone()
 
+        finished = False
         queued = True
         self.waiting += 1
         try:
@@ -77,26 +81,33 @@ class EngineQueue:
                 self.waiting -= 1
                 self.running += 1
                 try:
-                    if await gone():  # it left while queued
-                        return
-                    chunks = await self.call(start)
-                    try:
-                        while not await gone():
-                            chunk = await self.call(next, chunks, _END)
-                            if chunk is _END:
-                                break
-                            generation._put(chunk)
-                    finally:
-                        # closing the generator ends the Engine's generation (its finally blocks run)
-                        await self.call(chunks.close)
+                    if not await gone():  # else it left while queued
+                        chunks = await self.call(start)
+                        try:
+                            while not await gone():
+                                chunk = await self.call(next, chunks, _END)
+                                if chunk is _END:
+                                    finished = True
+                                    break
+                                generation._put(chunk)
+                        finally:
+                            # closing the generator ends the Engine's generation (its finally blocks run)
+                            await self.call(chunks.close)
                 finally:
                     self.running -= 1
+            if self.stopping and not finished:
+                generation._put(APIError(503, "the server is shutting down", "server_shutting_down"))
         except Exception as e:  # noqa: BLE001 - handed to the response, which shapes it
             generation._put(e)
         finally:
-            if queued:  # cancelled (the server stopping) while waiting
+            if queued:  # cancelled while waiting
                 self.waiting -= 1
             generation._put(_END)
+
+    def stop(self) -> None:
+        """The server is stopping: running generations end at their next token and queued ones never
+        start, each with an error (503), so that the server need not wait for them or cancel them."""
+        self.stopping = True
 
     def close(self) -> None:
         """After the server stopped: waits for the Engine's thread to finish what it runs."""

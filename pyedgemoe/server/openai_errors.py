@@ -9,7 +9,7 @@ from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoE
 
 # OpenAI's error types, by HTTP status
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 500: "server_error"}
+          405: "invalid_request_error", 500: "server_error", 503: "server_error"}
 
 
 class APIError(Exception):

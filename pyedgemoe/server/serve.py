@@ -31,6 +31,19 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGINT/SIGTERM first ends the generations in flight (their
+    clients get an error) rather than wait for them and cancel them after the graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, engine_queue) -> None:
+        super().__init__(config)
+        self.engine_queue = engine_queue
+
+    async def shutdown(self, sockets=None) -> None:
+        self.engine_queue.stop()
+        await super().shutdown(sockets=sockets)
+
+
 def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[str, ...] = (),
           api_key: str | None = None, log_level: str = "info") -> None:
     """Serves engine on sock until the process is told to stop."""
@@ -39,6 +52,6 @@ def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[st
     sock.listen(config.backlog)
     print(f"pyedgemoe: serving {model_id} on {url_of(sock)} (OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _Server(config, app.state.engine_queue).run(sockets=[sock])
     finally:
         app.state.engine_queue.close()

@@ -1,0 +1,335 @@
+"""`pyedgemoe serve` as a client sees it: the real server in a subprocess on a free localhost port,
+the demo model behind it with an expert cache of a quarter of its experts, talked to with OpenAI's
+own client and with plain HTTP.
+
+The server runs the lossless preset (every expert in HIGH): its greedy answers are then the
+model's, whatever the cache holds, and equal to an in-process Engine's with every expert resident
+(with LOW precision, a temperature-0 answer depends on the cache, so on the requests before it).
+One thread (-t 1): two spinning llama.cpp threads on a shared 2-core machine slow to a crawl."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pyedgemoe import Engine
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "models" / "demo.gguf"
+MODEL_ID = "demo.gguf"
+API_KEY = "test-key"
+N_CTX = 2048
+SERVER_ARGS = ["--expert-cache", "25%", "--system", "lossless", "-t", "1", "-c", str(N_CTX)]
+PROMPTS = ["def add(a, b):", "class Node(object):", "import os\n", "# Copyright"]
+
+
+def start_server(log_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """Starts `pyedgemoe serve` on a free port; returns the process and its base URL once /health answers."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe.cli", "serve", str(DEMO), "--port", "0", *args],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"serving \S+ on (http://\S+) ", log_path.read_text())
+        if found:
+            url = found.group(1)
+            try:
+                if request("GET", url + "/health")[0] == 200:
+                    return proc, url
+            except OSError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the server did not start:\n{log_path.read_text()}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def request(method: str, url: str, body: bytes | None = None, key: str | None = API_KEY) -> tuple[int, dict | str]:
+    """Plain HTTP: (status, the JSON body, or the text when it is not JSON)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request(method, u.path, body=body, headers=headers)
+        response = conn.getresponse()
+        text = response.read().decode("utf-8")
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(text)
+    except json.JSONDecodeError:
+        return response.status, text
+
+
+def metric_values(url: str) -> dict[tuple[str, tuple], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    status, text = request("GET", url + "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("server") / "server.log", *SERVER_ARGS, "--api-key", API_KEY)
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The same model in this process, every expert resident: what the server must answer."""
+    with Engine(DEMO, n_ctx=N_CTX, n_threads=1) as eng:
+        yield eng
+
+
+def solo_answer(client: openai.OpenAI, prompt: str, stream: bool) -> str:
+    kwargs = dict(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
+    if stream:
+        return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs))
+    return client.completions.create(**kwargs).choices[0].text
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+
+
+def test_completion_is_the_models_greedy_continuation(client, reference):
+    r = client.completions.create(model=MODEL_ID, prompt="def add(a, b):", max_tokens=16, temperature=0)
+    expected = reference.create_completion("def add(a, b):", max_tokens=16, temperature=0)
+    assert r.choices[0].text == expected["choices"][0]["text"]
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (expected["usage"]["prompt_tokens"], 16)
+    assert r.model == MODEL_ID
+
+
+def test_chat_completion_goes_through_the_chat_template(client, reference):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=16, temperature=0)
+    expected = reference.create_chat_completion(messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == expected["choices"][0]["message"]["content"]
+    assert r.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
+
+
+def test_streamed_chat_joins_to_the_non_streamed_text(client):
+    kwargs = dict(model=MODEL_ID, messages=[{"role": "user", "content": "def parse(text):"}], max_tokens=32,
+                  temperature=0)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    assert len(pieces) > 1
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "length"
+
+
+def test_stream_is_server_sent_events_ending_with_done(server):
+    body = json.dumps({"model": MODEL_ID, "prompt": "import os\n", "max_tokens": 4, "temperature": 0,
+                       "stream": True}).encode()
+    status, text = request("POST", server + "/v1/completions", body)
+    assert status == 200
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_ends_the_text_before_the_stop_string(client):
+    whole = client.completions.create(model=MODEL_ID, prompt="def add(a, b):", max_tokens=24, temperature=0)
+    text = whole.choices[0].text
+    stop = text.strip()[2:5]  # a few characters the greedy text certainly produces
+    cut = client.completions.create(model=MODEL_ID, prompt="def add(a, b):", max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=16, temperature=1.0, top_p=1.0, seed=7,
+                  extra_body={"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.1})
+    assert client.completions.create(**kwargs).choices[0].text == client.completions.create(**kwargs).choices[0].text
+
+
+def test_concurrent_clients_each_get_their_solo_answer(client):
+    streams = [i % 2 == 0 for i in range(len(PROMPTS))]
+    alone = [solo_answer(client, p, s) for p, s in zip(PROMPTS, streams)]
+    together: list[str | None] = [None] * len(PROMPTS)
+    start = threading.Barrier(len(PROMPTS))
+
+    def one(i: int) -> None:
+        start.wait()
+        together[i] = solo_answer(client, PROMPTS[i], streams[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+
+
+def test_a_client_leaving_mid_stream_stops_its_generation(server, client):
+    before = metric_values(server)[("pyedgemoe_generated_tokens_total", ())]
+    u = urlparse(server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = json.dumps({"model": MODEL_ID, "prompt": "def add(a, b):", "max_tokens": 1500, "temperature": 0,
+                       "stream": True})
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    response = conn.getresponse()
+    assert response.status == 200
+    for _ in range(3):
+        assert response.readline().startswith(b"data: ")
+        assert response.readline() == b"\n"
+    conn.sock.shutdown(2)
+    conn.close()
+
+    # the next request gets the engine, and the one left behind stopped far from its 1500 tokens
+    r = client.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens == 8
+    after = metric_values(server)
+    assert after[("pyedgemoe_generated_tokens_total", ())] - before - 8 < 500
+    assert after[("pyedgemoe_queue_depth", ())] == 0
+    assert after[("pyedgemoe_requests_running", ())] == 0
+
+
+def test_bad_json_is_400(server):
+    status, body = request("POST", server + "/v1/completions", b'{"prompt": "x",')
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "invalid_json"
+
+
+def test_unknown_parameters_are_400_naming_them(server):
+    body = json.dumps({"model": MODEL_ID, "prompt": "x", "max_tokens": 2, "temprature": 0.5, "best_of": 3}).encode()
+    status, out = request("POST", server + "/v1/completions", body)
+    assert status == 400 and out["error"]["code"] == "unknown_parameter"
+    assert "temprature" in out["error"]["message"]
+    body = json.dumps({"model": MODEL_ID, "prompt": "x", "n": 2}).encode()
+    status, out = request("POST", server + "/v1/completions", body)
+    assert status == 400 and out["error"]["param"] == "n"
+
+
+def test_out_of_range_sampling_is_400(client):
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=2, top_p=1.5)
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_the_context_is_400(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL_ID, prompt="word " * (N_CTX + 100), max_tokens=4)
+    assert e.value.body["code"] == "context_length_exceeded"
+    # and a streamed one is refused before any event
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "word " * (N_CTX + 100)}],
+                                       max_tokens=4, stream=True)
+
+
+def test_a_wrong_or_missing_key_is_401_except_on_health(server):
+    wrong = openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    for path in ("/v1/models", "/metrics"):
+        status, body = request("GET", server + path, key=None)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, body = request("POST", server + "/v1/completions", json.dumps({"prompt": "x"}).encode(), key="wrong")
+    assert status == 401
+    assert request("GET", server + "/health", key=None) == (200, {"status": "ok", "model": MODEL_ID,
+                                                                  "queue_depth": 0})
+
+
+def test_metrics_are_prometheus_text_with_the_expert_cache(server, client):
+    client.completions.create(model=MODEL_ID, prompt="def add(a, b):", max_tokens=4, temperature=0)
+    m = metric_values(server)
+    assert m[("pyedgemoe_requests_total", (("code", "200"), ("path", "/v1/completions")))] >= 1
+    assert m[("pyedgemoe_generated_tokens_total", ())] >= 4
+    assert m[("pyedgemoe_decode_tokens_per_second", ())] > 0
+    hits = {p: m[("pyedgemoe_expert_hits_total", (("precision", p),))] for p in ("high", "low")}
+    misses = {p: m[("pyedgemoe_expert_misses_total", (("precision", p),))] for p in ("high", "low")}
+    assert hits["high"] > 0 and misses["high"] > 0
+    assert hits["low"] == misses["low"] == 0  # lossless: LOW copies are never used
+    assert m[("pyedgemoe_expert_requests_total", ())] == sum(hits.values()) + sum(misses.values())
+    assert m[("pyedgemoe_expert_read_bytes_total", (("source", "demand"),))] > 0
+    assert ("pyedgemoe_expert_stall_seconds_total", ()) in m
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "serve", *map(str, args)], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((DEMO, "--port", "70000"), "--port"),
+    ((DEMO, "--parallel", "0"), "--parallel"),
+    ((REPO / "models" / "missing.gguf",), "missing.gguf"),
+])
+def test_bad_serve_input_is_one_error_line(args, fragment):
+    r = cli(*args)
+    assert r.returncode == 1
+    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("note: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], r.stderr
+
+
+def test_a_port_in_use_is_one_error_line(server):
+    r = cli(DEMO, "--port", str(urlparse(server).port))
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot listen on"), r.stderr
+
+
+def test_parallel_is_accepted_and_served_one_at_a_time(tmp_path):
+    proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS, "--parallel", "4")
+    try:
+        assert request("GET", url + "/v1/models", key=None)[0] == 200  # no --api-key: open
+    finally:
+        stop_server(proc)
+    assert "served one at a time" in (tmp_path / "server.log").read_text()
+
+
+def test_stopping_the_server_ends_a_stream_with_an_error_event(tmp_path):
+    proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS)
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"prompt": "def add(a, b):", "max_tokens": 1500, "temperature": 0, "stream": True}))
+    response = conn.getresponse()
+    assert response.readline().startswith(b"data: ")
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    events = [line for line in response.read().decode().split("\n") if line]
+    proc.wait(timeout=30)
+    assert time.monotonic() - stopped < 5  # not uvicorn's graceful timeout: the generation ended
+    assert json.loads(events[-1][len("data: "):])["error"]["code"] == "server_shutting_down"
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
