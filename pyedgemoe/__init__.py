@@ -19,6 +19,7 @@ from pyedgemoe.errors import (
 )
 from pyedgemoe.engine import Engine
 from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.llama import Llama
 
 __all__ = [
     "Engine",
