@@ -23,7 +23,7 @@ from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
                                              parse_body, parse_generation)
 
-PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+PATHS = {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

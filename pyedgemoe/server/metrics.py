@@ -19,6 +19,8 @@ class RequestCounts:
         self.counts: Counter = Counter()
 
     def add(self, path: str, status: int) -> None:
+        if path.startswith("/v1/models/"):
+            path = "/v1/models/{model}"
         self.counts[(path if path in self.paths else "other", str(status))] += 1
 
 
