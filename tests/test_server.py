@@ -85,6 +85,19 @@ def request(method: str, url: str, body: bytes | None = None, key: str | None = 
         return response.status, text
 
 
+def open_stream(url: str, max_tokens: int, key: str | None = API_KEY) -> tuple[http.client.HTTPConnection, object]:
+    """A streamed completion whose first event has been read: it holds the engine."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    conn.request("POST", "/v1/completions", headers=headers,
+                 body=json.dumps({"prompt": "def add(a, b):", "max_tokens": max_tokens, "temperature": 0, "stream": True}))
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")
+    return conn, response
+
+
 def metric_values(url: str) -> dict[tuple[str, tuple], float]:
     """/metrics as {(sample name, sorted labels): value}."""
     status, text = request("GET", url + "/metrics")
@@ -199,17 +212,10 @@ def test_concurrent_clients_each_get_their_solo_answer(client):
 
 def test_a_client_leaving_mid_stream_stops_its_generation(server, client):
     before = metric_values(server)[("pyedgemoe_generated_tokens_total", ())]
-    u = urlparse(server)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    body = json.dumps({"model": MODEL_ID, "prompt": "def add(a, b):", "max_tokens": 1500, "temperature": 0,
-                       "stream": True})
-    conn.request("POST", "/v1/completions", body=body,
-                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
-    response = conn.getresponse()
-    assert response.status == 200
-    for _ in range(3):
-        assert response.readline().startswith(b"data: ")
+    conn, response = open_stream(server, 1500)
+    for _ in range(2):
         assert response.readline() == b"\n"
+        assert response.readline().startswith(b"data: ")
     conn.sock.shutdown(2)
     conn.close()
 
@@ -220,6 +226,36 @@ def test_a_client_leaving_mid_stream_stops_its_generation(server, client):
     assert after[("pyedgemoe_generated_tokens_total", ())] - before - 8 < 500
     assert after[("pyedgemoe_queue_depth", ())] == 0
     assert after[("pyedgemoe_requests_running", ())] == 0
+
+
+def test_requests_queue_behind_the_running_one_and_health_still_answers(server, client):
+    conn, _ = open_stream(server, 1500)
+    answer = []
+    waiting = threading.Thread(target=lambda: answer.append(
+        client.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=4, temperature=0)))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while metric_values(server)[("pyedgemoe_queue_depth", ())] != 1:
+        assert time.monotonic() < deadline, "the second request never queued"
+        time.sleep(0.05)
+    started = time.monotonic()
+    assert request("GET", server + "/health", key=None)[1]["queue_depth"] == 1
+    assert time.monotonic() - started < 1
+    assert metric_values(server)[("pyedgemoe_requests_running", ())] == 1
+    assert not answer
+    conn.sock.shutdown(2)
+    conn.close()
+    waiting.join(timeout=60)
+    assert answer[0].usage.completion_tokens == 4
+
+
+def test_a_chat_template_refusing_the_messages_is_400():
+    import jinja2
+
+    from pyedgemoe.server.openai_errors import from_engine_error
+
+    error = from_engine_error(jinja2.TemplateError("Conversation roles must alternate user/assistant"))
+    assert error.status == 400 and error.param == "messages" and "must alternate" in error.message
 
 
 def test_bad_json_is_400(server):
@@ -320,12 +356,7 @@ def test_parallel_is_accepted_and_served_one_at_a_time(tmp_path):
 
 def test_stopping_the_server_ends_a_stream_with_an_error_event(tmp_path):
     proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS)
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
-                 body=json.dumps({"prompt": "def add(a, b):", "max_tokens": 1500, "temperature": 0, "stream": True}))
-    response = conn.getresponse()
-    assert response.readline().startswith(b"data: ")
+    conn, response = open_stream(url, 1500, key=None)
     stopped = time.monotonic()
     proc.send_signal(signal.SIGINT)
     events = [line for line in response.read().decode().split("\n") if line]
