@@ -331,7 +331,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, fragment", [
     ((DEMO, "--port", "70000"), "--port"),
     ((DEMO, "--parallel", "0"), "--parallel"),
-    ((REPO / "models" / "missing.gguf",), "missing.gguf"),
+    ((REPO / "models" / "missing.gguf", "--port", "0"), "missing.gguf"),
 ])
 def test_bad_serve_input_is_one_error_line(args, fragment):
     r = cli(*args)
