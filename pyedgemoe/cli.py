@@ -126,6 +126,7 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
@@ -155,7 +156,7 @@ def run(
                 run_chat(eng, prompt, max_tokens, sampling)
             elif as_json:
                 tokens = eng.tokenize(prompt)
-                ids = list(eng.generate_tokens(tokens, max_tokens, _sampling(sampling)))
+                ids = list(eng.generate_tokens(tokens, max_tokens, _sampling(sampling), ignore_eos=ignore_eos))
                 t = eng.last_timings
                 typer.echo(json.dumps({
                     "text": eng.detokenize(ids), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
@@ -164,7 +165,7 @@ def run(
                     "finish_reason": t.finish_reason, "stats": eng.stats(),
                 }))
             else:
-                for piece in eng.generate(prompt, max_tokens, stream=True, **sampling):
+                for piece in eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **sampling):
                     sys.stdout.write(piece)
                     sys.stdout.flush()
                 sys.stdout.write("\n")

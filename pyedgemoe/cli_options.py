@@ -1,5 +1,5 @@
 """The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`--expert-cache`, `--device`, `--host-cache`, `--system`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
+`-ngl`, `--expert-cache`, `--device`, `--host-cache`, `--system`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
 pyedgemoe.expert_options.OPTION_NAMES with dashes, their help and defaults from the native schema)
 and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
 of Engine keyword arguments; a bad value is one `error:` line."""
@@ -17,6 +17,9 @@ from pyedgemoe.expert_options import AUTOMATIC, OPTION_NAMES, ExpertOptions, cho
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
 _ENGINE_OPTIONS = (
     ("threads", Optional[int], typer.Option(None, "-t", "--threads", help="threads (default: all cores)"), "n_threads"),
+    ("gpu_layers", Optional[int], typer.Option(None, "-ngl", "--n-gpu-layers",
+                                               help="llama.cpp's habit: 0 is --mode cpu, any other count --mode gpu "
+                                                    "(every layer goes to the GPU)"), None),
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
                                        help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto"),
      "expert_cache"),
@@ -61,8 +64,15 @@ def model_options(command=None, *, expert_cache: bool = True):
 
     @functools.wraps(command)
     def with_options(**params):
-        engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine if keyword}
         given = {name: params.pop(name) for name in OPTION_NAMES}
+        gpu_layers = params.pop("gpu_layers", None)
+        if gpu_layers is not None:
+            mode = "cpu" if gpu_layers == 0 else "gpu"
+            if given["mode"] not in (None, mode):
+                typer.echo(f"error: -ngl {gpu_layers} means --mode {mode}, not --mode {given['mode']}", err=True)
+                raise typer.Exit(1)
+            given["mode"] = mode
         try:
             engine_options["expert_options"] = ExpertOptions(**given)
         except PyEdgeMoEError as e:

@@ -471,12 +471,12 @@ class Engine:
 
     # -- text generation ------------------------------------------------------------------------
     def _stream_text(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
-                     stop: list[str], result: dict) -> Iterator[str]:
+                     stop: list[str], result: dict, ignore_eos: bool = False) -> Iterator[str]:
         """Text pieces of a generation; fills result["finish_reason"], result["completion_tokens"]."""
         text = TextStream(stop)
         result["finish_reason"] = "length"
         result["completion_tokens"] = 0
-        tokens = self.generate_tokens(prompt_tokens, max_tokens, sampling)
+        tokens = self.generate_tokens(prompt_tokens, max_tokens, sampling, ignore_eos=ignore_eos)
         for token in tokens:
             result["completion_tokens"] += 1
             piece = text.push(self.token_piece(token))
@@ -499,13 +499,14 @@ class Engine:
     def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, temperature: float = 0.8,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: str | list[str] | None = None,
-                 stream: bool = False) -> str | Iterator[str]:
+                 stream: bool = False, ignore_eos: bool = False) -> str | Iterator[str]:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an
-        iterator of text pieces as they are produced."""
+        iterator of text pieces as they are produced. ignore_eos: go on past end-of-generation
+        tokens (to max_tokens)."""
         sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         sampling.validate()
         stops = _stop_list(stop)
-        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, sampling, stops, {})
+        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, sampling, stops, {}, ignore_eos)
         return pieces if stream else "".join(pieces)
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,

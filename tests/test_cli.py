@@ -192,3 +192,13 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
 def test_invalid_expert_cache_options(tiny_model, args, fragment):
     olmoe, _ = tiny_model("olmoe")
     assert_one_line_error(cli("run", olmoe, "-p", "x", *args), fragment)
+
+
+def test_ngl_is_llama_cpps_habit_for_the_mode(mixtral_gguf):
+    # 0 layers on the GPU is the CPU; any other count is --mode gpu, which a CPU-only build refuses
+    ok = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", "--temp", "0", "-ngl", "0")
+    assert ok.returncode == 0, ok.stderr
+    for args, message in ((["-ngl", "99"], "error: --mode gpu needs a GPU"),
+                          (["-ngl", "0", "--mode", "gpu"], "error: -ngl 0 means --mode cpu, not --mode gpu")):
+        r = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", *args)
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(message)
