@@ -285,6 +285,10 @@ class Engine:
             raise RuntimeError("this Engine is closed")
         return self._ctx
 
+    def _live_model(self):
+        self._live()
+        return self._model
+
     # -- properties ----------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
@@ -292,11 +296,11 @@ class Engine:
 
     @property
     def n_vocab(self) -> int:
-        return self._model.n_vocab
+        return self._live_model().n_vocab
 
     @property
     def metadata(self) -> dict[str, str]:
-        return self._model.metadata()
+        return self._live_model().metadata()
 
     # -- tokens ----------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -304,13 +308,13 @@ class Engine:
         special-token text such as <|im_start|>."""
         if isinstance(text, str):
             text = text.encode("utf-8")
-        return self._model.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
+        return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        return self._model.detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
+        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
 
     def token_piece(self, token: int) -> bytes:
-        return self._model.token_to_piece(token, False)
+        return self._live_model().token_to_piece(token, False)
 
     # -- evaluation --------------------------------------------------------------------------
     def logits(self, token_ids: list[int], *, one_token_per_step: bool = False) -> np.ndarray:

@@ -150,3 +150,7 @@ def test_closed_engine_refuses_work(mixtral_gguf):
     e.close()
     with pytest.raises(RuntimeError):
         e.logits([1])
+    for use in (lambda: e.tokenize("hi"), lambda: e.detokenize([1]), lambda: e.token_piece(1), lambda: e.n_vocab,
+                lambda: e.metadata):
+        with pytest.raises(RuntimeError, match="this Engine is closed"):
+            use()

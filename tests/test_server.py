@@ -250,12 +250,15 @@ def test_requests_queue_behind_the_running_one_and_health_still_answers(server, 
 
 
 def test_a_chat_template_refusing_the_messages_is_400():
-    import jinja2
-
+    from pyedgemoe.chat_template import render_chat
+    from pyedgemoe.errors import InvalidOptionError
     from pyedgemoe.server.openai_errors import from_engine_error
 
-    error = from_engine_error(jinja2.TemplateError("Conversation roles must alternate user/assistant"))
-    assert error.status == 400 and error.param == "messages" and "must alternate" in error.message
+    template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    with pytest.raises(InvalidOptionError) as refused:
+        render_chat(template, [{"role": "user", "content": "hi"}], bos_token="", eos_token="")
+    error = from_engine_error(refused.value)
+    assert error.status == 400 and "must alternate" in error.message
 
 
 def test_bad_json_is_400(server):

@@ -3,7 +3,6 @@
 AuthenticationError, ...)."""
 from __future__ import annotations
 
-import jinja2
 from starlette.responses import JSONResponse
 
 from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoEError
@@ -41,9 +40,6 @@ def from_engine_error(e: Exception) -> APIError:
         return APIError(400, str(e), "context_length_exceeded")
     if isinstance(e, InvalidOptionError):
         return APIError(400, str(e), "invalid_value")
-    if isinstance(e, jinja2.TemplateError) and not isinstance(e, jinja2.TemplateSyntaxError):
-        # the model's chat template refused the messages (raise_exception: roles must alternate, ...)
-        return APIError(400, f"the model's chat template refused the messages: {e}", "invalid_value", "messages")
     if isinstance(e, PyEdgeMoEError):
         return APIError(500, str(e), type(e).__name__)
     return APIError(500, f"internal error: {type(e).__name__}: {e}")
