@@ -44,7 +44,7 @@ def start(model: Path, log: Path, extra: list[str]) -> tuple[subprocess.Popen, s
             break
         time.sleep(0.1)
     proc.kill()
-    raise SystemExit(f"the server did not start:\n{log.read_text()}")
+    raise RuntimeError(f"the server did not start:\n{log.read_text()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyedgemoe import Engine
+from server_load import start
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
@@ -37,24 +37,17 @@ PROMPTS = ["def add(a, b):", "class Node(object):", "import os\n", "# Copyright"
 
 def start_server(log_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """Starts `pyedgemoe serve` on a free port; returns the process and its base URL once /health answers."""
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe.cli", "serve", str(DEMO), "--port", "0", *args],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    proc, url = start(DEMO, log_path, list(args))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        found = re.search(r"serving \S+ on (http://\S+) ", log_path.read_text())
-        if found:
-            url = found.group(1)
-            try:
-                if request("GET", url + "/health")[0] == 200:
-                    return proc, url
-            except OSError:
-                pass
-        if proc.poll() is not None:
-            break
+        try:
+            if request("GET", url + "/health")[0] == 200:
+                return proc, url
+        except OSError:
+            pass
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError(f"the server did not start:\n{log_path.read_text()}")
+    raise AssertionError(f"the server did not answer /health:\n{log_path.read_text()}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
