@@ -84,12 +84,13 @@ def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None
 
 
 def write_sidecar(data: dict, path: str | os.PathLike) -> str:
-    """Writes data as JSON to path (atomically: a reader never sees half a file)."""
+    """Writes data as JSON to path, one line per key (the path statistics and the map are large
+    tables: a line each keeps the file short to read and to diff), atomically: a reader never
+    sees half a file."""
     path = os.fspath(path)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
+        f.write("{\n" + ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()) + "\n}\n")
     os.replace(tmp, path)
     return path
 
