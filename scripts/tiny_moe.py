@@ -224,12 +224,14 @@ def save_tokenizer(out_dir: Path) -> int:
 # Model
 
 
-def make_config(arch: str, vocab_size: int):
+def make_config(arch: str, vocab_size: int, overrides: dict | None = None):
+    """The tiny `arch` config; `overrides` replaces or adds config arguments (e.g. the optional
+    tensors a family's config can switch on or off: attention_bias, tie_word_embeddings, ...)."""
     import transformers
 
     _check_arch(arch)
     class_name, kwargs = _CONFIGS[arch]
-    config = getattr(transformers, class_name)(vocab_size=vocab_size, **_COMMON, **kwargs)
+    config = getattr(transformers, class_name)(vocab_size=vocab_size, **{**_COMMON, **kwargs, **(overrides or {})})
     config.dtype = "float32"
     return config
 
@@ -249,8 +251,9 @@ def _randomise_(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
 
 
-def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write config.json, model.safetensors (float32) and tokenizer files of a tiny `arch` model."""
+def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict | None = None) -> Path:
+    """Write config.json, model.safetensors (float32) and tokenizer files of a tiny `arch` model
+    (with `overrides` applied to its config, see make_config)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -260,7 +263,7 @@ def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_size = save_tokenizer(out_dir)
-    config = make_config(arch, vocab_size)
+    config = make_config(arch, vocab_size, overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomise_(model, seed)

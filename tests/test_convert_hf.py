@@ -112,16 +112,18 @@ def write_spm_tokenizer(hf_dir: Path) -> None:
         "add_bos_token": True, "add_eos_token": False, "legacy": False, "chat_template": tiny_moe.CHAT_TEMPLATE}))
 
 
-def build_phimoe(hf_dir: Path) -> None:
+def build_phimoe(hf_dir: Path, overrides: dict | None = None) -> None:
+    """A tiny Phi-MoE checkpoint in hf_dir; `overrides` replaces config arguments (attention_bias, ...)."""
     import torch
     import transformers
     hf_dir.mkdir(parents=True)
     write_spm_tokenizer(hf_dir)
-    config = transformers.PhimoeConfig(
-        vocab_size=384, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=512,
-        initializer_range=tiny_moe.INIT_STD, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4}, attention_bias=True, lm_head_bias=True)
+    config = transformers.PhimoeConfig(**{
+        **dict(vocab_size=384, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=512,
+               initializer_range=tiny_moe.INIT_STD, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+               rope_parameters={"rope_type": "default", "rope_theta": 1e4}, attention_bias=True, lm_head_bias=True),
+        **(overrides or {})})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tiny_moe._randomise_(model, 0)

@@ -5,7 +5,10 @@ Special cases (llama.cpp's DeepseekV2Model): MLA is written as MQA (head_count_k
 key/value lengths of the compressed cache, and `kv_b_proj` is split into `attn_k_b` (transposed)
 and `attn_v_b` for the absorption optimisation; lm_head is dropped when tied; layers past
 num_hidden_layers (multi-token prediction) are skipped; leading dense layer count, LoRA ranks,
-expert counts/scales and YaRN's log multiplier are written. V2-Lite has no q LoRA (q_proj).
+expert counts/scales and YaRN's log multiplier are written. V2-Lite has no q LoRA (q_proj): its
+q_lora_rank is written as 0, as llama.cpp's loader reads the key for every layer count but 26/27.
+Refused (llama.cpp's model has no such tensors or layers): attention and MLP biases, no shared
+experts, moe_layer_freq > 1, and a q LoRA in a model llama.cpp takes for a "lite" one by its size.
 """
 from __future__ import annotations
 
@@ -22,6 +25,17 @@ class DeepseekV2(Family):
     hf_architectures = ("DeepseekV2ForCausalLM",)
     gguf_arch = gguf.MODEL_ARCH.DEEPSEEK2
     n_expert_keys = ("n_routed_experts",)
+    # src/models/deepseek2.cpp (loader_tensors adds the per-layer ones, which depend on the layer)
+    loader_required = ("token_embd.weight", "output_norm.weight")
+    loader_optional = ("output.weight",)
+    _attention = ("blk.{bid}.attn_norm.weight", "blk.{bid}.attn_kv_a_norm.weight", "blk.{bid}.attn_kv_a_mqa.weight",
+                  "blk.{bid}.attn_k_b.weight", "blk.{bid}.attn_v_b.weight", "blk.{bid}.attn_output.weight",
+                  "blk.{bid}.ffn_norm.weight")
+    _q_lora = ("blk.{bid}.attn_q_a_norm.weight", "blk.{bid}.attn_q_a.weight", "blk.{bid}.attn_q_b.weight")
+    _dense = ("blk.{bid}.ffn_gate.weight", "blk.{bid}.ffn_down.weight", "blk.{bid}.ffn_up.weight")
+    _moe = ("blk.{bid}.ffn_gate_inp.weight", "blk.{bid}.ffn_gate_exps.weight", "blk.{bid}.ffn_down_exps.weight",
+            "blk.{bid}.ffn_up_exps.weight", "blk.{bid}.ffn_gate_shexp.weight", "blk.{bid}.ffn_down_shexp.weight",
+            "blk.{bid}.ffn_up_shexp.weight")
 
     def __init__(self, config: dict):
         super().__init__(config)
@@ -36,6 +50,37 @@ class DeepseekV2(Family):
     def is_moe_layer(self, bid: int) -> bool:
         freq = int(self.hparams.get("moe_layer_freq", 1) or 1)
         return bid >= self.first_dense and bid % freq == 0
+
+    def _is_lite(self) -> bool:
+        # llama.cpp's llama_model_deepseek2::load_arch_hparams: these sizes never read q_lora_rank
+        vocab = self.vocab_size
+        return self.n_layers in (26, 27) or (self.n_layers == 48 and vocab == 128256)
+
+    def check_config(self) -> None:
+        hp = self.hparams
+        if hp.get("attention_bias"):
+            raise self.refuse("attention_bias=true", f"llama.cpp's {self.llama_arch} model has no attention biases "
+                                                     f"(q_a_proj, kv_a_proj_with_mqa, o_proj)")
+        if hp.get("mlp_bias"):
+            raise self.refuse("mlp_bias=true", f"llama.cpp's {self.llama_arch} model has no feed-forward biases")
+        if not hp.get("n_shared_experts"):
+            raise self.refuse(f"n_shared_experts={hp.get('n_shared_experts')}",
+                              f"llama.cpp's {self.llama_arch} model requires shared experts in every MoE layer")
+        if int(hp.get("moe_layer_freq", 1) or 1) != 1:
+            raise self.refuse(f"moe_layer_freq={hp['moe_layer_freq']}", f"llama.cpp's {self.llama_arch} model has "
+                                                                        f"a MoE block in every layer after the dense ones")
+        if hp.get("q_lora_rank") is not None and self._is_lite():
+            raise self.refuse(f"q_lora_rank={hp['q_lora_rank']}", f"llama.cpp takes a {self.n_layers}-layer "
+                              f"{self.llama_arch} model for DeepSeek-V2-Lite, which has no q LoRA")
+
+    def loader_tensors(self):
+        required, optional = super().loader_tensors()
+        moe = [bid for bid in range(self.n_layers) if bid >= self.first_dense]
+        required |= self.expand(self._attention)
+        required |= self.expand(self._q_lora if self.hparams.get("q_lora_rank") is not None else ("blk.{bid}.attn_q.weight",))
+        required |= self.expand(self._dense, range(self.first_dense)) | self.expand(self._moe, moe)
+        optional |= self.expand(("blk.{bid}.exp_probs_b.bias",), moe)
+        return required, optional
 
     def rename(self, name: str) -> str | None:
         name = super().rename(name)
@@ -105,8 +150,9 @@ class DeepseekV2(Family):
         w.add_leading_dense_block_count(first_dense)
         kv_lora = hp.get("kv_lora_rank", 512)
         w.add_vocab_size(hp["vocab_size"])
-        if hp.get("q_lora_rank") is not None:
-            w.add_q_lora_rank(hp["q_lora_rank"])
+        # 0 for none (V2-Lite): llama.cpp reads the key unless the layer count is a known lite one,
+        # and 0 makes both its loader and its graph use q_proj (llama.cpp's converter omits the key)
+        w.add_q_lora_rank(hp.get("q_lora_rank") or 0)
         w.add_kv_lora_rank(kv_lora)
         w.add_key_length(kv_lora + hp["qk_rope_head_dim"])
         w.add_value_length(kv_lora)

@@ -31,6 +31,16 @@ class TensorOut:
 
 
 @dataclass
+class StandIn:
+    """An exact equivalent of a tensor llama.cpp's loader requires but the checkpoint does not
+    have: a copy of HF tensor `copy_of` (a tied output layer is the embedding matrix), or zeros of
+    numpy `shape` (a bias the model does not have adds nothing). `why` says which, for the plan."""
+    why: str
+    copy_of: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass
 class ExpertSource:
     """Expert e of a stack: HF tensor `name`; with `index` set, expert `index` of a fused
     [n_expert, rows, cols] tensor, rows `row_start:row_stop` of it."""
@@ -82,6 +92,13 @@ class Family:
     permute_qk: bool = False                    # undo HF's RoPE permutation of q/k (llama-style)
     permute_biases: bool = False
     router_suffix: str = "mlp.gate.weight"
+    # llama.cpp's llama_model_<arch>::load_arch_tensors (src/models/<arch>.cpp) as GGUF names,
+    # "{bid}" standing for every layer: the tensors it requires (flags 0) and those it takes when
+    # present (TENSOR_NOT_REQUIRED). It refuses a file that lacks a required tensor ("tensor ...
+    # not found") or holds one it does not create ("wrong number of tensors"), so every file we
+    # write has exactly such a tensor set (from_hf.check_loadable).
+    loader_required: tuple[str, ...] = ()
+    loader_optional: tuple[str, ...] = ()
 
     def __init__(self, config: dict):
         self.config = dict(config)
@@ -154,6 +171,49 @@ class Family:
 
     def is_moe_layer(self, bid: int) -> bool:
         return True
+
+    @property
+    def llama_arch(self) -> str:
+        """llama.cpp's name of the architecture (general.architecture), for messages."""
+        return gguf.MODEL_ARCH_NAMES[self.gguf_arch]
+
+    @property
+    def tied_embeddings(self) -> bool:
+        # every supported family's config class defaults to an untied output layer
+        return bool(self.hparams.get("tie_word_embeddings", False))
+
+    def check_config(self) -> None:
+        """ConversionError for a config.json setting llama.cpp's model cannot reproduce: tensors it
+        has no place for, or a computation it does not do. Families add theirs; the tensor set
+        itself is checked against `loader_tensors` once the plan is made."""
+
+    def refuse(self, setting: str, why: str) -> ConversionError:
+        """The one error of an unsupported config.json setting; `why` names what llama.cpp lacks."""
+        return ConversionError(f"config.json {setting} is not supported: {why}")
+
+    # -- what llama.cpp's loader accepts ---------------------------------------------------------
+
+    def loader_tensors(self) -> tuple[set[str], set[str]]:
+        """(required, optional) GGUF tensor names llama.cpp's loader creates for this config."""
+        return self.expand(self.loader_required), self.expand(self.loader_optional)
+
+    def expand(self, templates: Iterable[str], bids: Iterable[int] | None = None) -> set[str]:
+        """GGUF names from templates: "{bid}" ones for each layer of `bids` (default all)."""
+        bids = list(range(self.n_layers) if bids is None else bids)
+        names: set[str] = set()
+        for t in templates:
+            if "{bid}" in t:
+                names.update(t.format(bid=b) for b in bids)
+            else:
+                names.add(t)
+        return names
+
+    def stand_in(self, gguf_name: str) -> StandIn | None:
+        """An exact equivalent for the required tensor `gguf_name` that the checkpoint lacks, or
+        None (the conversion is refused). A tied output layer is a copy of the embedding matrix."""
+        if gguf_name == "output.weight" and self.tied_embeddings:
+            return StandIn("copy of the embedding matrix (tie_word_embeddings)", copy_of="model.embed_tokens.weight")
+        return None
 
     # -- tensor names ----------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from pyedgemoe.convert import tokenizer as tokenizer_mod
 from pyedgemoe.convert.deepseek_v2 import DeepseekV2
-from pyedgemoe.convert.family import ExpertSource, ExpertStack, Family, TensorOut
+from pyedgemoe.convert.family import ExpertSource, ExpertStack, Family, StandIn, TensorOut
 from pyedgemoe.convert.gguf_out import (
     GGUFOutput,
     edgemoe_metadata,
@@ -167,12 +167,23 @@ def _type_for(requested: str, row_len: int) -> tuple[str, str]:
     return t, f"{t} instead of {requested}: rows of {row_len} do not fill {requested} blocks"
 
 
+def _base_type(family: Family, gname: str, shape: tuple[int, ...], bid: int | None, base: str) -> tuple[str, str]:
+    """(type, plan action) of a non-expert tensor: F32 where llama.cpp's converter keeps it so."""
+    if len(shape) <= 1 or gname.endswith("_norm.weight") or family.is_f32_tensor(gname, bid):
+        return "f32", "f32 (1-D, norm, bias or router)"
+    t, why = _type_for(base, shape[-1])
+    return t, why or "base"
+
+
 def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base: str, n_threads: int,
                source: str, out: str) -> Plan:
-    """Every tensor of the output with its type, size and data producer; checks names and shapes."""
+    """Every tensor of the output with its type, size and data producer; checks names and shapes,
+    and that llama.cpp's loader accepts the tensor set (check_loadable)."""
+    family.check_config()
     plan = Plan(source=source, out=out, architecture=gguf.MODEL_ARCH_NAMES[family.gguf_arch],
                 high_type=high, low_type=low, base_type=base)
     n_experts = family.n_experts
+    hf_source: dict[str, str] = {}  # output tensor -> the HF tensor it is made from, for messages
 
     for gname, arr in family.extra_tensors():
         plan.add(gname, list(reversed(arr.shape)), "f32", "base", src_type="config",
@@ -184,6 +195,7 @@ def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base:
             raise ConversionError(f"expert tensor {stack.merged_name} maps to {gname}, not a weight")
         rows, cols = stack.shape
         ne = [cols, rows, len(stack.sources)]
+        hf_source[gname] = stack.sources[0].name
         for role, requested, name in (("high", high, gname), ("low", low, low_copy_name(gname))):
             t, why = _type_for(requested, cols)
             action = why or f"{n_experts} experts stacked, {role.upper()}"
@@ -246,13 +258,10 @@ def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base:
             raise ConversionError(f"tensor {src} has shape {list(shape)}, config.json implies {list(want)}")
         for o in family.outputs(name, shape):
             gname = family.map_name(o.hf_name)
-            if len(o.shape) <= 1 or gname.endswith("_norm.weight") or family.is_f32_tensor(gname, bid):
-                t, action = "f32", "f32 (1-D, norm, bias or router)"
-            else:
-                t, why = _type_for(base, o.shape[-1])
-                action = why or "base"
+            t, action = _base_type(family, gname, o.shape, bid, base)
             plan.add(gname, list(reversed(o.shape)), t, "base", src_type=entry.dtype, action=action,
                      produce=_plain_producer(ckpt, src, o, t, n_threads))
+            hf_source[gname] = src
 
     if pending:
         bid, layer = next(iter(sorted(pending.items())))
@@ -270,7 +279,48 @@ def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base:
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ConversionError(f"two tensors map to {dup}")
+    check_loadable(plan, family, ckpt, hf_source, base=base, n_threads=n_threads)
     return plan
+
+
+def check_loadable(plan: Plan, family: Family, ckpt: HFCheckpoint, hf_source: dict[str, str], *,
+                   base: str, n_threads: int) -> None:
+    """Make the plan's tensor set one llama.cpp's loader accepts, or refuse: a tensor its model has
+    no place for is a ConversionError; a required one the checkpoint lacks gets the family's exact
+    stand-in (appended to the plan), else a ConversionError. The `.lowbit` copies are ours."""
+    required, optional = family.loader_tensors()
+    names = {t.name for t in plan.tensors if t.role != "low"}
+    for t in plan.tensors:
+        if t.role != "low" and t.name not in required | optional:
+            raise ConversionError(f"tensor {hf_source.get(t.name, t.name)} (GGUF {t.name}) has no place in "
+                                  f"llama.cpp's {family.llama_arch} model, which would refuse the file; this "
+                                  f"{family.name} variant is not supported")
+    if "output.weight" not in names and not family.tied_embeddings:
+        # llama.cpp would quietly use the embedding matrix; transformers would give lm_head random weights
+        raise ConversionError("the checkpoint has no lm_head.weight, and config.json does not tie the output "
+                              "layer to the embeddings (tie_word_embeddings is false)")
+    for gname in sorted(required - names, key=lambda n: (-1 if _bid(n) is None else _bid(n), n)):
+        stand_in = family.stand_in(gname)
+        if stand_in is None:
+            raise ConversionError(f"the checkpoint has no tensor for {gname}, which llama.cpp's "
+                                  f"{family.llama_arch} model requires")
+        _add_stand_in(plan, family, ckpt, gname, stand_in, base=base, n_threads=n_threads)
+
+
+def _add_stand_in(plan: Plan, family: Family, ckpt: HFCheckpoint, gname: str, stand_in: StandIn, *,
+                  base: str, n_threads: int) -> None:
+    if stand_in.copy_of is not None:
+        if stand_in.copy_of not in ckpt.names():
+            raise ConversionError(f"the checkpoint has no {stand_in.copy_of} to write {gname} from")
+        entry = ckpt.entry(stand_in.copy_of)
+        (o,) = family.outputs(stand_in.copy_of, entry.shape)
+        t, action = _base_type(family, gname, o.shape, None, base)
+        plan.add(gname, list(reversed(o.shape)), t, "base", src_type=entry.dtype,
+                 action=f"{stand_in.why}; {action}", produce=_plain_producer(ckpt, stand_in.copy_of, o, t, n_threads))
+    else:
+        zeros = np.zeros(stand_in.shape, dtype=np.float32)
+        plan.add(gname, list(reversed(zeros.shape)), "f32", "base", src_type="none",
+                 action=f"f32 {stand_in.why}", produce=lambda z=zeros: z)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ original context length and a sliding window of 0 for "none"); LayerNorm weights
 attention and lm_head biases; long-context RoPE factors written as two tensors first; experts are
 `block_sparse_moe.experts.E.w1|w2|w3`; a SentencePiece tokenizer with added tokens taken from
 tokenizer_config.json and tokenizer.json. No q/k permutation (Phi-3 uses NEOX-style RoPE).
+llama.cpp requires the attention output and lm_head biases and an untied output layer: a checkpoint
+without them (attention_bias / lm_head_bias false, tie_word_embeddings true) gets zero biases and a
+copy of the embedding matrix, which compute exactly what transformers computes.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import re
 import gguf
 import numpy as np
 
-from pyedgemoe.convert.family import Family, longrope_attn_factor, phi3_rope_dims
+from pyedgemoe.convert.family import Family, StandIn, longrope_attn_factor, phi3_rope_dims
 from pyedgemoe.errors import ConversionError
 
 
@@ -27,6 +30,15 @@ class PhiMoE(Family):
     down_proj = "w2"
     n_expert_keys = ("num_local_experts", "num_experts")
     router_suffix = "block_sparse_moe.gate.weight"
+    # src/models/phimoe.cpp: LayerNorm, attention-output and lm_head biases all required
+    loader_required = ("token_embd.weight", "output_norm.weight", "output_norm.bias", "output.weight", "output.bias",
+                       "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_norm.bias", "blk.{bid}.attn_q.weight",
+                       "blk.{bid}.attn_k.weight", "blk.{bid}.attn_v.weight", "blk.{bid}.attn_output.weight",
+                       "blk.{bid}.attn_output.bias", "blk.{bid}.ffn_norm.weight", "blk.{bid}.ffn_norm.bias",
+                       "blk.{bid}.ffn_gate_inp.weight", "blk.{bid}.ffn_gate_exps.weight",
+                       "blk.{bid}.ffn_down_exps.weight", "blk.{bid}.ffn_up_exps.weight")
+    loader_optional = ("rope_factors_long.weight", "rope_factors_short.weight",
+                       "blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
 
     @property
     def expert_ff(self) -> int:
@@ -34,6 +46,15 @@ class PhiMoE(Family):
 
     def merged_expert_name(self, bid: int, proj: str) -> str:
         return f"model.layers.{bid}.block_sparse_moe.experts.{proj}.weight"
+
+    def stand_in(self, gguf_name: str) -> StandIn | None:
+        # zeros only where config.json says the model has no such bias (nn.Linear(bias=False)),
+        # never for a bias the checkpoint should have but lacks
+        if gguf_name.endswith(".attn_output.bias") and not self.hparams.get("attention_bias", False):
+            return StandIn("zeros (attention_bias is false)", shape=(self.hidden_size,))
+        if gguf_name == "output.bias" and not self.hparams.get("lm_head_bias", False) and self.vocab_size:
+            return StandIn("zeros (lm_head_bias is false)", shape=(self.vocab_size,))
+        return super().stand_in(gguf_name)
 
     def _orig_ctx(self) -> int:
         # llama.cpp requires it (KeyError otherwise); without long-context RoPE it is the context.

@@ -3,7 +3,10 @@ sigmoid gate (`mlp.shared_expert.*`, `mlp.shared_expert_gate` -> `*_shexp`, `ffn
 
 Special cases (llama.cpp's Qwen2MoeModel): expert and shared-expert feed-forward lengths;
 checkpoints that store experts fused (`mlp.experts.gate_up_proj` [E, 2*ff, n_embd],
-`mlp.experts.down_proj` [E, n_embd, ff]) are split/stacked like per-expert ones.
+`mlp.experts.down_proj` [E, n_embd, ff]) are split/stacked like per-expert ones. llama.cpp's
+model has a MoE block with a shared expert in every layer and requires output.weight: dense layers
+(mlp_only_layers, decoder_sparse_step) and a zero-size shared expert are refused; a tied output
+layer is written as a copy of the embedding matrix.
 """
 from __future__ import annotations
 
@@ -20,11 +23,31 @@ class Qwen2Moe(Family):
     name = "qwen2_moe"
     hf_architectures = ("Qwen2MoeForCausalLM",)
     gguf_arch = gguf.MODEL_ARCH.QWEN2MOE
+    # src/models/qwen2moe.cpp: q/k/v biases optional (qkv_bias), shared expert and its gate required
+    loader_required = ("token_embd.weight", "output_norm.weight", "output.weight",
+                       "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_q.weight", "blk.{bid}.attn_k.weight",
+                       "blk.{bid}.attn_v.weight", "blk.{bid}.attn_output.weight", "blk.{bid}.ffn_norm.weight",
+                       "blk.{bid}.ffn_gate_inp.weight", "blk.{bid}.ffn_gate_exps.weight",
+                       "blk.{bid}.ffn_down_exps.weight", "blk.{bid}.ffn_up_exps.weight",
+                       "blk.{bid}.ffn_gate_inp_shexp.weight", "blk.{bid}.ffn_gate_shexp.weight",
+                       "blk.{bid}.ffn_down_shexp.weight", "blk.{bid}.ffn_up_shexp.weight")
+    loader_optional = ("blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
 
     def is_moe_layer(self, bid: int) -> bool:
         step = int(self.hparams.get("decoder_sparse_step", 1) or 1)
         return (bid not in (self.hparams.get("mlp_only_layers") or [])
                 and self.n_experts > 0 and (bid + 1) % step == 0)
+
+    def check_config(self) -> None:
+        dense = [bid for bid in range(self.n_layers) if not self.is_moe_layer(bid)]
+        if dense:
+            setting = (f"mlp_only_layers={self.hparams.get('mlp_only_layers') or []} "
+                       f"decoder_sparse_step={self.hparams.get('decoder_sparse_step', 1)}")
+            raise self.refuse(setting, f"it makes layer(s) {dense[:5]} dense, and llama.cpp's {self.llama_arch} "
+                                       f"model has a MoE block in every layer")
+        if "shared_expert_intermediate_size" in self.hparams and not self.hparams["shared_expert_intermediate_size"]:
+            raise self.refuse("shared_expert_intermediate_size=0", f"llama.cpp's {self.llama_arch} model requires "
+                                                                   f"a shared expert in every layer")
 
     def attention_shapes(self):
         shapes = super().attention_shapes()
