@@ -214,7 +214,7 @@ class Engine:
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn)
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
-            self.device["free_bytes"] if self.device else None)
+            self.device["free_bytes"] if self.device else None, refuse=not self.device)  # a GPU: check_fits_device
         offload = budget is not None and self.info.is_moe
         if offload and self.device:
             check_fits_device(budget, self.device)

@@ -128,15 +128,16 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
-                     available: int | None = None) -> tuple[int, str | None]:
+                     available: int | None = None, refuse: bool = True) -> tuple[int, str | None]:
     """(the budget, or with up_to what fits if less; None, or the sentence saying it was reduced).
     An explicit budget that does not fit beside the non-expert weights, the context and the slack
-    is refused with the numbers (InvalidOptionError). shown: the value as the user gave it, without
-    the "~". A model without experts caches none: only its context is checked."""
+    is refused with the numbers (InvalidOptionError); refuse=False leaves that to the caller (a
+    GPU's budget: devices.check_fits_device). shown: the value as the user gave it, without the
+    "~". A model without experts caches none: only its context is checked."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     cache = budget if expert_bytes else 0
-    if cache <= room:
+    if cache <= room or not (refuse or up_to):
         return budget, None
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
@@ -158,11 +159,12 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
-                       context: int, available: int | None = None) -> tuple[int | None, str]:
+                       context: int, available: int | None = None, refuse: bool = True) -> tuple[int | None, str]:
     """(bytes of the expert cache or None = every expert resident, a sentence for the user).
     value: None / "auto", bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the expert bytes;
     a size with a trailing "~" is that much or what fits, if less. context: context_bytes().
-    available: as for auto_expert_cache. A size that does not fit is refused (fit_expert_cache)."""
+    available: as for auto_expert_cache. A size that does not fit is refused (fit_expert_cache;
+    refuse=False: the caller checks it)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return auto_expert_cache(expert_bytes, non_expert_bytes, context, available)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -170,7 +172,8 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if isinstance(value, int):
         if value <= 0:
             raise InvalidOptionError(f"expert_cache must be positive, got {value}")
-        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context, available)
+        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context, available,
+                                        refuse)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
@@ -184,5 +187,5 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
             f"'auto', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
-    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes, context, available)
+    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes, context, available, refuse)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"

@@ -139,3 +139,13 @@ def test_a_refusal_under_a_cgroup_limit_names_the_limit(cgroup_v1_limit):
     with pytest.raises(InvalidOptionError, match=r"1.00 MiB available under the cgroup v1 memory limit of 2.00 MiB "
                                                  r"with 1.00 MiB in use"):
         memory_budget.parse_expert_cache("1GiB", 12 * GIB, 0, context=0)
+
+
+def test_a_gpu_budget_is_left_to_the_devices_check_but_a_tilde_still_reduces_it():
+    # refuse=False: the caller checks (devices.check_fits_device, with the GPU's name in its message)
+    kept, _ = memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB,
+                                               refuse=False)
+    assert kept == 4 * GIB
+    reduced, note = memory_budget.parse_expert_cache("4GiB~", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB,
+                                                     refuse=False)
+    assert reduced == 4 * GIB - 1 * GIB - 1 * GIB - memory_budget.RESERVE_SLACK_BYTES and "reduced" in note
