@@ -100,8 +100,8 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
     """The refusal when the non-expert weights, the context and the slack alone do not fit."""
     need = non_expert_bytes + context + RESERVE_SLACK_BYTES
     context_room = available - non_expert_bytes - RESERVE_SLACK_BYTES
-    hint = (f"a shorter context (--ctx) must need less than {format_bytes(context_room)}" if context_room > 0 else
-            "the non-expert weights alone do not fit")
+    hint = (f"the context must take less than {format_bytes(context_room)} (a shorter --ctx)" if context_room > 0
+            else "the non-expert weights alone do not fit")
     return InvalidOptionError(
         f"not enough memory: the non-expert weights ({format_bytes(non_expert_bytes)}), the context's KV cache and "
         f"attention scores ({format_bytes(context)}) and {format_bytes(RESERVE_SLACK_BYTES)} of slack need "
@@ -153,9 +153,9 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
     raise InvalidOptionError(
         f"expert cache {shown} ({format_bytes(budget)}) does not fit: it needs {format_bytes(budget)} + "
         f"{format_bytes(non_expert_bytes)} of non-expert weights + {format_bytes(context)} for the context + "
-        f"{format_bytes(RESERVE_SLACK_BYTES)} of slack = {format_bytes(need)}, and {_available_text(available, where)}; "
-        f"the largest expert cache that fits is {format_bytes(room)} (--expert-cache {largest}, or {shown}{UP_TO} "
-        f"for what fits)")
+        f"{format_bytes(RESERVE_SLACK_BYTES)} of slack = {format_bytes(need)}, and "
+        f"{_available_text(available, where)}; the largest expert cache that fits is {format_bytes(room)} "
+        f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
@@ -172,8 +172,8 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if isinstance(value, int):
         if value <= 0:
             raise InvalidOptionError(f"expert_cache must be positive, got {value}")
-        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context, available,
-                                        refuse)
+        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context,
+                                        available, refuse)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)

@@ -85,7 +85,8 @@ def test_a_trailing_tilde_reduces_the_budget_to_what_fits_and_says_so():
 
 def test_a_budget_that_just_fits_is_kept():
     available = 4 * GIB + 1 * GIB + 1 * GIB + memory_budget.RESERVE_SLACK_BYTES
-    assert memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=available)[0] == 4 * GIB
+    kept, _ = memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=available)
+    assert kept == 4 * GIB
     with pytest.raises(InvalidOptionError, match="does not fit"):
         memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=available - 1)
 
@@ -93,13 +94,13 @@ def test_a_budget_that_just_fits_is_kept():
 @pytest.mark.parametrize("value", ["auto", "10%", "10%~", 1 * GIB])
 def test_a_context_that_cannot_fit_beside_the_non_expert_weights_is_refused(value):
     # 1 GiB of weights + 8 GiB of context + 0.375 GiB slack in 4 GiB: no expert cache can help,
-    # the context must need less than 4 - 1 - 0.375 = 2.625 GiB
+    # the context must take less than 4 - 1 - 0.375 = 2.625 GiB
     with pytest.raises(InvalidOptionError) as refused:
         memory_budget.parse_expert_cache(value, 12 * GIB, 1 * GIB, context=8 * GIB, available=4 * GIB)
     assert str(refused.value) == (
         "not enough memory: the non-expert weights (1.00 GiB), the context's KV cache and attention scores "
-        "(8.00 GiB) and 384.00 MiB of slack need 9.38 GiB, and 4.00 GiB available: a shorter context (--ctx) "
-        "must need less than 2.62 GiB")
+        "(8.00 GiB) and 384.00 MiB of slack need 9.38 GiB, and 4.00 GiB available: the context must take less "
+        "than 2.62 GiB (a shorter --ctx)")
 
 
 def test_non_expert_weights_that_cannot_fit_are_refused():
@@ -131,7 +132,8 @@ def cgroup_v1_limit(tmp_path, monkeypatch):
 
 
 def test_available_memory_is_the_room_under_a_cgroup_limit_and_names_it(cgroup_v1_limit):
-    assert memory_budget.available_memory() == (1 * MIB, "under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use")
+    assert memory_budget.available_memory() == (
+        1 * MIB, "under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use")
     assert memory_budget.available_memory_bytes() == 1 * MIB
 
 
@@ -149,3 +151,18 @@ def test_a_gpu_budget_is_left_to_the_devices_check_but_a_tilde_still_reduces_it(
     reduced, note = memory_budget.parse_expert_cache("4GiB~", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB,
                                                      refuse=False)
     assert reduced == 4 * GIB - 1 * GIB - 1 * GIB - memory_budget.RESERVE_SLACK_BYTES and "reduced" in note
+
+
+def test_the_engine_refuses_a_context_that_cannot_fit_before_loading(tiny_model):
+    from pyedgemoe import Engine
+
+    # 2**31 - 1 tokens of KV cache: petabytes, on any machine
+    with pytest.raises(InvalidOptionError, match="not enough memory: the non-expert weights .* the context's KV cache"):
+        Engine(tiny_model("olmoe")[0], n_ctx=2**31 - 1, expert_cache="auto")
+
+
+def test_the_engine_refuses_an_expert_cache_that_cannot_fit_before_loading(tiny_model):
+    from pyedgemoe import Engine
+
+    with pytest.raises(InvalidOptionError, match=r"expert cache 1000TiB \(.*\) does not fit: .*largest expert cache"):
+        Engine(tiny_model("olmoe")[0], expert_cache="1000TiB")
