@@ -41,8 +41,8 @@ class Qwen2Moe(Family):
     def check_config(self) -> None:
         dense = [bid for bid in range(self.n_layers) if not self.is_moe_layer(bid)]
         if dense:
-            setting = (f"mlp_only_layers={self.hparams.get('mlp_only_layers') or []} "
-                       f"decoder_sparse_step={self.hparams.get('decoder_sparse_step', 1)}")
+            setting = " ".join(f"{k}={self.hparams[k]}" for k in ("mlp_only_layers", "decoder_sparse_step")
+                               if self.hparams.get(k) not in (None, [], 1))
             raise self.refuse(setting, f"it makes layer(s) {dense[:5]} dense, and llama.cpp's {self.llama_arch} "
                                        f"model has a MoE block in every layer")
         if "shared_expert_intermediate_size" in self.hparams and not self.hparams["shared_expert_intermediate_size"]:
