@@ -67,8 +67,8 @@ class DeepseekV2(Family):
             raise self.refuse(f"n_shared_experts={hp.get('n_shared_experts')}",
                               f"llama.cpp's {self.llama_arch} model requires shared experts in every MoE layer")
         if int(hp.get("moe_layer_freq", 1) or 1) != 1:
-            raise self.refuse(f"moe_layer_freq={hp['moe_layer_freq']}", f"llama.cpp's {self.llama_arch} model has "
-                                                                        f"a MoE block in every layer after the dense ones")
+            raise self.refuse(f"moe_layer_freq={hp['moe_layer_freq']}",
+                              f"llama.cpp's {self.llama_arch} model has a MoE block in every layer after the dense ones")
         if hp.get("q_lora_rank") is not None and self._is_lite():
             raise self.refuse(f"q_lora_rank={hp['q_lora_rank']}", f"llama.cpp takes a {self.n_layers}-layer "
                               f"{self.llama_arch} model for DeepSeek-V2-Lite, which has no q LoRA")
@@ -77,7 +77,8 @@ class DeepseekV2(Family):
         required, optional = super().loader_tensors()
         moe = [bid for bid in range(self.n_layers) if bid >= self.first_dense]
         required |= self.expand(self._attention)
-        required |= self.expand(self._q_lora if self.hparams.get("q_lora_rank") is not None else ("blk.{bid}.attn_q.weight",))
+        has_q_lora = self.hparams.get("q_lora_rank") is not None
+        required |= self.expand(self._q_lora if has_q_lora else ("blk.{bid}.attn_q.weight",))
         required |= self.expand(self._dense, range(self.first_dense)) | self.expand(self._moe, moe)
         optional |= self.expand(("blk.{bid}.exp_probs_b.bias",), moe)
         return required, optional

@@ -310,13 +310,14 @@ def check_loadable(plan: Plan, family: Family, ckpt: HFCheckpoint, hf_source: di
 def _add_stand_in(plan: Plan, family: Family, ckpt: HFCheckpoint, gname: str, stand_in: StandIn, *,
                   base: str, n_threads: int) -> None:
     if stand_in.copy_of is not None:
-        if stand_in.copy_of not in ckpt.names():
+        src = next((s for s in ckpt.names() if family.rename(s) == stand_in.copy_of), None)
+        if src is None:
             raise ConversionError(f"the checkpoint has no {stand_in.copy_of} to write {gname} from")
-        entry = ckpt.entry(stand_in.copy_of)
+        entry = ckpt.entry(src)
         (o,) = family.outputs(stand_in.copy_of, entry.shape)
         t, action = _base_type(family, gname, o.shape, None, base)
         plan.add(gname, list(reversed(o.shape)), t, "base", src_type=entry.dtype,
-                 action=f"{stand_in.why}; {action}", produce=_plain_producer(ckpt, stand_in.copy_of, o, t, n_threads))
+                 action=f"{stand_in.why}; {action}", produce=_plain_producer(ckpt, src, o, t, n_threads))
     else:
         zeros = np.zeros(stand_in.shape, dtype=np.float32)
         plan.add(gname, list(reversed(zeros.shape)), "f32", "base", src_type="none",

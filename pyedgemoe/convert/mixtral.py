@@ -30,7 +30,8 @@ class Mixtral(Family):
     loader_required = ("token_embd.weight", "output_norm.weight",
                        "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_q.weight", "blk.{bid}.attn_k.weight",
                        "blk.{bid}.attn_v.weight", "blk.{bid}.attn_output.weight", "blk.{bid}.ffn_norm.weight",
-                       "blk.{bid}.ffn_gate_inp.weight", "blk.{bid}.ffn_down_exps.weight", "blk.{bid}.ffn_up_exps.weight")
+                       "blk.{bid}.ffn_gate_inp.weight", "blk.{bid}.ffn_down_exps.weight",
+                       "blk.{bid}.ffn_up_exps.weight")
     loader_optional = ("output.weight", "rope_freqs.weight",
                        "blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias",
                        "blk.{bid}.attn_output.bias", "blk.{bid}.ffn_gate_exps.weight")

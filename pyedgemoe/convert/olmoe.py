@@ -21,7 +21,8 @@ class Olmoe(Family):
                        "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_q.weight", "blk.{bid}.attn_k.weight",
                        "blk.{bid}.attn_v.weight", "blk.{bid}.attn_output.weight", "blk.{bid}.attn_q_norm.weight",
                        "blk.{bid}.attn_k_norm.weight", "blk.{bid}.ffn_norm.weight", "blk.{bid}.ffn_gate_inp.weight",
-                       "blk.{bid}.ffn_gate_exps.weight", "blk.{bid}.ffn_down_exps.weight", "blk.{bid}.ffn_up_exps.weight")
+                       "blk.{bid}.ffn_gate_exps.weight", "blk.{bid}.ffn_down_exps.weight",
+                       "blk.{bid}.ffn_up_exps.weight")
     loader_optional = ("blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
 
     @property
