@@ -13,6 +13,7 @@ if _os.environ.get("PYEDGEMOE_NATIVE"):
 from pyedgemoe.errors import (
     ConversionError,
     ContextOverflowError,
+    EngineBusyError,
     InvalidOptionError,
     ModelLoadError,
     PyEdgeMoEError,
@@ -27,6 +28,7 @@ __all__ = [
     "PyEdgeMoEError",
     "ModelLoadError",
     "ContextOverflowError",
+    "EngineBusyError",
     "InvalidOptionError",
     "ConversionError",
 ]

@@ -217,8 +217,8 @@ def serve(
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PYEDGEMOE_API_KEY",
                                           help="require 'Authorization: Bearer KEY' on every path but /health"),
-    parallel: int = typer.Option(1, "--parallel", help="requests to serve at once; for now they are served one "
-                                 "at a time whatever N, the others queue (docs/server.md)"),
+    parallel: int = typer.Option(1, "-np", "--parallel", help="requests decoded together, in one batch per step "
+                                 "(the others queue); the context is shared: -c / N positions each (docs/server.md)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
     engine_options: dict = None,
 ) -> None:
@@ -241,11 +241,8 @@ def serve(
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     try:
-        with sock, Engine(model, n_ctx=ctx, **engine_options) as eng:
+        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
-            if parallel > 1:
-                typer.echo(f"note: --parallel {parallel}: requests are served one at a time for now, the others "
-                           "queue", err=True)
             serve_engine(eng, sock, model_id=model.name, model_aliases=(str(model),), api_key=api_key)
     except PyEdgeMoEError as e:
         fail(str(e))

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,11 +21,12 @@ import gguf
 import numpy as np
 
 from pyedgemoe import _native
+from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
-from pyedgemoe.errors import ContextOverflowError, ExpertLoadError, InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -176,6 +179,12 @@ class Engine:
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
     host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
         a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
+    n_parallel: sequences that decode together (pyedgemoe.batch; the server's --parallel): up to
+        n_parallel generations, from as many threads, run at once, each in n_ctx / n_parallel
+        positions, one llama_decode per step for all of them, so experts they share load once.
+        With n_parallel=1, threads take turns: a generation holds the sequence from its first token
+        to its end, another thread's waits; a generation this thread left open (streamed, neither
+        finished nor closed) makes its next one raise EngineBusyError.
     system: a seed system's preset of the expert options ("lossless", "hobbit", "edgemoe", "fate",
         "mobile"; pyedgemoe.systems, docs/systems.md); options given explicitly win over it.
         static_precision and prefetch="edgemoe" read the calibration sidecar (`pyedgemoe calibrate
@@ -188,10 +197,11 @@ class Engine:
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
                  expert_options: ExpertOptions | None = None, trace_routing: bool = False,
                  device: str | None = None, host_cache: str | int | None = None, system: str | None = None,
-                 verbose: bool = False, **options):
+                 n_parallel: int = 1, verbose: bool = False, **options):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
-        for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch)):
+        for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch),
+                            ("n_parallel", n_parallel)):
             _positive(name, value)
         SamplingParams(seed=seed).validate()
         try:
@@ -257,12 +267,20 @@ class Engine:
         try:
             self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                         n_threads=n_threads, n_threads_batch=n_threads_batch,
-                                        flash_attn=flash_attn_type, kv_type=kv_ggml_type)
+                                        flash_attn=flash_attn_type, kv_type=kv_ggml_type, n_seq_max=n_parallel)
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
         self.n_threads = n_threads
         self.seed = seed
         self.big_little = native_options.big_little if offload else 0.0  # MoBiLE's gamma; 0: off
+        if n_parallel > 1 and self.big_little > 0:
+            raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
+                                     "n_parallel=1")
+        self.n_parallel = n_parallel
+        self._lock = threading.RLock()  # held while the native context or the expert cache is in use
+        self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
+        self._turn_owner: int | None = None  # the thread that took it
+        self._batcher = Batcher(self, n_parallel) if n_parallel > 1 else None
         self._big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self.last_timings = GenerationStats()
@@ -271,6 +289,9 @@ class Engine:
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Frees the context and the model; the Engine is unusable afterwards."""
+        if getattr(self, "_batcher", None) is not None:
+            self._batcher.close()
+            self._batcher = None
         self._ctx = None
         self._model = None
 
@@ -289,10 +310,26 @@ class Engine:
         self._live()
         return self._model
 
+    @contextmanager
+    def _sequence_turn(self):
+        """The one sequence (n_parallel=1), for one generation or evaluation at a time: another
+        thread's waits for its turn, this thread's own is an error (it would wait on itself)."""
+        me = threading.get_ident()
+        if self._turn_owner == me:
+            raise EngineBusyError("a generation of this Engine started on this thread is still open: take it to its "
+                                  "end or close() it before starting another (or use n_parallel > 1)")
+        with self._turn:
+            self._turn_owner = me
+            try:
+                yield
+            finally:
+                self._turn_owner = None
+
     # -- properties ----------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self._live().n_ctx
+        """The positions one generation has: the context's, divided among n_parallel sequences."""
+        return self._live().n_ctx_seq
 
     @property
     def n_vocab(self) -> int:
@@ -321,25 +358,31 @@ class Engine:
         """float32 [len(token_ids), n_vocab]: the logits after each token, on a fresh sequence.
         one_token_per_step: evaluate the tokens one llama_decode at a time, as generation does
         (with an expert cache, each step then routes, loads and prefetches like a decode step)."""
+        self._single_sequence("logits")
         ids = [int(t) for t in token_ids]
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
-        ctx = self._live()
-        ctx.clear()
-        self._tokens = []
-        if one_token_per_step:
-            out = np.stack([self._decode([t], pos, True)[0] for pos, t in enumerate(ids)])
-        else:
-            out = self._decode(ids, 0, True)
-        self._tokens = ids
+        with self._sequence_turn():
+            self._clear()
+            if one_token_per_step:
+                out = np.stack([self._decode([t], pos, True)[0] for pos, t in enumerate(ids)])
+            else:
+                out = self._decode(ids, 0, True)
+            self._tokens = ids
         return out
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._live().clear()
+        self._tokens = []
 
     def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> np.ndarray:
         try:
-            if self.big_little > 0 and len(ids) == 1:
-                return self._decode_big_little(ids, pos0, all_logits)
-            return self._live().decode(ids, pos0, all_logits)
+            with self._lock:
+                if self.big_little > 0 and len(ids) == 1:
+                    return self._decode_big_little(ids, pos0, all_logits)
+                return self._live().decode(ids, pos0, all_logits)
         except _native.ExpertLoadError as e:
             self._tokens = []  # the native side cleared the KV cache
             raise ExpertLoadError(str(e)) from None
@@ -364,6 +407,10 @@ class Engine:
         counts["prefetched"] += self._model.prefetch_expert_big()
         return ctx.decode(ids, pos, all_logits)
 
+    def _single_sequence(self, what: str) -> None:
+        if self._batcher is not None:
+            raise InvalidOptionError(f"{what} evaluates one sequence of its own: it needs an Engine with n_parallel=1")
+
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
             raise ContextOverflowError(
@@ -380,9 +427,10 @@ class Engine:
         limit = min(len(self._tokens), len(prompt) - 1)
         while reuse < limit and self._tokens[reuse] == prompt[reuse]:
             reuse += 1
-        if not ctx.truncate(reuse):
-            ctx.clear()
-            reuse = 0
+        with self._lock:
+            if not ctx.truncate(reuse):
+                ctx.clear()
+                reuse = 0
         self._tokens = self._tokens[:reuse]
         logits = self._decode(prompt[reuse:], reuse, False)
         self._tokens = list(prompt)
@@ -394,8 +442,16 @@ class Engine:
         """Yields generated token ids. Stops at end-of-generation tokens (unless ignore_eos),
         after max_tokens (None = until the context is full), or when the context is full.
         feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead of
-        the pick (teacher forcing; needs max_tokens - 1 of them). Timings of the run land in
-        last_timings."""
+        the pick (teacher forcing; needs max_tokens - 1 of them). Bad arguments raise here, the
+        model runs as the tokens are taken. Timings of the run land in last_timings."""
+        return self._generation(prompt_tokens, max_tokens, sampling, ignore_eos, feed_tokens)[1]
+
+    def _generation(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
+                    ignore_eos: bool = False, feed_tokens: list[int] | None = None,
+                    fresh: bool = False) -> tuple[GenerationStats, Iterator[int]]:
+        """generate_tokens, with the generation's own GenerationStats (last_timings is the latest
+        generation's, whichever thread started it). fresh: forget the KV cache first (no prefix
+        reused; the expert cache's per-sequence records restart)."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
@@ -403,6 +459,8 @@ class Engine:
         if max_tokens is not None and max_tokens < 0:
             raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
         if feed_tokens is not None:
+            if self._batcher is not None:
+                raise InvalidOptionError("feed_tokens needs n_parallel=1")
             feed_tokens = [int(t) for t in feed_tokens]
             if max_tokens is None or len(feed_tokens) < max_tokens - 1:
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
@@ -417,16 +475,34 @@ class Engine:
             sampler.accept(t)
         timings = GenerationStats(n_prompt_tokens=len(prompt))
         self.last_timings = timings
-        ctx = self._live()
-
-        start = time.perf_counter()
-        _, timings.n_cached_prompt_tokens = self._prefill(prompt)
-        timings.prefill_seconds = time.perf_counter() - start
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
-        decode_start = time.perf_counter()
+        if self._batcher is not None:
+            tokens = self._batcher.generate(prompt, budget, sampler, ignore_eos, timings)
+        else:
+            tokens = self._one_sequence(prompt, budget, sampler, ignore_eos, feed_tokens, timings, fresh)
+        return timings, self._counted(tokens, timings)
+
+    def _counted(self, tokens: Iterator[int], timings: GenerationStats) -> Iterator[int]:
         try:
+            yield from tokens
+        finally:
+            with self._lock:
+                self._add_to_totals(timings)
+
+    def _one_sequence(self, prompt: list[int], budget: int, sampler, ignore_eos: bool,
+                      feed_tokens: list[int] | None, timings: GenerationStats, fresh: bool) -> Iterator[int]:
+        """The generation of an Engine with one sequence, on the caller's thread, holding the sequence
+        from its first token to its end."""
+        with self._sequence_turn():
+            if fresh:
+                self._clear()
+            start = time.perf_counter()
+            _, timings.n_cached_prompt_tokens = self._prefill(prompt)
+            timings.prefill_seconds = time.perf_counter() - start
+            decode_start = time.perf_counter()
             for i in range(budget):
-                token = sampler.sample(ctx)
+                with self._lock:
+                    token = sampler.sample(self._live())
                 if not ignore_eos and self._model.is_eog(token):
                     timings.finish_reason = "stop"
                     break
@@ -439,8 +515,6 @@ class Engine:
                     self._decode([fed], len(self._tokens), False)
                     self._tokens.append(fed)
             timings.decode_seconds = time.perf_counter() - decode_start
-        finally:
-            self._add_to_totals(timings)
 
     def _add_to_totals(self, t: GenerationStats) -> None:
         self._totals.n_prompt_tokens += t.n_prompt_tokens
@@ -454,15 +528,14 @@ class Engine:
         with feed_tokens, those are fed back instead of the picks (generate_tokens). With an expert
         cache, decode_expert_bytes_read is what the decode steps read (on demand and prefetched),
         without the prefill's reads."""
-        self._live().clear()
-        self._tokens = []
+        self._single_sequence("time_generation")
         tokens, after_prefill = [], 0
-        for token in self.generate_tokens(prompt_ids, n_tokens, SamplingParams(temperature=0.0), ignore_eos=True,
-                                          feed_tokens=feed_tokens):
+        t, generation = self._generation(prompt_ids, n_tokens, SamplingParams(temperature=0.0), True, feed_tokens,
+                                         fresh=True)
+        for token in generation:
             if not tokens:
                 after_prefill = self._expert_bytes_read()
             tokens.append(token)
-        t = self.last_timings
         return {"prefill_seconds": t.prefill_seconds, "decode_seconds": t.decode_seconds,
                 "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens,
                 "decode_expert_bytes_read": self._expert_bytes_read() - after_prefill}
@@ -476,11 +549,15 @@ class Engine:
     # -- text generation ------------------------------------------------------------------------
     def _stream_text(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                      stop: list[str], result: dict, ignore_eos: bool = False) -> Iterator[str]:
-        """Text pieces of a generation; fills result["finish_reason"], result["completion_tokens"]."""
-        text = TextStream(stop)
+        """Text pieces of a generation (bad arguments raise here, at the call); fills
+        result["finish_reason"], result["completion_tokens"]."""
+        timings, tokens = self._generation(prompt_tokens, max_tokens, sampling, ignore_eos)
         result["finish_reason"] = "length"
         result["completion_tokens"] = 0
-        tokens = self.generate_tokens(prompt_tokens, max_tokens, sampling, ignore_eos=ignore_eos)
+        return self._text_pieces(tokens, timings, TextStream(stop), result)
+
+    def _text_pieces(self, tokens: Iterator[int], timings: GenerationStats, text: TextStream,
+                     result: dict) -> Iterator[str]:
         for token in tokens:
             result["completion_tokens"] += 1
             piece = text.push(self.token_piece(token))
@@ -490,7 +567,7 @@ class Engine:
                 tokens.close()
                 result["finish_reason"] = "stop"
                 return
-        result["finish_reason"] = self.last_timings.finish_reason
+        result["finish_reason"] = timings.finish_reason
         tail = text.flush()
         if tail:
             yield tail
@@ -600,14 +677,16 @@ class Engine:
         the predictor's guesses only for an Engine made with trace_routing=True (else -1)."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
-        self._model.set_expert_tracing(on)
+        with self._lock:
+            self._model.set_expert_tracing(on)
 
     def take_routing_trace(self) -> dict:
         """The routing recorded since the last call, as numpy arrays: "ubatch" and "layer" [n] (one
         record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used]."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
-        return dict(self._model.take_expert_trace())
+        with self._lock:
+            return dict(self._model.take_expert_trace())
 
     # -- telemetry ---------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -621,10 +700,12 @@ class Engine:
             "totals": self._totals.to_dict(),
             "last": self.last_timings.to_dict(),
         }
-        out["memory"] = self._live().memory_breakdown()
+        with self._lock:  # between two decodes
+            out["memory"] = self._live().memory_breakdown()
+            native_experts = self._model.expert_stats() if self.expert_residency is not None else None
         out["system"] = self.system
         if self.expert_residency is not None:
-            experts = {**self.expert_residency, **self._model.expert_stats()}
+            experts = {**self.expert_residency, **native_experts}
             out["experts"] = {**experts, "summary": _expert_summary(experts)}
         if self.big_little > 0:
             c = self._big_little_counts
@@ -638,6 +719,7 @@ class Engine:
         if self.expert_residency is None:
             raise InvalidOptionError("a precision map needs an expert cache (expert_cache=...)")
         try:
-            self._model.set_expert_precision_map({int(l): [int(e) for e in es] for l, es in low.items()})
+            with self._lock:
+                self._model.set_expert_precision_map({int(l): [int(e) for e in es] for l, es in low.items()})
         except ValueError as e:
             raise InvalidOptionError(str(e)) from None

@@ -30,3 +30,8 @@ class ExpertLoadError(PyEdgeMoEError, RuntimeError):
 class TextTooShortError(InvalidOptionError):
     """The text tokenizes to fewer tokens than a perplexity run needs (llama.cpp's rule: at least
     two chunks of n_ctx tokens); the message gives both counts."""
+
+
+class EngineBusyError(PyEdgeMoEError, RuntimeError):
+    """The Engine's one sequence is held by a generation this same thread left open (a streamed
+    generation neither taken to its end nor closed): another would wait on it forever."""

@@ -221,6 +221,10 @@ def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
     assert experts["mixed_precision"] and experts["skip"]
     total = experts["total"]
     assert total["loads_low"] > 0
+    # the bytes read are split by precision, per layer as in total
+    assert 0 < total["bytes_read_low"] < total["bytes_read"]
+    for c in experts["layers"].values():
+        assert (c["bytes_read_low"] > 0) == (c["loads_low"] > 0)
     # every token's k selections in a layer are served exactly once: in HIGH, in LOW or skipped.
     # evaluate() runs IDS, then the prompt IDS[:6] again (time_generation starts a new sequence) and
     # each generated token but the last; llama.cpp runs the last layer only on the tokens whose

@@ -315,7 +315,8 @@ def test_metrics_are_prometheus_text_with_the_expert_cache(server, client):
     assert hits["high"] > 0 and misses["high"] > 0
     assert hits["low"] == misses["low"] == 0  # lossless: LOW copies are never used
     assert m[("pyedgemoe_expert_requests_total", ())] == sum(hits.values()) + sum(misses.values())
-    assert m[("pyedgemoe_expert_read_bytes_total", (("source", "demand"),))] > 0
+    assert m[("pyedgemoe_expert_read_bytes_total", (("precision", "high"), ("source", "demand")))] > 0
+    assert m[("pyedgemoe_expert_read_bytes_total", (("precision", "low"), ("source", "demand")))] == 0  # lossless
     assert ("pyedgemoe_expert_stall_seconds_total", ()) in m
 
 
@@ -341,13 +342,54 @@ def test_a_port_in_use_is_one_error_line(server):
     assert r.returncode == 1 and r.stderr.startswith("error: cannot listen on"), r.stderr
 
 
-def test_parallel_is_accepted_and_served_one_at_a_time(tmp_path):
-    proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS, "--parallel", "4")
-    try:
-        assert request("GET", url + "/v1/models", key=None)[0] == 200  # no --api-key: open
-    finally:
-        stop_server(proc)
-    assert "served one at a time" in (tmp_path / "server.log").read_text()
+@pytest.fixture(scope="module")
+def parallel_server(tmp_path_factory):
+    """--parallel 2: two generations decode together, one llama_decode per step for both."""
+    proc, url = start_server(tmp_path_factory.mktemp("parallel") / "server.log", *SERVER_ARGS, "--parallel", "2")
+    yield url
+    stop_server(proc)
+
+
+def test_parallel_clients_each_get_their_solo_answer_and_decode_together(parallel_server, client):
+    parallel = openai.OpenAI(base_url=parallel_server + "/v1", api_key="none", max_retries=0, timeout=120)
+    expected = [solo_answer(client, p, False) for p in PROMPTS]  # the server with one sequence, one at a time
+    together: list[str | None] = [None] * len(PROMPTS)
+    start = threading.Barrier(len(PROMPTS))
+    running = []
+
+    def one(i: int) -> None:
+        start.wait()
+        together[i] = solo_answer(parallel, PROMPTS[i], stream=i % 2 == 0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        running.append(metric_values(parallel_server)[("pyedgemoe_requests_running", ())])
+    assert together == expected
+    assert max(running) <= 2
+
+
+def test_parallel_a_client_leaving_frees_its_sequence_for_the_queue(parallel_server):
+    parallel = openai.OpenAI(base_url=parallel_server + "/v1", api_key="none", max_retries=0, timeout=120)
+    first = open_stream(parallel_server, 1500, key=None)
+    second = open_stream(parallel_server, 1500, key=None)
+    answer = []
+    waiting = threading.Thread(target=lambda: answer.append(
+        parallel.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=4, temperature=0)))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while metric_values(parallel_server)[("pyedgemoe_queue_depth", ())] != 1:
+        assert time.monotonic() < deadline, "the third request never queued behind the two running"
+        time.sleep(0.05)
+    assert metric_values(parallel_server)[("pyedgemoe_requests_running", ())] == 2
+    first[0].sock.shutdown(2)
+    first[0].close()
+    waiting.join(timeout=60)
+    assert answer[0].usage.completion_tokens == 4
+    assert second[1].readline() == b"\n"  # the other stream goes on
+    second[0].sock.shutdown(2)
+    second[0].close()
 
 
 def test_stopping_the_server_ends_a_stream_with_an_error_event(tmp_path):

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 Context::~Context() {
@@ -21,9 +22,11 @@ namespace {
 using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
 void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-            int n_threads, int n_threads_batch, int flash_attn, int kv_type) {
+            int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max) {
     llama_context_params params = llama_context_default_params();
     params.n_ctx = n_ctx;
+    // n_seq_max sequences, each with a KV cache of its own of n_ctx / n_seq_max cells (llama-server's -np)
+    params.n_seq_max = n_seq_max;
     params.n_batch = n_batch;
     params.n_ubatch = std::min(n_ubatch, n_batch);
     params.n_threads = n_threads;
@@ -48,47 +51,67 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     self->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
 }
 
-// Decodes `tokens` at positions pos0.. of sequence 0, n_batch tokens per llama_decode.
-// Returns the logits of every token ([n, n_vocab]) when all_logits, else of the last one ([1, n_vocab]).
-Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0, bool all_logits) {
-    const int n = (int) tokens.size();
-    if (n == 0) throw nb::value_error("decode needs at least one token");
-    const int n_ctx = (int) llama_n_ctx(self.ctx);
-    if (pos0 < 0 || pos0 + n > n_ctx) {
-        throw nb::value_error(("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
-                               " do not fit the context of " + std::to_string(n_ctx) + " tokens").c_str());
-    }
+void check_tokens(const Context & self, const std::vector<llama_token> & tokens) {
     for (llama_token t : tokens) {
         if (t < 0 || t >= self.n_vocab) {
             throw nb::value_error(("token id " + std::to_string(t) + " out of range [0, " +
                                    std::to_string(self.n_vocab) + ")").c_str());
         }
     }
+}
+
+void check_positions(const Context & self, int seq, int first, int last) {
+    const int n_ctx = (int) llama_n_ctx_seq(self.ctx);
+    if (first < 0 || last >= n_ctx) {
+        throw nb::value_error(("positions " + std::to_string(first) + ".." + std::to_string(last) +
+                               " do not fit the context of " + std::to_string(n_ctx) + " tokens").c_str());
+    }
+    if (seq < 0 || seq >= (int) llama_n_seq_max(self.ctx)) {
+        throw nb::value_error(("sequence " + std::to_string(seq) + " out of range [0, " +
+                               std::to_string(llama_n_seq_max(self.ctx)) + ")").c_str());
+    }
+}
+
+// One llama_decode (without the GIL): its status, and why an expert failed to load ("" when none did).
+std::pair<int32_t, std::string> run_decode(Context & self, const llama_batch & batch) {
+    log_clear_recent();
+    const int32_t status = llama_decode(self.ctx, batch);
+    return { status, status == 0 ? take_residency_error(self) : std::string() };
+}
+
+void raise_if_failed(const std::pair<int32_t, std::string> & result) {
+    if (!result.second.empty()) throw expert_load_error(result.second);
+    if (result.first != 0) throw_with_log("llama_decode failed with status " + std::to_string(result.first));
+}
+
+// Decodes `tokens` at positions pos0.. of sequence seq, n_batch tokens per llama_decode.
+// Returns the logits of every token ([n, n_vocab]) when all_logits, else of the last one ([1, n_vocab]).
+Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0, bool all_logits, int seq) {
+    const int n = (int) tokens.size();
+    if (n == 0) throw nb::value_error("decode needs at least one token");
+    check_positions(self, seq, pos0, pos0 + n - 1);
+    check_tokens(self, tokens);
     const int n_batch = (int) llama_n_batch(self.ctx);
     const size_t n_rows = all_logits ? n : 1;
     float * out = new float[n_rows * self.n_vocab];
     nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
 
-    int32_t status = 0;
-    std::string expert_error;
+    std::pair<int32_t, std::string> result;
     {
         nb::gil_scoped_release release;
         llama_batch batch = llama_batch_init(n_batch, 0, 1);
-        for (int start = 0; start < n && status == 0; start += n_batch) {
+        for (int start = 0; start < n; start += n_batch) {
             const int count = std::min(n_batch, n - start);
             batch.n_tokens = count;
             for (int i = 0; i < count; i++) {
                 batch.token[i] = tokens[start + i];
                 batch.pos[i] = pos0 + start + i;
                 batch.n_seq_id[i] = 1;
-                batch.seq_id[i][0] = 0;
+                batch.seq_id[i][0] = seq;
                 batch.logits[i] = all_logits || (start + i == n - 1);
             }
-            log_clear_recent();
-            status = llama_decode(self.ctx, batch);
-            if (status != 0) break;
-            expert_error = take_residency_error(self);
-            if (!expert_error.empty()) break;
+            result = run_decode(self, batch);
+            if (result.first != 0 || !result.second.empty()) break;
             if (all_logits) {
                 std::memcpy(out + (size_t) start * self.n_vocab, llama_get_logits(self.ctx),
                             sizeof(float) * count * self.n_vocab);
@@ -98,9 +121,40 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
         }
         llama_batch_free(batch);
     }
-    if (!expert_error.empty()) throw expert_load_error(expert_error);
-    if (status != 0) throw_with_log("llama_decode failed with status " + std::to_string(status));
+    raise_if_failed(result);
     return Logits(out, {n_rows, (size_t) self.n_vocab}, owner);
+}
+
+// One step of several sequences in one llama_decode: tokens[i] at positions[i] of sequence seqs[i],
+// every one an output (Sampler.sample(context, i) picks from the i-th). Their experts load once.
+void decode_step(Context & self, const std::vector<llama_token> & tokens, const std::vector<int> & positions,
+                 const std::vector<int> & seqs) {
+    const int n = (int) tokens.size();
+    if (n == 0 || positions.size() != tokens.size() || seqs.size() != tokens.size()) {
+        throw nb::value_error("decode_step needs one position and one sequence per token, and a token");
+    }
+    if (n > (int) llama_n_batch(self.ctx)) {
+        throw nb::value_error(("decode_step of " + std::to_string(n) + " tokens exceeds n_batch " +
+                               std::to_string(llama_n_batch(self.ctx))).c_str());
+    }
+    check_tokens(self, tokens);
+    for (int i = 0; i < n; i++) check_positions(self, seqs[i], positions[i], positions[i]);
+    std::pair<int32_t, std::string> result;
+    {
+        nb::gil_scoped_release release;
+        llama_batch batch = llama_batch_init(n, 0, 1);
+        batch.n_tokens = n;
+        for (int i = 0; i < n; i++) {
+            batch.token[i] = tokens[i];
+            batch.pos[i] = positions[i];
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = seqs[i];
+            batch.logits[i] = true;
+        }
+        result = run_decode(self, batch);
+        llama_batch_free(batch);
+    }
+    raise_if_failed(result);
 }
 
 // llama.cpp's own account of its buffers, per buffer type (e.g. "Vulkan0", "CPU")
@@ -124,18 +178,24 @@ void register_context(nb::module_ & m) {
         .def("__init__", &create, nb::arg("model"), nb::arg("n_ctx"), nb::arg("n_batch") = 512,
              nb::arg("n_ubatch") = 512, nb::arg("n_threads") = 4, nb::arg("n_threads_batch") = 4,
              nb::arg("flash_attn") = (int) LLAMA_FLASH_ATTN_TYPE_AUTO, nb::arg("kv_type") = (int) GGML_TYPE_F16,
-             nb::keep_alive<1, 2>())
-        .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false)
+             nb::arg("n_seq_max") = 1, nb::keep_alive<1, 2>())
+        .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
+        .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
         .def("clear", [](Context & c) {
                  llama_memory_clear(llama_get_memory(c.ctx), true);
                  if (c.model->residency) c.model->residency->start_sequence();
              }, "Forget every sequence (the KV cache); the expert cache's per-sequence records restart.")
-        .def("truncate", [](Context & c, int pos) {
-                 bool ok = llama_memory_seq_rm(llama_get_memory(c.ctx), 0, pos, -1);
-                 if (ok && pos == 0 && c.model->residency) c.model->residency->start_sequence();
+        .def("truncate", [](Context & c, int pos, int seq) {
+                 if (seq < 0 || seq >= (int) llama_n_seq_max(c.ctx)) throw nb::value_error("sequence out of range");
+                 bool ok = llama_memory_seq_rm(llama_get_memory(c.ctx), seq, pos, -1);
+                 if (ok && pos == 0 && llama_n_seq_max(c.ctx) == 1 && c.model->residency) {
+                     c.model->residency->start_sequence();
+                 }
                  return ok;
-             }, nb::arg("pos"), "Drop positions >= pos of sequence 0.")
+             }, nb::arg("pos"), nb::arg("seq") = 0, "Drop positions >= pos of sequence seq.")
         .def_prop_ro("n_ctx", [](const Context & c) { return llama_n_ctx(c.ctx); })
+        .def_prop_ro("n_ctx_seq", [](const Context & c) { return llama_n_ctx_seq(c.ctx); })
+        .def_prop_ro("n_seq_max", [](const Context & c) { return llama_n_seq_max(c.ctx); })
         .def_prop_ro("n_batch", [](const Context & c) { return llama_n_batch(c.ctx); })
         .def_prop_ro("n_vocab", [](const Context & c) { return c.n_vocab; })
         .def("memory_breakdown", &memory_breakdown,

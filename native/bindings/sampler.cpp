@@ -40,9 +40,10 @@ void register_sampler(nb::module_ & m) {
         .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
              nb::arg("top_p"), nb::arg("min_p"), nb::arg("repeat_penalty"), nb::arg("penalty_last_n"),
              nb::arg("seed"))
-        // Samples from the logits of the last decoded token and records it (for penalties).
-        .def("sample", [](Sampler & s, Context & c) { return llama_sampler_sample(s.chain, c.ctx, -1); },
-             nb::arg("context"))
+        // Samples from the logits of output i of the last llama_decode (-1: its last) and records
+        // the pick (for penalties).
+        .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },
+             nb::arg("context"), nb::arg("i") = -1)
         .def("accept", [](Sampler & s, llama_token t) { llama_sampler_accept(s.chain, t); }, nb::arg("token"))
         .def("reset", [](Sampler & s) { llama_sampler_reset(s.chain); });
 }

@@ -636,7 +636,7 @@ std::vector<expert_read> expert_residency::impl::reads_of(const moe_layer_layout
         reads.push_back({ &source, offset, size, dst,
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
                           std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
-                          slot >= 0 ? pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host });
+                          slot >= 0 ? pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host, low });
     }
     return reads;
 }
@@ -707,6 +707,7 @@ void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n
 std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
     const loader_threads::read_result r = loaders.read_all(std::move(reads));
     st.bytes_read += r.moved.bytes_read;
+    st.bytes_read_low += r.moved.bytes_read_low;
     st.bytes_uploaded += r.moved.bytes_uploaded;
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;

@@ -172,6 +172,7 @@ read_outcome expert_read::run() const {
     try {
         read_outcome out;
         if (!in_dst) out.bytes_read = store->read_range(offset, size, dst ? dst : staging_buffer(size));
+        if (low) out.bytes_read_low = out.bytes_read;
         if (!view) return out;
         const auto t0 = std::chrono::steady_clock::now();
         ggml_backend_tensor_set(view, dst ? dst : staging_buffer(size), 0, size);

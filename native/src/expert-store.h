@@ -47,10 +47,14 @@ struct ggml_tensor;
 // What one expert_read did.
 struct read_outcome {
     uint64_t bytes_read = 0;      // from storage (with O_DIRECT, the 4 KiB-rounded range)
+    uint64_t bytes_read_low = 0;  // of those, LOW copies' bytes
     uint64_t bytes_uploaded = 0;  // written into device memory
     double   upload_ms = 0;
 
-    void add(const read_outcome & o) { bytes_read += o.bytes_read; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; }
+    void add(const read_outcome & o) {
+        bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low;
+        bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms;
+    }
 };
 
 // One read of one projection of one expert into its slot.
@@ -63,6 +67,7 @@ struct expert_read {
     // go from dst (or the staging buffer) into it with ggml_backend_tensor_set
     ggml_tensor * view = nullptr;
     bool in_dst = false;  // the bytes are in dst already (a host-tier hit): only the write through view
+    bool low = false;     // a LOW copy (its bytes are counted apart)
 
     // Throws std::runtime_error naming what, the file offset and the file.
     read_outcome run() const;

@@ -58,6 +58,7 @@ std::string prefetch_coordinator::collect_finished() {
         finish(*job);
         expert_prefetch_stats & st = stats_[expert_key_layer(job->key)];
         st.bytes_read += job->moved.bytes_read;
+        st.bytes_read_low += job->moved.bytes_read_low;
         st.bytes_uploaded += job->moved.bytes_uploaded;
         st.upload_ms += job->moved.upload_ms;
         st.load_ms += job->ms;

@@ -15,6 +15,7 @@ struct expert_layer_stats {
     // token selections (token x top-k) by the precision that served them
     uint64_t selections_high = 0, selections_low = 0, selections_skip = 0;
     uint64_t bytes_read  = 0;  // bytes read from storage (after rounding out for O_DIRECT)
+    uint64_t bytes_read_low = 0;  // of those, LOW copies' bytes
     double   load_ms     = 0;  // wall time with this layer's reads in flight
     double   stall_ms    = 0;  // wall time the compute waited for this layer's loads
     // the device tier (gpu and coop modes): misses served by the host tier or read into it,
@@ -28,7 +29,7 @@ struct expert_layer_stats {
         requests += o.requests; hits += o.hits; misses += o.misses; skipped += o.skipped;
         hits_high += o.hits_high; hits_low += o.hits_low; loads_high += o.loads_high; loads_low += o.loads_low;
         selections_high += o.selections_high; selections_low += o.selections_low; selections_skip += o.selections_skip;
-        bytes_read += o.bytes_read; load_ms += o.load_ms; stall_ms += o.stall_ms;
+        bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low; load_ms += o.load_ms; stall_ms += o.stall_ms;
         host_hits += o.host_hits; host_loads += o.host_loads;
         uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
     }
@@ -50,7 +51,7 @@ struct expert_prediction_stats {
 // What prefetching did, per target layer: experts read ahead of use, and whether they were used
 // before being evicted.
 struct expert_prefetch_stats {
-    uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0, bytes_uploaded = 0;
+    uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0, bytes_read_low = 0, bytes_uploaded = 0;
     double   load_ms = 0;    // summed over the jobs (several run at once: see prefetcher::busy_ms)
     double   upload_ms = 0;  // of those, uploading to the device
 };

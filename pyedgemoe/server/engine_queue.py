@@ -1,10 +1,11 @@
 """The one Engine behind the server, shared by every request.
 
-The Engine is single-threaded and holds one sequence in its KV cache, so:
-- every Engine call runs on one thread of its own, never on the event loop, which stays free to
+The Engine holds engine.n_parallel sequences in its KV cache (`serve --parallel N`), so:
+- every Engine call runs on the queue's threads, never on the event loop, which stays free to
   answer /health and /metrics and to notice clients that leave;
-- a generation holds the Engine from its first token to its last: requests take turns, in
-  arrival order (asyncio.Lock wakes its waiters first come, first served);
+- a generation holds one of the n_parallel turns from its first token to its last: the others
+  queue, in arrival order (asyncio.Semaphore wakes its waiters first come, first served). With
+  n_parallel > 1 the Engine decodes the running generations together (pyedgemoe.batch);
 - a generation runs as a task of its own that hands its chunks over a queue, checking between
   pieces whether its client is still there; when the client is gone it closes the Engine's
   generator and gives up its turn. Its clean-up never waits on the response, which the server
@@ -48,15 +49,19 @@ class Generation:
 class EngineQueue:
     def __init__(self, engine) -> None:
         self.engine = engine
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyedgemoe-engine")
-        self._turn = asyncio.Lock()
+        self.parallel = engine.n_parallel
+        # one Engine with one sequence runs on one thread; n_parallel ones each wait on a thread
+        # of their own for their tokens, and one more serves the other calls
+        self._thread = ThreadPoolExecutor(max_workers=1 if self.parallel == 1 else self.parallel + 1,
+                                          thread_name_prefix="pyedgemoe-engine")
+        self._turn = asyncio.Semaphore(self.parallel)
         self.waiting = 0  # generations waiting for their turn (the queue depth)
-        self.running = 0  # 0 or 1: the generation holding the Engine
+        self.running = 0  # generations holding a turn (at most parallel)
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     async def call(self, fn: Callable, *args):
-        """fn(*args) on the Engine's thread, between the steps of a running generation."""
+        """fn(*args) on the queue's threads (with one sequence: between the steps of a generation)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def generate(self, start: Callable[[], Iterator[dict]], client_gone: Callable[[], Awaitable[bool]]) -> Generation:

@@ -47,9 +47,9 @@ def render(stats: dict, requests: RequestCounts, waiting: int, running: int) -> 
     out = _Text()
     out.family("pyedgemoe_requests_total", "counter", "HTTP requests answered, by path and status code.",
                [({"path": p, "code": c}, n) for (p, c), n in sorted(requests.counts.items())])
-    out.family("pyedgemoe_queue_depth", "gauge", "Generations waiting for the engine (served one at a time).",
+    out.family("pyedgemoe_queue_depth", "gauge", "Generations waiting for a free sequence (--parallel of them run at once).",
                waiting)
-    out.family("pyedgemoe_requests_running", "gauge", "Generations running on the engine (0 or 1).", running)
+    out.family("pyedgemoe_requests_running", "gauge", "Generations running on the engine (at most --parallel).", running)
 
     totals, last = stats["totals"], stats["last"]
     out.family("pyedgemoe_prompt_tokens_total", "counter", "Prompt tokens of every generation.",
@@ -95,8 +95,10 @@ def _expert_families(out: _Text, experts: dict) -> None:
                "computed in (skip: not computed).",
                by_precision("selections_high", "selections_low") + [({"precision": "skip"}, t["selections_skip"])])
     out.family("pyedgemoe_expert_read_bytes_total", "counter", "Bytes of experts read from storage, on a miss "
-               "(demand) or ahead of need (prefetch).",
-               [({"source": "demand"}, t["bytes_read"]), ({"source": "prefetch"}, p["bytes_read"])])
+               "(demand) or ahead of need (prefetch), by the precision read.",
+               [({"source": source, "precision": "high"}, c["bytes_read"] - c["bytes_read_low"])
+                for source, c in (("demand", t), ("prefetch", p))]
+               + [({"source": source, "precision": "low"}, c["bytes_read_low"]) for source, c in (("demand", t), ("prefetch", p))])
     out.family("pyedgemoe_expert_load_seconds_total", "counter", "Time spent reading missed experts.",
                t["load_ms"] / 1000)
     out.family("pyedgemoe_expert_stall_seconds_total", "counter", "Time the computation waited for experts.",

@@ -1,0 +1,94 @@
+"""Engine(n_parallel=N): several generations decoding together (pyedgemoe/batch.py), and an Engine
+with one sequence used from several threads.
+
+The demo model with a quarter of its experts cached, lossless: every expert computed in HIGH, so
+a greedy answer is the model's whatever the cache holds and whatever runs beside it."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from pyedgemoe import ContextOverflowError, Engine, EngineBusyError, InvalidOptionError
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+PROMPTS = ["def add(a, b):", "class Node(object):", "import os\n", "# Copyright", "for i in range(10):"]
+N_CTX = 1024
+OPTIONS = dict(expert_cache="25%", system="lossless", n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def alone() -> dict[str, str]:
+    """Each prompt's greedy answer from an Engine with one sequence, one prompt after another."""
+    with Engine(DEMO, n_ctx=N_CTX // 4, **OPTIONS) as eng:
+        return {p: eng.generate(p, 32, temperature=0, ignore_eos=True) for p in PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def batched():
+    with Engine(DEMO, n_ctx=N_CTX, n_parallel=4, **OPTIONS) as eng:
+        yield eng
+
+
+def run_together(eng: Engine, prompts: list[str], **kwargs) -> list[str]:
+    answers: list[str | None] = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def one(i: int) -> None:
+        start.wait()
+        answers[i] = eng.generate(prompts[i], 32, temperature=0, ignore_eos=True, **kwargs)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return answers
+
+
+def test_generations_decoding_together_each_get_their_answer_alone(batched, alone):
+    # five prompts for four sequences: the fifth waits for a free one
+    before = batched.stats()["totals"]["n_decoded"]
+    assert run_together(batched, PROMPTS) == [alone[p] for p in PROMPTS]
+    assert batched.stats()["totals"]["n_decoded"] - before == 32 * len(PROMPTS)
+
+
+def test_streamed_generations_interleave_and_closing_one_frees_its_sequence(batched, alone):
+    streams = [batched.generate(p, 32, temperature=0, ignore_eos=True, stream=True) for p in PROMPTS[:4]]
+    firsts = [next(s) for s in streams]  # four sequences busy at once, each answered in turn
+    streams[0].close()  # its sequence goes to the fifth
+    fifth = batched.generate(PROMPTS[4], 32, temperature=0, ignore_eos=True)
+    assert fifth == alone[PROMPTS[4]]
+    for p, first, s in zip(PROMPTS[1:4], firsts[1:], streams[1:]):
+        assert first + "".join(s) == alone[p]
+
+
+def test_each_sequence_has_the_contexts_share(batched):
+    assert batched.n_ctx == N_CTX // 4
+    with pytest.raises(ContextOverflowError):
+        batched.generate([1] * (N_CTX // 4), 4)
+
+
+def test_a_batched_engine_refuses_what_needs_a_sequence_of_its_own(batched):
+    with pytest.raises(InvalidOptionError, match="n_parallel=1"):
+        batched.logits([1, 2, 3])
+    with pytest.raises(InvalidOptionError, match="n_parallel=1"):
+        Engine(DEMO, n_ctx=N_CTX, n_parallel=2, expert_cache="50%", big_little=0.7)
+    with pytest.raises(InvalidOptionError, match="n_parallel"):
+        Engine(DEMO, n_parallel=0)
+
+
+def test_one_sequence_engine_serves_threads_in_turn(alone):
+    with Engine(DEMO, n_ctx=N_CTX // 4, **OPTIONS) as eng:
+        assert run_together(eng, PROMPTS[:3]) == [alone[p] for p in PROMPTS[:3]]
+
+
+def test_one_sequence_engine_refuses_a_second_open_generation_on_the_same_thread(alone):
+    with Engine(DEMO, n_ctx=N_CTX // 4, **OPTIONS) as eng:
+        first = eng.generate(PROMPTS[0], 32, temperature=0, ignore_eos=True, stream=True)
+        head = next(first)
+        with pytest.raises(EngineBusyError, match="close"):
+            eng.generate(PROMPTS[1], 4, temperature=0)
+        assert head + "".join(first) == alone[PROMPTS[0]]  # the open one is unharmed
+        assert eng.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
