@@ -127,6 +127,9 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
+    display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
+                                        help="print the prompt before the generated text, as llama.cpp does"),
+    color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
@@ -165,7 +168,10 @@ def run(
                     "finish_reason": t.finish_reason, "stats": eng.stats(),
                 }))
             else:
-                for piece in eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **sampling):
+                pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **sampling)
+                if display_prompt:
+                    sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
+                for piece in pieces:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
                 sys.stdout.write("\n")
@@ -176,6 +182,9 @@ def run(
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+
+
+PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color
 
 
 def _sampling(kwargs: dict):

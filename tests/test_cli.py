@@ -26,12 +26,17 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
-def test_run_streams_the_greedy_text_and_prints_timings(mixtral_gguf):
+def test_run_streams_the_prompt_and_greedy_text_and_prints_timings(mixtral_gguf):
     r = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2")
     assert r.returncode == 0, r.stderr
     with Engine(mixtral_gguf, n_threads=2) as eng:
-        assert r.stdout == eng.generate("hello world", 8, temperature=0) + "\n"
+        text = eng.generate("hello world", 8, temperature=0)
+    assert r.stdout == "hello world" + text + "\n"  # as llama.cpp, the prompt first
     assert "prompt eval:" in r.stderr and "tok/s" in r.stderr
+    hidden = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2", "--no-display-prompt")
+    assert hidden.stdout == text + "\n"
+    colored = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2", "--color")
+    assert colored.stdout == "\033[33mhello world\033[0m" + text + "\n"
 
 
 def test_run_json_reports_tokens_and_timings(tiny_model):
