@@ -3,11 +3,12 @@ one that cannot fit.
 
 What a run needs beside the memory it already uses: the expert cache (its budget; nothing when
 every expert is resident, as the file is mapped and the page cache can drop experts), the
-non-expert weights, the context's buffers (KV cache and attention scores, computed from the
-model's shape) and a fixed slack. It must fit in the memory available: MemAvailable, or what is
-left under a cgroup memory limit if one is set. "auto" keeps every expert resident when they fit
-too, and otherwise gives the experts what is left. An explicit size that does not fit is refused
-with the numbers, or with a trailing `~` ("up to": `60%~`, `4GiB~`) reduced to what fits.
+non-expert weights and the context's buffers (KV cache and attention scores, computed from the
+model's shape); "auto" also keeps a fixed slack free. The memory available: MemAvailable, or what
+is left under a cgroup memory limit if one is set. "auto" keeps every expert resident when they
+fit with the rest, and otherwise gives the experts what is left. An explicit size that cannot fit
+is refused with the numbers, or with a trailing `~` ("up to": `60%~`, `4GiB~`) reduced to what
+"auto" would leave; one that fits only by eating into the slack is kept, with a warning.
 """
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
 
 
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:
-    """What an expert cache may use: the available memory less the non-expert weights, the context
-    (context_bytes()) and the slack. Not positive: those alone do not fit."""
+    """What an expert cache may take and still leave the slack free: the available memory less the
+    non-expert weights, the context (context_bytes()) and the slack. Not positive: those alone do
+    not fit. Beyond this plus the slack a cache cannot fit at all."""
     return available - non_expert_bytes - context - RESERVE_SLACK_BYTES
 
 
@@ -101,7 +103,7 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
     need = non_expert_bytes + context + RESERVE_SLACK_BYTES
     context_room = available - non_expert_bytes - RESERVE_SLACK_BYTES
     hint = (f"the context must take less than {format_bytes(context_room)} (a shorter --ctx)" if context_room > 0
-            else "the non-expert weights alone do not fit")
+            else "the non-expert weights and the slack alone do not fit")
     return InvalidOptionError(
         f"not enough memory: the non-expert weights ({format_bytes(non_expert_bytes)}), the context's KV cache and "
         f"attention scores ({format_bytes(context)}) and {format_bytes(RESERVE_SLACK_BYTES)} of slack need "
@@ -129,33 +131,42 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
                      available: int | None = None, refuse: bool = True) -> tuple[int, str | None]:
-    """(the budget, or with up_to what fits if less; None, or the sentence saying it was reduced).
-    An explicit budget that does not fit beside the non-expert weights, the context and the slack
-    is refused with the numbers (InvalidOptionError); refuse=False leaves that to the caller (a
-    GPU's budget: devices.check_fits_device). shown: the value as the user gave it, without the
-    "~". A model without experts caches none: only its context is checked."""
+    """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced or
+    that it eats into the slack). An explicit budget that cannot fit at all beside the non-expert
+    weights and the context is refused with the numbers (InvalidOptionError); refuse=False leaves
+    that to the caller (a GPU's budget: devices.check_fits_device). One that fits is kept even if
+    it leaves less than the slack (a small model's other buffers need far less: see
+    tests/test_memory_honesty.py), with a warning; what it is reduced to, and the largest budget
+    a refusal names, keep the slack free as "auto" does. shown: the value as the user gave it,
+    without the "~". A model without experts caches none: only its context is checked."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     cache = budget if expert_bytes else 0
-    if cache <= room or not (refuse or up_to):
+    if cache <= room:
         return budget, None
+    if cache <= room + RESERVE_SLACK_BYTES or not (refuse or up_to):
+        left = room + RESERVE_SLACK_BYTES - cache
+        return budget, None if not expert_bytes or left < 0 else (
+            f"expert cache {shown} ({format_bytes(budget)}) fits, but leaves only {format_bytes(left)} of the "
+            f"{format_bytes(RESERVE_SLACK_BYTES)} of slack auto keeps for llama.cpp's other buffers and the OS "
+            f"({_available_text(available, where)}, less {format_bytes(non_expert_bytes)} of non-expert weights "
+            f"and {format_bytes(context)} for the context): the run is killed if they need more")
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
     if up_to:
         return room, (f"expert cache {shown}{UP_TO} reduced to what fits: {format_bytes(room)} instead of "
                       f"{format_bytes(budget)}, for {format_bytes(expert_bytes)} of experts "
-                      f"({_available_text(available, where)}, less "
-                      f"{format_bytes(non_expert_bytes)} of non-expert weights, {format_bytes(context)} for the "
-                      f"context and {format_bytes(RESERVE_SLACK_BYTES)} of slack)")
+                      f"({_available_text(available, where)}, less {format_bytes(non_expert_bytes)} of non-expert "
+                      f"weights, {format_bytes(context)} for the context and {format_bytes(RESERVE_SLACK_BYTES)} "
+                      f"of slack)")
     mib = 1024**2
-    need = budget + non_expert_bytes + context + RESERVE_SLACK_BYTES
     largest = f"{room // mib}MiB" if room >= mib else str(room)
     raise InvalidOptionError(
         f"expert cache {shown} ({format_bytes(budget)}) does not fit: it needs {format_bytes(budget)} + "
-        f"{format_bytes(non_expert_bytes)} of non-expert weights + {format_bytes(context)} for the context + "
-        f"{format_bytes(RESERVE_SLACK_BYTES)} of slack = {format_bytes(need)}, and "
-        f"{_available_text(available, where)}; the largest expert cache that fits is {format_bytes(room)} "
-        f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
+        f"{format_bytes(non_expert_bytes)} of non-expert weights + {format_bytes(context)} for the context = "
+        f"{format_bytes(budget + non_expert_bytes + context)}, and {_available_text(available, where)}; the largest "
+        f"expert cache that fits with {format_bytes(RESERVE_SLACK_BYTES)} of slack for llama.cpp's other buffers "
+        f"and the OS is {format_bytes(room)} (--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,

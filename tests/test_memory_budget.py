@@ -61,13 +61,13 @@ def test_invalid_budgets_are_refused_with_a_clear_error(value):
 
 
 def test_an_explicit_budget_that_cannot_fit_is_refused_with_the_numbers():
-    # needs 4 + 1 + 1 + 0.375 = 6.375 GiB of 4 GiB; what fits: 4 - 1 - 1 - 0.375 = 1.625 GiB = 1664 MiB
+    # needs 4 + 1 + 1 = 6 GiB of 4 GiB; what fits with the slack: 4 - 1 - 1 - 0.375 = 1.625 GiB = 1664 MiB
     with pytest.raises(InvalidOptionError) as refused:
         memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB)
     assert str(refused.value) == (
         "expert cache 4GiB (4.00 GiB) does not fit: it needs 4.00 GiB + 1.00 GiB of non-expert weights + 1.00 GiB "
-        "for the context + 384.00 MiB of slack = 6.38 GiB, and 4.00 GiB available; the largest expert cache that "
-        "fits is 1.62 GiB (--expert-cache 1664MiB, or 4GiB~ for what fits)")
+        "for the context = 6.00 GiB, and 4.00 GiB available; the largest expert cache that fits with 384.00 MiB of "
+        "slack for llama.cpp's other buffers and the OS is 1.62 GiB (--expert-cache 1664MiB, or 4GiB~ for what fits)")
 
 
 def test_an_int_budget_that_cannot_fit_is_refused_too():
@@ -83,8 +83,25 @@ def test_a_trailing_tilde_reduces_the_budget_to_what_fits_and_says_so():
                     "384.00 MiB of slack)")
 
 
-def test_a_budget_that_just_fits_is_kept():
+def test_a_budget_that_fits_with_the_slack_is_kept_without_a_word():
     available = 4 * GIB + 1 * GIB + 1 * GIB + memory_budget.RESERVE_SLACK_BYTES
+    kept, note = memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=available)
+    assert kept == 4 * GIB and note == "expert cache: 4096.0 MiB for 12288.0 MiB of experts"
+
+
+def test_a_budget_that_fits_only_in_the_slack_is_kept_with_a_warning():
+    # the slack is auto's margin, not a need: small models run in far less (tests/test_memory_honesty.py)
+    available = 4 * GIB + 1 * GIB + 1 * GIB + 100 * MIB
+    for value in ("4GiB", "4GiB~"):
+        kept, note = memory_budget.parse_expert_cache(value, 12 * GIB, 1 * GIB, context=1 * GIB, available=available)
+        assert kept == 4 * GIB
+        assert note == ("expert cache 4GiB (4.00 GiB) fits, but leaves only 100.00 MiB of the 384.00 MiB of slack auto "
+                        "keeps for llama.cpp's other buffers and the OS (6.10 GiB available, less 1.00 GiB of "
+                        "non-expert weights and 1.00 GiB for the context): the run is killed if they need more")
+
+
+def test_one_byte_more_than_fits_at_all_is_refused():
+    available = 4 * GIB + 1 * GIB + 1 * GIB
     kept, _ = memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=available)
     assert kept == 4 * GIB
     with pytest.raises(InvalidOptionError, match="does not fit"):
@@ -104,7 +121,7 @@ def test_a_context_that_cannot_fit_beside_the_non_expert_weights_is_refused(valu
 
 
 def test_non_expert_weights_that_cannot_fit_are_refused():
-    with pytest.raises(InvalidOptionError, match="the non-expert weights alone do not fit"):
+    with pytest.raises(InvalidOptionError, match="the non-expert weights and the slack alone do not fit"):
         memory_budget.parse_expert_cache("10%", 12 * GIB, 5 * GIB, context=0, available=4 * GIB)
 
 

@@ -64,7 +64,7 @@ def test_a_cache_that_cannot_fit_is_refused_with_one_error_line_not_killed(model
     lines = [line for line in r["stderr"].splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: expert cache 100% ("), r["stderr"]
     assert "does not fit" in lines[0] and "cgroup v1 memory limit" in lines[0]
-    assert "the largest expert cache that fits is" in lines[0]
+    assert "the largest expert cache that fits with" in lines[0]
 
 
 def test_a_trailing_tilde_runs_with_what_fits_and_says_so(model, cap):
