@@ -6,9 +6,12 @@
 #include "llama.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
+#include <unistd.h>
 
 namespace {
 std::mutex g_mutex;
@@ -39,6 +42,36 @@ void log_callback(ggml_log_level level, const char * text, void *) {
 }  // namespace
 
 void log_install() { llama_log_set(log_callback, nullptr); }
+
+namespace {
+// A GGML_ASSERT / GGML_ABORT in llama.cpp, or an exception nothing caught, leaves a computation
+// half done: the process cannot go on. One line says why (ggml's default is its message, a gdb
+// backtrace and SIGABRT), and the process exits 1 as the CLI's other errors do.
+[[noreturn]] void fatal(const char * why) {
+    fprintf(stderr, "error: llama.cpp stopped on an internal check it cannot recover from: %s\n", why);
+    fflush(stderr);
+    _exit(1);
+}
+
+void on_ggml_abort(const char * message) { fatal(message); }
+
+void on_terminate() {
+    try {
+        if (auto e = std::current_exception()) std::rethrow_exception(e);
+        fatal("std::terminate");
+    } catch (const std::exception & ex) {
+        fatal(ex.what());
+    } catch (...) {
+        fatal("an unknown exception");
+    }
+}
+}  // namespace
+
+void abort_install() {
+    if (getenv("PYEDGEMOE_NATIVE_BACKTRACE")) return;  // debugging: ggml's message and backtrace
+    ggml_set_abort_callback(on_ggml_abort);
+    std::set_terminate(on_terminate);
+}
 
 void log_set_verbose(bool verbose) {
     std::lock_guard<std::mutex> lock(g_mutex);

@@ -5,6 +5,7 @@
 NB_MODULE(_native, m) {
     m.doc() = "pyedgemoe native layer: vendored llama.cpp behind a thin binding";
     log_install();
+    abort_install();
     llama_backend_init();
 
     m.def("llama_version", []() { return std::string(llama_version()); });

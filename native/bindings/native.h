@@ -29,6 +29,9 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<si
 
 // errors.cpp: llama.cpp's log goes through here, so failures can quote the reason it logged.
 void log_install();
+// llama.cpp's aborts (GGML_ASSERT, GGML_ABORT, an uncaught exception) print one `error:` line and
+// exit 1; PYEDGEMOE_NATIVE_BACKTRACE=1 keeps ggml's own report.
+void abort_install();
 void log_set_verbose(bool verbose);
 // The last error/warning lines llama.cpp logged since log_clear_recent(), joined by newlines.
 std::string log_recent_errors();
