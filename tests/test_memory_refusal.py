@@ -1,6 +1,7 @@
 """No OOM kill (issue 19): under a cgroup memory limit, an explicit `--expert-cache` that cannot fit
-beside the non-expert weights, the context and the slack is refused with one `error:` line, and
-the same value with a trailing `~` ("up to") runs with what fits and says so.
+beside the non-expert weights and the context is refused with one `error:` line, and
+the same value with a trailing `~` ("up to") runs with what fits and says so; a size that fits
+only by eating into the slack runs, with a warning.
 
 The model: tests/test_memory_honesty.py's reduced OLMoE geometry, but f16 with experts of n_ff
 1536, so that its experts (1152 MiB) are far more than the 384 MiB slack: a cache of all of them
@@ -77,3 +78,14 @@ def test_a_trailing_tilde_runs_with_what_fits_and_says_so(model, cap):
     pool = r["stats"]["experts"]["pool_bytes"]
     assert expert_bytes // 8 < pool < expert_bytes // 2, "about the quarter the cap leaves room for"
     assert r["cgroup_failcnt"] == 0 or r["cgroup_max_usage"] <= limit
+
+
+def test_a_cache_that_fits_only_in_the_slack_runs_with_a_warning(model, cap):
+    """Half the experts: 576 MiB beside the weights and context fit under the cap, with ~100 MiB of
+    the 384 MiB slack left, which this small model's other buffers do not need."""
+    limit, _ = cap
+    evict_from_page_cache(model)
+    r = run_cli(model, "50%", limit_bytes=limit)
+    assert r["returncode"] == 0, r["stderr"][-2000:]
+    notes = [line for line in r["stderr"].splitlines() if line.startswith("note: expert cache")]
+    assert len(notes) == 1 and "fits, but leaves only" in notes[0] and "of slack" in notes[0], r["stderr"]
