@@ -9,13 +9,22 @@ standard name and the LOW copy under the `.lowbit` name; `expert_bytes_per_layer
 """
 from __future__ import annotations
 
+import math
 import os
+import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from pyedgemoe import _native
 from pyedgemoe.errors import ModelLoadError
-from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, expert_stack_layer, is_low_copy
+from pyedgemoe.gguf_format import (
+    FORMAT_VERSION,
+    FORMAT_VERSION_KEY,
+    HIGH_TYPE_KEY,
+    LOW_TYPE_KEY,
+    expert_stack_layer,
+    is_low_copy,
+)
 
 
 @dataclass
@@ -94,7 +103,11 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             raise ModelLoadError(f"not a GGUF file (bad magic): {path}")
     try:
         info = _native.read_gguf_info(path)
-    except RuntimeError as e:
+    except (RuntimeError, UnicodeDecodeError) as e:
+        # ggml's parser takes any bytes; the binding's conversion to str is what refuses non-UTF-8
+        where = non_utf8_string(path)
+        if where is not None:
+            raise ModelLoadError(f"corrupt GGUF header in {path}: {where} is not valid UTF-8") from None
         raise ModelLoadError(f"corrupt GGUF header in {path}: {e}") from None
 
     file_bytes = os.path.getsize(path)
@@ -108,8 +121,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     arch = str(kv.get("general.architecture", "unknown"))
 
     def arch_int(key: str) -> int:
-        value = kv.get(f"{arch}.{key}", 0)
-        return int(value) if isinstance(value, (int, float)) else 0
+        return _integer(kv.get(f"{arch}.{key}")) or 0
 
     expert_bytes: dict[int, int] = defaultdict(int)
     high_bytes: dict[int, int] = defaultdict(int)
@@ -126,7 +138,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             copies[layer] += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
     multi_precision = FORMAT_VERSION_KEY in kv
-    version = kv.get(FORMAT_VERSION_KEY)
+    version = _checked_format(path, kv) if multi_precision else None
     return ModelInfo(
         path=path,
         file_bytes=file_bytes,
@@ -141,9 +153,113 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         tensor_types=dict(tensor_types),
         multi_precision=multi_precision,
         metadata=kv,
-        format_version=int(version) if isinstance(version, (int, float)) else None,
-        high_type=str(kv[HIGH_TYPE_KEY]) if multi_precision and HIGH_TYPE_KEY in kv else None,
-        low_type=str(kv[LOW_TYPE_KEY]) if multi_precision and LOW_TYPE_KEY in kv else None,
+        format_version=version,
+        high_type=kv.get(HIGH_TYPE_KEY) if multi_precision else None,
+        low_type=kv.get(LOW_TYPE_KEY) if multi_precision else None,
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
     )
+
+
+def _integer(value) -> int | None:
+    """value if it is an integer (a float with an integral value counts), else None."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _checked_format(path: str, kv: dict) -> int:
+    """The multi-precision format version (docs/format.md), refused when it is not an integer this
+    pyedgemoe reads; and the type names, which must be strings."""
+    value = kv[FORMAT_VERSION_KEY]
+    version = _integer(value)
+    if version is None or version < 1:
+        raise ModelLoadError(f"corrupt GGUF header in {path}: {FORMAT_VERSION_KEY} is {value!r}, not a version number")
+    if version > FORMAT_VERSION:
+        raise ModelLoadError(f"{path} is a multi-precision GGUF of format version {version}; this pyedgemoe reads "
+                             f"version {FORMAT_VERSION} and older: upgrade pyedgemoe")
+    for key in (HIGH_TYPE_KEY, LOW_TYPE_KEY):
+        if key in kv and not isinstance(kv[key], str):
+            raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {kv[key]!r}, not a ggml type name")
+    return version
+
+
+def non_utf8_string(path: str) -> str | None:
+    """Where the GGUF header holds a string that is not UTF-8 ("key 'general.name'", "the key
+    b'...'", "tensor name b'...'"), or None if none is found before the header ends or stops making
+    sense. Walks the header as ggml's gguf.cpp reads it (docs/format.md); used only to explain an error."""
+    try:
+        with open(path, "rb") as f:
+            return _Walker(f, os.fstat(f.fileno()).st_size).first_non_utf8()
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+_STRING, _ARRAY = 8, 9
+
+
+class _Walker:
+    def __init__(self, f, size: int):
+        self.f, self.size = f, size
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.read(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack("<Q", self.read(8))[0]
+
+    def read(self, n: int) -> bytes:
+        if n > self.size - self.f.tell():
+            raise ValueError("past the end of the file")
+        return self.f.read(n)
+
+    def string(self) -> bytes:
+        return self.read(self.u64())
+
+    def first_non_utf8(self) -> str | None:
+        self.read(4)  # magic
+        _version, n_tensors, n_kv = self.u32(), self.u64(), self.u64()
+        for _ in range(min(n_kv, self.size)):
+            key = self.string()
+            if not _utf8(key):
+                return f"the key {key!r}"
+            name = key.decode()
+            vtype = self.u32()
+            if vtype == _STRING and not _utf8(self.string()):
+                return f"the value of key {name!r}"
+            if vtype == _ARRAY:
+                item_type, n = self.u32(), self.u64()
+                if n > self.size:
+                    return None
+                for i in range(n):
+                    if item_type == _STRING:
+                        if not _utf8(self.string()):
+                            return f"item {i} of key {name!r}"
+                    elif item_type in _SCALAR_SIZES:
+                        self.read(_SCALAR_SIZES[item_type] * (n - i))
+                        break
+                    else:
+                        return None
+            elif vtype in _SCALAR_SIZES:
+                self.read(_SCALAR_SIZES[vtype])
+            elif vtype != _STRING:
+                return None
+        for _ in range(min(n_tensors, self.size)):
+            name = self.string()
+            if not _utf8(name):
+                return f"the tensor name {name!r}"
+            self.read(8 * self.u32() + 4 + 8)  # dims, type, offset
+        return None
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
