@@ -9,6 +9,7 @@ middle two (load_calibration). It does not import the Engine, which reads it.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import gguf
@@ -36,8 +37,10 @@ def read_sidecar(path: str | os.PathLike) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise InvalidOptionError(f"cannot read the calibration sidecar {path}: {e}") from None
+    except RecursionError:
+        raise InvalidOptionError(f"cannot read the calibration sidecar {path}: JSON nested too deep") from None
     return _checked(data, f"calibration sidecar {path}")
 
 
@@ -51,7 +54,69 @@ def _checked(data, what: str) -> dict:
                                     and all(isinstance(w, (int, float)) and w >= 0 for w in weights)
                                     and sum(weights) > 0):
         raise InvalidOptionError(f"{what} has invalid policy_weights (four non-negative numbers)")
+    _check_tables(data, what)
     return data
+
+
+# The tables the runtime reads from a calibration (pyedgemoe calibrate writes them; docs/mixed-precision.md
+# and docs/systems.md): checked for their structure here, so that a damaged one is an error naming it
+# rather than a TypeError where it is used. Whether their layers and experts exist in the model is
+# the runtime's check (it knows the model).
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _integer(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _layer(key) -> bool:
+    try:
+        int(key)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _experts(x) -> bool:
+    return isinstance(x, list) and all(_integer(e) for e in x)
+
+
+def _path_row(row, n_expert: int) -> bool:
+    """[prev2, prev1, n, [[expert, count], ...]] (calibration/paths.py)."""
+    if not (isinstance(row, list) and len(row) == 4):
+        return False
+    prev2, prev1, n, counts = row
+    return (_experts(prev2) and _experts(prev1) and _number(n) and n > 0 and isinstance(counts, list)
+            and all(isinstance(c, list) and len(c) == 2 and _integer(c[0]) and 0 <= c[0] < n_expert
+                    and _number(c[1]) for c in counts))
+
+
+def _check_tables(data: dict, what: str) -> None:
+    def invalid(name: str, shape: str) -> InvalidOptionError:
+        return InvalidOptionError(f"{what} has an invalid {name} ({shape}; run pyedgemoe calibrate again)")
+
+    if data.get("best_policy") is not None and not isinstance(data["best_policy"], str):
+        raise invalid("best_policy", "a cache policy's name")
+    usage = data.get("expert_usage")
+    if usage is not None and not (isinstance(usage, dict) and all(
+            _layer(k) and isinstance(v, list) and all(_number(c) for c in v) for k, v in usage.items())):
+        raise invalid("expert_usage", "per layer, a list of counts")
+    precision_map = data.get("precision_map")
+    if precision_map is not None and not (
+            isinstance(precision_map, dict) and isinstance(precision_map.get("low"), dict)
+            and all(_layer(k) and _experts(v) for k, v in precision_map["low"].items())
+            and _integer(precision_map.get("n_low")) and _integer(precision_map.get("n_experts"))
+            and 0 <= precision_map["n_low"] <= precision_map["n_experts"]):
+        raise invalid("precision_map", "the LOW experts per layer, n_low and n_experts")
+    paths = data.get("path_statistics")
+    if paths is not None and not (
+            isinstance(paths, dict) and _integer(paths.get("n_expert")) and paths["n_expert"] > 0
+            and isinstance(paths.get("tables"), dict)
+            and all(_layer(k) and isinstance(rows, list) and all(_path_row(r, paths["n_expert"]) for r in rows)
+                    for k, rows in paths["tables"].items())):
+        raise invalid("path_statistics", "per layer, rows of [prev2, prev1, n, [[expert, count], ...]]")
 
 
 def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
@@ -60,18 +125,32 @@ def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = 
     kv = read_model_info(model_path).metadata if metadata is None else metadata
     what = f"calibration embedded in {os.fspath(model_path)}"
     if JSON_KEY in kv:
+        if not isinstance(kv[JSON_KEY], str):
+            raise InvalidOptionError(f"{what}: {JSON_KEY} is not a string")
         try:
-            data = json.loads(str(kv[JSON_KEY]))
+            data = json.loads(kv[JSON_KEY])
         except ValueError as e:
             raise InvalidOptionError(f"{what} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise InvalidOptionError(f"{what} is not valid JSON: nested too deep") from None
         return _checked(data, what)
     if T1_KEY in kv and T2_KEY in kv:
-        data = {"version": SIDECAR_VERSION, "t1": float(kv[T1_KEY]), "t2": float(kv[T2_KEY])}
+        # _checked refuses what is not a number
+        data = {"version": SIDECAR_VERSION, "t1": kv[T1_KEY], "t2": kv[T2_KEY]}
         if POLICY_WEIGHTS_KEY in kv:  # an array: model_info gives its length only
-            field = gguf.GGUFReader(os.fspath(model_path)).get_field(POLICY_WEIGHTS_KEY)
-            data["policy_weights"] = [float(w) for w in field.contents()]
+            data["policy_weights"] = _policy_weights(model_path, what)
         return _checked(data, what)
     return None
+
+
+def _policy_weights(model_path: str | os.PathLike, what: str) -> list:
+    """The embedded edgemoe.calibration.policy_weights array (its items as read; _checked judges them)."""
+    try:
+        field = gguf.GGUFReader(os.fspath(model_path)).get_field(POLICY_WEIGHTS_KEY)
+        weights = field.contents()
+    except Exception as e:  # gguf-py raises ValueError, struct.error, IndexError... on a damaged file
+        raise InvalidOptionError(f"{what}: cannot read {POLICY_WEIGHTS_KEY}: {e}") from None
+    return weights if isinstance(weights, list) else [weights]
 
 
 def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
