@@ -8,6 +8,7 @@ middle two (load_calibration). It does not import the Engine, which reads it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -168,9 +169,14 @@ def write_sidecar(data: dict, path: str | os.PathLike) -> str:
     sees half a file."""
     path = os.fspath(path)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("{\n" + ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()) + "\n}\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("{\n" + ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()) + "\n}\n")
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C included: no half-written temp file left beside the model
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return path
 
 
