@@ -12,6 +12,7 @@ offsets are relative to the end of the header.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from math import prod
@@ -39,6 +40,30 @@ _DTYPES: dict[str, tuple[np.dtype, int]] = {
 _UNSUPPORTED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "U16", "U32", "U64"}
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+
+# config.json's hyperparameters as the families read them (family.py, the family modules): checked
+# here, once, so that a value of the wrong type or range is one error naming its key, not a TypeError
+# or ZeroDivisionError inside a family. Absent keys are the family's business (it knows which it needs).
+# Sizes and counts the families divide by or allocate with: an integer >= 1.
+_SIZE_KEYS = ("hidden_size", "n_embd", "dim", "num_attention_heads", "n_head", "n_heads", "num_hidden_layers",
+              "n_layers", "n_layer", "num_layers", "num_local_experts", "num_experts", "n_routed_experts",
+              "num_experts_per_tok", "num_experts_per_token", "top_k_experts", "intermediate_size",
+              "moe_intermediate_size", "vocab_size", "max_position_embeddings", "n_positions", "n_ctx",
+              "num_key_value_heads", "n_kv_heads", "n_head_kv", "head_dim", "v_head_dim", "qk_nope_head_dim",
+              "qk_rope_head_dim", "kv_lora_rank", "q_lora_rank", "original_max_position_embeddings",
+              "decoder_sparse_step", "moe_layer_freq", "n_group", "topk_group")
+# counts that may be 0
+_COUNT_KEYS = ("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "sliding_window")
+# finite non-negative numbers (epsilons, rope bases and factors)
+_NUMBER_KEYS = ("rms_norm_eps", "norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
+                "rotary_emb_base", "global_rope_theta", "local_rope_theta", "partial_rotary_factor", "clip_qkv",
+                "routed_scaling_factor")
+# null means "absent" to the families for these (real configs write `"head_dim": null`)
+_NULLABLE_KEYS = {"head_dim", "sliding_window", "q_lora_rank", "num_key_value_heads", "vocab_size", "clip_qkv",
+                  "n_group", "topk_group", "decoder_sparse_step", "moe_layer_freq", "n_shared_experts",
+                  "shared_expert_intermediate_size", "first_k_dense_replace", "rope_theta",
+                  "partial_rotary_factor", "original_max_position_embeddings"}
+_MAX_SIZE = 2**31 - 1  # GGUF stores these as u32 (int32 in llama.cpp)
 _READ_CHUNK_BYTES = 64 * 1024 * 1024
 
 
@@ -107,6 +132,42 @@ def _parse_header(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+def _check_config(config: dict, path: Path) -> None:
+    """ConversionError naming the first hyperparameter of config.json that no family could use."""
+    def bad(key: str, want: str) -> ConversionError:
+        return ConversionError(f"{path}: {key} is {config[key]!r}, expected {want}")
+
+    for keys, low, want in ((_SIZE_KEYS, 1, "an integer >= 1"), (_COUNT_KEYS, 0, "an integer >= 0")):
+        for key in keys:
+            value = config.get(key)
+            if key not in config or (value is None and key in _NULLABLE_KEYS):
+                continue
+            if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= _MAX_SIZE):
+                raise bad(key, want)
+    for key in _NUMBER_KEYS:
+        value = config.get(key)
+        if key not in config or (value is None and key in _NULLABLE_KEYS):
+            continue
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and value >= 0):
+            raise bad(key, "a finite number >= 0")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise bad("architectures", "a list of class names")
+    for key in ("rope_parameters", "rope_scaling", "quantization_config"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise bad(key, "an object")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    for key in ("rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor"):
+        value = rope.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and value > 0):
+            raise ConversionError(f"{path}: rope {key} is {value!r}, expected a finite number > 0")
+    layers = config.get("mlp_only_layers")
+    if layers is not None and not (isinstance(layers, list) and all(isinstance(i, int) for i in layers)):
+        raise bad("mlp_only_layers", "a list of layer numbers")
+
+
 def _to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Stored elements -> float32 (exact for F32/F16/BF16, as torch's `.to(float32)`)."""
     if dtype == "F32":
@@ -150,10 +211,13 @@ class HFCheckpoint:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConversionError(f"cannot read {path}: {e}") from None
+        except RecursionError:
+            raise ConversionError(f"cannot read {path}: JSON nested too deep") from None
         if not isinstance(config, dict):
             raise ConversionError(f"{path} is not a JSON object")
         if "text_config" in config and isinstance(config["text_config"], dict):
             config = {**config, **config["text_config"]}  # as llama.cpp's TextModel does
+        _check_config(config, path)
         return config
 
     def _index(self) -> dict | None:
@@ -165,8 +229,12 @@ class HFCheckpoint:
             weight_map = index["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
             raise ConversionError(f"{path} is not a valid safetensors index (no weight_map)") from None
+        for name, shard in weight_map.items():
+            # a shard is a file of this directory: a path elsewhere is refused, not followed
+            if not (isinstance(shard, str) and shard and Path(shard).name == shard and shard not in (".", "..")):
+                raise ConversionError(f"{path}: tensor {name} is in {shard!r}, not a file name of this directory")
         return weight_map
 
     def _find_shards(self) -> list[Path]:
