@@ -98,9 +98,13 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         raise ModelLoadError(f"model file not found: {path}")
     if not os.path.isfile(path):
         raise ModelLoadError(f"not a file: {path}")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ModelLoadError(f"not a GGUF file (bad magic): {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"not a GGUF file (bad magic): {path}")
     try:
         info = _native.read_gguf_info(path)
     except (RuntimeError, UnicodeDecodeError) as e:
