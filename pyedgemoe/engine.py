@@ -159,9 +159,10 @@ class Engine:
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
     expert_cache: bytes of memory for routed experts: an int, "300MiB", "4GiB", "50%" (of the expert
         bytes), or None / "auto" (every expert resident when the model fits in the memory available,
-        else a cache of what is left after the non-expert weights, the context and a slack). With a
-        budget the experts stay in the file and are read into a cache when routed to
-        (docs/expert-residency.md).
+        else a cache of what is left after the non-expert weights, the context's buffers and a small
+        allowance). A size that cannot fit is refused (InvalidOptionError); a trailing "~" ("60%~",
+        "4GiB~") takes what fits if less. With a budget the experts stay in the file and are read into a cache when
+        routed to (docs/expert-residency.md).
     expert_options: how the cache serves experts, one ExpertOptions; its options can also be
         keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
