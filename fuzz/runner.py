@@ -11,7 +11,7 @@ files. The outcome, by the house rule (bad input: one `error:` line and a non-ze
     hang       still running at the timeout
     unclean    exit non-zero without exactly one `error:` line
     lost       a file damaged: an input changed, a failed command left its output file behind,
-               or a successful one wrote an output `inspect` cannot read (half-written)
+               or a successful one wrote an incomplete GGUF (half-written)
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def pyedgemoe(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int | None, 
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_IMPORT_FAILURE = re.compile(r"^(ImportError|ModuleNotFoundError|SyntaxError|IndentationError)\b", re.M)
 
 
 def classify(returncode: int | None, stderr: str) -> str:
@@ -104,6 +106,22 @@ def signature(command: str, outcome: str, returncode: int | None, stderr: str) -
     if outcome == "unclean":
         return f"{command}: exit {returncode} without one error line"
     return f"{command}: {outcome}"
+
+
+def _incomplete_gguf(path: Path) -> str | None:
+    """Why the GGUF at path is not whole (a header gguf-py cannot read, tensor data past its end), or None.
+    Whether what it says makes sense is not asked: a faithful copy of a damaged input is not half-written."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:
+        return f"half-written output: gguf-py cannot read it ({type(e).__name__}: {e})"
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            return f"half-written output: tensor {t.name} ends past the end of the file"
+    return None
 
 
 def _digest(path: Path) -> str:
@@ -146,7 +164,14 @@ def run_input(seed: Seed, mutations: list[dict], run_options: list[str] | None =
 def _run_command(command: Command, directory: Path, run_options: list[str], digests: dict[str, str],
                  timeout: float) -> Result:
     name = command.argv[0]
-    returncode, stderr = pyedgemoe(expand(command.argv, directory, run_options), timeout)
+    argv = expand(command.argv, directory, run_options)
+    returncode, stderr = pyedgemoe(argv, timeout)
+    for _ in range(3):
+        # the package itself failed to import: someone is editing or rebuilding it in this tree
+        if not _IMPORT_FAILURE.search(stderr):
+            break
+        time.sleep(10)
+        returncode, stderr = pyedgemoe(argv, timeout)
     outcome = classify(returncode, stderr)
     damage = _damage(command, directory, outcome, digests, timeout)
     if damage and outcome in GOOD:
@@ -158,7 +183,7 @@ def _run_command(command: Command, directory: Path, run_options: list[str], dige
 
 def _damage(command: Command, directory: Path, outcome: str, digests: dict[str, str], timeout: float) -> str | None:
     """What the command did to files that it must not have: changed an input, left an output
-    behind although it failed, or wrote an output that cannot be read back."""
+    behind although it failed, or wrote an incomplete output."""
     changed = [name for name, digest in digests.items()
                if not (directory / name).exists() or _digest(directory / name) != digest]
     if changed:
@@ -173,8 +198,7 @@ def _damage(command: Command, directory: Path, outcome: str, digests: dict[str, 
             return f"output left behind: {', '.join(left)}" if left else None
         if left != [out.name]:
             return f"output missing or extra files: {', '.join(left) or 'none'}"
-        returncode, stderr = pyedgemoe(["inspect", str(out)], timeout)
-        return None if returncode == 0 else f"half-written output: inspect says {stderr.strip()[-300:]}"
+        return _incomplete_gguf(out)
     finally:
         for p in out_dir.iterdir():
             shutil.rmtree(p) if p.is_dir() else p.unlink()

@@ -124,6 +124,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     kv = info["kv"]
     arch = str(kv.get("general.architecture", "unknown"))
 
+    _check_hyperparameters(path, kv, arch)
+
     def arch_int(key: str) -> int:
         return _integer(kv.get(f"{arch}.{key}")) or 0
 
@@ -174,6 +176,23 @@ def _integer(value) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return None
+
+
+# The architecture's numbers that pyedgemoe computes with before llama.cpp sees the file (expert
+# bytes, the KV cache's size): llama.cpp stores them as unsigned integers, or as per-layer arrays.
+_HYPERPARAMETERS = ("block_count", "expert_count", "expert_used_count", "expert_shared_count", "context_length",
+                    "embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                    "attention.value_length")
+
+
+def _check_hyperparameters(path: str, kv: dict, arch: str) -> None:
+    for name in _HYPERPARAMETERS:
+        key = f"{arch}.{name}"
+        value = kv.get(key)
+        if value is None or isinstance(value, dict):  # absent, or an array (model_info gives its length)
+            continue
+        if _integer(value) is None or value < 0:
+            raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {value!r}, not a count")
 
 
 def _checked_format(path: str, kv: dict) -> int:
