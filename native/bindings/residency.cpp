@@ -58,9 +58,15 @@ const expert_residency & live(const Model & m) {
 nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
     live(m);
     expert_fill_stats filled;
-    {
+    try {
         nb::gil_scoped_release release;  // seconds of reads for a large cache
-        filled = m.residency->fill(ranking);  // std::runtime_error -> RuntimeError
+        // Ctrl-C: Python's handler runs between chunks and sets KeyboardInterrupt
+        filled = m.residency->fill(ranking, [] {
+            nb::gil_scoped_acquire acquire;
+            return PyErr_CheckSignals() != 0;
+        });  // std::runtime_error -> RuntimeError
+    } catch (const fill_interrupted &) {
+        throw nb::python_error();  // the KeyboardInterrupt
     }
     return fill_counters(filled);
 }

@@ -722,7 +722,8 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
 
 expert_residency::~expert_residency() = default;
 
-expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking) {
+expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking,
+                                         const std::function<bool()> & interrupted) {
     impl & r = *impl_;
     const auto t0 = clock_type::now();
     const int n_expert = r.layout.n_expert;
@@ -759,10 +760,19 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
         }
     }
     expert_layer_stats st;
-    const std::string error = r.read_all(std::move(reads), st);
-    if (!error.empty()) {
-        r.cache.forget_all();
-        throw std::runtime_error(error);
+    for (size_t begin = 0; begin < reads.size();) {
+        if (interrupted && interrupted()) {
+            r.cache.forget_all();
+            throw fill_interrupted();
+        }
+        size_t end = begin;
+        for (uint64_t bytes = 0; end < reads.size() && bytes < FILL_CHUNK_BYTES; end++) bytes += reads[end].size;
+        const std::string error = r.read_all(std::vector<expert_read>(reads.begin() + begin, reads.begin() + end), st);
+        if (!error.empty()) {
+            r.cache.forget_all();
+            throw std::runtime_error(error);
+        }
+        begin = end;
     }
     out.bytes_read = st.bytes_read;
     out.ms = ms_since(t0);

@@ -17,6 +17,8 @@
 #include "stats.h"
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +54,12 @@ struct expert_residency_info {
     std::string mode_reason;                  // --mode auto: what it measured and chose
 };
 
+// The fill reads in chunks of this many bytes, asking between them whether to stop (Ctrl-C).
+constexpr uint64_t FILL_CHUNK_BYTES = 8ull << 20;  // a few ms of an NVMe drive
+struct fill_interrupted : std::exception {
+    const char * what() const noexcept override { return "the expert cache fill was interrupted"; }
+};
+
 class expert_residency {
 public:
     // Finds model's stacked expert tensors (loaded from path with experts on demand) and, for
@@ -69,7 +77,10 @@ public:
     // slots go round-robin over its layers; each layer's experts come in ranking[il]'s order (most
     // routed first; ids missing from it follow by id). Throws std::runtime_error on a read error,
     // after emptying the cache.
-    expert_fill_stats fill(const std::map<int, std::vector<int>> & ranking);
+    // interrupted() is asked between reads of FILL_CHUNK_BYTES: true stops the fill (the cache
+    // is emptied) and it throws fill_interrupted.
+    expert_fill_stats fill(const std::map<int, std::vector<int>> & ranking,
+                           const std::function<bool()> & interrupted = {});
     const expert_fill_stats & fill_stats() const;
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();
