@@ -90,8 +90,9 @@ def assert_names_the_read(message: str, what: str) -> None:
     assert "of layer 1" in message and "expert " in message and "file offset " in message and what in message, message
 
 
-def test_eio_mid_generation_is_an_expert_load_error_and_the_next_call_works(shim, layer1, reference):
-    out = generate_under(faulty_env(shim, layer1, after=60, times=1))
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_eio_mid_generation_is_an_expert_load_error_and_the_next_call_works(shim, layer1, reference, n_parallel):
+    out = generate_under(faulty_env(shim, layer1, after=60, times=1), n_parallel=n_parallel)
     assert out["pieces"] > 0  # it failed mid-generation, not at the prompt
     assert out["first"][0] == "ExpertLoadError"
     assert_names_the_read(out["first"][1], "Input/output error")
