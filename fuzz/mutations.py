@@ -207,7 +207,7 @@ _GGUF_APPLY = {
 
 # -- JSON ---------------------------------------------------------------------------------------------
 
-NEST_MARK = "\"@@fuzz-nest@@\""
+NEST_MARK = "@@fuzz-nest@@"  # a string value that json_nest's nesting replaces in the text
 
 
 def json_value(value):
@@ -251,7 +251,7 @@ def mutate_json(doc, m: dict) -> tuple[object, int | None]:
 def dump_json(doc, depth: int | None) -> str:
     text = json.dumps(doc, indent=1, ensure_ascii=False)
     if depth is not None:
-        text = text.replace(NEST_MARK, "[" * depth + "]" * depth, 1)
+        text = text.replace(json.dumps(NEST_MARK), "[" * depth + "]" * depth, 1)
     return text
 
 

@@ -17,6 +17,7 @@ Each input is written to its own directory; a command's arguments name files und
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -100,17 +101,22 @@ def build_seeds(work: Path, models_dir: Path = MODELS_DIR) -> dict[str, Seed]:
 def _multi_precision(std: Path, work: Path) -> tuple[Path, Path, Path]:
     """(multi-precision GGUF, its calibration sidecar, the GGUF with that calibration embedded)."""
     from pyedgemoe.calibration.run import calibrate
+    from pyedgemoe.calibration.sidecar import read_sidecar, write_sidecar
     from pyedgemoe.convert import convert
 
-    mp, embedded = work / "mp.gguf", work / "mp-embedded.gguf"
-    sidecar = work / "mp.gguf.calibration.json"
-    if not (mp.exists() and sidecar.exists() and embedded.exists()):
-        source = work / "std.gguf"  # a fixed path: it is recorded in the provenance metadata
-        shutil.copyfile(std, source)
-        convert(source, mp, high="f32", low="f16", force=True, progress=False, n_threads=1)
-        text = " ".join(f"the {w} expert routes token {i}" for i, w in enumerate(["first", "second", "third"] * 40))
-        calibrate(mp, text, budget="50%", n_ctx=64, max_tokens=256, system="edgemoe", n_threads=1,
-                  trace=work / "mp.routing-trace.npz")
-        convert(source, embedded, high="f32", low="f16", force=True, progress=False, n_threads=1,
-                calibration=sidecar)
-    return mp, sidecar, embedded
+    names = ("mp.gguf", "mp.gguf.calibration.json", "mp-embedded.gguf")
+    if not all((work / n).exists() for n in names):
+        shutil.copyfile(std, work / "std.gguf")
+        # relative paths from `work`: the provenance and the sidecar record them, and the seeds'
+        # bytes (which recipes' offsets refer to) must not depend on where they were built
+        with contextlib.chdir(work):
+            convert("std.gguf", "mp.gguf", high="f32", low="f16", force=True, progress=False, n_threads=1)
+            text = " ".join(f"the {w} expert routes token {i}" for i, w in enumerate(["first", "second", "third"] * 40))
+            calibrate("mp.gguf", text, budget="50%", n_ctx=64, max_tokens=256, system="edgemoe", n_threads=1,
+                      trace="mp.routing-trace.npz", text_name="fuzz seed text")
+            data = read_sidecar("mp.gguf.calibration.json")
+            data["seconds"] = {k: 0.0 for k in data["seconds"]}  # the one thing that changes from run to run
+            write_sidecar(data, "mp.gguf.calibration.json")
+            convert("std.gguf", "mp-embedded.gguf", high="f32", low="f16", force=True, progress=False, n_threads=1,
+                    calibration="mp.gguf.calibration.json")
+    return tuple(work / n for n in names)

@@ -101,6 +101,8 @@ def _parse_header(path: Path) -> dict[str, TensorEntry]:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConversionError(f"corrupt safetensors header in {path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConversionError(f"corrupt safetensors header in {path}: JSON nested too deep") from None
     if not isinstance(header, dict):
         raise ConversionError(f"corrupt safetensors header in {path}: not a JSON object")
 
