@@ -112,11 +112,13 @@ def _parse_header(path: Path) -> dict[str, TensorEntry]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
-            begin, end = int(begin), int(end)
-        except (KeyError, TypeError, ValueError):
-            raise ConversionError(f"corrupt safetensors header in {path}: bad entry for tensor {name!r}") from None
+        # the safetensors format: a dtype name, a list of integer dims, two integer offsets (a "64" or a
+        # 64.5 is not read as something else)
+        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)  # noqa: E731
+        if not (isinstance(meta, dict) and isinstance(meta.get("dtype"), str) and ints(meta.get("shape"))
+                and ints(meta.get("data_offsets")) and len(meta["data_offsets"]) == 2):
+            raise ConversionError(f"corrupt safetensors header in {path}: bad entry for tensor {name!r}")
+        dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         if dtype in _UNSUPPORTED_DTYPES:
             raise ConversionError(f"tensor {name} in {path.name} has dtype {dtype}, which pyedgemoe cannot "
                                   f"convert (only unquantized F32/F16/BF16 checkpoints are supported)")
