@@ -562,6 +562,9 @@ def main() -> None:
         sys.exit(e.exit_code)
     except typer.Abort:
         sys.exit(130)
+    except PyEdgeMoEError as e:  # a command that did not catch its own: still one line
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
