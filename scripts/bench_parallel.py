@@ -2,7 +2,7 @@
 Engine with n_parallel = 1 (one generation at a time, the others wait) and n_parallel = C
 (decoding together, one llama_decode per step): what `pyedgemoe serve --parallel` changes.
 
-    python scripts/bench_parallel.py [--model models/demo.gguf] [--caches 25% 50% 75%]
+    python scripts/bench_parallel.py [--model models/demo.gguf] [--caches 25% 50% 75% resident]
 
 Each run: a fresh Engine (lossless: every expert in HIGH), C client threads each generating
 --tokens tokens (EOS ignored, temperature 0) from a prompt of their own; bytes: what the expert
@@ -25,11 +25,12 @@ PROMPTS = ["def add(a, b):", "class Node(object):", "import os\n", "# Copyright"
 
 
 def one_run(model: Path, cache: str, n_parallel: int, clients: int, tokens: int, threads: int) -> dict:
-    with Engine(model, n_ctx=512 * n_parallel, n_parallel=n_parallel, expert_cache=cache, system="lossless",
-                n_threads=threads) as eng:
+    resident = cache == "resident"
+    with Engine(model, n_ctx=512 * n_parallel, n_parallel=n_parallel, expert_cache=None if resident else cache,
+                system=None if resident else "lossless", n_threads=threads) as eng:
         def bytes_read() -> int:
-            e = eng.stats()["experts"]
-            return e["total"]["bytes_read"] + e["prefetches"]["bytes_read"]
+            e = eng.stats().get("experts")  # none: every expert resident
+            return e["total"]["bytes_read"] + e["prefetches"]["bytes_read"] if e else 0
 
         before = bytes_read()
         start = time.perf_counter()
@@ -47,7 +48,8 @@ def one_run(model: Path, cache: str, n_parallel: int, clients: int, tokens: int,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=REPO / "models" / "demo.gguf")
-    p.add_argument("--caches", nargs="+", default=["25%", "50%", "75%"])
+    p.add_argument("--caches", nargs="+", default=["25%", "50%", "75%", "resident"],
+                   help="expert caches to compare at; resident: every expert in memory")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = [one_run(args.model, cache, n, args.clients, args.tokens, args.threads) for _ in range(args.repeats)]
             rows[n] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         for n, r in rows.items():
-            ratios = ("", "") if n == 1 else (f"{r['bytes_per_token'] / rows[1]['bytes_per_token']:.2f}",
+            bytes_ratio = r["bytes_per_token"] / rows[1]["bytes_per_token"] if rows[1]["bytes_per_token"] else 0.0
+            ratios = ("", "") if n == 1 else (f"{bytes_ratio:.2f}" if bytes_ratio else "-",
                                               f"{r['tok_s'] / rows[1]['tok_s']:.2f}")
             print(f"| {cache} | {n} | {r['bytes_per_token'] / 1024:.1f} | {r['tok_s']:.1f} | {ratios[0]} | {ratios[1]} |")
     return 0
