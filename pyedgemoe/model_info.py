@@ -21,9 +21,12 @@ from pyedgemoe.gguf_format import (
     FORMAT_VERSION,
     FORMAT_VERSION_KEY,
     HIGH_TYPE_KEY,
+    LOW_COPY_SUFFIX,
     LOW_TYPE_KEY,
     expert_stack_layer,
     is_low_copy,
+    low_copy_name,
+    parse_expert_tensor,
 )
 
 
@@ -145,6 +148,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     n_expert_total = sum(expert_bytes.values())
     multi_precision = FORMAT_VERSION_KEY in kv
     version = _checked_format(path, kv) if multi_precision else None
+    _check_low_copies(path, [t["name"] for t in info["tensors"]], multi_precision)
     return ModelInfo(
         path=path,
         file_bytes=file_bytes,
@@ -209,6 +213,21 @@ def _checked_format(path: str, kv: dict) -> int:
         if key in kv and not isinstance(kv[key], str):
             raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {kv[key]!r}, not a ggml type name")
     return version
+
+
+def _check_low_copies(path: str, names: list[str], multi_precision: bool) -> None:
+    """docs/format.md: a multi-precision file has a LOW copy of every expert tensor, a standard one none."""
+    present = set(names)
+    for name in names:
+        if is_low_copy(name):
+            if not multi_precision:
+                raise ModelLoadError(f"corrupt GGUF header in {path}: it has the LOW expert copy {name} but no "
+                                     f"{FORMAT_VERSION_KEY} (docs/format.md)")
+            if expert_stack_layer(name) is None or name.removesuffix(LOW_COPY_SUFFIX) + ".weight" not in present:
+                raise ModelLoadError(f"corrupt GGUF header in {path}: {name} is not the LOW copy of an expert tensor")
+        elif multi_precision and parse_expert_tensor(name) is not None and low_copy_name(name) not in present:
+            raise ModelLoadError(f"corrupt GGUF header in {path}: multi-precision, but the expert tensor {name} "
+                                 f"has no LOW copy {low_copy_name(name)}")
 
 
 def non_utf8_string(path: str) -> str | None:
