@@ -21,7 +21,7 @@ from gguf import GGUFValueType as VT
 
 from fuzz import gguf_file
 from fuzz.gguf_file import Array
-from fuzz.mutations import apply_one, enc, split_safetensors
+from fuzz.mutations import apply_one, dump_json, enc, mutate_json, split_safetensors
 from fuzz.seeds import Seed
 
 # parser -> (seeds it is fuzzed through, weight)
@@ -232,7 +232,6 @@ def _gguf_kv(rng: random.Random, gf, parser: str) -> dict:
         try:
             doc = json.loads(kv.value)
             m = _json_doc_op(rng, doc, "calibration")
-            from fuzz.mutations import dump_json, mutate_json
             new, depth = mutate_json(doc, m)
             return {"op": "kv_set", "key": enc(key), "type": int(VT.STRING),
                     "value": enc(dump_json(new, depth).encode("utf-8", "surrogatepass"))}
@@ -276,10 +275,11 @@ def _gguf_tensor(rng: random.Random, gf) -> dict:
                     dims[:-1], [], dims + [1, 1, 1], dims[::-1], [0] + dims[1:]]
         if len(dims) > 1 and dims[0] % 2 == 0:
             variants.append([dims[0] // 2, dims[1] * 2] + dims[2:])  # the same bytes, another shape
-        return {"op": "tensor_set", "name": name, "field": "dims", "value": rng.choice(variants)}
+        return {"op": "tensor_set", "name": name, "field": "dims", "value": rng.choice(variants),
+                **_relayout(rng)}
     if r < 0.45:
         value = rng.choice(BAD_GGML_TYPES) if rng.random() < 0.4 else rng.choice(GGML_TYPES)
-        return {"op": "tensor_set", "name": name, "field": "type", "value": value}
+        return {"op": "tensor_set", "name": name, "field": "type", "value": value, **_relayout(rng)}
     if r < 0.6:
         align = gf.alignment()
         other = rng.choice(gf.tensors).offset
@@ -295,10 +295,15 @@ def _gguf_tensor(rng: random.Random, gf) -> dict:
                             b"blk.0.ffn_up_exps.lowbit", b"blk.99999999999999999999.ffn_up_exps.weight"])
         return {"op": "tensor_set", "name": name, "field": "name", "value": enc(value)}
     if r < 0.85:
-        return {"op": "tensor_delete", "name": name}
+        return {"op": rng.choice(["tensor_drop", "tensor_drop", "tensor_delete"]), "name": name}
     new = rng.choice([t.name, t.name.replace(b".weight", b".lowbit"), b"blk.0.attn_q.lowbit",
                       b"blk.7.ffn_up_exps.lowbit", b"blk.1.ffn_gate_up_exps.weight"])
-    return {"op": "tensor_duplicate", "name": name, "as": enc(new)}
+    return {"op": rng.choice(["tensor_copy", "tensor_copy", "tensor_duplicate"]), "name": name, "as": enc(new)}
+
+
+def _relayout(rng: random.Random) -> dict:
+    """Mostly: lay the data out again, so that the change is not caught by ggml's offset check alone."""
+    return {"relayout": True} if rng.random() < 0.7 else {}
 
 
 def _gguf_data(rng: random.Random, gf, data: bytes, header_end: int) -> dict:
@@ -306,7 +311,8 @@ def _gguf_data(rng: random.Random, gf, data: bytes, header_end: int) -> dict:
     floats = [t for t in gf.tensors if t.type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)]
     if r < 0.5 and floats:
         t = rng.choice(floats)
-        return {"op": "tensor_fill", "name": enc(t.name), "value": rng.choice(["nan", "inf", "-inf", 1e30, 0.0, 65504.0])}
+        value = rng.choice(["nan", "inf", "-inf", 1e30, 0.0, 65504.0])
+        return {"op": "tensor_fill", "name": enc(t.name), "value": value}
     if r < 0.8:
         keep = rng.choice([0, len(gf.data) - 1, len(gf.data) // 2, rng.randrange(max(len(gf.data), 1))])
         return {"op": "data_truncate", "keep": keep}
@@ -327,7 +333,8 @@ def _bytes(rng: random.Random, data: bytes, start: int, end: int) -> dict:
             bytes(c ^ (1 << rng.randrange(8)) for c in data[at:at + n])
         return {"op": "overwrite", "at": at, "bytes": enc(b or b"\xff")}
     if r < 0.9:
-        return {"op": "insert", "at": at, "bytes": enc(rng.choice([b"\xff", b"\x00", b"\xef\xbb\xbf", b"\xc3", b"{", b'"']))}
+        b = rng.choice([b"\xff", b"\x00", b"\xef\xbb\xbf", b"\xc3", b"{", b'"'])
+        return {"op": "insert", "at": at, "bytes": enc(b)}
     return {"op": "append", "bytes": enc(rng.choice([b"\x00" * 8, b"}", b"garbage", b"\xff" * 32]))}
 
 

@@ -22,7 +22,8 @@ from fuzz.gguf_file import KV, Array, GGUFFile, TensorInfo
 
 BYTE_OPS = ("truncate", "overwrite", "insert", "append")
 GGUF_OPS = ("magic", "version", "count", "kv_set", "kv_raw", "kv_delete", "kv_rename", "kv_duplicate",
-            "array_count", "array_keep", "string_length", "tensor_set", "tensor_delete", "tensor_duplicate",
+            "array_count", "array_keep", "string_length", "tensor_set", "tensor_delete", "tensor_drop",
+            "tensor_duplicate", "tensor_copy",
             "tensor_fill", "data_truncate")
 JSON_OPS = ("json_set", "json_delete", "json_rename", "json_replace", "json_nest")
 SAFETENSORS_OPS = ("st_header_length",)  # plus the JSON ops, on its header
@@ -151,6 +152,9 @@ def _rename_kv(gf: GGUFFile, m: dict) -> None:
 
 
 def _tensor_set(gf: GGUFFile, m: dict) -> None:
+    """One field of a tensor's info. With "relayout", the data section is then laid out again for the
+    new sizes where it can be (relayout()), so that only the field is wrong and not every later
+    tensor's offset too: ggml's parser refuses offsets that are not where the sizes before them put them."""
     t, value = _tensor(gf, m), m["value"]
     if m["field"] == "name":
         t.name = dec(value)
@@ -158,11 +162,50 @@ def _tensor_set(gf: GGUFFile, m: dict) -> None:
         t.dims = list(value)
     else:
         setattr(t, m["field"], value)  # type, offset
+    if m.get("relayout"):
+        try:
+            relayout(gf)
+        except (ValueError, KeyError):  # sizes that cannot be laid out (an unknown type, huge dims): as set
+            pass
 
 
 def tensor_nbytes(t: TensorInfo) -> int:
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type)]
+    if t.dims and t.dims[0] % block:
+        raise ValueError(f"row of {t.dims[0]} is not a whole number of {block}-element blocks")
     return math.prod(t.dims) // block * size
+
+
+MAX_RELAYOUT_BYTES = 64 << 20
+
+
+def relayout(gf: GGUFFile) -> None:
+    """Offsets as ggml expects them (each tensor after the one before, padded to the alignment),
+    each tensor's bytes taken from its old offset at its new size (zeros past the end)."""
+    align, data, pos = gf.alignment(), bytearray(), 0
+    sizes = [tensor_nbytes(t) for t in gf.tensors]
+    if sum(sizes) > MAX_RELAYOUT_BYTES:
+        raise ValueError("tensors too large to lay out")
+    for t, n in zip(gf.tensors, sizes):
+        chunk = gf.data[t.offset:t.offset + n] if 0 <= t.offset < len(gf.data) else b""
+        t.offset = pos
+        data += chunk + b"\0" * (n - len(chunk))
+        data += b"\0" * (-len(data) % align)
+        pos = len(data)
+    gf.data = bytes(data)
+
+
+def _tensor_drop(gf: GGUFFile, m: dict) -> None:
+    """The tensor gone, its info and its bytes (the file stays consistent otherwise)."""
+    gf.tensors.remove(_tensor(gf, m))
+    relayout(gf)
+
+
+def _tensor_copy(gf: GGUFFile, m: dict) -> None:
+    """Another tensor with the same dims, type and bytes, named `as`, at the end of the data."""
+    t = _tensor(gf, m)
+    gf.tensors.append(TensorInfo(dec(m.get("as", m["name"])), list(t.dims), t.type, t.offset))
+    relayout(gf)
 
 
 def _tensor_fill(gf: GGUFFile, m: dict) -> None:
@@ -197,9 +240,11 @@ _GGUF_APPLY = {
     "array_keep": _array_keep,
     "string_length": _string_length,
     "tensor_set": _tensor_set,
-    "tensor_delete": lambda gf, m: gf.tensors.remove(_tensor(gf, m)),
-    "tensor_duplicate": lambda gf, m: gf.tensors.append(
+    "tensor_delete": lambda gf, m: gf.tensors.remove(_tensor(gf, m)),  # its info only
+    "tensor_drop": _tensor_drop,
+    "tensor_duplicate": lambda gf, m: gf.tensors.append(  # its info, pointing at the same bytes
         TensorInfo(**{**vars(_tensor(gf, m)), "name": dec(m.get("as", m["name"]))})),
+    "tensor_copy": _tensor_copy,
     "tensor_fill": _tensor_fill,
     "data_truncate": lambda gf, m: setattr(gf, "data", gf.data[:m["keep"]]),
 }

@@ -177,7 +177,10 @@ def _run_command(command: Command, directory: Path, run_options: list[str], dige
     if damage and outcome in GOOD:
         outcome = "lost"
     tail = "\n".join(stderr.splitlines()[-25:])
-    sig = f"{name}: lost ({damage.split(':')[0]})" if outcome == "lost" else signature(name, outcome, returncode, stderr)
+    if outcome == "lost":
+        sig = f"{name}: lost ({damage.split(':')[0]})"
+    else:
+        sig = signature(name, outcome, returncode, stderr)
     return Result(name, outcome, returncode, tail, sig, damage)
 
 

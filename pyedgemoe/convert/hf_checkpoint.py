@@ -114,9 +114,8 @@ def _parse_header(path: Path) -> dict[str, TensorEntry]:
             continue
         # the safetensors format: a dtype name, a list of integer dims, two integer offsets (a "64" or a
         # 64.5 is not read as something else)
-        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)  # noqa: E731
-        if not (isinstance(meta, dict) and isinstance(meta.get("dtype"), str) and ints(meta.get("shape"))
-                and ints(meta.get("data_offsets")) and len(meta["data_offsets"]) == 2):
+        if not (isinstance(meta, dict) and isinstance(meta.get("dtype"), str) and _int_list(meta.get("shape"))
+                and _int_list(meta.get("data_offsets")) and len(meta["data_offsets"]) == 2):
             raise ConversionError(f"corrupt safetensors header in {path}: bad entry for tensor {name!r}")
         dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         if dtype in _UNSUPPORTED_DTYPES:
@@ -134,6 +133,10 @@ def _parse_header(path: Path) -> dict[str, TensorEntry]:
                                   f"needs {expected}")
         entries[name] = TensorEntry(name, path, data_start + begin, end - begin, dtype, shape)
     return entries
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
 def _check_config(config: dict, path: Path) -> None:
