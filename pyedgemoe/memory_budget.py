@@ -3,12 +3,13 @@ one that cannot fit.
 
 What a run needs beside the memory it already uses: the expert cache (its budget; nothing when
 every expert is resident, as the file is mapped and the page cache can drop experts), the
-non-expert weights and the context's buffers (KV cache and attention scores, computed from the
-model's shape); "auto" also keeps a fixed slack free. The memory available: MemAvailable, or what
-is left under a cgroup memory limit if one is set. "auto" keeps every expert resident when they
-fit with the rest, and otherwise gives the experts what is left. An explicit size that cannot fit
-is refused with the numbers, or with a trailing `~` ("up to": `60%~`, `4GiB~`) reduced to what
-"auto" would leave; one that fits only by eating into the slack is kept, with a warning.
+non-expert weights, the context (llama.cpp's KV cache and compute buffer and the model's
+vocabulary tables, computed from the model's shape and the context settings: context_bytes) and a
+small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES), each measured. The
+memory available: MemAvailable, or what is left under a cgroup memory limit if one is set. "auto"
+keeps every expert resident when they fit with the rest, and otherwise gives the experts what is
+left. An explicit size fits, or is refused with the numbers; with a trailing `~` ("up to":
+`60%~`, `4GiB~`) it is reduced to what "auto" would leave.
 """
 from __future__ import annotations
 
@@ -17,9 +18,22 @@ from pathlib import Path
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.sysmem import format_bytes, own_memory_cgroup_v1, parse_size
 
-# Kept free beside the context's KV cache and attention scores: llama.cpp's other compute
-# buffers, Python and the OS (a 7 GB model's run used 0.12 GiB beyond weights and cache).
+# What a run grows by beside the weights, the expert cache and context_bytes(): the sampler,
+# Python's objects, thread stacks, the expert loader's staging buffers and the residency's
+# bookkeeping. Measured as peak RSS minus RSS before Engine() minus every buffer llama.cpp reports
+# (llama_get_memory_breakdown), the expert pools and the logits, on a 500-token prompt with all
+# logits then 16 generated tokens (docs/expert-residency.md, "Budget"): 3-6 MiB on the tiny test
+# models, 10 MiB on the demo model, 23 MiB and 56-58 MiB on the OLMoE and Qwen3 geometries, the
+# difference being their vocabularies (VOCABULARY_TOKEN_BYTES).
+RUN_ALLOWANCE_BYTES = 16 * 1024**2
+# llama.cpp's vocabulary tables per token (text, score, the text-to-id map, BPE merge ranks) and
+# the sampler's candidates: the growth at load went from 20 to 55 MiB between the 50,432-token
+# and the 151,936-token vocabularies, 350 bytes per token.
+VOCABULARY_TOKEN_BYTES = 384
+# The host tier's margin beside a GPU runtime's own host memory (devices.host_cache_bytes; not
+# measured with a GPU yet). The CPU budget uses context_bytes() and RUN_ALLOWANCE_BYTES instead.
 RESERVE_SLACK_BYTES = 384 * 1024**2
+ACTIVATION_BYTES = 4  # llama.cpp computes its intermediates in f32
 CGROUP_V2 = Path("/sys/fs/cgroup")
 UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 
@@ -57,11 +71,8 @@ def available_memory_bytes() -> int:
     return available_memory()[0]
 
 
-def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None) -> int:
-    """The bulk of what a llama.cpp context allocates beside the weights: the KV cache (n_ctx x layers
-    x (K + V widths)) and, with flash attention off, one layer's attention scores and their softmax
-    (2 x n_ctx x n_ubatch x heads f32; None = llama.cpp's auto, which turns it on where the device
-    has it, as the CPU does). metadata: the GGUF key-values; n_ctx 0 = the training context."""
+def _shape(metadata: dict):
+    """value(key, default): the model's `{architecture}.key` as an int (the largest of per-layer values)."""
     arch = str(metadata.get("general.architecture", ""))
 
     def value(key: str, default: int = 0) -> int:
@@ -69,23 +80,93 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
         if isinstance(v, (list, tuple)):  # per-layer values
             v = max(v, default=default)
         return int(v) if isinstance(v, (int, float)) else default
+    return value
 
-    n_ctx = n_ctx or value("context_length", 4096)
+
+def _n_vocab(metadata: dict) -> int:
+    """The vocabulary's size: `{architecture}.vocab_size`, else the length of tokenizer.ggml.tokens."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    return _shape(metadata)("vocab_size") or (tokens.get("array_length", 0) if isinstance(tokens, dict)
+                                               else len(tokens or ()))
+
+
+def _kv_widths(metadata: dict) -> tuple[int, int]:
+    """(K width, V width) of one layer's cache per position: KV heads x the key / value head size."""
+    value = _shape(metadata)
     n_head = value("attention.head_count", 1) or 1
     n_head_kv = value("attention.head_count_kv", n_head) or n_head
     head_dim = value("embedding_length") // n_head
-    k_width = n_head_kv * value("attention.key_length", head_dim)
-    v_width = n_head_kv * value("attention.value_length", head_dim)
-    kv = n_ctx * value("block_count") * (k_width + v_width) * kv_element_bytes
-    scores = 2 * n_ctx * n_ubatch * n_head * 4 if flash_attn is False else 0
-    return int(kv + scores)
+    return (n_head_kv * value("attention.key_length", head_dim), n_head_kv * value("attention.value_length", head_dim))
+
+
+def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float) -> int:
+    """llama.cpp's KV cache: n_ctx x layers x (K + V widths) x the KV type's bytes per element.
+    metadata: the GGUF key-values; n_ctx 0 = the training context."""
+    value = _shape(metadata)
+    n_ctx = n_ctx or value("context_length", 4096)
+    return int(n_ctx * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+
+
+def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool | None,
+                         n_seq_max: int = 1) -> int:
+    """An upper bound on llama.cpp's compute buffer: the graph's f32 intermediates for the worst case
+    it reserves, one ubatch of n_ubatch tokens against every position a sequence can attend to
+    (n_ctx, or n_ctx / n_seq_max: with several sequences each has its own stream of the cache), all
+    of them outputs. ggml-alloc reuses a tensor's memory after its last consumer, so what counts is
+    the largest stage plus what lives through all of them:
+      the KQ mask, an input (positions x n_ubatch; f32, or f16 with flash attention);
+      a few rows of hidden state (the residual stream, its norm, Q, K, V, the attention output:
+        8 x n_ubatch x the widest of n_embd and the Q and V widths);
+      the largest of the attention scores without flash attention (positions x n_ubatch x heads;
+        the softmax runs in place) with a copy of one layer's K and V (MLA's V is copied), the FFN
+        (a dense layer's gate, up and product, 3 x n_ff; a MoE layer's router logits, probabilities
+        and order, 3 x n_expert, then per selected expert gate, up, product and down,
+        k x (3 x n_ff_exp + n_embd), and shared experts, 3 x their n_ff) and the output logits
+        (n_vocab per token).
+    flash_attn None: llama.cpp's auto, which turns it on where the device has it, as the CPU does.
+    Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget"): at or
+    above it on every model and setting measured, by at most 1.4x with one sequence."""
+    value = _shape(metadata)
+    positions = (n_ctx or value("context_length", 4096)) // max(1, n_seq_max)
+    n_embd = value("embedding_length")
+    n_head = value("attention.head_count", 1) or 1
+    head_dim = n_embd // n_head
+    width = max(n_embd, n_head * value("attention.key_length", head_dim),
+                n_head * value("attention.value_length", head_dim))
+    n_vocab = _n_vocab(metadata)
+    n_ff = value("feed_forward_length")
+    n_ff_exp = value("expert_feed_forward_length") or n_ff
+    n_ff_shexp = value("expert_shared_feed_forward_length") or value("expert_shared_count") * n_ff_exp
+    moe = (value("expert_used_count") * (3 * n_ff_exp + n_embd) + 3 * value("expert_count") + 3 * n_ff_shexp
+           if value("expert_count") else 0)
+    if flash_attn is not False:
+        mask, scores, kv_copy = 2 * positions, 0, 0
+    else:
+        mask, scores, kv_copy = ACTIVATION_BYTES * positions, positions * n_head, positions * sum(_kv_widths(metadata))
+    largest_stage = ACTIVATION_BYTES * max(n_ubatch * scores + kv_copy, n_ubatch * max(3 * n_ff, moe, n_vocab))
+    return int(n_ubatch * (mask + ACTIVATION_BYTES * 8 * width) + largest_stage)
+
+
+def vocabulary_bytes(metadata: dict) -> int:
+    """The model's vocabulary tables in memory: its tokens x VOCABULARY_TOKEN_BYTES."""
+    return _n_vocab(metadata) * VOCABULARY_TOKEN_BYTES
+
+
+def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
+                  n_seq_max: int = 1) -> int:
+    """What running the model needs beside its weights and the expert cache, from its shape and the
+    context settings: llama.cpp's KV cache and compute buffer (kv_cache_bytes, compute_buffer_bytes)
+    and the vocabulary tables (vocabulary_bytes). metadata: the GGUF key-values; n_ctx 0 = the
+    training context; n_ubatch: tokens per llama_decode (an Engine's n_batch: its ubatch is no
+    larger); n_seq_max: sequences decoded together (an Engine's n_parallel)."""
+    return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
+            + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata))
 
 
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:
-    """What an expert cache may take and still leave the slack free: the available memory less the
-    non-expert weights, the context (context_bytes()) and the slack. Not positive: those alone do
-    not fit. Beyond this plus the slack a cache cannot fit at all."""
-    return available - non_expert_bytes - context - RESERVE_SLACK_BYTES
+    """What an expert cache may take: the available memory less the non-expert weights, the context
+    (context_bytes()) and RUN_ALLOWANCE_BYTES. Not positive: those alone do not fit."""
+    return available - non_expert_bytes - context - RUN_ALLOWANCE_BYTES
 
 
 def _measured(available: int | None) -> tuple[int, str]:
@@ -98,16 +179,21 @@ def _available_text(available: int, where: str) -> str:
     return f"{format_bytes(available)} available" + (f" {where}" if where else "")
 
 
+def _beside_the_cache(non_expert_bytes: int, context: int) -> str:
+    """What the run needs beside the expert cache, as the messages list it."""
+    return (f"{format_bytes(non_expert_bytes)} of non-expert weights, {format_bytes(context)} for the context "
+            f"(KV cache, compute buffer, vocabulary) and {format_bytes(RUN_ALLOWANCE_BYTES)} of allowance")
+
+
 def _no_room_error(non_expert_bytes: int, context: int, available: int, where: str) -> InvalidOptionError:
-    """The refusal when the non-expert weights, the context and the slack alone do not fit."""
-    need = non_expert_bytes + context + RESERVE_SLACK_BYTES
-    context_room = available - non_expert_bytes - RESERVE_SLACK_BYTES
+    """The refusal when the non-expert weights, the context and the allowance alone do not fit."""
+    need = non_expert_bytes + context + RUN_ALLOWANCE_BYTES
+    context_room = available - non_expert_bytes - RUN_ALLOWANCE_BYTES
     hint = (f"the context must take less than {format_bytes(context_room)} (a shorter --ctx)" if context_room > 0
-            else "the non-expert weights and the slack alone do not fit")
+            else "the non-expert weights and the allowance alone do not fit")
     return InvalidOptionError(
-        f"not enough memory: the non-expert weights ({format_bytes(non_expert_bytes)}), the context's KV cache and "
-        f"attention scores ({format_bytes(context)}) and {format_bytes(RESERVE_SLACK_BYTES)} of slack need "
-        f"{format_bytes(need)}, and {_available_text(available, where)}: {hint}")
+        f"not enough memory: {_beside_the_cache(non_expert_bytes, context)} need {format_bytes(need)}, and "
+        f"{_available_text(available, where)}: {hint}")
 
 
 def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
@@ -117,7 +203,7 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
     model runs in (a GPU's free memory), else available_memory()."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
-    reserve = context + RESERVE_SLACK_BYTES
+    reserve = context + RUN_ALLOWANCE_BYTES
     gib = 1024**3
     if expert_bytes <= room:
         return None, (f"expert cache auto: all experts resident ({expert_bytes / gib:.2f} GiB of experts fit "
@@ -126,47 +212,35 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
         raise _no_room_error(non_expert_bytes, context, available, where)
     return room, (f"expert cache auto: {room / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                   f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
-                  f"and slack)")
+                  f"and allowance)")
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
                      available: int | None = None, refuse: bool = True) -> tuple[int, str | None]:
-    """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced or
-    that it eats into the slack). An explicit budget that cannot fit at all beside the non-expert
-    weights and the context is refused with the numbers (InvalidOptionError); refuse=False leaves
-    that to the caller (a GPU's budget: devices.check_fits_device). One that fits is kept even if
-    it leaves less than the slack (a small model's other buffers need far less: see
-    tests/test_memory_honesty.py), with a warning; what it is reduced to, and the largest budget
-    a refusal names, keep the slack free as "auto" does. shown: the value as the user gave it,
+    """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced).
+    An explicit budget that does not fit beside the non-expert weights, the context and the
+    allowance is refused with the numbers (InvalidOptionError); refuse=False leaves that to the
+    caller (a GPU's budget: devices.check_fits_device). shown: the value as the user gave it,
     without the "~". A model without experts caches none: only its context is checked."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     cache = budget if expert_bytes else 0
-    if cache <= room:
+    if cache <= room or not (refuse or up_to):
         return budget, None
-    if cache <= room + RESERVE_SLACK_BYTES or not (refuse or up_to):
-        left = room + RESERVE_SLACK_BYTES - cache
-        return budget, None if not expert_bytes or left < 0 else (
-            f"expert cache {shown} ({format_bytes(budget)}) fits, but leaves only {format_bytes(left)} of the "
-            f"{format_bytes(RESERVE_SLACK_BYTES)} of slack auto keeps for llama.cpp's other buffers and the OS "
-            f"({_available_text(available, where)}, less {format_bytes(non_expert_bytes)} of non-expert weights "
-            f"and {format_bytes(context)} for the context): the run is killed if they need more")
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
     if up_to:
         return room, (f"expert cache {shown}{UP_TO} reduced to what fits: {format_bytes(room)} instead of "
                       f"{format_bytes(budget)}, for {format_bytes(expert_bytes)} of experts "
-                      f"({_available_text(available, where)}, less {format_bytes(non_expert_bytes)} of non-expert "
-                      f"weights, {format_bytes(context)} for the context and {format_bytes(RESERVE_SLACK_BYTES)} "
-                      f"of slack)")
+                      f"({_available_text(available, where)}, less {_beside_the_cache(non_expert_bytes, context)})")
     mib = 1024**2
     largest = f"{room // mib}MiB" if room >= mib else str(room)
     raise InvalidOptionError(
         f"expert cache {shown} ({format_bytes(budget)}) does not fit: it needs {format_bytes(budget)} + "
-        f"{format_bytes(non_expert_bytes)} of non-expert weights + {format_bytes(context)} for the context = "
-        f"{format_bytes(budget + non_expert_bytes + context)}, and {_available_text(available, where)}; the largest "
-        f"expert cache that fits with {format_bytes(RESERVE_SLACK_BYTES)} of slack for llama.cpp's other buffers "
-        f"and the OS is {format_bytes(room)} (--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
+        f"{_beside_the_cache(non_expert_bytes, context)} = "
+        f"{format_bytes(budget + non_expert_bytes + context + RUN_ALLOWANCE_BYTES)}, and "
+        f"{_available_text(available, where)}; the largest expert cache that fits is {format_bytes(room)} "
+        f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
