@@ -215,7 +215,7 @@ class Engine:
         self.info: ModelInfo = read_model_info(self.model_path)
         self.system = system
         if system is not None:
-            expert_options = system_options(system, expert_options, self.info)
+            expert_options = system_options(system, expert_options, self.info, n_parallel)
         self.mode = resolve_mode(expert_options["mode"] if "mode" in expert_options.given else None)
         expert_options = expert_options.merged(mode=self.mode)
         self.device = choose_device(self.mode, device)
@@ -232,7 +232,7 @@ class Engine:
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
-        native_options = expert_options.resolve(self.info, calibration) if self.info.is_moe else None
+        native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
         if native_options is not None and not offload and (native_options.big_little > 0 or native_options.static_precision
                                                            or native_options.prefetch.name == "edgemoe"):
             raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "

@@ -2,8 +2,8 @@
 the expert options, set consistently (docs/systems.md says why each knob is set as it is). A preset
 only fills in options: every knob stays available alone, and one given explicitly wins.
 
-- lossless: every expert in HIGH, nothing skipped, plain LRU, no prefetch: the same tokens as
-  everything resident.
+- lossless: every expert in HIGH, nothing skipped, plain LRU (HOBBIT's priority when several
+  sequences decode together), no prefetch: the same tokens as everything resident.
 - hobbit (HOBBIT): misses in HIGH, LOW or skipped by their score (T1/T2 and the policy's weights
   calibrated), HOBBIT's multidimensional cache policy, stacked-router prefetch.
 - edgemoe (EdgeMoE): each expert in the one precision `pyedgemoe calibrate --system edgemoe` chose
@@ -33,12 +33,17 @@ SYSTEMS: dict[str, dict] = {
 NEEDS_LOW = ("hobbit", "edgemoe", "fate")
 
 
-def system_options(system: str, given: ExpertOptions, info: ModelInfo) -> ExpertOptions:
+def system_options(system: str, given: ExpertOptions, info: ModelInfo, n_parallel: int = 1) -> ExpertOptions:
     """The options of `system` with the explicitly given ones on top; InvalidOptionError for an
-    unknown system, or one that needs LOW copies the model does not have."""
+    unknown system, or one that needs LOW copies the model does not have. With n_parallel > 1 a
+    preset's LRU is HOBBIT's priority instead: LRU thrashes when a step of several sequences needs
+    more experts than the cache holds (ExpertOptions.resolve)."""
     if system not in SYSTEMS:
         raise InvalidOptionError(f"unknown system {system!r} ({', '.join(SYSTEMS)})")
     if system in NEEDS_LOW and not info.multi_precision and "low_from" not in given.given:
         raise InvalidOptionError(f"--system {system} needs LOW expert copies: a multi-precision GGUF "
                                  "(pyedgemoe convert) or --low-from OTHER.gguf")
-    return ExpertOptions(**SYSTEMS[system]).merged(**given.given)
+    preset = dict(SYSTEMS[system])
+    if n_parallel > 1 and preset.get("cache_policy") == "lru":
+        preset["cache_policy"] = "hobbit"
+    return ExpertOptions(**preset).merged(**given.given)
