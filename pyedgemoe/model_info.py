@@ -183,10 +183,13 @@ def _integer(value) -> int | None:
 
 
 # The architecture's numbers that pyedgemoe computes with before llama.cpp sees the file (expert
-# bytes, the KV cache's size): llama.cpp stores them as unsigned integers, or as per-layer arrays.
+# bytes, the KV cache and compute buffers: memory_budget.py): llama.cpp stores them as unsigned
+# integers, or as per-layer arrays. ModelInfo.metadata hands them on checked.
 _HYPERPARAMETERS = ("block_count", "expert_count", "expert_used_count", "expert_shared_count", "context_length",
-                    "embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
-                    "attention.value_length")
+                    "embedding_length", "feed_forward_length", "expert_feed_forward_length",
+                    "expert_shared_feed_forward_length", "vocab_size", "attention.head_count",
+                    "attention.head_count_kv", "attention.key_length", "attention.value_length")
+_TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
 def _check_hyperparameters(path: str, kv: dict, arch: str) -> None:
@@ -197,6 +200,8 @@ def _check_hyperparameters(path: str, kv: dict, arch: str) -> None:
             continue
         if _integer(value) is None or value < 0:
             raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {value!r}, not a count")
+    if _TOKENS_KEY in kv and not isinstance(kv[_TOKENS_KEY], dict):
+        raise ModelLoadError(f"corrupt GGUF header in {path}: {_TOKENS_KEY} is {kv[_TOKENS_KEY]!r}, not an array")
 
 
 def _checked_format(path: str, kv: dict) -> int:

@@ -6,6 +6,7 @@ batch of fresh mutations.
 from __future__ import annotations
 
 import random
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +23,8 @@ from fuzz.seeds import build_seeds  # noqa: E402
 
 ENTRIES = corpus.load()
 # Findings left open (in code another part of the project owns): the fixed-seed batch tolerates them.
-OPEN = {e["found"] for _, e in ENTRIES if "open" in e}
+# Compared without line numbers, which move as the files are edited.
+OPEN = {re.sub(r":\d+", "", e["found"]) for _, e in ENTRIES if "open" in e}
 N_MUTATIONS = 12
 MUTATION_SEED = 20
 
@@ -81,5 +83,5 @@ def test_fixed_seed_mutations_are_clean_errors(seeds):
     rng = random.Random(MUTATION_SEED)
     recipes = [recipe(rng, seeds) for _ in range(N_MUTATIONS)]
     bad = [(r, res) for r, results in zip(recipes, _replay(seeds, recipes)) for res in results
-           if res.outcome not in GOOD and not any(res.signature in found for found in OPEN)]
+           if res.outcome not in GOOD and not any(re.sub(r":\d+", "", res.signature) in found for found in OPEN)]
     assert not bad, "\n\n".join(f"{r}\n{_report([res])}" for r, res in bad)
