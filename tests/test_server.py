@@ -221,16 +221,23 @@ def test_a_client_leaving_mid_stream_stops_its_generation(server, client):
     assert after[("pyedgemoe_requests_running", ())] == 0
 
 
-def test_requests_queue_behind_the_running_one_and_health_still_answers(server, client):
-    conn, _ = open_stream(server, 1500)
+def queue_one(url: str, client: openai.OpenAI) -> tuple[threading.Thread, list]:
+    """A 4-token completion sent from a thread, once it waits in the queue: (the thread, its answer
+    list, filled when it ends)."""
     answer = []
     waiting = threading.Thread(target=lambda: answer.append(
         client.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=4, temperature=0)))
     waiting.start()
     deadline = time.monotonic() + 10
-    while metric_values(server)[("pyedgemoe_queue_depth", ())] != 1:
-        assert time.monotonic() < deadline, "the second request never queued"
+    while metric_values(url)[("pyedgemoe_queue_depth", ())] != 1:
+        assert time.monotonic() < deadline, "the request never queued behind the running ones"
         time.sleep(0.05)
+    return waiting, answer
+
+
+def test_requests_queue_behind_the_running_one_and_health_still_answers(server, client):
+    conn, _ = open_stream(server, 1500)
+    waiting, answer = queue_one(server, client)
     started = time.monotonic()
     assert request("GET", server + "/health", key=None)[1]["queue_depth"] == 1
     assert time.monotonic() - started < 1
@@ -374,14 +381,7 @@ def test_parallel_a_client_leaving_frees_its_sequence_for_the_queue(parallel_ser
     parallel = openai.OpenAI(base_url=parallel_server + "/v1", api_key="none", max_retries=0, timeout=120)
     first = open_stream(parallel_server, 1500, key=None)
     second = open_stream(parallel_server, 1500, key=None)
-    answer = []
-    waiting = threading.Thread(target=lambda: answer.append(
-        parallel.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=4, temperature=0)))
-    waiting.start()
-    deadline = time.monotonic() + 10
-    while metric_values(parallel_server)[("pyedgemoe_queue_depth", ())] != 1:
-        assert time.monotonic() < deadline, "the third request never queued behind the two running"
-        time.sleep(0.05)
+    waiting, answer = queue_one(parallel_server, parallel)
     assert metric_values(parallel_server)[("pyedgemoe_requests_running", ())] == 2
     first[0].sock.shutdown(2)
     first[0].close()
