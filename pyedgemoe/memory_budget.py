@@ -14,6 +14,7 @@ left. An explicit size fits, or is refused with the numbers; with a trailing `~`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.sysmem import format_bytes, own_memory_cgroup_v1, parse_size
@@ -86,8 +87,8 @@ def _shape(metadata: dict):
 def _n_vocab(metadata: dict) -> int:
     """The vocabulary's size: `{architecture}.vocab_size`, else the length of tokenizer.ggml.tokens."""
     tokens = metadata.get("tokenizer.ggml.tokens")
-    return _shape(metadata)("vocab_size") or (tokens.get("array_length", 0) if isinstance(tokens, dict)
-                                               else len(tokens or ()))
+    listed = tokens.get("array_length", 0) if isinstance(tokens, dict) else len(tokens or ())
+    return _shape(metadata)("vocab_size") or listed
 
 
 def _kv_widths(metadata: dict) -> tuple[int, int]:
@@ -105,6 +106,37 @@ def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float) -> int:
     value = _shape(metadata)
     n_ctx = n_ctx or value("context_length", 4096)
     return int(n_ctx * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+
+
+class _Graph(NamedTuple):
+    """The sizes of one layer's graph that its buffers scale with."""
+    positions: int  # what one token attends to
+    n_embd: int
+    n_head: int
+    width: int  # the widest hidden row: n_embd, Q (heads x key size) or the attention output
+    kv_width: int  # one layer's K + V per position
+    n_vocab: int
+    n_ff: int  # a dense layer's FFN
+    n_ff_exp: int
+    n_ff_shexp: int  # the shared experts' FFN (0: none)
+    n_expert: int
+    n_expert_used: int
+
+
+def _graph(metadata: dict, n_ctx: int, n_seq_max: int) -> _Graph:
+    value = _shape(metadata)
+    n_embd = value("embedding_length")
+    n_head = value("attention.head_count", 1) or 1
+    head_dim = n_embd // n_head
+    n_ff = value("feed_forward_length")
+    n_ff_exp = value("expert_feed_forward_length") or n_ff
+    return _Graph(
+        positions=(n_ctx or value("context_length", 4096)) // max(1, n_seq_max), n_embd=n_embd, n_head=n_head,
+        width=max(n_embd, n_head * value("attention.key_length", head_dim),
+                  n_head * value("attention.value_length", head_dim)),
+        kv_width=sum(_kv_widths(metadata)), n_vocab=_n_vocab(metadata), n_ff=n_ff, n_ff_exp=n_ff_exp,
+        n_ff_shexp=value("expert_shared_feed_forward_length") or value("expert_shared_count") * n_ff_exp,
+        n_expert=value("expert_count"), n_expert_used=value("expert_used_count"))
 
 
 def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool | None,
@@ -126,25 +158,27 @@ def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: 
     flash_attn None: llama.cpp's auto, which turns it on where the device has it, as the CPU does.
     Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget"): at or
     above it on every model and setting measured, by at most 1.4x with one sequence."""
-    value = _shape(metadata)
-    positions = (n_ctx or value("context_length", 4096)) // max(1, n_seq_max)
-    n_embd = value("embedding_length")
-    n_head = value("attention.head_count", 1) or 1
-    head_dim = n_embd // n_head
-    width = max(n_embd, n_head * value("attention.key_length", head_dim),
-                n_head * value("attention.value_length", head_dim))
-    n_vocab = _n_vocab(metadata)
-    n_ff = value("feed_forward_length")
-    n_ff_exp = value("expert_feed_forward_length") or n_ff
-    n_ff_shexp = value("expert_shared_feed_forward_length") or value("expert_shared_count") * n_ff_exp
-    moe = (value("expert_used_count") * (3 * n_ff_exp + n_embd) + 3 * value("expert_count") + 3 * n_ff_shexp
-           if value("expert_count") else 0)
+    g = _graph(metadata, n_ctx, n_seq_max)
+    moe = g.n_expert_used * (3 * g.n_ff_exp + g.n_embd) + 3 * g.n_expert + 3 * g.n_ff_shexp if g.n_expert else 0
     if flash_attn is not False:
-        mask, scores, kv_copy = 2 * positions, 0, 0
+        mask, scores, kv_copy = 2 * g.positions, 0, 0
     else:
-        mask, scores, kv_copy = ACTIVATION_BYTES * positions, positions * n_head, positions * sum(_kv_widths(metadata))
-    largest_stage = ACTIVATION_BYTES * max(n_ubatch * scores + kv_copy, n_ubatch * max(3 * n_ff, moe, n_vocab))
-    return int(n_ubatch * (mask + ACTIVATION_BYTES * 8 * width) + largest_stage)
+        mask, scores, kv_copy = ACTIVATION_BYTES * g.positions, g.positions * g.n_head, g.positions * g.kv_width
+    largest_stage = ACTIVATION_BYTES * max(n_ubatch * scores + kv_copy, n_ubatch * max(3 * g.n_ff, moe, g.n_vocab))
+    return int(n_ubatch * (mask + ACTIVATION_BYTES * 8 * g.width) + largest_stage)
+
+
+def cpu_work_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool | None, n_seq_max: int = 1) -> int:
+    """ggml-cpu's work buffer, which llama_get_memory_breakdown leaves out: a matrix product's f32
+    input converted to the type the weights' dot product takes (at most 2 bytes a value, f16's;
+    none for f32 weights). Its largest: the MoE down projection's input (k x n_ff_exp a token), a
+    dense layer's (n_ff), or without flash attention the scores times the f16 V cache (positions x
+    heads). Measured as RSS beyond the breakdown (docs/expert-residency.md, "Budget"): 12 MiB on
+    f16 experts of n_ff 1536, top-8, and 12 MiB more without flash attention at 2048 positions x
+    8 heads, where this says 12 and 16."""
+    g = _graph(metadata, n_ctx, n_seq_max)
+    scores = 0 if flash_attn is not False else g.positions * g.n_head
+    return 2 * n_ubatch * max(g.n_expert_used * g.n_ff_exp, g.n_ff, g.width, scores)
 
 
 def vocabulary_bytes(metadata: dict) -> int:
@@ -155,12 +189,13 @@ def vocabulary_bytes(metadata: dict) -> int:
 def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
                   n_seq_max: int = 1) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
-    context settings: llama.cpp's KV cache and compute buffer (kv_cache_bytes, compute_buffer_bytes)
-    and the vocabulary tables (vocabulary_bytes). metadata: the GGUF key-values; n_ctx 0 = the
+    context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer and the
+    vocabulary tables (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes). metadata: the GGUF key-values; n_ctx 0 = the
     training context; n_ubatch: tokens per llama_decode (an Engine's n_batch: its ubatch is no
     larger); n_seq_max: sequences decoded together (an Engine's n_parallel)."""
     return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
-            + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata))
+            + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
+            + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata))
 
 
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:

@@ -60,13 +60,20 @@ def test_a_ubatch_of_fewer_tokens_needs_a_smaller_buffer():
             == memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, flash_attn=True) // 8)
 
 
-def test_the_context_is_the_kv_cache_the_compute_buffer_and_the_vocabulary():
+def test_the_cpu_work_buffer_holds_the_largest_matrix_input_converted_to_f16():
+    # the MoE down projection's input, 8 experts x 1024 a token, at 2 bytes
+    assert memory_budget.cpu_work_bytes(OLMOE, 4096, 512, flash_attn=True) == 512 * 8 * 1024 * 2  # 8 MiB
+    # without flash attention the scores (4096 positions x 16 heads a token) times the f16 V cache
+    assert memory_budget.cpu_work_bytes(OLMOE, 4096, 512, flash_attn=False) == 512 * 4096 * 16 * 2  # 64 MiB
+
+
+def test_the_context_is_the_kv_cache_the_compute_and_work_buffers_and_the_vocabulary():
     assert memory_budget.vocabulary_bytes(OLMOE) == 50304 * memory_budget.VOCABULARY_TOKEN_BYTES
     with_vocab_size = {**OLMOE, "olmoe.vocab_size": 1000}  # the key wins over the token list
     assert memory_budget.vocabulary_bytes(with_vocab_size) == 1000 * memory_budget.VOCABULARY_TOKEN_BYTES
     assert memory_budget.context_bytes(OLMOE, 4096, 512, 2, flash_attn=None) == (
         memory_budget.kv_cache_bytes(OLMOE, 4096, 2) + memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, None)
-        + memory_budget.vocabulary_bytes(OLMOE))
+        + memory_budget.cpu_work_bytes(OLMOE, 4096, 512, None) + memory_budget.vocabulary_bytes(OLMOE))
 
 
 @pytest.mark.parametrize("arch", ["llama", *MOE_ARCHITECTURES])

@@ -69,11 +69,12 @@ def model(tmp_path_factory, tiny_model) -> Path:
     return path
 
 
-def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = None, verbose: bool = False) -> dict:
+def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = None, verbose: bool = False,
+            prompt: str = PROMPT, n_predict: int = 8) -> dict:
     """Runs `python -m pyedgemoe run` in a child (inside a fresh cgroup capped at limit_bytes when
     given). Returns the --json object plus peak_rss (the child's ru_maxrss), stderr, and for a
     capped run the cgroup's max_usage (page cache included) and failcnt."""
-    cmd = [sys.executable, "-m", "pyedgemoe", "run", str(model_path), "-p", PROMPT, "-n", "8", "--temp", "0",
+    cmd = [sys.executable, "-m", "pyedgemoe", "run", str(model_path), "-p", prompt, "-n", str(n_predict), "--temp", "0",
            "--expert-cache", expert_cache, "--io", "direct", "--json"] + (["--verbose"] if verbose else [])
     cgroup = None
     preexec = None
@@ -167,22 +168,22 @@ def test_capped_run_stays_within_non_expert_plus_buffers_plus_budget(model, dens
 
 def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(model, dense):
     """`--expert-cache auto` (the default) in a cgroup too small for the model: it sizes the cache
-    from the room under the cap minus the non-expert weights, the KV cache and the slack, says so,
-    and gives the resident run's tokens."""
+    from the room under the cap minus the non-expert weights, the context and the allowance, says
+    so, and gives the resident run's tokens."""
     # the baseline as the cgroup counts it (ru_maxrss would include the pages a forked child
     # shares with this test process before it execs)
     base, resident = baseline_and_resident_runs(model, dense, baseline_limit=4 * 2**30)
     info = resident["stats"]["model"]
     metadata = read_model_info(model).metadata
     context = memory_budget.context_bytes(metadata, 4096, 512, 2, flash_attn=None)  # run's --ctx default, f16
-    # room for about a third of the experts beside the interpreter, the weights, the context and the slack
-    cap = (base["cgroup_max_usage"] + info["non_expert_bytes"] + context + memory_budget.RESERVE_SLACK_BYTES
+    # room for about a third of the experts beside the interpreter, the weights, the context and the allowance
+    cap = (base["cgroup_max_usage"] + info["non_expert_bytes"] + context + memory_budget.RUN_ALLOWANCE_BYTES
            + info["expert_bytes"] // 3)
 
     evict_from_page_cache(model)
     capped = run_cli(model, "auto", limit_bytes=cap)
     assert capped["returncode"] == 0, f"auto under a {cap}-byte cap failed:\n{capped['stderr'][-2000:]}"
-    assert "expert cache auto:" in capped["stderr"] and "reserved for the context" in capped["stderr"]
+    assert "expert cache auto:" in capped["stderr"] and "reserved for the context and allowance" in capped["stderr"]
     experts = capped["stats"]["experts"]
     assert 0 < experts["pool_bytes"] < info["expert_bytes"], "auto must offload under this cap"
     assert capped["tokens"] == resident["tokens"]
