@@ -3,13 +3,13 @@ one that cannot fit.
 
 What a run needs beside the memory it already uses: the expert cache (its budget; nothing when
 every expert is resident, as the file is mapped and the page cache can drop experts), the
-non-expert weights, the context (llama.cpp's KV cache and compute buffer and the model's
-vocabulary tables, computed from the model's shape and the context settings: context_bytes) and a
-small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES), each measured. The
-memory available: MemAvailable, or what is left under a cgroup memory limit if one is set. "auto"
-keeps every expert resident when they fit with the rest, and otherwise gives the experts what is
-left. An explicit size fits, or is refused with the numbers; with a trailing `~` ("up to":
-`60%~`, `4GiB~`) it is reduced to what "auto" would leave.
+non-expert weights, the context (llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer
+and the vocabulary tables, computed from the model's shape and the context settings:
+context_bytes) and a small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES),
+each calibrated by measurement. The memory available: MemAvailable, or what is left under a
+cgroup memory limit if one is set. "auto" keeps every expert resident when they fit with the
+rest, and otherwise gives the experts what is left. An explicit size fits, or is refused with the
+numbers; with a trailing `~` ("up to": `60%~`, `4GiB~`) it is reduced to what "auto" would leave.
 """
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from typing import NamedTuple
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.sysmem import format_bytes, own_memory_cgroup_v1, parse_size
 
-# What a run grows by beside the weights, the expert cache and context_bytes(): the sampler,
-# Python's objects, thread stacks, the expert loader's staging buffers and the residency's
-# bookkeeping. Measured as peak RSS minus RSS before Engine() minus every buffer llama.cpp reports
-# (llama_get_memory_breakdown), the expert pools and the logits, on a 500-token prompt with all
-# logits then 16 generated tokens (docs/expert-residency.md, "Budget"): 3-6 MiB on the tiny test
-# models, 10 MiB on the demo model, 23 MiB and 56-58 MiB on the OLMoE and Qwen3 geometries, the
-# difference being their vocabularies (VOCABULARY_TOKEN_BYTES).
+# What a run grows by beside the weights, the expert cache and context_bytes(): Python's objects,
+# the sampler, thread stacks, the expert loader's staging buffers and the residency's bookkeeping.
+# Measured as peak RSS minus RSS before Engine() minus the buffers llama.cpp reports
+# (llama_get_memory_breakdown), the expert pools, the logits asked for, and context_bytes()'s
+# estimates of the work buffer and the vocabulary, on a 500-token prompt with all logits and then
+# 16 generated tokens (docs/expert-residency.md, "Budget"): -5 to 6 MiB on the tiny test models,
+# the demo model, the test_memory_* models and the 7-9 GB OLMoE and Qwen3 geometries.
 RUN_ALLOWANCE_BYTES = 16 * 1024**2
 # llama.cpp's vocabulary tables per token (text, score, the text-to-id map, BPE merge ranks) and
 # the sampler's candidates: the growth at load went from 20 to 55 MiB between the 50,432-token
-# and the 151,936-token vocabularies, 350 bytes per token.
+# and the 151,936-token vocabularies of the OLMoE and Qwen3 geometries, 350 bytes a token.
 VOCABULARY_TOKEN_BYTES = 384
 # The host tier's margin beside a GPU runtime's own host memory (devices.host_cache_bytes; not
 # measured with a GPU yet). The CPU budget uses context_bytes() and RUN_ALLOWANCE_BYTES instead.
@@ -157,7 +157,8 @@ def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: 
         (n_vocab per token).
     flash_attn None: llama.cpp's auto, which turns it on where the device has it, as the CPU does.
     Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget"): at or
-    above it on every model and setting measured, by at most 1.4x with one sequence."""
+    above it on every model and setting measured, by at most 1.41x on the demo model and the 7-9 GB
+    geometries and 2.2 MiB on the tiny test models."""
     g = _graph(metadata, n_ctx, n_seq_max)
     moe = g.n_expert_used * (3 * g.n_ff_exp + g.n_embd) + 3 * g.n_expert + 3 * g.n_ff_shexp if g.n_expert else 0
     if flash_attn is not False:
@@ -217,7 +218,7 @@ def _available_text(available: int, where: str) -> str:
 def _beside_the_cache(non_expert_bytes: int, context: int) -> str:
     """What the run needs beside the expert cache, as the messages list it."""
     return (f"{format_bytes(non_expert_bytes)} of non-expert weights, {format_bytes(context)} for the context "
-            f"(KV cache, compute buffer, vocabulary) and {format_bytes(RUN_ALLOWANCE_BYTES)} of allowance")
+            f"(KV cache, compute buffers, vocabulary) and {format_bytes(RUN_ALLOWANCE_BYTES)} of allowance")
 
 
 def _no_room_error(non_expert_bytes: int, context: int, available: int, where: str) -> InvalidOptionError:
