@@ -24,8 +24,9 @@ from pyedgemoe.sysmem import format_bytes, own_memory_cgroup_v1, parse_size
 # Measured as peak RSS minus RSS before Engine() minus the buffers llama.cpp reports
 # (llama_get_memory_breakdown), the expert pools, the logits asked for, and context_bytes()'s
 # estimates of the work buffer and the vocabulary, on a 500-token prompt with all logits and then
-# 16 generated tokens (docs/expert-residency.md, "Budget"): -5 to 6 MiB on the tiny test models,
-# the demo model, the test_memory_* models and the 7-9 GB OLMoE and Qwen3 geometries.
+# 16 generated tokens (docs/expert-residency.md, "Budget: what a run needs"): -5 to 6 MiB on the
+# tiny test models, the demo model, the test_memory_* models and the 7-9 GB OLMoE and Qwen3
+# geometries.
 RUN_ALLOWANCE_BYTES = 16 * 1024**2
 # llama.cpp's vocabulary tables per token (text, score, the text-to-id map, BPE merge ranks) and
 # the sampler's candidates: the growth at load went from 20 to 55 MiB between the 50,432-token
@@ -156,9 +157,9 @@ def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: 
         k x (3 x n_ff_exp + n_embd), and shared experts, 3 x their n_ff) and the output logits
         (n_vocab per token).
     flash_attn None: llama.cpp's auto, which turns it on where the device has it, as the CPU does.
-    Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget"): at or
-    above it on every model and setting measured, by at most 1.41x on the demo model and the 7-9 GB
-    geometries and 2.2 MiB on the tiny test models."""
+    Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget: what a run
+    needs"): at or above it on every model and setting measured, by at most 1.65x on the demo model,
+    1.41x on the 7-9 GB geometries and 2.2 MiB on the tiny test models."""
     g = _graph(metadata, n_ctx, n_seq_max)
     moe = g.n_expert_used * (3 * g.n_ff_exp + g.n_embd) + 3 * g.n_expert + 3 * g.n_ff_shexp if g.n_expert else 0
     if flash_attn is not False:
@@ -174,9 +175,9 @@ def cpu_work_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool |
     input converted to the type the weights' dot product takes (at most 2 bytes a value, f16's;
     none for f32 weights). Its largest: the MoE down projection's input (k x n_ff_exp a token), a
     dense layer's (n_ff), or without flash attention the scores times the f16 V cache (positions x
-    heads). Measured as RSS beyond the breakdown (docs/expert-residency.md, "Budget"): 12 MiB on
-    f16 experts of n_ff 1536, top-8, and 12 MiB more without flash attention at 2048 positions x
-    8 heads, where this says 12 and 16."""
+    heads). Measured as RSS beyond the breakdown (docs/expert-residency.md, "Budget: what a run
+    needs"): 12 MiB on f16 experts of n_ff 1536, top-8, and 12 MiB more without flash attention at
+    2048 positions x 8 heads, where this says 12 and 16."""
     g = _graph(metadata, n_ctx, n_seq_max)
     scores = 0 if flash_attn is not False else g.positions * g.n_head
     return 2 * n_ubatch * max(g.n_expert_used * g.n_ff_exp, g.n_ff, g.width, scores)
