@@ -192,9 +192,10 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
                   n_seq_max: int = 1) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
     context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer and the
-    vocabulary tables (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes). metadata: the GGUF key-values; n_ctx 0 = the
-    training context; n_ubatch: tokens per llama_decode (an Engine's n_batch: its ubatch is no
-    larger); n_seq_max: sequences decoded together (an Engine's n_parallel)."""
+    vocabulary tables (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes).
+    metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch: tokens per
+    llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences decoded
+    together (an Engine's n_parallel)."""
     return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
             + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
             + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata))
