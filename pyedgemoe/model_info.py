@@ -124,6 +124,12 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             f"truncated GGUF: {path} has {file_bytes} bytes but its tensors need {data_end}"
         )
 
+    for t in info["tensors"]:
+        if t["type"] in _NOT_WEIGHT_TYPES:
+            # llama.cpp loads such a file and crashes in the first matmul (SIGSEGV), stock too
+            raise ModelLoadError(f"tensor {t['name']!r} in {path} has type {t['type']}: model weights are float or "
+                                 "quantized types, which llama.cpp computes with")
+
     kv = info["kv"]
     arch = str(kv.get("general.architecture", "unknown"))
 
@@ -169,6 +175,10 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
     )
+
+
+# ggml's types that hold no weights (integer indices, f64): no matmul or norm of llama.cpp takes them
+_NOT_WEIGHT_TYPES = {"i8", "i16", "i32", "i64", "f64"}
 
 
 def _integer(value) -> int | None:
