@@ -222,7 +222,7 @@ class Engine:
         _native.set_verbose(verbose)
 
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
-        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn)
+        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel)
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
             self.device["free_bytes"] if self.device else None, refuse=not self.device)  # a GPU: check_fits_device
