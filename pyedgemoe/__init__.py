@@ -14,6 +14,7 @@ from pyedgemoe.errors import (
     ConversionError,
     ContextOverflowError,
     EngineBusyError,
+    ExpertLoadError,
     InvalidOptionError,
     ModelLoadError,
     PyEdgeMoEError,
@@ -29,6 +30,7 @@ __all__ = [
     "ModelLoadError",
     "ContextOverflowError",
     "EngineBusyError",
+    "ExpertLoadError",
     "InvalidOptionError",
     "ConversionError",
 ]
