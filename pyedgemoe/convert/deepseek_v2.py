@@ -25,6 +25,8 @@ class DeepseekV2(Family):
     hf_architectures = ("DeepseekV2ForCausalLM",)
     gguf_arch = gguf.MODEL_ARCH.DEEPSEEK2
     n_expert_keys = ("n_routed_experts",)
+    required_hparams = (*Family.required_hparams, ("vocab_size",), ("qk_nope_head_dim",), ("qk_rope_head_dim",),
+                        ("v_head_dim",))
     # src/models/deepseek2.cpp (loader_tensors adds the per-layer ones, which depend on the layer)
     loader_required = ("token_embd.weight", "output_norm.weight")
     loader_optional = ("output.weight",)

@@ -89,6 +89,12 @@ class Family:
     expert_projs: tuple[str, ...] = ("down_proj", "gate_proj", "up_proj")  # the order llama.cpp writes them
     down_proj: str = "down_proj"                # the projection whose rows are n_embd
     n_expert_keys: tuple[str, ...] = ("num_local_experts", "num_experts", "n_routed_experts")
+    # config.json keys the family cannot do without, each a group of alternative names (llama.cpp's
+    # find_hparam): checked once, when the family is made (`check_hparams`), so that a config without
+    # one is an error naming it, not a KeyError where a family first reads it. Families add theirs.
+    required_hparams: tuple[tuple[str, ...], ...] = (
+        ("n_layers", "num_hidden_layers", "n_layer", "num_layers"), ("hidden_size", "n_embd", "dim"),
+        ("num_attention_heads", "n_head", "n_heads"), ("moe_intermediate_size", "intermediate_size"))
     permute_qk: bool = False                    # undo HF's RoPE permutation of q/k (llama-style)
     permute_biases: bool = False
     router_suffix: str = "mlp.gate.weight"
@@ -107,6 +113,7 @@ class Family:
         self.n_experts = int(self.find(self.n_expert_keys))
         self.tensor_map = gguf.get_tensor_name_map(self.gguf_arch, self.n_layers)
         self.rope_parameters = self._rope_parameters()
+        self.check_hparams()
 
     # -- config ----------------------------------------------------------------------------------
 
@@ -119,6 +126,19 @@ class Family:
         if optional:
             return None
         raise ConversionError(f"config.json has none of {', '.join(keys)}")
+
+    def check_hparams(self) -> None:
+        """ConversionError naming the first hyperparameter the family needs that config.json lacks
+        (null counts as absent). The types and ranges of those present were checked when config.json
+        was read (hf_checkpoint)."""
+        for keys in self.required_hparams:
+            if all(self.hparams.get(k) is None for k in keys):
+                raise ConversionError(f"config.json has no {' / '.join(keys)}, which llama.cpp's "
+                                      f"{self.llama_arch} model needs")
+        rope = self.rope_parameters.get("full_attention", self.rope_parameters)
+        if rope.get("rope_type") == "yarn" and rope.get("factor") is not None \
+                and rope.get("original_max_position_embeddings") is None:
+            raise ConversionError("config.json has YaRN rope scaling without original_max_position_embeddings")
 
     def _rope_parameters(self) -> dict:
         # llama.cpp's TextModel.__init__: top-level rope keys mirrored into rope_parameters
@@ -370,7 +390,7 @@ class Family:
             funcs = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
             if hasattr(gguf.ExpertGatingFuncType, "SQRTSOFTPLUS"):
                 funcs["sqrtsoftplus"] = gguf.ExpertGatingFuncType.SQRTSOFTPLUS
-            if score_func not in funcs:
+            if not isinstance(score_func, str) or score_func not in funcs:
                 raise ConversionError(f"unsupported expert gating function {score_func!r} in config.json")
             w.add_expert_gating_func(funcs[score_func])
         if (head_dim := self.hparams.get("head_dim")) is not None:

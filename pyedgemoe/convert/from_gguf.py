@@ -51,9 +51,30 @@ def open_gguf(path: Path, what: str = "GGUF") -> gguf.GGUFReader:
         raise ConversionError(f"corrupt or truncated GGUF {path}: {e}") from None
     size = path.stat().st_size
     for t in reader.tensors:
+        # gguf-py reads any count of dims; ggml's tensors have 1 to GGML_MAX_DIMS (4)
+        if not 1 <= len(t.shape) <= 4:
+            raise ConversionError(f"corrupt GGUF {path}: tensor {t.name} has {len(t.shape)} dimensions, "
+                                  f"expected 1 to 4")
         if t.data_offset + t.n_bytes > size:
             raise ConversionError(f"truncated GGUF {path}: tensor {t.name} ends past the end of the file")
+    _check_strings(reader, path)
     return reader
+
+
+def _check_strings(reader: gguf.GGUFReader, path: Path) -> None:
+    """ConversionError naming the first string value that is not UTF-8. gguf-py decodes key and
+    tensor names as it reads the header, string values only when asked (field.contents())."""
+    for field in reader.fields.values():
+        if not field.types or gguf.GGUFValueType.STRING not in (field.types[0], field.types[-1]):
+            continue
+        for n, idx in enumerate(field.data):
+            try:
+                bytes(field.parts[idx]).decode("utf-8")
+            except UnicodeDecodeError as e:
+                what = (f"element {n} of key {field.name!r}" if field.types[0] == gguf.GGUFValueType.ARRAY
+                        else f"the value of key {field.name!r}")
+                raise ConversionError(f"corrupt GGUF {path}: {what} is not valid UTF-8 "
+                                      f"({e.reason} at byte {e.start})") from None
 
 
 def kv_value(reader: gguf.GGUFReader, key: str, default=None):
@@ -201,6 +222,9 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
     if not arch:
         raise ConversionError(f"{src} has no general.architecture")
+    if not isinstance(arch, str):
+        raise ConversionError(f"{src}: general.architecture is {arch!r}, expected a string (llama.cpp's name of "
+                              f"the architecture)")
     if is_multi_precision(reader):
         raise ConversionError(f"{src} already is a multi-precision GGUF; run `pyedgemoe export "
                               f"--precision high` on it and convert the export")

@@ -63,6 +63,8 @@ _NULLABLE_KEYS = {"head_dim", "sliding_window", "q_lora_rank", "num_key_value_he
                   "n_group", "topk_group", "decoder_sparse_step", "moe_layer_freq", "n_shared_experts",
                   "shared_expert_intermediate_size", "first_k_dense_replace", "rope_theta",
                   "partial_rotary_factor", "original_max_position_embeddings"}
+# special token ids (gguf-py's SpecialVocab reads them from config.json)
+_TOKEN_ID_KEYS = tuple(f"{t}_token_id" for t in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
 _MAX_SIZE = 2**31 - 1  # GGUF stores these as u32 (int32 in llama.cpp)
 _READ_CHUNK_BYTES = 64 * 1024 * 1024
 
@@ -161,18 +163,43 @@ def _check_config(config: dict, path: Path) -> None:
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise bad("architectures", "a list of class names")
-    for key in ("rope_parameters", "rope_scaling", "quantization_config"):
+    for key in ("rope_parameters", "rope_scaling", "quantization_config", "text_config"):
         if config.get(key) is not None and not isinstance(config[key], dict):
             raise bad(key, "an object")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    for key in ("rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor"):
-        value = rope.get(key)
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and math.isfinite(value) and value > 0):
-            raise ConversionError(f"{path}: rope {key} is {value!r}, expected a finite number > 0")
+    for part in ("full_attention", "sliding_attention"):  # per attention kind (Gemma-style), else top level
+        if rope.get(part) is not None and not isinstance(rope[part], dict):
+            raise ConversionError(f"{path}: rope {part} is {rope[part]!r}, expected an object")
+    for params in (rope, rope.get("full_attention") or {}, rope.get("sliding_attention") or {}):
+        _check_rope(params, path)
     layers = config.get("mlp_only_layers")
     if layers is not None and not (isinstance(layers, list) and all(isinstance(i, int) for i in layers)):
         raise bad("mlp_only_layers", "a list of layer numbers")
+    for key in _TOKEN_ID_KEYS:
+        value = config.get(key)
+        # gguf-py writes an integer id as u32 and skips anything else (a list of eos ids, null)
+        if isinstance(value, bool) or (isinstance(value, int) and not 0 <= value <= _MAX_SIZE):
+            raise bad(key, "a token id (an integer >= 0)")
+
+
+def _check_rope(rope: dict, path: Path) -> None:
+    """The numbers of one set of RoPE parameters that the families write into the GGUF."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    for key in ("rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor"):
+        value = rope.get(key)
+        if value is not None and not (number(value) and value > 0):
+            raise ConversionError(f"{path}: rope {key} is {value!r}, expected a finite number > 0")
+    for key in ("extrapolation_factor", "attention_factor", "attn_factor", "beta_fast", "beta_slow",
+                "mscale_all_dim"):
+        value = rope.get(key)
+        if value is not None and not number(value):
+            raise ConversionError(f"{path}: rope {key} is {value!r}, expected a finite number")
+    for key in ("long_factor", "short_factor"):
+        value = rope.get(key)
+        if value is not None and not (isinstance(value, list) and all(number(v) for v in value)):
+            raise ConversionError(f"{path}: rope {key} is {value!r}, expected a list of numbers")
 
 
 def _to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:

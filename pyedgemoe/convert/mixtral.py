@@ -26,6 +26,7 @@ class Mixtral(Family):
     permute_qk = True
     permute_biases = True
     router_suffix = "block_sparse_moe.gate.weight"
+    required_hparams = (*Family.required_hparams, ("intermediate_size",), ("vocab_size",))
     # src/models/llama.cpp with n_expert > 0; output.weight falls back to the embedding matrix
     loader_required = ("token_embd.weight", "output_norm.weight",
                        "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_q.weight", "blk.{bid}.attn_k.weight",

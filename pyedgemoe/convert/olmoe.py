@@ -16,6 +16,7 @@ class Olmoe(Family):
     hf_architectures = ("OlmoeForCausalLM",)
     gguf_arch = gguf.MODEL_ARCH.OLMOE
     n_expert_keys = ("num_local_experts", "num_experts")
+    required_hparams = (*Family.required_hparams, ("intermediate_size",))
     # src/models/olmoe.cpp: no attention output bias, no tied output layer
     loader_required = ("token_embd.weight", "output_norm.weight", "output.weight",
                        "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_q.weight", "blk.{bid}.attn_k.weight",

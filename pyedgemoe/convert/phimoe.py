@@ -30,6 +30,9 @@ class PhiMoE(Family):
     down_proj = "w2"
     n_expert_keys = ("num_local_experts", "num_experts")
     router_suffix = "block_sparse_moe.gate.weight"
+    required_hparams = (*Family.required_hparams, ("intermediate_size",), ("num_key_value_heads", "n_head_kv"),
+                        ("rms_norm_eps",), ("n_positions", "max_position_embeddings"),
+                        ("num_experts_per_tok", "num_experts_per_token"))
     # src/models/phimoe.cpp: LayerNorm, attention-output and lm_head biases all required
     loader_required = ("token_embd.weight", "output_norm.weight", "output_norm.bias", "output.weight", "output.bias",
                        "blk.{bid}.attn_norm.weight", "blk.{bid}.attn_norm.bias", "blk.{bid}.attn_q.weight",
@@ -55,6 +58,12 @@ class PhiMoE(Family):
         if gguf_name == "output.bias" and not self.hparams.get("lm_head_bias", False) and self.vocab_size:
             return StandIn("zeros (lm_head_bias is false)", shape=(self.vocab_size,))
         return super().stand_in(gguf_name)
+
+    def check_hparams(self) -> None:
+        super().check_hparams()
+        if self.rope_parameters.get("full_attention", self.rope_parameters).get("rope_theta") is None:
+            raise ConversionError("config.json has no rope_theta (nor rope_parameters.rope_theta), which "
+                                  f"llama.cpp's {self.llama_arch} model needs")
 
     def _orig_ctx(self) -> int:
         # llama.cpp requires it (KeyError otherwise); without long-context RoPE it is the context.

@@ -60,16 +60,108 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = (
     gguf.TokenType.USER_DEFINED, gguf.TokenType.UNUSED, gguf.TokenType.BYTE)
 
 
+# ---------------------------------------------------------------------------------------------
+# reading the tokenizer's JSON files: each is checked once, where it is read, for the fields this
+# module and gguf-py's readers use, so that a damaged file is one ConversionError naming the file
+# and the field (not a KeyError or AttributeError in a reader)
+
+
 def _read_json(path: Path) -> dict:
+    """A JSON file that must hold an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConversionError(f"cannot read {path}: {e}") from None
+    except RecursionError:
+        raise ConversionError(f"cannot read {path}: JSON nested too deep") from None
+    if not isinstance(doc, dict):
+        raise ConversionError(f"{path} is not a JSON object: {_show(doc)}")
+    return doc
+
+
+def _show(value) -> str:
+    return json.dumps(value)[:60]
+
+
+def _bad(path: Path, field: str, value, want: str) -> ConversionError:
+    return ConversionError(f"{path}: {field} is {_show(value)}, expected {want}")
+
+
+def _is_text(value) -> bool:
+    """A string that can be written as UTF-8 (JSON's \\udXXX escapes can make lone surrogates)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _tokenizer_config(hf_dir: Path) -> dict:
+    """tokenizer_config.json ({} if there is none); its added tokens are id -> {"content": ...}."""
     path = hf_dir / "tokenizer_config.json"
-    return _read_json(path) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    config = _read_json(path)
+    decoder = config.get("added_tokens_decoder")
+    if decoder is not None and not isinstance(decoder, dict):
+        raise _bad(path, "added_tokens_decoder", decoder, "an object of token ids")
+    for i, d in (decoder or {}).items():
+        if not (i.isascii() and i.isdigit()):
+            raise ConversionError(f"{path}: added_tokens_decoder has the key {i!r}, expected a token id")
+        if not (isinstance(d, dict) and _is_text(d.get("content"))):
+            raise _bad(path, f"added_tokens_decoder[{i!r}]", d, 'an added token {"content": "...", ...}')
+    if config.get("add_prefix_space") not in (None, True, False):
+        raise _bad(path, "add_prefix_space", config["add_prefix_space"], "true or false")
+    _check_chat_template(path, config.get("chat_template"))
+    return config
+
+
+def _check_chat_template(path: Path, template) -> None:
+    """A chat template is a string, or a list of named ones (gguf-py writes each)."""
+    if template is None or _is_text(template):
+        return
+    if not (isinstance(template, list)
+            and all(isinstance(t, dict) and _is_text(t.get("name")) and _is_text(t.get("template")) for t in template)):
+        raise _bad(path, "chat_template", template, 'a string or a list of {"name": ..., "template": ...}')
+
+
+def _tokenizer_json(hf_dir: Path) -> dict:
+    """tokenizer.json: a tokenizer model of a named type, and added tokens with ids and contents."""
+    path = hf_dir / "tokenizer.json"
+    doc = _read_json(path)
+    if "model" not in doc:
+        raise ConversionError(f'{path} has no "model" (the tokenizer model): not a Hugging Face tokenizers file')
+    model = doc["model"]
+    if not (isinstance(model, dict) and isinstance(model.get("type"), str)):
+        raise _bad(path, '"model"', model, 'the tokenizer model, an object with its "type"')
+    for key in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise _bad(path, f'"{key}"', doc[key], "an object or null")
+    added = doc.get("added_tokens", [])
+    if not isinstance(added, list):
+        raise _bad(path, '"added_tokens"', added, "a list")
+    for n, d in enumerate(added):
+        if not (isinstance(d, dict) and _is_token_id(d.get("id")) and _is_text(d.get("content"))):
+            raise _bad(path, f'"added_tokens"[{n}]', d, 'an added token {"id": N, "content": "...", ...}')
+    return doc
+
+
+def _added_tokens_file(hf_dir: Path) -> dict[str, int]:
+    """added_tokens.json (SentencePiece tokenizers' extra tokens): content -> token id."""
+    path = hf_dir / "added_tokens.json"
+    if not path.is_file():
+        return {}
+    added = _read_json(path)
+    for content, i in added.items():
+        if not (_is_text(content) and _is_token_id(i)):
+            raise _bad(path, f"the token {content!r}", i, "a token id")
+    return added
 
 
 def does_token_look_special(token: str) -> bool:
@@ -151,9 +243,9 @@ def _normalize_added_token(tokenizer, token: str, clean_up_spaces: bool) -> str:
 def bpe_vocab(hf_dir: Path, vocab_size: int | None) -> tuple[list[str], list[int], str]:
     """(tokens, token types, pre-tokenizer name) as llama.cpp's get_vocab_base computes them."""
     tokenizer = _load_hf_tokenizer(hf_dir)
-    tokenizer_json = _read_json(hf_dir / "tokenizer.json")
-    if (tokenizer_json.get("model") or {}).get("type") != "BPE":
-        raise ConversionError(f"{hf_dir / 'tokenizer.json'} is a {(tokenizer_json.get('model') or {}).get('type')} "
+    tokenizer_json = _tokenizer_json(hf_dir)
+    if tokenizer_json["model"]["type"] != "BPE":
+        raise ConversionError(f"{hf_dir / 'tokenizer.json'} is a {tokenizer_json['model']['type']} "
                               f"tokenizer; only byte-level BPE and SentencePiece are supported")
     config = _tokenizer_config(hf_dir)
     vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
@@ -244,11 +336,9 @@ def spm_vocab(hf_dir: Path, vocab_size: int | None, *, phi3: bool = False) -> tu
         types[i] = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i)
                     else UNUSED if sp.IsUnused(i) else BYTE if sp.IsByte(i) else NORMAL)
 
-    added_file = hf_dir / "added_tokens.json"
-    if added_file.is_file():
-        for key, i in _read_json(added_file).items():
-            if i < vocab_size:
-                tokens[i], scores[i], types[i] = key.encode("utf-8"), -1000.0, USER_DEFINED
+    for key, i in _added_tokens_file(hf_dir).items():
+        if i < vocab_size:
+            tokens[i], scores[i], types[i] = key.encode("utf-8"), -1000.0, USER_DEFINED
 
     def add(i: int, content: str, special: bool) -> None:
         if i >= vocab_size:
@@ -265,7 +355,7 @@ def spm_vocab(hf_dir: Path, vocab_size: int | None, *, phi3: bool = False) -> tu
     for i, d in (_tokenizer_config(hf_dir).get("added_tokens_decoder") or {}).items():
         add(int(i), d["content"], bool(d.get("special")))
     if phi3 and (hf_dir / "tokenizer.json").is_file():
-        for d in _read_json(hf_dir / "tokenizer.json").get("added_tokens", []):
+        for d in _tokenizer_json(hf_dir).get("added_tokens", []):
             add(int(d["id"]), d["content"], bool(d.get("special")))
     return tokens, scores, types
 
@@ -280,13 +370,23 @@ def write_spm(writer: gguf.GGUFWriter, hf_dir: Path, vocab_size: int | None, *, 
     _special_vocab(hf_dir, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
 
 
+def is_llama_style(tokenizer_json: dict) -> bool:
+    """A Llama-style tokenizer.json (byte-fallback BPE, a Sequence decoder): the test gguf-py's
+    LlamaHfVocab makes before reading one (a Llama 3 one, byte_fallback false, is not)."""
+    model = tokenizer_json["model"]
+    return (model["type"] == "BPE" and bool(model.get("byte_fallback", False))
+            and (tokenizer_json.get("decoder") or {}).get("type") == "Sequence")
+
+
 def write_llama_hf(writer: gguf.GGUFWriter, hf_dir: Path) -> None:
-    """A Llama-style (byte-fallback BPE) tokenizer.json without tokenizer.model, via gguf-py."""
+    """A Llama-style tokenizer.json without tokenizer.model, via gguf-py (and transformers)."""
     try:
         vocab = gguf.LlamaHfVocab(hf_dir)
     except ImportError:
         raise ConversionError(f"{hf_dir} has a Llama-style tokenizer.json but no tokenizer.model; reading it "
                               f"needs transformers (pip install transformers), or add tokenizer.model") from None
+    except (OSError, ValueError) as e:  # transformers' AutoTokenizer on files it cannot load
+        raise ConversionError(f"cannot load the tokenizer of {hf_dir}: {e}") from None
     tokens, scores, types = zip(*vocab.all_tokens())
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
@@ -297,9 +397,17 @@ def write_llama_hf(writer: gguf.GGUFWriter, hf_dir: Path) -> None:
 
 
 def _special_vocab(hf_dir: Path, **kwargs) -> gguf.SpecialVocab:
+    """gguf-py's reader of special tokens, merges and the chat template. The JSON files it reads are
+    checked here first (config.json was, by HFCheckpoint); within them it walks tokenizer.json's
+    merges and post_processor without checking types."""
+    if (hf_dir / "tokenizer.json").is_file():
+        _tokenizer_json(hf_dir)
+    _tokenizer_config(hf_dir)
+    if (path := hf_dir / "chat_template.json").is_file():
+        _check_chat_template(path, _read_json(path).get("chat_template"))
     try:
         return gguf.SpecialVocab(hf_dir, **kwargs)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConversionError(f"cannot read special tokens of {hf_dir}: {e}") from None
 
 
@@ -320,10 +428,9 @@ def write_vocab(writer: gguf.GGUFWriter, hf_dir: Path, vocab_size: int | None, s
             writer.add_add_space_prefix(add_prefix_space)
         if (hf_dir / "tokenizer.model").is_file():
             write_spm(writer, hf_dir, vocab_size)
-            return
-        try:
+        elif (hf_dir / "tokenizer.json").is_file() and is_llama_style(_tokenizer_json(hf_dir)):
             write_llama_hf(writer, hf_dir)
-        except (FileNotFoundError, TypeError):
+        else:
             write_bpe(writer, hf_dir, vocab_size)
     elif style == "phi3":
         if _tokenizer_config(hf_dir).get("tokenizer_class") == "GPT2Tokenizer":
