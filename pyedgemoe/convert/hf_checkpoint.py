@@ -168,9 +168,9 @@ def _check_config(config: dict, path: Path) -> None:
             raise bad(key, "an object")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     for part in ("full_attention", "sliding_attention"):  # per attention kind (Gemma-style), else top level
-        if rope.get(part) is not None and not isinstance(rope[part], dict):
+        if part in rope and not isinstance(rope[part], dict):  # the families read it when present, null too
             raise ConversionError(f"{path}: rope {part} is {rope[part]!r}, expected an object")
-    for params in (rope, rope.get("full_attention") or {}, rope.get("sliding_attention") or {}):
+    for params in (rope, rope.get("full_attention", {}), rope.get("sliding_attention", {})):
         _check_rope(params, path)
     layers = config.get("mlp_only_layers")
     if layers is not None and not (isinstance(layers, list) and all(isinstance(i, int) for i in layers)):
