@@ -54,19 +54,24 @@ pytestmark = [pytest.mark.skipif(cgroup_skip_reason() is not None, reason=str(cg
               pytest.mark.slow]  # the 224 MB model takes ~6 s to write, each test ~4-6 s more
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory, tiny_model) -> Path:
-    vocab, _ = tiny_model("olmoe")
+def two_layer_olmoe(out_dir: Path, vocab: Path, name: str, n_ff: int, ggml_type: str) -> Path:
+    """A 2-layer synthetic GGUF of OLMoE's geometry with a hidden size of 1024 and FFNs of n_ff
+    (scripts/make_synthetic_gguf.py), named name-ggml_type.gguf."""
     spec = importlib.util.spec_from_file_location("make_synthetic_gguf", ROOT / "scripts" / "make_synthetic_gguf.py")
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen
     spec.loader.exec_module(gen)
-    gen.GEOMETRIES["olmoe-honesty"] = dataclasses.replace(
-        gen.GEOMETRIES["olmoe-1b-7b"], n_layer=2, n_embd=1024, n_head=8, n_head_kv=8, n_ff_exp=512, n_ff=512,
+    gen.GEOMETRIES[name] = dataclasses.replace(
+        gen.GEOMETRIES["olmoe-1b-7b"], n_layer=2, n_embd=1024, n_head=8, n_head_kv=8, n_ff_exp=n_ff, n_ff=n_ff,
         tokenizer_pre=None)
-    path = tmp_path_factory.mktemp("honesty") / "olmoe-honesty-q8_0.gguf"
-    gen.write_synthetic_gguf(path, "olmoe-honesty", 2, "q8_0", seed=0, vocab_path=vocab, log=lambda s: None)
+    path = out_dir / f"{name}-{ggml_type}.gguf"
+    gen.write_synthetic_gguf(path, name, 2, ggml_type, seed=0, vocab_path=vocab, log=lambda s: None)
     return path
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tiny_model) -> Path:
+    return two_layer_olmoe(tmp_path_factory.mktemp("honesty"), tiny_model("olmoe")[0], "olmoe-honesty", 512, "q8_0")
 
 
 def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = None, verbose: bool = False,

@@ -14,9 +14,6 @@ use a prompt longer than a ubatch, so that llama.cpp's compute buffer is used wh
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +21,8 @@ import pytest
 from pyedgemoe import memory_budget
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.sysmem import evict_from_page_cache
-from test_memory_honesty import cgroup_skip_reason, dense, run_cli  # noqa: F401 (dense: a fixture)
+from test_memory_honesty import cgroup_skip_reason, dense, run_cli, two_layer_olmoe  # noqa: F401 (dense: a fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # 640 tokens: a full ubatch of 512 and more
 SWEEP = ["1%", "10%", "25%", "40%", "45%", "50%", "55%", "58%", "75%", "100%"]
 
@@ -36,17 +32,7 @@ pytestmark = [pytest.mark.skipif(cgroup_skip_reason() is not None, reason=str(cg
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, tiny_model) -> Path:
-    vocab, _ = tiny_model("olmoe")
-    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", ROOT / "scripts" / "make_synthetic_gguf.py")
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gen
-    spec.loader.exec_module(gen)
-    gen.GEOMETRIES["olmoe-refusal"] = dataclasses.replace(
-        gen.GEOMETRIES["olmoe-1b-7b"], n_layer=2, n_embd=1024, n_head=8, n_head_kv=8, n_ff_exp=1536, n_ff=1536,
-        tokenizer_pre=None)
-    path = tmp_path_factory.mktemp("refusal") / "olmoe-refusal-f16.gguf"
-    gen.write_synthetic_gguf(path, "olmoe-refusal", 2, "f16", seed=0, vocab_path=vocab, log=lambda s: None)
-    return path
+    return two_layer_olmoe(tmp_path_factory.mktemp("refusal"), tiny_model("olmoe")[0], "olmoe-refusal", 1536, "f16")
 
 
 @pytest.fixture(scope="module")
