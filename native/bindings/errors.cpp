@@ -5,6 +5,7 @@
 
 #include "llama.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -48,6 +49,11 @@ namespace {
 // half done: the process cannot go on. One line says why (ggml's default is its message, a gdb
 // backtrace and SIGABRT), and the process exits 1 as the CLI's other errors do.
 [[noreturn]] void fatal(const char * why) {
+    // several compute threads can hit the same check at once: one reports and exits, the others wait
+    static std::atomic<bool> reported{false};
+    if (reported.exchange(true)) {
+        for (;;) pause();
+    }
     fprintf(stderr, "error: llama.cpp stopped on an internal check it cannot recover from: %s\n", why);
     fflush(stderr);
     _exit(1);
