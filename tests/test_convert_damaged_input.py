@@ -13,6 +13,7 @@ import gguf
 import pytest
 
 from conftest import MOE_ARCHITECTURES
+from test_convert_hf import phimoe_model  # noqa: F401 - a fixture: its tokenizer.model
 from pyedgemoe.convert.from_gguf import convert_gguf
 from pyedgemoe.convert.from_hf import family_for
 from pyedgemoe.convert.hf_checkpoint import HFCheckpoint
@@ -94,14 +95,11 @@ def test_yarn_without_its_original_context_is_named(tiny_model, tmp_path):
 
 # -- SentencePiece tokenizer files (the seeds' tokenizer is BPE) ----------------------------------
 
-def _spm_dir(tmp_path: Path) -> Path:
-    """A directory with a real tokenizer.model (the Phi-MoE test model's, trained by test_convert_hf)."""
-    sp = Path(__file__).parent / ".models" / "phimoe" / "hf" / "tokenizer.model"
-    if not sp.is_file():
-        pytest.skip("needs tests/.models/phimoe (built by test_convert_hf's phimoe_model fixture)")
+def _spm_dir(tmp_path: Path, phimoe_model) -> Path:
+    """A directory with a real tokenizer.model (the Phi-MoE test model's)."""
     d = tmp_path / "spm"
     d.mkdir()
-    shutil.copyfile(sp, d / "tokenizer.model")
+    shutil.copyfile(phimoe_model[1] / "tokenizer.model", d / "tokenizer.model")
     return d
 
 
@@ -115,15 +113,15 @@ def _spm_dir(tmp_path: Path) -> Path:
     ("tokenizer_config.json", {"add_prefix_space": "yes"}, "add_prefix_space is \"yes\", expected true or false"),
     ("tokenizer_config.json", {"chat_template": [{"name": 1}]}, "chat_template is .*, expected a string or a list"),
 ])
-def test_damaged_sentencepiece_tokenizer_files_are_named(tmp_path, name, content, match):
-    d = _spm_dir(tmp_path)
+def test_damaged_sentencepiece_tokenizer_files_are_named(tmp_path, phimoe_model, name, content, match):
+    d = _spm_dir(tmp_path, phimoe_model)
     (d / name).write_text(json.dumps(content))
     with pytest.raises(ConversionError, match=match):
         spm_vocab(d, None)
 
 
-def test_a_lone_surrogate_in_an_added_token_is_refused(tmp_path):
-    d = _spm_dir(tmp_path)
+def test_a_lone_surrogate_in_an_added_token_is_refused(tmp_path, phimoe_model):
+    d = _spm_dir(tmp_path, phimoe_model)
     (d / "added_tokens.json").write_text('{"\\udcff": 5}')  # valid JSON, not writable as UTF-8
     with pytest.raises(ConversionError, match="added_tokens.json: the token"):
         spm_vocab(d, None)
