@@ -122,7 +122,8 @@ nb::dict stats(const Model & m) {
     for (const auto & [il, p] : r.prefetch_stats()) {
         prefetch_layers[nb::str(std::to_string(il).c_str())] = prefetch_counters(p);
         prefetch_total.issued += p.issued; prefetch_total.used += p.used; prefetch_total.wasted += p.wasted;
-        prefetch_total.bytes_read += p.bytes_read; prefetch_total.bytes_read_low += p.bytes_read_low; prefetch_total.load_ms += p.load_ms;
+        prefetch_total.bytes_read += p.bytes_read; prefetch_total.bytes_read_low += p.bytes_read_low;
+        prefetch_total.load_ms += p.load_ms;
         prefetch_total.bytes_uploaded += p.bytes_uploaded; prefetch_total.upload_ms += p.upload_ms;
     }
     nb::dict prefetch = prefetch_counters(prefetch_total);

@@ -171,7 +171,8 @@ def write_sidecar(data: dict, path: str | os.PathLike) -> str:
     tmp = path + ".tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("{\n" + ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()) + "\n}\n")
+            lines = (f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items())
+            f.write("{\n" + ",\n".join(lines) + "\n}\n")
         os.replace(tmp, path)
     except BaseException:  # Ctrl-C included: no half-written temp file left beside the model
         with contextlib.suppress(FileNotFoundError):

@@ -47,9 +47,10 @@ def render(stats: dict, requests: RequestCounts, waiting: int, running: int) -> 
     out = _Text()
     out.family("pyedgemoe_requests_total", "counter", "HTTP requests answered, by path and status code.",
                [({"path": p, "code": c}, n) for (p, c), n in sorted(requests.counts.items())])
-    out.family("pyedgemoe_queue_depth", "gauge", "Generations waiting for a free sequence (--parallel of them run at once).",
-               waiting)
-    out.family("pyedgemoe_requests_running", "gauge", "Generations running on the engine (at most --parallel).", running)
+    out.family("pyedgemoe_queue_depth", "gauge",
+               "Generations waiting for a free sequence (--parallel of them run at once).", waiting)
+    out.family("pyedgemoe_requests_running", "gauge", "Generations running on the engine (at most --parallel).",
+               running)
 
     totals, last = stats["totals"], stats["last"]
     out.family("pyedgemoe_prompt_tokens_total", "counter", "Prompt tokens of every generation.",
@@ -96,9 +97,10 @@ def _expert_families(out: _Text, experts: dict) -> None:
                by_precision("selections_high", "selections_low") + [({"precision": "skip"}, t["selections_skip"])])
     out.family("pyedgemoe_expert_read_bytes_total", "counter", "Bytes of experts read from storage, on a miss "
                "(demand) or ahead of need (prefetch), by the precision read.",
-               [({"source": source, "precision": "high"}, c["bytes_read"] - c["bytes_read_low"])
-                for source, c in (("demand", t), ("prefetch", p))]
-               + [({"source": source, "precision": "low"}, c["bytes_read_low"]) for source, c in (("demand", t), ("prefetch", p))])
+               [({"source": source, "precision": precision}, bytes_read)
+                for source, c in (("demand", t), ("prefetch", p))
+                for precision, bytes_read in (("high", c["bytes_read"] - c["bytes_read_low"]),
+                                              ("low", c["bytes_read_low"]))])
     out.family("pyedgemoe_expert_load_seconds_total", "counter", "Time spent reading missed experts.",
                t["load_ms"] / 1000)
     out.family("pyedgemoe_expert_stall_seconds_total", "counter", "Time the computation waited for experts.",
