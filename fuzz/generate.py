@@ -235,7 +235,7 @@ def _gguf_kv(rng: random.Random, gf, parser: str) -> dict:
             new, depth = mutate_json(doc, m)
             return {"op": "kv_set", "key": enc(key), "type": int(VT.STRING),
                     "value": enc(dump_json(new, depth).encode("utf-8", "surrogatepass"))}
-        except Exception:
+        except Exception:  # noqa: BLE001 - not JSON, or nothing this op can damage: a plain mutation below
             pass
     if r < 0.35:
         return {"op": "kv_set", "key": enc(key), "type": kv.type, "value": gguf_value(rng, kv.type, kv.value)}
