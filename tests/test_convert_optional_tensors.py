@@ -239,34 +239,37 @@ def test_deepseek_v2_settings_llama_cpp_reads_otherwise_are_refused(tiny_model, 
 # the tensor set itself, whatever config.json says
 
 
-def test_a_tensor_llama_cpp_requires_that_the_checkpoint_lacks_is_refused(tiny_model, tmp_path):
+def assert_edited_checkpoint_refused(hf_dir: Path, tmp_path: Path, edit, message: str) -> None:
+    """A copy of hf_dir with its tensors edited (edit: {name: array} -> {name: array}) converts to
+    one error matching message, and no file."""
     d = tmp_path / "hf"
-    shutil.copytree(tiny_model("qwen2_moe")[1], d)
-    edit_checkpoint(d, lambda t: {n: a for n, a in t.items() if n != "model.layers.1.mlp.shared_expert_gate.weight"})
+    shutil.copytree(hf_dir, d)
+    edit_checkpoint(d, edit)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    assert_fails_cleanly(d, out_dir, "the checkpoint has no tensor for blk.1.ffn_gate_inp_shexp.weight, which "
-                                     "llama.cpp's qwen2moe model requires")
+    assert_fails_cleanly(d, out_dir, message)
+
+
+def test_a_tensor_llama_cpp_requires_that_the_checkpoint_lacks_is_refused(tiny_model, tmp_path):
+    assert_edited_checkpoint_refused(
+        tiny_model("qwen2_moe")[1], tmp_path,
+        lambda t: {n: a for n, a in t.items() if n != "model.layers.1.mlp.shared_expert_gate.weight"},
+        "the checkpoint has no tensor for blk.1.ffn_gate_inp_shexp.weight, which llama.cpp's qwen2moe model requires")
 
 
 def test_a_tensor_llama_cpp_has_no_place_for_is_refused(tiny_model, tmp_path):
-    d = tmp_path / "hf"
-    shutil.copytree(tiny_model("qwen3_moe")[1], d)
-    edit_checkpoint(d, lambda t: {**t, "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)})
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    assert_fails_cleanly(d, out_dir, r"tensor model.layers.0.self_attn.o_proj.bias \(GGUF blk.0.attn_output.bias\) "
-                                     "has no place in llama.cpp's qwen3moe model")
+    assert_edited_checkpoint_refused(
+        tiny_model("qwen3_moe")[1], tmp_path,
+        lambda t: {**t, "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)},
+        r"tensor model.layers.0.self_attn.o_proj.bias \(GGUF blk.0.attn_output.bias\) "
+        "has no place in llama.cpp's qwen3moe model")
 
 
 def test_a_missing_lm_head_is_refused_unless_the_config_ties_it(tiny_model, tmp_path):
     # llama.cpp's llama loader would quietly use token_embd; transformers would use random weights
-    d = tmp_path / "hf"
-    shutil.copytree(tiny_model("mixtral")[1], d)
-    edit_checkpoint(d, lambda t: {n: a for n, a in t.items() if n != "lm_head.weight"})
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    assert_fails_cleanly(d, out_dir, r"no lm_head.weight, and config.json does not tie")
+    assert_edited_checkpoint_refused(
+        tiny_model("mixtral")[1], tmp_path, lambda t: {n: a for n, a in t.items() if n != "lm_head.weight"},
+        r"no lm_head.weight, and config.json does not tie")
 
 
 def test_phimoe_biases_are_zero_only_where_the_config_says_there_are_none(tmp_path):
