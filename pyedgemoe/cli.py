@@ -54,7 +54,8 @@ def print_stats(stats: dict) -> None:
     """The expert cache's counters, a line in total and one per layer (JSON with --json)."""
     experts = stats.get("experts")
     if not experts:
-        typer.echo("experts: all resident (no expert cache)", err=True)
+        typer.echo("experts: in the mapped file, the page cache holds them (no expert cache)" if stats["experts_mapped"]
+                   else "experts: all resident (no expert cache)", err=True)
         return
 
     def line(name: str, c: dict) -> str:

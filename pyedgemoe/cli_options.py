@@ -21,9 +21,10 @@ _ENGINE_OPTIONS = (
                                                help="llama.cpp's habit: 0 is --mode cpu, any other count --mode gpu "
                                                     "(every layer goes to the GPU)"), None),
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
-                                       help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes) or auto; "
-                                            "a size that does not fit is refused, a trailing ~ (60%~, 4GiB~) "
-                                            "takes what fits if less"),
+                                       help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes), auto, "
+                                            "or mmap (no cache: the page cache holds the mapped experts, as in "
+                                            "llama.cpp --no-repack); a size that does not fit is refused, a "
+                                            "trailing ~ (60%~, 4GiB~) takes what fits if less"),
      "expert_cache"),
     ("device", Optional[str], typer.Option(None, "--device",
                                            help="the GPU by ggml's name, e.g. Vulkan0, CUDA0 (default: the first)"),

@@ -28,7 +28,7 @@ from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
-from pyedgemoe.memory_budget import context_bytes, parse_expert_cache
+from pyedgemoe.memory_budget import MAPPED, context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
@@ -160,9 +160,11 @@ class Engine:
     expert_cache: bytes of memory for routed experts: an int, "300MiB", "4GiB", "50%" (of the expert
         bytes), or None / "auto" (every expert resident when the model fits in the memory available,
         else a cache of what is left after the non-expert weights, the context's buffers and a small
-        allowance). A size that cannot fit is refused (InvalidOptionError); a trailing "~" ("60%~",
-        "4GiB~") takes what fits if less. With a budget the experts stay in the file and are read into a cache when
-        routed to (docs/expert-residency.md).
+        allowance; near fit, experts the CPU repacks stay in the mapped file instead). A size that
+        cannot fit is refused (InvalidOptionError); a trailing "~" ("60%~", "4GiB~") takes what fits
+        if less. With a budget the experts stay in the file and are read into a cache when routed to
+        (docs/expert-residency.md). "mmap": no expert cache, the experts are computed from the mapped
+        file as llama.cpp does, without repacked copies, and the page cache holds what fits.
     expert_options: how the cache serves experts, one ExpertOptions; its options can also be
         keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
@@ -225,8 +227,13 @@ class Engine:
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel)
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
-            self.device["free_bytes"] if self.device else None, refuse=not self.device)  # a GPU: check_fits_device
-        offload = budget is not None and self.info.is_moe
+            self.device["free_bytes"] if self.device else None, refuse=not self.device,  # a GPU: check_fits_device
+            repacked_expert_bytes=0 if self.device else self.info.repacked_expert_bytes)
+        self.experts_mapped = budget == MAPPED and self.info.is_moe  # in the page cache, no expert cache
+        if self.experts_mapped and self.device:
+            raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
+                                     "runs with mode 'cpu'")
+        offload = budget not in (None, MAPPED) and self.info.is_moe
         if offload and self.device:
             check_fits_device(budget, self.device)
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
@@ -241,7 +248,8 @@ class Engine:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload,
-                                        device=self.device["name"] if self.device else "")
+                                        device=self.device["name"] if self.device else "",
+                                        repack=not self.experts_mapped)
             if offload:
                 self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
                                                     n_threads or os.cpu_count() or 1)  # --mode auto measures with them
@@ -692,9 +700,11 @@ class Engine:
     # -- telemetry ---------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters since the Engine was created: tokens and time spent in prefill and decode.
-        With an expert cache, "experts" holds its settings and per-layer and total counters."""
+        With an expert cache, "experts" holds its settings and per-layer and total counters;
+        "experts_mapped": the experts are in the page cache (expert_cache "mmap")."""
         out = {
             "mode": self.mode, "device": self.device["name"] if self.device else None,
+            "experts_mapped": self.experts_mapped,
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},

@@ -8,8 +8,9 @@ and the vocabulary tables, computed from the model's shape and the context setti
 context_bytes) and a small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES),
 each calibrated by measurement. The memory available: MemAvailable, or what is left under a
 cgroup memory limit if one is set. "auto" keeps every expert resident when they fit with the
-rest, and otherwise gives the experts what is left. An explicit size fits, or is refused with the
-numbers; with a trailing `~` ("up to": `60%~`, `4GiB~`) it is reduced to what "auto" would leave.
+rest; near fit, for experts the CPU repacks, it leaves them in the mapped file (MAPPED); otherwise
+it gives the experts what is left. An explicit size fits, or is refused with the numbers; with a
+trailing `~` ("up to": `60%~`, `4GiB~`) it is reduced to what "auto" would leave.
 """
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ RESERVE_SLACK_BYTES = 384 * 1024**2
 ACTIVATION_BYTES = 4  # llama.cpp computes its intermediates in f32
 CGROUP_V2 = Path("/sys/fs/cgroup")
 UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
+# expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
+# does, without repacked copies (--no-repack), so the page cache holds what memory allows.
+MAPPED = "mmap"
+# "auto" near fit: when a cache would hold at least this share of experts that the CPU repacks
+# (each miss then pays a read and the repack conversion), MAPPED. Measured on the Qwen3-30B-A3B
+# geometry (Q4_K) under cgroup caps of 75-110 % of the file (docs/benchmarks.md, "Near fit"): a
+# cache of 61 % and 77 % of the experts decoded 7.7x and 3.4x stock llama.cpp's mapped file, one of
+# 87 % half as fast, the page cache then holding all but a few per cent of the file.
+NEAR_FIT_MAPPED_SHARE = 0.82
 
 
 def available_memory() -> tuple[int, str]:
@@ -234,11 +244,12 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
         f"{_available_text(available, where)}: {hint}")
 
 
-def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
-                      available: int | None = None) -> tuple[int | None, str]:
-    """(budget bytes, or None for every expert resident; a sentence saying which and why).
+def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, available: int | None = None,
+                      repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
+    """(budget bytes, None for every expert resident, or MAPPED; a sentence saying which and why).
     context: context_bytes() of the context the model will run in. available: the memory the
-    model runs in (a GPU's free memory), else available_memory()."""
+    model runs in (a GPU's free memory), else available_memory(). repacked_expert_bytes: of the
+    experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU)."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     reserve = context + RUN_ALLOWANCE_BYTES
@@ -248,6 +259,12 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int,
                       f"in {available / gib:.2f} GiB available)")
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
+    share = room / expert_bytes
+    if share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
+        return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
+                        f"what fits, without repacked copies: a cache would hold {share:.0%} of "
+                        f"{expert_bytes / gib:.2f} GiB of experts that this CPU repacks after every read "
+                        f"({available / gib:.2f} GiB available), and this near to a fit the page cache is faster")
     return room, (f"expert cache auto: {room / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                   f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
                   f"and allowance)")
@@ -282,16 +299,23 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
-                       context: int, available: int | None = None, refuse: bool = True) -> tuple[int | None, str]:
-    """(bytes of the expert cache or None = every expert resident, a sentence for the user).
-    value: None / "auto", bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the expert bytes;
-    a size with a trailing "~" is that much or what fits, if less. context: context_bytes().
-    available: as for auto_expert_cache. A size that does not fit is refused (fit_expert_cache;
-    refuse=False: the caller checks it)."""
+                       context: int, available: int | None = None, refuse: bool = True,
+                       repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
+    """(bytes of the expert cache, None = every expert resident, or MAPPED; a sentence for the user).
+    value: None / "auto", "mmap" (MAPPED), bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the
+    expert bytes; a size with a trailing "~" is that much or what fits, if less. context:
+    context_bytes(). available, repacked_expert_bytes: as for auto_expert_cache. A size that does
+    not fit is refused (fit_expert_cache; refuse=False: the caller checks it); so is MAPPED when the
+    non-expert weights and the context do not fit."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available)
+        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes)
+    if isinstance(value, str) and value.strip().lower() == MAPPED:
+        fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes, context, available)
+        return MAPPED, (f"expert cache {MAPPED}: the experts stay in the mapped file, the page cache holds what fits "
+                        "(no repacked copies)")
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage or 'auto', got {value!r}")
+        raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage, 'auto' or '{MAPPED}', "
+                                 f"got {value!r}")
     if isinstance(value, int):
         if value <= 0:
             raise InvalidOptionError(f"expert_cache must be positive, got {value}")
@@ -308,7 +332,7 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     except ValueError:
         raise InvalidOptionError(
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
-            f"'auto', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
+            f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
     budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes, context, available, refuse)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"

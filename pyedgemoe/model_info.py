@@ -51,6 +51,8 @@ class ModelInfo:
     low_type: str | None = None  # edgemoe.low_type: ggml type of (most of) the LOW expert copies
     high_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
     low_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
+    # of the HIGH expert copies, the bytes llama.cpp's CPU backend keeps a repacked copy of here
+    repacked_expert_bytes: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -91,6 +93,7 @@ class ModelInfo:
             "low_expert_bytes": self.low_expert_bytes,
             "high_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.high_expert_bytes_per_layer.items())},
             "low_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.low_expert_bytes_per_layer.items())},
+            "repacked_expert_bytes": self.repacked_expert_bytes,
         }
 
 
@@ -142,7 +145,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     high_bytes: dict[int, int] = defaultdict(int)
     low_bytes: dict[int, int] = defaultdict(int)
     tensor_types: dict[str, int] = defaultdict(int)
-    total = 0
+    total = repacked = 0
     for t in info["tensors"]:
         total += t["nbytes"]
         tensor_types[t["type"]] += t["nbytes"]
@@ -151,6 +154,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             expert_bytes[layer] += t["nbytes"]
             copies = low_bytes if is_low_copy(t["name"]) else high_bytes
             copies[layer] += t["nbytes"]
+            if not is_low_copy(t["name"]) and _native.cpu_repacks(t["type"], t["shape"]):
+                repacked += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
     multi_precision = FORMAT_VERSION_KEY in kv
     version = _checked_format(path, kv) if multi_precision else None
@@ -174,6 +179,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         low_type=kv.get(LOW_TYPE_KEY) if multi_precision else None,
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
+        repacked_expert_bytes=repacked,
     )
 
 

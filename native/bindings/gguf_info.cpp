@@ -4,8 +4,10 @@
 
 #include "ggml.h"
 #include "gguf.h"
+#include "../src/slot-pool.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <memory>
 
@@ -69,9 +71,26 @@ nb::dict read_gguf_info(const std::string & path) {
     return out;
 }
 
+// cpu_repacks (slot-pool.h) for a tensor as read_gguf_info lists it: its type's name and shape
+bool cpu_repacks_tensor(const std::string & type_name, const std::vector<int64_t> & shape) {
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        const char * name = ggml_type_name((ggml_type) t);
+        if (name && type_name == name && ggml_type_size((ggml_type) t) > 0) {
+            int64_t ne[3] = { 1, 1, 1 };
+            for (size_t d = 0; d < shape.size() && d < 3; d++) ne[d] = shape[d];
+            // a shape ggml cannot hold (llama.cpp's loader refuses the file) is not repacked
+            if (ne[0] <= 0 || ne[1] <= 0 || ne[2] <= 0 || ne[0] % ggml_blck_size((ggml_type) t) != 0) return false;
+            return cpu_repacks((ggml_type) t, ne[0], ne[1], ne[2]);
+        }
+    }
+    throw nb::value_error(("unknown ggml type '" + type_name + "'").c_str());
+}
+
 }  // namespace
 
 void register_gguf_info(nb::module_ & m) {
+    m.def("cpu_repacks", &cpu_repacks_tensor, nb::arg("type"), nb::arg("shape"),
+          "Whether llama.cpp's CPU backend keeps a repacked copy of a weight of this type and shape.");
     m.def("read_gguf_info", &read_gguf_info, nb::arg("path"),
           "Key/values and tensor directory of a GGUF file (no tensor data is read).");
 }

@@ -26,7 +26,10 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // experts_on_demand: the stacked expert tensors stay in the file (patch 0003: lazy mode ON maps
 // them without reading or prefetching), for an expert cache (enable_expert_residency) to read.
 // device: a ggml device name for every layer (as -ngl 99 -dev NAME); "" keeps the model on the CPU.
-void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device) {
+// repack false: no repacked copies of the weights (llama.cpp's --no-repack), which are anonymous
+// memory, so a mapped model's weights stay in the page cache, where the kernel can drop them.
+void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
+          bool repack) {
     llama_model_params params = llama_model_default_params();
     ggml_backend_dev_t devices[2] = { nullptr, nullptr };  // none: the CPU only
     if (!device.empty()) {
@@ -36,6 +39,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     }
     params.devices = devices;
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    params.use_extra_bufts = repack;
     if (experts_on_demand) params.lazy_mode = LLAMA_LAZY_MODE_ON;
     log_clear_recent();
     llama_model * model;
@@ -163,7 +167,7 @@ void register_model(nb::module_ & m) {
     nb::class_<Model> cls(m, "Model");
     cls
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
-             nb::arg("device") = "")
+             nb::arg("device") = "", nb::arg("repack") = true)
         .def_ro("device", &Model::device)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))

@@ -36,6 +36,17 @@ static bool repacks(ggml_backend_buffer_type_t repack, const ggml_tensor * t) {
     return copy.extra != nullptr;
 }
 
+bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
+    ggml_backend_buffer_type_t repack = cpu_repack_buffer_type();
+    if (!repack) return false;
+    ggml_init_params params = { ggml_tensor_overhead() + 256, nullptr, /*no_alloc*/ true };
+    ggml_context * ctx = ggml_init(params);
+    if (!ctx) throw std::runtime_error("cpu_repacks: ggml_init failed");
+    const bool out = repacks(repack, ggml_new_tensor_3d(ctx, type, ne0, ne1, ne2));
+    ggml_free(ctx);
+    return out;
+}
+
 slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft)
     : shapes_(shapes), n_slots_(n_slots) {
     // the pools, and a view of every slot of those written through views

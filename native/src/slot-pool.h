@@ -35,6 +35,9 @@ struct expert_matrix_shape {
 using expert_shapes = std::array<expert_matrix_shape, PROJ_COUNT>;
 
 uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of one expert
+// Whether llama.cpp's CPU backend would keep a repacked copy of a weight of this type and shape
+// (its CPU_REPACK buffer type, where this CPU has one).
+bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
 
 class slot_pool {
 public:
