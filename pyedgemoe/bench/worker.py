@@ -24,6 +24,7 @@ import os
 import resource
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 ENGINES = ("pyedgemoe", "llama_cpp")
@@ -63,6 +64,24 @@ def n_ctx_for(prompt_tokens: int, output_tokens: int) -> int:
     return prompt_tokens + output_tokens + 16
 
 
+@contextmanager
+def stock_without_repack():
+    """Within it, stock llama-cpp-python's Llama loads as with llama.cpp's --no-repack, which it does
+    not expose: on x86 the CPU backend copies Q4_0/Q4_K/IQ4 weights into a repacked layout in
+    anonymous memory, which a memory cap cannot page out (the mmap'd file pages it can)."""
+    import llama_cpp
+    default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+    def no_repack():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+    llama_cpp.llama_cpp.llama_model_default_params = no_repack
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = default_params
+
 def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flash_attn: bool,
                    options: dict[str, Any], feed: list[int] | None) -> dict[str, Any]:
     """Stock llama-cpp-python: Llama.eval for the prompt, then one eval per generated token."""
@@ -75,20 +94,10 @@ def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flas
     unknown = set(options) - {"repack"}
     if unknown:
         raise ValueError(f"llama_cpp takes only the option repack, got {sorted(unknown)}")
-    if options.get("repack") is False:
-        # llama.cpp's --no-repack, which llama-cpp-python's Llama does not expose: on x86 the CPU
-        # backend copies Q4_0/Q4_K/IQ4 weights into a repacked layout in anonymous memory, which a
-        # memory cap cannot page out (the mmap'd file pages it can)
-        default_params = llama_cpp.llama_cpp.llama_model_default_params
-
-        def no_repack():
-            params = default_params()
-            params.use_extra_bufts = False
-            return params
-        llama_cpp.llama_cpp.llama_model_default_params = no_repack
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads,
-                          n_threads_batch=threads, n_batch=512, flash_attn=flash_attn, verbose=False)
+    with stock_without_repack() if options.get("repack") is False else nullcontext():
+        llm = llama_cpp.Llama(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads,
+                              n_threads_batch=threads, n_batch=512, flash_attn=flash_attn, verbose=False)
     load_seconds = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
 

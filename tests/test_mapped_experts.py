@@ -1,0 +1,103 @@
+"""expert_cache "mmap": no expert cache, the experts are computed from the mapped file as llama.cpp
+does without repacked copies (--no-repack), so the page cache holds what memory allows; "auto"
+picks it near fit for experts the CPU repacks (memory_budget.NEAR_FIT_MAPPED_SHARE).
+
+The logits equal stock llama.cpp's with --no-repack on a Q4_K model (which this CPU repacks) and
+the resident run's on an F32 one; the choice of "auto" follows the memory it sees.
+"""
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from pyedgemoe import Engine, memory_budget
+from pyedgemoe.bench.worker import stock_without_repack
+from pyedgemoe.convert.export import export
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.memory_budget import MAPPED, NEAR_FIT_MAPPED_SHARE, RUN_ALLOWANCE_BYTES
+from pyedgemoe.model_info import read_model_info
+from test_expert_residency import DEMO, IDS, SETTINGS
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def q4_k_model(tmp_path_factory):
+    return export(DEMO, tmp_path_factory.mktemp("q4_k") / "demo-q4_k.gguf", precision="low", progress=False)
+
+
+def stock_logits_without_repack(path) -> np.ndarray:
+    with stock_without_repack():
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=2, n_threads_batch=2,
+                              flash_attn=False, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+                              verbose=False)
+    try:
+        llm.eval(IDS)
+        return np.array(llm.scores[: len(IDS)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def test_mapped_experts_compute_as_stock_llama_cpp_without_repacking(q4_k_model):
+    info = read_model_info(q4_k_model)
+    assert info.repacked_expert_bytes == info.high_expert_bytes > 0  # Q4_K: this CPU repacks it
+    with Engine(q4_k_model, expert_cache=MAPPED, **SETTINGS) as eng:
+        assert eng.experts_mapped and eng.expert_residency is None and eng.stats()["experts_mapped"]
+        ours = eng.logits(IDS)
+    assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
+
+
+def test_mapped_experts_equal_the_resident_run_where_nothing_is_repacked(tiny_model):
+    path = tiny_model("qwen3_moe", "f32")[0]
+    assert read_model_info(path).repacked_expert_bytes == 0
+    with Engine(path, **SETTINGS) as resident, Engine(path, expert_cache="mmap", **SETTINGS) as mapped:
+        assert not resident.experts_mapped and mapped.experts_mapped
+        assert np.array_equal(mapped.logits(IDS), resident.logits(IDS))
+        assert mapped.time_generation(IDS[:8], 16)["tokens"] == resident.time_generation(IDS[:8], 16)["tokens"]
+
+
+def available_for_share(path, share: float) -> int:
+    """The memory available at which "auto" would give a cache of `share` of the model's experts."""
+    info = read_model_info(path)
+    context = memory_budget.context_bytes(info.metadata, SETTINGS["n_ctx"], 512, 4, SETTINGS["flash_attn"])
+    return int(info.non_expert_bytes + context + RUN_ALLOWANCE_BYTES + share * info.high_expert_bytes)
+
+
+@pytest.mark.parametrize("share, mapped", [(NEAR_FIT_MAPPED_SHARE + 0.05, True), (NEAR_FIT_MAPPED_SHARE - 0.1, False)])
+def test_auto_maps_repacked_experts_near_fit_and_caches_them_below(q4_k_model, monkeypatch, capsys, share, mapped):
+    available = available_for_share(q4_k_model, share)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "in this test"))
+    with Engine(q4_k_model, **SETTINGS) as eng:
+        assert eng.experts_mapped == mapped
+        assert (eng.expert_residency is None) == mapped
+        assert (MAPPED in eng.expert_cache_note) == mapped
+        assert eng.logits(IDS).shape[0] == len(IDS)
+
+
+def test_auto_caches_experts_the_cpu_does_not_repack_even_near_fit(tiny_model, monkeypatch):
+    path = tiny_model("qwen3_moe", "f32")[0]
+    available = available_for_share(path, 0.95)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "in this test"))
+    with Engine(path, **SETTINGS) as eng:
+        assert not eng.experts_mapped and eng.expert_residency is not None
+
+
+def test_auto_near_fit_choice_from_the_numbers():
+    # 4 GiB of experts, all repacked: a cache of 90 % maps them, one of 70 % caches them
+    for share, expected in ((0.9, MAPPED), (0.7, int(0.7 * 4 * GIB))):
+        available = 1 * GIB + 1 * GIB + RUN_ALLOWANCE_BYTES + int(share * 4 * GIB)
+        budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available,
+                                                        repacked_expert_bytes=4 * GIB)
+        assert budget == expected, note
+    # none repacked: a cache even at 90 %
+    available = 2 * GIB + RUN_ALLOWANCE_BYTES + int(0.9 * 4 * GIB)
+    budget, _ = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available)
+    assert isinstance(budget, int)
+
+
+def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():
+    with pytest.raises(InvalidOptionError, match="not enough memory"):
+        memory_budget.parse_expert_cache("mmap", 4 * GIB, 1 * GIB, context=1 * GIB, available=1 * GIB)
+    budget, note = memory_budget.parse_expert_cache(" MMAP ", 4 * GIB, 1 * GIB, context=1 * GIB, available=3 * GIB)
+    assert budget == MAPPED and "page cache" in note
