@@ -44,10 +44,10 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 MAPPED = "mmap"
 # "auto" near fit: when a cache would hold at least this share of experts that the CPU repacks
 # (each miss then pays a read and the repack conversion), MAPPED. Measured on the Qwen3-30B-A3B
-# geometry (Q4_K) under cgroup caps of 75-110 % of the file (docs/benchmarks.md, "Near fit"): a
-# cache of 61 % and 77 % of the experts decoded 7.7x and 3.4x stock llama.cpp's mapped file, one of
-# 87 % half as fast, the page cache then holding all but a few per cent of the file.
-NEAR_FIT_MAPPED_SHARE = 0.82
+# geometry (Q4_K) under cgroup caps of 75-110 % of the file (docs/benchmarks.md, "Near fit"): caches
+# of 60, 77 and 82 % of the experts decoded 7.7x, 3.4x and 1.6x stock llama.cpp's mapped file, one
+# of 88 % at 0.4x, the page cache then holding all but a few per cent of the file: between the two.
+NEAR_FIT_MAPPED_SHARE = 0.85
 
 
 def available_memory() -> tuple[int, str]:
