@@ -69,8 +69,8 @@ def print_stats(stats: dict) -> None:
                f"policy {experts['cache_policy']}", err=True)
     fill = experts["fill"]
     if fill["experts"]:
-        typer.echo(f"filled at load: {fill['experts']} experts, {format_bytes(fill['bytes_read'])} read in "
-                   f"{fill['ms'] / 1000:.3f} s", err=True)
+        typer.echo(f"filled {'in the background' if experts['fill_background'] else 'at load'}: {fill['experts']} "
+                   f"experts, {format_bytes(fill['bytes_read'])} read in {fill['ms'] / 1000:.3f} s", err=True)
     for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
         typer.echo(line(f"layer {layer}", counters), err=True)
     typer.echo(line("total", experts["total"]), err=True)

@@ -143,6 +143,15 @@ def _calibrated_tables(model, options, calibration: dict | None) -> None:
         model.set_expert_path_statistics(native_entries(stats))
 
 
+def _serving(experts: dict) -> str:
+    """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
+    prefetch, eviction and precision, as in effect."""
+    fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
+    precision = ("mixed precision" + (" with skips" if experts["skip"] else "")) if experts["mixed_precision"] else "lossless"
+    return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}, "
+            f"eviction {experts['cache_policy']}, {precision}")
+
+
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
@@ -169,7 +178,8 @@ class Engine:
         keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
         their defaults): io, io_threads (reads in flight), fill_cache (read experts at load, most
-        routed first when calibrated), cache_policy and policy_weights (HOBBIT's priority), mixed
+        routed first when calibrated; with fill_background, the default, while the prompt and the
+        first tokens run), cache_policy and policy_weights (HOBBIT's priority), mixed
         precision (low_precision, skip, t1, t2, low_cache, low_hit, low_from; docs/mixed-precision.md),
         prefetch ("none", "hobbit": HOBBIT's walk prefetch_depth layers ahead, "fate"),
         fate_percentile, fate_extra. Left unset, the calibration sidecar and the model decide
@@ -255,12 +265,18 @@ class Engine:
                                                     n_threads or os.cpu_count() or 1)  # --mode auto measures with them
                 _calibrated_tables(self._model, native_options, calibration)
                 if native_options.fill_cache:
-                    self._model.fill_expert_cache(fill_ranking(calibration, self.info.n_experts))
+                    ranking = fill_ranking(calibration, self.info.n_experts)
+                    if native_options.fill_background:
+                        self._model.fill_expert_cache_in_background(ranking)
+                    else:
+                        self._model.fill_expert_cache(ranking)
         except (_native.ExpertBudgetError, ValueError) as e:
             raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
+        if self.expert_residency:
+            self.expert_cache_note += f"; {_serving(self.expert_residency)}"
         if self.expert_residency and self.expert_residency["mode_reason"]:
             print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
         if self.mode == "auto":  # as chosen: every expert resident on the GPU is the GPU-centric mode

@@ -118,7 +118,7 @@ def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache) 
 @pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
 def test_filled_cache_is_lossless_and_spares_the_first_tokens_misses(tiny_model, resident_cache, arch, outtype, budget):
     path = tiny_model(arch, outtype)[0]
-    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget)
+    logits, tokens, stats, n_ubatch = run(path, expert_cache=budget, fill_background=False)
     ref_logits, ref_tokens = resident_cache(path, n_ubatch)
     assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
     assert tokens == ref_tokens
@@ -131,6 +131,22 @@ def test_filled_cache_is_lossless_and_spares_the_first_tokens_misses(tiny_model,
     else:
         cold = run(path, expert_cache=budget, fill_cache=False)[2]["experts"]["total"]
         assert total["misses"] < cold["misses"]
+
+
+@pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
+def test_background_fill_is_lossless_and_fills_the_cache_while_tokens_run(tiny_model, resident_cache, arch, outtype):
+    path = tiny_model(arch, outtype)[0]
+    with Engine(path, **SETTINGS, expert_cache="50%") as eng:  # fill_background: the default
+        assert eng.stats()["experts"]["fill_background"]
+        logits = eng.logits(IDS)
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        experts = eng.stats()["experts"]
+    ref_logits, ref_tokens = resident_cache(path, eng.n_ubatch)
+    assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
+    assert tokens == ref_tokens
+    # the reads went on while the layers ran, into free slots only: by the end every slot is taken
+    assert 0 < experts["fill"]["experts"] <= experts["high_slots"] == experts["resident_experts"]
+    assert experts["fill"]["bytes_read"] > 0
 
 
 def test_fill_takes_each_layers_most_routed_experts_from_the_calibration(tiny_model, tmp_path):
@@ -157,7 +173,7 @@ def test_fill_takes_each_layers_most_routed_experts_from_the_calibration(tiny_mo
         if calibrated:
             sidecar = {"version": 1, "t1": 0.6, "t2": 0.9, "expert_usage": usage}
             Path(str(path) + ".calibration.json").write_text(json.dumps(sidecar))
-        with Engine(path, **SETTINGS, expert_cache=budget) as eng:
+        with Engine(path, **SETTINGS, expert_cache=budget, fill_background=False) as eng:
             assert eng.stats()["experts"]["fill"]["experts"] == len(usage) * k
             eng.logits([token])
             misses[calibrated] = eng.stats()["experts"]["total"]["misses"]

@@ -113,9 +113,18 @@ def test_a_read_that_stays_short_is_an_error_and_one_completed_by_more_reads_is_
 
 
 def test_eio_while_filling_the_cache_is_a_model_load_error(shim, layer1):
-    out = generate_under(faulty_env(shim, layer1), fill_cache=True)
+    out = generate_under(faulty_env(shim, layer1), fill_cache=True, fill_background=False)
     assert out["load"][0] == "ModelLoadError"
     assert_names_the_read(out["load"][1], "Input/output error")
+
+
+def test_eio_while_filling_the_cache_in_the_background_is_an_expert_load_error(shim, layer1, reference):
+    # the fill's first reads (one expert of each layer) go out at load; the error comes with the
+    # first generation, and the next one works
+    out = generate_under(faulty_env(shim, layer1, times=1), fill_cache=True, fill_background=True)
+    assert out["first"][0] == "ExpertLoadError"
+    assert_names_the_read(out["first"][1], "Input/output error")
+    assert out["second"] == reference
 
 
 def test_eio_in_a_prefetch_or_a_low_copy_is_an_expert_load_error(shim, layer1):

@@ -83,7 +83,8 @@ def test_ctrl_c_during_the_cache_fill_exits_130_promptly(shim, layer1, tmp_path)
     mark = tmp_path / "fill-began"
     env = faulty_env(shim, (0, 1 << 40), delay_ms=50, mark=mark)
     proc = subprocess.Popen([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1", "--expert-cache", "75%",
-                             "--io-threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--io-threads", "1", "--no-fill-background"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
     r = interrupt_when(proc, mark.exists)
     interrupted = time.monotonic()
     assert_quiet_130(r)

@@ -235,6 +235,10 @@ void add_residency_methods(nb::class_<Model> & cls) {
        .def("fill_expert_cache", &fill, nb::arg("ranking") = std::map<int, std::vector<int>>{},
             "Reads experts into the cache's free slots before the first token (ranking: per layer, "
             "expert ids most routed first).")
+       .def("fill_expert_cache_in_background",
+            [](Model & mm, const std::map<int, std::vector<int>> & ranking) { live(mm); mm.residency->fill_in_background(ranking); },
+            nb::arg("ranking") = std::map<int, std::vector<int>>{},
+            "Starts the same fill in the background: it reads as the layers of the next tokens run.")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
        .def("expert_residency_info", &info, "Budget, pool bytes, minimum, ubatch cap, and the options in effect.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })

@@ -148,13 +148,13 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
     return out;
 }
 
-expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_precision precision) {
+expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_precision precision, bool evict) {
     const expert_key key = make_expert_key(il, e);
     placement p = { e, precision, -1, false };
     if (precision == expert_precision::skip || serving_tier(group, key, precision) != expert_precision::skip) return p;
     tier_state & t = tiers_[index(group, precision)];
     if (t.slots.n_slots() == 0) return p;
-    p.slot = free_or_evict(t, precision, key, [](expert_key) { return true; }, false, p);
+    p.slot = free_or_evict(t, precision, key, [evict](expert_key) { return evict; }, false, p);
     if (p.slot < 0) return p;
     t.slots.assign(p.slot, key);
     t.policy->on_insert(key);

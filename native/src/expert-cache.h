@@ -72,9 +72,9 @@ public:
     std::vector<placement> place(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted);
 
     // A slot for expert e of layer il in `precision` ahead of its use (a prefetch): none (slot -1,
-    // load false) if a copy that serves this demand is cached or no slot can be evicted. The
-    // policy sees an insertion, not a use.
-    placement reserve(int group, int il, int e, expert_precision precision);
+    // load false) if a copy that serves this demand is cached or no slot can be evicted (with
+    // evict false: no slot is free). The policy sees an insertion, not a use.
+    placement reserve(int group, int il, int e, expert_precision precision, bool evict = true);
 
     // A pinned expert is not evicted. Hard pins (experts in use, reads in flight) always hold; soft
     // pins (predicted experts, until their layer runs) give way when an on-demand load finds no

@@ -138,6 +138,10 @@ struct expert_residency::impl : moe_pass_builder {
     std::vector<expert_cache::placement> host_copies(int group, int il, const std::vector<const expert_cache::placement *> & loads);
     // reads on the loader threads, counted in st; the first error ("" if none)
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
+    std::vector<std::pair<int, int>> fill_order(const std::map<int, std::vector<int>> & ranking) const;
+    // A prefill ubatch (lossless) that needs nearly every expert of each layer: the next layer's
+    // experts are read while this one computes, into the slots its own experts leave.
+    void prefill_ahead(const moe_layer_layout & l, int64_t n_tokens);
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() {
         coordinator.forget();
@@ -217,7 +221,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       device(device_named(dc.device)),
       cache(cache_config_of(budget, o, layout)),
       recorder(predictor_depth(o, trace_routing)),
-      coordinator(cache, group_of_layers(layout), o.prefetch == prefetch_mode::none && o.big_little == 0 ? 0 : o.io_threads,
+      coordinator(cache, group_of_layers(layout), o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
     if ((options.mode == compute_mode::cpu) != !device) {
@@ -408,6 +412,8 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     if (wave == 0 && predicted) predict_and_prefetch(l, predicted, ids->ne[1]);
     if (wave == 0 && paths && options.prefetch == prefetch_mode::edgemoe) path_prefetch(l, ids->ne[1]);
+    if (wave == 0) prefill_ahead(l, ids->ne[1]);
+    if (wave == 0) coordinator.top_up_fill();
     overlap.layer_ended(clock_type::now(), ubatch_index);
 }
 
@@ -678,6 +684,18 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     }));
 }
 
+void expert_residency::impl::prefill_ahead(const moe_layer_layout & l, int64_t n_tokens) {
+    // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
+    if (layout.has_low || n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
+    if (planned_waves.size() > 1) return;  // the next wave needs the slots
+    auto at = std::find_if(layout.layers.begin(), layout.layers.end(), [&](const moe_layer_layout & x) { return x.il == l.il; });
+    if (at == layout.layers.end() || at + 1 == layout.layers.end()) return;
+    const int next = (at + 1)->il;
+    std::vector<predicted_expert> all;
+    for (int e = 0; e < layout.n_expert; e++) all.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
+    coordinator.prefetch(all);
+}
+
 void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n_tokens) {
     auto at = std::find_if(layout.layers.begin(), layout.layers.end(), [&](const moe_layer_layout & x) { return x.il == l.il; });
     if (at == layout.layers.end() || at + 1 == layout.layers.end()) return;
@@ -722,15 +740,12 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
 
 expert_residency::~expert_residency() = default;
 
-expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking,
-                                         const std::function<bool()> & interrupted) {
-    impl & r = *impl_;
-    const auto t0 = clock_type::now();
-    const int n_expert = r.layout.n_expert;
-    // per layer: its experts in fill order, and how many of them are placed
-    std::map<int, std::vector<int>> order;
-    std::map<int, size_t> placed;
-    for (const auto & l : r.layout.layers) {
+// The fill's order: per group, its layers round-robin, each layer's experts in ranking[il]'s order
+// then by id; (il, expert) pairs, without the experts EdgeMoE's map keeps LOW.
+std::vector<std::pair<int, int>> expert_residency::impl::fill_order(const std::map<int, std::vector<int>> & ranking) const {
+    const int n_expert = layout.n_expert;
+    std::map<int, std::vector<int>> order;  // per il
+    for (const auto & l : layout.layers) {
         std::vector<bool> listed(n_expert, false);
         auto it = ranking.find(l.il);
         for (int e : it == ranking.end() ? std::vector<int>() : it->second) {
@@ -740,24 +755,30 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
         }
         for (int e = 0; e < n_expert; e++) if (!listed[e]) order[l.il].push_back(e);
     }
-    expert_fill_stats out;
-    std::vector<expert_read> reads;
-    const expert_precision high = expert_precision::high;
-    for (int g = 0; g < (int) r.high_pools.size(); g++) {
-        const slot_table & tier = r.cache.tier(g, high);
-        for (bool more = true; more && tier.n_used() < tier.n_slots();) {
-            more = false;
-            for (const auto & l : r.layout.layers) {
-                if (l.group != g || placed[l.il] == order[l.il].size() || tier.n_used() == tier.n_slots()) continue;
-                more = true;
-                const int e = order[l.il][placed[l.il]++];
-                if (r.fixed_or(l.il, e, high) != high) continue;  // EdgeMoE's map keeps it LOW
-                const expert_cache::placement slot = r.cache.reserve(g, l.il, e, high);
-                if (!slot.load) continue;
-                for (expert_read & rd : r.reads_of(l, e, high, slot.slot)) reads.push_back(std::move(rd));
-                out.experts++;
+    std::vector<std::pair<int, int>> out;
+    for (int g = 0; g < (int) high_pools.size(); g++) {
+        for (int i = 0; i < n_expert; i++) {
+            for (const auto & l : layout.layers) {
+                const int e = order[l.il][i];
+                if (l.group == g && fixed_or(l.il, e, expert_precision::high) == expert_precision::high) out.emplace_back(l.il, e);
             }
         }
+    }
+    return out;
+}
+
+expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking,
+                                         const std::function<bool()> & interrupted) {
+    impl & r = *impl_;
+    const auto t0 = clock_type::now();
+    expert_fill_stats out;
+    std::vector<expert_read> reads;
+    for (const auto & [il, e] : r.fill_order(ranking)) {
+        const moe_layer_layout & l = *r.layout.layer_at(il);
+        const expert_cache::placement slot = r.cache.reserve(l.group, il, e, expert_precision::high, /*evict*/ false);
+        if (!slot.load) continue;  // the group's tier is full
+        for (expert_read & rd : r.reads_of(l, e, expert_precision::high, slot.slot)) reads.push_back(std::move(rd));
+        out.experts++;
     }
     expert_layer_stats st;
     for (size_t begin = 0; begin < reads.size();) {
@@ -780,7 +801,13 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
     return out;
 }
 
-const expert_fill_stats & expert_residency::fill_stats() const { return impl_->filled; }
+void expert_residency::fill_in_background(const std::map<int, std::vector<int>> & ranking) {
+    impl_->coordinator.start_fill(impl_->fill_order(ranking));
+}
+
+const expert_fill_stats & expert_residency::fill_stats() const {
+    return impl_->coordinator.fill_stats().experts ? impl_->coordinator.fill_stats() : impl_->filled;
+}
 
 std::string expert_residency::take_error() {
     std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -81,6 +81,9 @@ public:
     // is emptied) and it throws fill_interrupted.
     expert_fill_stats fill(const std::map<int, std::vector<int>> & ranking,
                            const std::function<bool()> & interrupted = {});
+    // The same fill in the background: it starts now and goes on, io_threads reads at a time, as
+    // the layers of the prompt and of the next tokens run (fill_stats counts what it has read).
+    void fill_in_background(const std::map<int, std::vector<int>> & ranking);
     const expert_fill_stats & fill_stats() const;
     // the first load error since the last call ("" if none); the cache is emptied after an error
     std::string take_error();

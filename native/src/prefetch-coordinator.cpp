@@ -2,7 +2,7 @@
 
 prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of)
     : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
-      stats_(group_of_.size()) {
+      stats_(group_of_.size()), n_threads_(n_threads) {
     if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
 }
 
@@ -46,23 +46,65 @@ void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked
     }
 }
 
-void prefetch_coordinator::finish(const prefetch_job & job) {
+void prefetch_coordinator::start_fill(std::vector<std::pair<int, int>> order) {
+    fill_order_ = std::move(order);
+    fill_next_ = 0;
+    fill_full_.assign(group_of_.size(), false);
+    fill_started_ = std::chrono::steady_clock::now();
+    fill_stats_ = expert_fill_stats();
+    top_up_fill();
+}
+
+void prefetch_coordinator::top_up_fill() {
+    const expert_precision high = expert_precision::high;
+    while (prefetcher_ && fill_in_flight_ < n_threads_ && fill_next_ < fill_order_.size()) {
+        const auto [il, e] = fill_order_[fill_next_++];
+        const int group = group_of_[il];
+        if (fill_full_[group]) continue;
+        const expert_key key = make_expert_key(il, e);
+        if (in_flight_.count({ key, high })) continue;
+        const expert_cache::placement slot = cache_.reserve(group, il, e, high, /*evict*/ false);
+        if (!slot.load) {
+            // cached already, or the group's tier is full
+            if (cache_.serving_tier(group, key, high) == expert_precision::skip) fill_full_[group] = true;
+            continue;
+        }
+        auto job = std::make_shared<prefetch_job>();
+        job->key = key;
+        job->precision = high;
+        job->fill = true;
+        job->reads = reads_of_(il, e, high, slot.slot);
+        in_flight_[{ key, high }] = job;
+        cache_.pin(key, high, true);  // until the read is over (finish)
+        fill_in_flight_++;
+        prefetcher_->submit(job);
+    }
+}
+
+void prefetch_coordinator::finish(const prefetch_job & job, bool read) {
     in_flight_.erase({ job.key, job.precision });
     cache_.unpin(job.key, job.precision, true);
+    if (!job.fill) return;
+    fill_in_flight_--;
+    if (!read) return;
+    fill_stats_.experts++;
+    fill_stats_.bytes_read += job.moved.bytes_read;
+    fill_stats_.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fill_started_).count();
 }
 
 std::string prefetch_coordinator::collect_finished() {
     std::string error;
     if (!prefetcher_) return error;
     for (const auto & job : prefetcher_->take_finished()) {
-        finish(*job);
+        finish(*job, true);
+        if (error.empty()) error = job->error;
+        if (job->fill) continue;  // counted by finish
         expert_prefetch_stats & st = stats_[expert_key_layer(job->key)];
         st.bytes_read += job->moved.bytes_read;
         st.bytes_read_low += job->moved.bytes_read_low;
         st.bytes_uploaded += job->moved.bytes_uploaded;
         st.upload_ms += job->moved.upload_ms;
         st.load_ms += job->ms;
-        if (error.empty()) error = job->error;
     }
     return error;
 }
@@ -70,14 +112,16 @@ std::string prefetch_coordinator::collect_finished() {
 void prefetch_coordinator::drop_all() {
     if (!prefetcher_) return;
     for (const auto & job : prefetcher_->cancel_all()) {
-        finish(*job);
+        finish(*job, false);
         cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
         unused_.erase({ job->key, job->precision });
     }
-    for (const auto & job : prefetcher_->take_finished()) finish(*job);
+    for (const auto & job : prefetcher_->take_finished()) finish(*job, true);
 }
 
 void prefetch_coordinator::forget() {
+    fill_order_.clear();  // the cache is emptied after a read error: the fill ends
+    fill_next_ = 0;
     drop_all();
     wave_pins_.forget();
     for (auto & [il, pins] : predicted_pins_) pins->forget();

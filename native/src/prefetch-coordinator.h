@@ -8,6 +8,7 @@
 #include "prefetcher.h"
 #include "stats.h"
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,13 +65,21 @@ public:
     // returns its job when it has not started (the caller reads it with its loads, then calls
     // claimed_done) or waits for it (*waited = true; collect_finished() then takes it) and returns null.
     std::shared_ptr<prefetch_job> claim(const cached_copy & c, bool * waited);
-    void claimed_done(const prefetch_job & job) { finish(job); }
+    void claimed_done(const prefetch_job & job) { finish(job, false); }
     // A placement evicted `c` from its tier: a prefetched copy never used was wasted.
     void evicted(const cached_copy & c);
 
     // HOBBIT's walked predictions: each is pinned (softly) until its layer runs; those not cached
     // are prefetched into slots reserved for them, as far as slots can be evicted.
     void prefetch(const std::vector<predicted_expert> & walked);
+
+    // The cache's fill in the background: HIGH copies of order's experts ((il, expert), in order)
+    // are read into free slots, never evicting; top_up_fill() keeps n_threads reads in flight and
+    // is called as layers run, so the fill goes on while the prompt and the first tokens compute.
+    // A group's fill ends at its first expert with no free slot. Claimed like a prefetch.
+    void start_fill(std::vector<std::pair<int, int>> order);
+    void top_up_fill();
+    const expert_fill_stats & fill_stats() const { return fill_stats_; }
     // Collects finished prefetch reads; returns the first read error ("" if none).
     std::string collect_finished();
     // Cancels queued reads, waits for the running ones and frees the slots reserved for them.
@@ -88,7 +97,9 @@ public:
     void reset_stats();
 
 private:
-    void finish(const prefetch_job & job);  // the job's read is over: no longer in flight, unpinned
+    // the job's read is over (read: by the prefetcher, not claimed or cancelled): no longer in
+    // flight, unpinned
+    void finish(const prefetch_job & job, bool read);
 
     expert_cache & cache_;
     std::vector<int> group_of_;
@@ -98,5 +109,11 @@ private:
     pin_set wave_pins_;
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
+    std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
+    size_t fill_next_ = 0;                         // the next in fill_order_ to read
+    int fill_in_flight_ = 0, n_threads_ = 0;
+    std::vector<bool> fill_full_;                  // per group: no free slot left
+    std::chrono::steady_clock::time_point fill_started_;
+    expert_fill_stats fill_stats_;
     std::unique_ptr<prefetcher> prefetcher_;  // last: stopped first, before the pins it reads into
 };

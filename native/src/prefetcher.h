@@ -23,6 +23,7 @@
 struct prefetch_job {
     expert_key key;
     expert_precision precision;
+    bool fill = false;  // the cache's fill, in the background (prefetch_coordinator::start_fill)
     std::vector<expert_read> reads;
     // filled by whoever ran it
     read_outcome moved;

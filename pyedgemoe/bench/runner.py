@@ -267,6 +267,15 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _serves(runs: list[dict[str, Any]]) -> str:
+    """How our runs served the experts: all resident, mapped (the page cache), or a cache of a share."""
+    stats = runs[0].get("engine_stats") or {} if runs else {}
+    experts = stats.get("experts")
+    if experts:
+        return f"cache of {experts['pool_bytes'] / experts['expert_bytes']:.0%}"
+    return "mapped" if stats.get("experts_mapped") else "resident" if stats else "-"
+
+
 def format_report(results: list[dict[str, Any]]) -> str:
     """Markdown: one row per (model, cap, prompt, output, engine) with medians, then ours/stock ratios."""
     groups: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
@@ -278,8 +287,9 @@ def format_report(results: list[dict[str, Any]]) -> str:
              "decode tok/s (median) | load s | peak RSS | cgroup peak | expert hits | MiB read / decode step | "
              "roofline tok/s | of roofline |",
              "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ratios = ["| model | mem cap | prompt | output | prefill time ours/stock | decode tok/s ours/stock | "
-              "same tokens |", "|---|---|---:|---:|---:|---:|---|"]
+    ratios = ["| model | mem cap | prompt | output | ours serves experts | prefill time ours/stock | "
+              "decode tok/s ours/stock | first token (load + prefill) stock/ours | same tokens |",
+              "|---|---|---:|---:|---|---:|---:|---:|---|"]
     notes: list[str] = []
     any_ratio = False
     for (model, cap, p, o), by_engine in groups.items():
@@ -294,6 +304,7 @@ def format_report(results: list[dict[str, Any]]) -> str:
             m = {k: _median(ok, k) for k in ("prefill_seconds", "decode_tokens_per_second", "load_seconds",
                                              "peak_rss_bytes", "cgroup_max_usage_bytes", "expert_hit_rate",
                                              "decode_expert_bytes_per_token", "roofline_tokens_per_second")}
+            m["first_token_seconds"] = _median([{"t": r["load_seconds"] + r["prefill_seconds"]} for r in ok], "t")
             hits = "-" if m["expert_hit_rate"] is None else f"{100 * m['expert_hit_rate']:.0f}%"
             read = m["decode_expert_bytes_per_token"]
             roof = m["roofline_tokens_per_second"]
@@ -314,8 +325,10 @@ def format_report(results: list[dict[str, Any]]) -> str:
             if ok_ours and ok_stock:
                 same = "yes" if all(a["tokens"] == ok_stock[0]["tokens"] for a in ok_ours) else "NO"
             ratios.append(
-                f"| {model} | {cap_s} | {p} | {o} | {ours['prefill_seconds'] / stock['prefill_seconds']:.2f} | "
-                f"{ours['decode_tokens_per_second'] / stock['decode_tokens_per_second']:.2f} | {same} |")
+                f"| {model} | {cap_s} | {p} | {o} | {_serves(ok_ours)} | "
+                f"{ours['prefill_seconds'] / stock['prefill_seconds']:.2f} | "
+                f"{ours['decode_tokens_per_second'] / stock['decode_tokens_per_second']:.2f} | "
+                f"{stock['first_token_seconds'] / ours['first_token_seconds']:.2f} | {same} |")
 
     out = "\n".join(lines)
     versions = sorted({f"{r['engine']} {r['engine_version']}" for r in results if r.get("engine_version")})
