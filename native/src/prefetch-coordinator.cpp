@@ -81,14 +81,14 @@ void prefetch_coordinator::top_up_fill() {
     }
 }
 
-void prefetch_coordinator::finish(const prefetch_job & job, bool read) {
+void prefetch_coordinator::finish(const prefetch_job & job, bool placed) {
     in_flight_.erase({ job.key, job.precision });
     cache_.unpin(job.key, job.precision, true);
     if (!job.fill) return;
     fill_in_flight_--;
-    if (!read) return;
+    if (!placed) return;
     fill_stats_.experts++;
-    fill_stats_.bytes_read += job.moved.bytes_read;
+    fill_stats_.bytes_read += job.moved.bytes_read;  // none when the compute claimed it (its layer counts them)
     fill_stats_.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fill_started_).count();
 }
 

@@ -65,7 +65,7 @@ public:
     // returns its job when it has not started (the caller reads it with its loads, then calls
     // claimed_done) or waits for it (*waited = true; collect_finished() then takes it) and returns null.
     std::shared_ptr<prefetch_job> claim(const cached_copy & c, bool * waited);
-    void claimed_done(const prefetch_job & job) { finish(job, false); }
+    void claimed_done(const prefetch_job & job) { finish(job, true); }
     // A placement evicted `c` from its tier: a prefetched copy never used was wasted.
     void evicted(const cached_copy & c);
 
@@ -97,9 +97,9 @@ public:
     void reset_stats();
 
 private:
-    // the job's read is over (read: by the prefetcher, not claimed or cancelled): no longer in
-    // flight, unpinned
-    void finish(const prefetch_job & job, bool read);
+    // the job's read is over (placed: its expert is cached, read by the prefetcher or claimed by
+    // the compute; not: cancelled): no longer in flight, unpinned
+    void finish(const prefetch_job & job, bool placed);
 
     expert_cache & cache_;
     std::vector<int> group_of_;
