@@ -130,9 +130,12 @@ def test_filled_cache_is_lossless_and_spares_the_first_tokens_misses(tiny_model,
     assert fill["bytes_read"] >= experts["high_pool_bytes"]
     if budget == "100%":
         assert total["misses"] == 0 and total["bytes_read"] == 0
-    else:
-        cold = run(path, expert_cache=budget, fill_cache=False)[2]["experts"]["total"]
-        assert total["misses"] < cold["misses"]
+    else:  # fewer experts read while the tokens run, on demand or ahead of their layer
+        cold = run(path, expert_cache=budget, fill_cache=False)[2]["experts"]
+
+        def reads(e: dict) -> int:
+            return e["total"]["misses"] + e["prefetches"]["issued"]
+        assert reads(experts) < reads(cold)
 
 
 @pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
