@@ -2,6 +2,11 @@
 
     python scripts/plot_bench.py build/bench/L16-*.json build/bench/hobbit-*.json \\
         [--prompt-tokens 128 --output-tokens 128] -o docs/bench-decode-vs-cap.png
+    python scripts/plot_bench.py --ratio build/bench/m19/M-*.json -o docs/bench-ratio-vs-cap.png
+
+--ratio plots ours/stock instead, per model file: decode speed and time to the first token (load
++ prefill, stock's over ours), each the median over the cells (prompt x output) of a cap of the
+cells' median ratios, with the cap as a share of that model's file.
 
 Inputs: the measurement lists `pyedgemoe bench ... --json` writes, and the
 `{"runs": {configuration: [...]}}` files of scripts/bench_hobbit.py. One line per engine (or
@@ -41,12 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=None, help="keep only runs with this prompt length")
     p.add_argument("--output-tokens", type=int, default=None, help="keep only runs with this output length")
     p.add_argument("--title", default="Synthetic OLMoE-1B-7B geometry (16 layers), 2 threads")
+    p.add_argument("--ratio", action="store_true", help="plot ours/stock per model file (above)")
     p.add_argument("-o", "--out", type=Path, required=True)
     args = p.parse_args(argv)
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if args.ratio:
+        return plot_ratios(args, plt)
 
     points: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     rows = [(name, r) for path in args.json for name, r in measurements(path) if "error" not in r
@@ -74,6 +83,50 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_title(args.title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def plot_ratios(args, plt) -> int:
+    runs = [r for path in args.json for _, r in measurements(path) if "error" not in r and "engine" in r]
+    cells: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        key = (Path(r["model"]).name, r["model_bytes"], r.get("mem_cap_bytes"), r["prompt_tokens"], r["output_tokens"])
+        cells[key][r["engine"]].append(r)
+    ratios: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    no_cap = 125.0
+    for (model, size, cap, _, _), by_engine in cells.items():
+        ours, stock = by_engine.get("pyedgemoe"), by_engine.get("llama_cpp")
+        if not ours or not stock:
+            continue
+        x = 100.0 * cap / size if cap else no_cap
+
+        def median(rs: list[dict], f) -> float:
+            return statistics.median(f(r) for r in rs)
+        decode = median(ours, lambda r: r["decode_tokens_per_second"]) / median(stock, lambda r: r["decode_tokens_per_second"])
+        first = median(stock, lambda r: r["load_seconds"] + r["prefill_seconds"]) / \
+            median(ours, lambda r: r["load_seconds"] + r["prefill_seconds"])
+        ratios[f"{model}: decode"][x].append(decode)
+        ratios[f"{model}: first token"][x].append(first)
+    if not ratios:
+        print("no cell has both engines", file=sys.stderr)
+        return 1
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, by_cap in sorted(ratios.items()):
+        caps = sorted(by_cap)
+        ax.plot(caps, [statistics.median(by_cap[c]) for c in caps], marker="o" if "decode" in name else "s",
+                linestyle="-" if "decode" in name else "--", label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    caps = sorted({c for by_cap in ratios.values() for c in by_cap})
+    ax.set_xticks(caps, ["no cap" if c == no_cap else f"{c:.0f} %" for c in caps])
+    ax.set_xlabel("memory cap (% of the model file)")
+    ax.set_ylabel("ours / stock llama.cpp (median over cells)")
+    ax.set_yscale("log")
+    ax.set_title(args.title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

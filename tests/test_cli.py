@@ -182,6 +182,21 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
     assert "total:" in text.stderr and "misses" in text.stderr and "filled in the background:" in text.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    ((), "io direct with 4 reads in flight, fill in the background, prefetch none, eviction lru, lossless"),
+    (("--no-fill-background", "--io", "buffered", "--io-threads", "2", "--prefetch", "hobbit"),
+     "io buffered with 2 reads in flight, fill at load, prefetch hobbit"),
+    (("--no-fill-cache", "--cache-policy", "lfu"), "no fill, prefetch none, eviction lfu"),
+    (("--expert-cache", "mmap"), "the experts stay in the mapped file"),
+])
+def test_one_note_line_says_how_the_experts_are_served(tiny_model, args, says):
+    olmoe, _ = tiny_model("olmoe")
+    r = cli("run", olmoe, "-p", "hi", "-n", "2", "--temp", "0", "--expert-cache", "50%", *args)
+    assert r.returncode == 0, r.stderr
+    notes = [l for l in r.stderr.splitlines() if l.startswith("note: ")]
+    assert len(notes) == 1 and says in notes[0], r.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("--expert-cache", "lots"), "expert_cache"),
     (("--expert-cache", "1KiB"), "minimum"),
