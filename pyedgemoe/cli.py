@@ -97,7 +97,8 @@ def print_stats(stats: dict) -> None:
         p = experts["prefetches"]
         why = experts["prefetch"] if experts["prefetch"] != "none" else "for big-little's fallbacks"
         typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used, "
-                   f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}", err=True)
+                   f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}"
+                   + (" (stopped: most went unused)" if p["stopped"] else ""), err=True)
     if stats.get("big_little"):
         b = stats["big_little"]
         typer.echo(f"big-little (gamma {b['gamma']:g}): {b['little_tokens']} tokens decoded little, {b['fallbacks']} "

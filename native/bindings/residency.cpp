@@ -128,6 +128,7 @@ nb::dict stats(const Model & m) {
     }
     nb::dict prefetch = prefetch_counters(prefetch_total);
     prefetch["busy_ms"] = r.prefetch_busy_ms();
+    prefetch["stopped"] = r.prefetch_stopped();
     prefetch["layers"] = prefetch_layers;
     out["prefetches"] = prefetch;
     nb::list prediction;

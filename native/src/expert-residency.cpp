@@ -665,6 +665,7 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
         recorder.remember(ahead[d], d, ahead.size(), std::move(guesses));
     }
     if (options.prefetch == prefetch_mode::none || !coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
+    if (coordinator.judged_useless()) return;
 
     // HOBBIT's walk (or Fate's next layer): the predictions walked are pinned until their layer
     // runs; those not cached are prefetched into reserved slots
@@ -716,7 +717,7 @@ void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n
         for (int e = 0; e < layout.n_expert; e++) total[e] += (*probs)[e];
     }
     recorder.remember(next, 0, 1, std::move(guesses));
-    if (!coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
+    if (!coordinator.prefetching() || n_tokens != 1 || coordinator.judged_useless()) return;  // prefetching serves decode
     std::vector<predicted_expert> predicted;
     for (int e : most_probable(total, k)) predicted.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
     coordinator.prefetch(predicted);
@@ -837,6 +838,8 @@ std::vector<std::pair<int, expert_prefetch_stats>> expert_residency::prefetch_st
 }
 
 double expert_residency::prefetch_busy_ms() const { return impl_->coordinator.busy_ms(); }
+
+bool expert_residency::prefetch_stopped() const { return impl_->coordinator.judged_useless(); }
 
 std::vector<expert_prediction_stats> expert_residency::prediction_stats() const { return impl_->recorder.prediction_stats(); }
 

@@ -9,7 +9,9 @@ prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
 
 std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c, bool * waited) {
-    stats_[expert_key_layer(c.first)].used += unused_.erase(c);
+    const size_t used = unused_.erase(c);
+    stats_[expert_key_layer(c.first)].used += used;
+    used_ += used;
     auto it = in_flight_.find(c);
     if (it == in_flight_.end()) return nullptr;
     if (auto job = prefetcher_->claim(it->second)) return job;
@@ -18,7 +20,9 @@ std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c,
 }
 
 void prefetch_coordinator::evicted(const cached_copy & c) {
-    stats_[expert_key_layer(c.first)].wasted += unused_.erase(c);
+    const size_t wasted = unused_.erase(c);
+    stats_[expert_key_layer(c.first)].wasted += wasted;
+    wasted_ += wasted;
 }
 
 void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked) {

@@ -44,6 +44,12 @@ private:
     std::vector<cached_copy> pins_;
 };
 
+// Prefetching stops for good once, of at least PREFETCH_JUDGED_AFTER prefetches settled (used, or
+// evicted unused), fewer than PREFETCH_MIN_USED_SHARE were used: it would only take the disk's time
+// and evict cached experts for guesses that mostly miss.
+constexpr uint64_t PREFETCH_JUDGED_AFTER = 256;
+constexpr double PREFETCH_MIN_USED_SHARE = 0.5;
+
 class prefetch_coordinator {
 public:
     // The reads that fill `slot` with expert e of layer il in precision p.
@@ -93,6 +99,9 @@ public:
     void resume_after_loads() { if (prefetcher_) prefetcher_->resume(); }
 
     const std::vector<expert_prefetch_stats> & stats() const { return stats_; }  // per il: the layer prefetched for
+    bool judged_useless() const {
+        return used_ + wasted_ >= PREFETCH_JUDGED_AFTER && used_ < PREFETCH_MIN_USED_SHARE * (double) (used_ + wasted_);
+    }
     double busy_ms() const { return prefetcher_ ? prefetcher_->busy_ms() : 0.0; }
     void reset_stats();
 
@@ -109,6 +118,7 @@ private:
     pin_set wave_pins_;
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
+    uint64_t used_ = 0, wasted_ = 0;               // since the start (stats_ are reset)
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read
     int fill_in_flight_ = 0, n_threads_ = 0;
