@@ -254,6 +254,7 @@ class Engine:
                                                            or native_options.prefetch.name == "edgemoe"):
             raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "
                                      "give an expert_cache below the model's experts (e.g. --expert-cache 50%)")
+        background = False  # the cache filled in the background
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
@@ -266,7 +267,11 @@ class Engine:
                 _calibrated_tables(self._model, native_options, calibration)
                 if native_options.fill_cache:
                     ranking = fill_ranking(calibration, self.info.n_experts)
-                    if native_options.fill_background:
+                    # lossless only: with LOW copies or skips, what a miss computes depends on
+                    # whether the fill has cached that expert yet, i.e. on timing
+                    background = native_options.fill_background and not (native_options.low_precision
+                                                                         or native_options.skip)
+                    if background:
                         self._model.fill_expert_cache_in_background(ranking)
                     else:
                         self._model.fill_expert_cache(ranking)
@@ -276,6 +281,7 @@ class Engine:
             raise ModelLoadError(str(e)) from None
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
         if self.expert_residency:
+            self.expert_residency["fill_background"] = background  # as done
             self.expert_cache_note += f"; {_serving(self.expert_residency)}"
         if self.expert_residency and self.expert_residency["mode_reason"]:
             print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)

@@ -5,12 +5,16 @@ policy and prefetch mode), and exactly the two-pass sum it claims to be.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import gguf
 import numpy as np
 import pytest
 
 from pyedgemoe import Engine, _native
 from pyedgemoe.convert.export import export
-from pyedgemoe.convert.from_gguf import convert_gguf
+from pyedgemoe.convert.from_gguf import convert_gguf, copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
+from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import InvalidOptionError
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
@@ -360,3 +364,34 @@ def test_without_prefetch_or_tracing_no_predictor_runs(mp_models):
         experts = eng.stats()["experts"]
     assert experts["predictor_depth"] == 0 and experts["prediction"] == []
     assert (trace["predicted"] == -1).all() and len(trace["layer"]) > 0
+
+
+def with_loud_attention(src: Path, out: Path, factor: float = 50.0) -> Path:
+    """src (f32) with every attention output projection scaled by `factor`: each layer's input is
+    then mostly that layer's own attention output, so the next layer's router applied to this
+    layer's input (the predictor) guesses little better than chance."""
+    reader = open_gguf(src, "model")
+    output = GGUFOutput(out, arch=kv_value(reader, gguf.Keys.General.ARCHITECTURE), force=True)
+    copy_kv(reader, output.writer, skip=lambda key: False)
+    for t in reader.tensors:
+        if t.name.endswith("attn_output.weight"):
+            produce = (lambda s=t: np.asarray(s.data, dtype=np.float32) * np.float32(factor))
+        else:
+            produce = (lambda s=t: copy_chunks(src, s))
+        output.add_tensor(t.name, tensor_ne(t), tensor_type_name(t), produce)
+    return output.finish(progress=False)
+
+
+def test_prefetching_stops_itself_when_most_prefetches_go_unused(tiny_model, tmp_path):
+    path = with_loud_attention(tiny_model("qwen3_moe")[0], tmp_path / "loud.gguf")
+    with Engine(path, **{**SETTINGS, "n_ctx": 512}, expert_cache="25%", prefetch="hobbit") as eng:
+        tokens = eng.time_generation(IDS[:6], 400)["tokens"]
+        p = eng.stats()["experts"]["prefetches"]
+        assert p["used"] + p["wasted"] >= 256 and p["used"] < 0.5 * (p["used"] + p["wasted"]), p
+        assert p["stopped"]
+        issued = p["issued"]
+        eng.time_generation(IDS[:6], 32)
+        assert eng.stats()["experts"]["prefetches"]["issued"] == issued  # none since it stopped
+    with Engine(path, **{**SETTINGS, "n_ctx": 512}) as eng:
+        resident = eng.time_generation(IDS[:6], 400)["tokens"]
+    assert tokens == resident  # lossless all along

@@ -48,7 +48,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(expert_io,         io,              expert_io::direct,      "how experts are read: direct (O_DIRECT), buffered, mmap") \
     X(int,               io_threads,      4,                      "expert reads in flight at once")                     \
     X(bool,              fill_cache,      true,                   "read experts into the expert cache at load (most routed first when calibrated)") \
-    X(bool,              fill_background, true,                   "fill_cache while the prompt and the first tokens run, not before them") \
+    X(bool,              fill_background, true,                   "fill_cache while the prompt and the first tokens run, not before them (lossless runs; with LOW copies or skips: before)") \
     X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld, hobbit, edgemoe or fate") \
     X(hobbit_weights,    policy_weights,  kEqualHobbitWeights,    "hobbit policy weights lru,lfu,lhu,fld")              \
     X(int,               fate_shallow,    -1,                     "fate policy: MoE layers cached first, as shallow (-1: the first sixth)") \
