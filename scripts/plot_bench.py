@@ -101,7 +101,7 @@ def plot_ratios(args, plt) -> int:
         ours, stock = by_engine.get("pyedgemoe"), by_engine.get("llama_cpp")
         if not ours or not stock:
             continue
-        x = 100.0 * cap / size if cap else no_cap
+        x = float(round(100.0 * cap / size)) if cap else no_cap
 
         def median(rs: list[dict], f) -> float:
             return statistics.median(f(r) for r in rs)
