@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(no_cap in by_cap for by_cap in points.values()):
         ticks[no_cap] = "no cap"
     ax.set_xticks(list(ticks), list(ticks.values()))
-    ax.set_xlabel("memory cap (% of the standard model file)")
-    ax.set_ylabel("decode tokens / s (median)")
+    return finish(fig, ax, args, "memory cap (% of the standard model file)", "decode tokens / s (median)")
+
+
+def finish(fig, ax, args, xlabel: str, ylabel: str) -> int:
+    """Labels, a log y axis, the title and the legend; writes args.out."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(args.title)
     ax.grid(True, which="both", alpha=0.3)
@@ -121,16 +126,7 @@ def plot_ratios(args, plt) -> int:
     ax.axhline(1.0, color="black", linewidth=0.8)
     caps = sorted({c for by_cap in ratios.values() for c in by_cap})
     ax.set_xticks(caps, ["no cap" if c == no_cap else f"{c:.0f} %" for c in caps])
-    ax.set_xlabel("memory cap (% of the model file)")
-    ax.set_ylabel("ours / stock llama.cpp (median over cells)")
-    ax.set_yscale("log")
-    ax.set_title(args.title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
-    return 0
+    return finish(fig, ax, args, "memory cap (% of the model file)", "ours / stock llama.cpp (median over cells)")
 
 
 if __name__ == "__main__":
