@@ -61,7 +61,7 @@ void prefetch_coordinator::start_fill(std::vector<std::pair<int, int>> order) {
 
 void prefetch_coordinator::top_up_fill() {
     const expert_precision high = expert_precision::high;
-    while (prefetcher_ && fill_in_flight_ < n_threads_ && fill_next_ < fill_order_.size()) {
+    while (prefetcher_ && fill_in_flight_ < FILL_READS_PER_THREAD * n_threads_ && fill_next_ < fill_order_.size()) {
         const auto [il, e] = fill_order_[fill_next_++];
         const int group = group_of_[il];
         if (fill_full_[group]) continue;

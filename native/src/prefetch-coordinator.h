@@ -49,6 +49,9 @@ private:
 // and evict cached experts for guesses that mostly miss.
 constexpr uint64_t PREFETCH_JUDGED_AFTER = 256;
 constexpr double PREFETCH_MIN_USED_SHARE = 0.5;
+// A layer's op tops the fill up; until the next op the loader threads read what is queued, so a
+// queue of several reads per thread keeps the disk busy through a layer's compute.
+constexpr int FILL_READS_PER_THREAD = 4;
 
 class prefetch_coordinator {
 public:
@@ -80,8 +83,9 @@ public:
     void prefetch(const std::vector<predicted_expert> & walked);
 
     // The cache's fill in the background: HIGH copies of order's experts ((il, expert), in order)
-    // are read into free slots, never evicting; top_up_fill() keeps n_threads reads in flight and
-    // is called as layers run, so the fill goes on while the prompt and the first tokens compute.
+    // are read into free slots, never evicting; top_up_fill() keeps FILL_READS_PER_THREAD x
+    // n_threads reads queued or in flight and is called as layers run, so the fill goes on while
+    // the prompt and the first tokens compute.
     // A group's fill ends at its first expert with no free slot. Claimed like a prefetch.
     void start_fill(std::vector<std::pair<int, int>> order);
     void top_up_fill();
