@@ -44,4 +44,8 @@ struct expert_layout {
     uint64_t high_bytes = 0, low_bytes = 0;  // of all experts, per precision
 
     const moe_layer_layout * layer_at(int il) const;  // null for a layer without experts
+    // the MoE layer after l (one of layers), or null for the last
+    const moe_layer_layout * after(const moe_layer_layout & l) const {
+        return &l + 1 == layers.data() + layers.size() ? nullptr : &l + 1;
+    }
 };

@@ -689,20 +689,20 @@ void expert_residency::impl::prefill_ahead(const moe_layer_layout & l, int64_t n
     // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
     if (layout.has_low || n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
     if (planned_waves.size() > 1) return;  // the next wave needs the slots
-    auto at = std::find_if(layout.layers.begin(), layout.layers.end(), [&](const moe_layer_layout & x) { return x.il == l.il; });
-    if (at == layout.layers.end() || at + 1 == layout.layers.end()) return;
-    const int next = (at + 1)->il;
+    const moe_layer_layout * after = layout.after(l);
+    if (!after) return;
+    const int next = after->il;
     std::vector<predicted_expert> all;
     for (int e = 0; e < layout.n_expert; e++) all.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
     coordinator.prefetch(all);
 }
 
 void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n_tokens) {
-    auto at = std::find_if(layout.layers.begin(), layout.layers.end(), [&](const moe_layer_layout & x) { return x.il == l.il; });
-    if (at == layout.layers.end() || at + 1 == layout.layers.end()) return;
-    const int next = (at + 1)->il, k = layout.n_expert_used;
+    const moe_layer_layout * after = layout.after(l);
+    if (!after) return;
+    const int next = after->il, k = layout.n_expert_used;
     const std::vector<int32_t> & now = ubatch_ids[l.il];
-    auto before = at == layout.layers.begin() ? ubatch_ids.end() : ubatch_ids.find((at - 1)->il);
+    auto before = &l == layout.layers.data() ? ubatch_ids.end() : ubatch_ids.find((&l - 1)->il);
     // each token's top-k guess (scored when the next layer runs) and the summed probabilities
     std::vector<int32_t> guesses((size_t) n_tokens * k, -1);
     std::vector<float> total(layout.n_expert, 0.0f);
