@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,12 @@ def test_background_fill_is_lossless_and_fills_the_cache_while_tokens_run(tiny_m
     path = tiny_model(arch, outtype)[0]
     with Engine(path, **SETTINGS, expert_cache="50%") as eng:  # fill_background: the default
         assert eng.stats()["experts"]["fill_background"]
+        # the reads queued at load finish on the loader threads meanwhile; the next layer to run
+        # takes them in (a prompt needing more experts than the free slots left may cancel those
+        # still queued: it comes first)
+        time.sleep(0.5)
+        eng.logits(IDS[:1])
+        assert eng.stats()["experts"]["fill"]["experts"] > 0
         logits = eng.logits(IDS)
         tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
         experts = eng.stats()["experts"]
@@ -151,7 +158,6 @@ def test_background_fill_is_lossless_and_fills_the_cache_while_tokens_run(tiny_m
     assert tokens == ref_tokens
     # the reads went on while the layers ran, into free slots only: by the end every slot is taken
     assert 0 < experts["fill"]["experts"] <= experts["high_slots"] == experts["resident_experts"]
-    assert experts["fill"]["bytes_read"] > 0
 
 
 def test_fill_takes_each_layers_most_routed_experts_from_the_calibration(tiny_model, tmp_path):

@@ -67,6 +67,9 @@ void prefetch_coordinator::top_up_fill() {
         if (fill_full_[group]) continue;
         const expert_key key = make_expert_key(il, e);
         if (in_flight_.count({ key, high })) continue;
+        // at most half of the free slots at a time: the running layer's misses need some too
+        const slot_table & tier = cache_.tier(group, high);
+        if (tier.n_slots() - tier.n_used() <= fill_in_flight_) { fill_next_--; break; }
         const expert_cache::placement slot = cache_.reserve(group, il, e, high, /*evict*/ false);
         if (!slot.load) {
             // cached already, or the group's tier is full

@@ -83,9 +83,9 @@ public:
     void prefetch(const std::vector<predicted_expert> & walked);
 
     // The cache's fill in the background: HIGH copies of order's experts ((il, expert), in order)
-    // are read into free slots, never evicting; top_up_fill() keeps FILL_READS_PER_THREAD x
-    // n_threads reads queued or in flight and is called as layers run, so the fill goes on while
-    // the prompt and the first tokens compute.
+    // are read into free slots, never evicting and never holding more than half of those free;
+    // top_up_fill() keeps up to FILL_READS_PER_THREAD x n_threads reads queued or in flight and is
+    // called as layers run, so the fill goes on while the prompt and the first tokens compute.
     // A group's fill ends at its first expert with no free slot. Claimed like a prefetch.
     void start_fill(std::vector<std::pair<int, int>> order);
     void top_up_fill();
