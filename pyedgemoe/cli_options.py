@@ -1,5 +1,5 @@
 """The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`-ngl`, `--expert-cache`, `--device`, `--host-cache`, `--system`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
+`-ngl`, `--expert-cache`, `--device`, `--host-cache`, `--system`, `--repack/--no-repack`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
 pyedgemoe.expert_options.OPTION_NAMES with dashes, their help and defaults from the native schema)
 and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
 of Engine keyword arguments; a bad value is one `error:` line."""
@@ -37,6 +37,10 @@ _ENGINE_OPTIONS = (
                                            help="a seed system's preset of the expert options: lossless, hobbit, "
                                                 "edgemoe, fate or mobile (docs/systems.md); options given win"),
      "system"),
+    ("repack", Optional[bool], typer.Option(None, "--repack/--no-repack",
+                                            help="repacked copies of the weights, as llama.cpp makes them (default: "
+                                                 "off where experts stream through an expert cache or stay mapped)"),
+     "repack"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log"), "verbose"),
 )
 

@@ -143,13 +143,13 @@ def _calibrated_tables(model, options, calibration: dict | None) -> None:
         model.set_expert_path_statistics(native_entries(stats))
 
 
-def _serving(experts: dict) -> str:
+def _serving(experts: dict, repack: bool) -> str:
     """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
-    prefetch, eviction and precision, as in effect."""
+    prefetch, eviction, precision and repacking, as in effect."""
     fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
     precision = ("mixed precision" + (" with skips" if experts["skip"] else "")) if experts["mixed_precision"] else "lossless"
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}, "
-            f"eviction {experts['cache_policy']}, {precision}")
+            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -189,6 +189,10 @@ class Engine:
     mode (an expert option): "cpu", "gpu", "coop" or "auto" (the default where the build has a
         GPU; pyedgemoe.devices, docs/gpu.md). With a GPU, expert_cache is the GPU's expert budget
         (auto: from its free memory), non-expert weights and the KV cache live there too.
+    repack: repacked copies of the weights where llama.cpp's CPU backend makes them (its default;
+        False is llama.cpp's --no-repack). None (auto): off where the experts stream through an
+        expert cache in host memory or stay in the mapped file (each read would be converted again:
+        measured slower in load, prefill and decode, docs/benchmarks.md), on otherwise.
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
     host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
         a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
@@ -210,7 +214,7 @@ class Engine:
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
                  expert_options: ExpertOptions | None = None, trace_routing: bool = False,
                  device: str | None = None, host_cache: str | int | None = None, system: str | None = None,
-                 n_parallel: int = 1, verbose: bool = False, **options):
+                 n_parallel: int = 1, repack: bool | None = None, verbose: bool = False, **options):
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch),
@@ -246,6 +250,10 @@ class Engine:
         offload = budget not in (None, MAPPED) and self.info.is_moe
         if offload and self.device:
             check_fits_device(budget, self.device)
+        if repack and self.experts_mapped:
+            raise InvalidOptionError(f"expert_cache {MAPPED!r} computes from the mapped file: repacked copies would "
+                                     "take the experts out of it (repack off)")
+        self.repack = repack if repack is not None else not (self.experts_mapped or (offload and not self.device))
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
@@ -260,7 +268,7 @@ class Engine:
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload,
                                         device=self.device["name"] if self.device else "",
-                                        repack=not self.experts_mapped)
+                                        repack=self.repack)
             if offload:
                 self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
                                                     n_threads or os.cpu_count() or 1)  # --mode auto measures with them
@@ -282,7 +290,7 @@ class Engine:
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
         if self.expert_residency:
             self.expert_residency["fill_background"] = background  # as done
-            self.expert_cache_note += f"; {_serving(self.expert_residency)}"
+            self.expert_cache_note += f"; {_serving(self.expert_residency, self.repack)}"
         if self.expert_residency and self.expert_residency["mode_reason"]:
             print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
         if self.mode == "auto":  # as chosen: every expert resident on the GPU is the GPU-centric mode
@@ -723,10 +731,11 @@ class Engine:
     def stats(self) -> dict:
         """Counters since the Engine was created: tokens and time spent in prefill and decode.
         With an expert cache, "experts" holds its settings and per-layer and total counters;
-        "experts_mapped": the experts are in the page cache (expert_cache "mmap")."""
+        "experts_mapped": the experts are in the page cache (expert_cache "mmap"); "repack": the
+        weights the CPU computes have repacked copies."""
         out = {
             "mode": self.mode, "device": self.device["name"] if self.device else None,
-            "experts_mapped": self.experts_mapped,
+            "experts_mapped": self.experts_mapped, "repack": self.repack,
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},

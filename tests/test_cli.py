@@ -183,7 +183,8 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
 
 
 @pytest.mark.parametrize("args, says", [
-    ((), "io direct with 4 reads in flight, fill in the background, prefetch none, eviction lru, lossless"),
+    ((), "io direct with 4 reads in flight, fill in the background, prefetch none, eviction lru, lossless, repack off"),
+    (("--repack",), "lossless, repack on"),
     (("--no-fill-background", "--io", "buffered", "--io-threads", "2", "--prefetch", "hobbit"),
      "io buffered with 2 reads in flight, fill at load, prefetch hobbit"),
     (("--no-fill-cache", "--cache-policy", "lfu"), "no fill, prefetch none, eviction lfu"),
@@ -208,6 +209,7 @@ def test_one_note_line_says_how_the_experts_are_served(tiny_model, args, says):
     (("--policy-weights", "1,1"), "four"),
     (("--low-cache", "1.5"), "low_cache"),
     (("--low-precision",), "LOW expert copies"),
+    (("--expert-cache", "mmap", "--repack"), "repack"),
 ])
 def test_invalid_expert_cache_options(tiny_model, args, fragment):
     olmoe, _ = tiny_model("olmoe")

@@ -65,10 +65,10 @@ def distinct_experts(trace) -> tuple[int, int]:
 def resident_cache():
     cache = {}
 
-    def resident(path, n_batch: int):
-        key = (str(path), n_batch)
+    def resident(path, n_batch: int, repack: bool = True):
+        key = (str(path), n_batch, repack)
         if key not in cache:
-            cache[key] = run(path, n_batch=n_batch)[:2]
+            cache[key] = run(path, n_batch=n_batch, repack=repack)[:2]
         return cache[key]
     return resident
 
@@ -88,18 +88,24 @@ def q4_k_model(tmp_path_factory):
     return export(DEMO, out, precision="low", progress=False)
 
 
+@pytest.mark.parametrize("repack", [None, True])
 @pytest.mark.parametrize("io", IO_MODES)
 @pytest.mark.parametrize("budget", ["50%", "minimum"])
-def test_offloaded_run_equals_resident_run_with_repacked_expert_types(q4_k_model, resident_cache, budget, io):
+def test_offloaded_run_equals_resident_run_with_repacked_expert_types(q4_k_model, resident_cache, budget, io, repack):
+    """By default the slots hold the file's layout, as llama.cpp --no-repack computes; with repack,
+    the repacked one, as llama.cpp's default. The two compute differently (checked first)."""
     assert read_model_info(q4_k_model).tensor_types.get("q4_K", 0) > 0
-    check_offloaded_equals_resident(q4_k_model, budget, io, resident_cache)
+    n_ubatch = run(q4_k_model, expert_cache=budget_bytes(q4_k_model, budget))[3]
+    assert not np.array_equal(resident_cache(q4_k_model, n_ubatch, True)[0], resident_cache(q4_k_model, n_ubatch, False)[0])
+    check_offloaded_equals_resident(q4_k_model, budget, io, resident_cache, repack)
 
 
-def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache) -> None:
+def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache, repack: bool | None = None) -> None:
     # an empty cache at the start, so that every budget loads experts on demand (filled: below)
     logits, tokens, stats, n_ubatch, trace = run(path, trace=True, expert_cache=budget_bytes(path, budget), io=io,
-                                                 fill_cache=False)
-    ref_logits, ref_tokens = resident_cache(path, n_ubatch)
+                                                 fill_cache=False, repack=repack)
+    assert stats["repack"] is bool(repack)  # streamed experts: no repacked copies unless asked for
+    ref_logits, ref_tokens = resident_cache(path, n_ubatch, bool(repack))
     assert np.array_equal(logits, ref_logits), np.max(np.abs(logits - ref_logits))
     assert tokens == ref_tokens
     total = stats["experts"]["total"]

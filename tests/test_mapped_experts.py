@@ -3,7 +3,8 @@ does without repacked copies (--no-repack), so the page cache holds what memory 
 picks it near fit for experts the CPU repacks (memory_budget.NEAR_FIT_MAPPED_SHARE).
 
 The logits equal stock llama.cpp's with --no-repack on a Q4_K model (which this CPU repacks) and
-the resident run's on an F32 one; the choice of "auto" follows the memory it sees.
+the resident run's on an F32 one; the choice of "auto" follows the memory it sees. An expert cache
+in host memory computes without repacked copies too (repack off by default), as stock does.
 """
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def test_mapped_experts_compute_as_stock_llama_cpp_without_repacking(q4_k_model)
         assert eng.experts_mapped and eng.expert_residency is None and eng.stats()["experts_mapped"]
         ours = eng.logits(IDS)
     assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
+
+
+def test_streamed_experts_compute_as_stock_llama_cpp_without_repacking(q4_k_model):
+    with Engine(q4_k_model, expert_cache="50%", **SETTINGS) as eng:
+        assert not eng.repack and not eng.stats()["repack"]
+        ours = eng.logits(IDS)
+    assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
+
+
+def test_mapped_experts_cannot_be_repacked(q4_k_model):
+    with pytest.raises(InvalidOptionError, match="repack"):
+        Engine(q4_k_model, expert_cache=MAPPED, repack=True, **SETTINGS)
 
 
 def test_mapped_experts_equal_the_resident_run_where_nothing_is_repacked(tiny_model):

@@ -53,6 +53,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     self->path = path;
     self->experts_on_demand = experts_on_demand;
     self->device = device;
+    self->repack = repack;
 }
 
 // The ggml devices this build has: name, description, type ("cpu", "gpu", "igpu", "accel"), memory.

@@ -44,6 +44,7 @@ struct Model {
     std::string path;
     bool experts_on_demand = false;                 // loaded with the expert tensors left in the file
     std::string device;                             // the ggml device of its layers ("": the CPU)
+    bool repack = true;                             // repacked copies of weights (not --no-repack)
     std::unique_ptr<expert_residency> residency;   // the expert cache, when offloading is on
     ~Model();
 };

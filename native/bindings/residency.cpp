@@ -37,7 +37,7 @@ void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bo
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
     // std::invalid_argument (bad options, expert_budget_error) -> ValueError / ExpertBudgetError
-    const expert_device_config device = { m.device, host_cache_bytes, n_threads };
+    const expert_device_config device = { m.device, host_cache_bytes, n_threads, m.repack };
     m.residency = std::make_unique<expert_residency>(m.model, m.path, budget_bytes, options, trace_routing, device);
 }
 

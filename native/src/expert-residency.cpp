@@ -245,8 +245,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         check_device_room(device, pool_bytes);
     }
     for (size_t g = 0; g < layout.groups.size(); g++) {
-        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], device_buft));
-        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], device_buft));
+        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], device_buft, dc.repack));
+        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], device_buft, dc.repack));
     }
     if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
     if (options.mode == compute_mode::automatic) {

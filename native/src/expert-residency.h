@@ -33,7 +33,8 @@ struct llama_model;
 struct expert_device_config {
     std::string device;
     uint64_t host_bytes = 0;
-    int n_threads = 1;  // the CPU's threads, for --mode auto's measurement
+    int n_threads = 1;    // the CPU's threads, for --mode auto's measurement
+    bool repack = true;   // host pools repack as the model's weights do (its use_extra_bufts)
 };
 
 // What a residency is, once built (the options in effect aside).

@@ -9,8 +9,8 @@ host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double
     ggml_backend_buffer_type_t buft = ggml_backend_dev_host_buffer_type(device);
     if (!buft) buft = ggml_backend_cpu_buffer_type();
     for (size_t g = 0; g < layout.groups.size(); g++) {
-        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], buft));
-        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], buft));
+        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], buft, false));
+        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], buft, false));
     }
 }
 

@@ -47,14 +47,14 @@ bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
     return out;
 }
 
-slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft)
+slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft, bool repack_host)
     : shapes_(shapes), n_slots_(n_slots) {
     // the pools, and a view of every slot of those written through views
     ggml_init_params params = { ggml_tensor_overhead() * PROJ_COUNT * (2 + (size_t) n_slots) + 1024, nullptr, /*no_alloc*/ true };
     ctx_ = ggml_init(params);
     if (!ctx_) throw std::runtime_error("slot pool: ggml_init failed");
     static const char * names[PROJ_COUNT] = { "edgemoe_pool_up", "edgemoe_pool_gate", "edgemoe_pool_down", "edgemoe_pool_gate_up" };
-    ggml_backend_buffer_type_t repack = buft ? nullptr : cpu_repack_buffer_type();
+    ggml_backend_buffer_type_t repack = buft || !repack_host ? nullptr : cpu_repack_buffer_type();
     // every plain projection's pool starts on a page: O_DIRECT reads of page-multiple experts then
     // go straight into their slots (expert_store::read_range)
     const uint64_t align = std::max<uint64_t>(kPageBytes, buft ? ggml_backend_buft_get_alignment(buft) : 0);
