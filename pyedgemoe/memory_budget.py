@@ -42,11 +42,12 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows.
 MAPPED = "mmap"
-# "auto" near fit: when a cache would hold at least this share of experts that the CPU repacks
-# (each miss then pays a read and the repack conversion), MAPPED. Measured on the Qwen3-30B-A3B
+# "auto" near fit: when a cache would hold at least this share of experts of types the CPU repacks,
+# MAPPED. Measured on the Qwen3-30B-A3B
 # geometry (Q4_K) under cgroup caps of 75-110 % of the file (docs/benchmarks.md, "Near fit"): caches
 # of 60, 77 and 82 % of the experts decoded 7.7x, 3.4x and 1.6x stock llama.cpp's mapped file, one
 # of 88 % at 0.4x, the page cache then holding all but a few per cent of the file: between the two.
+# (Still so with repack off; experts of types not repacked, the OLMoE geometry's Q8_0, cache faster.)
 NEAR_FIT_MAPPED_SHARE = 0.85
 
 
@@ -263,7 +264,7 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
     if share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
         return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
                         f"what fits, without repacked copies: a cache would hold {share:.0%} of "
-                        f"{expert_bytes / gib:.2f} GiB of experts that this CPU repacks after every read "
+                        f"{expert_bytes / gib:.2f} GiB of experts of a type this CPU repacks "
                         f"({available / gib:.2f} GiB available), and this near to a fit the page cache is faster")
     return room, (f"expert cache auto: {room / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                   f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "

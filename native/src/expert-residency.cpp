@@ -139,9 +139,10 @@ struct expert_residency::impl : moe_pass_builder {
     // reads on the loader threads, counted in st; the first error ("" if none)
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
     std::vector<std::pair<int, int>> fill_order(const std::map<int, std::vector<int>> & ranking) const;
-    // A prefill ubatch (lossless) that needs nearly every expert of each layer: the next layer's
-    // experts are read while this one computes, into the slots its own experts leave.
-    void prefill_ahead(const moe_layer_layout & l, int64_t n_tokens);
+    // Lossless prefill, after a wave was served: the layer's next wave is read while this one
+    // computes (pipelined waves, wave_size); after its last wave, a ubatch that needs nearly every
+    // expert reads the next layer's experts into the slots its own leave.
+    void read_ahead(const moe_layer_layout & l, int wave, int64_t n_tokens);
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() {
         coordinator.forget();
@@ -160,6 +161,16 @@ struct expert_residency::impl : moe_pass_builder {
         const int slots = high_pools[group]->n_slots();
         return options.mode == compute_mode::coop ? std::min(slots, host->budget.high_slots[group]) : slots;
     }
+    // Whether a ubatch of n_tokens runs a layer in pipelined waves: it needs several waves (a
+    // prefill under a small cache), and the run is lossless on one tier, so each wave takes half the
+    // slots and the next wave's reads run in the other half while it computes (read_ahead).
+    bool pipelined(int group, int64_t n_tokens) const {
+        const int slots = wave_slots(group);
+        return !layout.has_low && options.mode != compute_mode::coop && slots >= 2 &&
+               waves_needed(layout.n_expert, layout.n_expert_used, n_tokens, slots, layout.has_expert_bias) > 1;
+    }
+    // most distinct experts per wave
+    int wave_size(int group, int64_t n_tokens) const { return wave_slots(group) / (pipelined(group, n_tokens) ? 2 : 1); }
     void fail(const std::string & why, ggml_tensor * dst);
     void write_unserved(ggml_tensor * dst) const;
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
@@ -274,7 +285,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     for (const auto & l : layout.layers) {
         moe_layers.push_back(l.il);
         for (const ggml_tensor * t : l.stacked) if (t) hooked.emplace_back(t, l.il);
-        const int slots = wave_slots(l.group);
+        const int slots = wave_size(l.group, layout.n_expert);  // a ubatch of n_expert tokens: the most waves
         for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
     const int depth = predictor_depth(o, trace_routing);
@@ -341,7 +352,8 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         for (int q = 0; q < PROJ_COUNT; q++) GGML_ASSERT(given[q] == l.stacked[q]);
         b.ids = p->ids;
         weights_normalized[il] = p->weights_normalized;
-        b.waves = waves_needed(layout.n_expert, layout.n_expert_used, p->ids->ne[1], wave_slots(l.group), layout.has_expert_bias);
+        b.waves = waves_needed(layout.n_expert, layout.n_expert_used, p->ids->ne[1], wave_size(l.group, p->ids->ne[1]),
+                               layout.has_expert_bias);
     }
     const int wave = pass / n_passes, index = pass % n_passes;
     if (wave >= b.waves) return false;
@@ -412,7 +424,7 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     if (wave == 0 && predicted) predict_and_prefetch(l, predicted, ids->ne[1]);
     if (wave == 0 && paths && options.prefetch == prefetch_mode::edgemoe) path_prefetch(l, ids->ne[1]);
-    if (wave == 0) prefill_ahead(l, ids->ne[1]);
+    read_ahead(l, wave, ids->ne[1]);
     if (wave == 0) coordinator.top_up_fill();
     overlap.layer_ended(clock_type::now(), ubatch_index);
 }
@@ -453,7 +465,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     rules.fixed = fixed.empty() || fixed[l.il].empty() ? nullptr : fixed[l.il].data();
     rules.prefill_low_share = options.prefill_low_share;
     rules.keep = little_pass ? k / 2 : 0;
-    const int high_slots = wave_slots(l.group);
+    const int high_slots = wave_size(l.group, n_tokens);
     const int n_waves = waves_needed(layout.n_expert, k, n_tokens, high_slots, layout.has_expert_bias);
     layer_plan plan = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert, rules, n_waves, high_slots,
         [&](int e, expert_precision demand) {
@@ -685,10 +697,21 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     }));
 }
 
-void expert_residency::impl::prefill_ahead(const moe_layer_layout & l, int64_t n_tokens) {
+void expert_residency::impl::read_ahead(const moe_layer_layout & l, int wave, int64_t n_tokens) {
+    if (layout.has_low) return;
+    const bool next_wave = wave + 1 < (int) planned_waves.size() && !planned_waves[wave + 1].empty();
+    if (next_wave || planned_waves.size() > 1) {
+        if (!pipelined(l.group, n_tokens)) return;  // the next wave needs every slot
+        coordinator.settle(l.il);  // the experts read ahead for this wave are pinned by it now
+    }
+    if (next_wave) {
+        std::vector<predicted_expert> experts;
+        for (const auto & d : planned_waves[wave + 1]) experts.push_back({ l.il, d.first, d.second });
+        coordinator.prefetch(experts);
+        return;
+    }
     // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
-    if (layout.has_low || n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
-    if (planned_waves.size() > 1) return;  // the next wave needs the slots
+    if (n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
     const moe_layer_layout * after = layout.after(l);
     if (!after) return;
     const int next = after->il;
