@@ -139,8 +139,8 @@ struct expert_residency::impl : moe_pass_builder {
     // reads on the loader threads, counted in st; the first error ("" if none)
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
     std::vector<std::pair<int, int>> fill_order(const std::map<int, std::vector<int>> & ranking) const;
-    // Lossless prefill, after a wave was served: the layer's next wave is read while this one
-    // computes (pipelined waves, wave_size); after its last wave, a ubatch that needs nearly every
+    // Prefill, after a wave was served: the layer's next wave is read while this one computes
+    // (pipelined waves, wave_size); after its last wave, a lossless ubatch that needs nearly every
     // expert reads the next layer's experts into the slots its own leave.
     void read_ahead(const moe_layer_layout & l, int wave, int64_t n_tokens);
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
@@ -162,11 +162,12 @@ struct expert_residency::impl : moe_pass_builder {
         return options.mode == compute_mode::coop ? std::min(slots, host->budget.high_slots[group]) : slots;
     }
     // Whether a ubatch of n_tokens runs a layer in pipelined waves: it needs several waves (a
-    // prefill under a small cache), and the run is lossless on one tier, so each wave takes half the
-    // slots and the next wave's reads run in the other half while it computes (read_ahead).
+    // prefill under a small cache) on one tier, so each wave takes half the slots and the next
+    // wave's reads (its planned experts, in their planned precisions) run in the other half while
+    // it computes (read_ahead).
     bool pipelined(int group, int64_t n_tokens) const {
         const int slots = wave_slots(group);
-        return !layout.has_low && options.mode != compute_mode::coop && slots >= 2 &&
+        return options.mode != compute_mode::coop && slots >= 2 &&
                waves_needed(layout.n_expert, layout.n_expert_used, n_tokens, slots, layout.has_expert_bias) > 1;
     }
     // most distinct experts per wave
@@ -698,7 +699,6 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
 }
 
 void expert_residency::impl::read_ahead(const moe_layer_layout & l, int wave, int64_t n_tokens) {
-    if (layout.has_low) return;
     const bool next_wave = wave + 1 < (int) planned_waves.size() && !planned_waves[wave + 1].empty();
     if (next_wave || planned_waves.size() > 1) {
         if (!pipelined(l.group, n_tokens)) return;  // the next wave needs every slot
@@ -710,8 +710,9 @@ void expert_residency::impl::read_ahead(const moe_layer_layout & l, int wave, in
         coordinator.prefetch(experts);
         return;
     }
-    // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
-    if (n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
+    // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n;
+    // with LOW copies the next layer's precisions are not known before its routing
+    if (layout.has_low || n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
     const moe_layer_layout * after = layout.after(l);
     if (!after) return;
     const int next = after->il;
