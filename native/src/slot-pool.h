@@ -4,12 +4,13 @@
 // projection's pool. ggml_mul_mat_id multiplies
 // over the pools with slot ids exactly as it would over the stacked expert tensors.
 //
-// Host pools (the default), with repack: where llama.cpp would repack a resident expert tensor
-// (its CPU_REPACK buffer type: Q4_0, Q4_K, IQ4_NL, MXFP4 on x86 AVX2), that projection's pool
-// lives in a CPU_REPACK buffer too, so the same repacked kernels compute and the result is
-// bit-identical to the resident model. Such a slot is written through its view (slot_view), which
-// converts the file's layout. Without repack (the model's --no-repack), the file's layout. Pools in another buffer type: a GPU's memory (written through slot views with
-// ggml_backend_tensor_set, i.e. uploaded) or its pinned host memory (plain, CPU-addressable).
+// Host pools (the default) hold the file's layout; with repack_host (the model's repack), where
+// llama.cpp would repack a resident expert tensor (its CPU_REPACK buffer type: Q4_0, Q4_K, IQ4_NL,
+// MXFP4 on x86 AVX2), that projection's pool lives in a CPU_REPACK buffer too, so the same
+// repacked kernels compute and the result is bit-identical to the resident repacked model. Such a
+// slot is written through its view (slot_view), which converts the file's layout. Pools in another
+// buffer type: a GPU's memory (written through slot views with ggml_backend_tensor_set, i.e.
+// uploaded) or its pinned host memory (plain, CPU-addressable).
 #pragma once
 
 #include "expert-format.h"
@@ -42,8 +43,8 @@ bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
 class slot_pool {
 public:
     // Allocates the pools in page-aligned host memory (buft null; repacked where llama.cpp would,
-    // if repack) or in a buffer of buft (every slot zeroed). Throws std::runtime_error on failure.
-    slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft, bool repack);
+    // if repack_host) or in a buffer of buft (every slot zeroed). Throws std::runtime_error on failure.
+    slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft, bool repack_host);
     ~slot_pool();
     slot_pool(const slot_pool &) = delete;
     slot_pool & operator=(const slot_pool &) = delete;
