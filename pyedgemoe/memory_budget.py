@@ -53,7 +53,9 @@ NEAR_FIT_MAPPED_SHARE = 0.85
 
 def available_memory() -> tuple[int, str]:
     """(what this process can still use, where that number comes from): MemAvailable, capped by
-    the room under its cgroup's memory limit (limit minus usage, page cache included)."""
+    the room under its cgroup's memory limit: the limit minus what is in use there, less the clean
+    page cache charged to it, which the kernel drops when the group needs room (as MemAvailable
+    counts it; a previous run's cached file would otherwise look like memory in use)."""
     available = None
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -61,11 +63,13 @@ def available_memory() -> tuple[int, str]:
     if available is None:
         raise OSError("no MemAvailable in /proc/meminfo")
     where = "according to MemAvailable"
-    limits = [("cgroup v2", CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current")]
+    # (name, limit, usage, memory.stat, its key prefix for the group and its descendants)
+    limits = [("cgroup v2", CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", CGROUP_V2 / "memory.stat", "")]
     v1 = own_memory_cgroup_v1()
     if v1 is not None:
-        limits.append(("cgroup v1", v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
-    for name, limit_file, usage_file in limits:
+        limits.append(("cgroup v1", v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes", v1 / "memory.stat",
+                       "total_"))
+    for name, limit_file, usage_file, stat_file, prefix in limits:
         try:
             limit_text = limit_file.read_text().strip()
             if limit_text == "max":
@@ -73,10 +77,25 @@ def available_memory() -> tuple[int, str]:
             limit, usage = int(limit_text), int(usage_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if 0 < limit - usage < available:
-            available = limit - usage
-            where = f"under the {name} memory limit of {format_bytes(limit)} with {format_bytes(usage)} in use"
+        droppable = min(usage, _clean_page_cache(stat_file, prefix))
+        if 0 < limit - usage + droppable < available:
+            available = limit - usage + droppable
+            where = f"under the {name} memory limit of {format_bytes(limit)} with {format_bytes(usage - droppable)} in use"
+            if droppable:
+                where += f" (and {format_bytes(droppable)} of page cache it can drop)"
     return available, where
+
+
+def _clean_page_cache(stat_file: Path, prefix: str) -> int:
+    """The file pages a cgroup's memory.stat counts, less those dirty or under writeback (0 when
+    it cannot be read). v1 names them total_active_file ... total_dirty, v2 active_file ... file_dirty."""
+    try:
+        stat = dict(line.split() for line in stat_file.read_text().splitlines() if line.count(" ") == 1)
+        value = (lambda key: int(stat.get(prefix + key, 0)))
+        dirty = value("dirty") + value("writeback") if prefix else value("file_dirty") + value("file_writeback")
+        return max(0, value("active_file") + value("inactive_file") - dirty)
+    except (OSError, ValueError):
+        return 0
 
 
 def available_memory_bytes() -> int:
