@@ -1,7 +1,7 @@
-"""The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`-ngl`, `--expert-cache`, `--device`, `--host-cache`, `--system`, `--repack/--no-repack`, one flag per expert option (`--io-threads`, `--prefetch`, ...: the names of
-pyedgemoe.expert_options.OPTION_NAMES with dashes, their help and defaults from the native schema)
-and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
+"""The options of every CLI command that loads a model, declared once: `-t/--threads`, `-ngl`,
+`--expert-cache`, `--device`, `--host-cache`, `--system`, `--repack/--no-repack`, one flag per
+expert option (`--io-threads`, `--prefetch`, ...: the names of pyedgemoe.expert_options.OPTION_NAMES
+with dashes, their help and defaults from the native schema) and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
 of Engine keyword arguments; a bad value is one `error:` line."""
 from __future__ import annotations
 
