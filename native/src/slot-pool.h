@@ -75,5 +75,6 @@ private:
     void free_all();
 
     static constexpr uint64_t kPageBytes = 4096;
+    static constexpr uint64_t kHugePageBytes = 2ull << 20;  // x86-64's and arm64's usual THP size
     std::array<ggml_tensor *, PROJ_COUNT> tensors_{};
 };
