@@ -291,7 +291,7 @@ def perplexity_command(
         sys.stdout.flush()
 
     try:
-        with Engine(model, n_ctx=ctx, **engine_options) as eng:
+        with Engine(model, n_ctx=ctx, n_logits=ctx, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
                                 one_token_per_step=decode_mode)

@@ -28,7 +28,7 @@ from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
-from pyedgemoe.memory_budget import MAPPED, context_bytes, parse_expert_cache
+from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
@@ -206,6 +206,10 @@ class Engine:
         "mobile"; pyedgemoe.systems, docs/systems.md); options given explicitly win over it.
         static_precision and prefetch="edgemoe" read the calibration sidecar (`pyedgemoe calibrate
         --system edgemoe`); big_little (MoBiLE) decodes with top-k/2 and redoes low-confidence tokens.
+    n_logits: tokens whose logits one call of logits() (perplexity: a chunk) returns: their memory
+        is counted at load beside the expert cache (auto leaves room for them; an explicit size must
+        fit beside them). logits() of more tokens is checked against the memory available then and
+        refused (InvalidOptionError) when it cannot hold them, rather than outgrow a memory limit.
     verbose: forward llama.cpp's log to stderr.
     """
 
@@ -214,9 +218,11 @@ class Engine:
                  flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
                  expert_options: ExpertOptions | None = None, trace_routing: bool = False,
                  device: str | None = None, host_cache: str | int | None = None, system: str | None = None,
-                 n_parallel: int = 1, repack: bool | None = None, verbose: bool = False, **options):
-        if not isinstance(n_ctx, int) or n_ctx < 0:
-            raise InvalidOptionError(f"n_ctx must be a non-negative integer, got {n_ctx!r}")
+                 n_parallel: int = 1, repack: bool | None = None, n_logits: int = 0, verbose: bool = False,
+                 **options):
+        for name, value in (("n_ctx", n_ctx), ("n_logits", n_logits)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
         for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch),
                             ("n_parallel", n_parallel)):
             _positive(name, value)
@@ -238,7 +244,9 @@ class Engine:
         _native.set_verbose(verbose)
 
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
-        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel)
+        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel,
+                                n_logits)
+        self.n_logits = n_logits
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
             self.device["free_bytes"] if self.device else None, refuse=not self.device,  # a GPU: check_fits_device
@@ -402,6 +410,7 @@ class Engine:
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
+        check_logits_fit(self.info.metadata, len(ids), self.n_logits)
         with self._sequence_turn():
             self._clear()
             if one_token_per_step:

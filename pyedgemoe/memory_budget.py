@@ -3,9 +3,9 @@ one that cannot fit.
 
 What a run needs beside the memory it already uses: the expert cache (its budget; nothing when
 every expert is resident, as the file is mapped and the page cache can drop experts), the
-non-expert weights, the context (llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer
-and the vocabulary tables, computed from the model's shape and the context settings:
-context_bytes) and a small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES),
+non-expert weights, the context (llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer,
+the vocabulary tables and the logits asked for at once, computed from the model's shape and the
+context settings: context_bytes) and a small allowance for what else the process grows by (RUN_ALLOWANCE_BYTES),
 each calibrated by measurement. The memory available: MemAvailable, or what is left under a
 cgroup memory limit if one is set. "auto" keeps every expert resident when they fit with the
 rest; near fit, for experts the CPU repacks, it leaves them in the mapped file (MAPPED); otherwise
@@ -218,17 +218,43 @@ def vocabulary_bytes(metadata: dict) -> int:
     return _n_vocab(metadata) * VOCABULARY_TOKEN_BYTES
 
 
+def logits_bytes(metadata: dict, n_tokens: int) -> int:
+    """What the logits of n_tokens tokens asked for at once (Engine.logits, perplexity) hold at their
+    peak: two f32 rows of n_vocab per token, the result and either llama.cpp's output buffer (a
+    ubatch's rows; it keeps its largest size) or, one token per step, the rows gathered before
+    they are stacked. 0 tokens: nothing beyond what generation holds."""
+    return 2 * n_tokens * _n_vocab(metadata) * ACTIVATION_BYTES
+
+
 def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
-                  n_seq_max: int = 1) -> int:
+                  n_seq_max: int = 1, n_logits: int = 0) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
-    context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer and the
-    vocabulary tables (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes).
+    context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer, the
+    vocabulary tables and the logits of n_logits tokens at once (kv_cache_bytes,
+    compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes).
     metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch: tokens per
     llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences decoded
     together (an Engine's n_parallel)."""
     return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
             + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
-            + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata))
+            + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata)
+            + logits_bytes(metadata, n_logits))
+
+
+def check_logits_fit(metadata: dict, n_tokens: int, reserved: int) -> None:
+    """Refuses (InvalidOptionError, with the numbers) logits of n_tokens tokens at once that the
+    memory available now cannot hold; those of up to `reserved` tokens were counted at load
+    (context_bytes' n_logits)."""
+    if n_tokens <= reserved:
+        return
+    need = logits_bytes(metadata, n_tokens)
+    available, where = available_memory()
+    if need <= available:
+        return
+    raise InvalidOptionError(
+        f"not enough memory for the logits of {n_tokens} tokens: they take {format_bytes(need)} (the result and "
+        f"llama.cpp's output buffer, {_n_vocab(metadata)} f32 each a token), and {_available_text(available, where)}: "
+        f"load the model with n_logits={n_tokens} (room kept for them beside the expert cache), or ask for fewer tokens")
 
 
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:

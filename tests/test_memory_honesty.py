@@ -77,10 +77,19 @@ def model(tmp_path_factory, tiny_model) -> Path:
 def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = None, verbose: bool = False,
             prompt: str = PROMPT, n_predict: int = 8) -> dict:
     """Runs `python -m pyedgemoe run` in a child (inside a fresh cgroup capped at limit_bytes when
-    given). Returns the --json object plus peak_rss (the child's ru_maxrss), stderr, and for a
-    capped run the cgroup's max_usage (page cache included) and failcnt."""
+    given). Returns the --json object plus what run_capped_child returns."""
     cmd = [sys.executable, "-m", "pyedgemoe", "run", str(model_path), "-p", prompt, "-n", str(n_predict), "--temp", "0",
            "--expert-cache", expert_cache, "--io", "direct", "--json"] + (["--verbose"] if verbose else [])
+    result = run_capped_child(cmd, limit_bytes)
+    if result["returncode"] == 0:
+        result.update(json.loads(result.pop("stdout")))
+    return result
+
+
+def run_capped_child(cmd: list[str], limit_bytes: int | None) -> dict:
+    """Runs cmd in a child (inside a fresh cgroup capped at limit_bytes when given). Returns
+    returncode, stdout, stderr, peak_rss (the child's ru_maxrss), and for a capped run the cgroup's
+    max_usage (page cache included) and failcnt."""
     cgroup = None
     preexec = None
     if limit_bytes is not None:
@@ -97,18 +106,16 @@ def run_cli(model_path: Path, expert_cache: str, *, limit_bytes: int | None = No
         with open(f"{out_path}.out", "w+") as out, open(f"{out_path}.err", "w+") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, preexec_fn=preexec)
             _, status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), err.read()
         os.unlink(f"{out_path}.out")
         os.unlink(f"{out_path}.err")
-        result = {"returncode": proc.returncode, "stderr": stderr, "peak_rss": rusage.ru_maxrss * 1024}
+        result = {"returncode": os.waitstatus_to_exitcode(status), "stdout": stdout, "stderr": stderr,
+                  "peak_rss": rusage.ru_maxrss * 1024}
         if cgroup is not None:
             result["cgroup_max_usage"] = int((cgroup / "memory.max_usage_in_bytes").read_text())
             result["cgroup_failcnt"] = int((cgroup / "memory.failcnt").read_text())
-        if proc.returncode == 0:
-            result.update(json.loads(stdout))
         return result
     finally:
         if cgroup is not None:
