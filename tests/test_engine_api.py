@@ -154,3 +154,22 @@ def test_closed_engine_refuses_work(mixtral_gguf):
                 lambda: e.metadata):
         with pytest.raises(RuntimeError, match="this Engine is closed"):
             use()
+
+
+def test_logits_the_memory_cannot_hold_are_refused_before_decoding_unless_reserved(mixtral_gguf, monkeypatch):
+    """Engine.logits checks the rows it is asked for (memory_budget.check_logits_fit) against the
+    memory available when called, here made too small for 64 tokens' logits; n_logits=64 counted
+    them at load instead, so the same call returns them."""
+    from pyedgemoe import memory_budget
+
+    with Engine(mixtral_gguf, n_ctx=256, n_threads=2) as e:
+        ids = e.tokenize("hello world " * 20, add_bos=False)[:64]
+        need = memory_budget.logits_bytes(e.info.metadata, 64)
+        monkeypatch.setattr(memory_budget, "available_memory", lambda: (need - 1, "for this test"))
+        with pytest.raises(InvalidOptionError, match="not enough memory for the logits of 64 tokens.*n_logits=64"):
+            e.logits(ids)
+        assert e.logits(ids[:32]).shape == (32, e.n_vocab)  # half of them fit
+    monkeypatch.undo()
+    with Engine(mixtral_gguf, n_ctx=256, n_threads=2, n_logits=64) as e:
+        monkeypatch.setattr(memory_budget, "available_memory", lambda: (0, "for this test"))
+        assert e.logits(ids).shape == (64, e.n_vocab)

@@ -252,3 +252,24 @@ def test_the_engine_refuses_an_expert_cache_that_cannot_fit_before_loading(tiny_
 
     with pytest.raises(InvalidOptionError, match=r"expert cache 1000TiB \(.*\) does not fit: .*largest expert cache"):
         Engine(tiny_model("olmoe")[0], expert_cache="1000TiB")
+
+
+VOCAB = {"general.architecture": "x", "x.vocab_size": 1000}  # 8,000 bytes of logits a token
+
+
+def test_logits_asked_for_at_once_are_in_the_context_when_reserved():
+    assert memory_budget.logits_bytes(VOCAB, 100) == 2 * 100 * 1000 * 4  # the result and llama.cpp's buffer
+    grown = memory_budget.context_bytes(VOCAB, 64, 32, 2, None, n_logits=100) - memory_budget.context_bytes(VOCAB, 64, 32, 2, None)
+    assert grown == 800_000
+
+
+def test_logits_beyond_the_reservation_are_refused_with_the_numbers_when_memory_cannot_hold_them(cgroup_v1_limit):
+    memory_budget.check_logits_fit(VOCAB, 100, reserved=0)  # 800,000 bytes: within the 1 MiB left
+    with pytest.raises(InvalidOptionError) as refused:
+        memory_budget.check_logits_fit(VOCAB, 200, reserved=0)  # 1.6 MB
+    assert str(refused.value) == (
+        "not enough memory for the logits of 200 tokens: they take 1.53 MiB (the result and llama.cpp's output "
+        "buffer, 1000 f32 each a token), and 1.00 MiB available under the cgroup v1 memory limit of 2.00 MiB with "
+        "1.00 MiB in use: load the model with n_logits=200 (room kept for them beside the expert cache), or ask for "
+        "fewer tokens")
+    memory_budget.check_logits_fit(VOCAB, 200, reserved=200)  # counted at load

@@ -110,54 +110,10 @@ def test_every_size_from_small_to_all_experts_runs_to_the_end_or_is_refused(mode
     assert (kind["1%"], kind["40%"], kind["75%"]) == ("too small", "ran", "does not fit"), outcomes
 
 
-# In a child under the cap: an Engine with the auto expert cache, with room kept for LOGITS_TOKENS
-# tokens' logits or none (n_logits), asks for those logits at once. It prints its pool's bytes and
-# then the logits' shape, or (exit 3) the refusal.
-LOGITS_TOKENS = 640
-LOGITS_CHILD = """
-import json, sys
-from pyedgemoe import Engine, InvalidOptionError
-with Engine(sys.argv[1], n_logits=int(sys.argv[2])) as eng:
-    print(eng.stats()["experts"]["pool_bytes"], flush=True)
-    try:
-        logits = eng.logits([(7 * i) % 1000 + 10 for i in range({n})])
-    except InvalidOptionError as e:
-        print(e)
-        sys.exit(3)
-    print(json.dumps(list(logits.shape)))
-""".format(n=LOGITS_TOKENS)
-
-
-def test_logits_that_cannot_fit_beside_the_cache_are_refused_and_fit_when_reserved(model, cap):
-    """The logits asked for at once (two f32 rows of the vocabulary a token: the result and
-    llama.cpp's output buffer) are not part of what auto leaves room for unless reserved: under the
-    cap they would outgrow the limit (the kernel killed this child before the check), so logits()
-    refuses them with the numbers; with n_logits auto gives the expert cache that much less and
-    they are returned."""
-    limit, _ = cap
-    runs = {}
-    for n_logits in (0, LOGITS_TOKENS):
-        evict_from_page_cache(model)
-        runs[n_logits] = r = run_capped_child([sys.executable, "-c", LOGITS_CHILD, str(model), str(n_logits)], limit)
-        assert r["returncode"] != -9, "killed by the kernel"
-    refused, reserved = runs[0], runs[LOGITS_TOKENS]
-    assert refused["returncode"] == 3, refused["stderr"][-2000:]
-    refused_pool, message = refused["stdout"].splitlines()
-    assert message.startswith(f"not enough memory for the logits of {LOGITS_TOKENS} tokens: they take ")
-    assert "cgroup v1 memory limit" in message and f"n_logits={LOGITS_TOKENS}" in message
-
-    assert reserved["returncode"] == 0, reserved["stderr"][-2000:]
-    reserved_pool, shape = reserved["stdout"].splitlines()
-    n_vocab = json.loads(shape)[1]
-    assert json.loads(shape) == [LOGITS_TOKENS, n_vocab]
-    taken = int(refused_pool) - int(reserved_pool)
-    logits = 2 * LOGITS_TOKENS * n_vocab * 4
-    assert logits - 2**20 < taken < logits + 32 * 2**20, (taken, logits)  # a slot's rounding and the runs' spread
-
-
 def test_perplexity_under_a_cap_keeps_room_for_its_chunks_logits(model, cap, tmp_path):
     """`pyedgemoe perplexity --ctx 512` asks for 512 tokens' logits per chunk: it loads with them
-    reserved (n_logits = --ctx) and runs to the end under the cap."""
+    reserved (n_logits = --ctx; 1.5 MiB with this model's 384-token vocabulary, so what this shows
+    is that the reservation's path runs under a cap, not that it was needed) and runs to the end."""
     limit, _ = cap
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 150)  # > 2 x 512 tokens
