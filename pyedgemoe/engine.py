@@ -28,7 +28,7 @@ from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
-from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache
+from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
@@ -256,6 +256,9 @@ class Engine:
             raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
                                      "runs with mode 'cpu'")
         offload = budget not in (None, MAPPED) and self.info.is_moe
+        # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
+        self._spare_bytes = spare_bytes(budget if offload and not self.device else 0, self.info.non_expert_bytes,
+                                        context)
         if offload and self.device:
             check_fits_device(budget, self.device)
         if repack and self.experts_mapped:
@@ -410,7 +413,7 @@ class Engine:
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
-        check_logits_fit(self.info.metadata, len(ids), self.n_logits)
+        check_logits_fit(self.info.metadata, len(ids), self.n_logits, self._spare_bytes)
         with self._sequence_turn():
             self._clear()
             if one_token_per_step:

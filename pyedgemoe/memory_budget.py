@@ -241,20 +241,30 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
             + logits_bytes(metadata, n_logits))
 
 
-def check_logits_fit(metadata: dict, n_tokens: int, reserved: int) -> None:
+def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int) -> None:
     """Refuses (InvalidOptionError, with the numbers) logits of n_tokens tokens at once that the
-    memory available now cannot hold; those of up to `reserved` tokens were counted at load
-    (context_bytes' n_logits)."""
+    memory cannot hold; those of up to `reserved` tokens were counted at load (context_bytes'
+    n_logits). spare: what the run's budget left beside the expert cache at load (spare_bytes);
+    the memory available now can be less (other processes), never more for this run: an expert
+    cache takes its memory as it fills, so the room it has not filled yet is not there to take."""
     if n_tokens <= reserved:
         return
     need = logits_bytes(metadata, n_tokens)
     available, where = available_memory()
-    if need <= available:
+    if need <= min(spare, available):
         return
     raise InvalidOptionError(
         f"not enough memory for the logits of {n_tokens} tokens: they take {format_bytes(need)} (the result and "
-        f"llama.cpp's output buffer, {_n_vocab(metadata)} f32 each a token), and {_available_text(available, where)}: "
+        f"llama.cpp's output buffer, {_n_vocab(metadata)} f32 each a token), and the run left "
+        f"{format_bytes(max(0, spare))} beside the expert cache at load ({_available_text(available, where)} now): "
         f"load the model with n_logits={n_tokens} (room kept for them beside the expert cache), or ask for fewer tokens")
+
+
+def spare_bytes(cache_bytes: int, non_expert_bytes: int, context: int, available: int | None = None) -> int:
+    """What a run leaves unused of the memory available (available_memory() when None) beside the
+    non-expert weights, the context, the allowance and an expert cache of cache_bytes (0: none, or
+    every expert resident in the mapped file, which the page cache can drop)."""
+    return room_for_experts_bytes(non_expert_bytes, context, _measured(available)[0]) - cache_bytes
 
 
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:

@@ -30,7 +30,9 @@ from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, TextTooSh
 
 DEFAULT_N_CTX = 512  # llama-perplexity's default --ctx-size
 MIN_N_CTX = 3  # the smallest chunk whose second half scores a token (first = 1 predicts token 2)
-_ROWS_PER_BLOCK = 64  # log-softmax in float64 a block of rows at a time, to bound the memory
+# log-softmax in float64 a block of rows at a time, the block this many bytes at most: its three
+# temporaries stay within the run's allowance (memory_budget.RUN_ALLOWANCE_BYTES) whatever the vocabulary
+_BLOCK_BYTES = 4 * 2**20
 
 
 @dataclass
@@ -60,11 +62,12 @@ class PerplexityResult:
 def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """-log softmax(logits[i])[targets[i]] for each row, in float64 (float32 [n, n_vocab] in)."""
     out = np.empty(len(targets), dtype=np.float64)
-    for start in range(0, len(targets), _ROWS_PER_BLOCK):
-        rows = logits[start:start + _ROWS_PER_BLOCK].astype(np.float64)
+    block = max(1, _BLOCK_BYTES // (8 * logits.shape[1]))
+    for start in range(0, len(targets), block):
+        rows = logits[start:start + block].astype(np.float64)
         top = rows.max(axis=1)
         log_sum_exp = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
-        picked = rows[np.arange(len(rows)), targets[start:start + _ROWS_PER_BLOCK]]
+        picked = rows[np.arange(len(rows)), targets[start:start + block]]
         out[start:start + len(rows)] = log_sum_exp - picked
     return out
 

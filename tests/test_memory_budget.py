@@ -264,12 +264,25 @@ def test_logits_asked_for_at_once_are_in_the_context_when_reserved():
 
 
 def test_logits_beyond_the_reservation_are_refused_with_the_numbers_when_memory_cannot_hold_them(cgroup_v1_limit):
-    memory_budget.check_logits_fit(VOCAB, 100, reserved=0)  # 800,000 bytes: within the 1 MiB left
+    memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=10 * MIB)  # 800,000 bytes: within the 1 MiB left
     with pytest.raises(InvalidOptionError) as refused:
-        memory_budget.check_logits_fit(VOCAB, 200, reserved=0)  # 1.6 MB
+        memory_budget.check_logits_fit(VOCAB, 200, reserved=0, spare=10 * MIB)  # 1.6 MB
     assert str(refused.value) == (
         "not enough memory for the logits of 200 tokens: they take 1.53 MiB (the result and llama.cpp's output "
-        "buffer, 1000 f32 each a token), and 1.00 MiB available under the cgroup v1 memory limit of 2.00 MiB with "
-        "1.00 MiB in use: load the model with n_logits=200 (room kept for them beside the expert cache), or ask for "
-        "fewer tokens")
-    memory_budget.check_logits_fit(VOCAB, 200, reserved=200)  # counted at load
+        "buffer, 1000 f32 each a token), and the run left 10.00 MiB beside the expert cache at load (1.00 MiB "
+        "available under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use now): load the model with "
+        "n_logits=200 (room kept for them beside the expert cache), or ask for fewer tokens")
+    memory_budget.check_logits_fit(VOCAB, 200, reserved=200, spare=0)  # counted at load
+
+
+def test_logits_are_refused_when_the_expert_cache_took_the_room_even_before_it_filled(cgroup_v1_limit):
+    # the memory available now still holds the part of an auto cache not filled yet; the budget
+    # gave it to the cache, and it takes it as it fills (a child killed by the kernel showed it)
+    with pytest.raises(InvalidOptionError, match="the run left 0 B beside the expert cache at load"):
+        memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=0)
+
+
+def test_the_spare_memory_is_the_room_less_the_expert_cache():
+    room = 8 * GIB - 1 * GIB - 1 * GIB - ALLOWANCE
+    assert memory_budget.spare_bytes(2 * GIB, 1 * GIB, 1 * GIB, available=8 * GIB) == room - 2 * GIB
+    assert memory_budget.spare_bytes(0, 1 * GIB, 1 * GIB, available=8 * GIB) == room

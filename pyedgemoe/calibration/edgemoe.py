@@ -47,7 +47,7 @@ def precision_map(model_path: str | os.PathLike, tokens: list[int], *, loss_budg
         raise InvalidOptionError("EdgeMoE's precision map needs at least 2 tokens of text")
     options = dict(engine_options, low_precision=True, skip=False, prefetch="none", static_precision=False,
                    big_little=0.0)
-    with Engine(model_path, n_ctx=max(len(tokens), 16), expert_cache="100%", **options) as eng:
+    with Engine(model_path, n_ctx=max(len(tokens), 16), n_logits=len(tokens), expert_cache="100%", **options) as eng:
         layers = sorted(info.expert_bytes_per_layer)
         experts = [(layer, e) for layer in layers for e in range(info.n_experts)]
         baseline = _decode_mode_ppl(eng, tokens, {})
