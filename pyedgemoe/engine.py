@@ -208,8 +208,9 @@ class Engine:
         --system edgemoe`); big_little (MoBiLE) decodes with top-k/2 and redoes low-confidence tokens.
     n_logits: tokens whose logits one call of logits() (perplexity: a chunk) returns: their memory
         is counted at load beside the expert cache (auto leaves room for them; an explicit size must
-        fit beside them). logits() of more tokens is checked against the memory available then and
-        refused (InvalidOptionError) when it cannot hold them, rather than outgrow a memory limit.
+        fit beside them). logits() of more tokens is refused (InvalidOptionError) when they exceed
+        what the budget left beside the expert cache at load or the memory available then, rather
+        than outgrow a memory limit.
     verbose: forward llama.cpp's log to stderr.
     """
 
