@@ -286,7 +286,7 @@ def _available_text(available: int, where: str) -> str:
 def _beside_the_cache(non_expert_bytes: int, context: int) -> str:
     """What the run needs beside the expert cache, as the messages list it."""
     return (f"{format_bytes(non_expert_bytes)} of non-expert weights, {format_bytes(context)} for the context "
-            f"(KV cache, compute buffers, vocabulary) and {format_bytes(RUN_ALLOWANCE_BYTES)} of allowance")
+            f"(KV cache, compute buffers, vocabulary, logits) and {format_bytes(RUN_ALLOWANCE_BYTES)} of allowance")
 
 
 def _no_room_error(non_expert_bytes: int, context: int, available: int, where: str) -> InvalidOptionError:

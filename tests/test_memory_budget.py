@@ -134,7 +134,7 @@ def test_an_explicit_budget_that_cannot_fit_is_refused_with_the_numbers():
         memory_budget.parse_expert_cache("4GiB", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB)
     assert str(refused.value) == (
         "expert cache 4GiB (4.00 GiB) does not fit: it needs 4.00 GiB + 1.00 GiB of non-expert weights, 1.00 GiB "
-        "for the context (KV cache, compute buffers, vocabulary) and 16.00 MiB of allowance = 6.02 GiB, and 4.00 GiB "
+        "for the context (KV cache, compute buffers, vocabulary, logits) and 16.00 MiB of allowance = 6.02 GiB, and 4.00 GiB "
         "available; the largest expert cache that fits is 1.98 GiB (--expert-cache 2032MiB, or 4GiB~ for what fits)")
 
 
@@ -148,7 +148,7 @@ def test_a_trailing_tilde_reduces_the_budget_to_what_fits_and_says_so():
     assert budget == 4 * GIB - 1 * GIB - 1 * GIB - ALLOWANCE
     assert note == ("expert cache 50%~ reduced to what fits: 1.98 GiB instead of 6.00 GiB, for 12.00 GiB of experts "
                     "(4.00 GiB available, less 1.00 GiB of non-expert weights, 1.00 GiB for the context (KV cache, "
-                    "compute buffers, vocabulary) and 16.00 MiB of allowance)")
+                    "compute buffers, vocabulary, logits) and 16.00 MiB of allowance)")
 
 
 def test_a_budget_that_fits_with_the_allowance_is_kept_without_a_word():
@@ -174,7 +174,7 @@ def test_a_context_that_cannot_fit_beside_the_non_expert_weights_is_refused(valu
         memory_budget.parse_expert_cache(value, 12 * GIB, 1 * GIB, context=8 * GIB, available=4 * GIB)
     assert str(refused.value) == (
         "not enough memory: 1.00 GiB of non-expert weights, 8.00 GiB for the context (KV cache, compute buffers, "
-        "vocabulary) and 16.00 MiB of allowance need 9.02 GiB, and 4.00 GiB available: the context must take less "
+        "vocabulary, logits) and 16.00 MiB of allowance need 9.02 GiB, and 4.00 GiB available: the context must take less "
         "than 2.98 GiB (a shorter --ctx)")
 
 

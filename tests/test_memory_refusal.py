@@ -69,7 +69,7 @@ def test_a_cache_that_cannot_fit_is_refused_with_one_error_line_not_killed(model
     line = refusal_line(run_capped(model, "100%", limit))
     assert line.startswith("error: expert cache 100% (")
     assert "does not fit" in line and "cgroup v1 memory limit" in line
-    assert "for the context (KV cache, compute buffers, vocabulary)" in line and "of allowance" in line
+    assert "for the context (KV cache, compute buffers, vocabulary, logits)" in line and "of allowance" in line
     assert "the largest expert cache that fits is" in line
 
 
