@@ -28,6 +28,7 @@ from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
+from pyedgemoe import memory_budget
 from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
@@ -248,9 +249,10 @@ class Engine:
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel,
                                 n_logits)
         self.n_logits = n_logits
+        host = memory_budget.available_memory()  # measured once: for the budget and for what it leaves
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
-            self.device["free_bytes"] if self.device else None, refuse=not self.device,  # a GPU: check_fits_device
+            self.device["free_bytes"] if self.device else host, refuse=not self.device,  # a GPU: check_fits_device
             repacked_expert_bytes=0 if self.device else self.info.repacked_expert_bytes)
         self.experts_mapped = budget == MAPPED and self.info.is_moe  # in the page cache, no expert cache
         if self.experts_mapped and self.device:
@@ -259,7 +261,7 @@ class Engine:
         offload = budget not in (None, MAPPED) and self.info.is_moe
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
         self._spare_bytes = spare_bytes(budget if offload and not self.device else 0, self.info.non_expert_bytes,
-                                        context)
+                                        context, host)
         if offload and self.device:
             check_fits_device(budget, self.device)
         if repack and self.experts_mapped:

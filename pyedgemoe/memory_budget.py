@@ -51,6 +51,11 @@ MAPPED = "mmap"
 NEAR_FIT_MAPPED_SHARE = 0.85
 
 
+# The memory a run may use, as the functions below take it: bytes (a GPU's free memory), what
+# available_memory() returned (bytes, where they come from), or None: available_memory() now.
+Available = int | tuple[int, str] | None
+
+
 def available_memory() -> tuple[int, str]:
     """(what this process can still use, where that number comes from): MemAvailable, capped by
     the room under its cgroup's memory limit: the limit minus what is in use there, less the clean
@@ -260,7 +265,7 @@ def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int) -
         f"load the model with n_logits={n_tokens} (room kept for them beside the expert cache), or ask for fewer tokens")
 
 
-def spare_bytes(cache_bytes: int, non_expert_bytes: int, context: int, available: int | None = None) -> int:
+def spare_bytes(cache_bytes: int, non_expert_bytes: int, context: int, available: Available = None) -> int:
     """What a run leaves unused of the memory available (available_memory() when None) beside the
     non-expert weights, the context, the allowance and an expert cache of cache_bytes (0: none, or
     every expert resident in the mapped file, which the page cache can drop)."""
@@ -273,10 +278,12 @@ def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) 
     return available - non_expert_bytes - context - RUN_ALLOWANCE_BYTES
 
 
-def _measured(available: int | None) -> tuple[int, str]:
-    """(available as given, e.g. a GPU's free memory, with nothing to say where from) or, for
-    None, this machine's available_memory()."""
-    return available_memory() if available is None else (available, "")
+def _measured(available: Available) -> tuple[int, str]:
+    """(bytes, where they come from): available_memory() measured now for None, as given for its
+    tuple, and bytes as given (e.g. a GPU's free memory) with nothing to say where from."""
+    if available is None:
+        return available_memory()
+    return available if isinstance(available, tuple) else (available, "")
 
 
 def _available_text(available: int, where: str) -> str:
@@ -300,10 +307,10 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
         f"{_available_text(available, where)}: {hint}")
 
 
-def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, available: int | None = None,
+def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, available: Available = None,
                       repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
     """(budget bytes, None for every expert resident, or MAPPED; a sentence saying which and why).
-    context: context_bytes() of the context the model will run in. available: the memory the
+    context: context_bytes() of the context the model will run in. available (Available): the memory the
     model runs in (a GPU's free memory), else available_memory(). repacked_expert_bytes: of the
     experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU)."""
     available, where = _measured(available)
@@ -327,7 +334,7 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
-                     available: int | None = None, refuse: bool = True) -> tuple[int, str | None]:
+                     available: Available = None, refuse: bool = True) -> tuple[int, str | None]:
     """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced).
     An explicit budget that does not fit beside the non-expert weights, the context and the
     allowance is refused with the numbers (InvalidOptionError); refuse=False leaves that to the
@@ -355,7 +362,7 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
 
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
-                       context: int, available: int | None = None, refuse: bool = True,
+                       context: int, available: Available = None, refuse: bool = True,
                        repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
     """(bytes of the expert cache, None = every expert resident, or MAPPED; a sentence for the user).
     value: None / "auto", "mmap" (MAPPED), bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the

@@ -70,18 +70,21 @@ def test_mapped_experts_equal_the_resident_run_where_nothing_is_repacked(tiny_mo
         assert mapped.time_generation(IDS[:8], 16)["tokens"] == resident.time_generation(IDS[:8], 16)["tokens"]
 
 
-def available_for_share(path, share: float) -> int:
-    """The memory available at which "auto" would give a cache of `share` of the model's experts."""
+def available_for_share(path, share: float, n_logits: int = 0) -> int:
+    """The memory available at which "auto" would give a cache of `share` of the model's experts
+    (beside n_logits tokens' logits)."""
     info = read_model_info(path)
-    context = memory_budget.context_bytes(info.metadata, SETTINGS["n_ctx"], 512, 4, SETTINGS["flash_attn"])
+    context = memory_budget.context_bytes(info.metadata, SETTINGS["n_ctx"], 512, 4, SETTINGS["flash_attn"],
+                                          n_logits=n_logits)
     return int(info.non_expert_bytes + context + RUN_ALLOWANCE_BYTES + share * info.high_expert_bytes)
 
 
 @pytest.mark.parametrize("share, mapped", [(NEAR_FIT_MAPPED_SHARE + 0.05, True), (NEAR_FIT_MAPPED_SHARE - 0.1, False)])
 def test_auto_maps_repacked_experts_near_fit_and_caches_them_below(q4_k_model, monkeypatch, capsys, share, mapped):
-    available = available_for_share(q4_k_model, share)
+    available = available_for_share(q4_k_model, share, n_logits=len(IDS))
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "in this test"))
-    with Engine(q4_k_model, **SETTINGS) as eng:
+    # the logits asked for below are reserved: auto gives a cache every byte that is left
+    with Engine(q4_k_model, **SETTINGS, n_logits=len(IDS)) as eng:
         assert eng.experts_mapped == mapped
         assert (eng.expert_residency is None) == mapped
         assert (MAPPED in eng.expert_cache_note) == mapped
