@@ -28,7 +28,7 @@ from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
-from pyedgemoe import memory_budget
+from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
