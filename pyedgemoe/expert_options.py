@@ -40,12 +40,19 @@ def help_text(name: str) -> str:
     return getattr(_native.ExpertOptions, name).__doc__ or ""
 
 
+# With LOW copies, a prefill ubatch's least popular experts covering this share of its selections
+# are LOW (Fate's prefill): on the benchmarks' OLMoE geometry under a 25 % cap, prefill 1.5-1.8x
+# stock llama.cpp's speed against 1.2-1.45x at 0.5; on the demo model +0.16 % batch perplexity with
+# Q4_K LOW copies, +0.64 % with Q2_K (docs/benchmarks.md, docs/fidelity.md).
+PREFILL_LOW_SHARE = 0.75
+
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {
     "cache_policy": "hobbit when calibrated or n_parallel > 1, else lru",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
     "skip": "with low precision",
+    "prefill_low_share": f"{PREFILL_LOW_SHARE} with low precision, else 0",
     "t1": f"calibrated, else {default('t1')}",
     "t2": f"calibrated, else {default('t2')}",
     "mode": "auto with a GPU, else cpu",
@@ -153,6 +160,7 @@ class ExpertOptions:
         automatic = {
             "low_precision": low_precision,
             "skip": given.get("skip", low_precision),
+            "prefill_low_share": given.get("prefill_low_share", PREFILL_LOW_SHARE if low_precision else 0.0),
             "cache_policy": policy,
             "policy_weights": given.get("policy_weights", tuple(calibration.get("policy_weights", default("policy_weights")))),
             "t1": t1,

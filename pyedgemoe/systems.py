@@ -22,7 +22,8 @@ from pyedgemoe.model_info import ModelInfo
 
 SYSTEMS: dict[str, dict] = {
     "lossless": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none"),
-    "hobbit": dict(low_precision=True, skip=True, cache_policy="hobbit", prefetch="hobbit"),
+    # HOBBIT's score rule alone decides a prefill's precisions too (no Fate prefill share)
+    "hobbit": dict(low_precision=True, skip=True, prefill_low_share=0.0, cache_policy="hobbit", prefetch="hobbit"),
     "edgemoe": dict(low_precision=True, skip=False, static_precision=True, cache_policy="edgemoe", prefetch="edgemoe"),
     # the LOW tier serves prefill's cold experts only: a small one; reload keeps decode in HIGH
     "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.1,

@@ -252,9 +252,9 @@ def test_low_copies_identical_to_high_give_the_resident_logits_exactly(mp_models
     assert tokens == ref_tokens
 
 
-def test_t1_of_one_serves_everything_in_high(mp_models):
+def test_t1_of_one_without_a_prefill_low_share_serves_everything_in_high(mp_models):
     path = mp_models[0]
-    logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%", t1=1.0)
+    logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%", t1=1.0, prefill_low_share=0.0)
     assert stats["experts"]["summary"]["high_fraction"] == 1.0
     assert np.array_equal(logits, resident(path, n_ubatch)[0])
 
@@ -356,8 +356,8 @@ def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_gue
     assert (trace["predicted"][~first] >= 0).all()
 
 
-def test_without_prefetch_or_tracing_no_predictor_runs(mp_models):
-    with Engine(mp_models[0], **SETTINGS, expert_cache="50%") as eng:
+def test_without_prefetch_tracing_or_low_copies_no_predictor_runs(mp_models):
+    with Engine(mp_models[0], **SETTINGS, expert_cache="50%", low_precision=False, skip=False) as eng:
         eng.record_routing()
         eng.logits(IDS[:5])
         trace = eng.take_routing_trace()

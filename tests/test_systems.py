@@ -20,6 +20,7 @@ from pyedgemoe.calibration.run import calibrate
 from pyedgemoe.convert.from_gguf import convert_gguf
 from pyedgemoe.engine import top_probability
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.expert_options import PREFILL_LOW_SHARE
 from pyedgemoe.model_info import read_model_info
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
@@ -318,6 +319,18 @@ def test_a_preset_sets_its_knobs_and_an_explicit_one_wins(mp_model):
         assert eng.big_little == pytest.approx(0.7) and not eng.expert_residency["mixed_precision"]
 
 
+def test_with_low_copies_a_prefills_cold_experts_are_low_by_default_and_hobbit_keeps_its_rule(mp_model):
+    shares = {}
+    for options in (dict(), dict(system="hobbit"), dict(low_precision=False, skip=False)):
+        with Engine(mp_model, **SETTINGS, expert_cache="50%", fill_cache=False, **options) as eng:
+            eng.logits(IDS)  # one prefill ubatch
+            shares[tuple(options.values())] = (eng.expert_residency["prefill_low_share"],
+                                               eng.stats()["experts"]["total"]["selections_low"])
+    assert shares[()] == (pytest.approx(PREFILL_LOW_SHARE), shares[()][1])
+    assert shares[("hobbit",)][0] == 0 == shares[(False, False)][0] == shares[(False, False)][1]
+    assert shares[()][1] > shares[("hobbit",)][1]  # more of the prefill's selections LOW
+
+
 def test_fate_loads_a_prefills_cold_experts_low_and_decodes_in_high(mp_model):
     with Engine(mp_model, **SETTINGS, expert_cache="50%", system="fate", fill_cache=False) as eng:
         eng.logits(IDS)  # one prefill ubatch
@@ -327,6 +340,23 @@ def test_fate_loads_a_prefills_cold_experts_low_and_decodes_in_high(mp_model):
         decode = eng.stats()["experts"]["total"]
     assert prefill["loads_low"] > 0 and prefill["selections_high"] > prefill["selections_low"]
     assert decode["selections_low"] == 0 and decode["loads_low"] == 0
+
+
+def test_a_mixed_prefill_reads_the_next_layers_predicted_experts_ahead_and_stays_reproducible(mp_model):
+    """With LOW copies, a prefill ubatch that needs most experts reads the next layer's experts
+    while this one computes, in the precisions planned from the predictor's routing; the next layer
+    claims them whenever they finish, so the logits do not depend on timing."""
+    runs = []
+    for _ in range(2):
+        # a cache that holds every expert: one wave a layer, so only the next layer is read ahead
+        with Engine(mp_model, **SETTINGS, expert_cache="1GiB", fill_cache=False) as eng:
+            runs.append(eng.logits(IDS)[-1])
+            experts = eng.stats()["experts"]
+        ahead = experts["prefetches"]["layers"]
+        first = min(experts["layers"], key=int)
+        assert experts["predictor_depth"] == 1 and ahead.get(first, {"issued": 0})["issued"] == 0
+        assert sum(a["used"] for a in ahead.values()) > 0
+    np.testing.assert_array_equal(runs[0], runs[1])
 
 
 @pytest.mark.parametrize("system, error", [("nope", "unknown system"), ("hobbit", "LOW expert copies")])

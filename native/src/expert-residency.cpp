@@ -43,13 +43,14 @@ expert_cache_config cache_config_of(const expert_budget & budget, const expert_o
 }
 
 // layers the predictor looks ahead: HOBBIT's walk prefetch_depth, Fate's and EdgeMoE's next layer;
-// with tracing only, the next layer (calibration scores the guesses); 0: no predictor
-int predictor_depth(const expert_options & o, bool trace_routing) {
+// without prefetch, the next layer with tracing (calibration scores the guesses) or with LOW
+// copies (a prefill ubatch reads the next layer's predicted experts ahead, read_ahead); 0: none
+int predictor_depth(const expert_options & o, bool trace_routing, bool has_low) {
     switch (o.prefetch) {
         case prefetch_mode::hobbit:  return std::max(1, o.prefetch_depth);
         case prefetch_mode::fate:    return 1;
         case prefetch_mode::edgemoe: return 1;
-        case prefetch_mode::none:    return trace_routing ? 1 : 0;
+        case prefetch_mode::none:    return trace_routing || has_low ? 1 : 0;
     }
     return 0;
 }
@@ -123,6 +124,20 @@ struct expert_residency::impl : moe_pass_builder {
     // places, loads and pins one wave's experts and writes their slot ids; false after a failure
     bool serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst, clock_type::time_point t0);
     void predict_and_prefetch(const moe_layer_layout & l, const ggml_tensor * predicted, int64_t n_tokens);
+    // with LOW copies, a prefill ubatch's plan of the next MoE layer from its predicted routing (the
+    // guessed ids [n_tokens][k], the logits' rows row_bytes apart), for read_ahead: Fate's prefill
+    void plan_guess(int next, const std::vector<int32_t> & guesses, const float * logits, size_t row_bytes, int64_t n_tokens);
+    // what decides layer il's demands besides its routing (the little pass's keep aside)
+    plan_rules rules_of(int il) const {
+        plan_rules rules;
+        rules.precision = options.precision();
+        rules.fixed = fixed.empty() || fixed[il].empty() ? nullptr : fixed[il].data();
+        rules.prefill_low_share = options.prefill_low_share;
+        return rules;
+    }
+    // a prefill ubatch needs nearly every expert of a layer: t tokens routed top-k of n miss an
+    // expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
+    bool needs_most_experts(int64_t n_tokens) const { return n_tokens * layout.n_expert_used >= 2 * layout.n_expert; }
     // EdgeMoE: the next MoE layer's experts from this ubatch's paths so far (path statistics)
     void path_prefetch(const moe_layer_layout & l, int64_t n_tokens);
     // the precision of expert e of layer il: EdgeMoE's static map's, else `otherwise`
@@ -197,6 +212,7 @@ struct expert_residency::impl : moe_pass_builder {
     std::map<int, std::vector<wave_op>> wave_ops;              // per il, per wave
     std::map<int, building_layer> building;                    // per il
     std::vector<std::vector<expert_demand>> planned_waves;     // the running layer's
+    std::vector<predicted_expert> next_layer_guess;            // with LOW copies: the next layer's plan from the predictor (read_ahead)
     std::vector<uint8_t> planned_dropped;                      // its selections the little pass drops
     std::vector<float> planned_scale;                          // per token, its output's scale
     std::vector<std::vector<expert_precision>> fixed;          // per il: EdgeMoE's static map (empty: none)
@@ -232,7 +248,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       loaders(o.io_threads),
       device(device_named(dc.device)),
       cache(cache_config_of(budget, o, layout)),
-      recorder(predictor_depth(o, trace_routing)),
+      recorder(predictor_depth(o, trace_routing, layout.has_low)),
       coordinator(cache, group_of_layers(layout), o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
@@ -289,7 +305,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         const int slots = wave_size(l.group, layout.n_expert);  // a ubatch of n_expert tokens: the most waves
         for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
-    const int depth = predictor_depth(o, trace_routing);
+    const int depth = predictor_depth(o, trace_routing, layout.has_low);
     if (depth > 0 && o.prefetch != prefetch_mode::edgemoe) {
         predictor = std::make_unique<expert_predictor>(model, moe_layers, depth, layout.n_expert);
     }
@@ -461,10 +477,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     const bool little_pass = little && n_tokens == 1;
     if (little_pass) little_choices[l.il] = id;
     if (paths) ubatch_ids[l.il] = id;
-    plan_rules rules;
-    rules.precision = options.precision();
-    rules.fixed = fixed.empty() || fixed[l.il].empty() ? nullptr : fixed[l.il].data();
-    rules.prefill_low_share = options.prefill_low_share;
+    plan_rules rules = rules_of(l.il);
     rules.keep = little_pass ? k / 2 : 0;
     const int high_slots = wave_size(l.group, n_tokens);
     const int n_waves = waves_needed(layout.n_expert, k, n_tokens, high_slots, layout.has_expert_bias);
@@ -675,6 +688,7 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
             predicted_top_k(row(t, d), n_expert, k, top, w);
             std::copy(top.begin(), top.end(), guesses.begin() + t * k);
         }
+        if (d == 0) plan_guess(ahead[0], guesses, row(0, 0), predicted->nb[1], n_tokens);
         recorder.remember(ahead[d], d, ahead.size(), std::move(guesses));
     }
     if (options.prefetch == prefetch_mode::none || !coordinator.prefetching() || n_tokens != 1) return;  // prefetching serves decode
@@ -698,6 +712,25 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     }));
 }
 
+void expert_residency::impl::plan_guess(int next, const std::vector<int32_t> & guesses, const float * logits, size_t row_bytes,
+                                        int64_t n_tokens) {
+    next_layer_guess.clear();
+    if (!layout.has_low || !needs_most_experts(n_tokens)) return;
+    const int k = layout.n_expert_used;
+    std::vector<float> w((size_t) n_tokens * k);
+    std::vector<int> top;
+    std::vector<float> top_w;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        predicted_top_k((const float *) ((const char *) logits + t * row_bytes), layout.n_expert, k, top, top_w);
+        std::copy(top_w.begin(), top_w.end(), w.begin() + t * k);
+    }
+    const layer_plan plan = plan_layer(guesses.data(), w.data(), n_tokens, k, layout.n_expert, rules_of(next), 1, 0,
+                                       [](int, expert_precision) { return false; });
+    for (const auto & [e, demand] : plan.waves[0]) {
+        if (demand != expert_precision::skip) next_layer_guess.push_back({ next, e, demand });
+    }
+}
+
 void expert_residency::impl::read_ahead(const moe_layer_layout & l, int wave, int64_t n_tokens) {
     const bool next_wave = wave + 1 < (int) planned_waves.size() && !planned_waves[wave + 1].empty();
     if (next_wave || planned_waves.size() > 1) {
@@ -710,12 +743,13 @@ void expert_residency::impl::read_ahead(const moe_layer_layout & l, int wave, in
         coordinator.prefetch(experts);
         return;
     }
-    // a ubatch of t tokens misses an expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n;
-    // with LOW copies the next layer's precisions are not known before its routing
-    if (layout.has_low || n_tokens * layout.n_expert_used < 2 * layout.n_expert) return;
     const moe_layer_layout * after = layout.after(l);
-    if (!after) return;
+    if (!after || !needs_most_experts(n_tokens)) return;
     const int next = after->il;
+    if (layout.has_low) {  // the next layer's precisions are planned from its predicted routing
+        if (!next_layer_guess.empty() && next_layer_guess[0].layer == next) coordinator.prefetch(next_layer_guess);
+        return;
+    }
     std::vector<predicted_expert> all;
     for (int e = 0; e < layout.n_expert; e++) all.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
     coordinator.prefetch(all);
