@@ -148,7 +148,9 @@ def _serving(experts: dict, repack: bool) -> str:
     """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
     prefetch, eviction, precision and repacking, as in effect."""
     fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
-    precision = ("mixed precision" + (" with skips" if experts["skip"] else "")) if experts["mixed_precision"] else "lossless"
+    share = experts["prefill_low_share"]
+    precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
+                 + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}, "
             f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
 

@@ -3,11 +3,14 @@
     python scripts/fidelity_report.py            # writes docs/fidelity.md (and calibrates if needed)
 
 The demo model (models/demo.gguf, a Qwen3-MoE trained on the Python standard library, models/README.md)
-runs in seven configurations:
+runs in nine configurations:
 - HIGH only: every expert resident in its HIGH type (the reference);
 - HOBBIT mixed, calibrated: an expert cache of BUDGET with dynamic loading (HIGH/LOW/SKIP on misses)
   at the thresholds `pyedgemoe calibrate` chose (models/demo.gguf.calibration.json, made from the
   training split if absent);
+- the same without Fate's prefill share (prefill_low_share 0: a prefill ubatch's precisions by the
+  score rule alone; by default the least popular experts covering PREFILL_LOW_SHARE of its
+  selections are LOW);
 - HOBBIT mixed, HOBBIT's default thresholds (T1 0.6, T2 0.9);
 - skip only: the same cache, misses either HIGH or skipped (no LOW copies) at the calibrated T2;
 - LOW only: every expert in its LOW type (`pyedgemoe export --precision low`), resident;
@@ -36,6 +39,7 @@ from pyedgemoe.calibration.run import calibrate  # noqa: E402
 from pyedgemoe.calibration.sidecar import load_calibration, sidecar_path  # noqa: E402
 from pyedgemoe.convert.export import export  # noqa: E402
 from pyedgemoe.convert.from_gguf import convert_gguf  # noqa: E402
+from pyedgemoe.expert_options import PREFILL_LOW_SHARE  # noqa: E402
 from pyedgemoe.perplexity import perplexity  # noqa: E402
 
 MODEL = REPO / "models" / "demo.gguf"
@@ -64,11 +68,15 @@ def configurations(model: Path, calibration: dict) -> dict[str, tuple[Path, dict
     return {
         "HIGH only": (model, dict(expert_cache=None)),
         "HOBBIT mixed, calibrated": (model, dict(**cache, t1=calibration["t1"], t2=calibration["t2"])),
+        "HOBBIT mixed, calibrated, no prefill share": (model, dict(**cache, t1=calibration["t1"], t2=calibration["t2"],
+                                                                   prefill_low_share=0.0)),
         "HOBBIT mixed, T1 0.6 / T2 0.9": (model, dict(**cache, t1=0.6, t2=0.9)),
         "skip only": (model, dict(**cache, low_precision=False, skip=True, t1=calibration["t2"],
                                   t2=calibration["t2"])),
         "LOW only": (low_only, dict(expert_cache=None)),
         "HOBBIT mixed, calibrated, Q2_K LOW": (q2k, dict(**cache, t1=calibration["t1"], t2=calibration["t2"])),
+        "HOBBIT mixed, calibrated, Q2_K LOW, no prefill share": (q2k, dict(**cache, t1=calibration["t1"],
+                                                                           t2=calibration["t2"], prefill_low_share=0.0)),
         "LOW only, Q2_K": (q2k_low_only, dict(expert_cache=None)),
     }
 
@@ -145,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['name']} | {r['ppl']:.3f} ± {r['stderr']:.3f} | {r['ppl'] / base - 1:+.2%} | "
                      f"{r['agreement']:.1%} | {split} |")
     lines += ["", "The selections are counted as served: a prefill ubatch (the perplexity chunks, the prompts) serves "
-              "an expert in the highest precision any of its tokens asks for, so the HIGH share is above the "
-              "calibration's target, which the one-token decode steps follow.",
+              "an expert in the highest precision any of its tokens asks for, except that by default the least "
+              f"popular experts covering {PREFILL_LOW_SHARE:.0%} of its selections are LOW (Fate's prefill; the rows "
+              "\"no prefill share\" turn it off). So the perplexity, computed in prefill ubatches, measures that "
+              "share, and the top-1 agreement, one token per step, the decode's precisions.",
               "", "Targets (issue 5): HOBBIT mixed within +1.5% of HIGH-only perplexity, top-1 agreement >= 95%.", ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -345,8 +345,9 @@ SYSTEMS_PROSE = """\
 - **lossless**: every expert in its HIGH copy, nothing skipped, LRU, no prefetch: the same tokens
   and logits as everything resident (tests/test_systems.py).
 - **hobbit** (HOBBIT): on a miss, HIGH / LOW / skip by the selection's score against T1/T2
-  (calibrated), the multidimensional cache policy with calibrated weights, stacked-router prefetch
-  two layers ahead (docs/mixed-precision.md).
+  (calibrated), in a prefill ubatch too (`prefill_low_share` 0: not the Fate prefill share that the
+  defaults add with LOW copies), the multidimensional cache policy with calibrated weights,
+  stacked-router prefetch two layers ahead (docs/mixed-precision.md).
 - **edgemoe** (EdgeMoE): `static_precision` loads each expert only in the precision of the
   sidecar's map, which `pyedgemoe calibrate --system edgemoe` chooses: each expert's importance is
   the decode-mode perplexity increase with it alone LOW; the least important go LOW, as many as the
