@@ -41,9 +41,9 @@ def help_text(name: str) -> str:
 
 
 # With LOW copies, a prefill ubatch's least popular experts covering this share of its selections
-# are LOW (Fate's prefill): on the benchmarks' OLMoE geometry under a 25 % cap, prefill 1.5-1.8x
-# stock llama.cpp's speed against 1.2-1.45x at 0.5; on the demo model +0.16 % batch perplexity with
-# Q4_K LOW copies, +0.64 % with Q2_K (docs/benchmarks.md, docs/fidelity.md).
+# are LOW (Fate's prefill): on the benchmarks' OLMoE geometry under 25/50 % caps, prefill 1.6-1.7x
+# stock llama.cpp's speed (single runs at 0.5: 1.2-1.8x); on the demo model +0.16 % batch
+# perplexity with Q4_K LOW copies, +0.64 % with Q2_K (docs/benchmarks.md, docs/fidelity.md).
 PREFILL_LOW_SHARE = 0.75
 
 # What an option left unset becomes, besides its native default (for --help).
