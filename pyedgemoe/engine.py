@@ -248,8 +248,9 @@ class Engine:
         _native.set_verbose(verbose)
 
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
+        predicting = self.info.is_moe and expert_options["prefetch"] == "hobbit"
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel,
-                                n_logits)
+                                n_logits, expert_options["prefetch_depth"] if predicting else 0)
         self.n_logits = n_logits
         host = memory_budget.available_memory()  # measured once: for the budget and for what it leaves
         budget, self.expert_cache_note = parse_expert_cache(

@@ -231,19 +231,32 @@ def logits_bytes(metadata: dict, n_tokens: int) -> int:
     return 2 * n_tokens * _n_vocab(metadata) * ACTIVATION_BYTES
 
 
+def predictor_bytes(metadata: dict, depth: int) -> int:
+    """HOBBIT's predictor looking `depth` MoE layers ahead (--prefetch hobbit): from 2 on, each layer
+    keeps F32 copies of the routers of the layers after it, stacked, made at load from every router
+    read as F32 (one layer ahead uses the model's own router: nothing). Counts every block as a MoE
+    layer (an upper bound)."""
+    if depth < 2:
+        return 0
+    value = _shape(metadata)
+    n_layers = value("block_count")
+    ahead = sum(min(depth, n_layers - 1 - i) for i in range(n_layers))
+    return (ahead + n_layers) * value("embedding_length") * value("expert_count") * ACTIVATION_BYTES
+
+
 def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
-                  n_seq_max: int = 1, n_logits: int = 0) -> int:
+                  n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
     context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer, the
-    vocabulary tables and the logits of n_logits tokens at once (kv_cache_bytes,
-    compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes).
-    metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch: tokens per
-    llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences decoded
-    together (an Engine's n_parallel)."""
+    vocabulary tables, the logits of n_logits tokens at once and the predictor's router copies
+    (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes,
+    predictor_bytes). metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch:
+    tokens per llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences
+    decoded together (an Engine's n_parallel); predictor_depth: --prefetch hobbit's depth (else 0)."""
     return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
             + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
             + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata)
-            + logits_bytes(metadata, n_logits))
+            + logits_bytes(metadata, n_logits) + predictor_bytes(metadata, predictor_depth))
 
 
 def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int) -> None:

@@ -173,3 +173,23 @@ def test_logits_the_memory_cannot_hold_are_refused_before_decoding_unless_reserv
     with Engine(mixtral_gguf, n_ctx=256, n_threads=2, n_logits=64) as e:
         monkeypatch.setattr(memory_budget, "available_memory", lambda: (0, "for this test"))
         assert e.logits(ids).shape == (64, e.n_vocab)
+
+
+def test_an_auto_cache_leaves_room_for_the_predictors_stacked_routers(mixtral_gguf, monkeypatch):
+    """--prefetch hobbit two or more layers ahead keeps F32 copies of the routers it stacks: an
+    auto expert cache is smaller by exactly them (memory_budget.predictor_bytes)."""
+    from pyedgemoe import memory_budget
+    from pyedgemoe.model_info import read_model_info
+
+    info = read_model_info(mixtral_gguf)
+    context = memory_budget.context_bytes(info.metadata, 256, 512, 2, None)
+    available = info.non_expert_bytes + context + memory_budget.RUN_ALLOWANCE_BYTES + info.high_expert_bytes // 2
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "for this test"))
+    budgets = {}
+    for depth in (1, 3):
+        with Engine(mixtral_gguf, n_ctx=256, n_threads=2, expert_cache="auto", prefetch="hobbit",
+                    prefetch_depth=depth) as e:
+            budgets[depth] = e.expert_residency["budget_bytes"]
+    assert budgets[1] == info.high_expert_bytes // 2
+    assert budgets[1] - budgets[3] == memory_budget.predictor_bytes(info.metadata, 3) > 0
+

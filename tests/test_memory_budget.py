@@ -286,3 +286,14 @@ def test_the_spare_memory_is_the_room_less_the_expert_cache():
     room = 8 * GIB - 1 * GIB - 1 * GIB - ALLOWANCE
     assert memory_budget.spare_bytes(2 * GIB, 1 * GIB, 1 * GIB, available=8 * GIB) == room - 2 * GIB
     assert memory_budget.spare_bytes(0, 1 * GIB, 1 * GIB, available=8 * GIB) == room
+
+
+def test_the_predictors_stacked_routers_are_in_the_context_from_two_layers_ahead():
+    # Qwen3-30B-A3B, 48 layers, two ahead: 46 x 2 + 1 stacked copies, and the 48 routers read as
+    # F32 to make them, of 2048 x 128 f32 (1 MiB) each
+    assert memory_budget.predictor_bytes(QWEN3, 2) == (93 + 48) * MIB
+    assert memory_budget.predictor_bytes(QWEN3, 1) == 0  # the next layer's own router
+    grown = (memory_budget.context_bytes(QWEN3, 4096, 512, 2, None, predictor_depth=2)
+             - memory_budget.context_bytes(QWEN3, 4096, 512, 2, None))
+    assert grown == 141 * MIB
+
