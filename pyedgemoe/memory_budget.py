@@ -37,6 +37,7 @@ VOCABULARY_TOKEN_BYTES = 384
 # measured with a GPU yet). The CPU budget uses context_bytes() and RUN_ALLOWANCE_BYTES instead.
 RESERVE_SLACK_BYTES = 384 * 1024**2
 ACTIVATION_BYTES = 4  # llama.cpp computes its intermediates in f32
+KV_CELL_MULTIPLE = 256  # llama.cpp pads n_ctx (and each sequence's share of it) to a multiple of this
 CGROUP_V2 = Path("/sys/fs/cgroup")
 UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
@@ -137,11 +138,26 @@ def _kv_widths(metadata: dict) -> tuple[int, int]:
 
 
 def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float) -> int:
-    """llama.cpp's KV cache: n_ctx x layers x (K + V widths) x the KV type's bytes per element.
-    metadata: the GGUF key-values; n_ctx 0 = the training context."""
+    """llama.cpp's KV cache: n_ctx (padded) x layers x (K + V widths) x the KV type's bytes per
+    element. metadata: the GGUF key-values; n_ctx 0 = the training context."""
     value = _shape(metadata)
-    n_ctx = n_ctx or value("context_length", 4096)
-    return int(n_ctx * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+    return int(_cells(metadata, n_ctx) * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+
+
+def _padded(n: int) -> int:
+    """n rounded up to a multiple of KV_CELL_MULTIPLE, as llama.cpp pads a context."""
+    return -(-n // KV_CELL_MULTIPLE) * KV_CELL_MULTIPLE
+
+
+def _cells(metadata: dict, n_ctx: int) -> int:
+    """The context llama.cpp allocates: n_ctx (0: the training context), padded."""
+    return _padded(n_ctx or _shape(metadata)("context_length", 4096))
+
+
+def _ubatch_tokens(metadata: dict, n_ctx: int, n_ubatch: int) -> int:
+    """The tokens of llama.cpp's largest ubatch: n_ubatch, no more than n_ctx (0: the training
+    context), as a causal model's batch is limited by the context."""
+    return min(n_ubatch, n_ctx or _shape(metadata)("context_length", 4096))
 
 
 class _Graph(NamedTuple):
@@ -167,7 +183,7 @@ def _graph(metadata: dict, n_ctx: int, n_seq_max: int) -> _Graph:
     n_ff = value("feed_forward_length")
     n_ff_exp = value("expert_feed_forward_length") or n_ff
     return _Graph(
-        positions=(n_ctx or value("context_length", 4096)) // max(1, n_seq_max), n_embd=n_embd, n_head=n_head,
+        positions=_padded(_cells(metadata, n_ctx) // max(1, n_seq_max)), n_embd=n_embd, n_head=n_head,
         width=max(n_embd, n_head * value("attention.key_length", head_dim),
                   n_head * value("attention.value_length", head_dim)),
         kv_width=sum(_kv_widths(metadata)), n_vocab=_n_vocab(metadata), n_ff=n_ff, n_ff_exp=n_ff_exp,
@@ -196,6 +212,7 @@ def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: 
     needs"): at or above it on every model and setting measured, by at most 1.65x on the demo model,
     1.41x on the 7-9 GB geometries and 2.2 MiB on the tiny test models."""
     g = _graph(metadata, n_ctx, n_seq_max)
+    n_ubatch = _ubatch_tokens(metadata, n_ctx, n_ubatch)
     moe = g.n_expert_used * (3 * g.n_ff_exp + g.n_embd) + 3 * g.n_expert + 3 * g.n_ff_shexp if g.n_expert else 0
     if flash_attn is not False:
         mask, scores, kv_copy = 2 * g.positions, 0, 0
@@ -214,6 +231,7 @@ def cpu_work_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool |
     needs"): 12 MiB on f16 experts of n_ff 1536, top-8, and 12 MiB more without flash attention at
     2048 positions x 8 heads, where this says 12 and 16."""
     g = _graph(metadata, n_ctx, n_seq_max)
+    n_ubatch = _ubatch_tokens(metadata, n_ctx, n_ubatch)
     scores = 0 if flash_attn is not False else g.positions * g.n_head
     return 2 * n_ubatch * max(g.n_expert_used * g.n_ff_exp, g.n_ff, g.width, scores)
 

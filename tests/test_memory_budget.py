@@ -60,6 +60,15 @@ def test_a_ubatch_of_fewer_tokens_needs_a_smaller_buffer():
             == memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, flash_attn=True) // 8)
 
 
+def test_a_context_shorter_than_the_batch_caps_the_ubatch_and_is_padded_as_llama_cpp_pads_it():
+    # llama.cpp: n_batch = min(n_ctx, n_batch) for a causal model, then n_ctx up to a multiple of 256
+    for estimate in (memory_budget.compute_buffer_bytes, memory_budget.cpu_work_bytes):
+        assert estimate(QWEN3, 145, 512, None) == estimate(QWEN3, 256, 145, None)
+    assert memory_budget.kv_cache_bytes(QWEN3, 145, 2) == memory_budget.kv_cache_bytes(QWEN3, 256, 2)
+    # a 512-token ubatch's logits alone would take 297 MiB; the whole 145-token context takes less
+    assert memory_budget.context_bytes(QWEN3, 145, 512, 2, None) < 512 * 151936 * 4
+
+
 def test_the_cpu_work_buffer_holds_the_largest_matrix_input_converted_to_f16():
     # the MoE down projection's input, 8 experts x 1024 a token, at 2 bytes
     assert memory_budget.cpu_work_bytes(OLMOE, 4096, 512, flash_attn=True) == 512 * 8 * 1024 * 2  # 8 MiB
@@ -78,7 +87,8 @@ def test_the_context_is_the_kv_cache_the_compute_and_work_buffers_and_the_vocabu
 
 @pytest.mark.parametrize("arch", ["llama", *MOE_ARCHITECTURES])
 @pytest.mark.parametrize("n_ctx, n_batch, flash_attn, n_parallel",
-                         [(512, 512, None, 1), (4096, 512, False, 1), (2048, 64, None, 1), (4096, 256, False, 4)])
+                         [(512, 512, None, 1), (4096, 512, False, 1), (2048, 64, None, 1), (4096, 256, False, 4),
+                          (100, 512, False, 1)])
 def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, n_ctx, n_batch, flash_attn,
                                                                n_parallel):
     """llama.cpp's own account (llama_get_memory_breakdown) is the reference: the estimate is at or
