@@ -137,11 +137,20 @@ def _kv_widths(metadata: dict) -> tuple[int, int]:
     return (n_head_kv * value("attention.key_length", head_dim), n_head_kv * value("attention.value_length", head_dim))
 
 
-def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float) -> int:
-    """llama.cpp's KV cache: n_ctx (padded) x layers x (K + V widths) x the KV type's bytes per
-    element. metadata: the GGUF key-values; n_ctx 0 = the training context."""
+def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float, n_seq_max: int = 1) -> int:
+    """llama.cpp's KV cache: its cells x layers x (K + V widths) x the KV type's bytes per element;
+    the cells: one stream per sequence of n_ctx (padded) / n_seq_max positions, each padded (so a
+    context that does not divide evenly grows). metadata: the GGUF key-values; n_ctx 0 = the
+    training context."""
     value = _shape(metadata)
-    return int(_cells(metadata, n_ctx) * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+    cells = _seq_positions(metadata, n_ctx, n_seq_max) * max(1, n_seq_max)
+    return int(cells * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+
+
+def _seq_positions(metadata: dict, n_ctx: int, n_seq_max: int) -> int:
+    """What one sequence attends to: its stream of the padded context, itself padded, as llama.cpp
+    splits the context between n_seq_max sequences."""
+    return _padded(_cells(metadata, n_ctx) // max(1, n_seq_max))
 
 
 def _padded(n: int) -> int:
@@ -183,7 +192,7 @@ def _graph(metadata: dict, n_ctx: int, n_seq_max: int) -> _Graph:
     n_ff = value("feed_forward_length")
     n_ff_exp = value("expert_feed_forward_length") or n_ff
     return _Graph(
-        positions=_padded(_cells(metadata, n_ctx) // max(1, n_seq_max)), n_embd=n_embd, n_head=n_head,
+        positions=_seq_positions(metadata, n_ctx, n_seq_max), n_embd=n_embd, n_head=n_head,
         width=max(n_embd, n_head * value("attention.key_length", head_dim),
                   n_head * value("attention.value_length", head_dim)),
         kv_width=sum(_kv_widths(metadata)), n_vocab=_n_vocab(metadata), n_ff=n_ff, n_ff_exp=n_ff_exp,
@@ -271,7 +280,7 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
     predictor_bytes). metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch:
     tokens per llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences
     decoded together (an Engine's n_parallel); predictor_depth: --prefetch hobbit's depth (else 0)."""
-    return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes)
+    return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes, n_seq_max)
             + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
             + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata)
             + logits_bytes(metadata, n_logits) + predictor_bytes(metadata, predictor_depth))

@@ -65,6 +65,9 @@ def test_a_context_shorter_than_the_batch_caps_the_ubatch_and_is_padded_as_llama
     for estimate in (memory_budget.compute_buffer_bytes, memory_budget.cpu_work_bytes):
         assert estimate(QWEN3, 145, 512, None) == estimate(QWEN3, 256, 145, None)
     assert memory_budget.kv_cache_bytes(QWEN3, 145, 2) == memory_budget.kv_cache_bytes(QWEN3, 256, 2)
+    # three sequences share 256 positions as three streams of 256 (85, padded): 768 cells
+    assert memory_budget.kv_cache_bytes(QWEN3, 256, 2, n_seq_max=3) == memory_budget.kv_cache_bytes(QWEN3, 768, 2)
+    assert memory_budget.kv_cache_bytes(QWEN3, 4096, 2, n_seq_max=4) == memory_budget.kv_cache_bytes(QWEN3, 4096, 2)
     # a 512-token ubatch's logits alone would take 297 MiB; the whole 145-token context takes less
     assert memory_budget.context_bytes(QWEN3, 145, 512, 2, None) < 512 * 151936 * 4
 
@@ -88,7 +91,7 @@ def test_the_context_is_the_kv_cache_the_compute_and_work_buffers_and_the_vocabu
 @pytest.mark.parametrize("arch", ["llama", *MOE_ARCHITECTURES])
 @pytest.mark.parametrize("n_ctx, n_batch, flash_attn, n_parallel",
                          [(512, 512, None, 1), (4096, 512, False, 1), (2048, 64, None, 1), (4096, 256, False, 4),
-                          (100, 512, False, 1)])
+                          (100, 512, False, 1), (256, 64, None, 3)])
 def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, n_ctx, n_batch, flash_attn,
                                                                n_parallel):
     """llama.cpp's own account (llama_get_memory_breakdown) is the reference: the estimate is at or
@@ -102,7 +105,7 @@ def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, 
     metadata = engine.info.metadata
     estimate = memory_budget.compute_buffer_bytes(metadata, n_ctx, n_batch, flash_attn, n_parallel)
     assert real <= estimate <= 2 * real + 32 * MIB
-    assert kv <= memory_budget.kv_cache_bytes(metadata, n_ctx, 2)
+    assert kv <= memory_budget.kv_cache_bytes(metadata, n_ctx, 2, n_parallel)
 
 
 def test_auto_keeps_every_expert_resident_when_the_model_and_context_fit():
