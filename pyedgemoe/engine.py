@@ -29,7 +29,8 @@ from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, fill_ranking
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
-from pyedgemoe.memory_budget import MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes
+from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes,
+                                     ubatch_tokens)
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
@@ -250,8 +251,10 @@ class Engine:
         block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
         predicting = self.info.is_moe and expert_options["prefetch"] == "hobbit"
         context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel,
-                                n_logits, expert_options["prefetch_depth"] if predicting else 0)
+                                n_logits, expert_options["prefetch_depth"] if predicting else 0,
+                                every_output=self.device is not None)
         self.n_logits = n_logits
+        self._n_ubatch = ubatch_tokens(self.info.metadata, n_ctx, n_batch)
         host = memory_budget.available_memory()  # measured once: for the budget and for what it leaves
         budget, self.expert_cache_note = parse_expert_cache(
             expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
@@ -419,7 +422,7 @@ class Engine:
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
-        check_logits_fit(self.info.metadata, len(ids), self.n_logits, self._spare_bytes)
+        check_logits_fit(self.info.metadata, len(ids), self.n_logits, self._spare_bytes, self._n_ubatch)
         with self._sequence_turn():
             self._clear()
             if one_token_per_step:

@@ -163,7 +163,7 @@ def _cells(metadata: dict, n_ctx: int) -> int:
     return _padded(n_ctx or _shape(metadata)("context_length", 4096))
 
 
-def _ubatch_tokens(metadata: dict, n_ctx: int, n_ubatch: int) -> int:
+def ubatch_tokens(metadata: dict, n_ctx: int, n_ubatch: int) -> int:
     """The tokens of llama.cpp's largest ubatch: n_ubatch, no more than n_ctx (0: the training
     context), as a causal model's batch is limited by the context."""
     return min(n_ubatch, n_ctx or _shape(metadata)("context_length", 4096))
@@ -201,7 +201,7 @@ def _graph(metadata: dict, n_ctx: int, n_seq_max: int) -> _Graph:
 
 
 def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool | None,
-                         n_seq_max: int = 1) -> int:
+                         n_seq_max: int = 1, n_outputs: int | None = None) -> int:
     """An upper bound on llama.cpp's compute buffer: the graph's f32 intermediates for the worst case
     it reserves, one ubatch of n_ubatch tokens against every position a sequence can attend to
     (n_ctx, or n_ctx / n_seq_max: with several sequences each has its own stream of the cache), all
@@ -215,19 +215,25 @@ def compute_buffer_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: 
         (a dense layer's gate, up and product, 3 x n_ff; a MoE layer's router logits, probabilities
         and order, 3 x n_expert, then per selected expert gate, up, product and down,
         k x (3 x n_ff_exp + n_embd), and shared experts, 3 x their n_ff) and the output logits
-        (n_vocab per token).
+        (n_vocab per output).
+    n_outputs: the outputs a ubatch computes, at most (None: every token, the worst case llama.cpp
+    allocates). Host memory is taken page by page as it is first written, and a run that outputs
+    fewer rows never writes the rest of the logits stage: generating, llama.cpp's 304 MiB buffer
+    of the Qwen3 geometry (n_ctx 4096) had 86 MiB resident after a 500-token prompt.
     flash_attn None: llama.cpp's auto, which turns it on where the device has it, as the CPU does.
     Calibrated against llama_get_memory_breakdown (docs/expert-residency.md, "Budget: what a run
     needs"): at or above it on every model and setting measured, by at most 1.65x on the demo model,
     1.41x on the 7-9 GB geometries and 2.2 MiB on the tiny test models."""
     g = _graph(metadata, n_ctx, n_seq_max)
-    n_ubatch = _ubatch_tokens(metadata, n_ctx, n_ubatch)
+    n_ubatch = ubatch_tokens(metadata, n_ctx, n_ubatch)
+    outputs = n_ubatch if n_outputs is None else min(n_outputs, n_ubatch)
     moe = g.n_expert_used * (3 * g.n_ff_exp + g.n_embd) + 3 * g.n_expert + 3 * g.n_ff_shexp if g.n_expert else 0
     if flash_attn is not False:
         mask, scores, kv_copy = 2 * g.positions, 0, 0
     else:
         mask, scores, kv_copy = ACTIVATION_BYTES * g.positions, g.positions * g.n_head, g.positions * g.kv_width
-    largest_stage = ACTIVATION_BYTES * max(n_ubatch * scores + kv_copy, n_ubatch * max(3 * g.n_ff, moe, g.n_vocab))
+    largest_stage = ACTIVATION_BYTES * max(n_ubatch * scores + kv_copy, n_ubatch * max(3 * g.n_ff, moe),
+                                           outputs * g.n_vocab)
     return int(n_ubatch * (mask + ACTIVATION_BYTES * 8 * g.width) + largest_stage)
 
 
@@ -240,7 +246,7 @@ def cpu_work_bytes(metadata: dict, n_ctx: int, n_ubatch: int, flash_attn: bool |
     needs"): 12 MiB on f16 experts of n_ff 1536, top-8, and 12 MiB more without flash attention at
     2048 positions x 8 heads, where this says 12 and 16."""
     g = _graph(metadata, n_ctx, n_seq_max)
-    n_ubatch = _ubatch_tokens(metadata, n_ctx, n_ubatch)
+    n_ubatch = ubatch_tokens(metadata, n_ctx, n_ubatch)
     scores = 0 if flash_attn is not False else g.positions * g.n_head
     return 2 * n_ubatch * max(g.n_expert_used * g.n_ff_exp, g.n_ff, g.width, scores)
 
@@ -272,35 +278,40 @@ def predictor_bytes(metadata: dict, depth: int) -> int:
 
 
 def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
-                  n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0) -> int:
+                  n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0, every_output: bool = False) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
     context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer, the
     vocabulary tables, the logits of n_logits tokens at once and the predictor's router copies
     (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes,
     predictor_bytes). metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch:
     tokens per llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences
-    decoded together (an Engine's n_parallel); predictor_depth: --prefetch hobbit's depth (else 0)."""
+    decoded together (an Engine's n_parallel); predictor_depth: --prefetch hobbit's depth (else 0).
+    The compute buffer counts a ubatch's outputs of one token per sequence or n_logits, what host
+    memory a run writes; every_output: all of its tokens, what llama.cpp allocates (a GPU's memory
+    is taken whole)."""
+    n_outputs = None if every_output else max(n_seq_max, n_logits)
     return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes, n_seq_max)
-            + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max)
+            + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max, n_outputs)
             + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata)
             + logits_bytes(metadata, n_logits) + predictor_bytes(metadata, predictor_depth))
 
 
-def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int) -> None:
+def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int, n_ubatch: int) -> None:
     """Refuses (InvalidOptionError, with the numbers) logits of n_tokens tokens at once that the
-    memory cannot hold; those of up to `reserved` tokens were counted at load (context_bytes'
-    n_logits). spare: what the run's budget left beside the expert cache at load (spare_bytes);
+    memory cannot hold: logits_bytes, and the compute buffer's logits rows of a ubatch of n_ubatch
+    tokens (ubatch_tokens), which generation leaves unwritten; those of up to `reserved` tokens were
+    counted at load (context_bytes' n_logits). spare: what the run's budget left beside the expert cache at load (spare_bytes);
     the memory available now can be less (other processes), never more for this run: an expert
     cache takes its memory as it fills, so the room it has not filled yet is not there to take."""
     if n_tokens <= reserved:
         return
-    need = logits_bytes(metadata, n_tokens)
+    need = logits_bytes(metadata, n_tokens) + ACTIVATION_BYTES * _n_vocab(metadata) * min(n_tokens, n_ubatch)
     available, where = available_memory()
     if need <= min(spare, available):
         return
     raise InvalidOptionError(
-        f"not enough memory for the logits of {n_tokens} tokens: they take {format_bytes(need)} (the result and "
-        f"llama.cpp's output buffer, {_n_vocab(metadata)} f32 each a token), and the run left "
+        f"not enough memory for the logits of {n_tokens} tokens: they take {format_bytes(need)} (the result, "
+        f"llama.cpp's output buffer and its compute buffer's rows, {_n_vocab(metadata)} f32 each a token), and the run left "
         f"{format_bytes(max(0, spare))} beside the expert cache at load ({_available_text(available, where)} now): "
         f"load the model with n_logits={n_tokens} (room kept for them beside the expert cache), or ask for fewer tokens")
 

@@ -44,6 +44,22 @@ def test_the_compute_buffer_is_the_mask_a_few_hidden_rows_and_the_largest_stage(
         4096 * 2 + 8 * 4096 * 4 + 151936 * 4)
 
 
+def test_a_run_that_outputs_fewer_tokens_counts_only_their_logits_rows():
+    # one output: the MoE stage, 8 x (3 x 768 + 2048) + 3 x 128 a token, is the largest
+    hidden = 4096 * 2 + 8 * 4096 * 4
+    assert (memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, flash_attn=True, n_outputs=1)
+            == 512 * hidden + 4 * 512 * (8 * (3 * 768 + 2048) + 3 * 128))
+    assert (memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, flash_attn=True, n_outputs=400)
+            == 512 * hidden + 4 * 400 * 151936)
+    # the context: one output a sequence, or the n_logits asked for at once; every token on a GPU,
+    # whose memory llama.cpp takes whole
+    for n_parallel, n_logits, outputs in ((1, 0, 1), (4, 0, 4), (1, 100, 100)):
+        assert (memory_budget.context_bytes(QWEN3, 4096, 512, 2, True, n_parallel, n_logits)
+                - memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, True, n_parallel, outputs)
+                == memory_budget.context_bytes(QWEN3, 4096, 512, 2, True, n_parallel, n_logits, every_output=True)
+                - memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, True, n_parallel))
+
+
 def test_without_flash_attention_the_scores_an_f32_mask_and_a_copy_of_one_layers_kv_count():
     # scores 4096 x 16 heads per token (128 MiB) outweigh the logits; one layer's K and V over 4096 positions
     expected = 512 * (4096 * 4 + 8 * 2048 * 4) + 4 * (512 * 4096 * 16 + 4096 * (2048 + 2048))
@@ -84,7 +100,7 @@ def test_the_context_is_the_kv_cache_the_compute_and_work_buffers_and_the_vocabu
     with_vocab_size = {**OLMOE, "olmoe.vocab_size": 1000}  # the key wins over the token list
     assert memory_budget.vocabulary_bytes(with_vocab_size) == 1000 * memory_budget.VOCABULARY_TOKEN_BYTES
     assert memory_budget.context_bytes(OLMOE, 4096, 512, 2, flash_attn=None) == (
-        memory_budget.kv_cache_bytes(OLMOE, 4096, 2) + memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, None)
+        memory_budget.kv_cache_bytes(OLMOE, 4096, 2) + memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, None, n_outputs=1)
         + memory_budget.cpu_work_bytes(OLMOE, 4096, 512, None) + memory_budget.vocabulary_bytes(OLMOE))
 
 
@@ -273,26 +289,27 @@ VOCAB = {"general.architecture": "x", "x.vocab_size": 1000}  # 8,000 bytes of lo
 def test_logits_asked_for_at_once_are_in_the_context_when_reserved():
     assert memory_budget.logits_bytes(VOCAB, 100) == 2 * 100 * 1000 * 4  # the result and llama.cpp's buffer
     grown = memory_budget.context_bytes(VOCAB, 64, 32, 2, None, n_logits=100) - memory_budget.context_bytes(VOCAB, 64, 32, 2, None)
-    assert grown == 800_000
+    assert grown == 800_000 + (32 - 1) * 1000 * 4  # and the compute buffer's rows: a 32-token ubatch's, not one
 
 
 def test_logits_beyond_the_reservation_are_refused_with_the_numbers_when_memory_cannot_hold_them(cgroup_v1_limit):
-    memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=10 * MIB)  # 800,000 bytes: within the 1 MiB left
+    # 800,000 bytes and a 32-token ubatch's rows in the compute buffer, 128,000: within the 1 MiB left
+    memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=10 * MIB, n_ubatch=32)
     with pytest.raises(InvalidOptionError) as refused:
-        memory_budget.check_logits_fit(VOCAB, 200, reserved=0, spare=10 * MIB)  # 1.6 MB
+        memory_budget.check_logits_fit(VOCAB, 200, reserved=0, spare=10 * MIB, n_ubatch=32)  # 1.728 MB
     assert str(refused.value) == (
-        "not enough memory for the logits of 200 tokens: they take 1.53 MiB (the result and llama.cpp's output "
-        "buffer, 1000 f32 each a token), and the run left 10.00 MiB beside the expert cache at load (1.00 MiB "
+        "not enough memory for the logits of 200 tokens: they take 1.65 MiB (the result, llama.cpp's output "
+        "buffer and its compute buffer's rows, 1000 f32 each a token), and the run left 10.00 MiB beside the expert cache at load (1.00 MiB "
         "available under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use now): load the model with "
         "n_logits=200 (room kept for them beside the expert cache), or ask for fewer tokens")
-    memory_budget.check_logits_fit(VOCAB, 200, reserved=200, spare=0)  # counted at load
+    memory_budget.check_logits_fit(VOCAB, 200, reserved=200, spare=0, n_ubatch=32)  # counted at load
 
 
 def test_logits_are_refused_when_the_expert_cache_took_the_room_even_before_it_filled(cgroup_v1_limit):
     # the memory available now still holds the part of an auto cache not filled yet; the budget
     # gave it to the cache, and it takes it as it fills (a child killed by the kernel showed it)
     with pytest.raises(InvalidOptionError, match="the run left 0 B beside the expert cache at load"):
-        memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=0)
+        memory_budget.check_logits_fit(VOCAB, 100, reserved=0, spare=0, n_ubatch=32)
 
 
 def test_the_spare_memory_is_the_room_less_the_expert_cache():
