@@ -93,13 +93,18 @@ def available_memory() -> tuple[int, str]:
 
 
 def _clean_page_cache(stat_file: Path, prefix: str) -> int:
-    """The file pages a cgroup's memory.stat counts, less those dirty or under writeback (0 when
-    it cannot be read). v1 names them total_active_file ... total_dirty, v2 active_file ... file_dirty."""
+    """The file pages a cgroup's memory.stat counts, less those dirty or under writeback and those
+    mapped (0 when it cannot be read). Mapped pages are in use (the interpreter's and its
+    libraries' code, when charged to this group): dropped, they are read back at once. v1 names them
+    total_active_file ... total_dirty, total_mapped_file; v2 active_file ... file_dirty, file_mapped."""
     try:
         stat = dict(line.split() for line in stat_file.read_text().splitlines() if line.count(" ") == 1)
         value = (lambda key: int(stat.get(prefix + key, 0)))
-        dirty = value("dirty") + value("writeback") if prefix else value("file_dirty") + value("file_writeback")
-        return max(0, value("active_file") + value("inactive_file") - dirty)
+        if prefix:
+            in_use = value("dirty") + value("writeback") + value("mapped_file")
+        else:
+            in_use = value("file_dirty") + value("file_writeback") + value("file_mapped")
+        return max(0, value("active_file") + value("inactive_file") - in_use)
     except (OSError, ValueError):
         return 0
 

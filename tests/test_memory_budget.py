@@ -243,10 +243,10 @@ def test_available_memory_is_the_room_under_a_cgroup_limit_and_names_it(cgroup_v
 
 def test_clean_page_cache_in_the_cgroup_counts_as_available(cgroup_v1_limit, tmp_path):
     # a previous run's cached file is charged to the group, but the kernel drops it for room;
-    # dirty pages and pages under writeback it cannot drop at once
+    # dirty pages and pages under writeback it cannot drop at once, and mapped ones (code) are in use
     (tmp_path / "memory.stat").write_text(f"cache {MIB}\ntotal_active_file {MIB // 4}\n"
-                                          f"total_inactive_file {MIB // 2}\ntotal_dirty {MIB // 8}\n"
-                                          f"total_writeback {MIB // 8}\n")
+                                          f"total_inactive_file {MIB // 2}\ntotal_dirty {MIB // 16}\n"
+                                          f"total_writeback {MIB // 8}\ntotal_mapped_file {MIB // 16}\n")
     available, where = memory_budget.available_memory()
     assert available == 2 * MIB - MIB + MIB // 2
     assert where.endswith("with 512.00 KiB in use (and 512.00 KiB of page cache it can drop)"), where
