@@ -163,15 +163,20 @@ def _padded(n: int) -> int:
     return -(-n // KV_CELL_MULTIPLE) * KV_CELL_MULTIPLE
 
 
+def _context(metadata: dict, n_ctx: int) -> int:
+    """n_ctx, or for 0 the training context."""
+    return n_ctx or _shape(metadata)("context_length", 4096)
+
+
 def _cells(metadata: dict, n_ctx: int) -> int:
     """The context llama.cpp allocates: n_ctx (0: the training context), padded."""
-    return _padded(n_ctx or _shape(metadata)("context_length", 4096))
+    return _padded(_context(metadata, n_ctx))
 
 
 def ubatch_tokens(metadata: dict, n_ctx: int, n_ubatch: int) -> int:
     """The tokens of llama.cpp's largest ubatch: n_ubatch, no more than n_ctx (0: the training
     context), as a causal model's batch is limited by the context."""
-    return min(n_ubatch, n_ctx or _shape(metadata)("context_length", 4096))
+    return min(n_ubatch, _context(metadata, n_ctx))
 
 
 class _Graph(NamedTuple):
@@ -283,7 +288,8 @@ def predictor_bytes(metadata: dict, depth: int) -> int:
 
 
 def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
-                  n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0, every_output: bool = False) -> int:
+                  n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0,
+                  every_output: bool = False) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
     context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer, the
     vocabulary tables, the logits of n_logits tokens at once and the predictor's router copies
@@ -304,8 +310,9 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
 def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int, n_ubatch: int) -> None:
     """Refuses (InvalidOptionError, with the numbers) logits of n_tokens tokens at once that the
     memory cannot hold: logits_bytes, and the compute buffer's logits rows of a ubatch of n_ubatch
-    tokens (ubatch_tokens), which generation leaves unwritten; those of up to `reserved` tokens were
-    counted at load (context_bytes' n_logits). spare: what the run's budget left beside the expert cache at load (spare_bytes);
+    tokens (ubatch_tokens), which generation leaves unwritten; those of up to `reserved` tokens
+    were counted at load (context_bytes' n_logits). spare: what the run's budget left beside the
+    expert cache at load (spare_bytes);
     the memory available now can be less (other processes), never more for this run: an expert
     cache takes its memory as it fills, so the room it has not filled yet is not there to take."""
     if n_tokens <= reserved:
@@ -316,7 +323,8 @@ def check_logits_fit(metadata: dict, n_tokens: int, reserved: int, spare: int, n
         return
     raise InvalidOptionError(
         f"not enough memory for the logits of {n_tokens} tokens: they take {format_bytes(need)} (the result, "
-        f"llama.cpp's output buffer and its compute buffer's rows, {_n_vocab(metadata)} f32 each a token), and the run left "
+        f"llama.cpp's output buffer and its compute buffer's rows, {_n_vocab(metadata)} f32 each a token), "
+        f"and the run left "
         f"{format_bytes(max(0, spare))} beside the expert cache at load ({_available_text(available, where)} now): "
         f"load the model with n_logits={n_tokens} (room kept for them beside the expert cache), or ask for fewer tokens")
 
