@@ -299,8 +299,8 @@ def test_logits_beyond_the_reservation_are_refused_with_the_numbers_when_memory_
         memory_budget.check_logits_fit(VOCAB, 200, reserved=0, spare=10 * MIB, n_ubatch=32)  # 1.728 MB
     assert str(refused.value) == (
         "not enough memory for the logits of 200 tokens: they take 1.65 MiB (the result, llama.cpp's output "
-        "buffer and its compute buffer's rows, 1000 f32 each a token), and the run left 10.00 MiB beside the expert cache at load (1.00 MiB "
-        "available under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use now): load the model with "
+        "buffer and its compute buffer's rows, 1000 f32 each a token), and the run left 10.00 MiB beside the "
+        "expert cache at load (1.00 MiB available under the cgroup v1 memory limit of 2.00 MiB with 1.00 MiB in use now): load the model with "
         "n_logits=200 (room kept for them beside the expert cache), or ask for fewer tokens")
     memory_budget.check_logits_fit(VOCAB, 200, reserved=200, spare=0, n_ubatch=32)  # counted at load
 
