@@ -396,3 +396,21 @@ def test_prefetching_stops_itself_when_most_prefetches_go_unused(tiny_model, tmp
     with Engine(path, **{**SETTINGS, "n_ctx": 512}) as eng:
         resident = eng.time_generation(IDS[:6], 400)["tokens"]
     assert tokens == resident  # lossless all along
+
+
+def test_prefetching_is_judged_on_decode_guesses_only(tiny_model, tmp_path):
+    # with LOW copies a prefill reads the next waves and layers ahead, and those reads are mostly
+    # used; decode's guesses (loud attention) mostly miss, and the prompts must not outvote them
+    loud = with_loud_attention(tiny_model("qwen3_moe")[0], tmp_path / "loud.gguf")
+    path = convert_gguf(loud, tmp_path / "loud-mp.gguf", high="q8_0", low="q8_0", progress=False)
+    prompt = (IDS * 32)[:480]
+    with Engine(path, **{**SETTINGS, "n_ctx": 1024, "n_batch": 8}, expert_cache="25%", prefetch="hobbit") as eng:
+        for _ in range(5):
+            eng.logits(prompt)
+        p = eng.stats()["experts"]["prefetches"]
+        assert p["used"] >= 256 and p["used"] > 0.6 * (p["used"] + p["wasted"]) and not p["stopped"], p
+        eng.time_generation(prompt[-8:], 400)
+        p = eng.stats()["experts"]["prefetches"]
+        assert p["stopped"], p
+        # counted with the prompts' read-ahead, the used share would still be at least half
+        assert p["used"] >= 0.5 * (p["used"] + p["wasted"]), p

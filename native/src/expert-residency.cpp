@@ -709,7 +709,7 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     coordinator.prefetch(walk_predictions(predicted_layers, !fate, [&](const predicted_expert & p) {
         const int group = layout.layer_at(p.layer)->group;
         return cache.serving_tier(group, make_expert_key(p.layer, p.expert), p.precision) != expert_precision::skip;
-    }));
+    }), /*judged*/ true);
 }
 
 void expert_residency::impl::plan_guess(int next, const std::vector<int32_t> & guesses, const float * logits, size_t row_bytes,
@@ -778,7 +778,7 @@ void expert_residency::impl::path_prefetch(const moe_layer_layout & l, int64_t n
     if (!coordinator.prefetching() || n_tokens != 1 || coordinator.judged_useless()) return;  // prefetching serves decode
     std::vector<predicted_expert> predicted;
     for (int e : most_probable(total, k)) predicted.push_back({ next, e, fixed_or(next, e, expert_precision::high) });
-    coordinator.prefetch(predicted);
+    coordinator.prefetch(predicted, /*judged*/ true);
 }
 
 std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {

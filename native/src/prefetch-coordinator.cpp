@@ -9,9 +9,8 @@ prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
 
 std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c, bool * waited) {
-    const size_t used = unused_.erase(c);
-    stats_[expert_key_layer(c.first)].used += used;
-    used_ += used;
+    stats_[expert_key_layer(c.first)].used += unused_.erase(c);
+    used_ += judged_unused_.erase(c);
     auto it = in_flight_.find(c);
     if (it == in_flight_.end()) return nullptr;
     if (auto job = prefetcher_->claim(it->second)) return job;
@@ -20,12 +19,11 @@ std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c,
 }
 
 void prefetch_coordinator::evicted(const cached_copy & c) {
-    const size_t wasted = unused_.erase(c);
-    stats_[expert_key_layer(c.first)].wasted += wasted;
-    wasted_ += wasted;
+    stats_[expert_key_layer(c.first)].wasted += unused_.erase(c);
+    wasted_ += judged_unused_.erase(c);
 }
 
-void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked) {
+void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked, bool judged) {
     for (const predicted_expert & p : walked) {
         const expert_key key = make_expert_key(p.layer, p.expert);
         const int group = group_of_[p.layer];
@@ -40,6 +38,7 @@ void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked
             job->reads = reads_of_(p.layer, p.expert, p.precision, slot.slot);
             in_flight_[{ key, p.precision }] = job;
             unused_.insert({ key, p.precision });
+            if (judged) judged_unused_.insert({ key, p.precision });
             cache_.pin(key, p.precision, true);  // until the read is over (finish)
             stats_[p.layer].issued++;
             prefetcher_->submit(job);
@@ -122,6 +121,7 @@ void prefetch_coordinator::drop_all() {
         finish(*job, false);
         cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
         unused_.erase({ job->key, job->precision });
+        judged_unused_.erase({ job->key, job->precision });
     }
     for (const auto & job : prefetcher_->take_finished()) finish(*job, true);
 }

@@ -79,8 +79,10 @@ public:
     void evicted(const cached_copy & c);
 
     // HOBBIT's walked predictions: each is pinned (softly) until its layer runs; those not cached
-    // are prefetched into slots reserved for them, as far as slots can be evicted.
-    void prefetch(const std::vector<predicted_expert> & walked);
+    // are prefetched into slots reserved for them, as far as slots can be evicted. Only `judged`
+    // prefetches (decode's guesses, which judged_useless() stops) count in its judgement: a
+    // prefill's read-ahead is not stopped by it and would blur it.
+    void prefetch(const std::vector<predicted_expert> & walked, bool judged = false);
 
     // The cache's fill in the background: HIGH copies of order's experts ((il, expert), in order)
     // are read into free slots, never evicting and never holding more than half of those free;
@@ -119,10 +121,11 @@ private:
     reads_fn reads_of_;
     std::unordered_map<cached_copy, std::shared_ptr<prefetch_job>, cached_copy_hash> in_flight_;
     std::unordered_set<cached_copy, cached_copy_hash> unused_;  // prefetched, not used yet
+    std::unordered_set<cached_copy, cached_copy_hash> judged_unused_;  // those of them judged
     pin_set wave_pins_;
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
-    uint64_t used_ = 0, wasted_ = 0;               // since the start (stats_ are reset)
+    uint64_t used_ = 0, wasted_ = 0;               // judged ones, since the start (stats_ are reset)
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read
     int fill_in_flight_ = 0, n_threads_ = 0;
