@@ -107,8 +107,11 @@ BENCH_CAP50 := 3680251904  # 50%
 $(BENCH_MP_MODEL): $(BENCH_MODEL)
 	$(PY) -m pyedgemoe convert $(BENCH_MODEL) -o $@ --low q2_K
 
-$(BENCH_MP_MODEL).calibration.json: $(BENCH_MP_MODEL)
-	cat docs/*.md | head -c 60000 > build/bench/calibration.txt
+# The calibration text: this project's docs.
+build/bench/calibration.txt:
+	mkdir -p build/bench && cat docs/*.md | head -c 60000 > $@
+
+$(BENCH_MP_MODEL).calibration.json: $(BENCH_MP_MODEL) build/bench/calibration.txt
 	$(PY) -m pyedgemoe calibrate $(BENCH_MP_MODEL) -f build/bench/calibration.txt --budget 15% --max-tokens 256 --ctx 128 -t 2
 
 # Synthetic Qwen3-30B-A3B geometry, 12 of its 48 layers (Q4_K, 4.6 GB). Stock llama.cpp repacks
@@ -117,6 +120,15 @@ BENCH_QWEN3 := build/bench/qwen3-30b-a3b-L12-q4_k.gguf
 
 $(BENCH_QWEN3):
 	$(PY) scripts/make_synthetic_gguf.py --geometry qwen3-30b-a3b --layers 12 --type q4_k -o $@
+
+# Its multi-precision copy (Q4_K HIGH as the file's, Q2_K LOW), calibrated at a 10 % budget.
+BENCH_QWEN3_MP := build/bench/qwen3-30b-a3b-L12-q4_k-q2_K.mp.gguf
+
+$(BENCH_QWEN3_MP): $(BENCH_QWEN3)
+	$(PY) -m pyedgemoe convert $(BENCH_QWEN3) -o $@ --high q4_K --low q2_K
+
+$(BENCH_QWEN3_MP).calibration.json: $(BENCH_QWEN3_MP) build/bench/calibration.txt
+	$(PY) -m pyedgemoe calibrate $(BENCH_QWEN3_MP) -f build/bench/calibration.txt --budget 10% --max-tokens 256 --ctx 128 -t 2
 
 # HOBBIT's grid (prompt 16/128 x output 32/128), median of 3, at every cap. Under the 50 % and 25 %
 # caps stock llama.cpp decodes 0.13-0.3 tok/s: the whole target takes most of a day on 2 cores.
