@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.sysmem import format_bytes, own_memory_cgroup_v1, parse_size
+from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 
 # What a run grows by beside the weights, the expert cache and context_bytes(): Python's objects,
 # the sampler, thread stacks, the expert loader's staging buffers and the residency's bookkeeping.
@@ -98,8 +98,8 @@ def _clean_page_cache(stat_file: Path, prefix: str) -> int:
     libraries' code, when charged to this group): dropped, they are read back at once. v1 names them
     total_active_file ... total_dirty, total_mapped_file; v2 active_file ... file_dirty, file_mapped."""
     try:
-        stat = dict(line.split() for line in stat_file.read_text().splitlines() if line.count(" ") == 1)
-        value = (lambda key: int(stat.get(prefix + key, 0)))
+        stat = memory_stat(stat_file)
+        value = (lambda key: stat.get(prefix + key, 0))
         if prefix:
             in_use = value("dirty") + value("writeback") + value("mapped_file")
         else:

@@ -1,5 +1,5 @@
 """Sizes and the machine's memory: parsing and printing byte counts, this process's memory
-cgroup, and dropping a file from the page cache."""
+cgroup and a group's counters, and dropping a file from the page cache."""
 from __future__ import annotations
 
 import os
@@ -42,6 +42,12 @@ def format_bytes(n: float | None, decimals: int = 2) -> str:
             return f"{n:.0f} B" if unit == "B" else f"{n:.{decimals}f} {unit}"
         n /= 1024
     return f"{n:.{decimals}f} TiB"
+
+
+def memory_stat(stat_file: Path) -> dict[str, int]:
+    """A cgroup's memory.stat (v1 or v2) as {key: value}; OSError or ValueError if unreadable."""
+    return {key: int(value) for key, value in (line.split() for line in stat_file.read_text().splitlines()
+                                               if line.count(" ") == 1)}
 
 
 def own_memory_cgroup_v1() -> Path | None:

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
 from pyedgemoe.errors import PyEdgeMoEError
-from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, own_memory_cgroup_v1, parse_size
+from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 
 OURS, STOCK = "pyedgemoe", "llama_cpp"
 WORKER_SCRIPT = Path(__file__).resolve().with_name("worker.py")
@@ -157,6 +157,11 @@ def _run_worker(engine: str, model: Path, prompt_tokens: int, output_tokens: int
     if cgroup is not None:
         result["cgroup_max_usage_bytes"] = _cgroup_counter(cgroup, "memory.max_usage_in_bytes")
         result["cgroup_failcnt"] = _cgroup_counter(cgroup, "memory.failcnt")
+        # pages read back in by faults (the process's own code or a mapped file, dropped under the cap)
+        try:
+            result["cgroup_major_faults"] = memory_stat(cgroup / "memory.stat").get("pgmajfault")
+        except (OSError, ValueError):
+            result["cgroup_major_faults"] = None
     return result
 
 
