@@ -44,12 +44,12 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows.
 MAPPED = "mmap"
 # "auto" near fit: when a cache would hold at least this share of experts of types the CPU repacks,
-# MAPPED. Measured on the Qwen3-30B-A3B
-# geometry (Q4_K) under cgroup caps of 75-110 % of the file (docs/benchmarks.md, "Near fit"): caches
-# of 60, 77 and 82 % of the experts decoded 7.7x, 3.4x and 1.6x stock llama.cpp's mapped file, one
-# of 88 % at 0.4x, the page cache then holding all but a few per cent of the file: between the two.
-# (Still so with repack off; experts of types not repacked, the OLMoE geometry's Q8_0, cache faster.)
-NEAR_FIT_MAPPED_SHARE = 0.85
+# MAPPED. Measured on the Qwen3-30B-A3B geometry (Q4_K), ours only, the cache against the mapped
+# file under the same cgroup cap (docs/benchmarks.md, "Near fit again"): at 95 % of the file a
+# cache of 91 % of the experts decoded 1.9x the mapped file; at 100 % one of 97 % decoded 0.8x, the
+# page cache then holding nearly all of the file. The crossover (log-linear between) is near 95 %.
+# Experts of types not repacked (the OLMoE geometry's Q8_0) cache faster: no mapping for them.
+NEAR_FIT_MAPPED_SHARE = 0.95
 
 
 # The memory a run may use, as the functions below take it: bytes (a GPU's free memory), what
