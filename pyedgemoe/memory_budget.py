@@ -43,13 +43,16 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows.
 MAPPED = "mmap"
-# "auto" near fit: when a cache would hold at least this share of experts of types the CPU repacks,
-# MAPPED. Measured on the Qwen3-30B-A3B geometry (Q4_K), ours only, the cache against the mapped
-# file under the same cgroup cap (docs/benchmarks.md, "Near fit again"): at 95 % of the file a
-# cache of 91 % of the experts decoded 1.9x the mapped file; at 100 % one of 97 % decoded 0.8x, the
-# page cache then holding nearly all of the file. The crossover (log-linear between) is near 95 %.
+# "auto" near fit: when the page cache could hold at least this share of the experts (of types the
+# CPU repacks) beside the non-expert weights, MAPPED. That is the memory an expert cache would get
+# plus the context's reserve: llama.cpp's KV cache and compute buffer take pages as they are
+# written, so until the context fills the page cache has those too. Measured on the Qwen3-30B-A3B
+# geometry (Q4_K), ours only, a cache against the mapped file under the same cgroup cap
+# (docs/benchmarks.md, "Near fit again"): with the page cache's share at 88 and 93 % a cache
+# decoded 5.8x and 1.9x the mapped file; at 98.5 and 99 %, 0.6x and 0.8x. The crossover
+# (log-linear between 93 and 98.5 %) is near 96 %. Mapped, ours runs stock llama.cpp's own path.
 # Experts of types not repacked (the OLMoE geometry's Q8_0) cache faster: no mapping for them.
-NEAR_FIT_MAPPED_SHARE = 0.95
+NEAR_FIT_MAPPED_SHARE = 0.96
 
 
 # The memory a run may use, as the functions below take it: bytes (a GPU's free memory), what
@@ -386,12 +389,13 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
                       f"in {available / gib:.2f} GiB available)")
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
-    share = room / expert_bytes
-    if share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
+    mapped_share = (room + context) / expert_bytes  # the page cache's, until the context fills
+    if mapped_share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
         return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
-                        f"what fits, without repacked copies: a cache would hold {share:.0%} of "
-                        f"{expert_bytes / gib:.2f} GiB of experts of a type this CPU repacks "
-                        f"({available / gib:.2f} GiB available), and this near to a fit the page cache is faster")
+                        f"what fits, without repacked copies: it can hold {min(mapped_share, 1):.0%} of "
+                        f"{expert_bytes / gib:.2f} GiB of experts of a type this CPU repacks until the context "
+                        f"fills, a cache {room / expert_bytes:.0%} ({available / gib:.2f} GiB available), and "
+                        f"this near to a fit the page cache is faster")
     return room, (f"expert cache auto: {room / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                   f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
                   f"and allowance)")

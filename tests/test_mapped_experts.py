@@ -79,15 +79,14 @@ def available_for_share(path, share: float, n_logits: int = 0) -> int:
     return int(info.non_expert_bytes + context + RUN_ALLOWANCE_BYTES + share * info.high_expert_bytes)
 
 
-@pytest.mark.parametrize("share, mapped", [(NEAR_FIT_MAPPED_SHARE + 0.03, True), (NEAR_FIT_MAPPED_SHARE - 0.1, False)])
-def test_auto_maps_repacked_experts_near_fit_and_caches_them_below(q4_k_model, monkeypatch, capsys, share, mapped):
-    available = available_for_share(q4_k_model, share, n_logits=len(IDS))
+def test_auto_maps_repacked_experts_near_fit(q4_k_model, monkeypatch):
+    # this model's context (n_ctx 256 and a ubatch's logits) takes more than its experts: a cache
+    # of 30 % of them leaves the page cache room for all of them until the context fills
+    available = available_for_share(q4_k_model, 0.3, n_logits=len(IDS))
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "in this test"))
-    # the logits asked for below are reserved: auto gives a cache every byte that is left
     with Engine(q4_k_model, **SETTINGS, n_logits=len(IDS)) as eng:
-        assert eng.experts_mapped == mapped
-        assert (eng.expert_residency is None) == mapped
-        assert (MAPPED in eng.expert_cache_note) == mapped
+        assert eng.experts_mapped and eng.expert_residency is None
+        assert MAPPED in eng.expert_cache_note and "until the context fills" in eng.expert_cache_note
         assert eng.logits(IDS).shape[0] == len(IDS)
 
 
@@ -100,14 +99,15 @@ def test_auto_caches_experts_the_cpu_does_not_repack_even_near_fit(tiny_model, m
 
 
 def test_auto_near_fit_choice_from_the_numbers():
-    # 4 GiB of experts, all repacked: a cache of 97 % maps them, one of 90 % caches them
-    for share, expected in ((0.97, MAPPED), (0.9, int(0.9 * 4 * GIB))):
-        available = 1 * GIB + 1 * GIB + RUN_ALLOWANCE_BYTES + int(share * 4 * GIB)
+    # 4 GiB of experts, all repacked, 1 GiB of context: mapped when the page cache could hold 97 % of
+    # them until the context fills (a cache would get 72 %), cached at 90 % (the cache 65 %)
+    for share, expected in ((0.97, MAPPED), (0.9, int(0.9 * 4 * GIB) - GIB)):
+        available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(share * 4 * GIB)
         budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available,
                                                         repacked_expert_bytes=4 * GIB)
         assert budget == expected, note
-    # none repacked: a cache even at 90 %
-    available = 2 * GIB + RUN_ALLOWANCE_BYTES + int(0.97 * 4 * GIB)
+    # none repacked: a cache even at 97 %
+    available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(0.97 * 4 * GIB)
     budget, _ = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available)
     assert isinstance(budget, int)
 
