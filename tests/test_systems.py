@@ -359,6 +359,26 @@ def test_a_mixed_prefill_reads_the_next_layers_predicted_experts_ahead_and_stays
     np.testing.assert_array_equal(runs[0], runs[1])
 
 
+def test_a_mixed_prefill_whose_layer_fills_both_tiers_reads_its_second_wave_while_the_first_computes(mp_model):
+    """Where both tiers hold a layer's experts once but not twice, no slots are left to read the
+    next layer ahead: a prefill ubatch that needs most experts then computes each layer in two
+    waves and reads the second while the first computes, so the first layer reads ahead too. The
+    waves claim the reads whenever they finish: the logits do not depend on timing."""
+    info = read_model_info(mp_model)
+    n = info.n_experts
+    high_expert = max(info.high_expert_bytes_per_layer.values()) // n
+    budget = int((n + 0.5) * high_expert / 0.75)  # a quarter LOW: each expert in HIGH, about two thirds in LOW
+    runs = []
+    for _ in range(2):
+        with Engine(mp_model, **SETTINGS, expert_cache=budget, low_cache=0.25, fill_cache=False) as eng:
+            runs.append(eng.logits(IDS)[-1])
+            experts = eng.stats()["experts"]
+        assert experts["high_slots"] == n and n < experts["high_slots"] + experts["low_slots"] < 2 * n
+        first = min(experts["layers"], key=int)
+        assert experts["prefetches"]["layers"][first]["used"] > 0
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 @pytest.mark.parametrize("system, error", [("nope", "unknown system"), ("hobbit", "LOW expert copies")])
 def test_a_bad_system_is_a_clear_error(tiny_model, system, error):
     path, _ = tiny_model("qwen3_moe")

@@ -180,10 +180,16 @@ struct expert_residency::impl : moe_pass_builder {
     // prefill under a small cache) on one tier, so each wave takes half the slots and the next
     // wave's reads (its planned experts, in their planned precisions) run in the other half while
     // it computes (read_ahead).
+    // With LOW copies, so does a ubatch that needs most experts where both tiers hold them once but
+    // not twice: no slots would be left to read the next layer ahead, so the layer reads its own
+    // second half while its first computes.
     bool pipelined(int group, int64_t n_tokens) const {
         const int slots = wave_slots(group);
-        return options.mode != compute_mode::coop && slots >= 2 &&
-               waves_needed(layout.n_expert, layout.n_expert_used, n_tokens, slots, layout.has_expert_bias) > 1;
+        if (options.mode == compute_mode::coop || slots < 2) return false;
+        if (waves_needed(layout.n_expert, layout.n_expert_used, n_tokens, slots, layout.has_expert_bias) > 1) return true;
+        const int64_t distinct = std::min<int64_t>(layout.n_expert, n_tokens * layout.n_expert_used);
+        return layout.has_low && !layout.has_expert_bias && needs_most_experts(n_tokens) &&
+               2 * distinct > slots + low_pools[group]->n_slots();
     }
     // most distinct experts per wave
     int wave_size(int group, int64_t n_tokens) const { return wave_slots(group) / (pipelined(group, n_tokens) ? 2 : 1); }
