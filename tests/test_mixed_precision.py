@@ -85,6 +85,23 @@ def test_lru_evicts_the_least_recently_used_and_never_one_needed_now():
     assert all(c.cached(0, e, "high") for e in (1, 2, 4))
 
 
+def test_a_prefill_sweep_evicts_the_layers_it_has_passed_before_those_ahead():
+    # 4 experts a layer, 2 a token, 8 slots: two layers. The cache holds layers 1 and 2 (1 the
+    # older, as a fill leaves it) when a ubatch sweeps layers 0, 1 and 2 needing every expert.
+    def loads(n_tokens):
+        c = _native.ExpertCache(high_slots=8, policy="lru", n_layers=3, n_expert=4, n_expert_used=2)
+        for il in (1, 2):
+            c.place(il, [(e, "high") for e in range(4)])
+        c.advance_tokens(n_tokens)
+        return sum(load for il in (0, 1, 2) for _, _, _, load in c.place(il, [(e, "high") for e in range(4)]))
+
+    # 4 tokens need most experts (a sweep): layer 0 takes layer 1's slots (none passed yet), layer 1
+    # then takes layer 0's, which the sweep has passed, and layer 2 finds its own cached
+    assert loads(4) == 8
+    # one token is no sweep: plain LRU, where layer 1 takes layer 2's slots (older than layer 0's)
+    assert loads(1) == 12
+
+
 def test_lfu_evicts_the_least_used():
     c = _native.ExpertCache(high_slots=2, policy="lfu")
     c.place(0, [(1, "high")])

@@ -21,7 +21,14 @@ struct cache_clock {
     uint64_t token = 0;  // includes the ubatch being computed
     int layer = 0;
     int n_layers = 1;
+    bool sweep = false;  // the ubatch being computed needs most experts of every layer (a prefill's)
 };
+
+// a prefill ubatch needs nearly every expert of a layer: t tokens routed top-k of n miss an
+// expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
+inline bool needs_most_experts(int64_t n_tokens, int n_expert_used, int n_expert) {
+    return n_expert > 0 && n_tokens * n_expert_used >= 2 * (int64_t) n_expert;
+}
 
 struct cache_policy {
     virtual ~cache_policy() = default;

@@ -87,7 +87,16 @@ int expert_cache::free_or_evict(tier_state & t, expert_precision p, expert_key i
     int slot = t.slots.take_free_slot();
     if (slot >= 0) return slot;
     expert_key victim = 0;
-    bool found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, false); }, clock_, incoming, &victim);
+    bool found = false;
+    if (clock_.sweep) {
+        // a sweep needs the layers it has passed only in the next ubatch, and each layer ahead in
+        // this one: theirs go first (else a cache filled before the prompt would lose every layer's
+        // experts just before that layer runs, oldest first)
+        found = t.policy->victim([&](expert_key k) {
+            return expert_key_layer(k) < clock_.layer && evictable(k) && !pinned(k, p, false);
+        }, clock_, incoming, &victim);
+    }
+    if (!found) found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, false); }, clock_, incoming, &victim);
     if (!found && soft_pins_give_way) {
         found = t.policy->victim([&](expert_key k) { return evictable(k) && !pinned(k, p, true); }, clock_, incoming, &victim);
     }

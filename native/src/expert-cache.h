@@ -89,7 +89,11 @@ public:
     // frees the slot of a reserved expert whose read was cancelled
     void discard(int group, expert_key key, expert_precision precision);
 
-    void advance_tokens(uint64_t n) { clock_.token += n; }
+    // a ubatch of n tokens enters the model (at its first MoE layer)
+    void advance_tokens(uint64_t n) {
+        clock_.token += n;
+        clock_.sweep = needs_most_experts((int64_t) n, config_.n_expert_used, config_.n_expert);
+    }
     void start_sequence();       // the policies' per-sequence records and the token clock restart
     void forget_all();  // slots may hold partial data (a failed read): every slot free, no pins
 
@@ -108,7 +112,8 @@ private:
     size_t index(int group, expert_precision p) const { return 2 * (size_t) group + (p == expert_precision::low ? 1 : 0); }
     bool pinned(expert_key key, expert_precision p, bool hard_only) const;
     // a free slot of t, else the policy's victim among unpinned keys for which evictable(key)
-    // (with soft_pins_give_way, soft-pinned ones next); -1 if none
+    // (in a sweep, of the layers the ubatch has passed first; with soft_pins_give_way,
+    // soft-pinned ones last); -1 if none
     int free_or_evict(tier_state & t, expert_precision p, expert_key incoming, const std::function<bool(expert_key)> & evictable,
                       bool soft_pins_give_way, placement & out);
 

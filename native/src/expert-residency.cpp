@@ -135,9 +135,9 @@ struct expert_residency::impl : moe_pass_builder {
         rules.prefill_low_share = options.prefill_low_share;
         return rules;
     }
-    // a prefill ubatch needs nearly every expert of a layer: t tokens routed top-k of n miss an
-    // expert with probability (1 - k/n)^t, below e^-2 from t*k = 2n
-    bool needs_most_experts(int64_t n_tokens) const { return n_tokens * layout.n_expert_used >= 2 * layout.n_expert; }
+    bool needs_most_experts(int64_t n_tokens) const {
+        return ::needs_most_experts(n_tokens, layout.n_expert_used, layout.n_expert);
+    }
     // EdgeMoE: the next MoE layer's experts from this ubatch's paths so far (path statistics)
     void path_prefetch(const moe_layer_layout & l, int64_t n_tokens);
     // the precision of expert e of layer il: EdgeMoE's static map's, else `otherwise`
