@@ -32,6 +32,7 @@ from pyedgemoe import memory_budget  # available_memory through the module: test
 from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes,
                                      ubatch_tokens)
 from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
 from pyedgemoe.text_stream import TextStream
 
@@ -274,6 +275,11 @@ class Engine:
             raise InvalidOptionError(f"expert_cache {MAPPED!r} computes from the mapped file: repacked copies would "
                                      "take the experts out of it (repack off)")
         self.repack = repack if repack is not None else not (self.experts_mapped or (offload and not self.device))
+        if repack is None and self.repack and not self.device and not memory_budget.repack_fits(
+                self.info.high_expert_bytes, self.info.repacked_expert_bytes, self.info.non_expert_bytes, context, host[0]):
+            self.repack = False
+            self.expert_cache_note += (f"; repack off: {format_bytes(self.info.repacked_expert_bytes)} of repacked "
+                                       "copies would not fit beside the mapped experts they are read from")
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None

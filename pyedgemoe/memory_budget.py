@@ -339,6 +339,18 @@ def spare_bytes(cache_bytes: int, non_expert_bytes: int, context: int, available
     return room_for_experts_bytes(non_expert_bytes, context, _measured(available)[0]) - cache_bytes
 
 
+def repack_fits(expert_bytes: int, repacked_expert_bytes: int, non_expert_bytes: int, context: int,
+                available: int) -> bool:
+    """Whether every expert resident with repacked copies loads without thrashing: the load reads
+    the experts from the mapped file through the page cache while their repacked copies fill
+    anonymous memory, so the room for experts (room_for_experts_bytes) must hold both. Measured on
+    the Qwen3-30B-A3B geometry (Q4_K) under a cgroup cap of 110 % of the file: with repacked copies
+    ours loaded in 10.6-10.7 s, stock llama.cpp --no-repack in 3.7 s, both with repacked copies and
+    no cap in 7 s (docs/benchmarks.md, "The whole range again")."""
+    room = room_for_experts_bytes(non_expert_bytes, context, available)
+    return repacked_expert_bytes == 0 or room >= expert_bytes + repacked_expert_bytes
+
+
 def room_for_experts_bytes(non_expert_bytes: int, context: int, available: int) -> int:
     """What an expert cache may take: the available memory less the non-expert weights, the context
     (context_bytes()) and RUN_ALLOWANCE_BYTES. Not positive: those alone do not fit."""

@@ -98,6 +98,22 @@ def test_auto_caches_experts_the_cpu_does_not_repack_even_near_fit(tiny_model, m
         assert not eng.experts_mapped and eng.expert_residency is not None
 
 
+def test_auto_leaves_repacking_off_where_the_copies_would_not_fit_beside_the_mapped_experts(q4_k_model, monkeypatch):
+    assert read_model_info(q4_k_model).repacked_expert_bytes == read_model_info(q4_k_model).high_expert_bytes
+    # every expert fits, resident; their repacked copies fit beside them from twice their bytes
+    tight = available_for_share(q4_k_model, 1.9)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (tight, "in this test"))
+    with Engine(q4_k_model, **SETTINGS) as eng:
+        assert eng.expert_residency is None and not eng.experts_mapped and not eng.repack
+        assert "repack off" in eng.expert_cache_note
+        ours = eng.logits(IDS)
+    assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
+    roomy = available_for_share(q4_k_model, 2.0)
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (roomy, "in this test"))
+    with Engine(q4_k_model, **SETTINGS) as eng:
+        assert eng.repack and "repack off" not in eng.expert_cache_note
+
+
 def test_auto_near_fit_choice_from_the_numbers():
     # 4 GiB of experts, all repacked, 1 GiB of context: mapped when the page cache could hold 97 % of
     # them until the context fills (a cache would get 72 %), cached at 90 % (the cache 65 %)
