@@ -39,7 +39,8 @@ _ENGINE_OPTIONS = (
      "system"),
     ("repack", Optional[bool], typer.Option(None, "--repack/--no-repack",
                                             help="repacked copies of the weights, as llama.cpp makes them (default: "
-                                                 "off where experts stream through an expert cache or stay mapped)"),
+                                                 "off where experts stream through an expert cache or stay mapped, "
+                                                 "or where the copies would not fit beside the mapped experts)"),
      "repack"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log"), "verbose"),
 )

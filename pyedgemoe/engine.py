@@ -197,7 +197,8 @@ class Engine:
     repack: repacked copies of the weights where llama.cpp's CPU backend makes them (its default;
         False is llama.cpp's --no-repack). None (auto): off where the experts stream through an
         expert cache in host memory or stay in the mapped file (each read would be converted again:
-        measured slower in load, prefill and decode, docs/benchmarks.md), on otherwise.
+        measured slower in load, prefill and decode, docs/benchmarks.md), or where the copies would
+        not fit beside the mapped experts they are read from (memory_budget.repack_fits), on otherwise.
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
     host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
         a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
