@@ -1,9 +1,11 @@
-"""The benchmark's accounting: decode-only expert bytes per token, and the roofline arithmetic."""
+"""The benchmark's accounting (decode-only expert bytes per token, the roofline arithmetic) and its
+run order."""
 from __future__ import annotations
 
 import pytest
 
 from pyedgemoe.bench import roofline
+from pyedgemoe.bench.runner import OURS, STOCK, run_benchmark
 from pyedgemoe.bench.worker import measure, parse_option
 from pyedgemoe.model_info import read_model_info
 
@@ -62,3 +64,12 @@ def test_fed_decode_picks_the_teacher_forced_argmax(tiny_model):
         with pytest.raises(InvalidOptionError, match="feed_tokens"):
             eng.time_generation(prompt, 8, feed_tokens=feed[:5])
 
+
+
+def test_the_engine_that_runs_first_alternates_from_one_repeat_to_the_next(tiny_model):
+    path, _ = tiny_model("mixtral")
+    runs = run_benchmark(path, engines=(OURS, STOCK), prompt_tokens=4, output_tokens=2, repeats=3, threads=1)
+    assert [(r["repeat"], r["engine"]) for r in runs] == [
+        (0, OURS), (0, STOCK), (1, STOCK), (1, OURS), (2, OURS), (2, STOCK)]
+    assert all("error" not in r for r in runs)
+    assert len({tuple(r["tokens"]) for r in runs}) == 1  # both engines, every repeat: the same tokens

@@ -170,7 +170,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                   threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
                   ours_options: dict[str, Any] | None = None, stock_repack: bool = True,
                   decode_input: str = "greedy", timeout_s: float | None = 1800, log=None) -> list[dict[str, Any]]:
-    """Measure each engine `repeats` times, alternating engines within each repeat.
+    """Measure each engine `repeats` times, alternating engines within each repeat and which goes
+    first from one repeat to the next (the first run after other work pays the disk's cold start).
 
     flash_attn applies to both engines (default off, as in llama-cpp-python); ours_options are
     keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. stock_repack=False
@@ -206,7 +207,7 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     active = list(engines)
     results: list[dict[str, Any]] = []
     for rep in range(repeats):
-        for engine in list(active):
+        for engine in (active if rep % 2 == 0 else active[::-1]):
             busy = other_runnable_tasks()  # other work on the machine skews everything: record it
             if mem_cap_bytes is None:
                 r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
@@ -224,7 +225,7 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
             if log is not None:
                 log(_one_line(r))
             if r.get("unavailable"):
-                active.remove(engine)
+                active = [e for e in active if e != engine]
     _add_roofline(model, results)
     return results
 
