@@ -494,6 +494,7 @@ def bench(
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),
     output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
     repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
+    warmup: int = typer.Option(1, "--warmup", help="runs of the first engine before each cell's, not kept"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
                                       help="also run stock llama.cpp (llama-cpp-python) on the same file"),
     engines: Optional[list[str]] = typer.Option(None, "--engines",
@@ -541,7 +542,7 @@ def bench(
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
-                 decode_input=decode_input, stock_repack=not stock_no_repack)
+                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup)
     except PyEdgeMoEError as e:
         fail(str(e))
 

@@ -66,9 +66,12 @@ def test_fed_decode_picks_the_teacher_forced_argmax(tiny_model):
 
 
 
-def test_the_engine_that_runs_first_alternates_from_one_repeat_to_the_next(tiny_model):
+def test_a_warm_up_run_is_not_kept_and_the_engine_that_runs_first_alternates(tiny_model):
     path, _ = tiny_model("mixtral")
-    runs = run_benchmark(path, engines=(OURS, STOCK), prompt_tokens=4, output_tokens=2, repeats=3, threads=1)
+    logged: list[str] = []
+    runs = run_benchmark(path, engines=(OURS, STOCK), prompt_tokens=4, output_tokens=2, repeats=3, threads=1,
+                         log=logged.append)
+    assert logged[0] == f"warm-up run of {OURS} (not kept)" and len(logged) == 1 + len(runs)
     assert [(r["repeat"], r["engine"]) for r in runs] == [
         (0, OURS), (0, STOCK), (1, STOCK), (1, OURS), (2, OURS), (2, STOCK)]
     assert all("error" not in r for r in runs)

@@ -169,9 +169,11 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                   prompt_tokens: int = 16, output_tokens: int = 32, repeats: int = 3,
                   threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
                   ours_options: dict[str, Any] | None = None, stock_repack: bool = True,
-                  decode_input: str = "greedy", timeout_s: float | None = 1800, log=None) -> list[dict[str, Any]]:
+                  decode_input: str = "greedy", warmup: int = 1, timeout_s: float | None = 1800,
+                  log=None) -> list[dict[str, Any]]:
     """Measure each engine `repeats` times, alternating engines within each repeat and which goes
-    first from one repeat to the next (the first run after other work pays the disk's cold start).
+    first from one repeat to the next, after `warmup` runs of the first engine that are not kept
+    (the first run after other work is slower, whichever engine it is).
 
     flash_attn applies to both engines (default off, as in llama-cpp-python); ours_options are
     keyword arguments for pyedgemoe.Engine only, e.g. {"expert_cache": "4GiB"}. stock_repack=False
@@ -193,8 +195,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
         raise BenchmarkError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
     if decode_input not in DECODE_INPUTS:
         raise BenchmarkError(f"decode_input must be one of {', '.join(DECODE_INPUTS)}")
-    if repeats < 1 or prompt_tokens < 1 or output_tokens < 1 or threads < 1:
-        raise BenchmarkError("repeats, prompt_tokens, output_tokens and threads must be >= 1")
+    if repeats < 1 or prompt_tokens < 1 or output_tokens < 1 or threads < 1 or warmup < 0:
+        raise BenchmarkError("repeats, prompt_tokens, output_tokens and threads must be >= 1, warmup >= 0")
     if mem_cap_bytes is not None:
         check_cgroup_v1()
     model_bytes = model.stat().st_size
@@ -204,19 +206,27 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
 
     options = {e: (dict(ours_options or {}) if e == OURS else {} if stock_repack else {"repack": False})
                for e in engines}
+
+    def run(engine: str) -> dict[str, Any]:
+        if mem_cap_bytes is None:
+            return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                               options[engine], decode_input, None, timeout_s)
+        evict_from_page_cache(model)
+        with memory_cgroup(mem_cap_bytes) as group:
+            return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                               options[engine], decode_input, group, timeout_s)
+
     active = list(engines)
+    for _ in range(warmup):
+        if log is not None:
+            log(f"warm-up run of {active[0]} (not kept)")
+        if run(active[0]).get("unavailable"):
+            break  # the first repeat tries it again, reports it and drops it
     results: list[dict[str, Any]] = []
     for rep in range(repeats):
         for engine in (active if rep % 2 == 0 else active[::-1]):
             busy = other_runnable_tasks()  # other work on the machine skews everything: record it
-            if mem_cap_bytes is None:
-                r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                                options[engine], decode_input, None, timeout_s)
-            else:
-                evict_from_page_cache(model)
-                with memory_cgroup(mem_cap_bytes) as group:
-                    r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                                    options[engine], decode_input, group, timeout_s)
+            r = run(engine)
             r.update(repeat=rep, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      threads=threads, mem_cap_bytes=mem_cap_bytes, model_bytes=model_bytes,
                      other_runnable_before=busy)
@@ -368,7 +378,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
              vs_llama_cpp: bool = True, mem_cap: str | None = None, flash_attn: bool = False,
              ours_options: dict[str, Any] | None = None, json_path: Path | None = None,
              engines: Sequence[str] | None = None, decode_input: str = "greedy",
-             stock_repack: bool = True) -> list[dict[str, Any]]:
+             stock_repack: bool = True, warmup: int = 1) -> list[dict[str, Any]]:
     """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
     stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
     def log(s: str) -> None:
@@ -391,7 +401,8 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
             results += run_benchmark(path, engines=engines, prompt_tokens=pt, output_tokens=ot,
                                      repeats=repeats, threads=threads, mem_cap_bytes=cap,
                                      flash_attn=flash_attn, ours_options=ours_options,
-                                     stock_repack=stock_repack, decode_input=decode_input, log=log)
+                                     stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
+                                     log=log)
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
