@@ -65,7 +65,6 @@ def test_fed_decode_picks_the_teacher_forced_argmax(tiny_model):
             eng.time_generation(prompt, 8, feed_tokens=feed[:5])
 
 
-
 def test_a_warm_up_run_is_not_kept_and_the_engine_that_runs_first_alternates(tiny_model):
     path, _ = tiny_model("mixtral")
     logged: list[str] = []
