@@ -27,7 +27,7 @@ from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
-from pyedgemoe.expert_options import ExpertOptions, fill_ranking
+from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, fill_ranking
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes,
                                      ubatch_tokens)
@@ -146,14 +146,15 @@ def _calibrated_tables(model, options, calibration: dict | None) -> None:
         model.set_expert_path_statistics(native_entries(stats))
 
 
-def _serving(experts: dict, repack: bool) -> str:
+def _serving(experts: dict, repack: bool, prefetch_why: str) -> str:
     """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
-    prefetch, eviction, precision and repacking, as in effect."""
+    prefetch (and why, when chosen automatically), eviction, precision and repacking, as in effect."""
     fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
     share = experts["prefill_low_share"]
     precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
                  + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
-    return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}, "
+    return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
+            f"{f' ({prefetch_why})' if prefetch_why else ''}, "
             f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
 
 
@@ -166,7 +167,9 @@ class Engine:
     """A GGUF model loaded into pyedgemoe's build of llama.cpp, with one context.
 
     n_ctx: context window in tokens (0 = the model's training context).
-    n_threads / n_threads_batch: threads for decode / prefill (default: all cores).
+    n_threads / n_threads_batch: threads for decode / prefill (default: the cores this process may
+        run on; the decode leaves one of them to the expert reads when prefetch, left unset, is on:
+        expert_options.auto_prefetch; the core goes back to the decode if prefetching stops itself).
     n_batch: tokens per llama_decode call during prefill.
     seed: default sampling seed (None = random).
     flash_attn: True/False, or None to let llama.cpp decide (its default).
@@ -284,6 +287,13 @@ class Engine:
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
+        cores = len(os.sched_getaffinity(0))
+        prefetch_why = ""  # why prefetch is what it is, when chosen here
+        if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
+                and not expert_options["big_little"]:
+            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None)
+            expert_options = expert_options.merged(prefetch=prefetch)
+        self._reads_core = bool(prefetch_why) and expert_options["prefetch"] != "none"  # a core the decode left
         native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
         if native_options is not None and not offload and (native_options.big_little > 0 or native_options.static_precision
                                                            or native_options.prefetch.name == "edgemoe"):
@@ -298,7 +308,7 @@ class Engine:
                                         repack=self.repack)
             if offload:
                 self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
-                                                    n_threads or os.cpu_count() or 1)  # --mode auto measures with them
+                                                    n_threads or cores)  # --mode auto measures with them
                 _calibrated_tables(self._model, native_options, calibration)
                 if native_options.fill_cache:
                     ranking = fill_ranking(calibration, self.info.n_experts)
@@ -317,7 +327,7 @@ class Engine:
         self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
         if self.expert_residency:
             self.expert_residency["fill_background"] = background  # as done
-            self.expert_cache_note += f"; {_serving(self.expert_residency, self.repack)}"
+            self.expert_cache_note += f"; {_serving(self.expert_residency, self.repack, prefetch_why)}"
         if self.expert_residency and self.expert_residency["mode_reason"]:
             print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
         if self.mode == "auto":  # as chosen: every expert resident on the GPU is the GPU-centric mode
@@ -327,9 +337,9 @@ class Engine:
             # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
             n_ubatch = min(n_batch, self.expert_residency["max_ubatch_tokens"])
         self.n_ubatch = n_ubatch
-        cores = os.cpu_count() or 1
-        n_threads = n_threads or cores
-        n_threads_batch = n_threads_batch or n_threads
+        n_threads_batch = n_threads_batch or n_threads or cores
+        n_threads = n_threads or (cores - 1 if self._reads_core else cores)
+        self._cores = cores
         try:
             self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                         n_threads=n_threads, n_threads_batch=n_threads_batch,
@@ -337,6 +347,7 @@ class Engine:
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
         self.n_threads = n_threads
+        self._n_threads_batch = n_threads_batch
         self.seed = seed
         self.big_little = native_options.big_little if offload else 0.0  # MoBiLE's gamma; 0: off
         if n_parallel > 1 and self.big_little > 0:
@@ -449,7 +460,12 @@ class Engine:
             with self._lock:
                 if self.big_little > 0 and len(ids) == 1:
                     return self._decode_big_little(ids, pos0, all_logits)
-                return self._live().decode(ids, pos0, all_logits)
+                logits = self._live().decode(ids, pos0, all_logits)
+                if self._reads_core and self._model.expert_prefetch_stopped():  # its core back to the decode
+                    self._reads_core = False
+                    self.n_threads = self._cores
+                    self._ctx.set_n_threads(self.n_threads, self._n_threads_batch)
+                return logits
         except _native.ExpertLoadError as e:
             self._tokens = []  # the native side cleared the KV cache
             raise ExpertLoadError(str(e)) from None

@@ -46,8 +46,17 @@ def help_text(name: str) -> str:
 # perplexity with Q4_K LOW copies, +0.64 % with Q2_K (docs/benchmarks.md, docs/fidelity.md).
 PREFILL_LOW_SHARE = 0.75
 
+# prefetch left unset, with an expert cache in host memory holding at most this share of the
+# experts' bytes: Fate's prefetch (one layer ahead) with a core of its own for the reads, the
+# decode computing on the other cores. Measured on 2 cores (docs/benchmarks.md, "Prefetch on a core
+# of its own"): decode 1.08-1.29x at the 25 and 50 % caps; at 75 and 90 %, where few experts are
+# missed, the core the decode gives up costs more than the reads hidden (0.77-0.94x on Qwen3).
+PREFETCH_CACHE_SHARE = 0.5
+
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {
+    "prefetch": f"fate on a core of its own when the cache holds at most {PREFETCH_CACHE_SHARE:.0%} of the "
+                "experts and --threads is not given, else none",
     "cache_policy": "hobbit when calibrated or n_parallel > 1, else lru",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
@@ -58,6 +67,20 @@ AUTOMATIC = {
     "mode": "auto with a GPU, else cpu",
     "low_cache": f"{default('low_cache')}; with static_precision, the LOW share of the map's bytes",
 }
+
+
+def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[str, str]:
+    """What prefetch left unset becomes, with an expert cache in host memory holding cache_share of
+    the experts' bytes, on `cores` cores: the mode, and why, for the note on stderr. Prefetching
+    takes a core from the decode (Engine's n_threads), so only when the decode's threads are not
+    given."""
+    if cache_share > PREFETCH_CACHE_SHARE:
+        return "none", f"the cache holds {cache_share:.0%} of the experts"
+    if threads_given:
+        return "none", "the decode's threads are given: no core of theirs goes to reads"
+    if cores < 2:
+        return "none", "one core: none to leave to reads"
+    return "fate", f"its reads on 1 of {cores} cores, the cache holds {cache_share:.0%} of the experts"
 
 
 def parse_policy_weights(value) -> tuple[float, float, float, float]:

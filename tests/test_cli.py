@@ -183,11 +183,13 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
 
 
 @pytest.mark.parametrize("args, says", [
-    ((), "io direct with 4 reads in flight, fill in the background, prefetch none, eviction lru, lossless, repack off"),
+    ((), "io direct with 4 reads in flight, fill in the background, prefetch fate (its reads on 1 of "),
+    (("--expert-cache", "75%"), "prefetch none (the cache holds 75% of the experts), eviction lru, lossless, repack off"),
     (("--repack",), "lossless, repack on"),
     (("--no-fill-background", "--io", "buffered", "--io-threads", "2", "--prefetch", "hobbit"),
      "io buffered with 2 reads in flight, fill at load, prefetch hobbit"),
-    (("--no-fill-cache", "--cache-policy", "lfu"), "no fill, prefetch none, eviction lfu"),
+    (("--no-fill-cache", "--cache-policy", "lfu", "-t", "2"),
+     "no fill, prefetch none (the decode's threads are given: no core of theirs goes to reads), eviction lfu"),
     (("--expert-cache", "mmap"), "the experts stay in the mapped file"),
 ])
 def test_one_note_line_says_how_the_experts_are_served(tiny_model, args, says):

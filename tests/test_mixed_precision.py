@@ -5,6 +5,8 @@ policy and prefetch mode), and exactly the two-pass sum it claims to be.
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import gguf
@@ -431,3 +433,47 @@ def test_prefetching_is_judged_on_decode_guesses_only(tiny_model, tmp_path):
         assert p["stopped"], p
         # counted with the prompts' read-ahead, the used share would still be at least half
         assert p["used"] >= 0.5 * (p["used"] + p["wasted"]), p
+
+@contextmanager
+def on_two_cores():
+    """This process on two of its cores while the block runs (an Engine reads them at load)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    os.sched_setaffinity(0, cores[:2])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_half_or_less(tiny_model):
+    path = tiny_model("qwen3_moe")[0]
+    unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
+    with on_two_cores():
+        with Engine(path, **unset, expert_cache="25%") as eng:
+            tokens = eng.time_generation(IDS[:6], N_GENERATED)["tokens"]
+            experts = eng.stats()["experts"]
+            assert experts["prefetch"] == "fate" and experts["prefetches"]["issued"] > 0
+            assert eng.n_threads == 1
+            assert "prefetch fate (its reads on 1 of 2 cores, the cache holds 25% of the experts)" in eng.expert_cache_note
+        with Engine(path, **unset, expert_cache="75%") as eng:
+            assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
+            assert "prefetch none (the cache holds 75% of the experts)" in eng.expert_cache_note
+        with Engine(path, **SETTINGS, expert_cache="25%") as eng:  # n_threads given
+            assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
+            assert "prefetch none (the decode's threads are given" in eng.expert_cache_note
+        with Engine(path, **unset, expert_cache="25%", prefetch="hobbit") as eng:  # given: no reason shown
+            assert eng.n_threads == 2 and "prefetch hobbit," in eng.expert_cache_note
+    with Engine(path, **SETTINGS) as eng:
+        assert tokens == eng.time_generation(IDS[:6], N_GENERATED)["tokens"]  # lossless
+
+
+def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_model, tmp_path):
+    path = with_loud_attention(tiny_model("qwen3_moe")[0], tmp_path / "loud.gguf")
+    unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
+    with on_two_cores(), Engine(path, **{**unset, "n_ctx": 512}, expert_cache="25%") as eng:
+        assert eng.n_threads == 1
+        eng.time_generation(IDS[:6], 400)
+        assert eng.stats()["experts"]["prefetches"]["stopped"]
+        assert eng.n_threads == 2

@@ -193,6 +193,9 @@ void register_context(nb::module_ & m) {
                  }
                  return ok;
              }, nb::arg("pos"), nb::arg("seq") = 0, "Drop positions >= pos of sequence seq.")
+        .def("set_n_threads", [](Context & c, int n_threads, int n_threads_batch) {
+                 llama_set_n_threads(c.ctx, n_threads, n_threads_batch);
+             }, nb::arg("n_threads"), nb::arg("n_threads_batch"), "Threads for the next decode / prefill calls.")
         .def_prop_ro("n_ctx", [](const Context & c) { return llama_n_ctx(c.ctx); })
         .def_prop_ro("n_ctx_seq", [](const Context & c) { return llama_n_ctx_seq(c.ctx); })
         .def_prop_ro("n_seq_max", [](const Context & c) { return llama_n_seq_max(c.ctx); })

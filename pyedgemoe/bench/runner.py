@@ -386,7 +386,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
 
     if engines is None:
         engines = (OURS, STOCK) if vs_llama_cpp else (OURS,)
-    threads = threads or os.cpu_count() or 1
+    threads = threads or len(os.sched_getaffinity(0))
     path = Path(model)
     model_bytes = path.stat().st_size if path.is_file() else None
     try:

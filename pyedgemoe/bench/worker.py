@@ -130,7 +130,9 @@ def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flas
 
 def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flash_attn: bool,
                    options: dict[str, Any], feed: list[int] | None) -> dict[str, Any]:
-    """Ours, through Engine.time_generation (greedy, ignores EOS, times prefill and decode itself)."""
+    """Ours, through Engine.time_generation (greedy, ignores EOS, times prefill and decode itself).
+    On as many cores as threads (measure), ours decides its threads as by default, unless options
+    name n_threads."""
     try:
         from pyedgemoe import Engine
     except ImportError as e:
@@ -143,15 +145,17 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
         version = "source"
 
     t0 = time.perf_counter()
-    eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads, n_batch=512,
-                 flash_attn=flash_attn, **options)
+    cores = len(os.sched_getaffinity(0))
+    eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_batch=512, flash_attn=flash_attn,
+                 **{"n_threads": None if threads == cores else threads, **options})
     load_seconds = time.perf_counter() - t0
     t = eng.time_generation(prompt, n_out, feed_tokens=feed)
     result = dict(engine_version=version, load_seconds=load_seconds,
                   prefill_seconds=float(t["prefill_seconds"]),
                   decode_seconds=float(t["decode_seconds"]),
                   n_prompt_tokens=int(t["n_prompt_tokens"]),
-                  n_output_tokens=int(t["n_decoded"]), tokens=[int(x) for x in t["tokens"]])
+                  n_output_tokens=int(t["n_decoded"]), tokens=[int(x) for x in t["tokens"]],
+                  decode_threads=eng.n_threads)
     if "decode_expert_bytes_read" in t and int(t["n_decoded"]) > 1:
         # the first token comes from the prefill's logits: n - 1 decode steps read experts
         result["decode_expert_bytes_per_token"] = int(t["decode_expert_bytes_read"]) / (int(t["n_decoded"]) - 1)
@@ -199,10 +203,16 @@ def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, thr
     flash_attn applies to both engines and defaults to off, llama-cpp-python's default: the two
     must run the same attention kernels, or near-tied greedy picks differ. options are keyword
     arguments for pyedgemoe.Engine (expert_cache, io, ...). decode_input "greedy" feeds each
-    picked token back; "fixed" feeds fixed_decode_token_ids instead (see there)."""
+    picked token back; "fixed" feeds fixed_decode_token_ids instead (see there). With fewer threads
+    than the cores this process may use, it runs on the first `threads` of them: stock llama.cpp
+    with `threads` threads, ours with its default threads on those cores (one of them may go to
+    its expert reads, Engine's n_threads)."""
     if decode_input not in DECODE_INPUTS:
         raise ValueError(f"decode_input must be one of {DECODE_INPUTS}, got {decode_input!r}")
     feed = fixed_decode_token_ids(output_tokens) if decode_input == "fixed" else None
+    cores = sorted(os.sched_getaffinity(0))
+    if threads < len(cores):
+        os.sched_setaffinity(0, cores[:threads])
     run = {"llama_cpp": _run_llama_cpp, "pyedgemoe": _run_pyedgemoe}[engine]
     r = run(model, prompt_token_ids(prompt_tokens), output_tokens, threads, flash_attn, options or {}, feed)
     r["decode_tokens_per_second"] = (r["n_output_tokens"] / r["decode_seconds"]
@@ -219,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--output-tokens", type=int, default=32)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--flash-attn", action="store_true", help="flash attention on (both engines; default off)")
     p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
                    help="token fed back at each decode step: the greedy pick, or a fixed sequence")
