@@ -16,7 +16,8 @@ from pyedgemoe.expert_options import AUTOMATIC, OPTION_NAMES, ExpertOptions, cho
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
 _ENGINE_OPTIONS = (
-    ("threads", Optional[int], typer.Option(None, "-t", "--threads", help="threads (default: all cores)"), "n_threads"),
+    ("threads", Optional[int], typer.Option(None, "-t", "--threads", help="threads (default: all cores; the decode leaves one to "
+                               "the expert reads when prefetch is chosen automatically)"), "n_threads"),
     ("gpu_layers", Optional[int], typer.Option(None, "-ngl", "--n-gpu-layers",
                                                help="llama.cpp's habit: 0 is --mode cpu, any other count --mode gpu "
                                                     "(every layer goes to the GPU)"), None),

@@ -210,11 +210,13 @@ def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, thr
     if decode_input not in DECODE_INPUTS:
         raise ValueError(f"decode_input must be one of {DECODE_INPUTS}, got {decode_input!r}")
     feed = fixed_decode_token_ids(output_tokens) if decode_input == "fixed" else None
-    cores = sorted(os.sched_getaffinity(0))
-    if threads < len(cores):
-        os.sched_setaffinity(0, cores[:threads])
     run = {"llama_cpp": _run_llama_cpp, "pyedgemoe": _run_pyedgemoe}[engine]
-    r = run(model, prompt_token_ids(prompt_tokens), output_tokens, threads, flash_attn, options or {}, feed)
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores[:threads])
+    try:
+        r = run(model, prompt_token_ids(prompt_tokens), output_tokens, threads, flash_attn, options or {}, feed)
+    finally:
+        os.sched_setaffinity(0, cores)  # as it was, when measured in a process that goes on
     r["decode_tokens_per_second"] = (r["n_output_tokens"] / r["decode_seconds"]
                                      if r["decode_seconds"] > 0 else float("nan"))
     # ru_maxrss is in KiB on Linux. With mmap it counts the model pages this process touched.
