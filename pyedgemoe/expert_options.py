@@ -49,9 +49,10 @@ PREFILL_LOW_SHARE = 0.75
 # prefetch left unset, with an expert cache in host memory holding at most this share of the
 # experts' bytes: Fate's prefetch (one layer ahead) with a core of its own for the reads, the
 # decode computing on the other cores. Measured on 2 cores (docs/benchmarks.md, "Prefetch on a core
-# of its own"): decode 1.08-1.29x at the 25 and 50 % caps; at 75 and 90 %, where few experts are
-# missed, the core the decode gives up costs more than the reads hidden (0.77-0.94x on Qwen3).
-PREFETCH_CACHE_SHARE = 0.5
+# of its own"): decode 1.08-1.29x with 13-18 % of the experts cached; with 41-45 % from 0.92x
+# (Qwen3) to 1.23x (OLMoE); with 69-88 %, where few experts are missed, the core the decode gives
+# up costs more than the reads hidden (0.77-0.94x on Qwen3).
+PREFETCH_CACHE_SHARE = 0.3
 
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {

@@ -183,12 +183,13 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
 
 
 @pytest.mark.parametrize("args, says", [
-    ((), "io direct with 4 reads in flight, fill in the background, prefetch fate (its reads on 1 of "),
-    (("--expert-cache", "75%"), "prefetch none (the cache holds 75% of the experts), eviction lru, lossless, repack off"),
+    ((), "io direct with 4 reads in flight, fill in the background, prefetch none (the cache holds 50% of the "
+         "experts), eviction lru, lossless, repack off"),
+    (("--expert-cache", "25%"), "fill in the background, prefetch fate (its reads on 1 of "),
     (("--repack",), "lossless, repack on"),
     (("--no-fill-background", "--io", "buffered", "--io-threads", "2", "--prefetch", "hobbit"),
      "io buffered with 2 reads in flight, fill at load, prefetch hobbit"),
-    (("--no-fill-cache", "--cache-policy", "lfu", "-t", "2"),
+    (("--expert-cache", "25%", "--no-fill-cache", "--cache-policy", "lfu", "-t", "2"),
      "no fill, prefetch none (the decode's threads are given: no core of theirs goes to reads), eviction lfu"),
     (("--expert-cache", "mmap"), "the experts stay in the mapped file"),
 ])

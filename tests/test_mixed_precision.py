@@ -447,7 +447,7 @@ def on_two_cores():
         os.sched_setaffinity(0, cores)
 
 
-def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_half_or_less(tiny_model):
+def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_percent_or_less(tiny_model):
     path = tiny_model("qwen3_moe")[0]
     unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
     with on_two_cores():
@@ -457,9 +457,9 @@ def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_hal
             assert experts["prefetch"] == "fate" and experts["prefetches"]["issued"] > 0
             assert eng.n_threads == 1
             assert "prefetch fate (its reads on 1 of 2 cores, the cache holds 25% of the experts)" in eng.expert_cache_note
-        with Engine(path, **unset, expert_cache="75%") as eng:
+        with Engine(path, **unset, expert_cache="50%") as eng:
             assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
-            assert "prefetch none (the cache holds 75% of the experts)" in eng.expert_cache_note
+            assert "prefetch none (the cache holds 50% of the experts)" in eng.expert_cache_note
         with Engine(path, **SETTINGS, expert_cache="25%") as eng:  # n_threads given
             assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
             assert "prefetch none (the decode's threads are given" in eng.expert_cache_note
