@@ -289,12 +289,14 @@ class Engine:
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
         cores = len(os.sched_getaffinity(0))
         prefetch_why = ""  # why prefetch is what it is, when chosen here
-        if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
-                and not expert_options["big_little"]:
-            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None)
-            expert_options = expert_options.merged(prefetch=prefetch)
-        self._reads_core = bool(prefetch_why) and expert_options["prefetch"] != "none"  # a core the decode left
         native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
+        if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
+                and not native_options.big_little:
+            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None,
+                                                   not (native_options.low_precision or native_options.skip))
+            expert_options = expert_options.merged(prefetch=prefetch)
+            native_options = expert_options.resolve(self.info, calibration, n_parallel)
+        self._reads_core = bool(prefetch_why) and expert_options["prefetch"] != "none"  # a core the decode left
         if native_options is not None and not offload and (native_options.big_little > 0 or native_options.static_precision
                                                            or native_options.prefetch.name == "edgemoe"):
             raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "

@@ -57,7 +57,7 @@ PREFETCH_CACHE_SHARE = 0.3
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {
     "prefetch": f"fate on a core of its own when the cache holds at most {PREFETCH_CACHE_SHARE:.0%} of the "
-                "experts and --threads is not given, else none",
+                "experts, served lossless, and --threads is not given, else none",
     "cache_policy": "hobbit when calibrated or n_parallel > 1, else lru",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
@@ -70,13 +70,16 @@ AUTOMATIC = {
 }
 
 
-def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[str, str]:
+def auto_prefetch(cache_share: float, cores: int, threads_given: bool, lossless: bool) -> tuple[str, str]:
     """What prefetch left unset becomes, with an expert cache in host memory holding cache_share of
     the experts' bytes, on `cores` cores: the mode, and why, for the note on stderr. Prefetching
     takes a core from the decode (Engine's n_threads), so only when the decode's threads are not
-    given."""
+    given; and only lossless: with LOW copies or skips, what a miss computes would depend on
+    whether a prefetch has arrived, i.e. on timing (as for the background fill)."""
     if cache_share > PREFETCH_CACHE_SHARE:
         return "none", f"the cache holds {cache_share:.0%} of the experts"
+    if not lossless:
+        return "none", "with LOW copies or skips, the tokens would depend on when prefetches arrive"
     if threads_given:
         return "none", "the decode's threads are given: no core of theirs goes to reads"
     if cores < 2:

@@ -447,7 +447,7 @@ def on_two_cores():
         os.sched_setaffinity(0, cores)
 
 
-def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_percent_or_less(tiny_model):
+def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_percent_or_less(tiny_model, mp_models):
     path = tiny_model("qwen3_moe")[0]
     unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
     with on_two_cores():
@@ -463,6 +463,9 @@ def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_
         with Engine(path, **SETTINGS, expert_cache="25%") as eng:  # n_threads given
             assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
             assert "prefetch none (the decode's threads are given" in eng.expert_cache_note
+        with Engine(mp_models[0], **unset, expert_cache="25%") as eng:  # LOW copies: prefetching would be timing
+            assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
+            assert "prefetch none (with LOW copies or skips, the tokens would depend on when" in eng.expert_cache_note
         with Engine(path, **unset, expert_cache="25%", prefetch="hobbit") as eng:  # given: no reason shown
             assert eng.n_threads == 2 and "prefetch hobbit," in eng.expert_cache_note
     with Engine(path, **SETTINGS) as eng:
