@@ -56,7 +56,8 @@ from pyedgemoe import Engine
 eng = Engine(sys.argv[1], expert_cache="25%", system="lossless", n_threads=1, n_parallel=int(sys.argv[2]))
 try:
     for piece in eng.generate({PROMPT!r}, 4000, temperature=0, ignore_eos=True, stream=True):
-        print("piece", flush=True)
+        sys.stdout.write("piece\\n")  # one write: an interrupt cannot land between the word and its newline
+        sys.stdout.flush()
     print(json.dumps({{"interrupted": False}}))
 except KeyboardInterrupt:
     print(json.dumps({{"interrupted": True, "after": eng.generate({PROMPT!r}, 24, temperature=0, ignore_eos=True)}}))
