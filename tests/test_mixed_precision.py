@@ -480,3 +480,23 @@ def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_
         eng.time_generation(IDS[:6], 400)
         assert eng.stats()["experts"]["prefetches"]["stopped"]
         assert eng.n_threads == 2
+
+
+@pytest.mark.parametrize("prefetch", ["hobbit", "fate"])
+def test_with_low_copies_prefetching_gives_the_same_tokens_however_fast_its_reads_go(mp_models, prefetch):
+    # With LOW copies what a miss computes depends on what the cache holds. So what is prefetched,
+    # cached and evicted must not depend on the reads' speed (threads, page cache or O_DIRECT):
+    # each layer waits for the prefetch reads in flight, and Fate prefetches a fixed number of
+    # experts beyond the top-k instead of as many as the measured compute would hide.
+    runs = set()
+    for io, io_threads in [("direct", 1), ("direct", 4), ("mmap", 1), ("mmap", 8), ("buffered", 2)]:
+        with Engine(mp_models[0], **SETTINGS, expert_cache="25%", prefetch=prefetch, io=io,
+                    io_threads=io_threads) as eng:
+            tokens = tuple(eng.time_generation(IDS[:6], 96)["tokens"])
+            experts = eng.stats()["experts"]
+        assert experts["mixed_precision"] and experts["prefetches"]["issued"] > 0
+        assert experts["total"]["loads_low"] > 0
+        counts = experts["prefetches"]
+        runs.add((tokens, *(counts[k] for k in ("issued", "used", "wasted")),
+                  *(experts["total"][k] for k in ("hits_high", "hits_low", "loads_high", "loads_low"))))
+    assert len(runs) == 1

@@ -94,6 +94,10 @@ public:
     const expert_fill_stats & fill_stats() const { return fill_stats_; }
     // Collects finished prefetch reads; returns the first read error ("" if none).
     std::string collect_finished();
+    // Waits for every prefetch read queued or in flight, so that collect_finished() then unpins
+    // them all: which slots are pinned, and so which ones a placement may evict, no longer depends
+    // on how fast the reads went.
+    void wait_in_flight() { if (prefetcher_) prefetcher_->wait_idle(); }
     // Cancels queued reads, waits for the running ones and frees the slots reserved for them.
     void drop_all();
     // A read failed and the cache is about to forget every slot and pin: drops the reads in

@@ -58,6 +58,11 @@ std::vector<std::shared_ptr<prefetch_job>> prefetcher::take_finished() {
     return std::move(finished_);
 }
 
+void prefetcher::wait_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return queue_.empty() && running_.empty(); });
+}
+
 std::vector<std::shared_ptr<prefetch_job>> prefetcher::cancel_all() {
     std::unique_lock<std::mutex> lock(mutex_);
     std::vector<std::shared_ptr<prefetch_job>> dropped(queue_.begin(), queue_.end());

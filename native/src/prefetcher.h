@@ -47,6 +47,8 @@ public:
     void resume();  // it ended
     // jobs finished since the last call (read by the threads), with their errors
     std::vector<std::shared_ptr<prefetch_job>> take_finished();
+    // waits until every queued job has run (the caller has no load paused)
+    void wait_idle();
     // waits until no job runs, dropping queued jobs; returns them
     std::vector<std::shared_ptr<prefetch_job>> cancel_all();
     // wall time with at least one prefetch read in flight (the jobs' ms overlap), since the reset
