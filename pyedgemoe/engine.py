@@ -292,8 +292,7 @@ class Engine:
         native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
         if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
                 and not native_options.big_little:
-            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None,
-                                                   not (native_options.low_precision or native_options.skip))
+            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None)
             expert_options = expert_options.merged(prefetch=prefetch)
             native_options = expert_options.resolve(self.info, calibration, n_parallel)
         self._reads_core = bool(prefetch_why) and expert_options["prefetch"] != "none"  # a core the decode left

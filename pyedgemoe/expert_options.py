@@ -51,13 +51,14 @@ PREFILL_LOW_SHARE = 0.75
 # decode computing on the other cores. Measured on 2 cores (docs/benchmarks.md, "Prefetch on a core
 # of its own"): decode 1.08-1.29x with 13-18 % of the experts cached; with 41-45 % from 0.92x
 # (Qwen3) to 1.23x (OLMoE); with 69-88 %, where few experts are missed, the core the decode gives
-# up costs more than the reads hidden (0.77-0.94x on Qwen3).
+# up costs more than the reads hidden (0.77-0.94x on Qwen3). With LOW copies (prefetching made
+# independent of timing there, "Prefetching with LOW copies"): 1.06-1.11x at the 25 % caps.
 PREFETCH_CACHE_SHARE = 0.3
 
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {
     "prefetch": f"fate on a core of its own when the cache holds at most {PREFETCH_CACHE_SHARE:.0%} of the "
-                "experts, served lossless, and --threads is not given, else none",
+                "experts and --threads is not given, else none",
     "cache_policy": "hobbit when calibrated or n_parallel > 1, else lru",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
@@ -70,16 +71,13 @@ AUTOMATIC = {
 }
 
 
-def auto_prefetch(cache_share: float, cores: int, threads_given: bool, lossless: bool) -> tuple[str, str]:
+def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[str, str]:
     """What prefetch left unset becomes, with an expert cache in host memory holding cache_share of
     the experts' bytes, on `cores` cores: the mode, and why, for the note on stderr. Prefetching
     takes a core from the decode (Engine's n_threads), so only when the decode's threads are not
-    given; and only lossless: with LOW copies or skips, what a miss computes would depend on
-    whether a prefetch has arrived, i.e. on timing (as for the background fill)."""
+    given."""
     if cache_share > PREFETCH_CACHE_SHARE:
         return "none", f"the cache holds {cache_share:.0%} of the experts"
-    if not lossless:
-        return "none", "with LOW copies or skips, the tokens would depend on when prefetches arrive"
     if threads_given:
         return "none", "the decode's threads are given: no core of theirs goes to reads"
     if cores < 2:

@@ -64,7 +64,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(prefetch_mode,     prefetch,        prefetch_mode::none,    "expert prefetching: none, hobbit, fate or edgemoe (path statistics, calibrated)")           \
     X(int,               prefetch_depth,  2,                      "hobbit: MoE layers ahead to predict")                \
     X(double,            fate_percentile, 0.75,                   "fate: also prefetch experts above this quantile of the next layer's predicted probabilities") \
-    X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k), within what the compute between layers hides (with LOW copies or skips: this many, whatever the time)") \
+    X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k), within what the compute between layers hides; with LOW copies or skips this many whatever the time (-1: none)") \
     X(double,            big_little,      0.0,                    "MoBiLE: decode with top-k/2, redo a token with top-k when its top probability is below this (0: off)") \
     X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU) or auto")
 

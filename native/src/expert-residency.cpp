@@ -709,10 +709,11 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     // HOBBIT's walk (or Fate's next layer): the predictions walked are pinned until their layer
     // runs; those not cached are prefetched into reserved slots
     const bool fate = options.prefetch == prefetch_mode::fate;
-    // Fate's extra experts, as many as the compute between layers hides (its N_max beyond the
-    // top-k, measured as the run goes), or with LOW copies or skips fate_extra (-1: k) whatever the time
-    const int most_extra = options.fate_extra < 0 ? k : options.fate_extra;
-    const int extra = !fate ? 0 : lossy() ? most_extra : std::min(most_extra, std::max(0, overlap.hidden_experts() - k));
+    // Fate's extra experts: as many as the compute between layers hides (its N_max beyond the
+    // top-k, measured as the run goes), at most fate_extra (-1: k). With LOW copies or skips a
+    // measured time must not decide what is cached: fate_extra, -1 none (measured faster than k)
+    const int extra = !fate ? 0 : lossy() ? std::max(0, options.fate_extra)
+        : std::min(options.fate_extra < 0 ? k : options.fate_extra, std::max(0, overlap.hidden_experts() - k));
     std::vector<std::vector<predicted_expert>> predicted_layers;
     for (size_t d = 0; d < ahead.size(); d++) {
         predicted_layers.push_back(predict_layer(ahead[d], row(0, d), n_expert, k, options.precision(), extra,
