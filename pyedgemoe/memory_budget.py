@@ -29,6 +29,10 @@ from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroup_v1, pa
 # tiny test models, the demo model, the test_memory_* models and the 7-9 GB OLMoE and Qwen3
 # geometries.
 RUN_ALLOWANCE_BYTES = 16 * 1024**2
+# auto rounds the expert cache it gives down to a multiple of this: the room it measures moves by
+# a few hundred KiB from run to run (the process's own pages, the page cache), and with LOW copies
+# a cache of another size decodes other tokens (docs/benchmarks.md, "Prefetching with LOW copies").
+AUTO_CACHE_STEP_BYTES = 16 * 1024**2
 # llama.cpp's vocabulary tables per token (text, score, the text-to-id map, BPE merge ranks) and
 # the sampler's candidates: the growth at load went from 20 to 55 MiB between the 50,432-token
 # and the 151,936-token vocabularies of the OLMoE and Qwen3 geometries, 350 bytes a token.
@@ -408,7 +412,8 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
                         f"{expert_bytes / gib:.2f} GiB of experts of a type this CPU repacks until the context "
                         f"fills, a cache {room / expert_bytes:.0%} ({available / gib:.2f} GiB available), and "
                         f"this near to a fit the page cache is faster")
-    return room, (f"expert cache auto: {room / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
+    budget = room - room % AUTO_CACHE_STEP_BYTES if room >= AUTO_CACHE_STEP_BYTES else room  # tiny models: all of it
+    return budget, (f"expert cache auto: {budget / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                   f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
                   f"and allowance)")
 

@@ -172,6 +172,20 @@ def test_an_int_budget_that_cannot_fit_is_refused_too():
         memory_budget.parse_expert_cache(4 * GIB, 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB)
 
 
+def test_auto_gives_the_same_cache_when_the_room_it_measures_moves_a_little():
+    # a few hundred KiB more or less room from run to run must not change the cache: with LOW
+    # copies, another cache size decodes other tokens
+    step = memory_budget.AUTO_CACHE_STEP_BYTES
+    budgets = {memory_budget.parse_expert_cache("auto", 12 * GIB, 1 * GIB, context=1 * GIB,
+                                                available=4 * GIB + 5 * step // 2 + extra)[0]
+               for extra in (0, 170 * 1024, 300 * 1024, -300 * 1024)}
+    assert budgets == {4 * GIB - 1 * GIB - 1 * GIB - ALLOWANCE + 2 * step}
+    # a tiny model's cache, below one step, keeps every byte
+    tiny, _ = memory_budget.parse_expert_cache("auto", 12 * GIB, 1 * GIB, context=1 * GIB,
+                                               available=2 * GIB + ALLOWANCE + 5000)
+    assert tiny == 5000
+
+
 def test_a_trailing_tilde_reduces_the_budget_to_what_fits_and_says_so():
     budget, note = memory_budget.parse_expert_cache("50%~", 12 * GIB, 1 * GIB, context=1 * GIB, available=4 * GIB)
     assert budget == 4 * GIB - 1 * GIB - 1 * GIB - ALLOWANCE
