@@ -52,7 +52,7 @@ PREFILL_LOW_SHARE = 0.75
 # of its own"): decode 1.08-1.29x with 13-18 % of the experts cached; with 41-45 % from 0.92x
 # (Qwen3) to 1.23x (OLMoE); with 69-88 %, where few experts are missed, the core the decode gives
 # up costs more than the reads hidden (0.77-0.94x on Qwen3). With LOW copies (prefetching made
-# independent of timing there, "Prefetching with LOW copies"): 1.06-1.11x at the 25 % caps.
+# independent of timing there, "Prefetching with LOW copies"): 1.02-1.19x at the 25 % caps.
 PREFETCH_CACHE_SHARE = 0.3
 
 # What an option left unset becomes, besides its native default (for --help).

@@ -414,8 +414,8 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
                         f"this near to a fit the page cache is faster")
     budget = room - room % AUTO_CACHE_STEP_BYTES if room >= AUTO_CACHE_STEP_BYTES else room  # tiny models: all of it
     return budget, (f"expert cache auto: {budget / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
-                  f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
-                  f"and allowance)")
+                    f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
+                    f"and allowance)")
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
