@@ -21,7 +21,7 @@ void check_expert_options(const expert_options & o) {
     require(o.t2 >= 0 && o.t2 <= 1, "t2 must be between 0 and 1, got " + number(o.t2));
     require(o.t1 <= o.t2, "t1 (" + number(o.t1) + ") must not exceed t2 (" + number(o.t2) + ")");
     require(o.fate_percentile >= 0 && o.fate_percentile <= 1, "fate_percentile must be between 0 and 1, got " + number(o.fate_percentile));
-    require(o.fate_extra >= -1, "fate_extra must be -1 (top-k) or a count");
+    require(o.fate_extra >= -1, "fate_extra must be -1 (the default) or a count");
     require(o.fate_shallow >= -1, "fate_shallow must be -1 (the first sixth) or a count of layers");
     require(o.prefill_low_share >= 0 && o.prefill_low_share < 1,
             "prefill_low_share must be a fraction in [0, 1), got " + number(o.prefill_low_share));
