@@ -315,8 +315,7 @@ class Engine:
                     ranking = fill_ranking(calibration, self.info.n_experts)
                     # lossless only: with LOW copies or skips, what a miss computes depends on
                     # whether the fill has cached that expert yet, i.e. on timing
-                    background = native_options.fill_background and not (native_options.low_precision
-                                                                         or native_options.skip)
+                    background = native_options.fill_background and not native_options.lossy
                     if background:
                         self._model.fill_expert_cache_in_background(ranking)
                     else:

@@ -74,6 +74,9 @@ struct expert_options {
 #undef EDGEMOE_DECLARE_OPTION
 
     precision_params precision() const { return { t1, t2, low_precision, skip }; }
+    // With LOW copies or skips, what a miss computes depends on what the cache holds: then what is
+    // cached and evicted must not depend on how fast the reads went or the compute ran.
+    bool lossy() const { return low_precision || skip; }
 };
 
 // Throws std::invalid_argument naming the first option out of its range.

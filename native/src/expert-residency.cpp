@@ -135,9 +135,6 @@ struct expert_residency::impl : moe_pass_builder {
         rules.prefill_low_share = options.prefill_low_share;
         return rules;
     }
-    // With LOW copies or skips, what a miss computes depends on what the cache holds: what is
-    // cached and evicted must then not depend on how fast the reads went or the compute ran.
-    bool lossy() const { return options.low_precision || options.skip; }
     bool needs_most_experts(int64_t n_tokens) const {
         return ::needs_most_experts(n_tokens, layout.n_expert_used, layout.n_expert);
     }
@@ -462,9 +459,9 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     if (l.il == layout.layers.front().il) { cache.advance_tokens(n_tokens); ubatch_index++; ubatch_ids.clear(); }
     // the layer before has been computed: its experts may go; finished prefetches are cached
     release_wave();
-    // lossy: every prefetch read is over before this layer places its experts (a read in
-    // flight pins its slot, so which slots a placement may evict would depend on the reads' speed)
-    if (lossy()) coordinator.wait_in_flight();
+    // lossy: every prefetch read is over before this layer places its experts (a read in flight
+    // pins its slot, so which slots a placement may evict would depend on the reads' speed)
+    if (options.lossy()) coordinator.wait_in_flight();
     const std::string read_error = coordinator.collect_finished();
     if (!read_error.empty()) {
         forget_cache();
@@ -712,7 +709,7 @@ void expert_residency::impl::predict_and_prefetch(const moe_layer_layout & l, co
     // Fate's extra experts: as many as the compute between layers hides (its N_max beyond the
     // top-k, measured as the run goes), at most fate_extra (-1: k). With LOW copies or skips a
     // measured time must not decide what is cached: fate_extra, -1 none (measured faster than k)
-    const int extra = !fate ? 0 : lossy() ? std::max(0, options.fate_extra)
+    const int extra = !fate ? 0 : options.lossy() ? std::max(0, options.fate_extra)
         : std::min(options.fate_extra < 0 ? k : options.fate_extra, std::max(0, overlap.hidden_experts() - k));
     std::vector<std::vector<predicted_expert>> predicted_layers;
     for (size_t d = 0; d < ahead.size(); d++) {
