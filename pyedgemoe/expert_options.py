@@ -52,7 +52,9 @@ PREFILL_LOW_SHARE = 0.75
 # of its own"): decode 1.08-1.29x with 13-18 % of the experts cached; with 41-45 % from 0.92x
 # (Qwen3) to 1.23x (OLMoE); with 69-88 %, where few experts are missed, the core the decode gives
 # up costs more than the reads hidden (0.77-0.94x on Qwen3). With LOW copies (prefetching made
-# independent of timing there, "Prefetching with LOW copies"): 1.02-1.19x at the 25 % caps.
+# independent of timing there, "Prefetching with LOW copies"): 1.02-1.19x at the 25 % caps. The
+# disk's rate is not an input: from page-cache speed down to 300 MiB/s it changed no choice ("The
+# disk's rate and the prefetch choice").
 PREFETCH_CACHE_SHARE = 0.3
 
 # What an option left unset becomes, besides its native default (for --help).
