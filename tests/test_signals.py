@@ -24,6 +24,13 @@ PROMPT = "def add(a, b):"
 CLI = [sys.executable, "-m", "pyedgemoe.cli"]
 
 
+def start(args: list[str], **kwargs) -> subprocess.Popen:
+    """args started with SIGINT at its default, as a shell starts a command in a terminal. A test
+    run started in the background has SIGINT ignored, which its children would inherit (Python
+    then installs no handler for it)."""
+    return subprocess.Popen(args, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+
+
 def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 60) -> subprocess.CompletedProcess:
     """SIGINT to proc once ready() is true; its exit status and output."""
     deadline = time.monotonic() + timeout
@@ -44,7 +51,7 @@ def assert_quiet_130(r: subprocess.CompletedProcess) -> None:
 def test_ctrl_c_during_generation_exits_130_without_a_traceback(tmp_path):
     out = tmp_path / "out.txt"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4000", "--ignore-eos", "-t", "1",
+        proc = start([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4000", "--ignore-eos", "-t", "1",
                                  "--expert-cache", "25%"], stdout=stdout, stderr=subprocess.PIPE, text=True)
         r = interrupt_when(proc, lambda: out.stat().st_size > len(PROMPT) + 20)
     assert_quiet_130(r)
@@ -70,7 +77,7 @@ def test_ctrl_c_in_the_api_raises_keyboard_interrupt_and_the_engine_goes_on(tmp_
         expected = eng.generate(PROMPT, 24, temperature=0, ignore_eos=True)
     out = tmp_path / "out.txt"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen([sys.executable, "-c", API_SCRIPT, str(DEMO), str(n_parallel)], stdout=stdout,
+        proc = start([sys.executable, "-c", API_SCRIPT, str(DEMO), str(n_parallel)], stdout=stdout,
                                 stderr=subprocess.PIPE, text=True)
         r = interrupt_when(proc, lambda: out.read_text().count("piece") >= 10)
     assert r.returncode == 0, r.stderr
@@ -83,7 +90,7 @@ def test_ctrl_c_during_the_cache_fill_exits_130_promptly(shim, layer1, tmp_path)
     # between two chunks of reads
     mark = tmp_path / "fill-began"
     env = faulty_env(shim, (0, 1 << 40), delay_ms=50, mark=mark)
-    proc = subprocess.Popen([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1", "--expert-cache", "75%",
+    proc = start([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1", "--expert-cache", "75%",
                              "--io-threads", "1", "--no-fill-background"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     r = interrupt_when(proc, mark.exists)
@@ -98,7 +105,7 @@ def test_ctrl_c_during_conversion_leaves_no_file(tmp_path):
         hidden_size=512, intermediate_size=512, moe_intermediate_size=512, num_experts=32, num_hidden_layers=4))
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc = subprocess.Popen([*CLI, "convert", str(hf), "-o", str(out_dir / "model.gguf"), "--high", "q8_0",
+    proc = start([*CLI, "convert", str(hf), "-o", str(out_dir / "model.gguf"), "--high", "q8_0",
                              "--low", "q2_K", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = interrupt_when(proc, lambda: any(out_dir.iterdir()))
     assert_quiet_130(r)
@@ -112,7 +119,7 @@ def test_ctrl_c_during_calibration_leaves_no_sidecar(tmp_path):
     text.write_text((REPO / "README.md").read_text() * 4)
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as err:
-        proc = subprocess.Popen([*CLI, "calibrate", str(model), "-f", str(text), "-t", "1"], stdout=subprocess.PIPE,
+        proc = start([*CLI, "calibrate", str(model), "-f", str(text), "-t", "1"], stdout=subprocess.PIPE,
                                 stderr=err, text=True)
         time.sleep(3)  # loaded and calibrating (the model loads in well under a second)
         assert proc.poll() is None, "calibration ended before the interrupt"
