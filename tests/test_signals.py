@@ -52,7 +52,7 @@ def test_ctrl_c_during_generation_exits_130_without_a_traceback(tmp_path):
     out = tmp_path / "out.txt"
     with open(out, "w") as stdout:
         proc = start([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4000", "--ignore-eos", "-t", "1",
-                                 "--expert-cache", "25%"], stdout=stdout, stderr=subprocess.PIPE, text=True)
+                      "--expert-cache", "25%"], stdout=stdout, stderr=subprocess.PIPE, text=True)
         r = interrupt_when(proc, lambda: out.stat().st_size > len(PROMPT) + 20)
     assert_quiet_130(r)
 
@@ -78,7 +78,7 @@ def test_ctrl_c_in_the_api_raises_keyboard_interrupt_and_the_engine_goes_on(tmp_
     out = tmp_path / "out.txt"
     with open(out, "w") as stdout:
         proc = start([sys.executable, "-c", API_SCRIPT, str(DEMO), str(n_parallel)], stdout=stdout,
-                                stderr=subprocess.PIPE, text=True)
+                     stderr=subprocess.PIPE, text=True)
         r = interrupt_when(proc, lambda: out.read_text().count("piece") >= 10)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text().splitlines()[-1])
@@ -91,8 +91,8 @@ def test_ctrl_c_during_the_cache_fill_exits_130_promptly(shim, layer1, tmp_path)
     mark = tmp_path / "fill-began"
     env = faulty_env(shim, (0, 1 << 40), delay_ms=50, mark=mark)
     proc = start([*CLI, "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1", "--expert-cache", "75%",
-                             "--io-threads", "1", "--no-fill-background"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                  "--io-threads", "1", "--no-fill-background"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True, env=env)
     r = interrupt_when(proc, mark.exists)
     interrupted = time.monotonic()
     assert_quiet_130(r)
@@ -106,7 +106,7 @@ def test_ctrl_c_during_conversion_leaves_no_file(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc = start([*CLI, "convert", str(hf), "-o", str(out_dir / "model.gguf"), "--high", "q8_0",
-                             "--low", "q2_K", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  "--low", "q2_K", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = interrupt_when(proc, lambda: any(out_dir.iterdir()))
     assert_quiet_130(r)
     assert list(out_dir.iterdir()) == []
@@ -120,7 +120,7 @@ def test_ctrl_c_during_calibration_leaves_no_sidecar(tmp_path):
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as err:
         proc = start([*CLI, "calibrate", str(model), "-f", str(text), "-t", "1"], stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+                     stderr=err, text=True)
         time.sleep(3)  # loaded and calibrating (the model loads in well under a second)
         assert proc.poll() is None, "calibration ended before the interrupt"
         proc.send_signal(signal.SIGINT)
