@@ -28,6 +28,15 @@ GATHER_SECONDS = 0.002
 _END = object()
 
 
+def shared_prefix(held: list[int], prompt: list[int]) -> int:
+    """How many of prompt's tokens a KV cache holding held can keep: their common prefix, short of
+    prompt's last token (evaluated again, for its logits)."""
+    n, limit = 0, min(len(held), len(prompt) - 1)
+    while n < limit and held[n] == prompt[n]:
+        n += 1
+    return n
+
+
 @dataclass
 class _Sequence:
     seq: int
@@ -42,6 +51,7 @@ class _Generation:
     sampler: object
     ignore_eos: bool
     timings: object  # the Engine's GenerationStats of this generation
+    fresh: bool  # evaluate the whole prompt, reusing no prefix (a seeded generation: Engine._generation)
     out: queue.Queue = field(default_factory=queue.Queue)  # tokens, then _END (or an exception)
     want: bool = True  # its consumer waits for its next token
     closed: bool = False  # its consumer has gone: its sequence is free
@@ -62,9 +72,10 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="pyedgemoe-batcher", daemon=True)
         self._thread.start()
 
-    def generate(self, prompt: list[int], budget: int, sampler, ignore_eos: bool, timings) -> Iterator[int]:
+    def generate(self, prompt: list[int], budget: int, sampler, ignore_eos: bool, timings,
+                 fresh: bool) -> Iterator[int]:
         """The generation's tokens; it queues for a sequence when the first is asked for."""
-        g = _Generation(prompt, budget, sampler, ignore_eos, timings)
+        g = _Generation(prompt, budget, sampler, ignore_eos, timings, fresh)
         with self._cond:
             if self._closing:
                 raise RuntimeError("this Engine is closed")
@@ -150,12 +161,7 @@ class Batcher:
 
     def _free_sequence(self, prompt: list[int]) -> _Sequence:
         """The free sequence whose KV cache shares the longest prefix with prompt."""
-        def shared(s: _Sequence) -> int:
-            n = 0
-            while n < min(len(s.tokens), len(prompt)) and s.tokens[n] == prompt[n]:
-                n += 1
-            return n
-        return max((s for s in self._sequences if not s.busy), key=shared)
+        return max((s for s in self._sequences if not s.busy), key=lambda s: shared_prefix(s.tokens, prompt))
 
     def _drop_closed(self) -> None:
         for g in [g for g in self._running if g.closed]:
@@ -171,10 +177,7 @@ class Batcher:
         ctx = self._engine._live()
         s = g.sequence
         start = time.perf_counter()
-        reuse = 0
-        limit = min(len(s.tokens), len(g.prompt) - 1)  # the last prompt token is evaluated again, for its logits
-        while reuse < limit and s.tokens[reuse] == g.prompt[reuse]:
-            reuse += 1
+        reuse = 0 if g.fresh else shared_prefix(s.tokens, g.prompt)
         ctx.truncate(reuse, s.seq)
         s.tokens = s.tokens[:reuse]
         ctx.decode(g.prompt[reuse:], reuse, False, s.seq)

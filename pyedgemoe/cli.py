@@ -152,8 +152,8 @@ def run(
     if prompt is None and not chat:
         fail("no prompt: give -p TEXT, -f FILE or --chat")
     max_tokens = None if n_predict == -1 else n_predict
-    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repeat_penalty=repeat_penalty, seed=seed)
+    # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine.generate)
+    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
     try:
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
@@ -192,7 +192,7 @@ PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's pr
 def _sampling(kwargs: dict):
     from pyedgemoe.engine import SamplingParams
     return SamplingParams(kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["min_p"],
-                          kwargs["repeat_penalty"], seed=kwargs["seed"])
+                          kwargs["repeat_penalty"])
 
 
 def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampling: dict) -> None:

@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 
 from pyedgemoe import _native
-from pyedgemoe.batch import Batcher
+from pyedgemoe.batch import Batcher, shared_prefix
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
@@ -506,10 +506,7 @@ class Engine:
         """Evaluates prompt, reusing the longest prefix already in the KV cache (at least the
         last token is evaluated again, for its logits). Returns (last logits, reused count)."""
         ctx = self._live()
-        reuse = 0
-        limit = min(len(self._tokens), len(prompt) - 1)
-        while reuse < limit and self._tokens[reuse] == prompt[reuse]:
-            reuse += 1
+        reuse = shared_prefix(self._tokens, prompt)
         with self._lock:
             if not ctx.truncate(reuse):
                 ctx.clear()
@@ -534,7 +531,9 @@ class Engine:
                     fresh: bool = False) -> tuple[GenerationStats, Iterator[int]]:
         """generate_tokens, with the generation's own GenerationStats (last_timings is the latest
         generation's, whichever thread started it). fresh: forget the KV cache first (no prefix
-        reused; the expert cache's per-sequence records restart)."""
+        reused; the expert cache's per-sequence records restart). A generation with a seed of its
+        own is fresh: reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose
+        sums the CPU kernels may round differently, and the same seeded call must give the same tokens."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
@@ -549,6 +548,7 @@ class Engine:
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
                                          f"for max_tokens {max_tokens}")
         self._check_fits(len(prompt), 1 if max_tokens else 0)
+        fresh = fresh or sampling.seed is not None
         seed = sampling.seed if sampling.seed is not None else self.seed
         if seed is None:
             seed = random.getrandbits(32)
@@ -560,7 +560,7 @@ class Engine:
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
         if self._batcher is not None:
-            tokens = self._batcher.generate(prompt, budget, sampler, ignore_eos, timings)
+            tokens = self._batcher.generate(prompt, budget, sampler, ignore_eos, timings, fresh)
         else:
             tokens = self._one_sequence(prompt, budget, sampler, ignore_eos, feed_tokens, timings, fresh)
         return timings, self._counted(tokens, timings)

@@ -70,6 +70,13 @@ def test_streamed_generations_interleave_and_closing_one_frees_its_sequence(batc
         assert first + "".join(s) == alone[p]
 
 
+def test_a_seeded_generation_reuses_no_prefix_and_repeats_itself(batched):
+    kwargs = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1, seed=7)
+    first = batched.generate(PROMPTS[1], 16, **kwargs)
+    assert batched.generate(PROMPTS[1], 16, **kwargs) == first
+    assert batched.last_timings.n_cached_prompt_tokens == 0
+
+
 def test_each_sequence_has_the_contexts_share(batched):
     assert batched.n_ctx == N_CTX // 4
     with pytest.raises(ContextOverflowError):
