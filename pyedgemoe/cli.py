@@ -152,7 +152,7 @@ def run(
     if prompt is None and not chat:
         fail("no prompt: give -p TEXT, -f FILE or --chat")
     max_tokens = None if n_predict == -1 else n_predict
-    # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine.generate)
+    # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
     try:
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
