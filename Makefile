@@ -13,7 +13,8 @@ export CMAKE_ARGS
 # ccache (when installed) keeps rebuilds of llama.cpp cheap.
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
-.PHONY: setup setup-test native native-vulkan native-cuda test test-fast test-device demo bench clean vulkan-deps
+.PHONY: setup setup-test native native-vulkan native-cuda test test-fast test-device demo bench clean vulkan-deps \
+        gpu-kit gpu-kit-vulkan gpu-rehearse
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +88,22 @@ test: setup-test
 # The same without the tests marked slow (more than ~5 s each on 2 cores).
 test-fast: setup-test
 	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/device
+
+# The GPU check (docs/gpu.md). gpu-kit: what a lent GPU machine runs, built here (CUDA sm_90, about
+# an hour on 2 cores; ccache makes a rebuild after a change of ours minutes): build/gpu-kit.tar.xz,
+# carried to the device, where scripts/gpu_check.sh OUTDIR runs everything. gpu-rehearse: the same
+# command end to end here, with the Vulkan kit on lavapipe and tiny sizes.
+gpu-kit: setup-test $(CUBLAS)
+	scripts/gpu_kit.sh
+
+gpu-kit-vulkan: setup-test vulkan-deps
+	scripts/gpu_kit.sh --vulkan
+
+REHEARSAL_DEPS := numpy==2.5.2 typer==0.29.1 jinja2==3.1.6 huggingface_hub==2.4.0 tokenizers==0.23.3 \
+                  sentencepiece==0.2.3 pyyaml==6.0.4 tqdm==4.70.1
+gpu-rehearse: gpu-kit-vulkan
+	build/kit-venv/bin/pip install --quiet $(REHEARSAL_DEPS)
+	scripts/gpu_check.sh build/gpu-rehearsal --rehearse
 
 demo: setup
 	$(PY) scripts/demo.py

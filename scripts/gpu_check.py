@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""The GPU check's measurements (docs/gpu.md); scripts/gpu_check.sh prepares the machine and runs it.
+
+    gpu_check.py --kit KIT --out OUTDIR [--rehearse] [--deadline SECONDS]
+
+1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`
+   and `coop` at device budgets of 25 % and 50 % against the run with every expert resident on the
+   device (greedy tokens; `gpu` also bit-identical logits), and mixed precision on the demo model;
+2. the benchmark files (synthetic Qwen3-30B-A3B and OLMoE-1B-7B geometry, random weights);
+3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `auto`, a child process
+   each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
+   against stock llama.cpp's llama-bench (`-ngl 99 -ot exps=CPU`, and `--n-cpu-moe N` with the
+   experts of the same share of layers on the GPU). Time to first token (a 16-token prompt),
+   decode tok/s, prefill tok/s at 512 tokens: medians of --repeats. A cell that would end past
+   the deadline is not started; every result is written to OUTDIR as it comes.
+
+Writes OUTDIR/gpu-check.json (every result, with the device) and OUTDIR/gpu-check.md (the tables).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
+
+BUDGETS = ("25%", "50%")
+MODES = ("gpu", "coop", "auto")
+TTFT_PROMPT = 16
+# What the device runs, and the rehearsal's tiny sizes (lavapipe computes on 2 CPU cores).
+SIZES = {
+    False: dict(qwen3_layers=48, olmoe_layers=16, prefill=512, decode=64, repeats=3),
+    True: dict(qwen3_layers=1, olmoe_layers=1, prefill=32, decode=8, repeats=2),
+}
+CORRECTNESS_TOKENS = 32
+CORRECTNESS_IDS = [1, 17, 42, 99, 5, 230, 64, 7]
+ROW_POOL = 4096  # random rows written at disk speed (scripts/make_synthetic_gguf.py)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# children: what runs in a process of its own (a crash or a leak stays there)
+
+
+def correctness(models: Path, demo: Path) -> dict:
+    """Greedy tokens of every mode and budget against the all-resident device run."""
+    from pyedgemoe import Engine
+
+    def greedy(path: Path, **options) -> tuple[list[int], object, dict]:
+        with Engine(path, n_ctx=256, flash_attn=False, kv_type="f32", **options) as eng:
+            logits = eng.logits(CORRECTNESS_IDS)
+            tokens = eng.time_generation(CORRECTNESS_IDS, CORRECTNESS_TOKENS)["tokens"]
+            return tokens, logits, eng.stats()
+
+    rows = []
+    for path in sorted(models.glob("tiny-*.gguf")):
+        resident_tokens, resident_logits, _ = greedy(path, mode="gpu")
+        for mode in ("gpu", "coop"):
+            for budget in BUDGETS:
+                tokens, logits, stats = greedy(path, mode=mode, expert_cache=budget)
+                same = next((i for i, (a, b) in enumerate(zip(tokens, resident_tokens)) if a != b), None)
+                total = stats["experts"]["total"]
+                rows.append(dict(model=path.stem, mode=mode, budget=budget, tokens_as_resident=same is None,
+                                 first_different_token=same, misses=total["misses"], uploads=total["uploads"],
+                                 cpu_experts=total["cpu_experts"],
+                                 logits_bit_identical=bool((logits == resident_logits).all()),
+                                 max_abs_logit_difference=float(abs(logits - resident_logits).max())))
+    resident_tokens = greedy(demo, mode="gpu", low_precision=False)[0]
+    for mode in ("gpu", "coop"):
+        tokens, _, stats = greedy(demo, mode=mode, expert_cache="25%", low_precision=True)
+        total = stats["experts"]["total"]
+        rows.append(dict(model=demo.stem, mode=mode, budget="25%", low_precision=True,
+                         top1_agreement=sum(a == b for a, b in zip(tokens, resident_tokens)) / len(tokens),
+                         misses=total["misses"], low_loads=total.get("low_loads"), uploads=total["uploads"],
+                         cpu_experts=total["cpu_experts"]))
+    return {"rows": rows}
+
+
+def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> dict:
+    """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
+    read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times."""
+    from pyedgemoe import Engine
+
+    n_decode = sizes["decode"]
+    t0 = time.perf_counter()
+    with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
+                flash_attn=True, mode=mode, expert_cache=budget, host_cache="auto") as eng:
+        load_seconds = time.perf_counter() - t0
+        prefill, ttft, decode = [], [], []
+        for r in range(sizes["repeats"]):
+            t = eng.time_generation(prompt_token_ids(sizes["prefill"]), 1)
+            prefill.append(sizes["prefill"] / t["prefill_seconds"])
+            # a prompt of its own each time: no prefix of an earlier one is reused
+            prompt = [100 + (i * 37 + 11 * r) % 1000 for i in range(TTFT_PROMPT)]
+            ttft.append(eng.time_generation(prompt, 1)["prefill_seconds"])
+            # n_decode + 1 picks are n_decode forward passes, llama-bench's tg<n_decode>
+            t = eng.time_generation(prompt[::-1], n_decode + 1, feed_tokens=fixed_decode_token_ids(n_decode + 1))
+            decode.append(n_decode / t["decode_seconds"])
+        stats = eng.stats()
+    experts = stats["experts"]
+    device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
+                       for m in stats["memory"] if m["buffer_type"] == stats["device"])
+    return dict(engine="pyedgemoe", mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
+                load_seconds=load_seconds, prefill_tps=statistics.median(prefill), ttft_s=statistics.median(ttft),
+                decode_tps=statistics.median(decode), samples=dict(prefill_tps=prefill, ttft_s=ttft, decode_tps=decode),
+                pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
+                device_bytes=device_bytes + experts["pool_bytes"],
+                hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
+                uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent
+
+
+class VramSampler:
+    """The most GPU memory in use (nvidia-smi, MiB) while a cell runs; None without nvidia-smi."""
+
+    def __init__(self):
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if shutil.which("nvidia-smi") else None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout.split()
+            if out and out[0].isdigit():
+                self.peak = max(self.peak or 0, int(out[0]))
+
+    def __enter__(self):
+        if self._thread:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.sizes = SIZES[args.rehearse]
+        self.threads = len(os.sched_getaffinity(0))
+        self.t_end = time.monotonic() + args.deadline
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.result = dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), rehearsal=args.rehearse, sizes=self.sizes,
+                           threads=self.threads, host=platform.node(), device=None, correctness=None,
+                           models={}, cells=[], skipped=[])
+
+    def remaining(self) -> float:
+        return self.t_end - time.monotonic()
+
+    def save(self) -> None:
+        (self.out / "gpu-check.json").write_text(json.dumps(self.result, indent=1))
+        (self.out / "gpu-check.md").write_text(report(self.result))
+
+    def child(self, args: list[str], timeout: float) -> dict:
+        """Runs this script as a child; its one JSON line, or {"error": ...}."""
+        try:
+            p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        lines = p.stdout.strip().splitlines()
+        if p.returncode != 0 or not lines:
+            tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return {"error": f"exit {p.returncode}: {tail}"}
+        return json.loads(lines[-1])
+
+    def run(self) -> int:
+        from pyedgemoe.devices import gpu_devices
+        self.result["device"] = gpu_devices()[0]
+        log(f"device: {self.result['device']['description']} ({self.result['device']['name']})")
+        self.correctness()
+        self.make_models()
+        self.bench()
+        self.save()
+        log(f"done, {self.args.deadline - self.remaining():.0f} s; {self.out}/gpu-check.md:")
+        print(report(self.result))
+        failures = [r for r in self.result["correctness"].get("rows", []) if r.get("tokens_as_resident") is False]
+        return 1 if "error" in self.result["correctness"] or failures else 0
+
+    def correctness(self) -> None:
+        log("correctness: tiny architectures, gpu and coop at 25 % and 50 % against all-resident")
+        t0 = time.monotonic()
+        c = self.child(["--child", "correctness", "--kit", self.args.kit], timeout=min(240, self.remaining()))
+        c["seconds"] = time.monotonic() - t0
+        self.result["correctness"] = c
+        self.save()
+        if "error" in c:
+            log(f"correctness: error: {c['error']}")
+            return
+        bad = [r for r in c["rows"] if r.get("tokens_as_resident") is False]
+        log(f"correctness: {len(c['rows'])} runs in {c['seconds']:.0f} s, "
+            f"{len(bad)} not as resident: {[(r['model'], r['mode'], r['budget']) for r in bad]}")
+
+    def make_models(self) -> None:
+        bench_dir = Path(self.args.bench_dir)
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        vocab = Path(self.args.kit) / "vocab"
+        for name, geometry, layers, qtype, vocab_file in (
+                ("qwen3", "qwen3-30b-a3b", self.sizes["qwen3_layers"], "q4_k", "ggml-vocab-qwen2.gguf"),
+                ("olmoe", "olmoe-1b-7b", self.sizes["olmoe_layers"], "q8_0", "ggml-vocab-gpt-neox.gguf")):
+            path = bench_dir / f"{geometry}-L{layers}-{qtype}.gguf"
+            t0 = time.monotonic()
+            if not path.exists():
+                subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), "--geometry", geometry,
+                                "--layers", str(layers), "--type", qtype, "--row-pool", str(ROW_POOL),
+                                "--vocab", str(vocab / vocab_file), "-o", str(path) + ".part"],
+                               check=True, stdout=subprocess.DEVNULL)
+                os.replace(str(path) + ".part", path)
+            self.result["models"][name] = dict(path=str(path), geometry=geometry, layers=layers, type=qtype,
+                                               bytes=path.stat().st_size, seconds=time.monotonic() - t0)
+            log(f"model {name}: {path} ({path.stat().st_size / 1e9:.1f} GB, {time.monotonic() - t0:.0f} s)")
+        self.save()
+
+    def bench(self) -> None:
+        for name in ("qwen3", "olmoe"):
+            model = self.result["models"][name]
+            for budget in BUDGETS:
+                share = int(budget.rstrip("%")) / 100
+                n_cpu_moe = round(model["layers"] * (1 - share))
+                stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
+                for mode in MODES:
+                    self.cell(name, budget, mode, ["--child", "measure", "--model", model["path"], "--mode", mode,
+                                                   "--budget", budget])
+                for label, flags in stock:
+                    if label.startswith("-ot") and budget != BUDGETS[0]:
+                        continue  # no experts on the GPU: the same run at every budget
+                    self.cell(name, budget, label, flags, stock=True)
+
+    def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False) -> None:
+        # a cell takes about as long as the slowest one so far; one that would not end in time is not begun
+        longest = max([c["seconds"] for c in self.result["cells"]] or [30])
+        if self.remaining() < longest * 1.2:
+            self.result["skipped"].append(dict(model=name, budget=budget, engine=label))
+            log(f"skip {name} {budget} {label}: {self.remaining():.0f} s left")
+            return
+        t0 = time.monotonic()
+        with VramSampler() as vram:
+            r = self.stock(name, args) if stock else self.child(args, timeout=self.remaining())
+        r.update(model=name, budget=budget, label=label, seconds=time.monotonic() - t0, vram_peak_mib=vram.peak)
+        self.result["cells"].append(r)
+        self.save()
+        log(f"{name} {budget} {label}: " + (r["error"] if "error" in r else
+            f"TTFT {r['ttft_s'] * 1e3:.0f} ms, decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.0f} tok/s"
+            f" ({r['seconds']:.0f} s)"))
+
+    def stock(self, name: str, flags: list[str]) -> dict:
+        s = self.sizes
+        cmd = [str(Path(self.args.kit) / "bin" / "llama-bench"), "-m", self.result["models"][name]["path"],
+               "-ngl", "99", "-t", str(self.threads), "-fa", "1", "-b", "512", "-ub", "512",
+               "-p", f"{TTFT_PROMPT},{s['prefill']}", "-n", str(s["decode"]), "-r", str(s["repeats"]), "-o", "json", *flags]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.remaining())
+        except subprocess.TimeoutExpired:
+            return {"error": "timed out"}
+        if p.returncode != 0:
+            return {"error": f"llama-bench exit {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1]}"}
+        tests = json.loads(p.stdout)
+
+        def samples(n_prompt: int, n_gen: int) -> list[float]:
+            return next(t["samples_ts"] for t in tests if t["n_prompt"] == n_prompt and t["n_gen"] == n_gen)
+        ttft = [TTFT_PROMPT / ts for ts in samples(TTFT_PROMPT, 0)]
+        return dict(engine="llama.cpp", flags=" ".join(flags), threads=self.threads,
+                    build=tests[0].get("build_commit"), ttft_s=statistics.median(ttft),
+                    prefill_tps=statistics.median(samples(s["prefill"], 0)),
+                    decode_tps=statistics.median(samples(0, s["decode"])),
+                    samples=dict(ttft_s=ttft, prefill_tps=samples(s["prefill"], 0), decode_tps=samples(0, s["decode"])))
+
+
+def report(result: dict) -> str:
+    dev = result.get("device") or {}
+    s = result["sizes"]
+    lines = [f"GPU check{' (rehearsal)' if result['rehearsal'] else ''}, {result['date']}: "
+             f"{dev.get('description', '?')} ({dev.get('name', '?')}), {result['threads']} CPU threads", ""]
+    c = result.get("correctness") or {}
+    if "error" in c:
+        lines += [f"correctness: error: {c['error']}", ""]
+    elif c.get("rows"):
+        lines += ["| model | mode | budget | tokens as all-resident | logits bit-identical | misses | uploads | CPU experts |",
+                  "|---|---|---|---|---|---:|---:|---:|"]
+        for r in c["rows"]:
+            if r.get("low_precision"):
+                same = f"low precision: top-1 agreement {r['top1_agreement']:.0%}"
+                bits = "-"
+            else:
+                same = "yes" if r["tokens_as_resident"] else f"up to token {r['first_different_token']}"
+                bits = "yes" if r["logits_bit_identical"] else f"no ({r['max_abs_logit_difference']:.1e})"
+            lines.append(f"| {r['model']} | {r['mode']} | {r['budget']} | {same} | {bits} | {r['misses']} | "
+                         f"{r['uploads']} | {r['cpu_experts']} |")
+        lines.append("")
+    for name, m in result.get("models", {}).items():
+        cells = [r for r in result["cells"] if r["model"] == name]
+        if not cells:
+            continue
+        lines += [f"{m['geometry']}, {m['layers']} layers, {m['type']} ({m['bytes'] / 1e9:.1f} GB): "
+                  f"TTFT of a {TTFT_PROMPT}-token prompt, decode {s['decode']} tokens, prefill {s['prefill']} tokens, "
+                  f"medians of {s['repeats']}", "",
+                  "| budget | engine | TTFT ms | decode tok/s | prefill tok/s | VRAM peak MiB | notes |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for r in cells:
+            engine = f"ours `{r['label']}`" if r["engine"] == "pyedgemoe" else f"llama.cpp `{r['label']}`"
+            if "error" in r:
+                lines.append(f"| {r['budget']} | {engine} | error: {r['error']} | | | | |")
+                continue
+            notes = (f"→ {r['chosen_mode']}, " if r["label"] == "auto" else "") + (
+                f"hit rate {r['hit_rate']:.0%}" if r["engine"] == "pyedgemoe" else "")
+            lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
+                         f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
+        lines.append("")
+    for budget in BUDGETS:
+        for name in result.get("models", {}):
+            ours = [r for r in result["cells"] if r["model"] == name and r["budget"] == budget
+                    and r.get("engine") == "pyedgemoe" and "error" not in r]
+            stock = [r for r in result["cells"] if r["model"] == name and r.get("engine") == "llama.cpp"
+                     and "error" not in r and (r["budget"] == budget or r["label"].startswith("-ot"))]
+            if ours and stock:
+                best, base = max(ours, key=lambda r: r["decode_tps"]), max(stock, key=lambda r: r["decode_tps"])
+                auto = next((r for r in ours if r["label"] == "auto"), None)
+                lines.append(f"- {name} at {budget}: our best decode (`{best['label']}`) / stock's best (`{base['label']}`)"
+                             f" = {best['decode_tps'] / base['decode_tps']:.2f}x"
+                             + (f"; `auto` / our best = {auto['decode_tps'] / best['decode_tps']:.2f}" if auto else ""))
+    if result.get("skipped"):
+        lines += ["", "not run (deadline): " + ", ".join(f"{r['model']} {r['budget']} {r['engine']}"
+                                                          for r in result["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kit", required=True, help="the unpacked GPU kit (scripts/gpu_check.sh unpacks it)")
+    p.add_argument("--out", help="output folder")
+    p.add_argument("--rehearse", action="store_true", help="tiny sizes, for a rehearsal on lavapipe")
+    p.add_argument("--deadline", type=float, default=450, help="seconds for all of it (default 450)")
+    p.add_argument("--bench-dir", default="/tmp/pyedgemoe-gpu-bench", help="where the benchmark files go")
+    p.add_argument("--child", choices=("correctness", "measure"), help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--budget", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child == "correctness":
+        print(json.dumps(correctness(Path(args.kit) / "models", REPO / "models" / "demo.gguf")))
+        return 0
+    if args.child == "measure":
+        sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
+        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, len(os.sched_getaffinity(0)))))
+        return 0
+    if args.rehearse:
+        os.environ["PYEDGEMOE_GPU_REHEARSE"] = "1"  # the children's sizes
+    return Check(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
