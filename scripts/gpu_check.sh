@@ -39,7 +39,7 @@ rm -rf "$KIT" && mkdir -p "$KIT" && tar -xJf "$KIT_TAR" -C "$KIT"
 if [ -z "$REHEARSE" ]; then
     SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-        found=$(find "$SITE/nvidia" /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib -name "$lib" 2>/dev/null | head -1)
+        found=$(find "$SITE/nvidia" /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib -name "$lib" 2>/dev/null | head -1 || true)
         [ -n "$found" ] || die "CUDA library $lib not found (in $SITE/nvidia or /usr/local/cuda)"
         LD_LIBRARY_PATH=$(dirname "$found"):${LD_LIBRARY_PATH:-}
     done

@@ -1,0 +1,82 @@
+"""The GPU check's own checks (scripts/gpu_check.sh, docs/gpu.md): on a machine that cannot run it,
+it stops in seconds with one `error:` line that says why, before any time on a lent GPU is spent.
+(The check itself runs end to end in `make gpu-rehearse`, on lavapipe.)"""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+def stamp() -> str:
+    return subprocess.run([REPO / "scripts" / "native_stamp.sh"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def make_kit(path: Path, stamp_text: str, libs: dict[str, Path] = {}) -> Path:
+    """A kit tarball holding a STAMP and the given libraries (name -> file)."""
+    with tarfile.open(path, "w:xz") as tar:
+        data = (stamp_text + "\n").encode()
+        info = tarfile.TarInfo("STAMP")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for name, file in libs.items():
+            tar.add(file, arcname=f"lib/{name}")
+    return path
+
+
+def run(tmp_path: Path, *args: str, fake_gpu: bool = True, **env: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if fake_gpu:  # the driver's tool, as on a GPU machine
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+        smi.chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    return subprocess.run([SCRIPT, str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": path, "HOME": os.environ.get("HOME", "/root"), "TMPDIR": str(tmp_path), **env})
+
+
+def assert_error(p: subprocess.CompletedProcess, message: str) -> None:
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], p.stderr
+
+
+def test_no_gpu_driver(tmp_path):
+    assert_error(run(tmp_path, fake_gpu=False), "nvidia-smi not found")
+
+
+def test_no_kit(tmp_path):
+    assert_error(run(tmp_path, GPU_KIT=str(tmp_path / "none.tar.xz")), "no kit at")
+
+
+def test_a_stale_kit(tmp_path):
+    kit = make_kit(tmp_path / "kit.tar.xz", "0123456789abcdef")
+    assert_error(run(tmp_path, GPU_KIT=str(kit)), f"stale kit: built from other native sources (kit 0123456789abcdef, tree {stamp()})")
+
+
+def test_missing_cuda_libraries(tmp_path):
+    # a Python whose site-packages hold no NVIDIA wheels, and no CUDA toolkit at /usr/local/cuda
+    if Path("/usr/local/cuda/lib64/libcublas.so.13").exists():
+        pytest.skip("this machine has cuBLAS in /usr/local/cuda")
+    kit = make_kit(tmp_path / "kit.tar.xz", stamp())
+    assert_error(run(tmp_path, GPU_KIT=str(kit)), "CUDA library libcu")
+
+
+def test_a_kit_library_that_needs_what_the_machine_lacks(tmp_path):
+    # a library linked against one that is not on this machine (--rehearse: no CUDA libraries asked for)
+    src = tmp_path / "x.c"
+    src.write_text("int f(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libgone.so", src], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libggml-x.so", src, "-Wl,--no-as-needed",
+                    f"-L{tmp_path}", "-lgone"], check=True)
+    kit = make_kit(tmp_path / "kit.tar.xz", stamp(), {"libggml-x.so": tmp_path / "libggml-x.so"})
+    assert_error(run(tmp_path, "--rehearse", GPU_KIT=str(kit)), "libgone.so => not found")
