@@ -5,7 +5,7 @@
 
 1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`
    and `coop` at device budgets of 25 % and 50 % against the run with every expert resident on the
-   device (greedy tokens; `gpu` also bit-identical logits), and mixed precision on the demo model;
+   device (greedy tokens; `gpu` also bit-identical logits), and mixed precision on a tiny one;
 2. the benchmark files (synthetic Qwen3-30B-A3B and OLMoE-1B-7B geometry, random weights);
 3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `auto`, a child process
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
@@ -55,7 +55,7 @@ def log(msg: str) -> None:
 # children: what runs in a process of its own (a crash or a leak stays there)
 
 
-def correctness(models: Path, demo: Path) -> dict:
+def correctness(models: Path) -> dict:
     """Greedy tokens of every mode and budget against the all-resident device run."""
     from pyedgemoe import Engine
 
@@ -78,11 +78,12 @@ def correctness(models: Path, demo: Path) -> dict:
                                  cpu_experts=total["cpu_experts"],
                                  logits_bit_identical=bool((logits == resident_logits).all()),
                                  max_abs_logit_difference=float(abs(logits - resident_logits).max())))
-    resident_tokens = greedy(demo, mode="gpu", low_precision=False)[0]
+    mixed = models / "mp-qwen3_moe.gguf"  # with a LOW copy of every expert
+    resident_tokens = greedy(mixed, mode="gpu", low_precision=False)[0]
     for mode in ("gpu", "coop"):
-        tokens, _, stats = greedy(demo, mode=mode, expert_cache="25%", low_precision=True)
+        tokens, _, stats = greedy(mixed, mode=mode, expert_cache="25%", low_precision=True)
         total = stats["experts"]["total"]
-        rows.append(dict(model=demo.stem, mode=mode, budget="25%", low_precision=True,
+        rows.append(dict(model=mixed.stem, mode=mode, budget="25%", low_precision=True,
                          top1_agreement=sum(a == b for a, b in zip(tokens, resident_tokens)) / len(tokens),
                          misses=total["misses"], low_loads=total.get("low_loads"), uploads=total["uploads"],
                          cpu_experts=total["cpu_experts"]))
@@ -91,13 +92,14 @@ def correctness(models: Path, demo: Path) -> dict:
 
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
-    read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times."""
+    read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times.
+    Reads are buffered: the file is in the page cache, as for stock llama.cpp's mmap."""
     from pyedgemoe import Engine
 
     n_decode = sizes["decode"]
     t0 = time.perf_counter()
     with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
-                flash_attn=True, mode=mode, expert_cache=budget, host_cache="auto") as eng:
+                flash_attn=True, mode=mode, expert_cache=budget, host_cache="auto", io="buffered") as eng:
         load_seconds = time.perf_counter() - t0
         prefill, ttft, decode = [], [], []
         for r in range(sizes["repeats"]):
@@ -187,8 +189,9 @@ class Check:
         from pyedgemoe.devices import gpu_devices
         self.result["device"] = gpu_devices()[0]
         log(f"device: {self.result['device']['description']} ({self.result['device']['name']})")
+        writers = self.start_models()  # written while the correctness runs
         self.correctness()
-        self.make_models()
+        self.finish_models(writers)
         self.bench()
         self.save()
         log(f"done, {self.args.deadline - self.remaining():.0f} s; {self.out}/gpu-check.md:")
@@ -210,24 +213,33 @@ class Check:
         log(f"correctness: {len(c['rows'])} runs in {c['seconds']:.0f} s, "
             f"{len(bad)} not as resident: {[(r['model'], r['mode'], r['budget']) for r in bad]}")
 
-    def make_models(self) -> None:
+    def start_models(self) -> list[tuple[str, dict, subprocess.Popen | None]]:
         bench_dir = Path(self.args.bench_dir)
         bench_dir.mkdir(parents=True, exist_ok=True)
         vocab = Path(self.args.kit) / "vocab"
+        writers = []
         for name, geometry, layers, qtype, vocab_file in (
                 ("qwen3", "qwen3-30b-a3b", self.sizes["qwen3_layers"], "q4_k", "ggml-vocab-qwen2.gguf"),
                 ("olmoe", "olmoe-1b-7b", self.sizes["olmoe_layers"], "q8_0", "ggml-vocab-gpt-neox.gguf")):
             path = bench_dir / f"{geometry}-L{layers}-{qtype}.gguf"
-            t0 = time.monotonic()
-            if not path.exists():
-                subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), "--geometry", geometry,
-                                "--layers", str(layers), "--type", qtype, "--row-pool", str(ROW_POOL),
-                                "--vocab", str(vocab / vocab_file), "-o", str(path) + ".part"],
-                               check=True, stdout=subprocess.DEVNULL)
-                os.replace(str(path) + ".part", path)
-            self.result["models"][name] = dict(path=str(path), geometry=geometry, layers=layers, type=qtype,
-                                               bytes=path.stat().st_size, seconds=time.monotonic() - t0)
-            log(f"model {name}: {path} ({path.stat().st_size / 1e9:.1f} GB, {time.monotonic() - t0:.0f} s)")
+            model = dict(path=str(path), geometry=geometry, layers=layers, type=qtype, started=time.monotonic())
+            writer = None if path.exists() else subprocess.Popen(
+                [sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), "--geometry", geometry,
+                 "--layers", str(layers), "--type", qtype, "--row-pool", str(ROW_POOL),
+                 "--vocab", str(vocab / vocab_file), "-o", f"{path}.part"], stdout=subprocess.DEVNULL)
+            writers.append((name, model, writer))
+        return writers
+
+    def finish_models(self, writers: list[tuple[str, dict, subprocess.Popen | None]]) -> None:
+        for name, model, writer in writers:
+            path = Path(model["path"])
+            if writer is not None:
+                if writer.wait(timeout=max(1, self.remaining())) != 0:
+                    raise SystemExit(f"error: scripts/make_synthetic_gguf.py failed for {path}")
+                os.replace(f"{path}.part", path)
+            model.update(bytes=path.stat().st_size, seconds=time.monotonic() - model.pop("started"))
+            self.result["models"][name] = model
+            log(f"model {name}: {path} ({model['bytes'] / 1e9:.1f} GB, ready after {model['seconds']:.0f} s)")
         self.save()
 
     def bench(self) -> None:
@@ -356,7 +368,7 @@ def main() -> int:
     p.add_argument("--budget", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child == "correctness":
-        print(json.dumps(correctness(Path(args.kit) / "models", REPO / "models" / "demo.gguf")))
+        print(json.dumps(correctness(Path(args.kit) / "models")))
         return 0
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]

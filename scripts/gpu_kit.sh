@@ -28,26 +28,30 @@ command -v ccache >/dev/null || LAUNCH=
 COMMON="-G Ninja -DCMAKE_MAKE_PROGRAM=$ROOT/$VENV/bin/ninja -DCMAKE_BUILD_TYPE=Release $LAUNCH"
 
 # 1. ggml, shared, patched (our patches touch only ggml-cpu's negative ids, which stock never passes),
-#    built inside the vendored tree (the sdist cannot build ggml standalone); its libllama is unused.
+#    built inside the vendored tree (the sdist cannot build ggml standalone; its patched libllama,
+#    which needs our expert-format.h, is built and not used).
 #    No -march=native: the device's CPU is not this one.
 if [ $VARIANT = cuda ]; then
     BACKEND="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH -DCMAKE_CUDA_COMPILER=/usr/local/cuda-13.0/bin/nvcc
              -DGGML_CUDA_NO_VMM=ON -DCUDA_cublas_LIBRARY=$CUBLAS/lib/libcublas.so.13
              -DCUDA_cublasLt_LIBRARY=$CUBLAS/lib/libcublasLt.so.13 -DCMAKE_CUDA_FLAGS=-I$CUBLAS/include"
+    # what links against libggml-cuda must find the libraries it needs (cuBLAS from PyPI, the runtime)
+    RPATH_LINK=-Wl,-rpath-link,$CUBLAS/lib:/usr/local/cuda-13.0/lib64
 else
     BACKEND="-DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$ROOT/native/vendor/vulkan/usr/include"
+    RPATH_LINK=
 fi
 $CMAKE -S native/vendor/llama.cpp -B $WORK/ggml $COMMON $BACKEND -DBUILD_SHARED_LIBS=ON \
     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_INSTALL_PREFIX=$ROOT/$WORK/prefix \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_CXX_FLAGS=-I$ROOT/native/src -DCMAKE_INSTALL_PREFIX=$ROOT/$WORK/prefix \
     -DCMAKE_INSTALL_RPATH='$ORIGIN' >/dev/null
 $CMAKE --build $WORK/ggml
 $CMAKE --install $WORK/ggml >/dev/null
 
 # 2. our module, for the device's Python, on that ggml
 $CMAKE -S native -B $WORK/native $COMMON -DPYEDGEMOE_SHARED_GGML=ON -Dggml_DIR=$ROOT/$WORK/prefix/lib/cmake/ggml \
-    -DPython_EXECUTABLE=$ROOT/$VENV/bin/python >/dev/null
+    -DPython_EXECUTABLE=$ROOT/$VENV/bin/python -DCMAKE_SHARED_LINKER_FLAGS="$RPATH_LINK" >/dev/null
 $CMAKE --build $WORK/native --target _native
 
 # 3. stock llama.cpp's llama-bench: the pinned sources as the sdist has them (unpatched), on that ggml
@@ -58,10 +62,10 @@ f.extract_llama(f.download_sdist(), Path('$STOCK'))"
 fi
 $CMAKE -S $STOCK -B $WORK/stock $COMMON -DLLAMA_USE_SYSTEM_GGML=ON -Dggml_DIR=$ROOT/$WORK/prefix/lib/cmake/ggml \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_OPENSSL=OFF >/dev/null
+    -DLLAMA_OPENSSL=OFF -DCMAKE_EXE_LINKER_FLAGS="$RPATH_LINK" >/dev/null
 $CMAKE --build $WORK/stock --target llama-bench
 
-# 4. the kit: the libraries, llama-bench, the tiny test models, the vocab files of the benchmark
+# 4. the kit: the libraries, llama-bench, the tiny test models (one multi-precision), the vocab files of the benchmark
 #    geometries, gguf-py's wheel (the device has the rest of our Python dependencies), the stamp
 rm -rf $KIT && mkdir -p $KIT/lib $KIT/bin $KIT/models $KIT/vocab $KIT/wheels
 cp -P $WORK/prefix/lib/libggml*.so* $KIT/lib/
@@ -72,6 +76,8 @@ strip --strip-unneeded $KIT/lib/*.so* $KIT/bin/llama-bench
 for arch in mixtral qwen2_moe qwen3_moe olmoe deepseek_v2; do
     cp "$(.venv/bin/python scripts/tiny_moe.py $arch --out $WORK/tiny | tail -1)" $KIT/models/tiny-$arch.gguf
 done
+# for mixed precision: a LOW copy of every expert
+.venv/bin/python -m pyedgemoe convert $KIT/models/tiny-qwen3_moe.gguf -o $KIT/models/mp-qwen3_moe.gguf --low q4_0 >/dev/null
 cp native/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf native/vendor/llama.cpp/models/ggml-vocab-gpt-neox.gguf $KIT/vocab/
 python3 -m pip download -q --no-deps --only-binary=:all: gguf==0.19.0 -d $KIT/wheels
 scripts/native_stamp.sh > $KIT/STAMP
