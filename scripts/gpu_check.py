@@ -115,7 +115,7 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
     experts = stats["experts"]
     device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
                        for m in stats["memory"] if m["buffer_type"] == stats["device"])
-    return dict(engine="pyedgemoe", mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
+    return dict(mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
                 load_seconds=load_seconds, prefill_tps=statistics.median(prefill), ttft_s=statistics.median(ttft),
                 decode_tps=statistics.median(decode), samples=dict(prefill_tps=prefill, ttft_s=ttft, decode_tps=decode),
                 pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
@@ -267,7 +267,8 @@ class Check:
         t0 = time.monotonic()
         with VramSampler() as vram:
             r = self.stock(name, args) if stock else self.child(args, timeout=self.remaining())
-        r.update(model=name, budget=budget, label=label, seconds=time.monotonic() - t0, vram_peak_mib=vram.peak)
+        r.update(model=name, budget=budget, label=label, engine="llama.cpp" if stock else "pyedgemoe",
+                 seconds=time.monotonic() - t0, vram_peak_mib=vram.peak)
         self.result["cells"].append(r)
         self.save()
         log(f"{name} {budget} {label}: " + (r["error"] if "error" in r else
@@ -290,7 +291,7 @@ class Check:
         def samples(n_prompt: int, n_gen: int) -> list[float]:
             return next(t["samples_ts"] for t in tests if t["n_prompt"] == n_prompt and t["n_gen"] == n_gen)
         ttft = [TTFT_PROMPT / ts for ts in samples(TTFT_PROMPT, 0)]
-        return dict(engine="llama.cpp", flags=" ".join(flags), threads=self.threads,
+        return dict(flags=" ".join(flags), threads=self.threads,
                     build=tests[0].get("build_commit"), ttft_s=statistics.median(ttft),
                     prefill_tps=statistics.median(samples(s["prefill"], 0)),
                     decode_tps=statistics.median(samples(0, s["decode"])),
@@ -357,7 +358,7 @@ def report(result: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kit", required=True, help="the unpacked GPU kit (scripts/gpu_check.sh unpacks it)")
+    p.add_argument("--kit", help="the unpacked GPU kit (scripts/gpu_check.sh unpacks it)")
     p.add_argument("--out", help="output folder")
     p.add_argument("--rehearse", action="store_true", help="tiny sizes, for a rehearsal on lavapipe")
     p.add_argument("--deadline", type=float, default=450, help="seconds for all of it (default 450)")
@@ -374,6 +375,8 @@ def main() -> int:
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
         print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, len(os.sched_getaffinity(0)))))
         return 0
+    if not args.kit or not args.out:
+        p.error("--kit and --out are required")
     if args.rehearse:
         os.environ["PYEDGEMOE_GPU_REHEARSE"] = "1"  # the children's sizes
     return Check(args).run()

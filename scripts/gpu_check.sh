@@ -30,6 +30,7 @@ fi
 KIT_TAR=${GPU_KIT:-$KIT_TAR}
 [ -e "$KIT_TAR" ] || die "no kit at $KIT_TAR: run 'make gpu-kit${REHEARSE:+-vulkan}' and carry it"
 
+command -v xz >/dev/null || die "xz not found: the kit cannot be unpacked"
 KIT=${TMPDIR:-/tmp}/pyedgemoe-gpu-kit
 rm -rf "$KIT" && mkdir -p "$KIT" && tar -xJf "$KIT_TAR" -C "$KIT"
 [ "$(cat "$KIT/STAMP")" = "$(scripts/native_stamp.sh)" ] ||
