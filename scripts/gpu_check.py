@@ -181,7 +181,8 @@ class Check:
             return {"error": f"timed out after {timeout:.0f} s"}
         lines = p.stdout.strip().splitlines()
         if p.returncode != 0 or not lines:
-            tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+            # the last lines: a CUDA error is printed (what, where) before the abort that reports it
+            tail = " | ".join(p.stderr.strip().splitlines()[-4:]) or "(no output)"
             return {"error": f"exit {p.returncode}: {tail}"}
         return json.loads(lines[-1])
 

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -238,6 +239,20 @@ struct expert_residency::impl : moe_pass_builder {
 };
 
 namespace {
+// A masked pass's row of slot ids, one token's selections: each -1 (a selection the pass does not
+// serve, its output scaled by 0) becomes the lowest slot the row does not use yet. The ids of a
+// row must differ: CUDA's mul_mat_id (its MMQ/MMF helper and its sorted path) counts a slot once
+// per token and leaves a repeated one's output unwritten, or stops on an assertion. With fewer
+// slots than selections (a LOW pool at its minimum of n_used - 1) one repeats.
+void fill_masked_row(int32_t * row, int n, int n_slots) {
+    int next = 0;
+    for (int i = 0; i < n; i++) {
+        if (row[i] >= 0) continue;
+        while (next < n_slots && std::find(row, row + n, next) != row + n) next++;
+        row[i] = next < n_slots ? next++ : 0;
+    }
+}
+
 std::vector<int> group_of_layers(const expert_layout & layout) {
     std::vector<int> out(layout.n_layers, -1);
     for (const auto & l : layout.layers) out[l.il] = l.group;
@@ -423,12 +438,14 @@ void expert_residency::impl::fail(const std::string & why, ggml_tensor * dst) {
 }
 
 void expert_residency::impl::write_unserved(ggml_tensor * dst) const {
-    // nothing served: a well-defined (ignored) output. Masked passes: slot 0 under a 0 scale;
+    // nothing served: a well-defined (ignored) output. Masked passes: slots under a 0 scale;
     // the others: -1 (skipped)
     const size_t plane = (size_t) dst->ne[0] * dst->ne[1];
     int32_t * out = (int32_t *) dst->data;
     std::fill(out, out + plane * passes.size(), -1);
-    std::fill(out, out + plane * n_masked, 0);
+    int min_slots = INT_MAX;
+    for (const auto * pools : { &high_pools, &low_pools }) for (const auto & p : *pools) min_slots = std::min(min_slots, p->n_slots());
+    for (size_t row = 0; row < plane * n_masked / dst->ne[0]; row++) fill_masked_row(out + row * dst->ne[0], (int) dst->ne[0], min_slots);
     std::fill(out + plane * passes.size(), out + plane * (passes.size() + n_scaled), float_bits(0.0f));
 }
 
@@ -622,13 +639,14 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
                 }
             }
             for (int q = 0; q < n_passes; q++) {
-                at(q, t, i) = q == serving ? p->slot : (q < n_masked ? 0 : -1);
+                at(q, t, i) = q == serving ? p->slot : -1;  // masked passes: filled below
                 if (q < n_scaled) at(n_passes + q, t, i) = float_bits(q == serving ? planned_scale[t] : 0.0f);
             }
             if (!p) continue;
             (p->precision == expert_precision::high ? st.selections_high
              : p->precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
         }
+        for (int q = 0; q < n_masked; q++) fill_masked_row(&at(q, t, 0), (int) n_used, pool(l.group, passes[q].precision).n_slots());
     }
     st.stall_ms = !any_reads && !waited ? 0.0 : ms_since(t0);
     std::lock_guard<std::mutex> lock(mutex);

@@ -80,7 +80,8 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buf
         }
         if (repacked[p]) continue;
         offset[p] = total;
-        total += round_up(ggml_nbytes(tensors_[p]));
+        // a device may want more than the data: CUDA pads a quantized tensor's last row to 512
+        total += round_up(buft ? ggml_backend_buft_get_alloc_size(buft, tensors_[p]) : ggml_nbytes(tensors_[p]));
     }
     auto fail = [&]() {
         const uint64_t want = bytes();
