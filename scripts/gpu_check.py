@@ -222,6 +222,8 @@ class Check:
         for name, geometry, layers, qtype, vocab_file in (
                 ("qwen3", "qwen3-30b-a3b", self.sizes["qwen3_layers"], "q4_k", "ggml-vocab-qwen2.gguf"),
                 ("olmoe", "olmoe-1b-7b", self.sizes["olmoe_layers"], "q8_0", "ggml-vocab-gpt-neox.gguf")):
+            if name not in self.args.models:
+                continue
             path = bench_dir / f"{geometry}-L{layers}-{qtype}.gguf"
             model = dict(path=str(path), geometry=geometry, layers=layers, type=qtype, started=time.monotonic())
             writer = None if path.exists() else subprocess.Popen(
@@ -244,9 +246,9 @@ class Check:
         self.save()
 
     def bench(self) -> None:
-        for name in ("qwen3", "olmoe"):
+        for name in self.args.models:
             model = self.result["models"][name]
-            for budget in BUDGETS:
+            for budget in self.args.budgets:
                 share = int(budget.rstrip("%")) / 100
                 n_cpu_moe = round(model["layers"] * (1 - share))
                 stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
@@ -254,7 +256,7 @@ class Check:
                     self.cell(name, budget, mode, ["--child", "measure", "--model", model["path"], "--mode", mode,
                                                    "--budget", budget])
                 for label, flags in stock:
-                    if label.startswith("-ot") and budget != BUDGETS[0]:
+                    if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
                     self.cell(name, budget, label, flags, stock=True)
 
@@ -363,6 +365,9 @@ def main() -> int:
     p.add_argument("--out", help="output folder")
     p.add_argument("--rehearse", action="store_true", help="tiny sizes, for a rehearsal on lavapipe")
     p.add_argument("--deadline", type=float, default=450, help="seconds for all of it (default 450)")
+    p.add_argument("--models", nargs="+", choices=("qwen3", "olmoe"), default=["qwen3", "olmoe"],
+                   help="the benchmark's models (default both), for a short rerun")
+    p.add_argument("--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS), help="its device budgets (default all)")
     p.add_argument("--bench-dir", default="/tmp/pyedgemoe-gpu-bench", help="where the benchmark files go")
     p.add_argument("--child", choices=("correctness", "measure"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)

@@ -34,12 +34,15 @@ int largest_projection(const slot_pool & pool) {
     return best;
 }
 
-double upload_gbps(const slot_pool & device) {
+// from where the GPU-centric mode uploads a miss: the host tier's pinned memory when there is one
+// (pageable memory goes through a bounce buffer, slower)
+double upload_gbps(const slot_pool & device, const slot_pool * host) {
     const int p = largest_projection(device);
     const uint64_t bytes = device.shapes()[p].bytes;
-    std::vector<char> zeros(bytes, 0);
+    std::vector<char> zeros(host ? 0 : bytes, 0);
+    const void * source = host ? host->slot_data((expert_projection) p, 0) : zeros.data();
     ggml_tensor * slot = device.slot_view((expert_projection) p, 0);
-    return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, zeros.data(), 0, bytes); }) / 1e9;
+    return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, source, 0, bytes); }) / 1e9;
 }
 
 double cpu_gbps(const slot_pool & host, int n_threads) {
@@ -71,7 +74,7 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
 
 mode_choice choose_mode(const slot_pool & device, const slot_pool * host, int n_threads) {
     mode_choice c;
-    c.upload_gbps = upload_gbps(device);
+    c.upload_gbps = upload_gbps(device, host);
     char line[256];
     if (!host) {
         snprintf(line, sizeof(line), "--mode auto chose gpu: no host tier for the CPU to compute misses from (uploads %.2f GB/s)",

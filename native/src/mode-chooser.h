@@ -12,7 +12,7 @@ class slot_pool;
 
 struct mode_choice {
     compute_mode mode = compute_mode::gpu;
-    double upload_gbps = 0;  // host -> device, one expert projection at a time
+    double upload_gbps = 0;  // host (the host tier's pinned memory, if any) -> device, one expert projection at a time
     double cpu_gbps = 0;     // the CPU's matrix-vector product over an expert projection (0: not measured)
     std::string reason;      // one line for stderr
 };
