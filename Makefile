@@ -90,7 +90,7 @@ test-fast: setup-test
 	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/device
 
 # The GPU check (docs/gpu.md). gpu-kit: what a lent GPU machine runs, built here (CUDA sm_90, about
-# an hour on 2 cores; ccache makes a rebuild after a change of ours minutes): build/gpu-kit.tar.xz,
+# 20 minutes on 2 cores; with ccache a rebuild after a change of ours takes a minute): build/gpu-kit.tar.xz,
 # carried to the device, where scripts/gpu_check.sh OUTDIR runs everything. gpu-rehearse: the same
 # command end to end here, with the Vulkan kit on lavapipe and tiny sizes.
 gpu-kit: setup-test $(CUBLAS)
