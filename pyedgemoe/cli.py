@@ -495,6 +495,8 @@ def bench(
     output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
     repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
     warmup: int = typer.Option(1, "--warmup", help="runs of the first engine before each cell's, not kept"),
+    load: int = typer.Option(0, "--load", min=0, help="CPU-bound processes running beside every measurement "
+                                                      "(a busy machine: one per core)"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
                                       help="also run stock llama.cpp (llama-cpp-python) on the same file"),
     engines: Optional[list[str]] = typer.Option(None, "--engines",
@@ -515,7 +517,7 @@ def bench(
     engine_options: dict = None,
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process
-    (--threads for both; --expert-cache and the expert options for pyedgemoe)."""
+    (--threads for both; --threads-batch, --expert-cache and the expert options for pyedgemoe)."""
     from pyedgemoe.bench.runner import cli_main
     from pyedgemoe.bench.worker import parse_option
 
@@ -535,14 +537,15 @@ def bench(
             ours_options[name] = engine_options[name]
     if engine_options["host_cache"] != "auto":
         ours_options["host_cache"] = engine_options["host_cache"]
-    if engine_options["verbose"]:
-        ours_options["verbose"] = True
+    for name in ("verbose", "n_threads_batch"):
+        if engine_options[name]:
+            ours_options[name] = engine_options[name]
     threads = engine_options["n_threads"]
     try:
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
-                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup)
+                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup, load=load)
     except PyEdgeMoEError as e:
         fail(str(e))
 

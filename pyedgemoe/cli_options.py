@@ -1,4 +1,5 @@
-"""The options of every CLI command that loads a model, declared once: `-t/--threads`, `-ngl`,
+"""The options of every CLI command that loads a model, declared once: `-t/--threads`,
+`-tb/--threads-batch`, `-ngl`,
 `--expert-cache`, `--device`, `--host-cache`, `--system`, `--repack/--no-repack`, one flag per
 expert option (`--io-threads`, `--prefetch`, ...: the names of pyedgemoe.expert_options.OPTION_NAMES
 with dashes, their help and defaults from the native schema) and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
@@ -16,8 +17,13 @@ from pyedgemoe.expert_options import AUTOMATIC, OPTION_NAMES, ExpertOptions, cho
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
 _ENGINE_OPTIONS = (
-    ("threads", Optional[int], typer.Option(None, "-t", "--threads", help="threads (default: all cores; the decode leaves one to "
-                               "the expert reads when prefetch is chosen automatically)"), "n_threads"),
+    ("threads", Optional[int], typer.Option(None, "-t", "--threads",
+                                            help="threads of the decode (default: the physical cores this process "
+                                                 "may use, within its cgroup's CPU quota; the decode leaves one to "
+                                                 "the expert reads when prefetch is chosen automatically)"), "n_threads"),
+    ("threads_batch", Optional[int], typer.Option(None, "-tb", "--threads-batch",
+                                                  help="threads of the prompt's batches (default: --threads, or its "
+                                                       "default)"), "n_threads_batch"),
     ("gpu_layers", Optional[int], typer.Option(None, "-ngl", "--n-gpu-layers",
                                                help="llama.cpp's habit: 0 is --mode cpu, any other count --mode gpu "
                                                     "(every layer goes to the GPU)"), None),
@@ -43,7 +49,8 @@ _ENGINE_OPTIONS = (
                                                  "off where experts stream through an expert cache or stay mapped, "
                                                  "or where the copies would not fit beside the mapped experts)"),
      "repack"),
-    ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log"), "verbose"),
+    ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
+     "verbose"),
 )
 
 

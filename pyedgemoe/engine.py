@@ -34,6 +34,7 @@ from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, pa
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
+from pyedgemoe.threads import default_threads
 from pyedgemoe.text_stream import TextStream
 
 
@@ -167,8 +168,8 @@ class Engine:
     """A GGUF model loaded into pyedgemoe's build of llama.cpp, with one context.
 
     n_ctx: context window in tokens (0 = the model's training context).
-    n_threads / n_threads_batch: threads for decode / prefill (default: the cores this process may
-        run on; the decode leaves one of them to the expert reads when prefetch, left unset, is on:
+    n_threads / n_threads_batch: threads for decode / prefill (default: the physical cores this
+        process may run on, within its cgroup's CPU quota, pyedgemoe.threads; the decode leaves one of them to the expert reads when prefetch, left unset, is on:
         expert_options.auto_prefetch; the core goes back to the decode if prefetching stops itself).
     n_batch: tokens per llama_decode call during prefill.
     seed: default sampling seed (None = random).
@@ -287,7 +288,8 @@ class Engine:
         host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
         # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
         calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
-        cores = len(os.sched_getaffinity(0))
+        default = default_threads()
+        cores = default.n
         prefetch_why = ""  # why prefetch is what it is, when chosen here
         native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
         if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
@@ -337,9 +339,16 @@ class Engine:
             # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
             n_ubatch = min(n_batch, self.expert_residency["max_ubatch_tokens"])
         self.n_ubatch = n_ubatch
+        self.threads_note = f"threads: {n_threads or 'default'} decode, {n_threads_batch or n_threads or 'default'} batch"
+        if not (n_threads and n_threads_batch):
+            self.threads_note += f"; default {cores}: {default.why}"
+            if self._reads_core and not n_threads:
+                self.threads_note += "; the decode leaves one to the expert reads"
         n_threads_batch = n_threads_batch or n_threads or cores
         n_threads = n_threads or (cores - 1 if self._reads_core else cores)
         self._cores = cores
+        if verbose:
+            print(f"pyedgemoe: {self.threads_note}", file=sys.stderr)
         try:
             self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                         n_threads=n_threads, n_threads_batch=n_threads_batch,

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
+from pyedgemoe.threads import default_threads
 
 OURS, STOCK = "pyedgemoe", "llama_cpp"
 WORKER_SCRIPT = Path(__file__).resolve().with_name("worker.py")
@@ -110,6 +111,18 @@ def other_runnable_tasks(samples: int = 5, interval_s: float = 0.1) -> int:
     return most
 
 
+@contextmanager
+def cpu_load(n: int) -> Iterator[None]:
+    """n CPU-bound processes beside what runs within (a busy machine: one per core)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def _run_worker(engine: str, model: Path, prompt_tokens: int, output_tokens: int, threads: int,
                 flash_attn: bool, options: dict[str, Any], decode_input: str, cgroup: Path | None,
                 timeout_s: float | None) -> dict[str, Any]:
@@ -170,7 +183,7 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                   threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
                   ours_options: dict[str, Any] | None = None, stock_repack: bool = True,
                   decode_input: str = "greedy", warmup: int = 1, timeout_s: float | None = 1800,
-                  log=None) -> list[dict[str, Any]]:
+                  load: int = 0, log=None) -> list[dict[str, Any]]:
     """Measure each engine `repeats` times, alternating engines within each repeat and which goes
     first from one repeat to the next, after `warmup` runs of the first engine that are not kept
     (the first run after other work is slower, whichever engine it is).
@@ -180,7 +193,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     runs stock llama.cpp as with --no-repack (weights stay in their file layout). decode_input
     "fixed" feeds a fixed token sequence during decode instead of the greedy picks (keeps the
     routing varied where greedy decoding falls into a cycle of a few tokens, which flatters
-    expert caches; see worker.fixed_decode_token_ids).
+    expert caches; see worker.fixed_decode_token_ids). load: CPU-bound processes running beside
+    every measurement (cpu_load).
 
     Returns one dict per measurement: the worker's JSON (prefill_seconds, decode_seconds,
     decode_tokens_per_second, n_prompt_tokens, n_output_tokens, peak_rss_bytes, load_seconds,
@@ -209,10 +223,11 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
 
     def run(engine: str) -> dict[str, Any]:
         if mem_cap_bytes is None:
-            return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                               options[engine], decode_input, None, timeout_s)
+            with cpu_load(load):
+                return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                                   options[engine], decode_input, None, timeout_s)
         evict_from_page_cache(model)
-        with memory_cgroup(mem_cap_bytes) as group:
+        with memory_cgroup(mem_cap_bytes) as group, cpu_load(load):
             return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
                                options[engine], decode_input, group, timeout_s)
 
@@ -229,7 +244,7 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
             r = run(engine)
             r.update(repeat=rep, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      threads=threads, mem_cap_bytes=mem_cap_bytes, model_bytes=model_bytes,
-                     other_runnable_before=busy)
+                     other_runnable_before=busy, load=load)
             r.setdefault("model", str(model))
             results.append(r)
             if log is not None:
@@ -361,6 +376,8 @@ def format_report(results: list[dict[str, Any]]) -> str:
         out += f"; pyedgemoe options: {', '.join(ours_opts)}" if ours_opts else ""
         no_repack = any(r["engine"] == STOCK and (r.get("options") or {}).get("repack") is False for r in results)
         out += "; stock llama.cpp without repacking (--no-repack)" if no_repack else ""
+        loads = sorted({r["load"] for r in results if r.get("load")})
+        out += f"; beside every run: {'/'.join(map(str, loads))} CPU-bound processes (--load)" if loads else ""
         out += f"; other runnable tasks just before a run: max {max(busy)}." if busy else "."
     if any_ratio:
         out += "\n\n" + "\n".join(ratios)
@@ -378,7 +395,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
              vs_llama_cpp: bool = True, mem_cap: str | None = None, flash_attn: bool = False,
              ours_options: dict[str, Any] | None = None, json_path: Path | None = None,
              engines: Sequence[str] | None = None, decode_input: str = "greedy",
-             stock_repack: bool = True, warmup: int = 1) -> list[dict[str, Any]]:
+             stock_repack: bool = True, warmup: int = 1, load: int = 0) -> list[dict[str, Any]]:
     """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
     stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
     def log(s: str) -> None:
@@ -386,7 +403,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
 
     if engines is None:
         engines = (OURS, STOCK) if vs_llama_cpp else (OURS,)
-    threads = threads or len(os.sched_getaffinity(0))
+    threads = threads or default_threads().n
     path = Path(model)
     model_bytes = path.stat().st_size if path.is_file() else None
     try:
@@ -402,7 +419,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
                                      repeats=repeats, threads=threads, mem_cap_bytes=cap,
                                      flash_attn=flash_attn, ours_options=ours_options,
                                      stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
-                                     log=log)
+                                     load=load, log=log)
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,93 @@
+"""Default thread counts (pyedgemoe.threads): one per physical core this process may use (its
+affinity mask), never more than its cgroup's CPU quota; and a passive OpenMP wait unless the user
+chose one. What that does to speed on a busy machine is measured in docs/benchmarks.md."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyedgemoe.threads import cpu_quota, default_threads
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "models" / "demo.gguf"
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def python(code: str, prefix: list[str] = (), **env: str) -> str:
+    out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return out.stdout.strip()
+
+
+def test_the_default_follows_the_affinity_mask():
+    assert python("from pyedgemoe.threads import default_threads as d; print(d().n)", ["taskset", "-c", "0"]) == "1"
+
+
+def test_the_engine_and_the_cli_say_what_they_chose_and_why():
+    code = f"from pyedgemoe import Engine; e = Engine({str(DEMO)!r}, n_ctx=64); print(e.n_threads, e._n_threads_batch)"
+    assert python(code, ["taskset", "-c", "0"]) == "1 1"
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def",
+                          "-n", "1", "--verbose"], capture_output=True, text=True, check=True)
+    assert "pyedgemoe: threads: default decode, default batch; default 1: 1 physical core among the 1 CPU " \
+           "this process may use" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def", "-n", "1", "-t", "1",
+                          "-tb", "2", "--verbose"], capture_output=True, text=True, check=True)
+    assert "pyedgemoe: threads: 1 decode, 2 batch\n" in out.stderr
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_quota_is_the_tightest_of_the_cgroup_and_those_above_it(tmp_path):
+    # v1: the cpu controller's own mount; the group's parent sets 1.5 CPUs, the group none
+    write(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1\n")
+    write(tmp_path / "cpu" / "cpu.cfs_period_us", "100000\n")
+    write(tmp_path / "cpu" / "box" / "cpu.cfs_quota_us", "150000\n")
+    write(tmp_path / "cpu" / "box" / "cpu.cfs_period_us", "100000\n")
+    write(tmp_path / "cpu" / "box" / "job" / "cpu.cfs_quota_us", "-1\n")
+    write(tmp_path / "cpu" / "box" / "job" / "cpu.cfs_period_us", "100000\n")
+    assert cpu_quota("3:cpuset:/\n1:cpu:/box/job\n", root=tmp_path) == 1.5
+    assert cpu_quota("1:cpu:/\n", root=tmp_path) is None
+    # v2: cpu.max
+    write(tmp_path / "v2" / "cpu.max", "max 100000\n")
+    write(tmp_path / "v2" / "a" / "cpu.max", "250000 100000\n")
+    assert cpu_quota("0::/a\n", root=tmp_path / "v2") == 2.5
+
+
+def test_the_default_follows_a_real_cgroup_quota(tmp_path):
+    group = CPU_CGROUP / f"pyedgemoe-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_quota_us").write_text("50000")  # half a CPU
+    except OSError as e:
+        pytest.skip(f"cannot make a cpu cgroup here: {e}")
+    try:
+        out = subprocess.run(["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -c "
+                              "'from pyedgemoe.threads import default_threads as d; t = d(); print(t.n, t.why)'"],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.startswith("1 ") and "capped by the cgroup's CPU quota of 0.5" in out
+    finally:
+        group.rmdir()
+
+
+def test_openmp_waits_passively_unless_the_user_chose():
+    code = "import pyedgemoe, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=True).stdout.strip() == "PASSIVE"
+    assert python(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+
+
+def test_without_a_quota_the_default_is_the_physical_cores_lscpu_counts():
+    if cpu_quota() is not None:
+        pytest.skip("this process runs under a CPU quota")
+    rows = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET"], capture_output=True, text=True, check=True).stdout
+    cpus = os.sched_getaffinity(0)
+    cores = {tuple(r.split(",")[1:]) for r in rows.splitlines() if not r.startswith("#") and int(r.split(",")[0]) in cpus}
+    assert default_threads().n == len(cores)
