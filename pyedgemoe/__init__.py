@@ -1,10 +1,6 @@
 """pyedgemoe: run Mixture-of-Experts LLMs whose experts do not fit in fast memory."""
 import os as _os
 
-from pyedgemoe.threads import prefer_passive_openmp_wait as _passive
-
-_passive()  # before the native module loads libgomp (pyedgemoe.threads)
-
 if _os.environ.get("PYEDGEMOE_NATIVE"):
     # another build of the native module, e.g. the Vulkan variant `make native-vulkan` builds
     # beside the installed one (make test runs the device tests with it)

@@ -180,7 +180,7 @@ class Batcher:
         reuse = 0 if g.fresh else shared_prefix(s.tokens, g.prompt)
         ctx.truncate(reuse, s.seq)
         s.tokens = s.tokens[:reuse]
-        ctx.decode(g.prompt[reuse:], reuse, False, s.seq)
+        self._engine._governed(0, lambda: ctx.decode(g.prompt[reuse:], reuse, False, s.seq))
         s.tokens = list(g.prompt)
         g.timings.n_cached_prompt_tokens = reuse
         g.timings.prefill_seconds = time.perf_counter() - start
@@ -189,8 +189,8 @@ class Batcher:
 
     def _step(self, stepping: list[_Generation]) -> None:
         ctx = self._engine._live()
-        ctx.decode_step([g.last for g in stepping], [len(g.sequence.tokens) for g in stepping],
-                        [g.sequence.seq for g in stepping])
+        self._engine._governed(len(stepping), lambda: ctx.decode_step(
+            [g.last for g in stepping], [len(g.sequence.tokens) for g in stepping], [g.sequence.seq for g in stepping]))
         for g in stepping:
             g.sequence.tokens.append(g.last)
         for i, g in enumerate(stepping):

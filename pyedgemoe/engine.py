@@ -34,7 +34,7 @@ from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, pa
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
-from pyedgemoe.threads import default_threads
+from pyedgemoe.threads import ThreadGovernor, default_threads
 from pyedgemoe.text_stream import TextStream
 
 
@@ -344,7 +344,12 @@ class Engine:
             self.threads_note += f"; default {cores}: {default.why}"
             if self._reads_core and not n_threads:
                 self.threads_note += "; the decode leaves one to the expert reads"
+        # counts left to us follow the machine's load (threads.ThreadGovernor); given ones stay
+        self._batch_governed = not (n_threads_batch or n_threads)
         n_threads_batch = n_threads_batch or n_threads or cores
+        self._governor = None if n_threads else ThreadGovernor(cores - 1 if self._reads_core else cores)
+        if self._governor and cores > 1:
+            self.threads_note += "; fewer while the machine is busy"
         n_threads = n_threads or (cores - 1 if self._reads_core else cores)
         self._cores = cores
         if verbose:
@@ -468,16 +473,34 @@ class Engine:
         try:
             with self._lock:
                 if self.big_little > 0 and len(ids) == 1:
-                    return self._decode_big_little(ids, pos0, all_logits)
-                logits = self._live().decode(ids, pos0, all_logits)
+                    return self._governed(1, lambda: self._decode_big_little(ids, pos0, all_logits))
+                logits = self._governed(1 if len(ids) == 1 else 0, lambda: self._live().decode(ids, pos0, all_logits))
                 if self._reads_core and self._model.expert_prefetch_stopped():  # its core back to the decode
                     self._reads_core = False
                     self.n_threads = self._cores
+                    if self._governor:
+                        self._governor.set_max(self._cores)
                     self._ctx.set_n_threads(self.n_threads, self._n_threads_batch)
                 return logits
         except _native.ExpertLoadError as e:
             self._tokens = []  # the native side cleared the KV cache
             raise ExpertLoadError(str(e)) from None
+
+    def _governed(self, n_decoded: int, decode):
+        """decode() on the thread counts the governor chose, timed for it: n_decoded tokens, one per
+        sequence of a decode step (0 for a prompt's batch, which it does not time)."""
+        g = self._governor
+        if g is None:
+            return decode()
+        if g.n != self.n_threads:
+            self.n_threads = g.n
+            batch = self._n_threads_batch if not self._batch_governed or g.n == g.n_max else min(g.n, self._n_threads_batch)
+            self._live().set_n_threads(g.n, batch)
+        t0 = time.perf_counter()
+        out = decode()
+        if n_decoded:
+            g.record(n_decoded, time.perf_counter() - t0)
+        return out
 
     def _decode_big_little(self, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:
         """MoBiLE (docs/systems.md): the token through each layer's top-k/2 experts; when its top

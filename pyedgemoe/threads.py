@@ -5,16 +5,22 @@ here among the CPUs this process may run on (its affinity mask, `taskset`), and 
 cgroup's CPU quota (`docker --cpus`, systemd's CPUQuota) allows. A core's second hardware thread
 adds little to the matrix math, and a thread more than the CPU time there is only waits for.
 
-The wait: ggml's CPU backend runs its threads as an OpenMP team. libgomp's threads busy-wait for
-the next parallel region by default; when another process holds a core, the waiting thread takes
-that core's time from the thread doing the work, and decoding slows by one to two orders of
-magnitude (docs/benchmarks.md, "A busy machine"). A passive wait (OMP_WAIT_POLICY=PASSIVE) sleeps
-instead: set before libgomp is loaded, unless the user set it.
+On a busy machine that count is too many. ggml's CPU backend runs its threads as an OpenMP team
+that meets at a barrier after every graph node, and libgomp's threads spin there before they sleep.
+When another process holds one of the cores, a team thread waits for a time slice at every node,
+and its partners spin meanwhile: decoding slows by one to three orders of magnitude, erratically
+(docs/benchmarks.md, "A busy machine"). No wait policy fixes both cases: a passive wait
+(OMP_WAIT_POLICY=PASSIVE) is stable under load but 20x slower idle, a shorter spin
+(GOMP_SPINCOUNT) is fast idle and still collapses under load. What does not collapse is fewer
+threads. So ThreadGovernor measures the decode's speed and moves the count between 1 and the
+default: down when a window of tokens decodes much slower than the last, and now and then a probe
+of the neighbouring count, kept when clearly faster.
 """
 from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +31,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 class ThreadCount:
     n: int
     why: str  # for --verbose
-
-
-def prefer_passive_openmp_wait() -> None:
-    """Before our native module (and with it libgomp) is loaded: a passive OpenMP wait, unless set."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def physical_cores(cpus: set[int]) -> int:
@@ -101,3 +102,59 @@ def default_threads() -> ThreadCount:
         n = max(1, math.floor(quota))
         why += f", capped by the cgroup's CPU quota of {quota:g}"
     return ThreadCount(n, why)
+
+
+class ThreadGovernor:
+    """The decode's thread count (1..n_max), from its measured speed. Windows of decoded tokens are
+    timed (record); after each window the count may change, for the next decode (n)."""
+
+    WINDOW_TOKENS = 8        # a window ends after this many tokens ...
+    WINDOW_SECONDS = 0.05    # ... or this much decode time, whichever first
+    FIRST_PROBE_S = 0.5      # the neighbouring count is tried this long after a probe lost the first time,
+    MAX_PROBE_S = 16.0       # twice as long after each probe that lost, up to this
+    DROP = 0.5               # a window at most this share of the last one's speed: try fewer threads now
+    GAIN = 1.1               # a probe's count is kept when this much faster (not for noise between windows)
+
+    def __init__(self, n_max: int, clock=time.perf_counter):
+        self.n_max = n_max
+        self.n = n_max
+        self._clock = clock
+        self._rate: dict[int, float] = {}  # tokens/s of each count's last window
+        self._tokens, self._seconds = 0, 0.0
+        self._probe_from: int | None = None  # during a probe: the count it is compared with
+        self._interval = self.FIRST_PROBE_S
+        self._next_probe = clock()  # the first probe right after the first window: a short generation counts too
+
+    def set_max(self, n_max: int) -> None:
+        """A new most (the expert reads gave their core back): from there, at once."""
+        self.n_max = self.n = n_max
+        self._probe_from = None
+        self._rate.clear()
+
+    def record(self, tokens: int, seconds: float) -> None:
+        self._tokens += tokens
+        self._seconds += seconds
+        if self._tokens < self.WINDOW_TOKENS and self._seconds < self.WINDOW_SECONDS:
+            return
+        rate = self._tokens / max(self._seconds, 1e-9)
+        self._tokens, self._seconds = 0, 0.0
+        last = self._rate.get(self.n)
+        self._rate[self.n] = rate
+        now = self._clock()
+        if self._probe_from is not None:  # the probe's window: keep whichever count was faster
+            base, self._probe_from = self._probe_from, None
+            if rate > self.GAIN * self._rate[base]:  # checked at once by a probe back (one window can mislead)
+                self._interval = self.FIRST_PROBE_S
+                self._next_probe = now
+            else:
+                self.n = base
+                self._interval = min(2 * self._interval, self.MAX_PROBE_S)
+                self._next_probe = now + self._interval
+            return
+        dropped = last is not None and rate <= self.DROP * last and self.n > 1
+        if dropped or now >= self._next_probe:
+            probe = self.n - 1 if dropped or self.n == self.n_max else self.n + 1
+            if 1 <= probe <= self.n_max and probe != self.n:
+                self._probe_from, self.n = self.n, probe
+            else:
+                self._next_probe = now + self._interval

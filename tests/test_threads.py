@@ -1,6 +1,7 @@
 """Default thread counts (pyedgemoe.threads): one per physical core this process may use (its
-affinity mask), never more than its cgroup's CPU quota; and a passive OpenMP wait unless the user
-chose one. What that does to speed on a busy machine is measured in docs/benchmarks.md."""
+affinity mask), never more than its cgroup's CPU quota; and fewer while the machine is busy (the
+governor, here against a simulated machine; its effect on real speed is measured in
+docs/benchmarks.md, "A busy machine")."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pyedgemoe.threads import cpu_quota, default_threads
+from pyedgemoe.threads import ThreadGovernor, cpu_quota, default_threads
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
@@ -33,7 +34,7 @@ def test_the_engine_and_the_cli_say_what_they_chose_and_why():
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def",
                           "-n", "1", "--verbose"], capture_output=True, text=True, check=True)
     assert "pyedgemoe: threads: default decode, default batch; default 1: 1 physical core among the 1 CPU " \
-           "this process may use" in out.stderr
+           "this process may use\n" in out.stderr
     out = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def", "-n", "1", "-t", "1",
                           "-tb", "2", "--verbose"], capture_output=True, text=True, check=True)
     assert "pyedgemoe: threads: 1 decode, 2 batch\n" in out.stderr
@@ -76,12 +77,71 @@ def test_the_default_follows_a_real_cgroup_quota(tmp_path):
         group.rmdir()
 
 
-def test_openmp_waits_passively_unless_the_user_chose():
-    code = "import pyedgemoe, os; print(os.environ['OMP_WAIT_POLICY'])"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          check=True).stdout.strip() == "PASSIVE"
-    assert python(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+class Machine:
+    """A simulated decode: tokens/s by thread count, changing at given times; a clock it advances."""
+
+    def __init__(self, phases: list[tuple[float, dict[int, float]]]):
+        self.phases = phases  # (from this time on, rate by thread count)
+        self.now = 0.0
+
+    def rate(self, n: int) -> float:
+        return [rates for start, rates in self.phases if start <= self.now][-1][n]
+
+    def run(self, governor: ThreadGovernor, until: float) -> dict[int, float]:
+        """Decodes until the clock reads `until`; the seconds spent at each thread count."""
+        spent: dict[int, float] = {}
+        while self.now < until:
+            n = governor.n
+            seconds = 1 / self.rate(n)
+            self.now += seconds
+            spent[n] = spent.get(n, 0.0) + seconds
+            governor.record(1, seconds)
+        return spent
+
+
+IDLE = {1: 2500.0, 2: 4000.0}    # the demo model on this project's 2 cores, roughly
+BUSY = {1: 3000.0, 2: 2.0}       # one CPU-bound process per core: the team collapses
+
+
+def test_an_idle_machine_decodes_on_every_core():
+    machine = Machine([(0, IDLE)])
+    spent = machine.run(ThreadGovernor(2, clock=lambda: machine.now), until=60)
+    assert spent[2] / 60 > 0.99  # the probes of one thread cost under 1 %
+
+
+def test_a_busy_machine_decodes_on_fewer_threads_at_once():
+    machine = Machine([(0, BUSY)])
+    governor = ThreadGovernor(2, clock=lambda: machine.now)
+    spent = machine.run(governor, until=60)
+    assert governor.n == 1
+    # what the first slow token and the probes of two threads cost: under 10 % of the time
+    assert spent[1] / 60 > 0.9
+
+
+def test_when_the_load_goes_the_cores_come_back():
+    machine = Machine([(0, BUSY), (30, IDLE)])
+    governor = ThreadGovernor(2, clock=lambda: machine.now)
+    machine.run(governor, until=30)
+    assert governor.n == 1
+    machine.run(governor, until=30 + ThreadGovernor.MAX_PROBE_S + 1)
+    assert governor.n == 2
+
+
+def test_a_sudden_slowdown_is_answered_within_a_window():
+    machine = Machine([(0, IDLE), (5, BUSY)])
+    governor = ThreadGovernor(2, clock=lambda: machine.now)
+    machine.run(governor, until=5)
+    assert governor.n == 2
+    machine.run(governor, until=5.5)
+    assert governor.n == 1
+
+
+def test_given_counts_stay_and_only_defaults_are_governed():
+    code = (f"from pyedgemoe import Engine; e = Engine({str(DEMO)!r}, n_ctx=64, n_threads=2); "
+            "print(e._governor is None, e.n_threads)")
+    assert python(code) == "True 2"
+    code = f"from pyedgemoe import Engine; e = Engine({str(DEMO)!r}, n_ctx=64); print(e._governor.n_max)"
+    assert python(code, ["taskset", "-c", "0,1"]) == "2"
 
 
 def test_without_a_quota_the_default_is_the_physical_cores_lscpu_counts():
