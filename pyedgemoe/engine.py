@@ -34,7 +34,7 @@ from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, pa
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
-from pyedgemoe.threads import ThreadGovernor, default_threads
+from pyedgemoe.threads import ThreadGovernor, cpu_load, default_threads
 from pyedgemoe.text_stream import TextStream
 
 
@@ -347,7 +347,7 @@ class Engine:
         # counts left to us follow the machine's load (threads.ThreadGovernor); given ones stay
         self._batch_governed = not (n_threads_batch or n_threads)
         n_threads_batch = n_threads_batch or n_threads or cores
-        self._governor = None if n_threads else ThreadGovernor(cores - 1 if self._reads_core else cores)
+        self._governor = None if n_threads else ThreadGovernor(cores - 1 if self._reads_core else cores, load=cpu_load())
         if self._governor and cores > 1:
             self.threads_note += "; fewer while the machine is busy"
         n_threads = n_threads or (cores - 1 if self._reads_core else cores)
@@ -498,8 +498,7 @@ class Engine:
             self._live().set_n_threads(g.n, batch)
         t0 = time.perf_counter()
         out = decode()
-        if n_decoded:
-            g.record(n_decoded, time.perf_counter() - t0)
+        g.record(n_decoded, time.perf_counter() - t0)
         return out
 
     def _decode_big_little(self, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:

@@ -104,26 +104,88 @@ def default_threads() -> ThreadCount:
     return ThreadCount(n, why)
 
 
-class ThreadGovernor:
-    """The decode's thread count (1..n_max), from its measured speed. Windows of decoded tokens are
-    timed (record); after each window the count may change, for the next decode (n)."""
+class CpuLoad:
+    """How many of this process's CPUs other work keeps busy: between two reads, those CPUs' busy
+    time (/proc/stat: user, nice, system, irq, softirq, steal) less this process's own
+    (/proc/self/stat), in CPUs. OSError where /proc does not tell."""
 
-    WINDOW_TOKENS = 8        # a window ends after this many tokens ...
+    MIN_SECONDS = 0.1  # shorter spans are mostly the clock tick's rounding
+
+    def __init__(self, cpus: set[int] | None = None):
+        self._names = {f"cpu{c}" for c in (os.sched_getaffinity(0) if cpus is None else cpus)}
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, int, int]:
+        busy = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name in self._names:
+                    user, nice, system, _, _, irq, softirq, steal = map(int, fields[:8])
+                    busy += user + nice + system + irq + softirq + steal
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+        return time.monotonic(), busy, int(fields[11]) + int(fields[12])  # utime + stime
+
+    @staticmethod
+    def runnable_now() -> int:
+        """Other tasks runnable on the machine at this instant (/proc/loadavg): a first guess, before
+        any time has passed to measure."""
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)  # less the one reading
+
+    def others(self) -> float | None:
+        """CPUs' worth of others' work since the last call that answered; None if too soon."""
+        now = self._read()
+        seconds = now[0] - self._last[0]
+        if seconds < self.MIN_SECONDS:
+            return None
+        busy, ours = now[1] - self._last[1], now[2] - self._last[2]
+        self._last = now
+        return max(0.0, (busy - ours) / self._tick / seconds)
+
+
+def cpu_load() -> CpuLoad | None:
+    """A CpuLoad of this process's CPUs, or None where /proc does not tell."""
+    try:
+        return CpuLoad()
+    except (OSError, ValueError):
+        return None
+
+
+class ThreadGovernor:
+    """The decode's thread count, 1..n_max. Down when other work takes the CPUs (CpuLoad, read every
+    CHECK_S) or when a window of tokens decodes at half the last one's speed; up, one at a time, by
+    a probe: a window with one thread more, kept when clearly faster. A probe up waits for a free CPU.
+    Without CpuLoad the probes are blind: a thread fewer at the most, else one more, after a back-off
+    that doubles after each probe that lost."""
+
+    WINDOW_TOKENS = 8        # a window ends after this many decoded tokens ...
     WINDOW_SECONDS = 0.05    # ... or this much decode time, whichever first
-    FIRST_PROBE_S = 0.5      # the neighbouring count is tried this long after a probe lost the first time,
-    MAX_PROBE_S = 16.0       # twice as long after each probe that lost, up to this
-    DROP = 0.5               # a window at most this share of the last one's speed: try fewer threads now
+    CHECK_S = 0.5            # how often the CPUs' load is read
+    FIRST_PROBE_S = 0.5      # without CpuLoad: a probe this long after one lost the first time,
+    MAX_PROBE_S = 16.0       # twice as long after each, up to this
+    DROP = 0.5               # a window at most this share of the last one's speed: a thread fewer now
     GAIN = 1.1               # a probe's count is kept when this much faster (not for noise between windows)
 
-    def __init__(self, n_max: int, clock=time.perf_counter):
+    def __init__(self, n_max: int, cpus: int | None = None, load: CpuLoad | None = None, clock=time.perf_counter):
         self.n_max = n_max
         self.n = n_max
+        self.cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+        self._load = load
         self._clock = clock
         self._rate: dict[int, float] = {}  # tokens/s of each count's last window
         self._tokens, self._seconds = 0, 0.0
         self._probe_from: int | None = None  # during a probe: the count it is compared with
         self._interval = self.FIRST_PROBE_S
-        self._next_probe = clock()  # the first probe right after the first window: a short generation counts too
+        self._next_probe = clock()
+        self._next_check = clock() + CpuLoad.MIN_SECONDS  # the first read that tells something
+        if load is not None:  # until then: as many as the CPUs nothing else runs on now
+            try:
+                self.n = max(1, min(n_max, self.cpus - load.runnable_now()))
+            except (OSError, ValueError, IndexError):
+                pass
 
     def set_max(self, n_max: int) -> None:
         """A new most (the expert reads gave their core back): from there, at once."""
@@ -132,6 +194,12 @@ class ThreadGovernor:
         self._rate.clear()
 
     def record(self, tokens: int, seconds: float) -> None:
+        """A decode call: `tokens` decoded (0 for a prompt's batch) in `seconds`."""
+        now = self._clock()
+        if self._load is not None and now >= self._next_check and self._probe_from is None:
+            self._check_load(now)
+        if not tokens:
+            return
         self._tokens += tokens
         self._seconds += seconds
         if self._tokens < self.WINDOW_TOKENS and self._seconds < self.WINDOW_SECONDS:
@@ -140,21 +208,34 @@ class ThreadGovernor:
         self._tokens, self._seconds = 0, 0.0
         last = self._rate.get(self.n)
         self._rate[self.n] = rate
-        now = self._clock()
         if self._probe_from is not None:  # the probe's window: keep whichever count was faster
             base, self._probe_from = self._probe_from, None
-            if rate > self.GAIN * self._rate[base]:  # checked at once by a probe back (one window can mislead)
+            if rate > self.GAIN * self._rate[base]:
                 self._interval = self.FIRST_PROBE_S
-                self._next_probe = now
             else:
                 self.n = base
                 self._interval = min(2 * self._interval, self.MAX_PROBE_S)
-                self._next_probe = now + self._interval
+            self._next_probe = now + self._interval
+        elif last is not None and rate <= self.DROP * last and self.n > 1:
+            self._probe_from, self.n = self.n, self.n - 1
+        elif self._load is None and self.n_max > 1 and now >= self._next_probe:  # blind: the neighbour
+            self._probe_from, self.n = self.n, self.n - 1 if self.n == self.n_max else self.n + 1
+
+    def _check_load(self, now: float) -> None:
+        try:
+            others = self._load.others()
+        except (OSError, ValueError):
+            self._load = None
             return
-        dropped = last is not None and rate <= self.DROP * last and self.n > 1
-        if dropped or now >= self._next_probe:
-            probe = self.n - 1 if dropped or self.n == self.n_max else self.n + 1
-            if 1 <= probe <= self.n_max and probe != self.n:
-                self._probe_from, self.n = self.n, probe
-            else:
-                self._next_probe = now + self._interval
+        if others is None:  # too soon after the last read
+            self._next_check = now + CpuLoad.MIN_SECONDS
+            return
+        self._next_check = now + self.CHECK_S
+        free = self.cpus - others  # CPUs' worth nobody else used
+        if free < self.n - 0.5 and self.n > 1:
+            self.n = max(1, math.floor(free + 0.5))
+        elif free > self.n + 0.75 and self.n < self.n_max and self.n in self._rate:
+            self._probe_from, self.n = self.n, self.n + 1
+        else:
+            return
+        self._tokens, self._seconds = 0, 0.0  # a window of the new count starts here

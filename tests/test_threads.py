@@ -78,62 +78,77 @@ def test_the_default_follows_a_real_cgroup_quota(tmp_path):
 
 
 class Machine:
-    """A simulated decode: tokens/s by thread count, changing at given times; a clock it advances."""
+    """A simulated 2-CPU machine decoding: tokens/s by thread count, and how many CPUs other
+    processes keep busy, changing at given times; a clock the decode advances."""
 
-    def __init__(self, phases: list[tuple[float, dict[int, float]]]):
-        self.phases = phases  # (from this time on, rate by thread count)
+    def __init__(self, phases: list[tuple[float, dict[int, float], float]]):
+        self.phases = phases  # (from this time on, rate by thread count, others' CPUs)
         self.now = 0.0
 
-    def rate(self, n: int) -> float:
-        return [rates for start, rates in self.phases if start <= self.now][-1][n]
+    def phase(self) -> tuple[dict[int, float], float]:
+        return [(rates, others) for start, rates, others in self.phases if start <= self.now][-1][0:2]
+
+    def others(self) -> float:  # as CpuLoad.others
+        return self.phase()[1]
+
+    def runnable_now(self) -> int:  # as CpuLoad.runnable_now
+        return round(self.phase()[1])
 
     def run(self, governor: ThreadGovernor, until: float) -> dict[int, float]:
         """Decodes until the clock reads `until`; the seconds spent at each thread count."""
         spent: dict[int, float] = {}
         while self.now < until:
             n = governor.n
-            seconds = 1 / self.rate(n)
+            seconds = 1 / self.phase()[0][n]
             self.now += seconds
             spent[n] = spent.get(n, 0.0) + seconds
             governor.record(1, seconds)
         return spent
 
 
-IDLE = {1: 2500.0, 2: 4000.0}    # the demo model on this project's 2 cores, roughly
-BUSY = {1: 3000.0, 2: 2.0}       # one CPU-bound process per core: the team collapses
+IDLE = ({1: 2500.0, 2: 4000.0}, 0.05)  # the demo model on this project's 2 cores, roughly
+BUSY = ({1: 3000.0, 2: 2.0}, 1.3)      # one CPU-bound process per core: two threads collapse
 
 
-def test_an_idle_machine_decodes_on_every_core():
-    machine = Machine([(0, IDLE)])
-    spent = machine.run(ThreadGovernor(2, clock=lambda: machine.now), until=60)
-    assert spent[2] / 60 > 0.99  # the probes of one thread cost under 1 %
+def governor(machine: Machine, load: bool) -> ThreadGovernor:
+    return ThreadGovernor(2, cpus=2, load=machine if load else None, clock=lambda: machine.now)
 
 
-def test_a_busy_machine_decodes_on_fewer_threads_at_once():
-    machine = Machine([(0, BUSY)])
-    governor = ThreadGovernor(2, clock=lambda: machine.now)
-    spent = machine.run(governor, until=60)
-    assert governor.n == 1
-    # what the first slow token and the probes of two threads cost: under 10 % of the time
-    assert spent[1] / 60 > 0.9
+@pytest.mark.parametrize("load", [True, False], ids=["cpu-load", "speed-only"])
+def test_an_idle_machine_decodes_on_every_core(load):
+    machine = Machine([(0, *IDLE)])
+    spent = machine.run(governor(machine, load), until=60)
+    assert spent[2] / 60 > 0.99
 
 
-def test_when_the_load_goes_the_cores_come_back():
-    machine = Machine([(0, BUSY), (30, IDLE)])
-    governor = ThreadGovernor(2, clock=lambda: machine.now)
-    machine.run(governor, until=30)
-    assert governor.n == 1
-    machine.run(governor, until=30 + ThreadGovernor.MAX_PROBE_S + 1)
-    assert governor.n == 2
+@pytest.mark.parametrize("load", [True, False], ids=["cpu-load", "speed-only"])
+def test_a_busy_machine_decodes_on_fewer_threads(load):
+    machine = Machine([(0, *BUSY)])
+    g = governor(machine, load)
+    spent = machine.run(g, until=60)
+    assert g.n == 1
+    # with the CPUs' load: never two threads; on speed alone, the first slow token and the probes
+    # (each one token at two threads) cost under 10 %
+    assert spent.get(2, 0) < (1e-9 if load else 6)
+
+
+@pytest.mark.parametrize("load", [True, False], ids=["cpu-load", "speed-only"])
+def test_when_the_load_goes_the_cores_come_back(load):
+    machine = Machine([(0, *BUSY), (30, *IDLE)])
+    g = governor(machine, load)
+    machine.run(g, until=30)
+    assert g.n == 1
+    machine.run(g, until=30 + (2 * ThreadGovernor.CHECK_S if load else ThreadGovernor.MAX_PROBE_S + 1))
+    assert g.n == 2
 
 
 def test_a_sudden_slowdown_is_answered_within_a_window():
-    machine = Machine([(0, IDLE), (5, BUSY)])
-    governor = ThreadGovernor(2, clock=lambda: machine.now)
-    machine.run(governor, until=5)
-    assert governor.n == 2
-    machine.run(governor, until=5.5)
-    assert governor.n == 1
+    machine = Machine([(0, *IDLE), (5, BUSY[0], IDLE[1])])  # slower, and the CPUs' load does not show it
+    g = governor(machine, load=True)
+    machine.run(g, until=5)
+    assert g.n == 2
+    machine.run(g, until=5.5)
+    assert g.n == 1
 
 
 def test_given_counts_stay_and_only_defaults_are_governed():
