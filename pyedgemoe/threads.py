@@ -130,10 +130,27 @@ class CpuLoad:
 
     @staticmethod
     def runnable_now() -> int:
-        """Other tasks runnable on the machine at this instant (/proc/loadavg): a first guess, before
-        any time has passed to measure."""
+        """Other processes' tasks runnable on the machine at this instant (/proc/loadavg less this
+        process's own running threads): a first guess, before any time has passed to measure."""
         with open("/proc/loadavg") as f:
-            return max(0, int(f.read().split()[3].split("/")[0]) - 1)  # less the one reading
+            running = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return max(0, running - own)
+
+    def runnable_lately(self, reads: int = 3, apart_s: float = 0.001) -> int:
+        """runnable_now at its least over a few reads: a task that only flickers through the run
+        queue (a kernel worker, a process ending) is not load."""
+        least = self.runnable_now()
+        for _ in range(reads - 1):
+            time.sleep(apart_s)
+            least = min(least, self.runnable_now())
+        return least
 
     def others(self) -> float | None:
         """CPUs' worth of others' work since the last call that answered; None if too soon."""
@@ -156,7 +173,7 @@ def cpu_load() -> CpuLoad | None:
 
 class ThreadGovernor:
     """The decode's thread count, 1..n_max. Down when other work takes the CPUs (CpuLoad, read every
-    CHECK_S) or when a window of tokens decodes at half the last one's speed; up, one at a time, by
+    CHECK_S) or when two windows of tokens in a row decode at half the speed before; up, one at a time, by
     a probe: a window with one thread more, kept when clearly faster. A probe up waits for a free CPU.
     Without CpuLoad the probes are blind: a thread fewer at the most, else one more, after a back-off
     that doubles after each probe that lost."""
@@ -166,7 +183,7 @@ class ThreadGovernor:
     CHECK_S = 0.5            # how often the CPUs' load is read
     FIRST_PROBE_S = 0.5      # without CpuLoad: a probe this long after one lost the first time,
     MAX_PROBE_S = 16.0       # twice as long after each, up to this
-    DROP = 0.5               # a window at most this share of the last one's speed: a thread fewer now
+    DROP = 0.5               # two windows in a row at most this share of the speed before: a thread fewer
     GAIN = 1.1               # a probe's count is kept when this much faster (not for noise between windows)
 
     def __init__(self, n_max: int, cpus: int | None = None, load: CpuLoad | None = None, clock=time.perf_counter):
@@ -177,13 +194,14 @@ class ThreadGovernor:
         self._clock = clock
         self._rate: dict[int, float] = {}  # tokens/s of each count's last window
         self._tokens, self._seconds = 0, 0.0
+        self._slow = 0  # windows in a row at most DROP of the speed before them
         self._probe_from: int | None = None  # during a probe: the count it is compared with
         self._interval = self.FIRST_PROBE_S
         self._next_probe = clock()
         self._next_check = clock() + CpuLoad.MIN_SECONDS  # the first read that tells something
         if load is not None:  # until then: as many as the CPUs nothing else runs on now
             try:
-                self.n = max(1, min(n_max, self.cpus - load.runnable_now()))
+                self.n = max(1, min(n_max, self.cpus - load.runnable_lately()))
             except (OSError, ValueError, IndexError):
                 pass
 
@@ -207,7 +225,10 @@ class ThreadGovernor:
         rate = self._tokens / max(self._seconds, 1e-9)
         self._tokens, self._seconds = 0, 0.0
         last = self._rate.get(self.n)
-        self._rate[self.n] = rate
+        dropped = self._probe_from is None and last is not None and rate <= self.DROP * last
+        self._slow = self._slow + 1 if dropped else 0
+        if not dropped or self._slow >= 2:  # one slow window is a hiccup; a second, the speed now
+            self._rate[self.n] = rate
         if self._probe_from is not None:  # the probe's window: keep whichever count was faster
             base, self._probe_from = self._probe_from, None
             if rate > self.GAIN * self._rate[base]:
@@ -216,7 +237,8 @@ class ThreadGovernor:
                 self.n = base
                 self._interval = min(2 * self._interval, self.MAX_PROBE_S)
             self._next_probe = now + self._interval
-        elif last is not None and rate <= self.DROP * last and self.n > 1:
+        elif self._slow >= 2 and self.n > 1:
+            self._slow = 0
             self._probe_from, self.n = self.n, self.n - 1
         elif self._load is None and self.n_max > 1 and now >= self._next_probe:  # blind: the neighbour
             self._probe_from, self.n = self.n, self.n - 1 if self.n == self.n_max else self.n + 1
