@@ -49,11 +49,9 @@ def physical_cores(cpus: set[int]) -> int:
 def _quota_of(directory: Path) -> float | None:
     """The CPU quota one cgroup directory sets, in CPUs (v2 cpu.max or v1 cfs_quota/period)."""
     try:
-        quota, period = (directory / "cpu.max").read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
+        if (directory / "cpu.max").exists():
+            quota, period = (directory / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
         quota = int((directory / "cpu.cfs_quota_us").read_text())
         period = int((directory / "cpu.cfs_period_us").read_text())
         return None if quota <= 0 else quota / period
@@ -104,6 +102,15 @@ def default_threads() -> ThreadCount:
     return ThreadCount(n, why)
 
 
+def _task_state(task: str) -> str:
+    """One of this process's threads' state (R: running or runnable); "" for one that just ended."""
+    try:
+        with open(f"/proc/self/task/{task}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]  # after the name, which may hold spaces
+    except OSError:
+        return ""
+
+
 class CpuLoad:
     """How many of this process's CPUs other work keeps busy: between two reads, those CPUs' busy
     time (/proc/stat: user, nice, system, irq, softirq, steal) less this process's own
@@ -134,14 +141,7 @@ class CpuLoad:
         process's own running threads): a first guess, before any time has passed to measure."""
         with open("/proc/loadavg") as f:
             running = int(f.read().split()[3].split("/")[0])
-        own = 0
-        for task in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{task}/stat") as f:
-                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
-            except OSError:  # a thread that ended meanwhile
-                pass
-        return max(0, running - own)
+        return max(0, running - sum(_task_state(task) == "R" for task in os.listdir("/proc/self/task")))
 
     def runnable_lately(self, reads: int = 3, apart_s: float = 0.001) -> int:
         """runnable_now at its least over a few reads: a task that only flickers through the run
@@ -203,7 +203,7 @@ class ThreadGovernor:
             try:
                 self.n = max(1, min(n_max, self.cpus - load.runnable_lately()))
             except (OSError, ValueError, IndexError):
-                pass
+                self.n = n_max
 
     def set_max(self, n_max: int) -> None:
         """A new most (the expert reads gave their core back): from there, at once."""
