@@ -123,10 +123,11 @@ def test_auto_near_fit_choice_from_the_numbers():
         budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available,
                                                         repacked_expert_bytes=4 * GIB)
         assert budget == expected, note
-    # none repacked: a cache even at 97 %
+    # none repacked: a cache even at 97 %, of what is left after the weights and the context
     available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(0.97 * 4 * GIB)
-    budget, _ = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available)
-    assert isinstance(budget, int)
+    budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available)
+    cached = int(0.97 * 4 * GIB) - GIB
+    assert budget == cached - cached % memory_budget.AUTO_CACHE_STEP_BYTES, note
 
 
 def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():

@@ -324,7 +324,8 @@ def test_metrics_are_prometheus_text_with_the_expert_cache(server, client):
     assert m[("pyedgemoe_expert_requests_total", ())] == sum(hits.values()) + sum(misses.values())
     assert m[("pyedgemoe_expert_read_bytes_total", (("precision", "high"), ("source", "demand")))] > 0
     assert m[("pyedgemoe_expert_read_bytes_total", (("precision", "low"), ("source", "demand")))] == 0  # lossless
-    assert ("pyedgemoe_expert_stall_seconds_total", ()) in m
+    # the misses were read on demand: the decode waited for them
+    assert m[("pyedgemoe_expert_stall_seconds_total", ())] > 0
 
 
 def cli(*args) -> subprocess.CompletedProcess:

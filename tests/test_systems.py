@@ -225,17 +225,19 @@ def calibrated(mp_model, tmp_path_factory):
 
 
 def test_calibrate_edgemoe_writes_the_map_and_the_path_statistics(calibrated):
-    _, data = calibrated
+    path, data = calibrated
     m = data["precision_map"]
     assert m["n_experts"] == len(m["importance"]) and 0 <= m["n_low"] <= m["n_experts"]
     assert sum(len(es) for es in m["low"].values()) == m["n_low"]
     assert m["ppl"] <= m["baseline_ppl"] * 1.05 + 1e-9
-    assert data["path_statistics"]["tables"] and 0 <= data["path_accuracy"] <= 1
+    # the statistics predict the calibration text's next-layer experts better than a guess (k of n)
+    k, n = read_model_info(path).n_experts_used, data["path_statistics"]["n_expert"]
+    assert data["path_statistics"]["tables"] and k / n < data["path_accuracy"] <= 1
 
 
 def test_the_edgemoe_preset_runs_the_calibrated_map(calibrated):
     path, data = calibrated
-    low = {int(l): set(es) for l, es in data["precision_map"]["low"].items()}
+    low_experts = {int(l): set(es) for l, es in data["precision_map"]["low"].items()}
     with Engine(path, **SETTINGS, expert_cache="50%", system="edgemoe") as eng:
         eng.record_routing()
         eng.logits(IDS, one_token_per_step=True)
@@ -249,6 +251,10 @@ def test_the_edgemoe_preset_runs_the_calibrated_map(calibrated):
     assert stats["prediction"][0]["tokens"] > 0
     n_low = sum(c["selections_low"] for c in stats["layers"].values())
     assert (n_low > 0) == bool(low)
+    # a layer the map gives no LOW expert never serves one in LOW
+    for il, c in stats["layers"].items():
+        if not low_experts.get(int(il)):
+            assert c["selections_low"] == 0
 
 
 def test_the_runtimes_path_predictions_are_the_calibrated_statistics(calibrated):
@@ -326,7 +332,7 @@ def test_with_low_copies_a_prefills_cold_experts_are_low_by_default_and_hobbit_k
             eng.logits(IDS)  # one prefill ubatch
             shares[tuple(options.values())] = (eng.expert_residency["prefill_low_share"],
                                                eng.stats()["experts"]["total"]["selections_low"])
-    assert shares[()] == (pytest.approx(PREFILL_LOW_SHARE), shares[()][1])
+    assert shares[()][0] == pytest.approx(PREFILL_LOW_SHARE) and shares[()][1] > 0
     assert shares[("hobbit",)][0] == 0 == shares[(False, False)][0] == shares[(False, False)][1]
     assert shares[()][1] > shares[("hobbit",)][1]  # more of the prefill's selections LOW
 

@@ -139,10 +139,14 @@ def test_mixed_precision_and_prefetch_run_on_the_device(tiny_model, tmp_path, mo
     from pyedgemoe.convert import convert
 
     path = convert(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
-    _, tokens, stats = run(path, mode=mode, expert_cache="40%", prefetch="hobbit", skip=False, t1=0.0, t2=1.0)
-    assert len(tokens) == N_GREEDY
+    options = dict(mode=mode, expert_cache="40%", prefetch="hobbit", skip=False, t1=0.0, t2=1.0)
+    logits, tokens, stats = run(path, **options)
+    assert np.isfinite(logits).all()
     t, p = stats["experts"]["total"], stats["experts"]["prefetches"]
     assert t["selections_low"] > 0 and p["issued"] > 0
+    # lossy, and still the same answer each time: which copy a selection gets never depends on timing
+    again_logits, again_tokens, _ = run(path, **options)
+    assert again_tokens == tokens and np.array_equal(again_logits, logits)
 
 
 @pytest.mark.parametrize("policy", ["lfu", "hobbit"])
@@ -198,7 +202,9 @@ def test_the_seed_systems_run_on_the_device(tiny_model, references, mode):
     _, tokens, stats = run(path, mode=mode, expert_cache="40%", big_little=0.999999, cache_policy="fate")
     assert tokens == references("mixtral")[0][1]
     assert stats["big_little"]["fallbacks"] == stats["big_little"]["little_tokens"] > 0
-    _, little, stats = run(path, mode=mode, expert_cache="40%", big_little=1e-9, cache_policy="edgemoe")
-    # every decode step (not the batched logits or prompt) went through the little pass alone
+    big = stats["experts"]["total"]
+    _, _, stats = run(path, mode=mode, expert_cache="40%", big_little=1e-9, cache_policy="edgemoe")
+    # every decode step (not the batched logits or prompt) went through the little pass alone,
+    # which asks for half the experts: fewer than the run that redid every step big
     assert stats["big_little"]["fallbacks"] == 0 and stats["big_little"]["little_tokens"] == N_GREEDY - 1
-    assert len(little) == N_GREEDY
+    assert stats["experts"]["total"]["requests"] < big["requests"]
