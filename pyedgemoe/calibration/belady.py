@@ -1,0 +1,88 @@
+"""Belady's MIN on a routing trace: the fewest expert loads any eviction policy could make with the
+same slots (L. A. Belady, "A study of replacement algorithms for a virtual-storage computer", 1966).
+The measuring stick for the cache's policies: their loads over MIN's on the same replay steps.
+
+The steps are the runtime's place() calls (replay.replay_steps): each a layer's distinct experts,
+all of which must be in a slot at once. At each step every needed expert not cached is loaded into
+a free slot, else into the slot of the cached expert, not needed now, whose next use is farthest
+away (never used again first). Choosing the victim by next use is optimal for demand loads of
+sets too: any schedule can be exchanged, step by step, into this one without more loads. One group
+of slots shared by the trace's layers, as the runtime's cache has for layers of one shape;
+lossless (every demand a HIGH load; skips are not loads)."""
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+NEVER = float("inf")
+
+
+@dataclass
+class MinResult:
+    loads: int = 0
+    requests: int = 0
+    failures: int = 0  # steps needing more experts at once than there are slots
+    loads_per_layer: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return 1 - self.loads / self.requests if self.requests else 0.0
+
+
+def min_loads(steps, slots: int) -> MinResult:
+    """MIN's loads for replay steps (ReplayStep: .layer, .wanted [(expert, demand)]) and `slots`."""
+    if slots < 1:
+        raise ValueError(f"MIN needs at least one slot, got {slots}")
+    needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
+    uses: dict[tuple, list[int]] = defaultdict(list)  # each expert's steps, in order
+    for i, keys in enumerate(needs):
+        for key in keys:
+            uses[key].append(i)
+    seen: dict[tuple, int] = defaultdict(int)  # how many of its uses have passed
+
+    def next_use(key) -> float:
+        k = seen[key]
+        return uses[key][k] if k < len(uses[key]) else NEVER
+
+    result = MinResult()
+    cached: set = set()
+    farthest: list = []  # (-next use, key) of the cached, lazily corrected
+    for i, keys in enumerate(needs):
+        result.requests += len(keys)
+        if len(keys) > slots:
+            result.failures += 1
+        for key in keys:
+            seen[key] += 1
+        now = set(keys)
+        for key in keys:
+            if key in cached:
+                continue
+            result.loads += 1
+            result.loads_per_layer[key[0]] = result.loads_per_layer.get(key[0], 0) + 1
+            if len(cached) >= slots:
+                cached.discard(_victim(farthest, cached, now, next_use))
+            cached.add(key)
+        for key in now:  # their next use has moved on
+            heapq.heappush(farthest, (-next_use(key), key))
+    return result
+
+
+def _victim(farthest: list, cached: set, now: set, next_use):
+    """The cached expert, not needed now, used again last (entries gone stale are dropped)."""
+    kept = []
+    victim = None
+    while farthest:
+        neg, key = heapq.heappop(farthest)
+        if key not in cached or -neg != next_use(key):
+            continue  # evicted already, or its next use has changed since
+        if key in now:
+            kept.append((neg, key))
+            continue
+        victim = key
+        break
+    for entry in kept:
+        heapq.heappush(farthest, entry)
+    if victim is None:  # more experts needed at once than slots: the oldest of this step goes
+        victim = next(iter(cached - now), next(iter(cached)))
+    return victim

@@ -1,0 +1,62 @@
+"""Belady's MIN (pyedgemoe.calibration.belady): the fewest loads any eviction policy could make on
+a trace, computed by hand on small ones, and never more than a real policy's on random ones."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pyedgemoe.calibration.belady import min_loads
+from pyedgemoe.calibration.replay import CacheSetup, ReplayStep, replay
+
+
+def steps(*layers_and_experts) -> list[ReplayStep]:
+    """One step per (layer, experts needed together)."""
+    return [ReplayStep(i == 0, 1 if i == 0 else 0, layer, [(e, "high") for e in experts])
+            for i, (layer, experts) in enumerate(layers_and_experts)]
+
+
+def test_one_at_a_time_the_victim_is_the_one_used_again_last():
+    # 2 slots; A B C A B D A. MIN: load A, B; C evicts B (next use 4, A's is 3); A hits; B evicts
+    # C (never again); D evicts B (never again, A's is 6); A hits: 5 loads (LRU makes 7)
+    A, B, C, D = 0, 1, 2, 3
+    trace = steps(*[(0, [e]) for e in (A, B, C, A, B, D, A)])
+    r = min_loads(trace, slots=2)
+    assert (r.loads, r.requests, r.failures) == (5, 7, 0)
+    assert replay(trace, CacheSetup(high_slots=2, low_slots=0, n_layers=1, low_cost=0.5), "lru").loads_high == 7
+
+
+def test_a_step_keeps_what_it_needs():
+    # 3 slots; {A,B} {C,D} {A,C} {B,D}: D must not evict C (needed with it) and evicts B (used
+    # later than A); then B comes back: 5 loads
+    A, B, C, D = 0, 1, 2, 3
+    r = min_loads(steps((0, [A, B]), (0, [C, D]), (0, [A, C]), (0, [B, D])), slots=3)
+    assert (r.loads, r.requests) == (5, 8)
+
+
+def test_layers_are_separate_experts_and_counted_apart():
+    # expert 0 of layer 0 and expert 0 of layer 1 are two experts; 1 slot: every step loads
+    r = min_loads(steps((0, [0]), (1, [0]), (0, [0]), (1, [0])), slots=1)
+    assert r.loads == 4 and r.loads_per_layer == {0: 2, 1: 2}
+    r = min_loads(steps((0, [0]), (1, [0]), (0, [0]), (1, [0])), slots=2)
+    assert r.loads == 2 and r.hit_rate == 0.5
+
+
+def test_skips_are_not_loads_and_too_few_slots_is_a_failure():
+    r = min_loads([ReplayStep(True, 1, 0, [(0, "high"), (1, "skip")])], slots=1)
+    assert (r.loads, r.requests, r.failures) == (1, 1, 0)
+    r = min_loads(steps((0, [0, 1, 2])), slots=2)
+    assert r.failures == 1
+    with pytest.raises(ValueError):
+        min_loads(steps((0, [0])), slots=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fate", "edgemoe"])
+def test_no_policy_beats_min(seed, policy):
+    rng = random.Random(seed)
+    n_layers, n_expert, k, slots = 3, 8, 2, 7
+    trace = steps(*[(t % n_layers, rng.sample(range(n_expert), k)) for t in range(300)])
+    setup = CacheSetup(high_slots=slots, low_slots=0, n_layers=n_layers, low_cost=0.5,
+                       layers=tuple(range(n_layers)), n_expert=n_expert, n_expert_used=k)
+    assert min_loads(trace, slots).loads <= replay(trace, setup, policy).loads_high
