@@ -170,3 +170,20 @@ def search_policy_weights(steps: list[ReplayStep], setup: CacheSetup,
             best = r
     singles = {policy: replay(steps, setup, policy) for policy in SINGLE_POLICIES}
     return best, singles
+
+
+def against_min(steps: list[ReplayStep], setup: CacheSetup, hobbit_weights=None) -> dict:
+    """Lossless (steps of HIGH loads only): Belady's MIN on these steps and slots, and each single
+    policy's and hobbit's (with hobbit_weights) loads over MIN's. {"slots", "min": {loads,
+    requests, loads_per_layer}, "policies": {name: {loads, x_min}}}."""
+    from pyedgemoe.calibration.belady import min_loads
+
+    best = min_loads(steps, setup.high_slots)
+    runs = {p: replay(steps, setup, p) for p in SINGLE_POLICIES}
+    runs["hobbit"] = replay(steps, setup, "hobbit", hobbit_weights)
+    return {"slots": setup.high_slots,
+            "min": {"loads": best.loads, "requests": best.requests, "failures": best.failures,
+                    "loads_per_layer": {str(l): n for l, n in sorted(best.loads_per_layer.items())}},
+            "policies": {p: {"loads": r.loads_high, "x_min": r.loads_high / best.loads if best.loads else 1.0}
+                         for p, r in runs.items()}}
+

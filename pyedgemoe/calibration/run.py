@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from pyedgemoe.calibration import edgemoe
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
-from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, replay_steps,
-                                          search_policy_weights, weight_grid)
+from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
+                                          replay_steps, search_policy_weights, weight_grid)
 from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, sidecar_path, write_sidecar
 from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split,
                                               precision_demands, split_of)
@@ -161,6 +161,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         notes.append(f"the {winner.policy} policy alone does better than the best hobbit weights ({why}): "
                      f"run with --cache-policy {winner.policy}")
 
+    # lossless, against the offline optimum: every byte of the budget in HIGH slots
+    high_expert_bytes = residency["high_pool_bytes"] // residency["high_slots"]
+    lossless = replace(setup, high_slots=residency["budget_bytes"] // high_expert_bytes, low_slots=0)
+    against = against_min(replay_steps(routing, t1, t2, use_low=False, use_skip=False), lossless, best.weights)
+
     n_sequences = int(routing["sequence"].max()) + 1 if len(routing["sequence"]) else 0
     data = {
         "version": SIDECAR_VERSION,
@@ -172,6 +177,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         "achieved_split": achieved,
         "n_experts_used": k,
         "penalties": {"hobbit": best.to_dict(), **{p: r.to_dict() for p, r in singles.items()}},
+        "lossless_against_min": against,
         "grid_step": grid_step,
         "budget": str(budget),
         "budget_bytes": residency["budget_bytes"],
