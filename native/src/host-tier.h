@@ -22,6 +22,10 @@ struct host_tier {
         return p == expert_precision::low ? *low_pools[group] : *high_pools[group];
     }
     uint64_t bytes() const;
+    // The copies of the device's loads (in their order) that serve them from here, pinned: a load
+    // found here or read into a slot reserved for it (load true); slot -1 where none (the host
+    // tier has too few slots for the wave, or only a HIGH copy for a LOW load): read it directly.
+    std::vector<expert_cache::placement> copies_for(int group, int il, const std::vector<const expert_cache::placement *> & loads);
 
     expert_budget budget;
     std::vector<std::unique_ptr<slot_pool>> high_pools, low_pools;  // per group

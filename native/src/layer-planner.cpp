@@ -1,12 +1,22 @@
 #include "layer-planner.h"
 
+#include "cache-policy.h"
+
 #include <algorithm>
+#include <stdexcept>
 #include <unordered_map>
 
 int waves_needed(int n_expert, int k, int64_t n_tokens, int high_slots, bool has_expert_bias) {
     if (has_expert_bias) return 1;
     const int64_t most = std::min<int64_t>(n_expert, n_tokens * k);
     return (int) ((most + high_slots - 1) / high_slots);
+}
+
+bool wave_shape::pipelined(int64_t n_tokens) const {
+    if (coop || slots < 2) return false;
+    if (waves_needed(n_expert, k, n_tokens, slots, has_expert_bias) > 1) return true;
+    const int64_t distinct = std::min<int64_t>(n_expert, n_tokens * k);
+    return has_low && !has_expert_bias && needs_most_experts(n_tokens, k, n_expert) && 2 * distinct > slots + low_slots;
 }
 
 layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_tokens, int k, int n_expert,
@@ -43,6 +53,15 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
             uses[it->second]++;
         }
     }
+    plan.scale.assign(n_tokens, 1.0f);
+    for (int64_t t = 0; rules.keep > 0 && rules.renormalize_kept && t < n_tokens; t++) {
+        double all = 0, kept = 0;
+        for (int i = 0; i < k; i++) {
+            all += weights[t * k + i];
+            kept += plan.dropped[t * k + i] ? 0.0 : weights[t * k + i];
+        }
+        if (kept > 0) plan.scale[t] = (float) (all / kept);
+    }
     if (n_tokens > 1 && rules.prefill_low_share > 0) {
         // Fate: popular experts first; the coldest, up to the share of selections, in LOW
         std::vector<size_t> order(wanted.size());
@@ -67,4 +86,32 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
     const size_t per_wave = n_waves <= 1 ? wanted.size() : (size_t) high_slots;
     for (size_t i = 0; i < wanted.size(); i++) plan.waves[i / per_wave].push_back(wanted[i]);
     return plan;
+}
+
+plan_rules layer_rules::of(int il, int keep) const {
+    plan_rules rules;
+    rules.precision = precision;
+    rules.fixed = fixed.empty() || fixed[il].empty() ? nullptr : fixed[il].data();
+    rules.prefill_low_share = prefill_low_share;
+    rules.keep = keep;
+    rules.renormalize_kept = weights_normalized[il];
+    return rules;
+}
+
+std::vector<std::vector<expert_precision>> static_precision_map(const std::map<int, std::vector<int>> & low,
+                                                                const std::vector<int> & layers, int n_layers, int n_expert) {
+    std::vector<std::vector<expert_precision>> fixed(n_layers);
+    for (int il : layers) fixed[il].assign(n_expert, expert_precision::high);
+    for (const auto & [il, experts] : low) {
+        if (il < 0 || il >= n_layers || fixed[il].empty()) {
+            throw std::invalid_argument("precision map: layer " + std::to_string(il) + " has no experts");
+        }
+        for (int e : experts) {
+            if (e < 0 || e >= n_expert) {
+                throw std::invalid_argument("precision map: layer " + std::to_string(il) + " has no expert " + std::to_string(e));
+            }
+            fixed[il][e] = expert_precision::low;
+        }
+    }
+    return fixed;
 }

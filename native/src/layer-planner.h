@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@ using expert_demand = std::pair<int, expert_precision>;  // (expert id, demand)
 struct layer_plan {
     std::vector<expert_precision> demand;          // per selection, [n_tokens][k]
     std::vector<uint8_t> dropped;                  // per selection: left out by plan_rules::keep
+    std::vector<float> scale;                      // per token: its output's scale (plan_rules::renormalize_kept)
     std::vector<std::vector<expert_demand>> waves;  // n_waves lists (later ones may be empty)
     std::string error;                              // an expert id out of range ("" if none)
 };
@@ -25,6 +27,25 @@ struct layer_plan {
 // Waves a ubatch of n_tokens needs at most: its distinct experts (at most min(n_expert, n_tokens * k))
 // over the HIGH tier's slots. With expert biases one wave (the ubatch is capped instead).
 int waves_needed(int n_expert, int k, int64_t n_tokens, int high_slots, bool has_expert_bias);
+
+// How a layer of one pool group splits a ubatch into waves.
+struct wave_shape {
+    int n_expert = 0, k = 0;
+    bool has_expert_bias = false, has_low = false;
+    bool coop = false;
+    int slots = 0;      // a wave's distinct experts may take: the device's HIGH slots (coop: and the host tier's)
+    int low_slots = 0;  // the device's LOW slots
+
+    // Whether a ubatch of n_tokens runs in pipelined waves: it needs several waves (a prefill under
+    // a small cache) on one tier, so each wave takes half the slots and the next wave's reads (its
+    // planned experts, in their planned precisions) run in the other half while it computes.
+    // With LOW copies, so does a ubatch that needs most experts where both tiers hold them once but
+    // not twice: no slots would be left to read the next layer ahead, so the layer reads its own
+    // second half while its first computes.
+    bool pipelined(int64_t n_tokens) const;
+    int wave_size(int64_t n_tokens) const { return slots / (pipelined(n_tokens) ? 2 : 1); }  // most distinct experts per wave
+    int waves(int64_t n_tokens) const { return waves_needed(n_expert, k, n_tokens, wave_size(n_tokens), has_expert_bias); }
+};
 
 // What decides the demands, besides the routing: HOBBIT's score rule (precision), and the seed
 // systems' rules on top of it.
@@ -38,6 +59,9 @@ struct plan_rules {
     // MoBiLE's little pass: each token computes only its `keep` heaviest selections (0: all); the
     // others are dropped (demand skip, not wanted, never computed)
     int keep = 0;
+    // with keep: the model normalizes its top-k weights, so a token routed to fewer experts
+    // normalizes over those (its output scaled by all its weights over the kept ones); else 1
+    bool renormalize_kept = false;
 };
 
 // ids, weights: [n_tokens][k] expert ids and routing weights. served(expert, demand): a cached
@@ -46,3 +70,25 @@ struct plan_rules {
 layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_tokens, int k, int n_expert,
                       const plan_rules & rules, int n_waves, int high_slots,
                       const std::function<bool(int, expert_precision)> & served);
+
+// What decides each layer's demands besides its routing, in a running residency: the options' rules,
+// EdgeMoE's static map and which layers' models normalize their top-k weights (read off the graph).
+struct layer_rules {
+    precision_params precision;
+    double prefill_low_share = 0;
+    std::vector<std::vector<expert_precision>> fixed;  // per il: EdgeMoE's static map (empty: none)
+    std::vector<uint8_t> weights_normalized;           // per il: llama.cpp normalizes its top-k weights
+
+    // layer il's rules; keep: MoBiLE's little pass's (0: every selection is computed)
+    plan_rules of(int il, int keep = 0) const;
+    // the precision of expert e of layer il: the static map's, else `otherwise`
+    expert_precision fixed_or(int il, int e, expert_precision otherwise) const {
+        return fixed.empty() || fixed[il].empty() ? otherwise : fixed[il][e];
+    }
+};
+
+// EdgeMoE's static precision map over n_layers (MoE layers `layers`, n_expert each): the experts
+// listed per il LOW, the others HIGH. Throws std::invalid_argument for a layer without experts or
+// an expert that does not exist.
+std::vector<std::vector<expert_precision>> static_precision_map(const std::map<int, std::vector<int>> & low,
+                                                                const std::vector<int> & layers, int n_layers, int n_expert);

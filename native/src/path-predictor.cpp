@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 void path_predictor::add(int layer, const std::vector<int> & prev2, const std::vector<int> & prev1, std::vector<float> probs) {
+    if ((int) probs.size() != n_expert_) {
+        throw std::invalid_argument("path statistics: layer " + std::to_string(layer) + " has " + std::to_string(probs.size()) +
+                                    " probabilities for " + std::to_string(n_expert_) + " experts");
+    }
     key k = { prev2, prev1 };
     std::sort(k.first.begin(), k.first.end());
     std::sort(k.second.begin(), k.second.end());

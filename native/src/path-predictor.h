@@ -10,8 +10,11 @@
 
 class path_predictor {
 public:
+    explicit path_predictor(int n_expert) : n_expert_(n_expert) {}
+
     // One table entry: at `layer`, given the (sorted) sets prev2 at L_{j-2} and prev1 at L_{j-1}
-    // ({} for a level not in the key), each expert's activation probability.
+    // ({} for a level not in the key), each expert's activation probability. Throws
+    // std::invalid_argument for a row of other than n_expert probabilities.
     void add(int layer, const std::vector<int> & prev2, const std::vector<int> & prev1, std::vector<float> probs);
     bool empty() const { return tables_.empty(); }
 
@@ -21,6 +24,7 @@ public:
 
 private:
     using key = std::pair<std::vector<int>, std::vector<int>>;
+    int n_expert_;
     std::map<int, std::map<key, std::vector<float>>> tables_;
 };
 

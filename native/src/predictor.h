@@ -39,6 +39,17 @@ private:
     std::map<int, std::vector<int>> ahead_;
 };
 
+// The stacking computer's output in a layer's op: per token, a row of n_expert predicted router
+// logits for each layer ahead (nearest first); tokens row_bytes apart. data null: no prediction.
+struct predicted_logits {
+    const char * data = nullptr;
+    size_t row_bytes = 0;
+    int n_expert = 0;
+
+    explicit operator bool() const { return data != nullptr; }
+    const float * row(int64_t t, size_t depth) const { return (const float *) (data + t * row_bytes) + depth * n_expert; }
+};
+
 // The top-k experts of one predicted router-logit row, best first, with their softmax weights.
 void predicted_top_k(const float * logits, int n_expert, int k, std::vector<int> & ids, std::vector<float> & weights);
 

@@ -1,11 +1,27 @@
 #include "routing-recorder.h"
 
+#include "predictor.h"
+
 #include <algorithm>
 
 void routing_recorder::remember(int target_il, size_t depth, size_t n_depths, std::vector<int32_t> ids) {
     auto & guesses = guesses_[target_il];
     guesses.resize(n_depths);
     guesses[depth] = std::move(ids);
+}
+
+void routing_recorder::remember_predicted(const std::vector<int> & ahead, const predicted_logits & logits, int64_t n_tokens,
+                                          int k) {
+    std::vector<int> top;
+    std::vector<float> w;
+    for (size_t d = 0; d < ahead.size(); d++) {
+        std::vector<int32_t> guesses(n_tokens * k);
+        for (int64_t t = 0; t < n_tokens; t++) {
+            predicted_top_k(logits.row(t, d), logits.n_expert, k, top, w);
+            std::copy(top.begin(), top.end(), guesses.begin() + t * k);
+        }
+        remember(ahead[d], d, ahead.size(), std::move(guesses));
+    }
 }
 
 void routing_recorder::on_layer(int il, int32_t ubatch, const int32_t * ids, const float * weights, int64_t n_tokens, int k) {

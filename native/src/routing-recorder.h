@@ -10,6 +10,8 @@
 #include <mutex>
 #include <vector>
 
+struct predicted_logits;
+
 class routing_recorder {
 public:
     explicit routing_recorder(int depth) : prediction_stats_(depth) {}
@@ -17,6 +19,9 @@ public:
     // The predictor's top-k guesses (ids [n_tokens][k]) for layer target_il, made depth + 1 layers
     // ahead of it (of n_depths), scored when that layer runs.
     void remember(int target_il, size_t depth, size_t n_depths, std::vector<int32_t> ids);
+    // The same for the stacked routers' predictions of the layers `ahead` (nearest first): each
+    // token's top-k of its predicted logits.
+    void remember_predicted(const std::vector<int> & ahead, const predicted_logits & logits, int64_t n_tokens, int k);
     // Layer il routed ids / weights [n_tokens][k] in the ubatch-th ubatch: scores the guesses for
     // it, records the trace while tracing, forgets the guesses.
     void on_layer(int il, int32_t ubatch, const int32_t * ids, const float * weights, int64_t n_tokens, int k);

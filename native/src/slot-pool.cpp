@@ -1,6 +1,9 @@
 #include "slot-pool.h"
 
+#include "expert-options.h"
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -12,6 +15,29 @@ uint64_t expert_bytes_of(const expert_shapes & shapes) {
     uint64_t total = 0;
     for (const auto & s : shapes) total += s.present ? s.bytes : 0;
     return total;
+}
+
+ggml_backend_dev_t device_named(const std::string & name) {
+    if (name.empty()) return nullptr;
+    ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+    if (!dev) throw std::invalid_argument("no ggml device named '" + name + "'");
+    return dev;
+}
+
+static std::string gib(uint64_t bytes) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.2f GiB", bytes / 1073741824.0);
+    return buf;
+}
+
+void check_device_room(ggml_backend_dev_t dev, uint64_t pool_bytes) {
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    if (total > 0 && pool_bytes > free) {
+        throw expert_budget_error("the expert cache's " + std::to_string(pool_bytes) + " bytes (" + gib(pool_bytes) +
+            ") do not fit in " + ggml_backend_dev_name(dev) + "'s free memory: " + std::to_string(free) + " bytes (" +
+            gib(free) + ") free of " + std::to_string(total) + " (" + gib(total) + ")");
+    }
 }
 
 // llama.cpp's CPU_REPACK buffer type, or nullptr where this CPU has none

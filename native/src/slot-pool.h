@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 // The type and shape of one projection's expert matrix; absent projections have present = false.
@@ -39,6 +40,11 @@ uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of o
 // Whether llama.cpp's CPU backend would keep a repacked copy of a weight of this type and shape
 // (its CPU_REPACK buffer type, where this CPU has one).
 bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
+
+// The ggml device named name (nullptr for ""); throws std::invalid_argument when there is none.
+ggml_backend_dev_t device_named(const std::string & name);
+// Throws expert_budget_error (expert-options.h) when pools of pool_bytes do not fit in what dev has free.
+void check_device_room(ggml_backend_dev_t dev, uint64_t pool_bytes);
 
 class slot_pool {
 public:

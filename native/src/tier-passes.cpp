@@ -1,0 +1,101 @@
+#include "tier-passes.h"
+
+#include "ggml.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+// the scale planes hold each selection's output scale, an F32 stored in the I32 slot-id tensor
+int32_t float_bits(float x) {
+    int32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    return bits;
+}
+
+// slot ids [n_used, n_tokens, n_passes + n_scaled] -> masks [1, n_used, n_tokens, n_scaled]: the
+// output scales of the scaled passes (the planes after the slot ids; 0 where a pass does not serve)
+void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) nth; (void) userdata;
+    if (ith != 0) return;
+    const ggml_tensor * ids = dst->src[0];
+    const int64_t n = ids->ne[0] * ids->ne[1], n_scaled = dst->ne[3];
+    memcpy(dst->data, (const int32_t *) ids->data + (ids->ne[2] - n_scaled) * n, n * n_scaled * sizeof(float));
+}
+
+}  // namespace
+
+tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots)
+    : fewest_slots_(fewest_slots) {
+    passes_.push_back({ false, expert_precision::high });
+    if (has_low) passes_.push_back({ false, expert_precision::low });
+    n_masked_ = on_device ? size() : 0;
+    if (coop) {
+        passes_.push_back({ true, expert_precision::high });
+        if (has_low) passes_.push_back({ true, expert_precision::low });
+    }
+    n_scaled_ = scale_all ? size() : n_masked_;
+}
+
+int tier_passes::serving(bool host, expert_precision precision) const {
+    for (int q = 0; q < size(); q++) {
+        if (passes_[q].host == host && passes_[q].precision == precision) return q;
+    }
+    return -1;
+}
+
+ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const {
+    if (n_scaled_ == 0) return nullptr;
+    ggml_tensor * m = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, slot_ids->ne[0], slot_ids->ne[1], n_scaled_, &slot_ids, 1,
+                                     masks_op, 1, nullptr);
+    ggml_format_name(m, "edgemoe_masks-%d-%d", il, wave);
+    return m;
+}
+
+ggml_tensor * tier_passes::slot_ids_of(ggml_context * ctx, ggml_tensor * slot_ids, int q) const {
+    return ggml_view_2d(ctx, slot_ids, slot_ids->ne[0], slot_ids->ne[1], slot_ids->nb[1], q * slot_ids->nb[2]);
+}
+
+ggml_tensor * tier_passes::mask_of(ggml_context * ctx, ggml_tensor * masks, int q) const {
+    if (q >= n_scaled_) return nullptr;
+    return ggml_view_3d(ctx, masks, 1, masks->ne[1], masks->ne[2], masks->nb[1], masks->nb[2], q * masks->nb[3]);
+}
+
+void tier_passes::write_unserved(ggml_tensor * dst) const {
+    // masked passes: slots under a 0 scale; the others: -1 (skipped)
+    const size_t plane = (size_t) dst->ne[0] * dst->ne[1];
+    int32_t * out = (int32_t *) dst->data;
+    std::fill(out, out + plane * passes_.size(), -1);
+    for (size_t row = 0; row < plane * n_masked_ / dst->ne[0]; row++) {
+        fill_masked_row(out + row * dst->ne[0], (int) dst->ne[0], fewest_slots_);
+    }
+    std::fill(out + plane * passes_.size(), out + plane * (passes_.size() + n_scaled_), float_bits(0.0f));
+}
+
+pass_writer::pass_writer(const tier_passes & passes, ggml_tensor * dst)
+    : passes_(passes), out_((int32_t *) dst->data), n_used_(dst->ne[0]), n_tokens_(dst->ne[1]) {}
+
+void pass_writer::select(int64_t t, int64_t i, int pass, int32_t slot, float scale) {
+    const int n_passes = passes_.size();
+    for (int q = 0; q < n_passes; q++) {
+        at(q, t, i) = q == pass ? slot : -1;  // masked passes: filled by end_token
+        if (q < passes_.n_scaled()) at(n_passes + q, t, i) = float_bits(q == pass ? scale : 0.0f);
+    }
+}
+
+void pass_writer::end_token(int64_t t, const std::vector<int> & n_slots) {
+    for (int q = 0; q < passes_.n_masked(); q++) fill_masked_row(&at(q, t, 0), (int) n_used_, n_slots[q]);
+}
+
+// The ids of a row must differ: CUDA's mul_mat_id (its MMQ/MMF helper and its sorted path) counts a
+// slot once per token and leaves a repeated one's output unwritten, or stops on an assertion. With
+// fewer slots than selections (a LOW pool at its minimum of n_used - 1) one repeats.
+void fill_masked_row(int32_t * row, int n, int n_slots) {
+    int next = 0;
+    for (int i = 0; i < n; i++) {
+        if (row[i] >= 0) continue;
+        while (next < n_slots && std::find(row, row + n, next) != row + n) next++;
+        row[i] = next < n_slots ? next++ : 0;
+    }
+}

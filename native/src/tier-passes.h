@@ -1,0 +1,77 @@
+// The passes of the expert FFN in one wave of a MoE layer (patch 0002 asks for them one by one) and
+// what the layer's op writes for them. A pass runs mul_mat_id over one tier's pools in one
+// precision: the device's (or, mode cpu, host memory's) HIGH and LOW pools, then with coop the host
+// tier's (the CPU computes the device's misses there, HOBBIT sec. 4). The op writes one I32 tensor
+// per wave, [n_used, n_tokens, planes()]: a plane of slot ids per pass, then a plane of output
+// scales (F32 bits) per scaled pass.
+//   CPU passes: -1 where the pass does not serve a selection (patch 0004 skips the row).
+//   Device passes (masked): GPU kernels do not skip negative ids, so every id is a valid slot and
+//   a mask (the scale, 0 where the pass does not serve) zeroes what the pass must not add.
+//   Scaled passes: the masked ones; all of them with MoBiLE's little pass, whose kept selections
+//   are renormalized through the scale (layer-planner.h).
+#pragma once
+
+#include "precision-policy.h"
+
+#include <cstdint>
+#include <vector>
+
+struct ggml_context;
+struct ggml_tensor;
+
+// One pass: over the HIGH or LOW pools of the device (host false) or of the host tier (host true).
+struct pass_kind {
+    bool host;
+    expert_precision precision;
+};
+
+class tier_passes {
+public:
+    // has_low: LOW pools; on_device: the pools are a GPU's (their passes masked); coop: host passes
+    // after the device's; scale_all: every pass carries a scale (MoBiLE's little pass).
+    // fewest_slots: the fewest slots of a device pool (an unserved op's masked ids come from them).
+    tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots);
+    tier_passes() = default;
+
+    int size() const { return (int) passes_.size(); }
+    const pass_kind & operator[](int q) const { return passes_[q]; }
+    int n_masked() const { return n_masked_; }  // the first n_masked passes: device passes
+    int n_scaled() const { return n_scaled_; }  // the first n_scaled passes carry a scale
+    int planes() const { return size() + n_scaled_; }
+    // the pass computing a selection served by a copy in this tier and precision (-1: none)
+    int serving(bool host, expert_precision precision) const;
+
+    // The graph's side: a wave's masks [1, n_used, n_tokens, n_scaled] from its slot-id tensor (a
+    // custom op; null without scaled passes), and pass q's slot ids and mask (null: unscaled).
+    ggml_tensor * masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
+    ggml_tensor * slot_ids_of(ggml_context * ctx, ggml_tensor * slot_ids, int q) const;
+    ggml_tensor * mask_of(ggml_context * ctx, ggml_tensor * masks, int q) const;
+
+    // The op's side: nothing served (a failure), a well-defined output the graph ignores.
+    void write_unserved(ggml_tensor * dst) const;
+
+private:
+    std::vector<pass_kind> passes_;  // device passes first
+    int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
+};
+
+// Writes one wave's slot-id tensor dst, selection by selection.
+class pass_writer {
+public:
+    // dst: [n_used, n_tokens, passes.planes()], contiguous
+    pass_writer(const tier_passes & passes, ggml_tensor * dst);
+    // selection i of token t is computed by pass `pass` (-1: by none) from `slot`, its output scaled
+    void select(int64_t t, int64_t i, int pass, int32_t slot, float scale);
+    // token t's selections are written: its masked rows get valid slots; n_slots[q]: pass q's pool's
+    void end_token(int64_t t, const std::vector<int> & n_slots);
+
+private:
+    int32_t & at(int plane, int64_t t, int64_t i) { return out_[(plane * n_tokens_ + t) * n_used_ + i]; }
+    const tier_passes & passes_;
+    int32_t * out_;
+    int64_t n_used_, n_tokens_;
+};
+
+// A masked pass's row of slot ids, one token's selections: each -1 (a selection the pass does not
+// serve, its output scaled by 0) becomes the lowest slot the row does not use yet.
+void fill_masked_row(int32_t * row, int n, int n_slots);
