@@ -1,6 +1,7 @@
 #include "expert-budget.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <string>
 
@@ -65,4 +66,38 @@ expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, doub
             max_ubatch_tokens = max_ubatch_tokens == 0 ? cap : std::min(max_ubatch_tokens, cap);
         }
     }
+}
+
+tier_pools::tier_pools(const expert_layout & layout, const expert_budget & budget, ggml_backend_buffer_type_t buft, bool repack) {
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        high.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], buft, repack));
+        if (layout.has_low) low.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], buft, repack));
+    }
+}
+
+uint64_t tier_pools::bytes(expert_precision p) const {
+    uint64_t total = 0;
+    for (const auto & pool : p == expert_precision::low ? low : high) total += pool->bytes();
+    return total;
+}
+
+int tier_pools::slots(expert_precision p) const {
+    int total = 0;
+    for (const auto & pool : p == expert_precision::low ? low : high) total += pool->n_slots();
+    return total;
+}
+
+int tier_pools::fewest_slots() const {
+    int fewest = INT_MAX;
+    for (const auto * pools : { &high, &low }) for (const auto & p : *pools) fewest = std::min(fewest, p->n_slots());
+    return fewest;
+}
+
+uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & budget) {
+    uint64_t total = 0;
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        total += budget.high_slots[g] * expert_bytes_of(layout.groups[g].high);
+        if (layout.has_low) total += budget.low_slots[g] * expert_bytes_of(layout.groups[g].low);
+    }
+    return total;
 }

@@ -4,8 +4,10 @@
 
 #include "expert-layout.h"
 #include "expert-options.h"
+#include "slot-pool.h"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 struct expert_budget {
@@ -23,3 +25,19 @@ struct expert_budget {
     // experts must fit in one wave: the most tokens per ubatch for that; 0 = no limit.
     int max_ubatch_tokens = 0;
 };
+
+// One tier's memory as a budget sizes it: per group a HIGH pool and, with LOW copies, a LOW pool.
+struct tier_pools {
+    // in buft (null: page-aligned host memory, repacked where the model's weights are, if repack)
+    tier_pools(const expert_layout & layout, const expert_budget & budget, ggml_backend_buffer_type_t buft, bool repack);
+
+    const slot_pool & pool(int group, expert_precision p) const { return p == expert_precision::low ? *low[group] : *high[group]; }
+    uint64_t bytes(expert_precision p) const;  // summed over the groups
+    int slots(expert_precision p) const;       // summed over the groups
+    int fewest_slots() const;                  // of any one pool
+
+    std::vector<std::unique_ptr<slot_pool>> high, low;  // per group (low: empty without LOW copies)
+};
+
+// the bytes tier_pools of this budget take
+uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & budget);

@@ -31,3 +31,16 @@ void check_expert_options(const expert_options & o) {
     for (float w : o.policy_weights) { require(w >= 0, "policy weights must be non-negative"); sum += w; }
     require(sum > 0, "policy weights must have a positive sum");
 }
+
+void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used) {
+    if ((o.mode == compute_mode::cpu) != !has_device) {
+        throw std::invalid_argument(has_device ? "--mode cpu takes no device" : std::string("--mode ") + name_of(o.mode) +
+                                    " needs a GPU device (a build with GGML_VULKAN=1 or GGML_CUDA=1)");
+    }
+    if (o.static_precision && !has_low) {
+        throw std::invalid_argument("static_precision needs LOW expert copies (a multi-precision GGUF or low_from)");
+    }
+    if (o.big_little > 0 && n_expert_used < 2) {
+        throw std::invalid_argument("big_little needs a model that routes each token to 2 or more experts");
+    }
+}

@@ -81,6 +81,9 @@ struct expert_options {
 
 // Throws std::invalid_argument naming the first option out of its range.
 void check_expert_options(const expert_options & o);
+// Throws std::invalid_argument for options that the model (its LOW copies, its top-k) or the
+// machine (a GPU device, or none) cannot run.
+void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used);
 
 // A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
 struct expert_budget_error : std::invalid_argument {

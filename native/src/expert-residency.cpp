@@ -3,13 +3,13 @@
 // expert-cache, prefetch-strategy (and its strategies), tier-passes.
 #include "expert-residency.h"
 
+#include "cache-fill.h"
 #include "expert-budget.h"
 #include "expert-cache.h"
 #include "expert-layout.h"
-#include "expert-store.h"
+#include "expert-reads.h"
 #include "host-tier.h"
 #include "layer-planner.h"
-#include "loader.h"
 #include "mode-chooser.h"
 #include "moe-hook.h"
 #include "path-predictor.h"
@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -43,19 +42,6 @@ expert_cache_config cache_config_of(const expert_budget & budget, const expert_o
     for (const auto & l : layout.layers) group_layers[l.group].push_back(l.il);
     return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
              layout.n_layers, group_layers, layout.n_expert, o.fate_shallow, layout.n_expert_used };
-}
-
-// layers the predictor looks ahead: HOBBIT's walk prefetch_depth, Fate's and EdgeMoE's next layer;
-// without prefetch, the next layer with tracing (calibration scores the guesses) or with LOW
-// copies (Fate's prefill guess plans the next layer from them); 0: none
-int predictor_depth(const expert_options & o, bool trace_routing, bool has_low) {
-    switch (o.prefetch) {
-        case prefetch_mode::hobbit:  return std::max(1, o.prefetch_depth);
-        case prefetch_mode::fate:    return 1;
-        case prefetch_mode::edgemoe: return 1;
-        case prefetch_mode::none:    return trace_routing || has_low ? 1 : 0;
-    }
-    return 0;
 }
 
 int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
@@ -103,10 +89,9 @@ struct expert_residency::impl : moe_pass_builder {
     // the reads that fill the device slot `slot` (-1: none) with an expert, through the host slot
     // host_slot (-1: none; in_host: it holds the expert already)
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot,
-                                      int host_slot = -1, bool in_host = false) const;
-    // reads on the loader threads, counted in st; the first error ("" if none)
-    std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
-    std::vector<std::pair<int, int>> fill_order(const std::map<int, std::vector<int>> & ranking) const;
+                                      int host_slot = -1, bool in_host = false) const {
+        return reader.reads_of(l, expert, precision, *pools, slot, host ? &host->pools : nullptr, host_slot, in_host);
+    }
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() {
         coordinator.forget();
@@ -122,17 +107,14 @@ struct expert_residency::impl : moe_pass_builder {
     }
     void fail(const std::string & why, ggml_tensor * dst);
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
-    const slot_pool & pool(int group, expert_precision p) const { return p == expert_precision::low ? *low_pools[group] : *high_pools[group]; }
 
     expert_options options;
     expert_layout layout;
     expert_budget budget;
     expert_residency_info info;
-    expert_store store;
-    std::unique_ptr<expert_store> low_store;
-    loader_threads loaders;                                    // io_threads - 1 workers + the op's thread
+    expert_reader reader;
     ggml_backend_dev_t device;                                 // of the pools; nullptr: host memory (mode cpu)
-    std::vector<std::unique_ptr<slot_pool>> high_pools, low_pools;  // per group
+    std::unique_ptr<tier_pools> pools;                         // the device's (mode cpu: host memory)
     expert_cache cache;
     std::unique_ptr<host_tier> host;                           // with a device, if budgeted
     tier_passes passes;                                        // of each wave
@@ -160,41 +142,20 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     : options((check_expert_options(o), o)),
       layout(model, path, o.low_precision, o.low_from),
       budget(layout, budget_bytes, o.low_cache),
-      store(path, o.io),
-      loaders(o.io_threads),
+      reader(path, o.io, o.io_threads),
       device(device_named(dc.device)),
       cache(cache_config_of(budget, o, layout)),
-      recorder(predictor_depth(o, trace_routing, layout.has_low)),
+      recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
       coordinator(cache, group_of_layers(layout), o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
-    if ((options.mode == compute_mode::cpu) != !device) {
-        throw std::invalid_argument(device ? "--mode cpu takes no device" : std::string("--mode ") + name_of(options.mode) +
-                                    " needs a GPU device (a build with GGML_VULKAN=1 or GGML_CUDA=1)");
-    }
-    if (layout.has_low) low_store = std::make_unique<expert_store>(layout.low_source, o.io);
-    if (o.static_precision && !layout.has_low) {
-        throw std::invalid_argument("static_precision needs LOW expert copies (a multi-precision GGUF or low_from)");
-    }
-    if (o.big_little > 0 && layout.n_expert_used < 2) {
-        throw std::invalid_argument("big_little needs a model that routes each token to 2 or more experts");
-    }
-    ggml_backend_buffer_type_t device_buft = device ? ggml_backend_dev_buffer_type(device) : nullptr;
-    if (device) {
-        uint64_t pool_bytes = 0;
-        for (size_t g = 0; g < layout.groups.size(); g++) {
-            pool_bytes += budget.high_slots[g] * expert_bytes_of(layout.groups[g].high);
-            if (layout.has_low) pool_bytes += budget.low_slots[g] * expert_bytes_of(layout.groups[g].low);
-        }
-        check_device_room(device, pool_bytes);
-    }
-    for (size_t g = 0; g < layout.groups.size(); g++) {
-        high_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], device_buft, dc.repack));
-        if (layout.has_low) low_pools.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], device_buft, dc.repack));
-    }
+    check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used);
+    if (layout.has_low) reader.open_low(layout.low_source, o.io);
+    if (device) check_device_room(device, tier_pool_bytes(layout, budget));
+    pools = std::make_unique<tier_pools>(layout, budget, device ? ggml_backend_dev_buffer_type(device) : nullptr, dc.repack);
     if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
     if (options.mode == compute_mode::automatic) {
-        const mode_choice choice = choose_mode(*high_pools[0], host ? host->high_pools[0].get() : nullptr, dc.n_threads);
+        const mode_choice choice = choose_mode(*pools->high[0], host ? host->pools.high[0].get() : nullptr, dc.n_threads);
         options.mode = choice.mode;
         info.mode_reason = choice.reason;
     }
@@ -202,14 +163,12 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     if (coop && !host) {
         throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
     }
-    int fewest_slots = INT_MAX;
-    for (const auto * pools : { &high_pools, &low_pools }) for (const auto & p : *pools) fewest_slots = std::min(fewest_slots, p->n_slots());
-    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0, fewest_slots);
+    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0, pools->fewest_slots());
     for (size_t g = 0; g < layout.groups.size(); g++) {
-        const int slots = high_pools[g]->n_slots();
+        const int slots = pools->high[g]->n_slots();
         wave_shapes.push_back({ layout.n_expert, layout.n_expert_used, layout.has_expert_bias, layout.has_low, coop,
                                 coop ? std::min(slots, host->budget.high_slots[g]) : slots,
-                                layout.has_low ? low_pools[g]->n_slots() : 0 });
+                                layout.has_low ? pools->low[g]->n_slots() : 0 });
     }
     rules.precision = options.precision();
     rules.prefill_low_share = options.prefill_low_share;
@@ -222,20 +181,22 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         // a ubatch of n_expert tokens: the most waves
         for (int w = 0; w < wave_shapes[l.group].waves(layout.n_expert); w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
-    const int depth = predictor_depth(o, trace_routing, layout.has_low);
-    if (depth > 0 && o.prefetch != prefetch_mode::edgemoe) {
-        predictor = std::make_unique<expert_predictor>(model, moe_layers_of(layout), depth, layout.n_expert);
+    const prediction_needs needs = predictions_needed(o, trace_routing, layout.has_low);
+    if (needs.router_depth > 0) {
+        predictor = std::make_unique<expert_predictor>(model, moe_layers_of(layout), needs.router_depth, layout.n_expert);
     }
     prefetch = std::make_unique<prefetch_strategies>(prefetch_env{ layout, options, rules, cache, coordinator, recorder, predictor.get() });
 
     info.budget_bytes = budget.budget_bytes;
     info.minimum_bytes = budget.minimum_bytes;
-    for (const auto & p : high_pools) { info.high_pool_bytes += p->bytes(); info.high_slots += p->n_slots(); }
-    for (const auto & p : low_pools) { info.low_pool_bytes += p->bytes(); info.low_slots += p->n_slots(); }
+    info.high_pool_bytes = pools->bytes(expert_precision::high);
+    info.low_pool_bytes = pools->bytes(expert_precision::low);
+    info.high_slots = pools->slots(expert_precision::high);
+    info.low_slots = pools->slots(expert_precision::low);
     if (host) {
         info.host_pool_bytes = host->bytes();
-        for (const auto & p : host->high_pools) info.host_high_slots += p->n_slots();
-        for (const auto & p : host->low_pools) info.host_low_slots += p->n_slots();
+        info.host_high_slots = host->pools.slots(expert_precision::high);
+        info.host_low_slots = host->pools.slots(expert_precision::low);
     }
     info.device = device ? ggml_backend_dev_name(device) : "";
     info.expert_bytes = layout.high_bytes;
@@ -244,10 +205,10 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.n_expert_used = layout.n_expert_used;
     info.n_layers = layout.n_layers;
     info.max_ubatch_tokens = budget.max_ubatch_tokens;
-    info.io = store.io();
+    info.io = reader.io();
     info.mixed_precision = layout.has_low;
     info.low_source = layout.low_source;
-    info.predictor_depth = depth;
+    info.predictor_depth = needs.scored_depths;
     // every wave's op and passes, in every layer (a generous count of a pass's nodes: views, the
     // projections' mul_mat_id, activations, biases, the mask and the sum)
     constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 4;
@@ -300,7 +261,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         b.masks = passes.masks(ctx, b.slot_ids, il, wave);
     }
     const pass_kind kind = passes[index];
-    const slot_pool & pl = kind.host ? host->pool(l.group, kind.precision) : pool(l.group, kind.precision);
+    const slot_pool & pl = (kind.host ? host->pools : *pools).pool(l.group, kind.precision);
     ggml_tensor * swapped[PROJ_COUNT] = {};
     for (int q = 0; q < PROJ_COUNT; q++) {
         if (l.stacked[q]) swapped[q] = pl.tensor((expert_projection) q);
@@ -468,7 +429,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         // the misses and the claimed prefetches are read together, several in flight
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
         coordinator.pause_for_loads();
-        read_error = read_all(std::move(reads), st);
+        read_error = reader.read_all(std::move(reads), st);
         coordinator.resume_after_loads();
         prefetch->on_experts_read((int) (loads.size() + on_host.size() + claimed.size()), st.load_ms);
     }
@@ -482,7 +443,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     // each selection: the pass serving it from its slot, scaled as planned (tier-passes.h)
     pass_writer out(passes, dst);
     std::vector<int> masked_slots;
-    for (int q = 0; q < passes.n_masked(); q++) masked_slots.push_back(pool(l.group, passes[q].precision).n_slots());
+    for (int q = 0; q < passes.n_masked(); q++) masked_slots.push_back(pools->pool(l.group, passes[q].precision).n_slots());
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
             auto it = planned.dropped[t * n_used + i] ? where.end() : where.find(id_at(ids, i, t));
@@ -501,38 +462,6 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     return true;
 }
 
-std::vector<expert_read> expert_residency::impl::reads_of(const moe_layer_layout & l, int expert, expert_precision precision,
-                                                          int slot, int host_slot, bool in_host) const {
-    const bool low = precision == expert_precision::low;
-    const expert_store & source = low ? *low_store : store;
-    std::vector<expert_read> reads;
-    for (int p = 0; p < PROJ_COUNT; p++) {
-        if (!l.stacked[p]) continue;
-        const uint64_t size = (slot >= 0 ? pool(l.group, precision) : host->pool(l.group, precision)).shapes()[p].bytes;
-        const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
-        const auto proj = (expert_projection) p;
-        // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
-        // staging buffer, and from there through the device slot's view (if any)
-        void * dst = host_slot >= 0 ? host->pool(l.group, precision).slot_data(proj, host_slot)
-                                    : pool(l.group, precision).slot_data(proj, slot);
-        reads.push_back({ &source, offset, size, dst,
-                          std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
-                          std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
-                          slot >= 0 ? pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host, low });
-    }
-    return reads;
-}
-
-std::string expert_residency::impl::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
-    const loader_threads::read_result r = loaders.read_all(std::move(reads));
-    st.bytes_read += r.moved.bytes_read;
-    st.bytes_read_low += r.moved.bytes_read_low;
-    st.bytes_uploaded += r.moved.bytes_uploaded;
-    st.upload_ms += r.moved.upload_ms;
-    st.load_ms += r.ms;
-    return r.error;
-}
-
 // -- the front ------------------------------------------------------------------------------------
 
 expert_residency::expert_residency(llama_model * model, const std::string & path, uint64_t budget_bytes,
@@ -541,69 +470,15 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
 
 expert_residency::~expert_residency() = default;
 
-// The fill's order: per group, its layers round-robin, each layer's experts in ranking[il]'s order
-// then by id; (il, expert) pairs, without the experts EdgeMoE's map keeps LOW.
-std::vector<std::pair<int, int>> expert_residency::impl::fill_order(const std::map<int, std::vector<int>> & ranking) const {
-    const int n_expert = layout.n_expert;
-    std::map<int, std::vector<int>> order;  // per il
-    for (const auto & l : layout.layers) {
-        std::vector<bool> listed(n_expert, false);
-        auto it = ranking.find(l.il);
-        for (int e : it == ranking.end() ? std::vector<int>() : it->second) {
-            if (e < 0 || e >= n_expert || listed[e]) throw std::invalid_argument("fill ranking: bad expert id");
-            listed[e] = true;
-            order[l.il].push_back(e);
-        }
-        for (int e = 0; e < n_expert; e++) if (!listed[e]) order[l.il].push_back(e);
-    }
-    std::vector<std::pair<int, int>> out;
-    for (int g = 0; g < (int) high_pools.size(); g++) {
-        for (int i = 0; i < n_expert; i++) {
-            for (const auto & l : layout.layers) {
-                const int e = order[l.il][i];
-                if (l.group == g && rules.fixed_or(l.il, e, expert_precision::high) == expert_precision::high) out.emplace_back(l.il, e);
-            }
-        }
-    }
-    return out;
-}
-
 expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking,
                                          const std::function<bool()> & interrupted) {
     impl & r = *impl_;
-    const auto t0 = clock_type::now();
-    expert_fill_stats out;
-    std::vector<expert_read> reads;
-    for (const auto & [il, e] : r.fill_order(ranking)) {
-        const moe_layer_layout & l = *r.layout.layer_at(il);
-        const expert_cache::placement slot = r.cache.reserve(l.group, il, e, expert_precision::high, /*evict*/ false);
-        if (!slot.load) continue;  // the group's tier is full
-        for (expert_read & rd : r.reads_of(l, e, expert_precision::high, slot.slot)) reads.push_back(std::move(rd));
-        out.experts++;
-    }
-    expert_layer_stats st;
-    for (size_t begin = 0; begin < reads.size();) {
-        if (interrupted && interrupted()) {
-            r.cache.forget_all();
-            throw fill_interrupted();
-        }
-        size_t end = begin;
-        for (uint64_t bytes = 0; end < reads.size() && bytes < FILL_CHUNK_BYTES; end++) bytes += reads[end].size;
-        const std::string error = r.read_all(std::vector<expert_read>(reads.begin() + begin, reads.begin() + end), st);
-        if (!error.empty()) {
-            r.cache.forget_all();
-            throw std::runtime_error(error);
-        }
-        begin = end;
-    }
-    out.bytes_read = st.bytes_read;
-    out.ms = ms_since(t0);
-    r.filled = out;
-    return out;
+    r.filled = fill_cache(r.cache, r.layout, *r.pools, r.reader, fill_order(r.layout, r.rules, ranking), interrupted);
+    return r.filled;
 }
 
 void expert_residency::fill_in_background(const std::map<int, std::vector<int>> & ranking) {
-    impl_->coordinator.start_fill(impl_->fill_order(ranking));
+    impl_->coordinator.start_fill(fill_order(impl_->layout, impl_->rules, ranking));
 }
 
 const expert_fill_stats & expert_residency::fill_stats() const {

@@ -84,6 +84,14 @@ public:
     virtual void set_path_statistics(std::shared_ptr<const path_predictor> paths) { (void) paths; }
 };
 
+// What the strategies for these options need predicted: the depths ahead whose guesses the
+// routing recorder scores, and how many layers ahead the stacked routers predict (0: no predictor).
+struct prediction_needs {
+    int scored_depths = 0;
+    int router_depth = 0;
+};
+prediction_needs predictions_needed(const expert_options & o, bool trace_routing, bool has_low);
+
 // A residency's strategies, run in order; each call goes to every one.
 class prefetch_strategies {
 public:

@@ -1,0 +1,40 @@
+#include "expert-reads.h"
+
+expert_reader::expert_reader(const std::string & path, expert_io io, int io_threads) : store_(path, io), loaders_(io_threads) {}
+
+void expert_reader::open_low(const std::string & low_source, expert_io io) {
+    low_store_ = std::make_unique<expert_store>(low_source, io);
+}
+
+std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int expert, expert_precision precision,
+                                                 const tier_pools & pools, int slot, const tier_pools * host, int host_slot,
+                                                 bool in_host) const {
+    const bool low = precision == expert_precision::low;
+    const expert_store & source = low ? *low_store_ : store_;
+    std::vector<expert_read> reads;
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (!l.stacked[p]) continue;
+        const uint64_t size = (slot >= 0 ? pools : *host).pool(l.group, precision).shapes()[p].bytes;
+        const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
+        const auto proj = (expert_projection) p;
+        // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
+        // staging buffer, and from there through the device slot's view (if any)
+        void * dst = host_slot >= 0 ? host->pool(l.group, precision).slot_data(proj, host_slot)
+                                    : pools.pool(l.group, precision).slot_data(proj, slot);
+        reads.push_back({ &source, offset, size, dst,
+                          std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
+                          std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
+                          slot >= 0 ? pools.pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host, low });
+    }
+    return reads;
+}
+
+std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
+    const loader_threads::read_result r = loaders_.read_all(std::move(reads));
+    st.bytes_read += r.moved.bytes_read;
+    st.bytes_read_low += r.moved.bytes_read_low;
+    st.bytes_uploaded += r.moved.bytes_uploaded;
+    st.upload_ms += r.moved.upload_ms;
+    st.load_ms += r.ms;
+    return r.error;
+}

@@ -1,0 +1,33 @@
+// Reading experts into slots: which bytes of which file (the GGUF's HIGH copies, the LOW copies'
+// source) go into which slot's memory, read on the loader threads and counted per layer.
+#pragma once
+
+#include "expert-budget.h"
+#include "expert-layout.h"
+#include "expert-store.h"
+#include "loader.h"
+#include "stats.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+class expert_reader {
+public:
+    // path: the GGUF (HIGH copies); io_threads reads in flight at once
+    expert_reader(const std::string & path, expert_io io, int io_threads);
+    void open_low(const std::string & low_source, expert_io io);  // the LOW copies' file
+    expert_io io() const { return store_.io(); }                 // in effect
+
+    // The reads that fill slot `slot` of pools (-1: none) with expert `expert` of layer l in
+    // precision p, through slot host_slot of host (-1: none; in_host: it holds the expert already).
+    std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision p, const tier_pools & pools,
+                                      int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false) const;
+    // Runs reads, several in flight, and counts them in st; returns the first error ("" if none).
+    std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
+
+private:
+    expert_store store_;
+    std::unique_ptr<expert_store> low_store_;
+    loader_threads loaders_;  // io_threads - 1 workers + the calling thread
+};
