@@ -6,7 +6,8 @@ sequence, then steps every running generation whose consumer asked for its next 
 llama_decode of one token per sequence. The experts that several sequences route to in a step
 are loaded once, which is what makes serving N clients cheaper per token than serving them in
 turn. Each sequence's rows are computed as when it decodes alone, so a generation's tokens do not
-depend on the others (tests/test_batch.py).
+depend on the others (tests/test_batch.py). A generation here is the Engine's one-sequence
+Generation (generation.py), stepped with the others; every decode goes through the Decoder.
 
 A consumer (the iterator Batcher.generate returns, on any thread) blocks until its next token;
 closing it ends the generation and frees its sequence for the next one.
@@ -19,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from pyedgemoe import _native
 from pyedgemoe.errors import ExpertLoadError
+from pyedgemoe.generation import Generation, KVSequence, shared_prefix
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
 # that their tokens share the step; a consumer that takes longer is stepped in a later one.
@@ -28,75 +29,51 @@ GATHER_SECONDS = 0.002
 _END = object()
 
 
-def shared_prefix(held: list[int], prompt: list[int]) -> int:
-    """How many of prompt's tokens a KV cache holding held can keep: their common prefix, short of
-    prompt's last token (evaluated again, for its logits)."""
-    n, limit = 0, min(len(held), len(prompt) - 1)
-    while n < limit and held[n] == prompt[n]:
-        n += 1
-    return n
-
-
 @dataclass
-class _Sequence:
-    seq: int
-    tokens: list[int] = field(default_factory=list)  # what its KV cache holds, position by position
-    busy: bool = False
-
-
-@dataclass
-class _Generation:
-    prompt: list[int]
-    budget: int  # tokens to generate at most
-    sampler: object
-    ignore_eos: bool
-    timings: object  # the Engine's GenerationStats of this generation
-    fresh: bool  # evaluate the whole prompt, reusing no prefix (a seeded generation: Engine._generation)
+class _Request:
+    generation: Generation
     out: queue.Queue = field(default_factory=queue.Queue)  # tokens, then _END (or an exception)
     want: bool = True  # its consumer waits for its next token
     closed: bool = False  # its consumer has gone: its sequence is free
     done: bool = False  # it has ended (_END or an error sent)
-    sequence: _Sequence | None = None
-    last: int = -1  # the token sampled last, decoded at the next step
-    decode_start: float = 0.0
+    sequence: KVSequence | None = None
 
 
 class Batcher:
-    def __init__(self, engine, n_seq: int) -> None:
-        self._engine = engine
-        self._sequences = [_Sequence(s) for s in range(n_seq)]
-        self._pending: list[_Generation] = []  # waiting for a free sequence, oldest first
-        self._running: list[_Generation] = []
+    def __init__(self, decoder) -> None:
+        self._decoder = decoder
+        self._sequences = decoder.sequences
+        self._pending: list[_Request] = []  # waiting for a free sequence, oldest first
+        self._running: list[_Request] = []
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="pyedgemoe-batcher", daemon=True)
         self._thread.start()
 
-    def generate(self, prompt: list[int], budget: int, sampler, ignore_eos: bool, timings,
-                 fresh: bool) -> Iterator[int]:
+    def generate(self, generation: Generation) -> Iterator[int]:
         """The generation's tokens; it queues for a sequence when the first is asked for."""
-        g = _Generation(prompt, budget, sampler, ignore_eos, timings, fresh)
+        r = _Request(generation)
         with self._cond:
             if self._closing:
                 raise RuntimeError("this Engine is closed")
-            self._pending.append(g)
+            self._pending.append(r)
             self._cond.notify_all()
         try:
             while True:
-                item = g.out.get()
+                item = r.out.get()
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
                 with self._cond:
-                    g.want = True
+                    r.want = True
                     self._cond.notify_all()
         finally:
             with self._cond:
-                g.closed = True
-                if g in self._pending:
-                    self._pending.remove(g)
+                r.closed = True
+                if r in self._pending:
+                    self._pending.remove(r)
                 self._cond.notify_all()
 
     def close(self) -> None:
@@ -115,11 +92,11 @@ class Batcher:
                     self._cond.wait()
                     self._drop_closed()
                 if self._closing:
-                    for g in self._pending + self._running:
-                        self._end(g, RuntimeError("this Engine is closed"))
+                    for r in self._pending + self._running:
+                        self._end(r, RuntimeError("this Engine is closed"))
                     return
                 deadline = time.monotonic() + GATHER_SECONDS
-                while any(not g.want and not g.closed and not g.done for g in self._running):
+                while any(not r.want and not r.closed and not r.done for r in self._running):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
@@ -127,85 +104,61 @@ class Batcher:
                 stepping = self._waiting()
                 admitted = []
                 while self._admissible():
-                    g = self._pending.pop(0)
-                    g.sequence = self._free_sequence(g.prompt)
-                    g.sequence.busy = True
-                    admitted.append(g)
+                    r = self._pending.pop(0)
+                    r.sequence = self._free_sequence(r.generation.prompt)
+                    r.sequence.busy = True
+                    admitted.append(r)
                 self._running += admitted
-                for g in stepping + admitted:
-                    g.want = False
+                for r in stepping + admitted:
+                    r.want = False
             try:
-                with self._engine._lock:
-                    for g in admitted:
-                        self._prefill(g)
+                with self._decoder.lock:
+                    for r in admitted:
+                        self._emit(r, r.generation.prefill(r.sequence))
                     if stepping:
                         self._step(stepping)
-            except _native.ExpertLoadError as e:
+            except ExpertLoadError as e:
                 # the native side cleared the KV cache: every running generation lost its sequence
                 with self._cond:
-                    for s in self._sequences:
-                        s.tokens = []
-                    for g in self._running:
-                        self._end(g, ExpertLoadError(str(e)))
+                    for r in self._running:
+                        self._end(r, ExpertLoadError(str(e)))
             except Exception as e:  # noqa: BLE001 - handed to the consumers, who raise it
                 with self._cond:
-                    for g in admitted + stepping:
-                        self._end(g, e)
+                    for r in admitted + stepping:
+                        self._end(r, e)
 
-    def _waiting(self) -> list[_Generation]:
+    def _waiting(self) -> list[_Request]:
         """The running generations whose consumers wait for their next token."""
-        return [g for g in self._running if g.want and not g.done and not g.closed]
+        return [r for r in self._running if r.want and not r.done and not r.closed]
 
     def _admissible(self) -> bool:
         return bool(self._pending) and any(not s.busy for s in self._sequences)
 
-    def _free_sequence(self, prompt: list[int]) -> _Sequence:
+    def _free_sequence(self, prompt: list[int]) -> KVSequence:
         """The free sequence whose KV cache shares the longest prefix with prompt."""
         return max((s for s in self._sequences if not s.busy), key=lambda s: shared_prefix(s.tokens, prompt))
 
     def _drop_closed(self) -> None:
-        for g in [g for g in self._running if g.closed]:
-            self._running.remove(g)
-            g.sequence.busy = False
+        for r in [r for r in self._running if r.closed]:
+            self._running.remove(r)
+            r.sequence.busy = False
 
-    def _end(self, g: _Generation, item=_END) -> None:
-        if not g.done:
-            g.done = True
-            g.out.put(item)
+    def _end(self, r: _Request, item=_END) -> None:
+        if not r.done:
+            r.done = True
+            r.out.put(item)
 
-    def _prefill(self, g: _Generation) -> None:
-        ctx = self._engine._live()
-        s = g.sequence
-        start = time.perf_counter()
-        reuse = 0 if g.fresh else shared_prefix(s.tokens, g.prompt)
-        ctx.truncate(reuse, s.seq)
-        s.tokens = s.tokens[:reuse]
-        self._engine._governed(0, lambda: ctx.decode(g.prompt[reuse:], reuse, False, s.seq))
-        s.tokens = list(g.prompt)
-        g.timings.n_cached_prompt_tokens = reuse
-        g.timings.prefill_seconds = time.perf_counter() - start
-        g.decode_start = time.perf_counter()
-        self._emit(g, g.sampler.sample(ctx))
+    def _step(self, stepping: list[_Request]) -> None:
+        """One token of each stepping generation, in one llama_decode."""
+        inputs = [r.generation.next_input() for r in stepping]
+        self._decoder.decode_step([token for token, _ in inputs], [pos for _, pos in inputs],
+                                  [r.sequence for r in stepping])
+        for i, r in enumerate(stepping):
+            self._emit(r, r.generation.picked(self._decoder.sample(r.generation.sampler, i)))
 
-    def _step(self, stepping: list[_Generation]) -> None:
-        ctx = self._engine._live()
-        self._engine._governed(len(stepping), lambda: ctx.decode_step(
-            [g.last for g in stepping], [len(g.sequence.tokens) for g in stepping], [g.sequence.seq for g in stepping]))
-        for g in stepping:
-            g.sequence.tokens.append(g.last)
-        for i, g in enumerate(stepping):
-            self._emit(g, g.sampler.sample(ctx, i))
-
-    def _emit(self, g: _Generation, token: int) -> None:
-        """Hands a sampled token to its consumer, or ends the generation (as Engine.generate_tokens)."""
-        t = g.timings
-        if g.budget == 0 or (not g.ignore_eos and self._engine._model.is_eog(token)):
-            t.finish_reason = "stop" if g.budget else "length"
-            self._end(g)
-            return
-        t.n_decoded += 1
-        t.decode_seconds = time.perf_counter() - g.decode_start
-        g.last = token
-        g.out.put(token)
-        if t.n_decoded == g.budget:
-            self._end(g)
+    def _emit(self, r: _Request, token: int | None) -> None:
+        """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""
+        if token is not None:
+            r.out.put(token)
+        if token is None or not r.generation.more():
+            self._end(r)

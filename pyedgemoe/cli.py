@@ -5,6 +5,7 @@ usage errors (unknown flags, values of the wrong type) exit with status 2.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -15,8 +16,9 @@ import typer
 # typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from pyedgemoe.cli_options import model_options
+from pyedgemoe.cli_options import model_options, sampling_options
 from pyedgemoe.errors import PyEdgeMoEError
+from pyedgemoe.generation import SamplingParams
 from pyedgemoe.sysmem import format_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -116,17 +118,12 @@ def print_model_note(eng, model: Path) -> None:
 
 @app.command()
 @model_options
+@sampling_options
 def run(
     model: Path = typer.Argument(..., help="GGUF model file"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
-    temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)"),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    min_p: float = typer.Option(0.05, "--min-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (default: random)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
@@ -135,11 +132,17 @@ def run(
     chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the load plan (each decision and why) and exit "
+                                 "without loading the model"),
     engine_options: dict = None,
+    sampling: SamplingParams = None,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
     from pyedgemoe.engine import Engine
 
+    if dry_run:
+        print_plan(model, ctx, sampling.seed, engine_options)
+        return
     if prompt is not None and file is not None:
         fail("give the prompt with -p or -f, not both")
     if n_predict < -1:
@@ -153,7 +156,7 @@ def run(
         fail("no prompt: give -p TEXT, -f FILE or --chat")
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
-    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
+    seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
     try:
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
@@ -161,7 +164,7 @@ def run(
                 run_chat(eng, prompt, max_tokens, sampling)
             elif as_json:
                 tokens = eng.tokenize(prompt)
-                ids = list(eng.generate_tokens(tokens, max_tokens, _sampling(sampling), ignore_eos=ignore_eos))
+                ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
                 t = eng.last_timings
                 typer.echo(json.dumps({
                     "text": eng.detokenize(ids), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
@@ -170,7 +173,8 @@ def run(
                     "finish_reason": t.finish_reason, "stats": eng.stats(),
                 }))
             else:
-                pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **sampling)
+                pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos,
+                                      **dataclasses.asdict(sampling))
                 if display_prompt:
                     sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
                 for piece in pieces:
@@ -189,13 +193,20 @@ def run(
 PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color
 
 
-def _sampling(kwargs: dict):
-    from pyedgemoe.engine import SamplingParams
-    return SamplingParams(kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["min_p"],
-                          kwargs["repeat_penalty"])
+def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict) -> None:
+    """run --dry-run: the plan Engine(model, ...) would execute, without loading the model."""
+    from pyedgemoe.load_plan import LoadOptions, plan_for
+
+    try:
+        _, plan = plan_for(model, LoadOptions(n_ctx=ctx, seed=seed, **{k: v for k, v in engine_options.items()
+                                                                       if k != "verbose"}))
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    typer.echo(f"plan for {model}:")
+    typer.echo("\n".join(f"  {line}" for line in plan.describe()))
 
 
-def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampling: dict) -> None:
+def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampling: SamplingParams) -> None:
     """A read-reply loop; the whole history goes through the chat template each turn and the
     engine reuses the KV cache of the common prefix. Ends on EOF, /exit or Ctrl-C."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -211,7 +222,8 @@ def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampl
             continue
         messages.append({"role": "user", "content": line})
         reply = []
-        for chunk in eng.create_chat_completion(messages, max_tokens=max_tokens, stream=True, **sampling):
+        for chunk in eng.create_chat_completion(messages, max_tokens=max_tokens, stream=True,
+                                                **dataclasses.asdict(sampling)):
             piece = chunk["choices"][0]["delta"].get("content", "")
             reply.append(piece)
             sys.stdout.write(piece)
@@ -532,11 +544,8 @@ def bench(
         ours_options[name] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
     if engine_options["expert_cache"] != "auto":
         ours_options["expert_cache"] = engine_options["expert_cache"]
-    for name in ("system", "device"):
-        if engine_options[name] is not None:
-            ours_options[name] = engine_options[name]
-    if engine_options["host_cache"] != "auto":
-        ours_options["host_cache"] = engine_options["host_cache"]
+    if engine_options["system"] is not None:
+        ours_options["system"] = engine_options["system"]
     for name in ("verbose", "n_threads_batch"):
         if engine_options[name]:
             ours_options[name] = engine_options[name]

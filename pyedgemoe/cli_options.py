@@ -1,9 +1,13 @@
-"""The options of every CLI command that loads a model, declared once: `-t/--threads`,
-`-tb/--threads-batch`, `-ngl`,
-`--expert-cache`, `--device`, `--host-cache`, `--system`, `--repack/--no-repack`, one flag per
-expert option (`--io-threads`, `--prefetch`, ...: the names of pyedgemoe.expert_options.OPTION_NAMES
-with dashes, their help and defaults from the native schema) and `--verbose`. A command decorated with @model_options receives them as `engine_options`, a dict
-of Engine keyword arguments; a bad value is one `error:` line."""
+"""The options of the CLI's commands, declared once elsewhere and made into flags here.
+
+@model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
+`--expert-cache`, `--system`, `--verbose` and one flag per option of the schema
+(pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
+`--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
+defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
+arguments. @sampling_options: one flag per setting of pyedgemoe.generation.SamplingParams
+(`--temp`, `--top-k`, ..., `--seed`); the command receives `sampling`, a SamplingParams. A bad
+value is one `error:` line."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +17,8 @@ from typing import Optional, get_type_hints
 import typer
 
 from pyedgemoe.errors import PyEdgeMoEError
-from pyedgemoe.expert_options import AUTOMATIC, OPTION_NAMES, ExpertOptions, choices, default, help_text
+from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
+from pyedgemoe.generation import SamplingParams, exposed_fields
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
 _ENGINE_OPTIONS = (
@@ -24,31 +29,16 @@ _ENGINE_OPTIONS = (
     ("threads_batch", Optional[int], typer.Option(None, "-tb", "--threads-batch",
                                                   help="threads of the prompt's batches (default: --threads, or its "
                                                        "default)"), "n_threads_batch"),
-    ("gpu_layers", Optional[int], typer.Option(None, "-ngl", "--n-gpu-layers",
-                                               help="llama.cpp's habit: 0 is --mode cpu, any other count --mode gpu "
-                                                    "(every layer goes to the GPU)"), None),
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
                                        help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes), auto, "
                                             "or mmap (no cache: the page cache holds the mapped experts, as in "
                                             "llama.cpp --no-repack); a size that does not fit is refused, a "
                                             "trailing ~ (60%~, 4GiB~) takes what fits if less"),
      "expert_cache"),
-    ("device", Optional[str], typer.Option(None, "--device",
-                                           help="the GPU by ggml's name, e.g. Vulkan0, CUDA0 (default: the first)"),
-     "device"),
-    ("host_cache", str, typer.Option("auto", "--host-cache",
-                                     help="with a GPU: pinned RAM for experts between the file and the GPU: "
-                                          "8GiB, 50% (of expert bytes), 0 or auto"),
-     "host_cache"),
     ("system", Optional[str], typer.Option(None, "--system",
                                            help="a seed system's preset of the expert options: lossless, hobbit, "
                                                 "edgemoe, fate or mobile (docs/systems.md); options given win"),
      "system"),
-    ("repack", Optional[bool], typer.Option(None, "--repack/--no-repack",
-                                            help="repacked copies of the weights, as llama.cpp makes them (default: "
-                                                 "off where experts stream through an expert cache or stay mapped, "
-                                                 "or where the copies would not fit beside the mapped experts)"),
-     "repack"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
      "verbose"),
 )
@@ -60,10 +50,11 @@ def _expert_option(name: str) -> tuple[object, object]:
     shown = AUTOMATIC.get(name) or (",".join(f"{w:g}" for w in value) if name == "policy_weights" else value)
     help = f"{help_text(name)} (default: {shown})"
     flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
+    load = LOAD_OPTIONS.get(name)
+    if isinstance(value, bool) or (load and load.kind is bool):
         return Optional[bool], typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help)
-    kind = str if choices(name) or isinstance(value, (str, list, tuple)) else type(value)
-    return Optional[kind], typer.Option(None, flag, help=help)
+    kind = load.kind if load else str if choices(name) or isinstance(value, (str, list, tuple)) else type(value)
+    return Optional[kind], typer.Option(None, *([load.short_flag] if load and load.short_flag else []), flag, help=help)
 
 
 def model_options(command=None, *, expert_cache: bool = True):
@@ -72,33 +63,44 @@ def model_options(command=None, *, expert_cache: bool = True):
     if command is None:
         return functools.partial(model_options, expert_cache=expert_cache)
     engine = [o for o in _ENGINE_OPTIONS if expert_cache or o[0] != "expert_cache"]
+    added = [(name, annotation, option) for name, annotation, option, _ in engine]
+    added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
+
+    def collect(params: dict) -> dict:
+        engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        engine_options["expert_options"] = ExpertOptions(**{name: params.pop(name) for name in OPTION_NAMES})
+        return engine_options
+    return _with_options(command, "engine_options", added, collect)
+
+
+def sampling_options(command):
+    """Adds SamplingParams's flags to a typer command, which gets them as `sampling`."""
+    added = [(f.name, Optional[int] if f.default is None else type(f.default),
+              typer.Option(f.default, f.metadata["flag"], help=f.metadata["help"] or None)) for f in exposed_fields()]
+    return _with_options(command, "sampling",
+                         added, lambda params: SamplingParams.of({f.name: params.pop(f.name) for f in exposed_fields()}))
+
+
+def _with_options(command, receives: str, added: list[tuple], collect):
+    """command with the parameters `added` ((name, annotation, typer option) each) in place of its
+    parameter `receives`, which gets collect(params) (collect pops the added ones from params); a
+    PyEdgeMoEError of collect is one error line."""
     signature = inspect.signature(command)
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-             for name, annotation, option, _ in engine]
-    added += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-              for name, (annotation, option) in ((n, _expert_option(n)) for n in OPTION_NAMES)]
 
     @functools.wraps(command)
     def with_options(**params):
-        engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine if keyword}
-        given = {name: params.pop(name) for name in OPTION_NAMES}
-        gpu_layers = params.pop("gpu_layers", None)
-        if gpu_layers is not None:
-            mode = "cpu" if gpu_layers == 0 else "gpu"
-            if given["mode"] not in (None, mode):
-                typer.echo(f"error: -ngl {gpu_layers} means --mode {mode}, not --mode {given['mode']}", err=True)
-                raise typer.Exit(1)
-            given["mode"] = mode
         try:
-            engine_options["expert_options"] = ExpertOptions(**given)
+            value = collect(params)
         except PyEdgeMoEError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1)
-        return command(**params, engine_options=engine_options)
+        return command(**params, **{receives: value})
 
     hints = get_type_hints(command)  # the command's own annotations, resolved where it was written
     kept = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()
-            if p.name != "engine_options"]
-    with_options.__signature__ = signature.replace(parameters=kept + added)
-    with_options.__annotations__ = {p.name: p.annotation for p in kept + added}
+            if p.name != receives]
+    new = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+           for name, annotation, option in added]
+    with_options.__signature__ = signature.replace(parameters=kept + new)
+    with_options.__annotations__ = {p.name: p.annotation for p in kept + new}
     return with_options

@@ -8,93 +8,29 @@
 from __future__ import annotations
 
 import os
-import random
 import sys
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
-import gguf
 import numpy as np
 
 from pyedgemoe import _native
-from pyedgemoe.batch import Batcher, shared_prefix
+from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe.calibration.paths import native_entries
-from pyedgemoe.calibration.sidecar import load_calibration
-from pyedgemoe.devices import check_fits_device, choose_device, host_cache_bytes, resolve_mode
-from pyedgemoe.errors import ContextOverflowError, EngineBusyError, ExpertLoadError, InvalidOptionError, ModelLoadError
-from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, fill_ranking
-from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
-from pyedgemoe.memory_budget import (MAPPED, check_logits_fit, context_bytes, parse_expert_cache, spare_bytes,
-                                     ubatch_tokens)
-from pyedgemoe.model_info import ModelInfo, read_model_info
-from pyedgemoe.sysmem import format_bytes
-from pyedgemoe.systems import system_options
-from pyedgemoe.threads import ThreadGovernor, cpu_load, default_threads
+from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: MoBiLE's, here before
+from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError
+from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.generation import CHAT_TEMPERATURE, Generation, GenerationStats, SamplingParams
+from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
+from pyedgemoe.memory_budget import check_logits_fit
+from pyedgemoe.model_info import ModelInfo
 from pyedgemoe.text_stream import TextStream
+from pyedgemoe.threads import ThreadGovernor, cpu_load
 
-
-@dataclass
-class SamplingParams:
-    """llama.cpp's sampler chain settings; temperature <= 0 means greedy."""
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    penalty_last_n: int = 64
-    seed: int | None = None
-
-    def validate(self) -> None:
-        if not np.isfinite(self.temperature):
-            raise InvalidOptionError(f"temperature must be a finite number, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidOptionError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
-            raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise InvalidOptionError(f"seed must be in [0, 2^32), got {self.seed}")
-
-
-@dataclass
-class GenerationStats:
-    """Of one generation: prefill = evaluating the prompt, decode = the generated tokens."""
-    n_prompt_tokens: int = 0
-    n_cached_prompt_tokens: int = 0  # prompt prefix reused from the previous call's KV cache
-    prefill_seconds: float = 0.0
-    n_decoded: int = 0
-    decode_seconds: float = 0.0
-    finish_reason: str = "length"  # "stop": an end-of-generation token; "length": max_tokens or n_ctx
-
-    @property
-    def prefill_tokens_per_second(self) -> float:
-        n = self.n_prompt_tokens - self.n_cached_prompt_tokens
-        return n / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        return self.n_decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "n_prompt_tokens": self.n_prompt_tokens,
-            "n_cached_prompt_tokens": self.n_cached_prompt_tokens,
-            "prefill_seconds": self.prefill_seconds,
-            "prefill_tokens_per_second": self.prefill_tokens_per_second,
-            "n_decoded": self.n_decoded,
-            "decode_seconds": self.decode_seconds,
-            "decode_tokens_per_second": self.decode_tokens_per_second,
-        }
-
-
+__all__ = ["Engine", "GenerationStats", "SamplingParams"]
 
 
 def _stop_list(stop: str | list[str] | None) -> list[str]:
@@ -121,47 +57,6 @@ def _expert_summary(experts: dict) -> dict:
         "low_load_cost": low_cost,
         "miss_penalty": t["loads_high"] + low_cost * t["loads_low"],
     }
-
-
-def top_probability(logits: np.ndarray) -> float:
-    """The largest softmax probability of one row of logits (MoBiLE's confidence)."""
-    row = np.asarray(logits, dtype=np.float64)
-    return float(1.0 / np.exp(row - row.max()).sum())
-
-
-def _calibrated_tables(model, options, calibration: dict | None) -> None:
-    """Hands the native layer what EdgeMoE's options read from the calibration sidecar: the static
-    precision map (static_precision) and the path statistics (prefetch edgemoe)."""
-    calibration = calibration or {}
-    if options.static_precision:
-        precision_map = calibration.get("precision_map")
-        if not precision_map:
-            raise InvalidOptionError("static_precision needs the precision map of `pyedgemoe calibrate --system edgemoe` "
-                                     "in the calibration sidecar")
-        model.set_expert_precision_map({int(l): es for l, es in precision_map["low"].items()})
-    if options.prefetch.name == "edgemoe":
-        stats = calibration.get("path_statistics")
-        if not stats:
-            raise InvalidOptionError("prefetch edgemoe needs the path statistics of `pyedgemoe calibrate` in the "
-                                     "calibration sidecar")
-        model.set_expert_path_statistics(native_entries(stats))
-
-
-def _serving(experts: dict, repack: bool, prefetch_why: str) -> str:
-    """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
-    prefetch (and why, when chosen automatically), eviction, precision and repacking, as in effect."""
-    fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
-    share = experts["prefill_low_share"]
-    precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
-                 + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
-    return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
-            f"{f' ({prefetch_why})' if prefetch_why else ''}, "
-            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or value <= 0):
-        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Engine:
@@ -192,12 +87,15 @@ class Engine:
         precision (low_precision, skip, t1, t2, low_cache, low_hit, low_from; docs/mixed-precision.md),
         prefetch ("none", "hobbit": HOBBIT's walk prefetch_depth layers ahead, "fate"),
         fate_percentile, fate_extra. Left unset, the calibration sidecar and the model decide
-        (expert_options.AUTOMATIC), else the defaults of native/src/expert-options.h.
+        (expert_options.AUTOMATIC), else their defaults (expert_options.default).
     trace_routing: record every MoE layer's routing for calibration (record_routing): the expert
         predictor then runs even without prefetch.
-    mode (an expert option): "cpu", "gpu", "coop" or "auto" (the default where the build has a
-        GPU; pyedgemoe.devices, docs/gpu.md). With a GPU, expert_cache is the GPU's expert budget
-        (auto: from its free memory), non-expert weights and the KV cache live there too.
+    Where the model runs, options of the same schema (keyword arguments, or in expert_options):
+    mode: "cpu", "gpu", "coop" or "auto" (the default where the build has a GPU; docs/gpu.md). With
+        a GPU, expert_cache is the GPU's expert budget (auto: from its free memory), non-expert
+        weights and the KV cache live there too.
+    n_gpu_layers: llama.cpp's habit for the mode: 0 is "cpu"; -1 or a layer count, "auto" where the
+        build has a GPU (every layer goes there), else the CPU, as llama.cpp runs.
     repack: repacked copies of the weights where llama.cpp's CPU backend makes them (its default;
         False is llama.cpp's --no-repack). None (auto): off where the experts stream through an
         expert cache in host memory or stay in the mapped file (each read would be converted again:
@@ -222,160 +120,86 @@ class Engine:
         what the budget left beside the expert cache at load or the memory available then, rather
         than outgrow a memory limit.
     verbose: forward llama.cpp's log to stderr.
+
+    Every decision of the load is made by a pure plan (pyedgemoe.load_plan, `plan`, each with its
+    reason; `pyedgemoe run --dry-run` prints it); __init__ executes it.
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_batch: int = 512, seed: int | None = None,
-                 flash_attn: bool | None = None, kv_type: str = "f16", expert_cache: str | int | None = None,
-                 expert_options: ExpertOptions | None = None, trace_routing: bool = False,
-                 device: str | None = None, host_cache: str | int | None = None, system: str | None = None,
-                 n_parallel: int = 1, repack: bool | None = None, n_logits: int = 0, verbose: bool = False,
-                 **options):
-        for name, value in (("n_ctx", n_ctx), ("n_logits", n_logits)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
-        for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch), ("n_batch", n_batch),
-                            ("n_parallel", n_parallel)):
-            _positive(name, value)
-        SamplingParams(seed=seed).validate()
-        try:
-            kv_ggml_type = int(gguf.GGMLQuantizationType[kv_type.upper()])
-        except KeyError:
-            raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
-        flash_attn_type = -1 if flash_attn is None else int(bool(flash_attn))
-        expert_options = (expert_options or ExpertOptions()).merged(**options)
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = LoadOptions.n_ctx, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_batch: int = LoadOptions.n_batch, seed: int | None = None,
+                 flash_attn: bool | None = None, kv_type: str = LoadOptions.kv_type,
+                 expert_cache: str | int | None = None, expert_options: ExpertOptions | None = None,
+                 trace_routing: bool = False, system: str | None = None, n_parallel: int = LoadOptions.n_parallel,
+                 n_logits: int = LoadOptions.n_logits, verbose: bool = False, **options):
+        load = LoadOptions(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
+                           n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
+                           kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
+                           expert_options=(expert_options or ExpertOptions()).merged(**options))
         self.model_path = os.fspath(model_path)
-        self.info: ModelInfo = read_model_info(self.model_path)
-        self.system = system
-        if system is not None:
-            expert_options = system_options(system, expert_options, self.info, n_parallel)
-        self.mode = resolve_mode(expert_options["mode"] if "mode" in expert_options.given else None)
-        expert_options = expert_options.merged(mode=self.mode)
-        self.device = choose_device(self.mode, device)
+        self.info: ModelInfo
+        self.plan: LoadPlan
+        self.info, self.plan = plan_for(self.model_path, load)
         _native.set_verbose(verbose)
+        plan = self.plan
+        self.system, self.seed, self.n_logits, self.n_parallel = system, plan.seed, plan.n_logits, plan.n_parallel
+        self.device, self.repack, self.experts_mapped = plan.device, plan.repack, plan.experts_mapped
+        self.big_little = plan.big_little
+        self._load_model(plan)
+        # --mode auto as the residency layer chose it; every expert resident on the GPU is the GPU-centric mode
+        self.mode = plan.mode if plan.mode != "auto" else self.expert_residency["mode"] if self.expert_residency else "gpu"
+        # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
+        cap = self.expert_residency["max_ubatch_tokens"] if self.expert_residency else 0
+        self.n_ubatch = min(plan.n_batch, cap) if cap > 0 else plan.n_batch
+        self.threads_note = plan.reasons["threads"]
+        if verbose:
+            print(f"pyedgemoe: {self.threads_note}", file=sys.stderr)
+        # counts left to us follow the machine's load (threads.ThreadGovernor); given ones stay
+        self.n_threads, self._n_threads_batch = plan.n_threads, plan.n_threads_batch
+        self._reads_core = plan.reads_core  # a core the decode left to the expert reads
+        self._governor = ThreadGovernor(plan.n_threads, load=cpu_load()) if plan.governed else None
+        try:
+            ctx = _native.Context(self._model, n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=self.n_ubatch,
+                                  n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch,
+                                  flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel)
+        except RuntimeError as e:
+            raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
+        self._decoder = Decoder(self._model, ctx, plan.n_parallel, self._governed, plan.big_little)
+        self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
+        self._turn_owner: int | None = None  # the thread that took it
+        self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
+        self.last_timings = GenerationStats()
+        self._totals = GenerationStats()
 
-        block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_ggml_type)]
-        predicting = self.info.is_moe and expert_options["prefetch"] == "hobbit"
-        context = context_bytes(self.info.metadata, n_ctx, n_batch, type_bytes / block, flash_attn, n_parallel,
-                                n_logits, expert_options["prefetch_depth"] if predicting else 0,
-                                every_output=self.device is not None)
-        self.n_logits = n_logits
-        self._n_ubatch = ubatch_tokens(self.info.metadata, n_ctx, n_batch)
-        host = memory_budget.available_memory()  # measured once: for the budget and for what it leaves
-        budget, self.expert_cache_note = parse_expert_cache(
-            expert_cache, self.info.high_expert_bytes, self.info.non_expert_bytes, context,
-            self.device["free_bytes"] if self.device else host, refuse=not self.device,  # a GPU: check_fits_device
-            repacked_expert_bytes=0 if self.device else self.info.repacked_expert_bytes)
-        self.experts_mapped = budget == MAPPED and self.info.is_moe  # in the page cache, no expert cache
-        if self.experts_mapped and self.device:
-            raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
-                                     "runs with mode 'cpu'")
-        offload = budget not in (None, MAPPED) and self.info.is_moe
-        # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
-        self._spare_bytes = spare_bytes(budget if offload and not self.device else 0, self.info.non_expert_bytes,
-                                        context, host)
-        if offload and self.device:
-            check_fits_device(budget, self.device)
-        if repack and self.experts_mapped:
-            raise InvalidOptionError(f"expert_cache {MAPPED!r} computes from the mapped file: repacked copies would "
-                                     "take the experts out of it (repack off)")
-        self.repack = repack if repack is not None else not (self.experts_mapped or (offload and not self.device))
-        if repack is None and self.repack and not self.device and not memory_budget.repack_fits(
-                self.info.high_expert_bytes, self.info.repacked_expert_bytes, self.info.non_expert_bytes, context, host[0]):
-            self.repack = False
-            self.expert_cache_note += (f"; repack off: {format_bytes(self.info.repacked_expert_bytes)} of repacked "
-                                       "copies would not fit beside the mapped experts they are read from")
-        host_bytes = host_cache_bytes(host_cache, self.mode, self.info.expert_bytes)  # checked even when unused
-        # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
-        calibration = load_calibration(self.model_path, self.info.metadata) if self.info.is_moe else None
-        default = default_threads()
-        cores = default.n
-        prefetch_why = ""  # why prefetch is what it is, when chosen here
-        native_options = expert_options.resolve(self.info, calibration, n_parallel) if self.info.is_moe else None
-        if offload and not self.device and n_parallel == 1 and "prefetch" not in expert_options.given \
-                and not native_options.big_little:
-            prefetch, prefetch_why = auto_prefetch(budget / self.info.high_expert_bytes, cores, n_threads is not None)
-            expert_options = expert_options.merged(prefetch=prefetch)
-            native_options = expert_options.resolve(self.info, calibration, n_parallel)
-        self._reads_core = bool(prefetch_why) and expert_options["prefetch"] != "none"  # a core the decode left
-        if native_options is not None and not offload and (native_options.big_little > 0 or native_options.static_precision
-                                                           or native_options.prefetch.name == "edgemoe"):
-            raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "
-                                     "give an expert_cache below the model's experts (e.g. --expert-cache 50%)")
-        background = False  # the cache filled in the background
+    def _load_model(self, plan: LoadPlan) -> None:
+        """The model, as the plan has it: its experts resident, mapped, or read on demand into an
+        expert cache (with the calibration's tables and its fill)."""
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
-            self._model = _native.Model(self.model_path, use_mmap=not offload, experts_on_demand=offload,
-                                        device=self.device["name"] if self.device else "",
-                                        repack=self.repack)
-            if offload:
-                self._model.enable_expert_residency(budget, native_options, trace_routing, host_bytes,
-                                                    n_threads or cores)  # --mode auto measures with them
-                _calibrated_tables(self._model, native_options, calibration)
-                if native_options.fill_cache:
-                    ranking = fill_ranking(calibration, self.info.n_experts)
-                    # lossless only: with LOW copies or skips, what a miss computes depends on
-                    # whether the fill has cached that expert yet, i.e. on timing
-                    background = native_options.fill_background and not native_options.lossy
-                    if background:
-                        self._model.fill_expert_cache_in_background(ranking)
-                    else:
-                        self._model.fill_expert_cache(ranking)
+            self._model = _native.Model(self.model_path, use_mmap=not plan.offload, experts_on_demand=plan.offload,
+                                        device=plan.device["name"] if plan.device else "", repack=plan.repack)
+            if plan.offload:
+                self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
+                                                    plan.host_cache_bytes, plan.auto_mode_threads)
+                if plan.precision_map is not None:
+                    self._model.set_expert_precision_map(dict(plan.precision_map))
+                if plan.path_statistics is not None:
+                    self._model.set_expert_path_statistics(plan.path_statistics)
+                if plan.fill == "in the background":
+                    self._model.fill_expert_cache_in_background(dict(plan.fill_ranking))
+                elif plan.fill == "at load":
+                    self._model.fill_expert_cache(dict(plan.fill_ranking))
         except (_native.ExpertBudgetError, ValueError) as e:
             raise InvalidOptionError(str(e)) from None
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
-        self.expert_residency: dict | None = self._model.expert_residency_info() if offload else None
+        self.expert_residency: dict | None = self._model.expert_residency_info() if plan.offload else None
+        self.expert_cache_note = plan.expert_cache_note
         if self.expert_residency:
-            self.expert_residency["fill_background"] = background  # as done
-            self.expert_cache_note += f"; {_serving(self.expert_residency, self.repack, prefetch_why)}"
-        if self.expert_residency and self.expert_residency["mode_reason"]:
-            print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
-        if self.mode == "auto":  # as chosen: every expert resident on the GPU is the GPU-centric mode
-            self.mode = self.expert_residency["mode"] if self.expert_residency else "gpu"
-        n_ubatch = n_batch
-        if offload and self.expert_residency["max_ubatch_tokens"] > 0:
-            # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
-            n_ubatch = min(n_batch, self.expert_residency["max_ubatch_tokens"])
-        self.n_ubatch = n_ubatch
-        self.threads_note = f"threads: {n_threads or 'default'} decode, {n_threads_batch or n_threads or 'default'} batch"
-        if not (n_threads and n_threads_batch):
-            self.threads_note += f"; default {cores}: {default.why}"
-            if self._reads_core and not n_threads:
-                self.threads_note += "; the decode leaves one to the expert reads"
-        # counts left to us follow the machine's load (threads.ThreadGovernor); given ones stay
-        self._batch_governed = not (n_threads_batch or n_threads)
-        n_threads_batch = n_threads_batch or n_threads or cores
-        self._governor = None if n_threads else ThreadGovernor(cores - 1 if self._reads_core else cores, load=cpu_load())
-        if self._governor and cores > 1:
-            self.threads_note += "; fewer while the machine is busy"
-        n_threads = n_threads or (cores - 1 if self._reads_core else cores)
-        self._cores = cores
-        if verbose:
-            print(f"pyedgemoe: {self.threads_note}", file=sys.stderr)
-        try:
-            self._ctx = _native.Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                        n_threads=n_threads, n_threads_batch=n_threads_batch,
-                                        flash_attn=flash_attn_type, kv_type=kv_ggml_type, n_seq_max=n_parallel)
-        except RuntimeError as e:
-            raise ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}") from None
-        self.n_threads = n_threads
-        self._n_threads_batch = n_threads_batch
-        self.seed = seed
-        self.big_little = native_options.big_little if offload else 0.0  # MoBiLE's gamma; 0: off
-        if n_parallel > 1 and self.big_little > 0:
-            raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
-                                     "n_parallel=1")
-        self.n_parallel = n_parallel
-        self._lock = threading.RLock()  # held while the native context or the expert cache is in use
-        self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
-        self._turn_owner: int | None = None  # the thread that took it
-        self._batcher = Batcher(self, n_parallel) if n_parallel > 1 else None
-        self._big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
-        self._tokens: list[int] = []  # what the KV cache holds, position by position
-        self.last_timings = GenerationStats()
-        self._totals = GenerationStats()
+            self.expert_residency["fill_background"] = plan.fill == "in the background"  # as done
+            self.expert_cache_note += f"; {serving_text(self.expert_residency, plan.repack, plan.reasons['prefetch'])}"
+            if self.expert_residency["mode_reason"]:
+                print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -383,7 +207,8 @@ class Engine:
         if getattr(self, "_batcher", None) is not None:
             self._batcher.close()
             self._batcher = None
-        self._ctx = None
+        if getattr(self, "_decoder", None) is not None:
+            self._decoder.close()
         self._model = None
 
     def __enter__(self) -> "Engine":
@@ -393,9 +218,7 @@ class Engine:
         self.close()
 
     def _live(self):
-        if self._ctx is None:
-            raise RuntimeError("this Engine is closed")
-        return self._ctx
+        return self._decoder.live()
 
     def _live_model(self):
         self._live()
@@ -416,7 +239,7 @@ class Engine:
             finally:
                 self._turn_owner = None
 
-    # -- properties ----------------------------------------------------------------------
+    # -- properties and the vocabulary ------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
         """The positions one generation has: the context's, divided among n_parallel sequences."""
@@ -430,7 +253,23 @@ class Engine:
     def metadata(self) -> dict[str, str]:
         return self._live_model().metadata()
 
-    # -- tokens ----------------------------------------------------------------------------
+    def token_bos(self) -> int | None:
+        """The model's beginning-of-sequence token; None where it has none."""
+        return self._live_model().bos
+
+    def token_eos(self) -> int | None:
+        """The model's end-of-sequence token; None where it has none."""
+        return self._live_model().eos
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether the model puts BOS before tokenized text (llama_vocab_get_add_bos)."""
+        return self._live_model().add_bos
+
+    def is_eog(self, token: int) -> bool:
+        """Whether token ends a generation (EOS, EOT, ...)."""
+        return self._live_model().is_eog(token)
+
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of text; add_bos adds the model's BOS (if it uses one), special parses
         special-token text such as <|im_start|>."""
@@ -441,8 +280,9 @@ class Engine:
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
 
-    def token_piece(self, token: int) -> bytes:
-        return self._live_model().token_to_piece(token, False)
+    def token_piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (special: a special token's text too)."""
+        return self._live_model().token_to_piece(token, special)
 
     # -- evaluation --------------------------------------------------------------------------
     def logits(self, token_ids: list[int], *, one_token_per_step: bool = False) -> np.ndarray:
@@ -454,72 +294,39 @@ class Engine:
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
-        check_logits_fit(self.info.metadata, len(ids), self.n_logits, self._spare_bytes, self._n_ubatch)
+        check_logits_fit(self.info.metadata, len(ids), self.n_logits, self.plan.spare_bytes, self.plan.ubatch_tokens)
+        decoder = self._decoder
         with self._sequence_turn():
-            self._clear()
+            decoder.clear()
             if one_token_per_step:
-                out = np.stack([self._decode([t], pos, True)[0] for pos, t in enumerate(ids)])
+                out = np.stack([decoder.decode([t], pos, all_logits=True)[0] for pos, t in enumerate(ids)])
             else:
-                out = self._decode(ids, 0, True)
-            self._tokens = ids
+                out = decoder.decode(ids, 0, all_logits=True)
+            decoder.sequences[0].tokens[:] = ids
         return out
-
-    def _clear(self) -> None:
-        with self._lock:
-            self._live().clear()
-        self._tokens = []
-
-    def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> np.ndarray:
-        try:
-            with self._lock:
-                if self.big_little > 0 and len(ids) == 1:
-                    return self._governed(1, lambda: self._decode_big_little(ids, pos0, all_logits))
-                logits = self._governed(1 if len(ids) == 1 else 0, lambda: self._live().decode(ids, pos0, all_logits))
-                if self._reads_core and self._model.expert_prefetch_stopped():  # its core back to the decode
-                    self._reads_core = False
-                    self.n_threads = self._cores
-                    if self._governor:
-                        self._governor.set_max(self._cores)
-                    self._ctx.set_n_threads(self.n_threads, self._n_threads_batch)
-                return logits
-        except _native.ExpertLoadError as e:
-            self._tokens = []  # the native side cleared the KV cache
-            raise ExpertLoadError(str(e)) from None
 
     def _governed(self, n_decoded: int, decode):
         """decode() on the thread counts the governor chose, timed for it: n_decoded tokens, one per
-        sequence of a decode step (0 for a prompt's batch, which it does not time)."""
+        sequence of a decode step (0 for a prompt's batch, which it does not time). Every decode
+        call goes through here (Decoder)."""
         g = self._governor
         if g is None:
-            return decode()
-        if g.n != self.n_threads:
-            self.n_threads = g.n
-            batch = self._n_threads_batch if not self._batch_governed or g.n == g.n_max else min(g.n, self._n_threads_batch)
-            self._live().set_n_threads(g.n, batch)
-        t0 = time.perf_counter()
-        out = decode()
-        g.record(n_decoded, time.perf_counter() - t0)
+            out = decode()
+        else:
+            if g.n != self.n_threads:
+                self.n_threads = g.n
+                full = not self.plan.batch_governed or g.n == g.n_max
+                self._live().set_n_threads(g.n, self._n_threads_batch if full else min(g.n, self._n_threads_batch))
+            t0 = time.perf_counter()
+            out = decode()
+            g.record(n_decoded, time.perf_counter() - t0)
+        if self._reads_core and self._model.expert_prefetch_stopped():  # its core back to the decode
+            self._reads_core = False
+            self.n_threads = self.plan.cores
+            if g:
+                g.set_max(self.plan.cores)
+            self._live().set_n_threads(self.n_threads, self._n_threads_batch)
         return out
-
-    def _decode_big_little(self, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:
-        """MoBiLE (docs/systems.md): the token through each layer's top-k/2 experts; when its top
-        output probability is below big_little, its KV entry is removed and it runs again with the
-        whole top-k, the experts the little pass's routers chose prefetched."""
-        ctx = self._live()
-        counts = self._big_little_counts
-        self._model.set_expert_little(True)
-        try:
-            logits = ctx.decode(ids, pos, all_logits)
-        finally:
-            self._model.set_expert_little(False)
-        counts["little_tokens"] += 1
-        if top_probability(np.asarray(logits).reshape(-1, self.n_vocab)[-1]) >= self.big_little:
-            return logits
-        counts["fallbacks"] += 1
-        if not ctx.truncate(pos):
-            raise ModelLoadError("big_little: this model's memory cannot drop a token to redo it")
-        counts["prefetched"] += self._model.prefetch_expert_big()
-        return ctx.decode(ids, pos, all_logits)
 
     def _single_sequence(self, what: str) -> None:
         if self._batcher is not None:
@@ -532,20 +339,6 @@ class Engine:
                 + (f" with room for {n_more} generated" if n_more else "")
                 + " (raise n_ctx / --ctx)"
             )
-
-    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
-        """Evaluates prompt, reusing the longest prefix already in the KV cache (at least the
-        last token is evaluated again, for its logits). Returns (last logits, reused count)."""
-        ctx = self._live()
-        reuse = shared_prefix(self._tokens, prompt)
-        with self._lock:
-            if not ctx.truncate(reuse):
-                ctx.clear()
-                reuse = 0
-        self._tokens = self._tokens[:reuse]
-        logits = self._decode(prompt[reuse:], reuse, False)
-        self._tokens = list(prompt)
-        return logits, reuse
 
     def generate_tokens(self, prompt_tokens: list[int], max_tokens: int | None,
                         sampling: SamplingParams, *, ignore_eos: bool = False,
@@ -579,63 +372,29 @@ class Engine:
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
                                          f"for max_tokens {max_tokens}")
         self._check_fits(len(prompt), 1 if max_tokens else 0)
-        fresh = fresh or sampling.seed is not None
-        seed = sampling.seed if sampling.seed is not None else self.seed
-        if seed is None:
-            seed = random.getrandbits(32)
-        sampler = _native.Sampler(self._model, sampling.temperature, sampling.top_k, sampling.top_p,
-                                  sampling.min_p, sampling.repeat_penalty, sampling.penalty_last_n, seed)
-        for t in prompt[-sampling.penalty_last_n:] if sampling.penalty_last_n > 0 else []:
-            sampler.accept(t)
         timings = GenerationStats(n_prompt_tokens=len(prompt))
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
-        if self._batcher is not None:
-            tokens = self._batcher.generate(prompt, budget, sampler, ignore_eos, timings, fresh)
-        else:
-            tokens = self._one_sequence(prompt, budget, sampler, ignore_eos, feed_tokens, timings, fresh)
+        generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
+                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens)
+        tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)
         return timings, self._counted(tokens, timings)
 
     def _counted(self, tokens: Iterator[int], timings: GenerationStats) -> Iterator[int]:
         try:
             yield from tokens
         finally:
-            with self._lock:
-                self._add_to_totals(timings)
+            with self._decoder.lock:
+                self._totals.add(timings)
 
-    def _one_sequence(self, prompt: list[int], budget: int, sampler, ignore_eos: bool,
-                      feed_tokens: list[int] | None, timings: GenerationStats, fresh: bool) -> Iterator[int]:
+    def _one_sequence(self, generation: Generation) -> Iterator[int]:
         """The generation of an Engine with one sequence, on the caller's thread, holding the sequence
         from its first token to its end."""
         with self._sequence_turn():
-            if fresh:
-                self._clear()
-            start = time.perf_counter()
-            _, timings.n_cached_prompt_tokens = self._prefill(prompt)
-            timings.prefill_seconds = time.perf_counter() - start
-            decode_start = time.perf_counter()
-            for i in range(budget):
-                with self._lock:
-                    token = sampler.sample(self._live())
-                if not ignore_eos and self._model.is_eog(token):
-                    timings.finish_reason = "stop"
-                    break
-                timings.n_decoded += 1
-                timings.decode_seconds = time.perf_counter() - decode_start
+            token = generation.prefill(self._decoder.sequences[0])
+            while token is not None:
                 yield token
-                decode_start = time.perf_counter() - timings.decode_seconds  # time spent by the consumer does not count
-                if i + 1 < budget:
-                    fed = token if feed_tokens is None else feed_tokens[i]
-                    self._decode([fed], len(self._tokens), False)
-                    self._tokens.append(fed)
-            timings.decode_seconds = time.perf_counter() - decode_start
-
-    def _add_to_totals(self, t: GenerationStats) -> None:
-        self._totals.n_prompt_tokens += t.n_prompt_tokens
-        self._totals.n_cached_prompt_tokens += t.n_cached_prompt_tokens
-        self._totals.prefill_seconds += t.prefill_seconds
-        self._totals.n_decoded += t.n_decoded
-        self._totals.decode_seconds += t.decode_seconds
+                token = generation.step()
 
     def time_generation(self, prompt_ids: list[int], n_tokens: int, feed_tokens: list[int] | None = None) -> dict:
         """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence;
@@ -691,32 +450,26 @@ class Engine:
             return self.tokenize(prompt, add_bos=True, special=False)
         return [int(t) for t in prompt]
 
-    def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, temperature: float = 0.8,
-                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                 seed: int | None = None, stop: str | list[str] | None = None,
-                 stream: bool = False, ignore_eos: bool = False) -> str | Iterator[str]:
+    def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, stop: str | list[str] | None = None,
+                 stream: bool = False, ignore_eos: bool = False, **sampling) -> str | Iterator[str]:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an
         iterator of text pieces as they are produced. ignore_eos: go on past end-of-generation
-        tokens (to max_tokens)."""
-        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        sampling.validate()
-        stops = _stop_list(stop)
-        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, sampling, stops, {}, ignore_eos)
+        tokens (to max_tokens). sampling: SamplingParams's settings by name (temperature, top_k,
+        top_p, min_p, repeat_penalty, seed)."""
+        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling),
+                                   _stop_list(stop), {}, ignore_eos)
         return pieces if stream else "".join(pieces)
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
-                          temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                          repeat_penalty: float = 1.0, seed: int | None = None,
-                          stop: str | list[str] | None = None, stream: bool = False):
-        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result."""
-        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        sampling.validate()
-        stops = _stop_list(stop)
+                          stop: str | list[str] | None = None, stream: bool = False, **sampling):
+        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result.
+        sampling: as for generate."""
+        sampling = SamplingParams.of(sampling)
         prompt_tokens = self._prompt_tokens(prompt)
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_path}
         result: dict = {}
-        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
+        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, _stop_list(stop), result)
 
         def usage() -> dict:
             return _usage(len(prompt_tokens), result["completion_tokens"])
@@ -736,8 +489,7 @@ class Engine:
 
     def format_chat(self, messages: list[dict]) -> str:
         """The prompt text for messages, using the model's chat template."""
-        bos = self._model.bos
-        eos = self._model.eos
+        bos, eos = self.token_bos(), self.token_eos()
         return render_chat(
             self._model.chat_template, messages,
             bos_token=self.token_piece(bos).decode("utf-8", "replace") if bos is not None else "",
@@ -746,23 +498,20 @@ class Engine:
         )
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
-                               temperature: float = 0.2, top_k: int = 40, top_p: float = 0.95,
-                               min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                               stop: str | list[str] | None = None, stream: bool = False):
-        """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result."""
+                               stop: str | list[str] | None = None, stream: bool = False, **sampling):
+        """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
+        sampling: as for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
-        sampling = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
-        sampling.validate()
-        stops = _stop_list(stop)
+        sampling = SamplingParams.of(sampling, temperature=CHAT_TEMPERATURE)
         text = self.format_chat(messages)
-        bos = self._model.bos
+        bos = self.token_bos()
         starts_with_bos = bos is not None and text.startswith(self.token_piece(bos).decode("utf-8", "replace"))
         prompt_tokens = self.tokenize(text, add_bos=not starts_with_bos, special=True)
         head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_path}
         result: dict = {}
-        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, stops, result)
+        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, _stop_list(stop), result)
 
         def usage() -> dict:
             return _usage(len(prompt_tokens), result["completion_tokens"])
@@ -791,7 +540,7 @@ class Engine:
         the predictor's guesses only for an Engine made with trace_routing=True (else -1)."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
-        with self._lock:
+        with self._decoder.lock:
             self._model.set_expert_tracing(on)
 
     def take_routing_trace(self) -> dict:
@@ -799,7 +548,7 @@ class Engine:
         record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used]."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
-        with self._lock:
+        with self._decoder.lock:
             return dict(self._model.take_expert_trace())
 
     # -- telemetry ---------------------------------------------------------------------------------
@@ -817,7 +566,7 @@ class Engine:
             "totals": self._totals.to_dict(),
             "last": self.last_timings.to_dict(),
         }
-        with self._lock:  # between two decodes
+        with self._decoder.lock:  # between two decodes
             out["memory"] = self._live().memory_breakdown()
             native_experts = self._model.expert_stats() if self.expert_residency is not None else None
         out["system"] = self.system
@@ -825,7 +574,7 @@ class Engine:
             experts = {**self.expert_residency, **native_experts}
             out["experts"] = {**experts, "summary": _expert_summary(experts)}
         if self.big_little > 0:
-            c = self._big_little_counts
+            c = self._decoder.big_little_counts
             out["big_little"] = {"gamma": self.big_little, **c,
                                  "fallback_rate": c["fallbacks"] / c["little_tokens"] if c["little_tokens"] else 0.0}
         return out
@@ -836,7 +585,7 @@ class Engine:
         if self.expert_residency is None:
             raise InvalidOptionError("a precision map needs an expert cache (expert_cache=...)")
         try:
-            with self._lock:
+            with self._decoder.lock:
                 self._model.set_expert_precision_map({int(l): [int(e) for e in es] for l, es in low.items()})
         except ValueError as e:
             raise InvalidOptionError(str(e)) from None

@@ -1,8 +1,12 @@
 """How offloaded experts are served: one option schema from the CLI to the C++ layer.
 
-Every option is declared once, in native/src/expert-options.h (type, name, default, help), and
-bound as `_native.ExpertOptions`; its names, defaults, choices and help come from there. This
-module adds what only the model and its calibration know, for options a caller leaves unset:
+Every option is declared once: the expert cache's in native/src/expert-options.h (type, name,
+default, help), bound as `_native.ExpertOptions`, whose names, defaults, choices and help come from
+there; those of where the model runs that the native layer does not take (device, host_cache,
+repack, n_gpu_layers) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
+(mode's depends on the build: default_mode). The CLI's flags, Engine's keywords and Llama's are
+made from them. This module adds what only the model and its calibration know, for options a
+caller leaves unset:
 
 - with LOW copies available (a multi-precision GGUF, or low_from=OTHER.gguf), HOBBIT's dynamic
   loading is on (docs/mixed-precision.md): a missed selection is loaded in HIGH precision if its
@@ -15,29 +19,75 @@ from __future__ import annotations
 
 import enum
 import os
+from dataclasses import dataclass
 
 from pyedgemoe import _native
+from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
 
-OPTION_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
+
+@dataclass(frozen=True)
+class LoadOption:
+    """An option of where the model runs that the native layer does not take (its type, its help, and
+    what it becomes left unset); it is given and checked as the native ones are."""
+    kind: type
+    help: str
+    automatic: str
+    short_flag: str | None = None  # a CLI flag besides --name
+
+
+# The native options (native/src/expert-options.h) first, then these.
+LOAD_OPTIONS: dict[str, LoadOption] = {
+    "device": LoadOption(str, "the GPU by ggml's name, e.g. Vulkan0, CUDA0", "the first"),
+    "host_cache": LoadOption(str, "with a GPU: pinned RAM for experts between the file and the GPU: 8GiB, 50% "
+                             "(of expert bytes), 0 or auto", "auto: every expert copy, or what RAM has free"),
+    "repack": LoadOption(bool, "repacked copies of the weights, as llama.cpp makes them",
+                         "off where experts stream through an expert cache or stay mapped, or where the copies "
+                         "would not fit beside the mapped experts; else on"),
+    "n_gpu_layers": LoadOption(int, "llama.cpp's habit: 0 is --mode cpu; -1 or a layer count, the GPU where this "
+                               "build has one (--mode auto; every layer goes to the GPU), else the CPU",
+                               "--mode decides", short_flag="-ngl"),
+}
+NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
+OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
 _DEFAULTS = _native.ExpertOptions()
 
 
+def default_mode(has_gpu: bool) -> str:
+    """mode's default: auto where the build has a GPU (the residency layer measures at load which of
+    gpu and coop serves misses faster), else cpu, the one mode of a CPU-only build."""
+    return "auto" if has_gpu else "cpu"
+
+
 def default(name: str):
-    """The native default of an option (an enum option by its name)."""
+    """The default that applies to an option left unset (an enum option by its name): the native
+    schema's, mode's for this build (default_mode), None for a load option (AUTOMATIC says what it
+    becomes)."""
+    if name in LOAD_OPTIONS:
+        return None
+    if name == "mode":
+        return default_mode(bool(gpu_devices()))
     value = getattr(_DEFAULTS, name)
     return value.name if isinstance(value, enum.Enum) else value
 
 
 def choices(name: str) -> tuple[str, ...] | None:
     """The names an enum option takes; None for other options."""
-    value = getattr(_DEFAULTS, name)
+    value = getattr(_DEFAULTS, name, None)
     return tuple(type(value).__members__) if isinstance(value, enum.Enum) else None
 
 
 def help_text(name: str) -> str:
+    if name in LOAD_OPTIONS:
+        return LOAD_OPTIONS[name].help
     return getattr(_native.ExpertOptions, name).__doc__ or ""
+
+
+def options_dict(native: _native.ExpertOptions) -> dict:
+    """The native options by name (an enum by its name), as expert_residency_info gives them."""
+    values = {name: getattr(native, name) for name in NATIVE_NAMES}
+    return {name: v.name if isinstance(v, enum.Enum) else v for name, v in values.items()}
 
 
 # With LOW copies, a prefill ubatch's least popular experts covering this share of its selections
@@ -68,8 +118,9 @@ AUTOMATIC = {
     "prefill_low_share": f"{PREFILL_LOW_SHARE} with low precision, else 0",
     "t1": f"calibrated, else {default('t1')}",
     "t2": f"calibrated, else {default('t2')}",
-    "mode": "auto with a GPU, else cpu",
+    "mode": f"{default_mode(True)} with a GPU, else {default_mode(False)}",
     "low_cache": f"{default('low_cache')}; with static_precision, the LOW share of the map's bytes",
+    **{name: option.automatic for name, option in LOAD_OPTIONS.items()},
 }
 
 
@@ -102,7 +153,9 @@ def parse_policy_weights(value) -> tuple[float, float, float, float]:
 
 
 def _converted(name: str, value):
-    """value as the native field's type, or InvalidOptionError."""
+    """value as the native field's type (a load option's: as given, checked), or InvalidOptionError."""
+    if name in LOAD_OPTIONS:
+        return _load_option(name, value)
     kind = default(name)
     names = choices(name)
     if names is not None:
@@ -130,10 +183,28 @@ def _converted(name: str, value):
     return float(value)
 
 
+def _load_option(name: str, value):
+    if name == "repack":
+        if not isinstance(value, bool):
+            raise InvalidOptionError(f"repack must be True or False, got {value!r}")
+    elif name == "device":
+        if not isinstance(value, str):
+            raise InvalidOptionError(f"device must be a device's name, got {value!r}")
+    elif name == "host_cache":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")
+        if isinstance(value, int) and value < 0:
+            raise InvalidOptionError(f"host_cache must be >= 0, got {value}")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < -1:  # n_gpu_layers
+        raise InvalidOptionError(f"n_gpu_layers must be -1 (all), 0 (none) or a layer count, got {value!r}")
+    return value
+
+
 class ExpertOptions:
-    """The expert cache's options a caller gave, by the names of `_native.ExpertOptions`
-    (OPTION_NAMES); None or absent: the automatic value (AUTOMATIC) or the native default.
-    Checked when made: a wrong name, type or range is an InvalidOptionError."""
+    """The options a caller gave of how the experts are served and where the model runs, by the
+    names of `_native.ExpertOptions` and LOAD_OPTIONS (OPTION_NAMES); None or absent: the automatic
+    value (AUTOMATIC) or the default (default()). Checked when made: a wrong name, type or range is
+    an InvalidOptionError."""
 
     def __init__(self, **given):
         unknown = sorted(set(given) - set(OPTION_NAMES))
@@ -144,8 +215,8 @@ class ExpertOptions:
         self._checked({"t2": max(default("t2"), t1), **self.given})
 
     def __getitem__(self, name: str):
-        """The option as given, else its native default."""
-        value = self.given.get(name, getattr(_DEFAULTS, name))
+        """The option as given, else its default (default())."""
+        value = self.given[name] if name in self.given else default(name)
         return value.name if isinstance(value, enum.Enum) else value
 
     def merged(self, **more) -> "ExpertOptions":
@@ -156,7 +227,8 @@ class ExpertOptions:
     def _checked(values: dict) -> _native.ExpertOptions:
         native = _native.ExpertOptions()
         for name, value in values.items():
-            setattr(native, name, value)
+            if name not in LOAD_OPTIONS:
+                setattr(native, name, value)
         try:
             native.check()
         except ValueError as e:

@@ -24,7 +24,6 @@ import gguf
 import jinja2
 
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe.devices import BUILD_HINT, gpu_devices
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
@@ -78,21 +77,6 @@ def _is_default(value: object, default: object) -> bool:
         return False
 
 
-def _mode_for(n_gpu_layers: int, mode: str | None) -> str | None:
-    """The Engine's mode for llama-cpp-python's n_gpu_layers: 0 (its default) is the CPU unless
-    pyedgemoe's own `mode` says otherwise; -1 or a positive count is a GPU mode, which puts every
-    layer's non-expert weights on the GPU (there is no partial offload of layers)."""
-    if not isinstance(n_gpu_layers, int) or n_gpu_layers < -1:
-        raise InvalidOptionError(f"n_gpu_layers must be -1 (all), 0 (none) or a layer count, got {n_gpu_layers!r}")
-    if n_gpu_layers == 0:
-        return mode or "cpu"
-    if mode == "cpu":
-        raise InvalidOptionError(f"n_gpu_layers={n_gpu_layers} asks for the GPU and mode='cpu' for none: give one")
-    if not gpu_devices():
-        raise InvalidOptionError(f"n_gpu_layers={n_gpu_layers} needs a GPU and this build found none: {BUILD_HINT}")
-    return mode or "auto"
-
-
 def _kv_type(type_k: int | None, type_v: int | None) -> str | None:
     """The Engine's kv_type for llama-cpp-python's ggml type ids (None: f16); one type for K and V."""
     if type_k is None and type_v is None:
@@ -113,9 +97,10 @@ class Llama:
 
     Supported from llama-cpp-python: model_path, n_ctx (0: the model's training context), n_batch,
     n_ubatch (>= n_batch: the Engine's micro-batch is n_batch), n_threads, n_threads_batch, seed,
-    flash_attn, type_k == type_v, verbose, n_gpu_layers (0: the CPU; -1 or > 0: the GPU modes, see
-    pyedgemoe.devices) and chat_format (None, "chat_template.default" where the model has a template,
-    "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own and goes to
+    flash_attn, type_k == type_v, verbose, n_gpu_layers (the Engine's and the CLI's -ngl: 0 the CPU,
+    unless pyedgemoe's mode is given; -1 or > 0 the GPU where the build has one, mode auto, else the
+    CPU, as llama-cpp-python runs) and chat_format (None, "chat_template.default" where the model has
+    a template, "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own and goes to
     Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type, the expert
     options (io, prefetch, ...).
     """
@@ -132,8 +117,9 @@ class Llama:
                                      "pyedgemoe.Engine's)")
         engine_kwargs = dict(kwargs)
         options = kwargs.get("expert_options")
-        given_mode = kwargs.get("mode") or (options["mode"] if options and "mode" in options.given else None)
-        engine_kwargs["mode"] = _mode_for(n_gpu_layers, given_mode)
+        mode_given = kwargs.get("mode") is not None or (options is not None and "mode" in options.given)
+        if not (n_gpu_layers == 0 and mode_given):  # llama-cpp-python's default of 0 gives way to a mode given
+            engine_kwargs["n_gpu_layers"] = n_gpu_layers
         kv_type = _kv_type(type_k, type_v)
         if kv_type is not None:
             if "kv_type" in kwargs:
@@ -218,13 +204,12 @@ class Llama:
     def n_vocab(self) -> int:
         return self.engine.n_vocab
 
-    # The Engine has no public BOS/EOS nor token_piece(special=True): read from its native model.
     def token_bos(self) -> int:
-        bos = self.engine._model.bos
+        bos = self.engine.token_bos()
         return -1 if bos is None else bos
 
     def token_eos(self) -> int:
-        eos = self.engine._model.eos
+        eos = self.engine.token_eos()
         return -1 if eos is None else eos
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -246,7 +231,7 @@ class Llama:
             before = self.detokenize(prev_tokens, special=special)
             return self.detokenize([*prev_tokens, *tokens], special=special)[len(before):]
         tokens = [int(t) for t in tokens]
-        text = b"".join(self.engine._model.token_to_piece(t, special) for t in tokens)
+        text = b"".join(self.engine.token_piece(t, special) for t in tokens)
         if tokens and tokens[0] == self.token_bos() and text.startswith(b" "):
             return text[1:]
         return text

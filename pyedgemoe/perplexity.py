@@ -74,8 +74,8 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def _bos_to_insert(engine) -> int | None:
     """The BOS id when the model adds BOS to tokenized text (llama_vocab_get_add_bos), else None."""
-    model = engine._model
-    return model.bos if model.add_bos and model.bos is not None else None
+    bos = engine.token_bos()
+    return bos if engine.add_bos and bos is not None else None
 
 
 def _stderr_of_ppl(nll: np.ndarray, ppl: float) -> float:

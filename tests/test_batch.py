@@ -77,6 +77,20 @@ def test_a_seeded_generation_reuses_no_prefix_and_repeats_itself(batched):
     assert batched.last_timings.n_cached_prompt_tokens == 0
 
 
+def test_a_request_sharing_a_prefix_reuses_it_and_answers_as_without_reuse():
+    # greedy: the tokens are the model's, whatever prefix of the prompt was evaluated before
+    first, second = "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a + b\n\ndef mul(a, b):"
+    with Engine(DEMO, n_ctx=N_CTX // 2, n_parallel=2, **OPTIONS) as eng:
+        without = eng.generate(second, 16, temperature=0, ignore_eos=True)
+        assert eng.last_timings.n_cached_prompt_tokens == 0
+    with Engine(DEMO, n_ctx=N_CTX // 2, n_parallel=2, **OPTIONS) as eng:
+        eng.generate(first, 16, temperature=0, ignore_eos=True)
+        reused = eng.generate(second, 16, temperature=0, ignore_eos=True)
+        n_first = len(eng.tokenize(first))
+        assert 0 < eng.last_timings.n_cached_prompt_tokens <= n_first
+    assert reused == without
+
+
 def test_each_sequence_has_the_contexts_share(batched):
     assert batched.n_ctx == N_CTX // 4
     with pytest.raises(ContextOverflowError):

@@ -252,9 +252,7 @@ def models(tiny_model, tmp_path_factory):
 def decode_sequences(eng, tokens, n_ctx):
     """Decodes tokens one at a time in sequences of n_ctx, each on a fresh context (as record_trace)."""
     for start in range(0, len(tokens), n_ctx):
-        eng._live().clear()
-        for pos, token in enumerate(tokens[start:start + n_ctx]):
-            eng._decode([token], pos, False)
+        eng.logits(tokens[start:start + n_ctx], one_token_per_step=True)
 
 
 @pytest.mark.parametrize("policy, weights", [("lru", None), ("lfu", None), ("fld", None),

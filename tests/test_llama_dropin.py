@@ -195,9 +195,10 @@ def test_n_gpu_layers_0_runs_on_the_cpu(llm):
 
 @pytest.mark.skipif(bool(gpu_devices()), reason="this build has a GPU")
 @pytest.mark.parametrize("n_gpu_layers", [-1, 20])
-def test_n_gpu_layers_on_a_cpu_only_build_names_the_build_flag(n_gpu_layers):
-    with pytest.raises(InvalidOptionError, match="GGML_VULKAN=1"):
-        Llama(model_path=str(DEMO), n_gpu_layers=n_gpu_layers, verbose=False)
+def test_n_gpu_layers_on_a_cpu_only_build_runs_on_the_cpu_as_llama_cpp_python_does(n_gpu_layers):
+    with Llama(model_path=str(DEMO), n_gpu_layers=n_gpu_layers, **SMALL) as llm:
+        assert llm.engine.mode == "cpu"
+        assert "this build has none: the CPU" in llm.engine.plan.reasons["mode"]
 
 
 def test_chat_format_is_the_models_template_or_chatml(llm, tiny_model):

@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from pyedgemoe.generation import exposed_fields
 from pyedgemoe.server.openai_errors import APIError
 
 
@@ -95,9 +96,10 @@ def _messages(name: str, value) -> list[dict]:
     return out
 
 
-# name -> check (returns the value the Engine gets), for what both endpoints take
-_SAMPLING = {"temperature": _number, "top_p": _number, "top_k": _integer, "min_p": _number,
-             "repeat_penalty": _number, "seed": _integer, "stop": _stop}
+# name -> check (returns the value the Engine gets), for what both endpoints take: the sampling
+# settings (SamplingParams' fields with a flag, by their type) and the stop strings
+_SAMPLING = {**{f.name: _number if isinstance(f.default, float) else _integer for f in exposed_fields()},
+             "stop": _stop}
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated
 _IGNORED = {"user", "stream_options"}

@@ -1,0 +1,120 @@
+"""The native context of an Engine and the sequences of its KV cache, behind one lock.
+
+Every decode call goes through `governed` (Engine._governed: the thread counts the governor chose,
+timed for it), from the Engine's own calls, its one sequence's generations and the batcher's alike.
+With MoBiLE's big-little on (docs/systems.md), a one-token decode runs the little pass first and
+redoes a low-confidence token with the whole top-k.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Callable
+
+import numpy as np
+
+from pyedgemoe import _native
+from pyedgemoe.errors import ExpertLoadError, ModelLoadError
+from pyedgemoe.generation import KVSequence
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The largest softmax probability of one row of logits (MoBiLE's confidence)."""
+    row = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.exp(row - row.max()).sum())
+
+
+class Decoder:
+    def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0):
+        self.model = model
+        self._ctx = ctx
+        self.lock = threading.RLock()  # held while the native context or the expert cache is in use
+        self.sequences = [KVSequence(s) for s in range(n_seq)]
+        self._governed = governed
+        self.big_little = big_little  # MoBiLE's gamma; 0: off
+        self.big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
+
+    def live(self):
+        """The native context; RuntimeError once closed."""
+        if self._ctx is None:
+            raise RuntimeError("this Engine is closed")
+        return self._ctx
+
+    def close(self) -> None:
+        self._ctx = None
+
+    def decode(self, ids: list[int], pos0: int, sequence: KVSequence | None = None,
+               all_logits: bool = False) -> np.ndarray:
+        """Evaluates ids at positions pos0.. of sequence (default the first); the logits of the last
+        token, or of every token with all_logits."""
+        seq = 0 if sequence is None else sequence.seq
+        with self._expert_errors(), self.lock:
+            ctx = self.live()
+            if self.big_little > 0 and len(ids) == 1:
+                return self._governed(1, lambda: self._decode_big_little(ctx, ids, pos0, all_logits))
+            return self._governed(1 if len(ids) == 1 else 0, lambda: ctx.decode(ids, pos0, all_logits, seq))
+
+    def decode_step(self, tokens: list[int], positions: list[int], sequences: list[KVSequence]) -> None:
+        """One token for each of several sequences in one llama_decode (the i-th picked by sample(s, i))."""
+        with self._expert_errors(), self.lock:
+            ctx = self.live()
+            self._governed(len(tokens), lambda: ctx.decode_step(tokens, positions, [s.seq for s in sequences]))
+
+    def keep(self, sequence: KVSequence, n: int) -> int:
+        """Drops what sequence holds after its first n positions; the count kept (0 where the model's
+        memory cannot drop a part)."""
+        with self.lock:
+            ctx = self.live()
+            if n > 0 and not ctx.truncate(n, sequence.seq):
+                n = 0
+            if n == 0 and len(self.sequences) == 1:
+                ctx.clear()  # the expert cache's per-sequence records restart too
+            elif n == 0:
+                ctx.truncate(0, sequence.seq)
+        del sequence.tokens[n:]
+        return n
+
+    def clear(self) -> None:
+        """Forgets every sequence."""
+        with self.lock:
+            self.live().clear()
+        for s in self.sequences:
+            s.tokens.clear()
+
+    def sample(self, sampler, i: int = -1) -> int:
+        """sampler's pick from output i of the last decode (-1: its last)."""
+        with self.lock:
+            return sampler.sample(self.live(), i)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    @contextmanager
+    def _expert_errors(self):
+        """An expert read that failed: the native side cleared the KV cache, so every sequence lost
+        what it held; raised as pyedgemoe's ExpertLoadError."""
+        try:
+            yield
+        except _native.ExpertLoadError as e:
+            for s in self.sequences:
+                s.tokens.clear()
+            raise ExpertLoadError(str(e)) from None
+
+    def _decode_big_little(self, ctx, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:
+        """MoBiLE: the token through each layer's top-k/2 experts; when its top output probability is
+        below big_little, its KV entry is removed and it runs again with the whole top-k, the experts
+        the little pass's routers chose prefetched."""
+        counts = self.big_little_counts
+        self.model.set_expert_little(True)
+        try:
+            logits = ctx.decode(ids, pos, all_logits)
+        finally:
+            self.model.set_expert_little(False)
+        counts["little_tokens"] += 1
+        if top_probability(np.asarray(logits).reshape(-1, self.model.n_vocab)[-1]) >= self.big_little:
+            return logits
+        counts["fallbacks"] += 1
+        if not ctx.truncate(pos):
+            raise ModelLoadError("big_little: this model's memory cannot drop a token to redo it")
+        counts["prefetched"] += self.model.prefetch_expert_big()
+        return ctx.decode(ids, pos, all_logits)

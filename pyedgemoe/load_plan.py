@@ -1,0 +1,365 @@
+"""The load plan: every decision of a load, made once, each with its reason.
+
+    plan = plan_load(info, LoadOptions(expert_cache="25%"), this_machine(), calibration)
+    print("\\n".join(plan.describe()))          # `pyedgemoe run --dry-run`
+
+plan_load is a pure function of what the model holds (ModelInfo and its calibration), what the
+caller asked (LoadOptions: Engine's keyword arguments) and the machine (Machine: the memory
+available, the GPUs, the cores): it decides the compute mode and device, the expert cache's size
+(or every expert resident, or the mapped file), the host tier, repacking, the expert options the
+model and its calibration complete, prefetch and the cache's fill, the thread counts, and refuses
+what cannot work (InvalidOptionError) before anything loads. Engine.__init__ executes a plan; what
+only the native layer knows at load (--mode auto's measured choice, the ubatch cap its slots set)
+comes back from it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+import gguf
+
+from pyedgemoe import _native
+from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
+from pyedgemoe.calibration.paths import native_entries
+from pyedgemoe.calibration.sidecar import load_calibration
+from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_cache_bytes
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
+from pyedgemoe.generation import SamplingParams
+from pyedgemoe.memory_budget import MAPPED, context_bytes, parse_expert_cache, spare_bytes, ubatch_tokens
+from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.sysmem import format_bytes
+from pyedgemoe.systems import system_options
+from pyedgemoe.threads import ThreadCount, default_threads
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a caller asks of a load (Engine's keyword arguments, whose defaults these are), checked
+    when made. expert_options: the expert options and where the model runs (mode, device,
+    host_cache, repack, n_gpu_layers), as given."""
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_batch: int = 512
+    n_parallel: int = 1
+    n_logits: int = 0
+    seed: int | None = None
+    flash_attn: bool | None = None
+    kv_type: str = "f16"
+    expert_cache: str | int | None = None
+    expert_options: ExpertOptions = field(default_factory=ExpertOptions)
+    system: str | None = None
+    trace_routing: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_logits"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
+        for name in ("n_threads", "n_threads_batch", "n_batch", "n_parallel"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        SamplingParams(seed=self.seed).validate()
+        kv_type_id(self.kv_type)
+
+
+def kv_type_id(kv_type: str) -> int:
+    """The ggml type id of a KV cache type's name."""
+    try:
+        return int(gguf.GGMLQuantizationType[kv_type.upper()])
+    except (KeyError, AttributeError):
+        raise InvalidOptionError(f"unknown kv_type {kv_type!r} (f16, f32, bf16, q8_0, q4_0, ...)") from None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan reads of the machine."""
+    memory: tuple[int, str]  # what this process can still use, and where that number comes from
+    gpus: tuple[dict, ...]  # this build's GPUs (devices.gpu_devices)
+    cores: ThreadCount  # the default thread count, and why (threads.default_threads)
+
+
+def this_machine() -> Machine:
+    return Machine(memory_budget.available_memory(), tuple(gpu_devices()), default_threads())
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """A load's decisions; reasons[name] says why each was made (the note a load prints on stderr
+    is expert_cache_note)."""
+    mode: str  # cpu, gpu, coop, or auto: the residency layer measures at load which of gpu and coop
+    device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu
+    expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
+    offload: bool  # experts read into an expert cache when routed to
+    experts_mapped: bool  # experts computed from the mapped file, the page cache holding them
+    host_cache_bytes: int  # the host tier (pinned RAM between the file and the GPU)
+    repack: bool  # repacked copies of the weights the CPU computes
+    expert_options: ExpertOptions  # as given, with the system's preset, the mode and prefetch chosen here
+    native_options: _native.ExpertOptions | None  # completed for the model and calibration (None: dense)
+    fill: str  # the expert cache's fill: "none", "at load" or "in the background"
+    fill_ranking: Mapping  # per MoE layer, its experts most routed first (calibration)
+    precision_map: Mapping | None  # EdgeMoE's static map, {layer: [LOW experts]} (static_precision)
+    path_statistics: list | None  # EdgeMoE's path statistics as the native table takes them
+    big_little: float  # MoBiLE's gamma; 0: off
+    n_ctx: int
+    n_batch: int
+    n_parallel: int
+    n_logits: int
+    kv_type: int  # ggml type id
+    flash_attn: int  # -1: llama.cpp decides, 0 off, 1 on
+    trace_routing: bool
+    seed: int | None
+    cores: int  # the default thread count
+    n_threads: int  # the decode's, at most (governed: fewer while the machine is busy)
+    n_threads_batch: int
+    governed: bool  # the decode's count follows the machine's load (threads.ThreadGovernor)
+    batch_governed: bool  # the prompt's batches' count too
+    reads_core: bool  # the decode left a core to prefetch's reads
+    auto_mode_threads: int  # the threads --mode auto measures the CPU's expert rate with
+    context_bytes: int  # memory_budget.context_bytes of this context
+    spare_bytes: int  # host memory the run leaves beside the expert cache (memory_budget.spare_bytes)
+    ubatch_tokens: int  # llama.cpp's largest ubatch (memory_budget.ubatch_tokens)
+    expert_cache_note: str
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> list[str]:
+        """The plan, one decision a line: what and why."""
+        cache = ("every expert resident" if self.expert_cache is None else self.expert_cache
+                 if self.expert_cache == MAPPED else format_bytes(self.expert_cache))
+        rows = [
+            ("mode", self.mode, self.reasons["mode"]),
+            ("device", self.device["name"] if self.device else "none", self.reasons["device"]),
+            ("expert cache", cache, self.expert_cache_note),
+            ("host cache", format_bytes(self.host_cache_bytes), self.reasons["host_cache"]),
+            ("repack", "on" if self.repack else "off", self.reasons["repack"]),
+        ]
+        if self.offload:
+            rows.append(("experts", serving_text(self._planned_serving(), self.repack, self.reasons["prefetch"]),
+                         self.reasons["fill"]))
+        rows += [
+            ("context", f"{self.n_ctx or 'training'} positions, {self.n_parallel} sequence"
+                        f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch}, kv "
+                        f"{gguf.GGMLQuantizationType(self.kv_type).name.lower()}",
+             f"{format_bytes(self.context_bytes)} for the KV cache, compute buffers, vocabulary and logits"),
+            ("threads", self.reasons["threads"].removeprefix("threads: "), ""),
+        ]
+        return [f"{name:<13} {value}" + (f"  ({why})" if why else "") for name, value, why in rows]
+
+    def _planned_serving(self) -> dict:
+        o = self.native_options
+        return {**options_dict(o), "mixed_precision": o.low_precision, "fill_background": self.fill == "in the background"}
+
+
+def serving_text(experts: dict, repack: bool, prefetch_why: str) -> str:
+    """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
+    prefetch (and why, when chosen automatically), eviction, precision and repacking. experts: the
+    options by name (expert_residency_info, or a plan's)."""
+    fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
+    share = experts["prefill_low_share"]
+    precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
+                 + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
+    return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
+            f"{f' ({prefetch_why})' if prefetch_why else ''}, "
+            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
+
+
+def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:
+    """The model's header, and the plan of loading it here (reads the calibration, measures the machine)."""
+    info = read_model_info(model_path)
+    calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
+    return info, plan_load(info, options, this_machine(), calibration)
+
+
+def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibration: dict | None = None) -> LoadPlan:
+    """Every decision of loading the model described by info with options on machine (module doc)."""
+    reasons: dict[str, str] = {}
+    expert_options = options.expert_options
+    if options.system is not None:
+        expert_options = system_options(options.system, expert_options, info, options.n_parallel)
+    mode, reasons["mode"] = _mode(expert_options, bool(machine.gpus))
+    device, reasons["device"] = _device(mode, expert_options["device"], machine.gpus)
+    expert_options = expert_options.merged(mode=mode)
+
+    block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
+    predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
+    context = context_bytes(info.metadata, options.n_ctx, options.n_batch, type_bytes / block, options.flash_attn,
+                            options.n_parallel, options.n_logits,
+                            expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
+    budget, note = parse_expert_cache(
+        options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
+        device["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
+        repacked_expert_bytes=0 if device else info.repacked_expert_bytes)
+    experts_mapped = budget == MAPPED and info.is_moe
+    if experts_mapped and device:
+        raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
+                                 "runs with mode 'cpu'")
+    offload = budget not in (None, MAPPED) and info.is_moe
+    if offload and device:
+        check_fits_device(budget, device)
+    repack, reasons["repack"] = _repack(expert_options["repack"], info, experts_mapped, offload, device, context,
+                                        machine.memory[0])
+    if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
+        note += f"; {reasons['repack']}"
+    host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, info.expert_bytes,
+                                                    machine.memory[0])
+
+    # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
+    native = expert_options.resolve(info, calibration, options.n_parallel) if info.is_moe else None
+    reasons["prefetch"] = ""  # why prefetch is what it is, when chosen here
+    if offload and not device and options.n_parallel == 1 and "prefetch" not in expert_options.given \
+            and not native.big_little:
+        prefetch, reasons["prefetch"] = auto_prefetch(budget / info.high_expert_bytes, machine.cores.n,
+                                                      options.n_threads is not None)
+        expert_options = expert_options.merged(prefetch=prefetch)
+        native = expert_options.resolve(info, calibration, options.n_parallel)
+    if native is not None and not offload and (native.big_little > 0 or native.static_precision
+                                               or native.prefetch.name == "edgemoe"):
+        raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "
+                                 "give an expert_cache below the model's experts (e.g. --expert-cache 50%)")
+    big_little = native.big_little if offload else 0.0
+    if options.n_parallel > 1 and big_little > 0:
+        raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
+                                 "n_parallel=1")
+    precision_map, path_statistics = _calibrated_tables(native, calibration) if offload else (None, None)
+    fill, reasons["fill"] = _fill(native if offload else None)
+    reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
+    threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
+    reasons["threads"] = threads.pop("why")
+    return LoadPlan(
+        mode=mode, device=device, expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
+        host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
+        fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts)) if offload else {},
+        precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
+        n_ctx=options.n_ctx, n_batch=options.n_batch, n_parallel=options.n_parallel, n_logits=options.n_logits,
+        kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
+        flash_attn=-1 if options.flash_attn is None else int(bool(options.flash_attn)),
+        reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
+        # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
+        spare_bytes=spare_bytes(budget if offload and not device else 0, info.non_expert_bytes, context,
+                                machine.memory),
+        ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, options.n_batch), expert_cache_note=note,
+        reasons=MappingProxyType(reasons), **threads)
+
+
+def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
+    """The compute mode and why: --mode as given (its GPU modes need a GPU), else -ngl's (llama.cpp's
+    habit: 0 the CPU; -1 or a count the GPU where there is one, else the CPU as llama.cpp runs),
+    else the build's default (default_mode)."""
+    given, layers = options.given.get("mode"), options.given.get("n_gpu_layers")
+    given = given.name if given is not None else None
+    if layers == 0 and given not in (None, "cpu"):
+        raise InvalidOptionError(f"-ngl 0 means --mode cpu, not --mode {given}")
+    if layers not in (None, 0) and given == "cpu":
+        raise InvalidOptionError(f"-ngl {layers} asks for the GPU and --mode cpu for none: give one")
+    if given is not None and given != "cpu" and not has_gpu:
+        raise InvalidOptionError(f"--mode {given} needs a GPU and this build found none: {BUILD_HINT}")
+    if given is not None:
+        return given, "given"
+    if layers == 0:
+        return "cpu", "-ngl 0: no layer on the GPU"
+    if layers is not None:
+        if not has_gpu:
+            return "cpu", f"-ngl {layers} asks for the GPU and this build has none: the CPU, as llama.cpp runs"
+        return default_mode(True), f"-ngl {layers}: the GPU, the mode measured at load"
+    if given is not None:
+        return given, "given"
+    return default_mode(has_gpu), f"the default of a build {'with' if has_gpu else 'without'} a GPU"
+
+
+def _device(mode: str, name: str | None, gpus: tuple[dict, ...]) -> tuple[dict | None, str]:
+    """The GPU of a gpu/coop/auto mode (--device NAME, default the first), None for cpu."""
+    if mode == "cpu":
+        if name:
+            raise InvalidOptionError(f"--device {name} needs --mode gpu, coop or auto" if gpus else
+                                     f"--device {name} needs a GPU and this build found none: {BUILD_HINT}")
+        return None, "--mode cpu"
+    if not name:
+        return gpus[0], "the first GPU"
+    for d in gpus:
+        if d["name"] == name:
+            return d, "given"
+    raise InvalidOptionError(f"no GPU device named {name!r} (this build has: {', '.join(d['name'] for d in gpus)})")
+
+
+def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int) -> tuple[int, str]:
+    """The host tier's bytes and why: only a GPU mode has one; coop computes misses from it."""
+    if mode == "cpu":
+        if value not in (None, "auto"):
+            raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop or auto")
+        return 0, "--mode cpu has no host tier"
+    host_bytes = host_cache_bytes(value, expert_bytes, available)
+    if mode == "coop" and host_bytes == 0 and offload:
+        raise InvalidOptionError("--mode coop computes the device's misses from the host tier: give it a --host-cache")
+    return host_bytes, "given" if value not in (None, "auto") else "auto: every expert copy, or what RAM has free"
+
+
+def _repack(given: bool | None, info: ModelInfo, experts_mapped: bool, offload: bool, device: dict | None,
+            context: int, available: int) -> tuple[bool, str]:
+    """Repacked copies (llama.cpp's default) and why: off where the experts stay mapped or stream
+    through a cache in host memory (each read would be converted again), or where the copies would
+    not fit beside the mapped experts they are read from (memory_budget.repack_fits)."""
+    if given and experts_mapped:
+        raise InvalidOptionError(f"expert_cache {MAPPED!r} computes from the mapped file: repacked copies would "
+                                 "take the experts out of it (repack off)")
+    if given is not None:
+        return given, "given"
+    if experts_mapped:
+        return False, "the experts are computed from the mapped file"
+    if offload and not device:
+        return False, "the experts stream through an expert cache in host memory: each read would be converted again"
+    if not device and not memory_budget.repack_fits(info.high_expert_bytes, info.repacked_expert_bytes,
+                                                    info.non_expert_bytes, context, available):
+        return False, (f"repack off: {format_bytes(info.repacked_expert_bytes)} of repacked copies would not fit "
+                       "beside the mapped experts they are read from")
+    return True, "llama.cpp's default"
+
+
+def _calibrated_tables(native: _native.ExpertOptions, calibration: dict | None) -> tuple[dict | None, list | None]:
+    """What EdgeMoE's options read from the calibration sidecar: the static precision map
+    (static_precision) and the path statistics (prefetch edgemoe)."""
+    calibration = calibration or {}
+    precision_map = path_statistics = None
+    if native.static_precision:
+        if not calibration.get("precision_map"):
+            raise InvalidOptionError("static_precision needs the precision map of `pyedgemoe calibrate --system edgemoe` "
+                                     "in the calibration sidecar")
+        precision_map = {int(layer): experts for layer, experts in calibration["precision_map"]["low"].items()}
+    if native.prefetch.name == "edgemoe":
+        stats = calibration.get("path_statistics")
+        if not stats:
+            raise InvalidOptionError("prefetch edgemoe needs the path statistics of `pyedgemoe calibrate` in the "
+                                     "calibration sidecar")
+        path_statistics = native_entries(stats)
+    return precision_map, path_statistics
+
+
+def _fill(native: _native.ExpertOptions | None) -> tuple[str, str]:
+    """The expert cache's fill, most routed first when calibrated, and why not in the background."""
+    if native is None or not native.fill_cache:
+        return "none", "" if native is None else "fill_cache off"
+    if native.fill_background and native.lossy:
+        # with LOW copies or skips, what a miss computes would depend on whether the fill has cached
+        # that expert yet, i.e. on timing
+        return "at load", "mixed precision: a background fill would make the tokens depend on timing"
+    return ("in the background", "") if native.fill_background else ("at load", "fill_background off")
+
+
+def _threads(n_threads: int | None, n_threads_batch: int | None, cores: ThreadCount, reads_core: bool) -> dict:
+    """The thread counts: those given stay; the default (cores) goes to the decode less a core left
+    to the expert reads, and follows the machine's load (threads.ThreadGovernor)."""
+    why = f"threads: {n_threads or 'default'} decode, {n_threads_batch or n_threads or 'default'} batch"
+    if not (n_threads and n_threads_batch):
+        why += f"; default {cores.n}: {cores.why}"
+        if reads_core and not n_threads:
+            why += "; the decode leaves one to the expert reads"
+    if not n_threads and cores.n > 1:
+        why += "; fewer while the machine is busy"
+    return dict(n_threads=n_threads or (cores.n - 1 if reads_core else cores.n),
+                n_threads_batch=n_threads_batch or n_threads or cores.n, governed=not n_threads,
+                batch_governed=not (n_threads_batch or n_threads), cores=cores.n, why=why)
+

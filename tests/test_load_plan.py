@@ -1,0 +1,216 @@
+"""The load plan (pyedgemoe/load_plan.py) is a pure function of the model's header, the options a
+caller gave and the machine: each decision with its reason, and every refusal before anything
+loads. No model file is read here: the model is a ModelInfo of a small MoE's shape, the machine a
+Machine with the memory, GPUs and cores each test says."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.load_plan import LoadOptions, Machine, plan_load
+from pyedgemoe.memory_budget import MAPPED, RESERVE_SLACK_BYTES
+from pyedgemoe.model_info import ModelInfo
+from pyedgemoe.threads import ThreadCount
+
+MiB, GiB = 2**20, 2**30
+EXPERT_BYTES = 64 * MiB  # 4 layers of 16 MiB: 8 experts of 2 MiB each
+METADATA = {"general.architecture": "qwen3moe", **{f"qwen3moe.{k}": v for k, v in {
+    "block_count": 4, "embedding_length": 256, "attention.head_count": 4, "attention.head_count_kv": 2,
+    "feed_forward_length": 512, "expert_feed_forward_length": 128, "expert_count": 8, "expert_used_count": 2,
+    "context_length": 2048, "vocab_size": 1000}.items()}}
+GPU = {"name": "GPU0", "description": "a test GPU", "type": "gpu", "free_bytes": 1 * GiB, "total_bytes": 2 * GiB}
+SMALL = dict(n_ctx=256)
+
+
+def moe(multi_precision: bool = False) -> ModelInfo:
+    per_layer = {layer: EXPERT_BYTES // 4 for layer in range(4)}
+    return ModelInfo(path="model.gguf", file_bytes=80 * MiB, architecture="qwen3moe", name="test", n_layers=4,
+                     n_experts=8, n_experts_used=2, n_experts_shared=0, expert_bytes_per_layer=per_layer,
+                     non_expert_bytes=16 * MiB, tensor_types={"q8_0": 80 * MiB}, multi_precision=multi_precision,
+                     metadata=METADATA, high_expert_bytes_per_layer=dict(per_layer))
+
+
+def machine(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2) -> Machine:
+    return Machine((memory, "in this test"), gpus, ThreadCount(cores, f"{cores} cores in this test"))
+
+
+def plan(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, calibration: dict | None = None,
+         info: ModelInfo | None = None, **options):
+    """The plan of the test model (or info) on machine(memory, gpus, cores); options: LoadOptions'
+    fields and the expert options."""
+    load = {k: options.pop(k) for k in list(options) if k in {f.name for f in dataclasses.fields(LoadOptions)}}
+    return plan_load(info or moe(), LoadOptions(**{**SMALL, **load}, expert_options=ExpertOptions(**options)),
+                     machine(memory, gpus, cores), calibration)
+
+
+# -- the mode and the device -------------------------------------------------------------------------
+def test_the_default_mode_is_cpu_without_a_gpu_and_auto_with_one():
+    cpu, gpu = plan(), plan(gpus=(GPU,))
+    assert (cpu.mode, cpu.device, cpu.reasons["mode"]) == ("cpu", None, "the default of a build without a GPU")
+    assert (gpu.mode, gpu.device, gpu.reasons["mode"]) == ("auto", GPU, "the default of a build with a GPU")
+
+
+@pytest.mark.parametrize("ngl", [-1, 20])
+def test_ngl_asks_for_the_gpu_where_there_is_one_and_runs_on_the_cpu_where_there_is_none(ngl):
+    assert plan(gpus=(GPU,), n_gpu_layers=ngl).mode == "auto"
+    p = plan(n_gpu_layers=ngl)
+    assert p.mode == "cpu" and "this build has none: the CPU, as llama.cpp runs" in p.reasons["mode"]
+
+
+def test_ngl_0_is_the_cpu_even_with_a_gpu():
+    assert plan(gpus=(GPU,), n_gpu_layers=0).mode == "cpu"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(n_gpu_layers=0, mode="gpu"), "-ngl 0 means --mode cpu, not --mode gpu"),
+    (dict(n_gpu_layers=20, mode="cpu"), "-ngl 20 asks for the GPU and --mode cpu for none"),
+])
+def test_ngl_and_a_mode_that_disagree_are_refused(options, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        plan(gpus=(GPU,), **options)
+
+
+def test_ngl_and_a_gpu_mode_that_agree_give_that_mode():
+    assert plan(gpus=(GPU,), n_gpu_layers=-1, mode="coop", expert_cache="50%").mode == "coop"
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop", "auto"])
+def test_a_gpu_mode_without_a_gpu_names_the_build_flag(mode):
+    with pytest.raises(InvalidOptionError, match=f"--mode {mode} needs a GPU.*GGML_VULKAN=1"):
+        plan(mode=mode)
+
+
+def test_a_device_is_chosen_by_name_and_only_with_a_gpu_mode():
+    other = {**GPU, "name": "GPU1"}
+    assert plan(gpus=(GPU, other), device="GPU1").device == other
+    with pytest.raises(InvalidOptionError, match="no GPU device named 'GPU7'"):
+        plan(gpus=(GPU,), device="GPU7")
+    with pytest.raises(InvalidOptionError, match="--device GPU0 needs --mode gpu, coop or auto"):
+        plan(gpus=(GPU,), device="GPU0", mode="cpu")
+    with pytest.raises(InvalidOptionError, match="--device GPU0 needs a GPU.*GGML_VULKAN=1"):
+        plan(device="GPU0")
+
+
+# -- the host tier -------------------------------------------------------------------------------------
+def test_the_host_tier_auto_holds_every_expert_copy_or_what_ram_has_free():
+    assert plan(gpus=(GPU,), mode="gpu").host_cache_bytes == EXPERT_BYTES
+    tight = plan(gpus=(GPU,), mode="gpu", memory=RESERVE_SLACK_BYTES + 10 * MiB)
+    assert tight.host_cache_bytes == 10 * MiB  # the runtime's own slack stays free
+
+
+def test_a_host_tier_given_is_its_size_and_cpu_mode_has_none():
+    assert plan(gpus=(GPU,), mode="gpu", host_cache="50%").host_cache_bytes == EXPERT_BYTES // 2
+    assert plan(gpus=(GPU,), mode="gpu", host_cache=0).host_cache_bytes == 0
+    with pytest.raises(InvalidOptionError, match="host tier of --mode gpu, coop or auto"):
+        plan(host_cache="1GiB")
+
+
+def test_coop_without_a_host_tier_is_refused_before_loading():
+    with pytest.raises(InvalidOptionError, match="give it a --host-cache"):
+        plan(gpus=(GPU,), mode="coop", expert_cache="25%", host_cache=0)
+
+
+# -- the expert cache ----------------------------------------------------------------------------------
+def test_every_expert_resident_where_the_model_fits():
+    p = plan()
+    assert p.expert_cache is None and not p.offload and not p.experts_mapped
+    assert p.repack and p.reasons["repack"] == "llama.cpp's default"
+    assert p.expert_cache_note.startswith("expert cache auto: all experts resident")
+    assert p.native_options is not None  # resolved (and checked) even with every expert resident
+
+
+def test_a_size_is_the_cache_and_turns_repacking_off():
+    p = plan(expert_cache="25%")
+    assert p.expert_cache == EXPERT_BYTES // 4 and p.offload
+    assert not p.repack and "stream through an expert cache" in p.reasons["repack"]
+
+
+def test_a_size_that_does_not_fit_is_refused_with_the_largest_that_does():
+    with pytest.raises(InvalidOptionError, match="does not fit.*the largest expert cache that fits"):
+        plan(expert_cache="100%", memory=40 * MiB)
+
+
+def test_a_device_budget_beyond_its_free_memory_is_refused():
+    small = {**GPU, "free_bytes": 8 * MiB}
+    with pytest.raises(InvalidOptionError, match=r"does not fit in GPU0's free memory: 8388608 bytes"):
+        plan(gpus=(small,), mode="gpu", expert_cache=16 * MiB)
+
+
+def test_mapped_experts_stay_in_host_memory_and_without_repacked_copies():
+    p = plan(expert_cache=MAPPED)
+    assert p.experts_mapped and not p.offload and not p.repack
+    with pytest.raises(InvalidOptionError, match="runs with mode 'cpu'"):
+        plan(gpus=(GPU,), mode="gpu", expert_cache=MAPPED)
+    with pytest.raises(InvalidOptionError, match="repacked copies would take the experts out"):
+        plan(expert_cache=MAPPED, repack=True)
+
+
+# -- prefetch, threads, fill ---------------------------------------------------------------------------
+def test_a_small_cache_prefetches_on_a_core_of_its_own():
+    p = plan(expert_cache="25%")
+    assert p.expert_options["prefetch"] == "fate" and p.reads_core
+    assert p.reasons["prefetch"] == "its reads on 1 of 2 cores, the cache holds 25% of the experts"
+    assert (p.n_threads, p.n_threads_batch, p.governed) == (1, 2, True)  # the decode leaves one core
+
+
+def test_threads_given_keep_their_core_and_prefetch_stays_off():
+    p = plan(expert_cache="25%", n_threads=2)
+    assert p.expert_options["prefetch"] == "none" and not p.reads_core
+    assert p.reasons["prefetch"] == "the decode's threads are given: no core of theirs goes to reads"
+    assert (p.n_threads, p.n_threads_batch, p.governed, p.batch_governed) == (2, 2, False, False)
+
+
+def test_a_cache_of_half_the_experts_does_not_prefetch():
+    p = plan(expert_cache="50%")
+    assert p.expert_options["prefetch"] == "none" and (p.n_threads, p.governed) == (2, True)
+
+
+def test_the_fill_runs_in_the_background_when_lossless():
+    assert plan(expert_cache="50%").fill == "in the background"
+    assert plan(expert_cache="50%", fill_cache=False).fill == "none"
+    assert plan().fill == "none"  # nothing to fill: every expert resident
+
+
+# -- refusals of options that cannot work together ------------------------------------------------------
+def test_big_little_needs_one_sequence_and_an_expert_cache():
+    with pytest.raises(InvalidOptionError, match="needs n_parallel=1"):
+        plan(expert_cache="50%", big_little=0.7, n_parallel=2)
+    with pytest.raises(InvalidOptionError, match="act on the expert cache"):
+        plan(big_little=0.7)
+
+
+def test_static_precision_needs_the_calibrated_map():
+    with pytest.raises(InvalidOptionError, match="static_precision needs the precision map"):
+        plan(expert_cache="50%", static_precision=True, info=moe(multi_precision=True))
+    with pytest.raises(InvalidOptionError, match="low precision needs LOW expert copies"):
+        plan(expert_cache="50%", low_precision=True)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (dict(n_ctx=-1), "n_ctx must be a non-negative integer"),
+    (dict(n_batch=0), "n_batch must be a positive integer"),
+    (dict(kv_type="f12"), "unknown kv_type"),
+    (dict(seed=2**32), "seed must be in"),
+])
+def test_load_options_are_checked_when_made(options, fragment):
+    with pytest.raises(InvalidOptionError, match=fragment):
+        LoadOptions(**options)
+
+
+# -- the plan itself -------------------------------------------------------------------------------------
+def test_the_plan_is_frozen_and_explains_each_decision():
+    p = plan(expert_cache="25%")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.mode = "gpu"
+    lines = p.describe()
+    names = [line.split("  ")[0].strip() for line in lines]
+    assert names == ["mode", "device", "expert cache", "host cache", "repack", "experts", "context", "threads"]
+    assert "prefetch fate (its reads on 1 of 2 cores" in lines[names.index("experts")]
+    assert "(the default of a build without a GPU)" in lines[0]
+
+
+def test_the_same_inputs_give_the_same_plan():
+    assert plan(expert_cache="25%").describe() == plan(expert_cache="25%").describe()
