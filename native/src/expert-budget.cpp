@@ -101,3 +101,8 @@ uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & bud
     }
     return total;
 }
+
+expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o) {
+    return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
+             layout.n_layers, layout.layers_of_groups(), layout.n_expert, o.fate_shallow, layout.n_expert_used };
+}

@@ -2,6 +2,7 @@
 // slots each group of same-shaped layers gets in each tier.
 #pragma once
 
+#include "expert-cache.h"
 #include "expert-layout.h"
 #include "expert-options.h"
 #include "slot-pool.h"
@@ -41,3 +42,6 @@ struct tier_pools {
 
 // the bytes tier_pools of this budget take
 uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & budget);
+
+// The device cache of this budget: its slots per group and tier, and the options' eviction policy.
+expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o);

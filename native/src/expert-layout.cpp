@@ -121,3 +121,21 @@ const moe_layer_layout * expert_layout::layer_at(int il) const {
     auto it = std::lower_bound(layers.begin(), layers.end(), il, [](const moe_layer_layout & l, int i) { return l.il < i; });
     return it != layers.end() && it->il == il ? &*it : nullptr;
 }
+
+std::vector<int> expert_layout::moe_layers() const {
+    std::vector<int> out;
+    for (const auto & l : layers) out.push_back(l.il);
+    return out;
+}
+
+std::vector<int> expert_layout::group_of_layers() const {
+    std::vector<int> out(n_layers, -1);
+    for (const auto & l : layers) out[l.il] = l.group;
+    return out;
+}
+
+std::vector<std::vector<int>> expert_layout::layers_of_groups() const {
+    std::vector<std::vector<int>> out(groups.size());
+    for (const auto & l : layers) out[l.group].push_back(l.il);
+    return out;
+}

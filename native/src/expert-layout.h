@@ -44,6 +44,9 @@ struct expert_layout {
     uint64_t high_bytes = 0, low_bytes = 0;  // of all experts, per precision
 
     const moe_layer_layout * layer_at(int il) const;  // null for a layer without experts
+    std::vector<int> moe_layers() const;                // the MoE layers' il, ascending
+    std::vector<int> group_of_layers() const;           // per il: its group (-1: a layer without experts)
+    std::vector<std::vector<int>> layers_of_groups() const;  // per group: its MoE layers' il, ascending
     // the MoE layer after l (one of layers), or null for the last
     const moe_layer_layout * after(const moe_layer_layout & l) const {
         return &l + 1 == layers.data() + layers.size() ? nullptr : &l + 1;

@@ -33,31 +33,8 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-expert_cache_config cache_config_of(const expert_budget & budget, const expert_options & o, const expert_layout & layout) {
-    std::vector<std::vector<int>> group_layers(layout.groups.size());
-    for (const auto & l : layout.layers) group_layers[l.group].push_back(l.il);
-    return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
-             layout.n_layers, group_layers, layout.n_expert, o.fate_shallow, layout.n_expert_used };
-}
-
 int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
     return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
-}
-
-std::vector<int> moe_layers_of(const expert_layout & layout) {
-    std::vector<int> out;
-    for (const auto & l : layout.layers) out.push_back(l.il);
-    return out;
-}
-
-std::vector<int> group_of_layers(const expert_layout & layout) {
-    std::vector<int> out(layout.n_layers, -1);
-    for (const auto & l : layout.layers) out[l.il] = l.group;
-    return out;
 }
 
 }  // namespace
@@ -96,10 +73,7 @@ struct expert_residency::impl : moe_pass_builder {
     void forget_cache() {
         coordinator.forget();
         cache.forget_all();
-        if (host) {
-            host->pins.forget();
-            host->cache.forget_all();
-        }
+        if (host) host->forget();
     }
     void release_wave() {
         coordinator.release_wave();
@@ -144,9 +118,9 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       budget(layout, budget_bytes, o.low_cache),
       reader(path, o.io, o.io_threads),
       device(device_named(dc.device)),
-      cache(cache_config_of(budget, o, layout)),
+      cache(cache_config_of(layout, budget, o)),
       recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
-      coordinator(cache, group_of_layers(layout), o.io_threads,
+      coordinator(cache, layout.group_of_layers(), o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); }) {
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used);
@@ -183,7 +157,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     }
     const prediction_needs needs = predictions_needed(o, trace_routing, layout.has_low);
     if (needs.router_depth > 0) {
-        predictor = std::make_unique<expert_predictor>(model, moe_layers_of(layout), needs.router_depth, layout.n_expert);
+        predictor = std::make_unique<expert_predictor>(model, layout.moe_layers(), needs.router_depth, layout.n_expert);
     }
     prefetch = std::make_unique<prefetch_strategies>(prefetch_env{ layout, options, rules, cache, coordinator, recorder, predictor.get() });
 
@@ -209,11 +183,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.mixed_precision = layout.has_low;
     info.low_source = layout.low_source;
     info.predictor_depth = needs.scored_depths;
-    // every wave's op and passes, in every layer (a generous count of a pass's nodes: views, the
-    // projections' mul_mat_id, activations, biases, the mask and the sum)
-    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 4;
-    uint32_t extra_nodes = 0;
-    for (const auto & [il, ops] : wave_ops) extra_nodes += ops.size() * (passes.size() * kNodesPerPass + kNodesPerWave);
+    uint32_t extra_nodes = 0;  // every wave's op and passes, in every layer
+    for (const auto & [il, ops] : wave_ops) extra_nodes += passes.graph_nodes(ops.size());
     hook = std::make_unique<moe_hook_registration>(*this, hooked, extra_nodes);
 }
 
@@ -261,14 +232,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         b.masks = passes.masks(ctx, b.slot_ids, il, wave);
     }
     const pass_kind kind = passes[index];
-    const slot_pool & pl = (kind.host ? host->pools : *pools).pool(l.group, kind.precision);
-    ggml_tensor * swapped[PROJ_COUNT] = {};
-    for (int q = 0; q < PROJ_COUNT; q++) {
-        if (l.stacked[q]) swapped[q] = pl.tensor((expert_projection) q);
-    }
-    ggml_tensor * mask = passes.mask_of(ctx, b.masks, index);
-    *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
-           passes.slot_ids_of(ctx, b.slot_ids, index), mask, p->weights_normalized };
+    passes.fill_in(ctx, index, (kind.host ? host->pools : *pools).pool(l.group, kind.precision), l.stacked, b.slot_ids, b.masks, p);
     return true;
 }
 
@@ -353,25 +317,18 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     if (wave > 0) release_wave();  // the wave before has been computed: its experts may go
     const std::vector<expert_demand> none;
     const auto & wanted = wave < (int) planned.waves.size() ? planned.waves[wave] : none;
-    // coop: the device computes what it holds, the CPU the rest (from the host tier)
-    std::vector<expert_demand> on_device, on_cpu;
+    std::vector<expert_demand> on_device, on_cpu;  // coop: the CPU computes the device's misses
     for (const auto & d : wanted) {
         const bool held = d.second == expert_precision::skip ||
                           cache.serving_tier(l.group, make_expert_key(l.il, d.first), d.second) != expert_precision::skip;
-        (options.mode != compute_mode::coop || held ? on_device : on_cpu).push_back(d);
+        (passes.on_host(held) ? on_cpu : on_device).push_back(d);
     }
     std::vector<expert_cache::placement> placed, on_host;
     try {
-        placed = cache.place(l.group, l.il, on_device);
-    } catch (const std::exception &) {
-        // prefetches in flight may hold the slots an on-demand load needs: they give way
-        coordinator.drop_all();
-        try {
-            placed = cache.place(l.group, l.il, on_device);
-        } catch (const std::exception & ex) {
-            fail(ex.what(), dst);
-            return false;
-        }
+        placed = coordinator.place(l.group, l.il, on_device);
+    } catch (const std::exception & ex) {
+        fail(ex.what(), dst);
+        return false;
     }
     if (!on_cpu.empty()) {
         try {
@@ -456,7 +413,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         }
         out.end_token(t, masked_slots);
     }
-    st.stall_ms = !any_reads && !waited ? 0.0 : ms_since(t0);
+    st.stall_ms = !any_reads && !waited ? 0.0 : std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
     std::lock_guard<std::mutex> lock(mutex);
     stats[l.il].add(st);
     return true;
@@ -534,7 +491,7 @@ void expert_residency::set_tracing(bool on) { impl_->recorder.set_tracing(on); }
 void expert_residency::set_precision_map(const std::map<int, std::vector<int>> & low) {
     impl & r = *impl_;
     if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
-    auto fixed = static_precision_map(low, moe_layers_of(r.layout), r.layout.n_layers, r.layout.n_expert);
+    auto fixed = static_precision_map(low, r.layout.moe_layers(), r.layout.n_layers, r.layout.n_expert);
     // copies cached in another precision go: each expert is only ever in its own
     r.coordinator.drop_all();
     r.forget_cache();

@@ -24,6 +24,11 @@ struct host_tier {
     // found here or read into a slot reserved for it (load true); slot -1 where none (the host
     // tier has too few slots for the wave, or only a HIGH copy for a LOW load): read it directly.
     std::vector<expert_cache::placement> copies_for(int group, int il, const std::vector<const expert_cache::placement *> & loads);
+    // a read failed: no pins, every slot free (they may hold partial data)
+    void forget() {
+        pins.forget();
+        cache.forget_all();
+    }
 
     expert_budget budget;
     tier_pools pools;  // in the device's pinned host memory where it has some

@@ -115,6 +115,16 @@ std::string prefetch_coordinator::collect_finished() {
     return error;
 }
 
+std::vector<expert_cache::placement> prefetch_coordinator::place(int group, int il,
+                                                                const std::vector<std::pair<int, expert_precision>> & wanted) {
+    try {
+        return cache_.place(group, il, wanted);
+    } catch (const std::exception &) {
+        drop_all();
+        return cache_.place(group, il, wanted);
+    }
+}
+
 void prefetch_coordinator::drop_all() {
     if (!prefetcher_) return;
     for (const auto & job : prefetcher_->cancel_all()) {

@@ -100,6 +100,9 @@ public:
     void wait_in_flight() { if (prefetcher_) prefetcher_->wait_idle(); }
     // Cancels queued reads, waits for the running ones and frees the slots reserved for them.
     void drop_all();
+    // expert_cache::place for a wave's on-demand experts; where the prefetch reads in flight hold
+    // the slots it needs, they give way (drop_all) and it places again. Throws as place does.
+    std::vector<expert_cache::placement> place(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted);
     // A read failed and the cache is about to forget every slot and pin: drops the reads in
     // flight and forgets the pins without undoing them.
     void forget();

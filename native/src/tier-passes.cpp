@@ -1,6 +1,9 @@
 #include "tier-passes.h"
 
+#include "slot-pool.h"
+
 #include "ggml.h"
+#include "llama-graph.h"
 
 #include <algorithm>
 #include <cstring>
@@ -27,7 +30,7 @@ void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 }  // namespace
 
 tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots)
-    : fewest_slots_(fewest_slots) {
+    : fewest_slots_(fewest_slots), coop_(coop) {
     passes_.push_back({ false, expert_precision::high });
     if (has_low) passes_.push_back({ false, expert_precision::low });
     n_masked_ = on_device ? size() : 0;
@@ -53,13 +56,24 @@ ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int
     return m;
 }
 
-ggml_tensor * tier_passes::slot_ids_of(ggml_context * ctx, ggml_tensor * slot_ids, int q) const {
-    return ggml_view_2d(ctx, slot_ids, slot_ids->ne[0], slot_ids->ne[1], slot_ids->nb[1], q * slot_ids->nb[2]);
+void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
+                           ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const {
+    ggml_tensor * swapped[PROJ_COUNT] = {};
+    for (int j = 0; j < PROJ_COUNT; j++) {
+        if (stacked[j]) swapped[j] = pool.tensor((expert_projection) j);
+    }
+    ggml_tensor * mask = q < n_scaled_ ? ggml_view_3d(ctx, masks, 1, masks->ne[1], masks->ne[2], masks->nb[1], masks->nb[2],
+                                                       q * masks->nb[3]) : nullptr;
+    *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
+           ggml_view_2d(ctx, slot_ids, slot_ids->ne[0], slot_ids->ne[1], slot_ids->nb[1], q * slot_ids->nb[2]), mask,
+           p->weights_normalized };
 }
 
-ggml_tensor * tier_passes::mask_of(ggml_context * ctx, ggml_tensor * masks, int q) const {
-    if (q >= n_scaled_) return nullptr;
-    return ggml_view_3d(ctx, masks, 1, masks->ne[1], masks->ne[2], masks->nb[1], masks->nb[2], q * masks->nb[3]);
+uint32_t tier_passes::graph_nodes(int n_waves) const {
+    // a generous count of a pass's nodes: views, the projections' mul_mat_id, activations, biases,
+    // the mask and the sum; and of a wave's: its op and the masks
+    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 4;
+    return n_waves * (passes_.size() * kNodesPerPass + kNodesPerWave);
 }
 
 void tier_passes::write_unserved(ggml_tensor * dst) const {

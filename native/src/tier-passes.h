@@ -11,13 +11,17 @@
 //   are renormalized through the scale (layer-planner.h).
 #pragma once
 
+#include "expert-format.h"
 #include "precision-policy.h"
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
+class slot_pool;
 struct ggml_context;
 struct ggml_tensor;
+struct llama_moe_expert_pass;
 
 // One pass: over the HIGH or LOW pools of the device (host false) or of the host tier (host true).
 struct pass_kind {
@@ -40,12 +44,17 @@ public:
     int planes() const { return size() + n_scaled_; }
     // the pass computing a selection served by a copy in this tier and precision (-1: none)
     int serving(bool host, expert_precision precision) const;
+    // whether the CPU computes a demand from the host tier: coop's, where the device holds no copy
+    bool on_host(bool held_on_device) const { return coop_ && !held_on_device; }
 
     // The graph's side: a wave's masks [1, n_used, n_tokens, n_scaled] from its slot-id tensor (a
-    // custom op; null without scaled passes), and pass q's slot ids and mask (null: unscaled).
+    // custom op; null without scaled passes); pass q as the hook hands it to llama.cpp (patch
+    // 0002): pool's tensors for the layer's stacked ones, the pass's slot ids and mask; the graph
+    // nodes n_waves waves of passes add at most.
     ggml_tensor * masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
-    ggml_tensor * slot_ids_of(ggml_context * ctx, ggml_tensor * slot_ids, int q) const;
-    ggml_tensor * mask_of(ggml_context * ctx, ggml_tensor * masks, int q) const;
+    void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
+                  ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
+    uint32_t graph_nodes(int n_waves) const;
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
     void write_unserved(ggml_tensor * dst) const;
@@ -53,6 +62,7 @@ public:
 private:
     std::vector<pass_kind> passes_;  // device passes first
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
+    bool coop_ = false;
 };
 
 // Writes one wave's slot-id tensor dst, selection by selection.
