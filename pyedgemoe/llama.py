@@ -27,6 +27,7 @@ from pyedgemoe.chat_template import render_chat
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
+from pyedgemoe.generation import exposed_fields
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
 
@@ -259,10 +260,8 @@ class Llama:
             prompt = self.engine.tokenize(prompt, add_bos=True, special=True)
         else:
             prompt_text = self.detokenize(prompt).decode("utf-8", errors="ignore") if echo else ""
-        out = self.engine.create_completion(
-            prompt, None if max_tokens is None or max_tokens <= 0 else max_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
-            stream=stream)
+        out = self.engine.create_completion(prompt, _max_tokens(max_tokens), stop=stop, stream=stream,
+                                            **_sampling(locals()))
         if not stream:
             if echo:
                 out["choices"][0]["text"] = prompt_text + out["choices"][0]["text"]
@@ -289,11 +288,19 @@ class Llama:
             frequency_penalty=frequency_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
             grammar=grammar, logit_bias=logit_bias, logprobs=logprobs, top_logprobs=top_logprobs))
-        out = self.engine.create_chat_completion(
-            messages, None if max_tokens is None or max_tokens <= 0 else max_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
-            stream=stream)
+        out = self.engine.create_chat_completion(messages, _max_tokens(max_tokens), stop=stop, stream=stream,
+                                                 **_sampling(locals()))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
+
+
+def _sampling(arguments: dict) -> dict:
+    """The sampling settings among a method's arguments (SamplingParams' fields, by the same names)."""
+    return {f.name: arguments[f.name] for f in exposed_fields()}
+
+
+def _max_tokens(max_tokens: int | None) -> int | None:
+    """llama-cpp-python's max_tokens None or <= 0: until the context is full (the Engine's None)."""
+    return None if max_tokens is None or max_tokens <= 0 else max_tokens
 
 
 def _named(result: dict, model: str | None) -> dict:
