@@ -2,9 +2,12 @@
 // file; a byte-budgeted cache of them lives in slot pools, in HIGH and (with mixed precision) LOW
 // precision. In each MoE layer a custom op plans the ubatch's experts (layer-planner.h), makes
 // sure they are in slots (loading misses, claiming prefetches) and hands mul_mat_id slot ids.
-// The parts: expert-layout (where experts are), expert-budget (slots per tier and group),
-// expert-cache (which slot holds what), prefetch-coordinator (pins and reads in flight),
-// routing-recorder (prediction telemetry, traces), moe-hook (how llama.cpp reaches us).
+// The parts: expert-layout (where experts are), expert-budget (slots per tier and group, the
+// pools), expert-reads (bytes into slots), expert-cache (which slot holds what), layer-planner
+// (demands and waves), tier-passes (the passes of a wave and their slot ids), prefetch-strategy
+// (what to read ahead, a file per strategy), prefetch-coordinator (pins and reads in flight),
+// cache-fill, host-tier, routing-recorder (prediction telemetry, traces), moe-hook (how llama.cpp
+// reaches us). expert-residency.cpp wires them.
 //
 // With a GPU (modes gpu and coop, HOBBIT sec. 4) the pools are in the device's memory and a host
 // tier of pinned RAM (its own cache, both precisions, LRU) sits between the file and the device.
