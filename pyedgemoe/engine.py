@@ -20,7 +20,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: MoBiLE's, here before
+from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.generation import CHAT_TEMPERATURE, Generation, GenerationStats, SamplingParams

@@ -125,7 +125,7 @@ class LoadPlan:
     spare_bytes: int  # host memory the run leaves beside the expert cache (memory_budget.spare_bytes)
     ubatch_tokens: int  # llama.cpp's largest ubatch (memory_budget.ubatch_tokens)
     expert_cache_note: str
-    reasons: Mapping[str, str] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def describe(self) -> list[str]:
         """The plan, one decision a line: what and why."""
@@ -233,7 +233,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     return LoadPlan(
         mode=mode, device=device, expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
-        fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts)) if offload else {},
+        fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_parallel=options.n_parallel, n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
