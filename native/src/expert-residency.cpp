@@ -152,8 +152,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     std::vector<std::pair<const ggml_tensor *, int>> hooked;
     for (const auto & l : layout.layers) {
         for (const ggml_tensor * t : l.stacked) if (t) hooked.emplace_back(t, l.il);
-        // a ubatch of n_expert tokens: the most waves
-        for (int w = 0; w < wave_shapes[l.group].waves(layout.n_expert); w++) wave_ops[l.il].push_back({ this, l.il, w });
+        const int slots = wave_shapes[l.group].wave_size(layout.n_expert);  // a ubatch of n_expert tokens: the most waves
+        for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
     const prediction_needs needs = predictions_needed(o, trace_routing, layout.has_low);
     if (needs.router_depth > 0) {

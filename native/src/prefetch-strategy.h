@@ -5,7 +5,8 @@
 // coordinator's (prefetch-coordinator.h). A strategy keeps its own state (path tables, the
 // overlap meter, the little pass's choices).
 //
-// The strategies of a residency (make_prefetch_strategies), in the order they run:
+// The strategies of a residency (the registry: prefetch_strategies' constructor), in the order
+// they run:
 //   the decode prefetcher --prefetch names: hobbit, fate (prefetch-router.cpp), edgemoe
 //   (prefetch-paths.cpp); none: no such strategy;
 //   prefill's read-ahead of the next wave or layer (prefetch-read-ahead.cpp) and, with LOW copies,

@@ -57,7 +57,7 @@ ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int
 }
 
 void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
-                           ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const {
+                          ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const {
     ggml_tensor * swapped[PROJ_COUNT] = {};
     for (int j = 0; j < PROJ_COUNT; j++) {
         if (stacked[j]) swapped[j] = pool.tensor((expert_projection) j);

@@ -53,7 +53,7 @@ public:
     // nodes n_waves waves of passes add at most.
     ggml_tensor * masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
     void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
-                  ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
+                 ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
     uint32_t graph_nodes(int n_waves) const;
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
