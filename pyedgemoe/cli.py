@@ -380,6 +380,11 @@ def calibrate_command(
         failures = f", {r['failures']} failures" if r["failures"] else ""
         typer.echo(f"  {label:<24} {r['penalty']:10.1f}  ({r['loads_high']} HIGH + {r['loads_low']} LOW loads, "
                    f"hit rate {r['hit_rate']:.1%}{failures})")
+    against = d["lossless_against_min"]
+    typer.echo(f"lossless ({against['slots']} HIGH slots), loads against Belady's MIN, the offline optimum "
+               f"({against['min']['loads']} of {against['min']['requests']}): "
+               + ", ".join(f"{p} {r['x_min']:.2f}x" for p, r in sorted(against["policies"].items(),
+                                                                   key=lambda pr: pr[1]["x_min"])))
     if "prediction" in d and d["prediction"]["top1_accuracy"] is not None:
         typer.echo(f"next-layer prediction: top-1 right {d['prediction']['top1_accuracy']:.1%}, "
                    f"{d['prediction']['recall']:.1%} of selections predicted")
