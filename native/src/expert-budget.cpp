@@ -93,15 +93,6 @@ int tier_pools::fewest_slots() const {
     return fewest;
 }
 
-uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & budget) {
-    uint64_t total = 0;
-    for (size_t g = 0; g < layout.groups.size(); g++) {
-        total += budget.high_slots[g] * expert_bytes_of(layout.groups[g].high);
-        if (layout.has_low) total += budget.low_slots[g] * expert_bytes_of(layout.groups[g].low);
-    }
-    return total;
-}
-
 expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o) {
     return { budget.high_slots, budget.low_slots, o.cache_policy, o.policy_weights, o.low_hit == low_hit_rule::accept,
              layout.n_layers, layout.layers_of_groups(), layout.n_expert, o.fate_shallow, layout.n_expert_used };

@@ -40,8 +40,5 @@ struct tier_pools {
     std::vector<std::unique_ptr<slot_pool>> high, low;  // per group (low: empty without LOW copies)
 };
 
-// the bytes tier_pools of this budget take
-uint64_t tier_pool_bytes(const expert_layout & layout, const expert_budget & budget);
-
 // The device cache of this budget: its slots per group and tier, and the options' eviction policy.
 expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o);

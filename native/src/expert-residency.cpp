@@ -125,7 +125,6 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used);
     if (layout.has_low) reader.open_low(layout.low_source, o.io);
-    if (device) check_device_room(device, tier_pool_bytes(layout, budget));
     pools = std::make_unique<tier_pools>(layout, budget, device ? ggml_backend_dev_buffer_type(device) : nullptr, dc.repack);
     if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
     if (options.mode == compute_mode::automatic) {

@@ -24,22 +24,6 @@ ggml_backend_dev_t device_named(const std::string & name) {
     return dev;
 }
 
-static std::string gib(uint64_t bytes) {
-    char buf[64];
-    snprintf(buf, sizeof(buf), "%.2f GiB", bytes / 1073741824.0);
-    return buf;
-}
-
-void check_device_room(ggml_backend_dev_t dev, uint64_t pool_bytes) {
-    size_t free = 0, total = 0;
-    ggml_backend_dev_memory(dev, &free, &total);
-    if (total > 0 && pool_bytes > free) {
-        throw expert_budget_error("the expert cache's " + std::to_string(pool_bytes) + " bytes (" + gib(pool_bytes) +
-            ") do not fit in " + ggml_backend_dev_name(dev) + "'s free memory: " + std::to_string(free) + " bytes (" +
-            gib(free) + ") free of " + std::to_string(total) + " (" + gib(total) + ")");
-    }
-}
-
 // llama.cpp's CPU_REPACK buffer type, or nullptr where this CPU has none
 static ggml_backend_buffer_type_t cpu_repack_buffer_type() {
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);

@@ -43,8 +43,6 @@ bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
 
 // The ggml device named name (nullptr for ""); throws std::invalid_argument when there is none.
 ggml_backend_dev_t device_named(const std::string & name);
-// Throws expert_budget_error (expert-options.h) when pools of pool_bytes do not fit in what dev has free.
-void check_device_room(ggml_backend_dev_t dev, uint64_t pool_bytes);
 
 class slot_pool {
 public:
