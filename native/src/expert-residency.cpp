@@ -133,9 +133,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop;
-    if (coop && !host) {
-        throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
-    }
+    if (coop && !host) throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
     passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0, pools->fewest_slots());
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
@@ -450,11 +448,8 @@ std::string expert_residency::take_error() {
 }
 
 void expert_residency::start_sequence() { impl_->cache.start_sequence(); }
-
 const expert_options & expert_residency::options() const { return impl_->options; }
-
 const expert_residency_info & expert_residency::info() const { return impl_->info; }
-
 std::vector<std::pair<int, expert_layer_stats>> expert_residency::layer_stats() const {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     std::vector<std::pair<int, expert_layer_stats>> out;
@@ -469,11 +464,8 @@ std::vector<std::pair<int, expert_prefetch_stats>> expert_residency::prefetch_st
 }
 
 double expert_residency::prefetch_busy_ms() const { return impl_->coordinator.busy_ms(); }
-
 bool expert_residency::prefetch_stopped() const { return impl_->coordinator.judged_useless(); }
-
 std::vector<expert_prediction_stats> expert_residency::prediction_stats() const { return impl_->recorder.prediction_stats(); }
-
 uint64_t expert_residency::resident_experts() const { return impl_->cache.resident_experts(); }
 
 void expert_residency::reset_stats() {
@@ -486,7 +478,6 @@ void expert_residency::reset_stats() {
 }
 
 void expert_residency::set_tracing(bool on) { impl_->recorder.set_tracing(on); }
-
 void expert_residency::set_precision_map(const std::map<int, std::vector<int>> & low) {
     impl & r = *impl_;
     if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
@@ -504,7 +495,5 @@ void expert_residency::set_path_statistics(const std::vector<path_entry> & entri
 }
 
 void expert_residency::set_little(bool on) { impl_->little = on; }
-
 int expert_residency::prefetch_big() { return impl_->prefetch->before_redo(); }
-
 routing_trace expert_residency::take_trace() { return impl_->recorder.take_trace(); }
