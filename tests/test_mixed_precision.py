@@ -143,6 +143,34 @@ def test_fld_evicts_the_expert_whose_layer_comes_last():
     assert c.cached(3, 0, "high") and not c.cached(1, 0, "high")
 
 
+def _decode_loads(policy, experts, slots=2):
+    """Loads of one layer decoding a token at a time, each routed to one of `experts`."""
+    c = _native.ExpertCache(high_slots=slots, policy=policy, n_layers=1, n_expert=8, n_expert_used=1)
+    loads = 0
+    for e in experts:
+        c.advance_tokens(1)
+        loads += sum(load for _, _, _, load in c.place(0, [(e, "high")]))
+    return loads
+
+
+def test_decay_keeps_an_expert_used_often_lately_through_a_burst_of_others():
+    # A four times, then B, C, A, D, E, A, ...: lru drops A whenever two others pass; decay keeps it
+    burst = [0] * 4 + [1, 2, 0, 3, 4, 0, 5, 6, 0, 1, 2, 0]
+    assert _decode_loads("lru", burst) == 13
+    assert _decode_loads("decay", burst) == 9   # A loaded once; each of the 8 others once
+
+
+def test_decay_lets_an_expert_hot_long_ago_go_where_lfu_keeps_it():
+    # A 20 times, then B and C alternating for 200 tokens: lfu keeps A (20 uses against 1, counted
+    # since insertion) and B and C evict each other every token. With decay A's score halves every
+    # 16 tokens while B's and C's climb (their records outlive evictions), so A goes within a few
+    # dozen tokens and B and C stay
+    hot_then_cold = [0] * 20 + [1, 2] * 100
+    assert _decode_loads("lfu", hot_then_cold) == 201
+    assert _decode_loads("decay", hot_then_cold) <= 40
+    assert _decode_loads("lru", hot_then_cold) == 3
+
+
 def test_lhu_does_not_count_low_uses():
     c = _native.ExpertCache(high_slots=1, low_slots=2, policy="lhu")
     c.advance_tokens(1)

@@ -123,6 +123,7 @@ std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const ho
         case cache_policy_kind::hobbit: return std::make_unique<weighted_policy>(name, weights);
         case cache_policy_kind::edgemoe: return make_edgemoe_policy();
         case cache_policy_kind::fate:   return make_fate_policy(shape);
+        case cache_policy_kind::decay:  return make_decay_policy();
     }
     throw std::invalid_argument("unknown cache policy");
 }

@@ -67,7 +67,9 @@ std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const ho
 // remainder one each to the first).
 std::vector<int> shallow_favoring_split(const cache_tier_shape & shape);
 
-// the papers' policies, a file each: EdgeMoE's frequency x layer distance (cache-policy-edgemoe.cpp),
-// Fate's shallow-favoring split with an ARC per layer (cache-policy-fate.cpp)
+// the larger policies, a file each: EdgeMoE's frequency x layer distance (cache-policy-edgemoe.cpp),
+// Fate's shallow-favoring split with an ARC per layer (cache-policy-fate.cpp), decayed frequency
+// (cache-policy-decay.cpp)
 std::unique_ptr<cache_policy> make_edgemoe_policy();
 std::unique_ptr<cache_policy> make_fate_policy(const cache_tier_shape & shape);
+std::unique_ptr<cache_policy> make_decay_policy();

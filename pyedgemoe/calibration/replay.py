@@ -10,8 +10,8 @@ Deterministic: the same trace and settings give the same numbers.
 search_policy_weights tries the priority weights (lru, lfu, lhu, fld) on a grid over the simplex
 (step 0.1 by default: 286 points, including the single-term vertices, which are the lhu and fld
 policies exactly), keeping the lowest penalty (ties: fewer loads, then grid order); the
-stand-alone lru and lfu policies are replayed for comparison, and the seed systems' edgemoe
-(frequency x layer distance) and fate (shallow-favoring split, ARC per layer). They keep their
+stand-alone lru, lfu and decay (decayed frequency) policies are replayed for comparison, and the
+seed systems' edgemoe (frequency x layer distance) and fate (shallow-favoring split, ARC per layer). They keep their
 records across sequences (lfu counts frequency since insertion), so they are not grid points and may win.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import default
 
 DEFAULT_GRID_STEP = 0.1
-SINGLE_POLICIES = ("lru", "lfu", "lhu", "fld", "edgemoe", "fate")
+SINGLE_POLICIES = ("lru", "lfu", "lhu", "fld", "edgemoe", "fate", "decay")
 
 
 @dataclass
