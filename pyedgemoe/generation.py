@@ -78,7 +78,7 @@ class SamplingParams:
         sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
                                   self.penalty_last_n, random.getrandbits(32) if seed is None else seed)
         for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 else []:
-            sampler.accept(t)
+            sampler.accept_prompt(t)
         return sampler
 
 

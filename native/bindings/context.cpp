@@ -20,6 +20,7 @@ Context::~Context() {
 namespace {
 
 using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+using Embeddings = Logits;
 
 void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
             int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max) {
@@ -84,6 +85,20 @@ void raise_if_failed(const std::pair<int32_t, std::string> & result) {
     if (result.first != 0) throw_with_log("llama_decode failed with status " + std::to_string(result.first));
 }
 
+// Tokens [start, start + count) of `tokens` into batch, at positions pos0 + start.. of sequence seq;
+// outputs: every token's, else only the last of `tokens`.
+void fill_batch(llama_batch & batch, const std::vector<llama_token> & tokens, int start, int count, int pos0, int seq,
+                bool every_output) {
+    batch.n_tokens = count;
+    for (int i = 0; i < count; i++) {
+        batch.token[i] = tokens[start + i];
+        batch.pos[i] = pos0 + start + i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i] = every_output || (start + i == (int) tokens.size() - 1);
+    }
+}
+
 // Decodes `tokens` at positions pos0.. of sequence seq, n_batch tokens per llama_decode.
 // Returns the logits of every token ([n, n_vocab]) when all_logits, else of the last one ([1, n_vocab]).
 Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0, bool all_logits, int seq) {
@@ -102,14 +117,7 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
         llama_batch batch = llama_batch_init(n_batch, 0, 1);
         for (int start = 0; start < n; start += n_batch) {
             const int count = std::min(n_batch, n - start);
-            batch.n_tokens = count;
-            for (int i = 0; i < count; i++) {
-                batch.token[i] = tokens[start + i];
-                batch.pos[i] = pos0 + start + i;
-                batch.n_seq_id[i] = 1;
-                batch.seq_id[i][0] = seq;
-                batch.logits[i] = all_logits || (start + i == n - 1);
-            }
+            fill_batch(batch, tokens, start, count, pos0, seq, all_logits);
             result = run_decode(self, batch);
             if (result.first != 0 || !result.second.empty()) break;
             if (all_logits) {
@@ -157,6 +165,57 @@ void decode_step(Context & self, const std::vector<llama_token> & tokens, const 
     raise_if_failed(result);
 }
 
+// The embeddings of `tokens` evaluated at positions 0.. of sequence seq (which must hold nothing), in one
+// llama_decode with the context's embeddings on for it: a row per token where the context pools none
+// (the model's pooling type), else the sequence's pooled row. [rows, n_embd].
+Embeddings embed(Context & self, const std::vector<llama_token> & tokens, int seq) {
+    const int n = (int) tokens.size();
+    if (n == 0) throw nb::value_error("embed needs at least one token");
+    if (n > (int) llama_n_batch(self.ctx)) {
+        throw nb::value_error(("embed of " + std::to_string(n) + " tokens exceeds n_batch " +
+                               std::to_string(llama_n_batch(self.ctx))).c_str());
+    }
+    check_positions(self, seq, 0, n - 1);
+    check_tokens(self, tokens);
+    const bool pooled = llama_pooling_type(self.ctx) != LLAMA_POOLING_TYPE_NONE;
+    const size_t n_embd = (size_t) llama_model_n_embd(self.model->model);
+    const size_t n_rows = pooled ? 1 : n;
+    float * out = new float[n_rows * n_embd];
+    nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
+    std::pair<int32_t, std::string> result;
+    {
+        nb::gil_scoped_release release;
+        llama_batch batch = llama_batch_init(n, 0, 1);
+        fill_batch(batch, tokens, 0, n, 0, seq, true);
+        llama_set_embeddings(self.ctx, true);
+        result = run_decode(self, batch);
+        llama_set_embeddings(self.ctx, false);
+        llama_batch_free(batch);
+        if (result.first == 0 && result.second.empty()) {
+            for (size_t r = 0; r < n_rows; r++) {
+                const float * row = pooled ? llama_get_embeddings_seq(self.ctx, seq) : llama_get_embeddings_ith(self.ctx, (int) r);
+                std::memcpy(out + r * n_embd, row, sizeof(float) * n_embd);
+            }
+        }
+    }
+    raise_if_failed(result);
+    return Embeddings(out, {n_rows, n_embd}, owner);
+}
+
+// What sequence seq holds (its KV cache), as llama_state_seq_get_data writes it.
+nb::bytes sequence_state(const Context & c, int seq) {
+    std::vector<uint8_t> data(llama_state_seq_get_size(c.ctx, seq));
+    const size_t n = llama_state_seq_get_data(c.ctx, data.data(), data.size(), seq);
+    return nb::bytes(data.data(), n);
+}
+
+// Sequence seq holds what sequence_state gave (of a context of the same model and settings).
+void set_sequence_state(Context & c, int seq, const nb::bytes & data) {
+    if (llama_state_seq_set_data(c.ctx, (const uint8_t *) data.c_str(), data.size(), seq) != data.size()) {
+        throw nb::value_error("the saved state does not fit this context (another model, or other settings)");
+    }
+}
+
 // llama.cpp's own account of its buffers, per buffer type (e.g. "Vulkan0", "CPU")
 std::vector<nb::dict> memory_breakdown(const Context & c) {
     std::vector<nb::dict> out;
@@ -181,6 +240,16 @@ void register_context(nb::module_ & m) {
              nb::arg("n_seq_max") = 1, nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
         .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
+        .def("output_logits", [](Context & c, int i) {
+                 const float * logits = llama_get_logits_ith(c.ctx, i);
+                 if (!logits) throw nb::index_error(("no output " + std::to_string(i) + " in the last decode").c_str());
+                 return to_numpy(std::vector<float>(logits, logits + c.n_vocab), { (size_t) c.n_vocab });
+             }, nb::arg("i") = -1, "The logits of output i of the last llama_decode (-1: its last), [n_vocab].")
+        .def("embed", &embed, nb::arg("tokens"), nb::arg("seq") = 0)
+        .def_prop_ro("pooled", [](const Context & c) { return llama_pooling_type(c.ctx) != LLAMA_POOLING_TYPE_NONE; },
+                     "Whether embed() pools a sequence into one row (the model's pooling type).")
+        .def("sequence_state", &sequence_state, nb::arg("seq") = 0)
+        .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"))
         .def("clear", [](Context & c) {
                  llama_memory_clear(llama_get_memory(c.ctx), true);
                  if (c.model->residency) c.model->residency->start_sequence();

@@ -60,6 +60,7 @@ struct Context {
 // Owns a llama_sampler chain.
 struct Sampler {
     llama_sampler * chain = nullptr;
+    llama_sampler * penalties = nullptr;  // in the chain, or none: the prompt's tokens go to it alone
     ~Sampler();
 };
 
@@ -67,6 +68,7 @@ void register_errors(nb::module_ & m);
 void register_model(nb::module_ & m);
 void register_context(nb::module_ & m);
 void register_sampler(nb::module_ & m);
+void register_grammar(nb::module_ & m);
 void register_gguf_info(nb::module_ & m);
 void register_quantize(nb::module_ & m);
 void register_residency(nb::module_ & m);
