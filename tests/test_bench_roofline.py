@@ -75,3 +75,29 @@ def test_a_warm_up_run_is_not_kept_and_the_engine_that_runs_first_alternates(tin
         (0, OURS), (0, STOCK), (1, STOCK), (1, OURS), (2, OURS), (2, STOCK)]
     assert all("error" not in r for r in runs)
     assert len({tuple(r["tokens"]) for r in runs}) == 1  # both engines, every repeat: the same tokens
+
+
+def test_against_min_sets_our_loads_beside_belady_on_the_same_routing(tiny_model):
+    from pyedgemoe.bench.runner import format_report
+    path, _ = tiny_model("qwen3_moe")
+    runs = run_benchmark(path, engines=(OURS,), prompt_tokens=4, output_tokens=24, repeats=1, threads=1,
+                         warmup=0, ours_options={"expert_cache": "30%"}, against_min=True)
+    timed, extra = runs[:-1], runs[-1]
+    assert [r.get("against_min_run") for r in timed] == [None] and extra["against_min_run"]
+    m = extra["against_min"]
+    stats = extra["engine_stats"]["experts"]
+    assert stats["fill_cache"] is False  # MIN starts empty: so did the run
+    # the run's requests are the routing MIN replays; no policy loads fewer than MIN, none more than asked
+    assert m["requests"] == stats["total"]["requests"]
+    prefetched = (stats.get("prefetches") or {}).get("issued", 0)
+    assert m["min_loads"] <= m["loads"] == stats["total"]["loads_high"] + prefetched
+    assert stats["total"]["loads_high"] <= m["requests"]
+    assert sum(m["min_loads_per_layer"].values()) == m["min_loads"]
+    report = format_report(runs)
+    assert "Against Belady's MIN" in report and f"| {m['loads']} | {m['min_loads']} | {m['x_min']:.2f} |" in report
+
+
+def test_against_min_refuses_a_run_with_low_copies_or_no_cache(tiny_model):
+    path, _ = tiny_model("qwen3_moe")
+    with pytest.raises(ValueError, match="needs an expert cache"):
+        measure("pyedgemoe", str(path), 4, 4, threads=1, options={"against_min": True})

@@ -183,7 +183,7 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                   threads: int = 2, mem_cap_bytes: int | None = None, flash_attn: bool = False,
                   ours_options: dict[str, Any] | None = None, stock_repack: bool = True,
                   decode_input: str = "greedy", warmup: int = 1, timeout_s: float | None = 1800,
-                  load: int = 0, log=None) -> list[dict[str, Any]]:
+                  load: int = 0, against_min: bool = False, log=None) -> list[dict[str, Any]]:
     """Measure each engine `repeats` times, alternating engines within each repeat and which goes
     first from one repeat to the next, after `warmup` runs of the first engine that are not kept
     (the first run after other work is slower, whichever engine it is).
@@ -194,7 +194,9 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     "fixed" feeds a fixed token sequence during decode instead of the greedy picks (keeps the
     routing varied where greedy decoding falls into a cycle of a few tokens, which flatters
     expert caches; see worker.fixed_decode_token_ids). load: CPU-bound processes running beside
-    every measurement (cpu_load).
+    every measurement (cpu_load). against_min: one more run of ours, not timed (no fill at load,
+    the routing recorded), whose HIGH loads are set beside Belady's MIN on the same routing and
+    slots (calibration/belady.py); it is marked "against_min_run" and left out of the medians.
 
     Returns one dict per measurement: the worker's JSON (prefill_seconds, decode_seconds,
     decode_tokens_per_second, n_prompt_tokens, n_output_tokens, peak_rss_bytes, load_seconds,
@@ -221,15 +223,16 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     options = {e: (dict(ours_options or {}) if e == OURS else {} if stock_repack else {"repack": False})
                for e in engines}
 
-    def run(engine: str) -> dict[str, Any]:
+    def run(engine: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        engine_options = {**options[engine], **(extra or {})}
         if mem_cap_bytes is None:
             with cpu_load(load):
                 return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                                   options[engine], decode_input, None, timeout_s)
+                                   engine_options, decode_input, None, timeout_s)
         evict_from_page_cache(model)
         with memory_cgroup(mem_cap_bytes) as group, cpu_load(load):
             return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                               options[engine], decode_input, group, timeout_s)
+                               engine_options, decode_input, group, timeout_s)
 
     active = list(engines)
     for _ in range(warmup):
@@ -251,6 +254,12 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                 log(_one_line(r))
             if r.get("unavailable"):
                 active = [e for e in active if e != engine]
+    if against_min and OURS in active:
+        r = run(OURS, {"against_min": True})
+        r.update(repeat=None, prompt_tokens=prompt_tokens, output_tokens=output_tokens, threads=threads,
+                 mem_cap_bytes=mem_cap_bytes, model_bytes=model_bytes, against_min_run=True)
+        r.setdefault("model", str(model))
+        results.append(r)
     _add_roofline(model, results)
     return results
 
@@ -310,9 +319,13 @@ def _serves(runs: list[dict[str, Any]]) -> str:
 def format_report(results: list[dict[str, Any]]) -> str:
     """Markdown: one row per (model, cap, prompt, output, engine) with medians, then ours/stock ratios."""
     groups: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
+    against: list[str] = []
     for r in results:
         key = (Path(r.get("model", "?")).name, r.get("mem_cap_bytes"), r["prompt_tokens"], r["output_tokens"])
-        groups.setdefault(key, {}).setdefault(r["engine"], []).append(r)
+        if r.get("against_min_run"):
+            against.append(_against_min_row(key, r))
+        else:
+            groups.setdefault(key, {}).setdefault(r["engine"], []).append(r)
 
     lines = ["| model | mem cap | prompt | output | engine | runs | prefill s (median) | "
              "decode tok/s (median) | load s | peak RSS | cgroup peak | expert hits | MiB read / decode step | "
@@ -381,9 +394,23 @@ def format_report(results: list[dict[str, Any]]) -> str:
         out += f"; other runnable tasks just before a run: max {max(busy)}." if busy else "."
     if any_ratio:
         out += "\n\n" + "\n".join(ratios)
+    if against:
+        out += ("\n\nAgainst Belady's MIN (one more run of ours, not timed: no fill at load, the routing "
+                "recorded; MIN on the same routing and slots):\n\n| model | mem cap | prompt | output | expert "
+                "requests | ours' loads (on demand + prefetched) | MIN's loads | x MIN |\n|---|---|---:|---:|---:|---:|---:|---:|\n"
+                + "\n".join(against))
     if notes:
         out += "\n\nErrors:\n" + "\n".join(notes)
     return out + "\n"
+
+
+def _against_min_row(key: tuple, r: dict[str, Any]) -> str:
+    model, cap, p, o = key
+    head = f"| {model} | {'none' if cap is None else format_bytes(cap)} | {p} | {o} |"
+    if "error" in r:
+        return f"{head} error: {r['error']} | | | |"
+    m = r["against_min"]
+    return f"{head} {m['requests']} | {m['loads']} | {m['min_loads']} | {m['x_min']:.2f} |"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,11 +144,17 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
     except Exception:  # running from a source tree that is not pip-installed
         version = "source"
 
+    options = dict(options)
+    against_min = options.pop("against_min", False)
+    if against_min:  # MIN starts from an empty cache: so does this run
+        options["fill_cache"] = False
     t0 = time.perf_counter()
     cores = len(os.sched_getaffinity(0))
     eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_batch=512, flash_attn=flash_attn,
                  **{"n_threads": None if threads == cores else threads, **options})
     load_seconds = time.perf_counter() - t0
+    if against_min:
+        eng.record_routing(True)
     t = eng.time_generation(prompt, n_out, feed_tokens=feed)
     result = dict(engine_version=version, load_seconds=load_seconds,
                   prefill_seconds=float(t["prefill_seconds"]),
@@ -172,6 +178,15 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
                     result["next_layer_top1_accuracy"] = prediction[0]["top1_accuracy"]
         except Exception as e:  # stats are a bonus; never fail a measurement over them
             result["engine_stats"] = {"error": repr(e)}
+    if against_min:
+        from pyedgemoe.calibration.belady import trace_against_min
+        experts = eng.stats().get("experts")
+        if not experts:
+            raise ValueError("against_min: needs an expert cache (expert_cache=...)")
+        if experts["low_precision"]:
+            raise ValueError("against_min: MIN is the lossless optimum; run without LOW copies")
+        loads = experts["total"]["loads_high"] + (experts.get("prefetches") or {}).get("issued", 0)
+        result["against_min"] = trace_against_min(eng.take_routing_trace(), experts["high_slots"], loads)
     return result
 
 
