@@ -21,11 +21,13 @@ from pyedgemoe.errors import (
 )
 from pyedgemoe.engine import Engine
 from pyedgemoe.expert_options import ExpertOptions
-from pyedgemoe.llama import Llama
+from pyedgemoe.llama import Llama, LlamaGrammar
 
 __all__ = [
     "Engine",
     "ExpertOptions",
+    "Llama",
+    "LlamaGrammar",
     "PyEdgeMoEError",
     "ModelLoadError",
     "ContextOverflowError",

@@ -154,7 +154,7 @@ class Batcher:
         self._decoder.decode_step([token for token, _ in inputs], [pos for _, pos in inputs],
                                   [r.sequence for r in stepping])
         for i, r in enumerate(stepping):
-            self._emit(r, r.generation.picked(self._decoder.sample(r.generation.sampler, i)))
+            self._emit(r, r.generation.picked(r.generation.sample(i)))
 
     def _emit(self, r: _Request, token: int | None) -> None:
         """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""

@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 
 from pyedgemoe import _native
-from pyedgemoe.errors import ExpertLoadError, ModelLoadError
-from pyedgemoe.generation import KVSequence
+from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError
+from pyedgemoe.generation import KVSequence, SequenceState
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -81,10 +81,42 @@ class Decoder:
         for s in self.sequences:
             s.tokens.clear()
 
+    def save(self, sequence: KVSequence) -> SequenceState:
+        with self.lock:
+            return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq))
+
+    def restore(self, sequence: KVSequence, state: SequenceState) -> None:
+        """sequence holds what state says it held."""
+        if not isinstance(state, SequenceState):
+            raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
+        with self.lock:
+            self.keep(sequence, 0)
+            try:
+                self.live().set_sequence_state(sequence.seq, state.kv)
+            except ValueError as e:
+                raise InvalidOptionError(f"load_state: {e}") from None
+            sequence.tokens[:] = state.tokens
+
     def sample(self, sampler, i: int = -1) -> int:
         """sampler's pick from output i of the last decode (-1: its last)."""
         with self.lock:
             return sampler.sample(self.live(), i)
+
+    def output_logits(self, i: int = -1) -> np.ndarray:
+        """The logits of output i of the last decode (-1: its last)."""
+        with self.lock:
+            return self.live().output_logits(i)
+
+    def embed(self, tokens: list[int]) -> np.ndarray:
+        """The embeddings of tokens on the first sequence, which holds nothing before or after: a
+        row per token, or one pooled row (the model's pooling type)."""
+        with self._expert_errors(), self.lock:
+            ctx = self.live()
+            self.clear()
+            try:
+                return self._governed(0, lambda: ctx.embed(tokens, 0))
+            finally:
+                self.clear()
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)

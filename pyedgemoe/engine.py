@@ -11,35 +11,26 @@ import os
 import sys
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
 
-from pyedgemoe import _native
+from pyedgemoe import _native, completions
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions
-from pyedgemoe.generation import CHAT_TEMPERATURE, Generation, GenerationStats, SamplingParams
+from pyedgemoe.completions import TextRun, stop_list
+from pyedgemoe.embeddings import embed
+from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.model_info import ModelInfo
-from pyedgemoe.text_stream import TextStream
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 
 __all__ = ["Engine", "GenerationStats", "SamplingParams"]
-
-
-def _stop_list(stop: str | list[str] | None) -> list[str]:
-    return [stop] if isinstance(stop, str) else list(stop or [])
-
-
-def _usage(n_prompt: int, n_completion: int) -> dict:
-    """The OpenAI "usage" object."""
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
 
 
 def _expert_summary(experts: dict) -> dict:
@@ -66,7 +57,9 @@ class Engine:
     n_threads / n_threads_batch: threads for decode / prefill (default: the physical cores this
         process may run on, within its cgroup's CPU quota, pyedgemoe.threads; the decode leaves one of them to the expert reads when prefetch, left unset, is on:
         expert_options.auto_prefetch; the core goes back to the decode if prefetching stops itself).
-    n_batch: tokens per llama_decode call during prefill.
+    n_batch: tokens per llama_decode call during prefill; n_ubatch: tokens llama.cpp computes at
+        once, splitting each call's batch (llama.cpp's micro-batch; at most n_batch, and fewer where
+        the expert cache needs it: a ubatch's experts of one layer all in slots at once).
     seed: default sampling seed (None = random).
     flash_attn: True/False, or None to let llama.cpp decide (its default).
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
@@ -126,13 +119,14 @@ class Engine:
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = LoadOptions.n_ctx, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_batch: int = LoadOptions.n_batch, seed: int | None = None,
+                 n_threads_batch: int | None = None, n_batch: int = LoadOptions.n_batch,
+                 n_ubatch: int = LoadOptions.n_ubatch, seed: int | None = None,
                  flash_attn: bool | None = None, kv_type: str = LoadOptions.kv_type,
                  expert_cache: str | int | None = None, expert_options: ExpertOptions | None = None,
                  trace_routing: bool = False, system: str | None = None, n_parallel: int = LoadOptions.n_parallel,
                  n_logits: int = LoadOptions.n_logits, verbose: bool = False, **options):
         load = LoadOptions(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
-                           n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
+                           n_ubatch=n_ubatch, n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
                            expert_options=(expert_options or ExpertOptions()).merged(**options))
         self.model_path = os.fspath(model_path)
@@ -149,7 +143,7 @@ class Engine:
         self.mode = plan.mode if plan.mode != "auto" else self.expert_residency["mode"] if self.expert_residency else "gpu"
         # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
         cap = self.expert_residency["max_ubatch_tokens"] if self.expert_residency else 0
-        self.n_ubatch = min(plan.n_batch, cap) if cap > 0 else plan.n_batch
+        self.n_ubatch = min(plan.n_ubatch, cap) if cap > 0 else plan.n_ubatch
         self.threads_note = plan.reasons["threads"]
         if verbose:
             print(f"pyedgemoe: {self.threads_note}", file=sys.stderr)
@@ -305,6 +299,47 @@ class Engine:
             decoder.sequences[0].tokens[:] = ids
         return out
 
+    @property
+    def tokens(self) -> list[int]:
+        """What the one sequence holds (its KV cache), token by token: a generation whose prompt
+        starts with them evaluates only the rest."""
+        return list(self._decoder.sequences[0].tokens)
+
+    def eval(self, tokens: list[int]) -> None:
+        """Evaluates tokens after what the one sequence holds (Engine.tokens), as llama-cpp-python's
+        Llama.eval."""
+        self._single_sequence("eval")
+        ids = [int(t) for t in tokens]
+        with self._sequence_turn():
+            sequence = self._decoder.sequences[0]
+            self._check_fits(len(sequence.tokens) + len(ids), 0)
+            if ids:
+                self._decoder.decode(ids, len(sequence.tokens), sequence)
+                sequence.tokens += ids
+
+    def reset(self) -> None:
+        """Forgets what the one sequence holds (its KV cache)."""
+        self._single_sequence("reset")
+        with self._sequence_turn():
+            self._decoder.clear()
+
+    def save_state(self) -> SequenceState:
+        """What the one sequence holds (its tokens and KV cache), for load_state."""
+        self._single_sequence("save_state")
+        with self._sequence_turn():
+            return self._decoder.save(self._decoder.sequences[0])
+
+    def load_state(self, state: SequenceState) -> None:
+        """The one sequence holds what save_state gave, of an Engine of the same model and context
+        settings (else InvalidOptionError)."""
+        self._single_sequence("load_state")
+        with self._sequence_turn():
+            self._decoder.restore(self._decoder.sequences[0], state)
+
+    def embed(self, text: str | list[int], *, normalize: bool = False, truncate: bool = True) -> np.ndarray:
+        """The model's embeddings of text (or token ids), float32 (pyedgemoe.embeddings.embed)."""
+        return embed(self, text, normalize, truncate)
+
     def _governed(self, n_decoded: int, decode):
         """decode() on the thread counts the governor chose, timed for it: n_decoded tokens, one per
         sequence of a decode step (0 for a prompt's batch, which it does not time). Every decode
@@ -351,11 +386,11 @@ class Engine:
         return self._generation(prompt_tokens, max_tokens, sampling, ignore_eos, feed_tokens)[1]
 
     def _generation(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
-                    ignore_eos: bool = False, feed_tokens: list[int] | None = None,
-                    fresh: bool = False) -> tuple[GenerationStats, Iterator[int]]:
-        """generate_tokens, with the generation's own GenerationStats (last_timings is the latest
-        generation's, whichever thread started it). fresh: forget the KV cache first (no prefix
-        reused; the expert cache's per-sequence records restart). A generation with a seed of its
+                    ignore_eos: bool = False, feed_tokens: list[int] | None = None, fresh: bool = False,
+                    n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
+        """generate_tokens, with the Generation (its own timings: last_timings is the latest
+        generation's, whichever thread started it; its logprobs, with n_probs). fresh: forget the
+        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A generation with a seed of its
         own is fresh: reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose
         sums the CPU kernels may round differently, and the same seeded call must give the same tokens."""
         sampling.validate()
@@ -376,9 +411,9 @@ class Engine:
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
         generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
-                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens)
+                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs)
         tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)
-        return timings, self._counted(tokens, timings)
+        return generation, self._counted(tokens, timings)
 
     def _counted(self, tokens: Iterator[int], timings: GenerationStats) -> Iterator[int]:
         try:
@@ -403,8 +438,9 @@ class Engine:
         without the prefill's reads."""
         self._single_sequence("time_generation")
         tokens, after_prefill = [], 0
-        t, generation = self._generation(prompt_ids, n_tokens, SamplingParams(temperature=0.0), True, feed_tokens,
-                                         fresh=True)
+        run, generation = self._generation(prompt_ids, n_tokens, SamplingParams(temperature=0.0), True, feed_tokens,
+                                           fresh=True)
+        t = run.timings
         for token in generation:
             if not tokens:
                 after_prefill = self._expert_bytes_read()
@@ -420,31 +456,6 @@ class Engine:
         return stats["total"]["bytes_read"] + stats["prefetches"]["bytes_read"]
 
     # -- text generation ------------------------------------------------------------------------
-    def _stream_text(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
-                     stop: list[str], result: dict, ignore_eos: bool = False) -> Iterator[str]:
-        """Text pieces of a generation (bad arguments raise here, at the call); fills
-        result["finish_reason"], result["completion_tokens"]."""
-        timings, tokens = self._generation(prompt_tokens, max_tokens, sampling, ignore_eos)
-        result["finish_reason"] = "length"
-        result["completion_tokens"] = 0
-        return self._text_pieces(tokens, timings, TextStream(stop), result)
-
-    def _text_pieces(self, tokens: Iterator[int], timings: GenerationStats, text: TextStream,
-                     result: dict) -> Iterator[str]:
-        for token in tokens:
-            result["completion_tokens"] += 1
-            piece = text.push(self.token_piece(token))
-            if piece:
-                yield piece
-            if text.stopped:
-                tokens.close()
-                result["finish_reason"] = "stop"
-                return
-        result["finish_reason"] = timings.finish_reason
-        tail = text.flush()
-        if tail:
-            yield tail
-
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt, add_bos=True, special=False)
@@ -455,37 +466,18 @@ class Engine:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an
         iterator of text pieces as they are produced. ignore_eos: go on past end-of-generation
         tokens (to max_tokens). sampling: SamplingParams's settings by name (temperature, top_k,
-        top_p, min_p, repeat_penalty, seed)."""
-        pieces = self._stream_text(self._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling),
-                                   _stop_list(stop), {}, ignore_eos)
+        top_p, min_p, repeat_penalty, seed, grammar, json_schema; or OpenAI's response_format)."""
+        pieces = TextRun(self, self._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
+                         ignore_eos).pieces()
         return pieces if stream else "".join(pieces)
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
-                          stop: str | list[str] | None = None, stream: bool = False, **sampling):
+                          stop: str | list[str] | None = None, stream: bool = False, logprobs: int | None = None,
+                          **sampling):
         """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result.
-        sampling: as for generate."""
-        sampling = SamplingParams.of(sampling)
-        prompt_tokens = self._prompt_tokens(prompt)
-        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_path}
-        result: dict = {}
-        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, _stop_list(stop), result)
-
-        def usage() -> dict:
-            return _usage(len(prompt_tokens), result["completion_tokens"])
-
-        def choice(text: str, finish_reason: str | None) -> dict:
-            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
-
-        if not stream:
-            text = "".join(pieces)
-            return {**head, "choices": [choice(text, result["finish_reason"])], "usage": usage()}
-
-        def chunks():
-            for piece in pieces:
-                yield {**head, "choices": [choice(piece, None)]}
-            yield {**head, "choices": [choice("", result["finish_reason"])], "usage": usage()}
-        return chunks()
+        logprobs: each generated token's log-probability and the logprobs most likely tokens' (as
+        llama-cpp-python's; pyedgemoe.completions). sampling: as for generate."""
+        return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling)
 
     def format_chat(self, messages: list[dict]) -> str:
         """The prompt text for messages, using the model's chat template."""
@@ -498,41 +490,14 @@ class Engine:
         )
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
-                               stop: str | list[str] | None = None, stream: bool = False, **sampling):
+                               stop: str | list[str] | None = None, stream: bool = False,
+                               logprobs: bool | None = None, top_logprobs: int | None = None, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
-        sampling: as for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
-        sampling = SamplingParams.of(sampling, temperature=CHAT_TEMPERATURE)
-        text = self.format_chat(messages)
-        bos = self.token_bos()
-        starts_with_bos = bos is not None and text.startswith(self.token_piece(bos).decode("utf-8", "replace"))
-        prompt_tokens = self.tokenize(text, add_bos=not starts_with_bos, special=True)
-        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_path}
-        result: dict = {}
-        pieces = self._stream_text(prompt_tokens, max_tokens, sampling, _stop_list(stop), result)
-
-        def usage() -> dict:
-            return _usage(len(prompt_tokens), result["completion_tokens"])
-
-        if not stream:
-            content = "".join(pieces)
-            return {**head, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "logprobs": None, "finish_reason": result["finish_reason"]}],
-                    "usage": usage()}
-
-        def chunks():
-            chunk = {**head, "object": "chat.completion.chunk"}
-            yield {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                         "finish_reason": None}]}
-            for piece in pieces:
-                yield {**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
-                                             "finish_reason": None}]}
-            yield {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                         "finish_reason": result["finish_reason"]}], "usage": usage()}
-        return chunks()
+        logprobs=True: each generated token's log-probability, with the top_logprobs most likely
+        tokens' (OpenAI's chat shape). sampling: as for generate (temperature defaults to
+        CHAT_TEMPERATURE, llama-cpp-python's)."""
+        return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
+                                                  sampling)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True) -> None:

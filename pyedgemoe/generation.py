@@ -2,10 +2,12 @@
 
 - SamplingParams: llama.cpp's sampler chain settings, declared once; the CLI's flags
   (cli_options.sampling_options), the Engine's keywords and the OpenAI request fields the server
-  takes (server/request_params.py) are made from its fields.
+  takes (server/request_params.py) are made from its fields. A grammar or a JSON schema constrains
+  the text (structured_output.py).
 - Generation: one generation on one sequence of the KV cache, from its prompt to its finish:
   prefill (reusing the prefix the sequence holds, unless fresh), the next token's input, the stop
-  rules (end-of-generation tokens, the budget), the finish reason and the timings. The Engine steps
+  rules (end-of-generation tokens, the budget), the finish reason, the timings and, when asked, each
+  generated token's log-probability and the most likely alternatives (TokenLogprob). The Engine steps
   one on the caller's thread (Engine._one_sequence), the Batcher several in one llama_decode
   (batch.py); both decode through the Decoder (decoder.py).
 """
@@ -20,13 +22,15 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
 
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
 
 
-def _flag(flag: str | None, help: str = "") -> dict:
-    """A field's metadata: its CLI flag (None: not on the CLI nor in OpenAI requests) and help."""
-    return {"flag": flag, "help": help}
+def _flag(flag: str | None, help: str = "", file_flag: str | None = None) -> dict:
+    """A field's metadata: its CLI flag (None: not on the CLI nor in OpenAI requests), help, and the
+    CLI flag that reads the value from a file (file_flag)."""
+    return {"flag": flag, "help": help, "file_flag": file_flag}
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,20 @@ class SamplingParams:
                                                                                   "tokens by this (1: off)"))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
     seed: int | None = field(default=None, metadata=_flag("--seed", "sampling seed (default: random)"))
+    grammar: str | None = field(default=None, metadata=_flag(
+        "--grammar", "BNF-like grammar (llama.cpp's GBNF) to constrain generations", file_flag="--grammar-file"))
+    json_schema: str | None = field(default=None, metadata=_flag(
+        "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
+        "value", file_flag="--json-schema-file"))
 
     @classmethod
     def of(cls, keywords: dict, **defaults) -> "SamplingParams":
-        """The settings from keyword arguments (None: the default), over `defaults`; checked."""
+        """The settings from keyword arguments (None: the default), over `defaults`; checked. A
+        json_schema may be a dict; OpenAI's response_format gives a grammar or a json_schema."""
+        keywords = dict(keywords)
+        keywords.update(response_format_keywords(keywords.pop("response_format", None)))
+        if keywords.get("json_schema") is not None:
+            keywords["json_schema"] = schema_text(keywords["json_schema"])
         given = {name: value for name, value in {**defaults, **keywords}.items() if value is not None}
         unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
@@ -70,13 +84,26 @@ class SamplingParams:
             raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if self.seed is not None and not 0 <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), got {self.seed}")
+        for name in ("grammar", "json_schema"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise InvalidOptionError(f"{name} must be text, got {getattr(self, name)!r}")
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidOptionError("give either a grammar or a json_schema (response_format), not both")
+
+    def grammar_text(self) -> str:
+        """The GBNF that constrains the text: the grammar, or the JSON schema's; "" for none."""
+        return schema_grammar(self.json_schema) if self.json_schema is not None else self.grammar or ""
 
     def sampler(self, model, default_seed: int | None, prompt: list[int]):
         """A native sampler chain of these settings (the seed: its own, else default_seed, else a
         random one) that has seen the prompt's last penalty_last_n tokens."""
         seed = next((s for s in (self.seed, default_seed) if s is not None), None)
-        sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
-                                  self.penalty_last_n, random.getrandbits(32) if seed is None else seed)
+        try:
+            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
+                                      self.penalty_last_n, random.getrandbits(32) if seed is None else seed,
+                                      self.grammar_text())
+        except ValueError as e:
+            raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
         for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 else []:
             sampler.accept_prompt(t)
         return sampler
@@ -126,6 +153,25 @@ class GenerationStats:
         }
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's output (before sampling changed it:
+    llama-cpp-python's and OpenAI's logprobs), and the n most likely tokens', most likely first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
+    """TokenLogprob of token from one row of logits: log-softmax in float32 as llama-cpp-python's
+    logits_to_logprobs; ties in the top n go to the larger token id, as its sort does."""
+    shifted = np.asarray(logits, dtype=np.float32) - np.float32(np.max(logits))
+    logprobs = shifted - np.log(np.sum(np.exp(shifted)))
+    ids = np.argpartition(-logprobs, n)[:n + 1] if 0 < n < len(logprobs) else np.arange(len(logprobs) if n else 0)
+    top = sorted(((float(logprobs[i]), int(i)) for i in ids), reverse=True)[:n]
+    return TokenLogprob(int(token), float(logprobs[token]), tuple((i, lp) for lp, i in top))
+
+
 def shared_prefix(held: list[int], prompt: list[int]) -> int:
     """How many of prompt's tokens a KV cache holding held can keep: their common prefix, short of
     prompt's last token (evaluated again, for its logits)."""
@@ -143,16 +189,27 @@ class KVSequence:
     busy: bool = False  # a generation runs on it (the batcher's)
 
 
+@dataclass(frozen=True)
+class SequenceState:
+    """What a KVSequence held, to restore (Engine.save_state, load_state): its tokens and its KV
+    cache as llama.cpp saves a sequence (llama_state_seq_get_data)."""
+    tokens: tuple[int, ...]
+    kv: bytes
+
+
 class Generation:
     """One generation on one KVSequence: prefill() evaluates the prompt and picks the first token;
     then, while more() is true, the model evaluates next_input() and picked() takes the next pick.
     A pick is None when the generation ends there (timings.finish_reason says why).
 
     budget: tokens to generate at most. fresh: reuse no prefix of what the sequence holds.
-    feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead."""
+    feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead.
+    n_probs: record each generated token's TokenLogprob with the n_probs most likely (logprobs);
+    None: none."""
 
     def __init__(self, decoder, prompt: list[int], budget: int, sampler, ignore_eos: bool,
-                 timings: GenerationStats, fresh: bool, feed_tokens: list[int] | None = None):
+                 timings: GenerationStats, fresh: bool, feed_tokens: list[int] | None = None,
+                 n_probs: int | None = None):
         self.decoder = decoder
         self.prompt = prompt
         self.budget = budget
@@ -161,6 +218,9 @@ class Generation:
         self.timings = timings
         self.fresh = fresh
         self.feed_tokens = feed_tokens
+        self.n_probs = n_probs
+        self.logprobs: list[TokenLogprob] = []  # of each generated token, with n_probs
+        self._pick_logprob: TokenLogprob | None = None  # the last pick's, until it is taken
         self.sequence: KVSequence | None = None
         self._last = -1  # the token picked last
         self._fed = -1  # the token evaluated at the step in flight
@@ -178,7 +238,7 @@ class Generation:
         self.timings.n_cached_prompt_tokens = reuse
         self.timings.prefill_seconds = time.perf_counter() - start
         self._decode_start = time.perf_counter()
-        return self._take(self.decoder.sample(self.sampler))
+        return self._take(self.sample())
 
     def more(self) -> bool:
         """Whether the budget allows another token after the last pick."""
@@ -189,8 +249,17 @@ class Generation:
         self._fed = self._last if self.feed_tokens is None else self.feed_tokens[self.timings.n_decoded - 1]
         return self._fed, len(self.sequence.tokens)
 
+    def sample(self, i: int = -1) -> int:
+        """The sampler's pick from output i of the last decode (-1: its last), its TokenLogprob
+        noted with n_probs."""
+        token = self.decoder.sample(self.sampler, i)
+        if self.n_probs is not None:
+            self._pick_logprob = token_logprob(self.decoder.output_logits(i), token, self.n_probs)
+        return token
+
     def picked(self, token: int) -> int | None:
-        """After the model evaluated next_input() (now in the sequence), the token it picked next."""
+        """After the model evaluated next_input() (now in the sequence), the token it picked next
+        (sample())."""
         self.sequence.tokens.append(self._fed)
         return self._take(token)
 
@@ -202,7 +271,7 @@ class Generation:
             return self._finish("length")
         token, pos = self.next_input()
         self.decoder.decode([token], pos, self.sequence)
-        return self.picked(self.decoder.sample(self.sampler))
+        return self.picked(self.sample())
 
     def _take(self, token: int) -> int | None:
         """The stop rules: the budget spent (before the pick: max_tokens 0), an end-of-generation token."""
@@ -212,6 +281,8 @@ class Generation:
             return self._finish("stop")
         self.timings.n_decoded += 1
         self.timings.decode_seconds = time.perf_counter() - self._decode_start
+        if self._pick_logprob is not None:
+            self.logprobs.append(self._pick_logprob)
         self._last = token
         return token
 

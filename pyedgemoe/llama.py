@@ -5,7 +5,8 @@ Code written for `llama_cpp.Llama` runs with one import changed:
     from pyedgemoe import Llama
     llm = Llama(model_path="model.gguf", n_ctx=2048)
     llm("Q: Name the planets in the solar system? A: ", max_tokens=32, stop=["Q:", "\\n"])
-    llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])
+    llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}],
+                               response_format={"type": "json_object"})   # or a grammar=, a JSON schema
     llm = Llama("model.gguf", expert_cache="25%", system="hobbit")   # pyedgemoe's own keywords
 
 The arguments and defaults are llama-cpp-python 0.3's. An argument pyedgemoe has no counterpart
@@ -17,17 +18,25 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import os
+import socket
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import gguf
 import jinja2
+import numpy as np
 
 from pyedgemoe.chat_template import render_chat
+from pyedgemoe import completions
+from pyedgemoe.completions import completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
-from pyedgemoe.generation import exposed_fields
+from pyedgemoe.generation import SequenceState, TokenLogprob, exposed_fields, token_logprob
+from pyedgemoe.structured_output import schema_grammar
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
 
@@ -37,22 +46,25 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "use_mlock": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1,
     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-    "logits_all": False, "embedding": False, "offload_kqv": True, "op_offload": None, "swa_full": None,
+    "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "last_n_tokens_size": 64, "lora_base": None, "lora_scale": 1.0, "lora_path": None,
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {
-    "suffix": None, "typical_p": 1.0, "logprobs": None, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
     "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stopping_criteria": None,
-    "logits_processor": None, "grammar": None, "logit_bias": None,
+    "logits_processor": None, "logit_bias": None,
 }
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
     "functions": None, "function_call": None, "tools": None, "tool_choice": None, "typical_p": 1.0,
-    "response_format": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "tfs_z": 1.0,
-    "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None, "grammar": None,
-    "logit_bias": None, "logprobs": None, "top_logprobs": None,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "tfs_z": 1.0,
+    "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
+    "logit_bias": None,
 }
+# how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
+# itself retries an unreachable Hub for ~23 s)
+HUB_CONNECT_SECONDS = 3.0
 
 # what Llama passes on to the Engine: its keywords and the expert options
 _ENGINE_KEYWORDS = (set(inspect.signature(Engine.__init__).parameters) - {"self", "model_path", "options"}) \
@@ -96,20 +108,23 @@ def _kv_type(type_k: int | None, type_v: int | None) -> str | None:
 class Llama:
     """A GGUF model, used the way llama_cpp.Llama is; `engine` is the pyedgemoe Engine behind it.
 
-    Supported from llama-cpp-python: model_path, n_ctx (0: the model's training context), n_batch,
-    n_ubatch (>= n_batch: the Engine's micro-batch is n_batch), n_threads, n_threads_batch, seed,
-    flash_attn, type_k == type_v, verbose, n_gpu_layers (the Engine's and the CLI's -ngl: 0 the CPU,
-    unless pyedgemoe's mode is given; -1 or > 0 the GPU where the build has one, mode auto, else the
-    CPU, as llama-cpp-python runs) and chat_format (None, "chat_template.default" where the model has
-    a template, "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own and goes to
-    Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type, the expert
-    options (io, prefetch, ...).
+    Supported from llama-cpp-python: model_path, n_ctx (0: the model's training context), n_batch
+    (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch),
+    n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
+    Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
+    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), embedding (True
+    lets embed / create_embedding run, as there), logits_all (accepted: logprobs need no
+    logits_all here) and chat_format (None, "chat_template.default" where the model has a
+    template, "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own
+    and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
+    the expert options (io, prefetch, ...).
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, flash_attn: bool = False, chat_format: str | None = None,
-                 type_k: int | None = None, type_v: int | None = None, verbose: bool = True, **kwargs):
+                 n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
+                 flash_attn: bool = False, chat_format: str | None = None, type_k: int | None = None,
+                 type_v: int | None = None, verbose: bool = True, **kwargs):
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
         unknown = sorted(set(kwargs) - _ENGINE_KEYWORDS)
@@ -128,16 +143,13 @@ class Llama:
             engine_kwargs["kv_type"] = kv_type
         if isinstance(n_ctx, int) and n_ctx > 0 and isinstance(n_batch, int):
             n_batch = min(n_ctx, n_batch)  # as llama-cpp-python does
-        if isinstance(n_ubatch, int) and isinstance(n_batch, int) and n_ubatch < n_batch:
-            raise InvalidOptionError(f"n_ubatch={n_ubatch} below n_batch={n_batch} is not supported: pyedgemoe's "
-                                     "micro-batch is n_batch (smaller where the expert cache needs it)")
-        if seed in (LLAMA_DEFAULT_SEED, -1):
-            seed = None
         self._engine: Engine | None = Engine(
-            model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch, seed=seed,
-            flash_attn=flash_attn, verbose=verbose, **engine_kwargs)
+            model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
+            n_ubatch=n_ubatch, seed=_engine_seed(seed), flash_attn=flash_attn, verbose=verbose, **engine_kwargs)
         self.model_path = self.engine.model_path
         self.verbose = verbose
+        self.embedding = embedding
+        self.n_batch = self.engine.plan.n_batch
         try:
             self.chat_format = self._check_chat_format(chat_format)
         except InvalidOptionError:
@@ -237,6 +249,74 @@ class Llama:
             return text[1:]
         return text
 
+    # -- evaluation and state -----------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """The tokens the context holds (evaluated by eval or the last generation)."""
+        return len(self.engine.tokens)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """llama-cpp-python's input_ids: n_ctx token ids, the first n_tokens those the context holds."""
+        ids = np.zeros(self.n_ctx(), dtype=np.intc)
+        held = self.engine.tokens
+        ids[:len(held)] = held
+        return ids
+
+    def eval(self, tokens: list[int]) -> None:
+        """Evaluates tokens after those the context holds (n_tokens)."""
+        self.engine.eval(tokens)
+
+    def reset(self) -> None:
+        """Forgets the tokens the context holds."""
+        self.engine.reset()
+
+    def save_state(self) -> "LlamaState":
+        """What the context holds and the seed, for load_state."""
+        return LlamaState(self.engine.save_state(), self.engine.seed)
+
+    def load_state(self, state: "LlamaState") -> None:
+        """The context holds what save_state gave, and its seed is back."""
+        if not isinstance(state, LlamaState):
+            raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
+        self.engine.load_state(state.sequence)
+        self.engine.seed = state.seed
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of the sampling that is given none (LLAMA_DEFAULT_SEED or -1: random)."""
+        self.engine.seed = _engine_seed(seed)
+
+    def n_embd(self) -> int:
+        return int(self.metadata[f"{self.metadata['general.architecture']}.embedding_length"])
+
+    def tokenizer(self) -> "LlamaTokenizer":
+        return LlamaTokenizer(self)
+
+    # -- embeddings ---------------------------------------------------------------------------
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        """The embeddings of a text or of each of a list of texts (Engine.embed): a vector per token,
+        or one per text where the model pools; with return_count, also the tokens embedded.
+        Needs Llama(..., embedding=True), as llama-cpp-python."""
+        if not self.embedding:
+            raise InvalidOptionError("embed needs Llama(..., embedding=True), as in llama-cpp-python")
+        texts = [input] if isinstance(input, str) else list(input)
+        data, n_tokens = [], 0
+        for text in texts:
+            vectors = self.engine.embed(text, normalize=normalize, truncate=truncate)
+            data.append(vectors.tolist())
+            n_tokens += len(vectors) if vectors.ndim == 2 else len(self.tokenize(text.encode("utf-8"))[:self.n_batch])
+        out = data[0] if isinstance(input, str) else data
+        return (out, n_tokens) if return_count else out
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict:
+        """OpenAI's embeddings response of embed(input)."""
+        texts = input if isinstance(input, list) else [input]
+        vectors, n_tokens = self.embed(texts, return_count=True)
+        return {"object": "list", "model": self.model_path if model is None else model,
+                "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
     # -- generation ---------------------------------------------------------------------------
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -249,26 +329,51 @@ class Llama:
                           logit_bias: dict[int, float] | None = None):
         """Text completion: Engine.create_completion's OpenAI-style dict (or, stream=True, its chunks).
         As llama-cpp-python: a text prompt's special-token text is parsed, max_tokens None or <= 0
-        generates until the context is full, echo puts the prompt before the text."""
+        generates until the context is full, echo puts the prompt before the text (and, not
+        streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
+        LlamaGrammar."""
         refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(
-            suffix=suffix, typical_p=typical_p, logprobs=logprobs, frequency_penalty=frequency_penalty,
+            suffix=suffix, typical_p=typical_p, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
             mirostat_eta=mirostat_eta, stopping_criteria=stopping_criteria, logits_processor=logits_processor,
-            grammar=grammar, logit_bias=logit_bias))
+            logit_bias=logit_bias))
         if isinstance(prompt, str):
             prompt_text = prompt
-            prompt = self.engine.tokenize(prompt, add_bos=True, special=True)
+            tokens = self.engine.tokenize(prompt, add_bos=True, special=True)
         else:
-            prompt_text = self.detokenize(prompt).decode("utf-8", errors="ignore") if echo else ""
-        out = self.engine.create_completion(prompt, _max_tokens(max_tokens), stop=stop, stream=stream,
-                                            **_sampling(locals()))
+            tokens = [int(t) for t in prompt]
+            prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
+        out = completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream, logprobs,
+                                            _sampling(locals()), prompt_length=len(prompt))
         if not stream:
             if echo:
-                out["choices"][0]["text"] = prompt_text + out["choices"][0]["text"]
+                choice = out["choices"][0]
+                choice["text"] = prompt_text + choice["text"]
+                if logprobs is not None:
+                    choice["logprobs"] = self._echoed_logprobs(tokens, logprobs, choice["logprobs"], len(prompt))
             return _named(out, model)
         return _stream_named(out, model, prompt_text if echo else "", "text")
 
     __call__ = create_completion
+
+    def _echoed_logprobs(self, tokens: list[int], n: int, generated: dict, prompt_length: int) -> dict:
+        """llama-cpp-python's logprobs with echo: the prompt's tokens but a leading BOS (the first
+        without any), then the generated ones (`generated`, offset from prompt_length), the text
+        offsets counted from the prompt's start."""
+        rows = self.engine.logits(tokens)  # row i: the prediction of token i + 1
+        skip = int(tokens[0] == self.token_bos())
+        echoed = tokens[skip:]
+        taken = [token_logprob(rows[k + skip - 1], t, n) if k else TokenLogprob(t, 0.0, ())
+                 for k, t in enumerate(echoed)]
+        out = completion_logprobs(self.engine, taken, 0, len(taken), 0)
+        if taken:
+            out["token_logprobs"][0] = out["top_logprobs"][0] = None
+        shift = len(b"".join(self.engine.token_piece(t) for t in echoed).decode("utf-8", errors="ignore")) \
+            - prompt_length
+        out["text_offset"] += [offset + shift for offset in generated["text_offset"]]
+        for key in ("tokens", "token_logprobs", "top_logprobs"):
+            out[key] += generated[key]
+        return out
 
     def create_chat_completion(self, messages: list[dict], functions=None, function_call=None, tools=None,
                                tool_choice=None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
@@ -281,21 +386,98 @@ class Llama:
                                logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None):
         """Chat completion with the model's template: Engine.create_chat_completion's OpenAI-style
-        dict (or, stream=True, its chunks: the role, the content pieces, the finish reason)."""
+        dict (or, stream=True, its chunks: the role, the content pieces, the finish reason).
+        response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
+        schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice,
-            typical_p=typical_p, response_format=response_format, presence_penalty=presence_penalty,
+            typical_p=typical_p, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
-            grammar=grammar, logit_bias=logit_bias, logprobs=logprobs, top_logprobs=top_logprobs))
+            logit_bias=logit_bias))
         out = self.engine.create_chat_completion(messages, _max_tokens(max_tokens), stop=stop, stream=stream,
-                                                 **_sampling(locals()))
+                                                 logprobs=logprobs, top_logprobs=top_logprobs,
+                                                 response_format=response_format, **_sampling(locals()))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 
+@dataclass(frozen=True)
+class LlamaState:
+    """llama-cpp-python's LlamaState: what the context held (the Engine's SequenceState) and the seed."""
+    sequence: SequenceState
+    seed: int | None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.sequence.tokens)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.array(self.sequence.tokens, dtype=np.intc)
+
+    @property
+    def llama_state(self) -> bytes:
+        return self.sequence.kv
+
+    @property
+    def llama_state_size(self) -> int:
+        return len(self.sequence.kv)
+
+
+class LlamaGrammar:
+    """llama-cpp-python's LlamaGrammar: GBNF text for Llama's grammar argument."""
+
+    def __init__(self, *, _grammar: str):
+        self._grammar = _grammar
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_file(cls, file: str | os.PathLike, verbose: bool = True) -> "LlamaGrammar":
+        try:
+            return cls(_grammar=Path(file).read_text())
+        except OSError as e:
+            raise InvalidOptionError(f"cannot read the grammar file: {e}") from None
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
+        """The grammar of a JSON schema (JSON text), by llama.cpp's converter."""
+        return cls(_grammar=schema_grammar(json_schema))
+
+
+class LlamaTokenizer:
+    """llama-cpp-python's LlamaTokenizer of a Llama (Llama.tokenizer())."""
+
+    def __init__(self, llama: Llama):
+        self._llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self._llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
+        return self._llama.detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+def _engine_seed(seed: int | None) -> int | None:
+    """The Engine's default seed for llama-cpp-python's (LLAMA_DEFAULT_SEED or -1: random, None)."""
+    return None if seed in (LLAMA_DEFAULT_SEED, -1) else seed
+
+
 def _sampling(arguments: dict) -> dict:
-    """The sampling settings among a method's arguments (SamplingParams' fields, by the same names)."""
-    return {f.name: arguments[f.name] for f in exposed_fields()}
+    """The sampling settings among a method's arguments (SamplingParams' fields, by the same names);
+    a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as its GBNF text."""
+    settings = {f.name: arguments[f.name] for f in exposed_fields() if f.name in arguments}
+    if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
+        settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
+    return settings
 
 
 def _max_tokens(max_tokens: int | None) -> int | None:
@@ -318,16 +500,19 @@ def _stream_named(chunks: Iterator[dict], model: str | None, echo: str, text_key
 
 def _download(repo_id: str, patterns: list[str], local_dir, cache_dir) -> list[str]:
     """The local paths of the repo's files matching each pattern (one file each), downloaded or,
-    offline, from the cache; every failure is one ModelLoadError."""
+    offline (HF_HUB_OFFLINE=1, or the Hub out of reach), from the cache; every failure is one
+    ModelLoadError."""
     try:
         import huggingface_hub
         from huggingface_hub import constants as hub_constants
     except ImportError:
         raise ModelLoadError("Llama.from_pretrained needs huggingface_hub: pip install huggingface-hub") from None
     where = f"Hugging Face repo {repo_id!r}"
+    unreachable = None if hub_constants.HF_HUB_OFFLINE else _unreachable(hub_constants.ENDPOINT)
+    offline = bool(hub_constants.HF_HUB_OFFLINE) or unreachable is not None
     try:
         if any(any(c in p for c in "*?[") for p in patterns):
-            files = _repo_files(huggingface_hub, hub_constants.HF_HUB_OFFLINE, repo_id, cache_dir)
+            files = _repo_files(huggingface_hub, offline, repo_id, cache_dir)
             names = []
             for pattern in patterns:
                 matches = [f for f in files if fnmatch.fnmatch(f, pattern)]
@@ -338,15 +523,29 @@ def _download(repo_id: str, patterns: list[str], local_dir, cache_dir) -> list[s
                 names.append(matches[0])
         else:
             names = list(patterns)
-        return [huggingface_hub.hf_hub_download(repo_id, name, local_dir=local_dir, cache_dir=cache_dir)
-                for name in names]
+        return [huggingface_hub.hf_hub_download(repo_id, name, local_dir=local_dir, cache_dir=cache_dir,
+                                                local_files_only=offline) for name in names]
     except ModelLoadError:
         raise
     except Exception as e:  # huggingface_hub's errors: offline, not found, gated, network, bad repo id, ...
-        offline = " (offline, HF_HUB_OFFLINE=1: only files already in the cache load)" \
-            if hub_constants.HF_HUB_OFFLINE else ""
-        raise ModelLoadError(f"cannot get {', '.join(patterns)} from {where}{offline}: "
+        why = (" (offline, HF_HUB_OFFLINE=1: only files already in the cache load)" if hub_constants.HF_HUB_OFFLINE
+               else f" (offline: {unreachable}; only files already in the cache load)" if unreachable else "")
+        raise ModelLoadError(f"cannot get {', '.join(patterns)} from {where}{why}: "
                              f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why the Hub at endpoint cannot be reached (one connection attempt of at most
+    HUB_CONNECT_SECONDS), or None; None too behind a proxy, which huggingface_hub goes through."""
+    url = urllib.parse.urlsplit(endpoint)
+    if url.hostname is None or urllib.request.getproxies().get(url.scheme):
+        return None
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_CONNECT_SECONDS).close()
+        return None
+    except OSError as e:
+        return f"cannot reach {endpoint}: {e.strerror or e}"
 
 
 def _repo_files(huggingface_hub, offline: bool, repo_id: str, cache_dir) -> list[str]:

@@ -45,6 +45,7 @@ class LoadOptions:
     n_threads: int | None = None
     n_threads_batch: int | None = None
     n_batch: int = 512
+    n_ubatch: int = 512
     n_parallel: int = 1
     n_logits: int = 0
     seed: int | None = None
@@ -60,7 +61,7 @@ class LoadOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
-        for name in ("n_threads", "n_threads_batch", "n_batch", "n_parallel"):
+        for name in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_parallel"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
@@ -107,7 +108,8 @@ class LoadPlan:
     path_statistics: list | None  # EdgeMoE's path statistics as the native table takes them
     big_little: float  # MoBiLE's gamma; 0: off
     n_ctx: int
-    n_batch: int
+    n_batch: int  # tokens a llama_decode takes
+    n_ubatch: int  # tokens llama.cpp computes at once: it splits a llama_decode's batch into ubatches
     n_parallel: int
     n_logits: int
     kv_type: int  # ggml type id
@@ -143,7 +145,8 @@ class LoadPlan:
                          self.reasons["fill"]))
         rows += [
             ("context", f"{self.n_ctx or 'training'} positions, {self.n_parallel} sequence"
-                        f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch}, kv "
+                        f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch} in ubatches of "
+                        f"{self.n_ubatch}, kv "
                         f"{gguf.GGMLQuantizationType(self.kv_type).name.lower()}",
              f"{format_bytes(self.context_bytes)} for the KV cache, compute buffers, vocabulary and logits"),
             ("threads", self.reasons["threads"].removeprefix("threads: "), ""),
@@ -187,7 +190,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
 
     block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
-    context = context_bytes(info.metadata, options.n_ctx, options.n_batch, type_bytes / block, options.flash_attn,
+    n_ubatch = min(options.n_batch, options.n_ubatch)
+    context = context_bytes(info.metadata, options.n_ctx, n_ubatch, type_bytes / block, options.flash_attn,
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     budget, note = parse_expert_cache(
@@ -235,14 +239,15 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
-        n_ctx=options.n_ctx, n_batch=options.n_batch, n_parallel=options.n_parallel, n_logits=options.n_logits,
+        n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
+        n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
         flash_attn=-1 if options.flash_attn is None else int(bool(options.flash_attn)),
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
         spare_bytes=spare_bytes(budget if offload and not device else 0, info.non_expert_bytes, context,
                                 machine.memory),
-        ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, options.n_batch), expert_cache_note=note,
+        ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), **threads)
 
 

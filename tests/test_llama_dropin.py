@@ -155,21 +155,21 @@ def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
 
 # -- arguments --------------------------------------------------------------------------------
 def test_unsupported_constructor_arguments_are_refused_by_name():
-    with pytest.raises(InvalidOptionError, match=r"logits_all=True.*use_mlock=True"):
-        Llama(model_path=str(DEMO), logits_all=True, use_mlock=True, embedding=False, verbose=False)
+    with pytest.raises(InvalidOptionError, match=r"vocab_only=True.*use_mlock=True"):
+        Llama(model_path=str(DEMO), vocab_only=True, use_mlock=True, lora_path=None, verbose=False)
     with pytest.raises(InvalidOptionError, match="n_thread"):
         Llama(model_path=str(DEMO), n_thread=2, verbose=False)
 
 
 def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
     with Llama(model_path=str(DEMO), use_mmap=True, logits_all=False, main_gpu=0, lora_path=None, **SMALL) as same:
-        out = same(PLANETS, max_tokens=4, temperature=0, typical_p=1.0, grammar=None, mirostat_mode=0)
+        out = same(PLANETS, max_tokens=4, temperature=0, typical_p=1.0, logit_bias=None, mirostat_mode=0)
         assert out["choices"] == llm(PLANETS, max_tokens=4, temperature=0)["choices"]
 
 
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
-    with pytest.raises(InvalidOptionError, match=r"logprobs=3.*frequency_penalty=0.5"):
-        llm(PLANETS, logprobs=3, frequency_penalty=0.5)
+    with pytest.raises(InvalidOptionError, match=r"frequency_penalty=0.5.*mirostat_mode=2"):
+        llm(PLANETS, frequency_penalty=0.5, mirostat_mode=2)
     with pytest.raises(InvalidOptionError, match="tools="):
         llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}],
                                    tools=[{"type": "function", "function": {"name": "f"}}])

@@ -1,0 +1,183 @@
+"""The Engine's generations as text, and as OpenAI's results in llama-cpp-python's shape.
+
+- TextRun: one generation's text pieces as they become safe to show (a stop string held back
+  until it cannot be one, and cut), the tokens they came from, the finish reason.
+- create_completion / create_chat_completion: text completions and chat completions, whole or
+  streamed as chunks, with each generated token's log-probability and the most likely
+  alternatives when asked (logprobs; recorded by generation.Generation): a completion's as
+  llama-cpp-python returns them (OpenAI's completions shape: tokens, text_offset, token_logprobs,
+  top_logprobs), a chat completion's in OpenAI's chat shape (content: token, logprob, bytes,
+  top_logprobs). A streamed chunk carries those of the tokens its text came from.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Iterator
+
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
+from pyedgemoe.text_stream import TextStream
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def usage(n_prompt: int, n_completion: int) -> dict:
+    """The OpenAI "usage" object."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def check_n_probs(name: str, n: int | None) -> None:
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise InvalidOptionError(f"{name} must be an integer >= 0, got {n!r}")
+
+
+class TextRun:
+    """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it;
+    n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs)."""
+
+    def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
+                 stop: list[str], ignore_eos: bool = False, n_probs: int | None = None):
+        self._engine = engine
+        self.prompt_tokens = prompt_tokens
+        self.generation, self._tokens = engine._generation(prompt_tokens, max_tokens, sampling, ignore_eos,
+                                                           n_probs=n_probs)
+        self._text = TextStream(stop)
+        self.n_tokens = 0
+        self.finish_reason = "length"
+
+    def pieces(self) -> Iterator[str]:
+        for token in self._tokens:
+            self.n_tokens += 1
+            piece = self._text.push(self._engine.token_piece(token))
+            if piece:
+                yield piece
+            if self._text.stopped:
+                self._tokens.close()
+                self.finish_reason = "stop"
+                return
+        self.finish_reason = self.generation.timings.finish_reason
+        tail = self._text.flush()
+        if tail:
+            yield tail
+
+    def usage(self) -> dict:
+        return usage(len(self.prompt_tokens), self.n_tokens)
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="ignore")
+
+
+def completion_logprobs(engine, taken: list[TokenLogprob], start: int, end: int, prompt_length: int) -> dict:
+    """llama-cpp-python's completion logprobs of taken[start:end]: each token's text, its offset in
+    the text (prompt_length, llama-cpp-python's len(prompt), plus the text of the tokens before it),
+    its log-probability and {text: log-probability} of the most likely and of itself."""
+    out: dict = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    before = b"".join(engine.token_piece(t.token) for t in taken[:start])
+    bos = engine.token_bos()
+    for t in taken[start:end]:
+        piece = engine.token_piece(t.token)
+        if t.token != bos:
+            out["tokens"].append(_text(piece))
+            out["text_offset"].append(prompt_length + len(_text(before)))
+            out["token_logprobs"].append(t.logprob)
+            top = {_text(engine.token_piece(i)): lp for i, lp in t.top}
+            out["top_logprobs"].append({**top, _text(piece): t.logprob})
+        before += piece
+    return out
+
+
+def chat_logprobs(engine, taken: list[TokenLogprob]) -> dict:
+    """OpenAI's chat logprobs of the tokens taken: each one's text, log-probability and UTF-8 bytes,
+    and the most likely tokens' (top_logprobs)."""
+    def entry(token: int, logprob: float) -> dict:
+        piece = engine.token_piece(token)
+        return {"token": _text(piece), "logprob": logprob, "bytes": list(piece)}
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                        for t in taken],
+            "refusal": None}
+
+
+def create_completion(engine, prompt: str | list[int], max_tokens: int | None, stop: str | list[str] | None,
+                      stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None):
+    """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
+    generated token (default llama-cpp-python's, len(prompt))."""
+    check_n_probs("logprobs", logprobs)
+    run = TextRun(engine, engine._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
+                  n_probs=logprobs)
+    head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
+            "model": engine.model_path}
+
+    def shaped(start: int) -> dict | None:
+        """The logprobs of the tokens taken since start."""
+        if logprobs is None or (stream and start == run.n_tokens):
+            return None
+        return completion_logprobs(engine, run.generation.logprobs, start, run.n_tokens,
+                                   len(prompt) if prompt_length is None else prompt_length)
+
+    def choice(text: str, start: int, finish_reason: str | None) -> dict:
+        return {"text": text, "index": 0, "logprobs": shaped(start), "finish_reason": finish_reason}
+
+    if not stream:
+        text = "".join(run.pieces())
+        return {**head, "choices": [choice(text, 0, run.finish_reason)], "usage": run.usage()}
+
+    def chunks():
+        done = 0
+        for piece in run.pieces():
+            yield {**head, "choices": [choice(piece, done, None)]}
+            done = run.n_tokens
+        yield {**head, "choices": [choice("", done, run.finish_reason)], "usage": run.usage()}
+    return chunks()
+
+
+def chat_prompt_tokens(engine, messages: list[dict]) -> list[int]:
+    """The tokens of messages formatted with the model's template (Engine.format_chat)."""
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
+    text = engine.format_chat(messages)
+    bos = engine.token_bos()
+    starts_with_bos = bos is not None and text.startswith(engine.token_piece(bos).decode("utf-8", "replace"))
+    return engine.tokenize(text, add_bos=not starts_with_bos, special=True)
+
+
+def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
+                           stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict):
+    """Engine.create_chat_completion's result (or chunks)."""
+    check_n_probs("top_logprobs", top_logprobs)
+    if top_logprobs is not None and not logprobs:
+        raise InvalidOptionError("top_logprobs needs logprobs=True")
+    sampling = SamplingParams.of(sampling, temperature=CHAT_TEMPERATURE)
+    run = TextRun(engine, chat_prompt_tokens(engine, messages), max_tokens, sampling, stop_list(stop),
+                  n_probs=(top_logprobs or 0) if logprobs else None)
+    head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": engine.model_path}
+
+    def shaped(start: int) -> dict | None:
+        """The logprobs of the tokens taken since start."""
+        if not logprobs or (stream and start == run.n_tokens):
+            return None
+        return chat_logprobs(engine, run.generation.logprobs[start:run.n_tokens])
+
+    if not stream:
+        content = "".join(run.pieces())
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "logprobs": shaped(0), "finish_reason": run.finish_reason}],
+                "usage": run.usage()}
+
+    def chunks():
+        chunk = {**head, "object": "chat.completion.chunk"}
+        yield {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                     "finish_reason": None}]}
+        done = 0
+        for piece in run.pieces():
+            yield {**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": shaped(done),
+                                         "finish_reason": None}]}
+            done = run.n_tokens
+        yield {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": shaped(done),
+                                     "finish_reason": run.finish_reason}], "usage": run.usage()}
+    return chunks()
