@@ -20,4 +20,5 @@ NB_MODULE(_native, m) {
     register_gguf_info(m);
     register_quantize(m);
     register_residency(m);
+    register_rpc(m);
 }

@@ -72,6 +72,7 @@ void register_grammar(nb::module_ & m);
 void register_gguf_info(nb::module_ & m);
 void register_quantize(nb::module_ & m);
 void register_residency(nb::module_ & m);
+void register_rpc(nb::module_ & m);
 void register_policies(nb::module_ & m);  // called by register_residency
 void add_residency_methods(nb::class_<Model> & cls);  // called by register_model
 // After a llama_decode: "" or why an expert failed to load; then the KV cache was cleared (it holds
