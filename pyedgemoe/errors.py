@@ -35,3 +35,8 @@ class TextTooShortError(InvalidOptionError):
 class EngineBusyError(PyEdgeMoEError, RuntimeError):
     """The Engine's one sequence is held by a generation this same thread left open (a streamed
     generation neither taken to its end nor closed): another would wait on it forever."""
+
+
+class RemoteDeviceError(PyEdgeMoEError, RuntimeError):
+    """A remote device's worker (`--rpc`, docs/distributed.md) could not be reached, was lost, or gave
+    no reply within its timeout; the message names it. The Engine can only be closed afterwards."""

@@ -10,14 +10,18 @@ devices like any GPU: `--device`, the device tier, the load plan.
 """
 from __future__ import annotations
 
+import os
 import socket
 
 from pyedgemoe import _native
-from pyedgemoe.errors import InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import InvalidOptionError, RemoteDeviceError
 
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server's
 DEFAULT_HOST = "127.0.0.1"
 CONNECT_TIMEOUT_S = 5.0
+# a worker silent this long fails the call (RemoteDeviceError): longer than any one graph a worker
+# computes for a decode or a prefill ubatch
+DEFAULT_TIMEOUT_S = 120
 
 
 def parse_servers(text: str) -> list[tuple[str, int]]:
@@ -31,21 +35,23 @@ def parse_servers(text: str) -> list[tuple[str, int]]:
     return servers
 
 
-def connect(text: str) -> list[str]:
+def connect(text: str, timeout_s: int = DEFAULT_TIMEOUT_S) -> list[str]:
     """Reaches every server of `text` (parse_servers) and registers its devices; their names, in order.
-    A server that is not there is one ModelLoadError naming it, before ggml tries (ggml's RPC client
-    aborts the process when a connection fails)."""
+    A server that is not there, or not an rpc-server of this version, is a RemoteDeviceError naming
+    it. Later, a worker lost or silent for timeout_s seconds fails the call that waits on it
+    with a RemoteDeviceError (native patch 0006)."""
+    os.environ["GGML_RPC_TIMEOUT_S"] = str(int(timeout_s))  # read by each new connection
     names = []
     for host, port in parse_servers(text):
         endpoint = f"{host}:{port}"
-        try:
+        try:  # ggml's own connect has no timeout: an address nothing answers would take minutes
             socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as e:
-            raise ModelLoadError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}") from None
+            raise RemoteDeviceError(f"RPC server {endpoint}: cannot connect ({e.strerror or e})") from None
         try:
             names += _native.rpc_add_server(endpoint)
         except ValueError as e:
-            raise ModelLoadError(str(e)) from None
+            raise RemoteDeviceError(str(e)) from None
     return names
 
 

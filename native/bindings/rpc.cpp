@@ -45,6 +45,16 @@ void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int 
 }  // namespace
 
 void register_rpc(nb::module_ & m) {
+    // a worker lost or silent past GGML_RPC_TIMEOUT_S (patch 0006): pyedgemoe.errors.RemoteDeviceError
+    nb::register_exception_translator([](const std::exception_ptr & p, void *) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const std::runtime_error & e) {
+            if (std::string(e.what()).rfind("RPC server ", 0) != 0) throw;
+            nb::object cls = nb::module_::import_("pyedgemoe.errors").attr("RemoteDeviceError");
+            PyErr_SetString(cls.ptr(), e.what());
+        }
+    });
     m.def("rpc_add_server", &rpc_add_server, nb::arg("endpoint"),
           "Register the devices of the rpc-server at host:port; returns their names (RPC0, ...).");
     m.def("rpc_serve", &rpc_serve, nb::arg("endpoint"), nb::arg("cache_dir") = "", nb::arg("n_threads") = 1,

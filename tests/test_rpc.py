@@ -1,0 +1,151 @@
+"""ggml's RPC backend (docs/distributed.md) on loopback: llama.cpp's rpc-server protocol, served by
+`pyedgemoe rpc-server` processes, the client's devices RPC0, RPC1, ...
+
+Lossless over the wire: the whole model on a remote device, and the device tier with its expert
+pools there (gpu at 50 %, 25 % and the minimum: misses uploaded over the socket; coop: misses
+computed here), give the tokens of the all-local run, and the all-remote resident run its logits
+exactly (the server runs the same CPU kernels). Faults are errors naming the worker: one that is
+not there, one that is not an rpc-server, one killed mid-generation (within seconds), one that
+hangs (after the timeout); the Engine then closes cleanly. Each client is a process of its own
+(tests/rpc/scenario.py): registered RPC devices stay for a process's life."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tiny_moe  # scripts/, on the path by tests/conftest.py
+
+from pyedgemoe import rpc
+from pyedgemoe.errors import InvalidOptionError, RemoteDeviceError
+
+SCENARIO = Path(__file__).parent / "rpc" / "scenario.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    """An rpc-server on loopback, in its own process."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-c", f"from pyedgemoe import rpc; rpc.serve(port={self.port})"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None, self.proc.communicate()
+                time.sleep(0.1)
+        raise TimeoutError("the rpc-server did not start")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def workers():
+    started: list[Worker] = []
+
+    def start(n: int = 1) -> list[Worker]:
+        started.extend(Worker() for _ in range(n))
+        return started[-n:]
+    yield start
+    for w in started:
+        w.stop()
+
+
+def scenario(*args, timeout=600) -> dict:
+    out = subprocess.run([sys.executable, str(SCENARIO), *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", tiny_moe.MOE_ARCHITECTURES)
+def test_every_mode_over_rpc_gives_the_local_tokens(arch, tiny_model, workers):
+    path = tiny_model(arch)[0]
+    (worker,) = workers(1)
+    result = scenario("tokens", path, worker.endpoint)
+    assert result["devices"] == ["RPC0"]
+    for name, r in result["runs"].items():
+        assert r["device"] == "RPC0", name
+        assert r["tokens"] == result["local"], name
+    assert result["runs"]["RPC0 resident"]["max_logit_diff"] == 0.0
+    assert result["runs"]["RPC0 gpu 25%"]["uploads"] > 0          # misses went over the wire
+    assert result["runs"]["RPC0 coop 25%"]["cpu_experts"] > 0      # and here, computed locally
+
+
+@pytest.mark.slow
+def test_two_workers_are_two_devices_and_each_gives_the_local_tokens(tiny_model, workers):
+    path = tiny_model("qwen3_moe")[0]
+    a, b = workers(2)
+    result = scenario("tokens", path, f"{a.endpoint},{b.endpoint}")
+    assert result["devices"] == ["RPC0", "RPC1"]
+    assert all(r["tokens"] == result["local"] for r in result["runs"].values())
+    assert {r["device"] for r in result["runs"].values()} == {"RPC0", "RPC1"}
+
+
+def test_servers_are_host_port_lists():
+    assert rpc.parse_servers("10.0.0.2:50052, host.lan:7000") == [("10.0.0.2", 50052), ("host.lan", 7000)]
+    for bad in ("10.0.0.2", "host:", ":50052", "host:http", "host:70000"):
+        with pytest.raises(InvalidOptionError, match="HOST:PORT"):
+            rpc.parse_servers(bad)
+
+
+def test_a_worker_that_is_not_there_is_an_error_naming_it():
+    port = free_port()
+    with pytest.raises(RemoteDeviceError, match=rf"RPC server 127.0.0.1:{port}: cannot connect"):
+        rpc.connect(f"127.0.0.1:{port}")
+
+
+def test_a_listener_that_is_not_an_rpc_server_is_an_error_naming_it():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer_nonsense():
+            for _ in range(2):  # the reachability check, then ggml's handshake
+                conn, _ = listener.accept()
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                conn.close()
+        threading.Thread(target=answer_nonsense, daemon=True).start()
+        out = subprocess.run([sys.executable, "-c", f"from pyedgemoe import rpc; rpc.connect('127.0.0.1:{port}')"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"RemoteDeviceError: RPC server 127.0.0.1:{port}: handshake failed" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, within", [("SIGKILL", 5), ("SIGSTOP", 2 + 5)])
+def test_a_worker_lost_mid_generation_is_an_error_within_seconds_and_the_engine_closes(how, within, tiny_model,
+                                                                                      workers):
+    path = tiny_model("qwen3_moe")[0]
+    (worker,) = workers(1)
+    result = scenario("fault", path, worker.endpoint, how, worker.proc.pid, 2)
+    assert result["first"]  # it ran before
+    assert result["error"] == f"RemoteDeviceError: RPC server {worker.endpoint}: connection lost or timed out"
+    assert result["seconds"] < within
+    assert result["closed"]
+    if how == "SIGSTOP":
+        worker.proc.send_signal(signal.SIGCONT)
