@@ -129,7 +129,7 @@ build/bench/calibration.txt:
 	mkdir -p build/bench && cat docs/*.md | head -c 60000 > $@
 
 $(BENCH_MP_MODEL).calibration.json: $(BENCH_MP_MODEL) build/bench/calibration.txt
-	$(PY) -m pyedgemoe calibrate $(BENCH_MP_MODEL) -f build/bench/calibration.txt --budget 15% --max-tokens 256 --ctx 128 -t 2
+	$(PY) -m pyedgemoe calibrate $(BENCH_MP_MODEL) -f build/bench/calibration.txt --budget 15% --max-tokens 256 --ctx 128 -t 2 --force
 
 # Synthetic Qwen3-30B-A3B geometry, 12 of its 48 layers (Q4_K, 4.6 GB). Stock llama.cpp repacks
 # Q4_K weights into anonymous memory on x86 and is killed under the caps: it runs with --no-repack.
@@ -145,7 +145,7 @@ $(BENCH_QWEN3_MP): $(BENCH_QWEN3)
 	$(PY) -m pyedgemoe convert $(BENCH_QWEN3) -o $@ --high q4_K --low q2_K
 
 $(BENCH_QWEN3_MP).calibration.json: $(BENCH_QWEN3_MP) build/bench/calibration.txt
-	$(PY) -m pyedgemoe calibrate $(BENCH_QWEN3_MP) -f build/bench/calibration.txt --budget 10% --max-tokens 256 --ctx 128 -t 2
+	$(PY) -m pyedgemoe calibrate $(BENCH_QWEN3_MP) -f build/bench/calibration.txt --budget 10% --max-tokens 256 --ctx 128 -t 2 --force
 
 # HOBBIT's grid (prompt 16/128 x output 32/128), median of 3, at every cap. Under the 50 % and 25 %
 # caps stock llama.cpp decodes 0.13-0.3 tok/s: the whole target takes most of a day on 2 cores.

@@ -8,6 +8,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyedgemoe.errors import InvalidOptionError
 
+TEMPLATE_KEY = "tokenizer.chat_template"  # the GGUF key of a model's Jinja template
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -16,13 +16,35 @@ import typer
 # typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_options import model_options, sampling_options
+from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
+from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
 from pyedgemoe.sysmem import format_bytes
 
+DEFAULT_CTX = 4096  # run --ctx left unset: at most this much of the model's training context
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None, help="Run Mixture-of-Experts GGUF models with a bounded expert memory.")
+                  rich_markup_mode=None, help="Run Mixture-of-Experts GGUF models with a bounded expert memory.",
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        from pyedgemoe import _native
+
+        typer.echo(f"pyedgemoe {version('pyedgemoe')}\n"
+                   f"llama.cpp {_native.llama_version()} (from llama-cpp-python's sdist, with pyedgemoe's patches)")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(version: bool = typer.Option(False, "--version", is_eager=True, callback=print_version,
+                                         help="print the version of pyedgemoe and of its llama.cpp, and exit")) -> None:
+    """The command's own options (each subcommand has its own: pyedgemoe COMMAND -h)."""
 
 
 def fail(message: str) -> None:
@@ -42,78 +64,16 @@ def parse_share(value: str, flag: str) -> float:
     return share
 
 
-def print_timings(t: dict) -> None:
-    """llama.cpp-style timings, on stderr so they never mix with the generated text."""
-    prefill_tokens = t["n_prompt_tokens"] - t["n_cached_prompt_tokens"]
-    typer.echo("", err=True)
-    typer.echo(f"prompt eval: {t['n_prompt_tokens']:5d} tokens ({prefill_tokens} evaluated) in "
-               f"{t['prefill_seconds']:8.3f} s ({t['prefill_tokens_per_second']:8.2f} tok/s)", err=True)
-    typer.echo(f"       eval: {t['n_decoded']:5d} tokens in {t['decode_seconds']:8.3f} s "
-               f"({t['decode_tokens_per_second']:8.2f} tok/s)", err=True)
-
-
-def print_stats(stats: dict) -> None:
-    """The expert cache's counters, a line in total and one per layer (JSON with --json)."""
-    experts = stats.get("experts")
-    if not experts:
-        typer.echo("experts: in the mapped file, the page cache holds them (no expert cache)" if stats["experts_mapped"]
-                   else "experts: all resident (no expert cache)", err=True)
-        return
-
-    def line(name: str, c: dict) -> str:
-        hit_rate = c["hits"] / c["requests"] if c["requests"] else 0.0
-        return (f"{name:>8}: {c['requests']:6d} requests, {c['hits']:6d} hits ({hit_rate:6.1%}), "
-                f"{c['misses']:6d} misses, {format_bytes(c['bytes_read']):>11} read in {c['load_ms'] / 1000:6.3f} s, "
-                f"compute waited {c['stall_ms'] / 1000:6.3f} s")
-
-    typer.echo(f"expert cache: {format_bytes(experts['pool_bytes'])} of {format_bytes(experts['expert_bytes'])} "
-               f"experts (minimum {format_bytes(experts['minimum_bytes'])}), io {experts['io']}, "
-               f"policy {experts['cache_policy']}", err=True)
-    fill = experts["fill"]
-    if fill["experts"]:
-        typer.echo(f"filled {'in the background' if experts['fill_background'] else 'at load'}: {fill['experts']} "
-                   f"experts, {format_bytes(fill['bytes_read'])} read in {fill['ms'] / 1000:.3f} s", err=True)
-    for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
-        typer.echo(line(f"layer {layer}", counters), err=True)
-    typer.echo(line("total", experts["total"]), err=True)
-    if experts["mixed_precision"] or experts["skip"]:
-        t, summary = experts["total"], experts["summary"]
-        rule = ("EdgeMoE's static map" if experts["static_precision"]
-                else f"t1 {experts['t1']:.3g}, t2 {experts['t2']:.3g}")
-        typer.echo(f"precision: {rule}; selections "
-                   f"{summary['high_fraction']:.1%} HIGH, {summary['low_fraction']:.1%} LOW, "
-                   f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW "
-                   f"(LOW {format_bytes(experts['low_pool_bytes'])} cache); miss penalty {summary['miss_penalty']:.1f}",
-                   err=True)
-    if experts["device"]:
-        t = experts["total"]
-        typer.echo(f"device {experts['device']} ({experts['mode']}): host tier {format_bytes(experts['host_pool_bytes'])}, "
-                   f"{t['host_hits']} host hits, {t['host_loads']} read into it; {t['uploads']} experts uploaded "
-                   f"({format_bytes(t['bytes_uploaded'])} in {t['upload_ms'] / 1000:.3f} s); "
-                   f"{t['cpu_experts']} computed on the CPU", err=True)
-    prediction = ", ".join(f"{p['depth']} ahead {p['top1_accuracy']:.0%} top-1 / {p['recall']:.0%} of top-k"
-                           for p in experts["prediction"] if p["tokens"])
-    if prediction:
-        typer.echo(f"prediction: {prediction}", err=True)
-    if experts["prefetch"] != "none" or stats.get("big_little"):
-        p = experts["prefetches"]
-        why = experts["prefetch"] if experts["prefetch"] != "none" else "for big-little's fallbacks"
-        typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used, "
-                   f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}"
-                   + (" (stopped: most went unused)" if p["stopped"] else ""), err=True)
-    if stats.get("big_little"):
-        b = stats["big_little"]
-        typer.echo(f"big-little (gamma {b['gamma']:g}): {b['little_tokens']} tokens decoded little, {b['fallbacks']} "
-                   f"redone big ({b['fallback_rate']:.1%}), {b['prefetched']} experts prefetched for them", err=True)
-
-
 def print_model_note(eng, model: Path) -> None:
-    """On stderr: a dense model has nothing to offload; else what the expert cache is."""
+    """On stderr: a dense model has nothing to offload, else what the expert cache is; then the
+    load plan's other notes (the context's size, options left unused)."""
     if not eng.info.is_moe:
         typer.echo(f"note: {model} has no experts ({eng.info.architecture} is dense): "
                    "it runs as plain llama.cpp, nothing to offload", err=True)
     else:
         typer.echo(f"note: {eng.expert_cache_note}", err=True)
+    for note in eng.plan.notes:
+        typer.echo(f"note: {note}", err=True)
 
 
 @app.command()
@@ -121,17 +81,24 @@ def print_model_note(eng, model: Path) -> None:
 @sampling_options
 def run(
     model: Path = typer.Argument(..., help="GGUF model file"),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; with --chat, the first user "
+                                         "message (as llama.cpp's llama-cli)"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    system_prompt: Optional[str] = typer.Option(None, "-sys", "--system-prompt",
+                                                help="with --chat: the system message (as llama.cpp's -sys)"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
-    ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", help="context size in tokens, rounded up to a multiple of "
+                                      f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
+                                      f"context, at most {DEFAULT_CTX}; 0 = the model's)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
     color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
-    chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
-    stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end"),
+    chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template (ChatML if it has "
+                              "none); Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit end the session"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming (not with --chat)"),
+    stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end (of the session, "
+                               "with --chat)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the load plan (each decision and why) and exit "
                                  "without loading the model"),
     engine_options: dict = None,
@@ -140,11 +107,16 @@ def run(
     """Generate text from a prompt (or chat) with a GGUF model."""
     from pyedgemoe.engine import Engine
 
+    if prompt is not None and file is not None:
+        fail("give the prompt with -p or -f, not both")
+    if chat and as_json:
+        fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
+    if system_prompt is not None and not chat:
+        fail("--system-prompt is the system message of a --chat session: give --chat too, or put it in the prompt")
+    ctx = context_size(model, ctx)
     if dry_run:
         print_plan(model, ctx, sampling.seed, engine_options)
         return
-    if prompt is not None and file is not None:
-        fail("give the prompt with -p or -f, not both")
     if n_predict < -1:
         fail(f"--n-predict must be >= -1, got {n_predict}")
     if file is not None:
@@ -161,7 +133,7 @@ def run(
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             if chat:
-                run_chat(eng, prompt, max_tokens, sampling)
+                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling)
             elif as_json:
                 tokens = eng.tokenize(prompt)
                 ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
@@ -170,20 +142,16 @@ def run(
                     "text": eng.detokenize(ids), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
                     "prefill_seconds": t.prefill_seconds,
                     "decode_tokens_per_second": t.decode_tokens_per_second,
-                    "finish_reason": t.finish_reason, "stats": eng.stats(),
+                    "finish_reason": t.finish_reason,
+                    "context_full": context_full(t.finish_reason, t.n_decoded, max_tokens), "stats": eng.stats(),
                 }))
+                return
             else:
-                pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos,
-                                      **dataclasses.asdict(sampling))
-                if display_prompt:
-                    sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
-                for piece in pieces:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-                sys.stdout.write("\n")
-                print_timings(eng.last_timings.to_dict())
-            if stats and not as_json:
+                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color)
+            if stats:
                 print_stats(eng.stats())
+            if not ended:
+                raise typer.Exit(130)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -191,6 +159,47 @@ def run(
 
 
 PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color
+
+
+def context_size(model: Path, ctx: int | None) -> int:
+    """--ctx, or the model's training context, at most DEFAULT_CTX (llama.cpp's default is the whole
+    of it, which can be a KV cache of many GiB)."""
+    if ctx is not None:
+        return ctx
+    from pyedgemoe.model_info import read_model_info
+
+    try:
+        trained = training_context(read_model_info(model).metadata)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    return min(trained, DEFAULT_CTX) if trained else DEFAULT_CTX
+
+
+def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingParams, ignore_eos: bool,
+                display_prompt: bool, color: bool) -> bool:
+    """The prompt and its continuation on stdout as they come, then the timings (and why it stopped,
+    when the context ran out) on stderr; False when Ctrl-C stopped it."""
+    pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **dataclasses.asdict(sampling))
+    if display_prompt:
+        sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
+    interrupted = False
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # as llama.cpp: the timings of what was generated, then exit status 130
+        pieces.close()
+        interrupted = True
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    t = eng.last_timings
+    print_timings(t.to_dict())
+    if interrupted:
+        typer.echo("note: interrupted (Ctrl-C)", err=True)
+    elif context_full(t.finish_reason, t.n_decoded, max_tokens):
+        typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {eng.n_ctx} positions is full"
+                   + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)
+    return not interrupted
 
 
 def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict) -> None:
@@ -204,32 +213,6 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
         fail(str(e))
     typer.echo(f"plan for {model}:")
     typer.echo("\n".join(f"  {line}" for line in plan.describe()))
-
-
-def run_chat(eng, system_prompt: Optional[str], max_tokens: Optional[int], sampling: SamplingParams) -> None:
-    """A read-reply loop; the whole history goes through the chat template each turn and the
-    engine reuses the KV cache of the common prefix. Ends on EOF, /exit or Ctrl-C."""
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            typer.echo("")
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        reply = []
-        for chunk in eng.create_chat_completion(messages, max_tokens=max_tokens, stream=True,
-                                                **dataclasses.asdict(sampling)):
-            piece = chunk["choices"][0]["delta"].get("content", "")
-            reply.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        messages.append({"role": "assistant", "content": "".join(reply)})
 
 
 @app.command()
@@ -339,6 +322,8 @@ def calibrate_command(
     size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
                                               "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
+    force: bool = typer.Option(False, "--force", help="replace the model's sidecar if it exists (EdgeMoE's precision "
+                               "map in it is kept unless --system edgemoe computes it again)"),
     engine_options: dict = None,
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
@@ -356,7 +341,7 @@ def calibrate_command(
                            trace=trace, grid_step=grid_step, text_name=str(file), system=system,
                            loss_budget=parse_share(loss_budget, "--loss-budget"),
                            size_budget=None if size_budget is None else parse_share(size_budget, "--size-budget"),
-                           **engine_options)
+                           force=force, **engine_options)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -390,7 +375,7 @@ def calibrate_command(
                    f"{d['prediction']['recall']:.1%} of selections predicted")
     typer.echo(f"EdgeMoE path statistics: top-{d['n_experts_used']} of the next layer predicted "
                f"{d['path_accuracy']:.1%} right on this text")
-    if "precision_map" in d:
+    if system == "edgemoe":  # computed here (a map kept from the sidecar replaced has its note)
         m = d["precision_map"]
         budget_text = (f"loss budget +{m['loss_budget']:.1%}" if m["size_budget"] is None
                        else f"size budget {m['size_budget']:.0%}")
@@ -469,13 +454,15 @@ def convert_command(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="quantization threads"),
     calibration: Optional[Path] = typer.Option(None, "--calibration",
                                                help="embed this sidecar of `pyedgemoe calibrate`"),
+    name: Optional[str] = typer.Option(None, "--name", help="the model's name (general.name; default: the "
+                                       "checkpoint's model card or config, else OUT's file name)"),
 ) -> None:
     """Convert a checkpoint or GGUF into a multi-precision GGUF (every expert in HIGH and LOW)."""
     from pyedgemoe.convert import convert
 
     try:
         result = convert(src, out, high=high, low=low, base=base, low_from=low_from, force=force,
-                         dry_run=dry_run, progress=True, n_threads=threads, calibration=calibration)
+                         dry_run=dry_run, progress=True, n_threads=threads, calibration=calibration, name=name)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -570,7 +557,7 @@ def main() -> None:
     command = typer.main.get_command(app)
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
-        status = command.main(standalone_mode=False)
+        status = command.main(standalone_mode=False, prog_name="pyedgemoe")  # also as python -m pyedgemoe
         sys.exit(status if isinstance(status, int) else 0)
     except NoArgsIsHelpError as e:
         typer.echo(e.format_message())

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -48,6 +49,12 @@ def _expert_summary(experts: dict) -> dict:
         "low_load_cost": low_cost,
         "miss_penalty": t["loads_high"] + low_cost * t["loads_low"],
     }
+
+
+def _close_parts(batcher: Batcher | None, decoder: Decoder) -> None:
+    if batcher is not None:
+        batcher.close()
+    decoder.close()
 
 
 class Engine:
@@ -128,7 +135,7 @@ class Engine:
         load = LoadOptions(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
                            n_ubatch=n_ubatch, n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
-                           expert_options=(expert_options or ExpertOptions()).merged(**options))
+                           expert_options=(expert_options or ExpertOptions()).with_keywords(options, Engine.__init__))
         self.model_path = os.fspath(model_path)
         self.info: ModelInfo
         self.plan: LoadPlan
@@ -157,10 +164,14 @@ class Engine:
                                   flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel)
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
-        self._decoder = Decoder(self._model, ctx, plan.n_parallel, self._governed, plan.big_little)
+        governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
+        self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little)
         self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
         self._turn_owner: int | None = None  # the thread that took it
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
+        # an Engine left open is closed when collected, or at exit: else the batcher's thread holds the
+        # native objects past the interpreter's teardown, which nanobind reports as leaked
+        self._closer = weakref.finalize(self, _close_parts, self._batcher, self._decoder)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
 
@@ -191,19 +202,16 @@ class Engine:
         self.expert_cache_note = plan.expert_cache_note
         if self.expert_residency:
             self.expert_residency["fill_background"] = plan.fill == "in the background"  # as done
-            self.expert_cache_note += f"; {serving_text(self.expert_residency, plan.repack, plan.reasons['prefetch'])}"
+            self.expert_cache_note += f"; {serving_text(self.expert_residency, plan)}"
             if self.expert_residency["mode_reason"]:
                 print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Frees the context and the model; the Engine is unusable afterwards."""
-        if getattr(self, "_batcher", None) is not None:
-            self._batcher.close()
-            self._batcher = None
-        if getattr(self, "_decoder", None) is not None:
-            self._decoder.close()
-        self._model = None
+        if getattr(self, "_closer", None) is not None:
+            self._closer()
+        self._batcher = self._model = None
 
     def __enter__(self) -> "Engine":
         return self

@@ -17,7 +17,9 @@ caller leaves unset:
 """
 from __future__ import annotations
 
+import difflib
 import enum
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -129,6 +131,8 @@ def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[
     the experts' bytes, on `cores` cores: the mode, and why, for the note on stderr. Prefetching
     takes a core from the decode (Engine's n_threads), so only when the decode's threads are not
     given."""
+    if cache_share >= 1:
+        return "none", "the cache is the size of all the experts"
     if cache_share > PREFETCH_CACHE_SHARE:
         return "none", f"the cache holds {cache_share:.0%} of the experts"
     if threads_given:
@@ -209,7 +213,7 @@ class ExpertOptions:
     def __init__(self, **given):
         unknown = sorted(set(given) - set(OPTION_NAMES))
         if unknown:
-            raise InvalidOptionError(f"unknown expert option {unknown[0]!r} ({', '.join(OPTION_NAMES)})")
+            raise unknown_option(unknown[0], OPTION_NAMES, "expert option")
         self.given = {name: _converted(name, value) for name, value in given.items() if value is not None}
         t1 = self.given.get("t1", default("t1"))
         self._checked({"t2": max(default("t2"), t1), **self.given})
@@ -222,6 +226,22 @@ class ExpertOptions:
     def merged(self, **more) -> "ExpertOptions":
         """These options with `more` given on top."""
         return ExpertOptions(**{**self.given, **more})
+
+    def with_keywords(self, keywords: dict, function) -> "ExpertOptions":
+        """These options and those given as keyword arguments of function (Engine's **options): a name
+        neither an option nor one of function's own parameters, or an option given both ways with two
+        values, is an InvalidOptionError."""
+        own = [name for name, p in inspect.signature(function).parameters.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        unknown = sorted(set(keywords) - set(OPTION_NAMES))
+        if unknown:
+            raise unknown_option(unknown[0], own + list(OPTION_NAMES), "keyword argument")
+        more = ExpertOptions(**keywords).given
+        for name in sorted(set(more) & set(self.given)):
+            if more[name] != self.given[name]:
+                raise InvalidOptionError(f"{name} is given twice: {keywords[name]!r} as a keyword argument and "
+                                         f"{self[name]!r} in expert_options; give it once")
+        return self.merged(**more)
 
     @staticmethod
     def _checked(values: dict) -> _native.ExpertOptions:
@@ -269,6 +289,13 @@ class ExpertOptions:
         if given.get("static_precision") and "low_cache" not in given and precision_map:
             automatic["low_cache"] = _static_low_share(info, precision_map)
         return self._checked({**given, **automatic})
+
+
+def unknown_option(name: str, valid, what: str) -> InvalidOptionError:
+    """An unknown name: the valid ones listed, the closest first if one is close."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    return InvalidOptionError(f"unknown {what} {name!r}" + (f": did you mean {close[0]!r}?" if close else "")
+                              + f" (valid: {', '.join(valid)})")
 
 
 def _static_low_share(info: ModelInfo, precision_map: dict) -> float:

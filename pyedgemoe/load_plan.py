@@ -14,6 +14,7 @@ comes back from it.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,7 +30,8 @@ from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_c
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
 from pyedgemoe.generation import SamplingParams
-from pyedgemoe.memory_budget import MAPPED, context_bytes, parse_expert_cache, spare_bytes, ubatch_tokens
+from pyedgemoe.memory_budget import (KV_CELL_MULTIPLE, MAPPED, context_bytes, context_positions, parse_expert_cache,
+                                     spare_bytes, training_context, ubatch_tokens)
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
@@ -128,6 +130,7 @@ class LoadPlan:
     ubatch_tokens: int  # llama.cpp's largest ubatch (memory_budget.ubatch_tokens)
     expert_cache_note: str
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    notes: tuple[str, ...] = ()  # what the user should know besides: the context's size, options left unused
 
     def describe(self) -> list[str]:
         """The plan, one decision a line: what and why."""
@@ -141,8 +144,7 @@ class LoadPlan:
             ("repack", "on" if self.repack else "off", self.reasons["repack"]),
         ]
         if self.offload:
-            rows.append(("experts", serving_text(self._planned_serving(), self.repack, self.reasons["prefetch"]),
-                         self.reasons["fill"]))
+            rows.append(("experts", serving_text(self._planned_serving(), self), self.reasons["fill"]))
         rows += [
             ("context", f"{self.n_ctx or 'training'} positions, {self.n_parallel} sequence"
                         f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch} in ubatches of "
@@ -151,24 +153,31 @@ class LoadPlan:
              f"{format_bytes(self.context_bytes)} for the KV cache, compute buffers, vocabulary and logits"),
             ("threads", self.reasons["threads"].removeprefix("threads: "), ""),
         ]
-        return [f"{name:<13} {value}" + (f"  ({why})" if why else "") for name, value, why in rows]
+        return [f"{name:<13} {value}" + (f"  ({why})" if why else "") for name, value, why in rows] + \
+            [f"note: {note}" for note in self.notes]
 
     def _planned_serving(self) -> dict:
-        o = self.native_options
-        return {**options_dict(o), "mixed_precision": o.low_precision, "fill_background": self.fill == "in the background"}
+        return {**options_dict(self.native_options), "mixed_precision": self.native_options.low_precision}
 
 
-def serving_text(experts: dict, repack: bool, prefetch_why: str) -> str:
-    """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill,
-    prefetch (and why, when chosen automatically), eviction, precision and repacking. experts: the
-    options by name (expert_residency_info, or a plan's)."""
-    fill = f"fill {'in the background' if experts['fill_background'] else 'at load'}" if experts["fill_cache"] else "no fill"
+def serving_text(experts: dict, plan: LoadPlan) -> str:
+    """How the cache serves the experts, for the note on stderr: io, reads in flight, the fill (as
+    planned), prefetch (and why, when chosen automatically), eviction, what is lossy and repacking.
+    experts: the options by name (expert_residency_info, or a plan's)."""
+    fill = "no fill" if plan.fill == "none" else f"fill {plan.fill}"
+    if plan.fill == "none" and plan.reasons["fill"] != "fill_cache off":
+        fill += f" ({plan.reasons['fill']})"
     share = experts["prefill_low_share"]
     precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
                  + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
+    if experts["big_little"] > 0:
+        gamma = experts["big_little"]
+        precision = (("every expert in HIGH" if precision == "lossless" else precision) + ", lossy big-little "
+                     f"decoding (a token keeps half its experts when its top probability reaches {gamma:g})")
+    prefetch_why = plan.reasons["prefetch"]
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "
-            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if repack else 'off'}")
+            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if plan.repack else 'off'}")
 
 
 def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:
@@ -203,6 +212,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
                                  "runs with mode 'cpu'")
     offload = budget not in (None, MAPPED) and info.is_moe
+    if offload:
+        budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:
         check_fits_device(budget, device)
     repack, reasons["repack"] = _repack(expert_options["repack"], info, experts_mapped, offload, device, context,
@@ -230,7 +241,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
                                  "n_parallel=1")
     precision_map, path_statistics = _calibrated_tables(native, calibration) if offload else (None, None)
-    fill, reasons["fill"] = _fill(native if offload else None)
+    fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
+    notes = _context_notes(info, options.n_ctx, options.n_parallel) + \
+        _unused_low_from(expert_options, native, budget, info)
     reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
     threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
     reasons["threads"] = threads.pop("why")
@@ -248,7 +261,66 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         spare_bytes=spare_bytes(budget if offload and not device else 0, info.non_expert_bytes, context,
                                 machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
-        reasons=MappingProxyType(reasons), **threads)
+        reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
+
+
+def _held_experts(budget: int, note: str, asked, expert_options: ExpertOptions,
+                  info: ModelInfo) -> tuple[int, str, ExpertOptions]:
+    """A cache with room for every expert in HIGH holds every expert in HIGH: no LOW copies, no skips,
+    unless asked for (--low-precision, --skip, --static-precision, or a --system that sets them); and
+    never more bytes than its copies can take. (budget, the note, the options)."""
+    high = info.high_expert_bytes
+    if not any(expert_options.given.get(name) for name in ("low_precision", "skip", "static_precision")):
+        if budget < high:
+            return budget, note, expert_options
+        what = "every expert resident in HIGH (lossless, nothing skipped" + \
+            ("; the LOW copies unused: --low-precision uses them)" if info.multi_precision else ")")
+        capped = f", capped at what they take ({format_bytes(budget)} asked for)" if budget > high else ""
+        return high, f"expert cache {asked}: {format_bytes(high)}, {what}{capped}", \
+            expert_options.merged(low_precision=False)
+    # the LOW tier takes low_cache of the budget, the HIGH tier the rest (expert-budget.cpp)
+    low, share = _low_copy_bytes(info, expert_options), expert_options["low_cache"]
+    held = max(high + low, math.ceil(low / share), math.ceil(high / (1 - share)))
+    if budget <= held:
+        return budget, note, expert_options
+    return held, (f"expert cache {asked}: {format_bytes(held)}, room for every HIGH and LOW copy with LOW's share "
+                  f"of {share:.0%} ({format_bytes(budget)} asked for)"), expert_options
+
+
+def _low_copy_bytes(info: ModelInfo, expert_options: ExpertOptions) -> int:
+    """The bytes of every LOW expert copy: the multi-precision file's, or those of --low-from's file."""
+    low_from = expert_options.given.get("low_from")
+    if low_from and not info.multi_precision:
+        return read_model_info(low_from).high_expert_bytes
+    return info.low_expert_bytes
+
+
+def _context_notes(info: ModelInfo, n_ctx: int, n_parallel: int) -> list[str]:
+    """What the context's size needs saying: llama.cpp pads a sequence's positions to a multiple of
+    KV_CELL_MULTIPLE; past the training context a model's output may degrade (llama.cpp warns too)."""
+    notes = []
+    positions, trained = context_positions(info.metadata, n_ctx, n_parallel), training_context(info.metadata)
+    asked = (n_ctx or trained) // n_parallel
+    if positions != asked and n_ctx:
+        notes.append(f"context: {asked} positions{' a sequence' if n_parallel > 1 else ''} rounded up to {positions}, "
+                     f"as llama.cpp allocates them in multiples of {KV_CELL_MULTIPLE}")
+    if trained and positions > trained:
+        notes.append(f"the context of {positions} positions{' a sequence' if n_parallel > 1 else ''} is "
+                     f"longer than the model was trained for ({trained}): past {trained} tokens its output may degrade")
+    return notes
+
+
+def _unused_low_from(expert_options: ExpertOptions, native: _native.ExpertOptions | None, budget,
+                     info: ModelInfo) -> list[str]:
+    """--low-from is the LOW copies' source of an expert cache with low precision; else it is unused."""
+    low_from = expert_options.given.get("low_from")
+    if not low_from or (native is not None and native.low_precision and budget not in (None, MAPPED)):
+        return []
+    why = ("every expert is resident (no expert cache)" if budget is None
+           else "the experts stay in the mapped file" if budget == MAPPED
+           else "every expert is resident in HIGH" if budget >= info.high_expert_bytes
+           else "low precision is off")
+    return [f"--low-from {low_from} is unused: {why}"]
 
 
 def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
@@ -343,10 +415,14 @@ def _calibrated_tables(native: _native.ExpertOptions, calibration: dict | None) 
     return precision_map, path_statistics
 
 
-def _fill(native: _native.ExpertOptions | None) -> tuple[str, str]:
-    """The expert cache's fill, most routed first when calibrated, and why not in the background."""
+def _fill(native: _native.ExpertOptions | None, precision_map: Mapping | None, info: ModelInfo) -> tuple[str, str]:
+    """The expert cache's fill, most routed first when calibrated, and why not in the background.
+    The fill reads HIGH copies: with EdgeMoE's map, of the experts it keeps in HIGH."""
     if native is None or not native.fill_cache:
         return "none", "" if native is None else "fill_cache off"
+    if precision_map is not None and \
+            sum(map(len, precision_map.values())) == info.n_experts * len(info.expert_bytes_per_layer):
+        return "none", "EdgeMoE's map puts every expert in LOW, and the fill reads HIGH copies"
     if native.fill_background and native.lossy:
         # with LOW copies or skips, what a miss computes would depend on whether the fill has cached
         # that expert yet, i.e. on timing

@@ -14,6 +14,7 @@ trailing `~` ("up to": `60%~`, `4GiB~`) it is reduced to what "auto" would leave
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -157,6 +158,17 @@ def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float, n_seq_ma
     value = _shape(metadata)
     cells = _seq_positions(metadata, n_ctx, n_seq_max) * max(1, n_seq_max)
     return int(cells * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
+
+
+def training_context(metadata: dict) -> int:
+    """The context the model was trained with (`{architecture}.context_length`; 0: not stated)."""
+    return _shape(metadata)("context_length")
+
+
+def context_positions(metadata: dict, n_ctx: int, n_seq_max: int = 1) -> int:
+    """The positions each of n_seq_max sequences gets of a context of n_ctx tokens (0: the training
+    context), as llama.cpp pads them (_seq_positions)."""
+    return _seq_positions(metadata, n_ctx, n_seq_max)
 
 
 def _seq_positions(metadata: dict, n_ctx: int, n_seq_max: int) -> int:
@@ -446,6 +458,12 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
         f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
 
 
+def _out_of_range(value, expert_bytes: int) -> InvalidOptionError:
+    return InvalidOptionError(
+        f"expert_cache {value!r} is out of range: give a share above 0% and at most 100% of the experts "
+        f"({format_bytes(expert_bytes)}), or a size above 0 (the experts' size or more holds every one)")
+
+
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
                        context: int, available: Available = None, refuse: bool = True,
                        repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
@@ -466,18 +484,21 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
                                  f"got {value!r}")
     if isinstance(value, int):
         if value <= 0:
-            raise InvalidOptionError(f"expert_cache must be positive, got {value}")
+            raise _out_of_range(value, expert_bytes)
         budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context,
                                         available, refuse)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
     shown = shown.removesuffix(UP_TO).strip()
+    amount = re.fullmatch(r"(-?[0-9]*\.?[0-9]+)\s*([a-zA-Z]*|%)", shown)
+    if amount and (float(amount.group(1)) <= 0 or (amount.group(2) == "%" and float(amount.group(1)) > 100)):
+        raise _out_of_range(value, expert_bytes)
     try:
         budget = parse_size(shown, percent_of=expert_bytes)
-        if shown.endswith("%") and budget > expert_bytes:
-            raise ValueError("more than every expert")
     except ValueError:
+        if amount:  # a share too small to be a byte
+            raise _out_of_range(value, expert_bytes) from None
         raise InvalidOptionError(
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
             f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"

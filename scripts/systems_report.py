@@ -97,7 +97,7 @@ def calibrated_demo(low: str | None) -> Path:
         convert_gguf(high_only, model, high="q8_0", low=low, force=True, progress=False)
     _, calibration_text = corpus_texts()
     calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
-              n_threads=1, system="edgemoe")
+              n_threads=1, system="edgemoe", force=True)
     return model
 
 
@@ -141,7 +141,7 @@ def prepared(single: Path, make: list[str], mp: Path, convert: list[str], budget
         subprocess.run([sys.executable, "-m", "pyedgemoe", "convert", str(single), "-o", str(mp), *convert], check=True)
     if load_calibration(mp) is None or "path_statistics" not in load_calibration(mp):
         text = "".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))[:60000]
-        calibrate(mp, text, budget=budget, max_tokens=256, n_ctx=128, n_threads=2, text_name="docs/*.md")
+        calibrate(mp, text, budget=budget, max_tokens=256, n_ctx=128, n_threads=2, text_name="docs/*.md", force=True)
     data = load_calibration(mp)
     # EdgeMoE's map for random weights: the demo model's LOW share, least routed first
     usage = data["expert_usage"]

@@ -354,8 +354,9 @@ def test_a_mixed_prefill_reads_the_next_layers_predicted_experts_ahead_and_stays
     claims them whenever they finish, so the logits do not depend on timing."""
     runs = []
     for _ in range(2):
-        # a cache that holds every expert: one wave a layer, so only the next layer is read ahead
-        with Engine(mp_model, **SETTINGS, expert_cache="1GiB", fill_cache=False) as eng:
+        # a cache that holds every expert copy (LOW ones asked for: else it holds every expert in
+        # HIGH): one wave a layer, so only the next layer is read ahead
+        with Engine(mp_model, **SETTINGS, expert_cache="1GiB", low_precision=True, fill_cache=False) as eng:
             runs.append(eng.logits(IDS)[-1])
             experts = eng.stats()["experts"]
         ahead = experts["prefetches"]["layers"]

@@ -35,7 +35,7 @@ from pyedgemoe.calibration import edgemoe
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
                                           replay_steps, search_policy_weights, weight_grid)
-from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, sidecar_path, write_sidecar
+from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, read_sidecar, sidecar_path, write_sidecar
 from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split,
                                               precision_demands, split_of)
 from pyedgemoe.calibration.trace import (expert_usage, prediction_accuracy, record_trace, save_trace,
@@ -79,9 +79,12 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
               trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
               grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
               system: str | None = None, loss_budget: float = edgemoe.DEFAULT_LOSS_BUDGET,
-              size_budget: float | None = None, **engine_options) -> CalibrationResult:
+              size_budget: float | None = None, force: bool = False, **engine_options) -> CalibrationResult:
     """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
-    `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`).
+    `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`). A sidecar
+    there already is an InvalidOptionError unless force: then it is replaced, keeping EdgeMoE's
+    precision map from it unless system="edgemoe" computes it again (its importance profile takes
+    the longest, and nothing else here changes it).
 
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
@@ -103,6 +106,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "auto"):
         raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%)")
     weight_grid(grid_step)  # a bad step fails before the model runs
+    sidecar = os.fspath(sidecar if sidecar is not None else sidecar_path(model_path))
+    previous = _previous_calibration(sidecar, force) if write else None
     if system not in (None, "hobbit", "edgemoe"):
         raise InvalidOptionError(f"calibrate --system takes hobbit or edgemoe, got {system!r} (fate and mobile "
                                  "need no calibration; lossless has nothing to calibrate)")
@@ -121,7 +126,10 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
                                     f"the text has only {len(tokens)}")
         residency = dict(eng.expert_residency)
         routing = record_trace(eng, tokens, n_ctx)
+        # where the LOW copies came from, as the model's directory sees it: the sidecar travels with the model
         low_source = residency.get("low_source") or None
+        if low_source:
+            low_source = os.path.relpath(os.path.abspath(low_source), os.path.dirname(os.path.abspath(model_path)))
     record_seconds = time.perf_counter() - start
 
     k = residency["n_expert_used"]
@@ -205,9 +213,26 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         data["precision_map"] = edgemoe.precision_map(model_path, tokens, loss_budget=loss_budget,
                                                       size_budget=size_budget, **engine_options)
         data["seconds"]["precision_map"] = time.perf_counter() - start
+    elif previous and previous.get("precision_map"):
+        data["precision_map"] = previous["precision_map"]
+        notes.append(f"kept EdgeMoE's precision map of the sidecar replaced ({previous['precision_map']['n_low']} "
+                     "experts LOW; --system edgemoe computes it again)")
     result = CalibrationResult(data, notes=notes)
     if write:
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))
-        data["trace"] = os.path.basename(result.trace)
-        result.sidecar = write_sidecar(data, sidecar if sidecar is not None else sidecar_path(model_path))
+        result.sidecar = write_sidecar(data, sidecar)
     return result
+
+
+def _previous_calibration(sidecar: str, force: bool) -> dict | None:
+    """The sidecar a calibration would replace (None: none, or one that cannot be read); without
+    force, an InvalidOptionError: it is not replaced silently."""
+    if not os.path.exists(sidecar):
+        return None
+    if not force:
+        raise InvalidOptionError(f"{sidecar} exists: pass --force (force=True) to replace it (EdgeMoE's precision "
+                                 "map in it is kept unless --system edgemoe computes it again)")
+    try:
+        return read_sidecar(sidecar)
+    except InvalidOptionError:
+        return None

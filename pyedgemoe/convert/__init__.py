@@ -40,7 +40,7 @@ def _is_gguf(path: Path) -> bool:
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0", low: str = "q4_K",
             base: str | None = None, low_from: str | os.PathLike | None = None, force: bool = False,
             dry_run: bool = False, progress: bool = True, n_threads: int | None = None,
-            calibration: str | os.PathLike | dict | None = None) -> Path | Plan:
+            calibration: str | os.PathLike | dict | None = None, name: str | None = None) -> Path | Plan:
     """Convert `src` into the multi-precision GGUF `out`; return `out`, or the Plan if dry_run.
 
     src: a Hugging Face model directory (config.json + safetensors + tokenizer files), a standard
@@ -49,7 +49,9 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
     matrices (HF: default f16; GGUF: default the source's). low_from: GGUF sources only, a lower
     quant of the same model whose experts become the LOW copies. calibration: a `pyedgemoe
     calibrate` sidecar (path or contents) to embed as `edgemoe.calibration.*` metadata, which the
-    runtime uses when the model has no sidecar of its own. Every failure a user can cause is a
+    runtime uses when the model has no sidecar of its own. name: the model's name (general.name;
+    default: a GGUF source's, else the checkpoint's model card or config, else out's file name, or
+    the repo id). Every failure a user can cause is a
     ConversionError, and no file is left under `out` unless the conversion succeeds.
     """
     from pyedgemoe.convert import from_hf
@@ -63,7 +65,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
         if not (path / "config.json").is_file():
             raise ConversionError(f"{path} has no config.json: not a Hugging Face model directory")
         return from_hf.convert_hf(path, out, high=high, low=low, base=base, force=force, dry_run=dry_run,
-                                  progress=progress, n_threads=n_threads, calibration=calibration)
+                                  progress=progress, n_threads=n_threads, calibration=calibration, model_name=name)
     if path.is_file():
         if not _is_gguf(path):
             raise ConversionError(f"{path} is neither a GGUF file nor a Hugging Face model directory")
@@ -71,7 +73,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
         result = from_gguf.convert_gguf(path, Path(out), high=high, low=low, base=base,
                                         low_from=Path(low_from) if low_from is not None else None,
                                         force=force, dry_run=dry_run, progress=progress, n_threads=n_threads,
-                                        calibration=calibration)
+                                        calibration=calibration, name=name)
         return Plan.from_dict(result) if isinstance(result, dict) else result
     if from_hf.looks_like_repo_id(str(src)):
         if low_from is not None:
@@ -79,7 +81,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
         local = download(str(src))
         return from_hf.convert_hf(local, out, high=high, low=low, base=base, force=force, dry_run=dry_run,
                                   progress=progress, n_threads=n_threads, source_label=str(src),
-                                  model_name=str(src), calibration=calibration)
+                                  model_name=name or str(src), calibration=calibration)
     raise ConversionError(f"{src} not found (expected a Hugging Face model directory, a GGUF file, "
                           f"or a Hugging Face repo id like Qwen/Qwen3-30B-A3B)")
 

@@ -203,15 +203,17 @@ def _base_type_for(tensor, base: str | None) -> tuple[str, str]:
 
 def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K", base: str | None = None,
                  low_from: Path | None = None, force: bool = False, dry_run: bool = False,
-                 progress: bool = True, n_threads: int | None = None, calibration: dict | None = None) -> Path | dict:
+                 progress: bool = True, n_threads: int | None = None, calibration: dict | None = None,
+                 name: str | None = None) -> Path | dict:
     """Convert a standard llama.cpp GGUF into a multi-precision GGUF (docs/format.md).
 
     high, low: ggml type names of the expert copies. base: type of the non-expert weight matrices
     (None: keep the source's bytes). low_from: a lower quant of the same model whose expert tensors
     become the LOW copies as they are (then `low` is ignored and the LOW type is that file's).
     dry_run: return the plan (a dict, see `format_plan`) and write nothing. calibration: a
-    `pyedgemoe calibrate` sidecar's contents, embedded as `edgemoe.calibration.*` metadata.
-    Raises ConversionError; never leaves a file under `out` unless it succeeds.
+    `pyedgemoe calibrate` sidecar's contents, embedded as `edgemoe.calibration.*` metadata. name:
+    general.name (default: the source's). Raises ConversionError; never leaves a file under `out`
+    unless it succeeds.
     """
     src, out = Path(src), Path(out)
     n_threads = n_threads or os.cpu_count() or 1
@@ -247,7 +249,10 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
 
     output = None if dry_run else GGUFOutput(out, arch=arch, force=force)
     writer = output.writer if output else gguf.GGUFWriter(None, arch)
-    copy_kv(reader, writer, skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith(KEY_PREFIX))
+    renamed = {gguf.Keys.General.NAME} if name is not None else set()
+    copy_kv(reader, writer, skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith(KEY_PREFIX) or k in renamed)
+    if name is not None:
+        writer.add_name(name)
     writer.add_file_type(llama_file_type(high))
     if kv_value(reader, gguf.Keys.General.QUANTIZATION_VERSION) is None:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -376,8 +376,8 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
         metadata = gguf.Metadata.load(None, hf_dir, model_name, total)
     except Exception:  # a model card gguf-py cannot parse: fall back to the plain name
         metadata = gguf.Metadata(name=model_name)
-    if metadata.name is None:
-        metadata.name = model_name or hf_dir.name
+    if model_name is None:
+        metadata.name = _model_name(hf_dir, total) or _file_name(plan.out)
     if metadata.size_label is None and total > 0:
         metadata.size_label = gguf.size_label(total, shared, expert, count)
     metadata.set_gguf_meta_model(writer)
@@ -385,6 +385,23 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokenizer_mod.write_vocab(writer, hf_dir, family.vocab_size, family.tokenizer_style)
     edgemoe_metadata(writer, plan.high_type, plan.low_type, provenance, calibration)
+
+
+def _model_name(hf_dir: Path, total_params: int) -> str | None:
+    """general.name as gguf-py's heuristics take it from the model card and config.json
+    (`_name_or_path` when it is a repo id), as llama.cpp's convert_hf_to_gguf does, but not from the
+    directory's name, which llama.cpp falls back to: a checkpoint's folder is often "hf", "model"
+    or a snapshot's hash."""
+    try:
+        card, config = gguf.Metadata.load_model_card(hf_dir), gguf.Metadata.load_hf_parameters(hf_dir)
+        return gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, config, None, total_params).name
+    except Exception:  # a model card gguf-py cannot parse
+        return None
+
+
+def _file_name(out: str) -> str:
+    """The output file's name as a model name: "qwen3-30b.mp.gguf" -> "qwen3-30b"."""
+    return Path(out).name.removesuffix(".gguf").removesuffix(".mp")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""`pyedgemoe run` tells the truth about a session, as a user of llama.cpp's llama-cli expects:
+-h and --version, the context's size (rounded up, past the training context, full), --chat's
+-p / -sys, a model without a chat template, --json and --stats with --chat, and Ctrl-C (a reply
+stops, the session goes on; a plain run prints its timings)."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from pyedgemoe import Engine
+from test_cli import assert_one_line_error, cli
+from test_io_faults import DEMO
+
+CLI = [sys.executable, "-m", "pyedgemoe.cli"]
+PROMPT = "def add(a, b):"
+
+
+def notes(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("note: ")]
+
+
+def test_version_and_short_help():
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"pyedgemoe {importlib.metadata.version('pyedgemoe')}"
+    assert r.stdout.splitlines()[1].startswith("llama.cpp ")
+    for args in (("-h",), ("run", "-h"), ("calibrate", "-h")):
+        r = cli(*args)
+        assert r.returncode == 0 and r.stdout.startswith("Usage: pyedgemoe"), (args, r.stderr)
+    assert "--expert-cache" in cli("run", "-h").stdout
+
+
+def test_a_context_rounded_up_or_past_the_training_context_says_so():
+    # the demo model was trained on 256 positions; llama.cpp allocates a context in multiples of 256
+    r = cli("run", DEMO, "-p", PROMPT, "-n", "1", "-c", "300")
+    assert r.returncode == 0, r.stderr
+    said = "\n".join(notes(r.stderr))
+    assert "300 positions rounded up to 512" in said
+    assert "longer than the model was trained for (256)" in said
+    plan = cli("run", DEMO, "-c", "300", "--dry-run")
+    assert "rounded up to 512" in plan.stdout and "trained for (256)" in plan.stdout
+    # left unset, --ctx is the training context (at most 4096): nothing to say
+    quiet = cli("run", DEMO, "-p", PROMPT, "-n", "1")
+    assert not [n for n in notes(quiet.stderr) if "context" in n], quiet.stderr
+
+
+def test_a_generation_stopped_by_a_full_context_says_so():
+    with Engine(DEMO, n_ctx=256) as eng:
+        n_prompt = len(eng.tokenize(PROMPT))
+    r = cli("run", DEMO, "-p", PROMPT, "-n", "400", "--ignore-eos", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert (f"note: stopped after {256 - n_prompt} generated tokens: the context of 256 positions is full "
+            "(-n 400 asked for more: raise --ctx)") in r.stderr
+    full = json.loads(cli("run", DEMO, "-p", PROMPT, "-n", "400", "--ignore-eos", "--temp", "0", "--json").stdout)
+    assert (len(full["tokens"]), full["finish_reason"], full["context_full"]) == (256 - n_prompt, "length", True)
+    short = cli("run", DEMO, "-p", PROMPT, "-n", "4", "--ignore-eos", "--temp", "0")
+    assert "context" not in short.stderr and "stopped" not in short.stderr
+    assert json.loads(cli("run", DEMO, "-p", PROMPT, "-n", "4", "--ignore-eos", "--json").stdout)["context_full"] is False
+
+
+def test_chat_p_is_the_first_user_message_and_sys_the_system_message():
+    # llama.cpp's llama-cli: -p is sent as the first user message (echoed), -sys is the system message
+    r = cli("run", DEMO, "--chat", "-sys", "You write Python.", "-p", PROMPT, "-n", "6", "--temp", "0",
+            input_text="and then?\n")
+    assert r.returncode == 0, r.stderr
+    messages, expected = [{"role": "system", "content": "You write Python."}], ""
+    with Engine(DEMO, n_ctx=256) as eng:
+        for line in (PROMPT, "and then?"):
+            messages.append({"role": "user", "content": line})
+            reply = eng.create_chat_completion(messages, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+            messages.append({"role": "assistant", "content": reply})
+            expected += f"> {line}\n{reply}\n" if line == PROMPT else f"> {reply}\n"
+    assert r.stdout == expected + "> \n"
+
+
+def test_chat_with_a_model_without_a_template_says_chatml_is_used():
+    r = cli("run", DEMO, "--chat", "-n", "2", input_text="hi\n")
+    assert r.returncode == 0, r.stderr
+    assert "note: the model has no chat template (tokenizer.chat_template): ChatML is used" in r.stderr
+
+
+def test_chat_refuses_json_and_a_system_prompt_needs_chat():
+    assert_one_line_error(cli("run", DEMO, "--chat", "--json", input_text="hi\n"), "--json", "--chat")
+    assert_one_line_error(cli("run", DEMO, "-sys", "be brief", "-p", "hi"), "--system-prompt", "--chat")
+
+
+def test_chat_stats_come_at_the_end_of_the_session():
+    r = cli("run", DEMO, "--chat", "-n", "4", "--expert-cache", "25%", "--stats", input_text="hi\nagain\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("   total: ") == 1 and "requests =" in r.stderr
+
+
+def start(args: list[str], **kwargs) -> subprocess.Popen:
+    """args with SIGINT at its default, as a shell starts a command in a terminal (test_signals)."""
+    return subprocess.Popen(args, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+
+
+def wait_for(ready, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"it ended too early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "never got ready"
+        time.sleep(0.01)
+
+
+def test_ctrl_c_during_a_chat_reply_stops_the_reply_not_the_session(tmp_path):
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = start([*CLI, "run", str(DEMO), "--chat", "-c", "4096", "-n", "3000", "-t", "1", "--expert-cache", "25%"],
+                     stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, text=True)
+        proc.stdin.write(PROMPT + "\n")
+        proc.stdin.flush()
+        wait_for(lambda: len(out.read_text()) > 40, proc)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "reply interrupted" in err.read_text(), proc)
+        proc.stdin.write("/exit\n")  # the session still reads the next line
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, err.read_text()
+    assert "note: reply interrupted" in err.read_text() and "Traceback" not in err.read_text()
+    text = out.read_text()
+    assert text.startswith("> ") and text.endswith("\n> ")  # the reply, cut short, then the next prompt
+
+
+def test_ctrl_c_at_the_chat_prompt_ends_the_session_with_its_stats(tmp_path):
+    out = tmp_path / "out.txt"
+    with open(out, "w") as stdout:
+        proc = start([*CLI, "run", str(DEMO), "--chat", "-n", "2", "--expert-cache", "25%", "--stats"],
+                     stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: out.read_text().startswith("> "), proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "   total: " in err and "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_ctrl_c_during_a_run_prints_its_timings(tmp_path):
+    out = tmp_path / "out.txt"
+    with open(out, "w") as stdout:
+        proc = start([*CLI, "run", str(DEMO), "-p", PROMPT, "-c", "4096", "-n", "4000", "--ignore-eos", "-t", "1",
+                      "--expert-cache", "25%"], stdout=stdout, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: out.stat().st_size > len(PROMPT) + 20, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "prompt eval:" in err and "       eval: " in err and "note: interrupted (Ctrl-C)" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
