@@ -30,10 +30,12 @@ _ENGINE_OPTIONS = (
                                                   help="threads of the prompt's batches (default: --threads, or its "
                                                        "default)"), "n_threads_batch"),
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
-                                       help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes), auto, "
-                                            "or mmap (no cache: the page cache holds the mapped experts, as in "
-                                            "llama.cpp --no-repack); a size that does not fit is refused, a "
-                                            "trailing ~ (60%~, 4GiB~) takes what fits if less"),
+                                       help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes, above 0 "
+                                            "and at most 100%), auto, or mmap (no cache: the page cache holds the "
+                                            "mapped experts, as in llama.cpp --no-repack); a size that does not fit "
+                                            "is refused, a trailing ~ (60%~, 4GiB~) takes what fits if less; room "
+                                            "for every expert (100%) holds every expert in HIGH, lossless, unless "
+                                            "LOW copies are asked for, and a larger size is capped"),
      "expert_cache"),
     ("system", Optional[str], typer.Option(None, "--system",
                                            help="a seed system's preset of the expert options: lossless, hobbit, "

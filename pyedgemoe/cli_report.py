@@ -26,13 +26,13 @@ def context_full(finish_reason: str, n_decoded: int, max_tokens: int | None) -> 
 
 
 def _layer_line(name: str, c: dict, prefetched: dict | None) -> str:
-    """requests = hits + misses + skipped; bytes read on demand + prefetched."""
+    """requests = hits + misses + skipped; bytes read = on demand + prefetched."""
     hit_rate = c["hits"] / c["requests"] if c["requests"] else 0.0
     ahead = prefetched["bytes_read"] if prefetched else 0
     return (f"{name:>8}: {c['requests']:6d} requests = {c['hits']:6d} hits ({hit_rate:6.1%}) + {c['misses']:6d} misses "
-            f"+ {c['skipped']:5d} skipped; read {format_bytes(c['bytes_read']):>10} on demand in "
-            f"{c['load_ms'] / 1000:6.3f} s + {format_bytes(ahead):>10} prefetched, compute waited "
-            f"{c['stall_ms'] / 1000:6.3f} s")
+            f"+ {c['skipped']:5d} skipped; read {format_bytes(c['bytes_read'] + ahead):>10} = "
+            f"{format_bytes(c['bytes_read']):>10} on demand in {c['load_ms'] / 1000:6.3f} s + {format_bytes(ahead):>10} "
+            f"prefetched; compute waited {c['stall_ms'] / 1000:6.3f} s")
 
 
 def _cache_line(experts: dict) -> str:

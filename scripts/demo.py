@@ -30,8 +30,7 @@ def main() -> int:
     subprocess.run(pyedgemoe + ["inspect", str(MODEL)], check=True)
     args = ["run", str(MODEL), "-p", PROMPT, "-n", "64", "--temp", "0", "--expert-cache", EXPERT_CACHE, "--stats"]
     print(f"\n$ pyedgemoe {shlex.join(args)}\n", flush=True)
-    print(PROMPT, end="", flush=True)  # `run` prints the continuation only
-    return subprocess.run(pyedgemoe + args).returncode
+    return subprocess.run(pyedgemoe + args).returncode  # `run` prints the prompt, then its continuation
 
 
 if __name__ == "__main__":

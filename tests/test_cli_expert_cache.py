@@ -68,15 +68,17 @@ def test_a_size_beyond_the_experts_is_capped_and_says_so(asked):
 
 
 def layer_lines(stderr: str) -> dict[str, dict[str, int]]:
-    """--stats' lines of layers and the total: requests = hits + misses + skipped, bytes read."""
+    """--stats' lines of layers and the total: requests = hits + misses + skipped, bytes read = on
+    demand + prefetched."""
     pattern = re.compile(r"^\s*(layer \d+|total): +(\d+) requests = +(\d+) hits \( *[\d.]+%\) \+ +(\d+) misses "
-                         r"\+ +(\d+) skipped; read +([\d.]+ \S+) on demand in +[\d.]+ s \+ +([\d.]+ \S+) prefetched")
+                         r"\+ +(\d+) skipped; read +([\d.]+ \S+) = +([\d.]+ \S+) on demand in +[\d.]+ s \+ "
+                         r"+([\d.]+ \S+) prefetched")
     out = {}
     for line in stderr.splitlines():
         m = pattern.match(line)
         if m:
             out[m.group(1)] = dict(zip(("requests", "hits", "misses", "skipped"), map(int, m.groups()[1:5])),
-                                   on_demand=m.group(6), prefetched=m.group(7))
+                                   read=m.group(6), on_demand=m.group(7), prefetched=m.group(8))
     return out
 
 
@@ -91,7 +93,9 @@ def test_stats_say_what_their_numbers_are_and_add_up():
     assert sum(c["skipped"] for c in lines.values()) > 0  # HOBBIT skips some: they are counted
     layers = [c for name, c in lines.items() if name != "total"]
     assert lines["total"]["requests"] == sum(c["requests"] for c in layers)
-    assert lines["total"]["prefetched"] != "0 B"  # hobbit's prefetch reads count in the total
+    # hobbit's prefetch reads count in the total, with those on demand
+    total = r.stderr.split("   total: ")[1].split("\n")[0]
+    assert lines["total"]["prefetched"] != "0 B" and lines["total"]["read"] != lines["total"]["on_demand"], total
     header = next(l for l in r.stderr.splitlines() if l.startswith("expert cache: "))
     # the slots (HIGH and LOW apart) against the experts of each precision: no "29 MiB of 19 MiB experts"
     m = re.match(r"expert cache: [\d.]+ \S+ of slots, HIGH [\d.]+ \S+ \((\d+) of (\d+) experts\) \+ "

@@ -14,8 +14,8 @@ import time
 from pyedgemoe import Engine
 from test_cli import assert_one_line_error, cli
 from test_io_faults import DEMO
+from test_signals import CLI, start  # SIGINT at its default, as in a terminal
 
-CLI = [sys.executable, "-m", "pyedgemoe.cli"]
 PROMPT = "def add(a, b):"
 
 
@@ -94,11 +94,6 @@ def test_chat_stats_come_at_the_end_of_the_session():
     assert r.stderr.count("   total: ") == 1 and "requests =" in r.stderr
 
 
-def start(args: list[str], **kwargs) -> subprocess.Popen:
-    """args with SIGINT at its default, as a shell starts a command in a terminal (test_signals)."""
-    return subprocess.Popen(args, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
-
-
 def wait_for(ready, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -149,3 +144,12 @@ def test_ctrl_c_during_a_run_prints_its_timings(tmp_path):
     assert proc.returncode == 130, err
     assert "prompt eval:" in err and "       eval: " in err and "note: interrupted (Ctrl-C)" in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_make_demo_prints_the_prompt_once():
+    import demo  # scripts/demo.py, what `make demo` runs
+
+    r = subprocess.run([sys.executable, demo.__file__], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    shown = r.stdout.split("--stats\n", 1)[1]  # after the command line it shows
+    assert shown.count(demo.PROMPT) == 1 and shown.lstrip("\n").startswith(demo.PROMPT)

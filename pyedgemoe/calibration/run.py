@@ -230,8 +230,8 @@ def _previous_calibration(sidecar: str, force: bool) -> dict | None:
     if not os.path.exists(sidecar):
         return None
     if not force:
-        raise InvalidOptionError(f"{sidecar} exists: pass --force (force=True) to replace it (EdgeMoE's precision "
-                                 "map in it is kept unless --system edgemoe computes it again)")
+        raise InvalidOptionError(f"{sidecar} exists: calibrate with --force (force=True from Python) to replace it "
+                                 "(EdgeMoE's precision map in it is kept unless --system edgemoe computes it again)")
     try:
         return read_sidecar(sidecar)
     except InvalidOptionError:
