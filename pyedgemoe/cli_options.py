@@ -6,17 +6,19 @@
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
 arguments. @sampling_options: one flag per setting of pyedgemoe.generation.SamplingParams
-(`--temp`, `--top-k`, ..., `--seed`); the command receives `sampling`, a SamplingParams. A bad
-value is one `error:` line."""
+(`--temp`, `--top-k`, ..., `--seed`, `--grammar`/`--grammar-file`, `--json-schema`/
+`--json-schema-file`); the command receives `sampling`, a SamplingParams. A bad value is one
+`error:` line."""
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Optional, get_type_hints
+from pathlib import Path
+from typing import Optional, get_args, get_type_hints
 
 import typer
 
-from pyedgemoe.errors import PyEdgeMoEError
+from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
 
@@ -76,11 +78,34 @@ def model_options(command=None, *, expert_cache: bool = True):
 
 
 def sampling_options(command):
-    """Adds SamplingParams's flags to a typer command, which gets them as `sampling`."""
-    added = [(f.name, Optional[int] if f.default is None else type(f.default),
-              typer.Option(f.default, f.metadata["flag"], help=f.metadata["help"] or None)) for f in exposed_fields()]
-    return _with_options(command, "sampling",
-                         added, lambda params: SamplingParams.of({f.name: params.pop(f.name) for f in exposed_fields()}))
+    """Adds SamplingParams's flags to a typer command, which gets them as `sampling`; a setting with
+    a file flag (--grammar-file, --json-schema-file) can be read from a file instead."""
+    hints = get_type_hints(SamplingParams)
+    fields = exposed_fields()
+    added = [(f.name, type(f.default) if f.default is not None else Optional[_held_type(hints[f.name])],
+              typer.Option(f.default, f.metadata["flag"], help=f.metadata["help"] or None)) for f in fields]
+    added += [(f"{f.name}_file", Optional[Path], typer.Option(None, f.metadata["file_flag"],
+                                                                help=f"file to read {f.metadata['flag']} from"))
+              for f in fields if f.metadata["file_flag"]]
+
+    def collect(params: dict) -> SamplingParams:
+        given = {f.name: params.pop(f.name) for f in fields}
+        for f in (f for f in fields if f.metadata["file_flag"]):
+            path = params.pop(f"{f.name}_file")
+            if path is not None:
+                if given[f.name] is not None:
+                    raise InvalidOptionError(f"give {f.metadata['flag']} or {f.metadata['file_flag']}, not both")
+                try:
+                    given[f.name] = path.read_text()
+                except (OSError, UnicodeDecodeError) as e:
+                    raise InvalidOptionError(f"{f.metadata['file_flag']}: cannot read {path}: {e}") from None
+        return SamplingParams.of(given)
+    return _with_options(command, "sampling", added, collect)
+
+
+def _held_type(hint) -> type:
+    """The type an optional annotation (`int | None`) holds."""
+    return next(t for t in get_args(hint) if t is not type(None))
 
 
 def _with_options(command, receives: str, added: list[tuple], collect):

@@ -141,7 +141,8 @@ def chat_prompt_tokens(engine, messages: list[dict]) -> list[int]:
             raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
     text = engine.format_chat(messages)
     bos = engine.token_bos()
-    starts_with_bos = bos is not None and text.startswith(engine.token_piece(bos).decode("utf-8", "replace"))
+    bos_text = engine.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else None
+    starts_with_bos = bos_text is not None and text.startswith(bos_text)
     return engine.tokenize(text, add_bos=not starts_with_bos, special=True)
 
 

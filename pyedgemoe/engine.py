@@ -280,7 +280,8 @@ class Engine:
         return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
+        """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
+        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="ignore")
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
@@ -492,8 +493,8 @@ class Engine:
         bos, eos = self.token_bos(), self.token_eos()
         return render_chat(
             self._model.chat_template, messages,
-            bos_token=self.token_piece(bos).decode("utf-8", "replace") if bos is not None else "",
-            eos_token=self.token_piece(eos).decode("utf-8", "replace") if eos is not None else "",
+            bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
+            eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
             native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
         )
 

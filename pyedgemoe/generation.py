@@ -98,10 +98,10 @@ class SamplingParams:
         """A native sampler chain of these settings (the seed: its own, else default_seed, else a
         random one) that has seen the prompt's last penalty_last_n tokens."""
         seed = next((s for s in (self.seed, default_seed) if s is not None), None)
+        grammar = self.grammar_text()
         try:
             sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
-                                      self.penalty_last_n, random.getrandbits(32) if seed is None else seed,
-                                      self.grammar_text())
+                                      self.penalty_last_n, random.getrandbits(32) if seed is None else seed, grammar)
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
         for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 else []:

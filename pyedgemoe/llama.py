@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import os
+import random
 import socket
 import urllib.parse
 import urllib.request
@@ -38,7 +39,7 @@ from pyedgemoe.expert_options import OPTION_NAMES
 from pyedgemoe.generation import SequenceState, TokenLogprob, exposed_fields, token_logprob
 from pyedgemoe.structured_output import schema_grammar
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
@@ -145,7 +146,10 @@ class Llama:
             n_batch = min(n_ctx, n_batch)  # as llama-cpp-python does
         self._engine: Engine | None = Engine(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
-            n_ubatch=n_ubatch, seed=_engine_seed(seed), flash_attn=flash_attn, verbose=verbose, **engine_kwargs)
+            n_ubatch=n_ubatch, flash_attn=flash_attn, verbose=verbose, **engine_kwargs)
+        # llama-cpp-python's seed: a generation given none takes the next of the sequence it starts
+        # (_take_seed), so that a program's sampled outputs are the same on every run, as there
+        self._seed = seed or LLAMA_DEFAULT_SEED
         self.model_path = self.engine.model_path
         self.verbose = verbose
         self.embedding = embedding
@@ -273,18 +277,24 @@ class Llama:
 
     def save_state(self) -> "LlamaState":
         """What the context holds and the seed, for load_state."""
-        return LlamaState(self.engine.save_state(), self.engine.seed)
+        return LlamaState(self.engine.save_state(), self._seed)
 
     def load_state(self, state: "LlamaState") -> None:
         """The context holds what save_state gave, and its seed is back."""
         if not isinstance(state, LlamaState):
             raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
         self.engine.load_state(state.sequence)
-        self.engine.seed = state.seed
+        self._seed = state.seed
 
     def set_seed(self, seed: int) -> None:
-        """The seed of the sampling that is given none (LLAMA_DEFAULT_SEED or -1: random)."""
-        self.engine.seed = _engine_seed(seed)
+        """The seed the next generation given none derives its own from (llama-cpp-python's)."""
+        self._seed = seed
+
+    def _take_seed(self, seed: int | None) -> None:
+        """A generation's seed, as llama-cpp-python picks it: the one given, else the next of the
+        sequence the last one starts; it becomes the Engine's seed of the generation and the last one."""
+        self._seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
+        self.engine.seed = self._seed & 0xFFFFFFFF  # as the uint32 llama.cpp's sampler takes
 
     def n_embd(self) -> int:
         return int(self.metadata[f"{self.metadata['general.architecture']}.embedding_length"])
@@ -343,6 +353,7 @@ class Llama:
         else:
             tokens = [int(t) for t in prompt]
             prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
+        self._take_seed(seed)
         out = completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream, logprobs,
                                             _sampling(locals()), prompt_length=len(prompt))
         if not stream:
@@ -395,6 +406,7 @@ class Llama:
             frequency_penalty=frequency_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
             logit_bias=logit_bias))
+        self._take_seed(seed)
         out = self.engine.create_chat_completion(messages, _max_tokens(max_tokens), stop=stop, stream=stream,
                                                  logprobs=logprobs, top_logprobs=top_logprobs,
                                                  response_format=response_format, **_sampling(locals()))
@@ -466,15 +478,11 @@ class LlamaTokenizer:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
 
 
-def _engine_seed(seed: int | None) -> int | None:
-    """The Engine's default seed for llama-cpp-python's (LLAMA_DEFAULT_SEED or -1: random, None)."""
-    return None if seed in (LLAMA_DEFAULT_SEED, -1) else seed
-
-
 def _sampling(arguments: dict) -> dict:
-    """The sampling settings among a method's arguments (SamplingParams' fields, by the same names);
-    a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as its GBNF text."""
-    settings = {f.name: arguments[f.name] for f in exposed_fields() if f.name in arguments}
+    """The sampling settings among a method's arguments (SamplingParams' fields, by the same names,
+    but the seed: the Engine's, _take_seed); a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as
+    its GBNF text."""
+    settings = {f.name: arguments[f.name] for f in exposed_fields() if f.name in arguments and f.name != "seed"}
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings

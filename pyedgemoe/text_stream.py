@@ -11,7 +11,8 @@ import codecs
 class TextStream:
     def __init__(self, stop: list[str]):
         self.stop = [s for s in stop if s]
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # bytes that are not UTF-8 (a character cut by the end) are dropped, as llama-cpp-python does
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self._pending = ""
         self.stopped = False  # a stop string was met; nothing after it is emitted
 

@@ -1,17 +1,25 @@
 """pyedgemoe.Llama: llama-cpp-python's high-level class over the Engine. The examples are
-llama-cpp-python's README ("High-level API"); the expected results are the Engine's own at
-temperature 0 and, where the file loads there, stock llama-cpp-python's."""
+llama-cpp-python's README ("High-level API", JSON and JSON schema mode, embeddings) and calls
+from its own tests (tests/test_llama.py's test_real_llama, test_utf8, tokenization); the expected
+results are the Engine's own at temperature 0 and, where the file loads there, stock
+llama-cpp-python's on the same file: the same text where it is deterministic (greedy, or seeded:
+Llama takes llama-cpp-python's sequence of seeds), the same log-probabilities."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pyedgemoe import Engine, InvalidOptionError, Llama, ModelLoadError
+import pyedgemoe
+from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar, ModelLoadError
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.llama import UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_INIT_ARGS
 
@@ -34,15 +42,37 @@ def eng():
 
 
 @pytest.fixture(scope="module")
-def stock(tmp_path_factory):
-    """Stock llama-cpp-python on the demo model's HIGH precision as a standard GGUF (stock llama.cpp
-    does not load the multi-precision file; pyedgemoe runs both the same way), and ours on it."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+def demo_high(tmp_path_factory) -> Path:
+    """The demo model's HIGH precision as a standard GGUF: stock llama.cpp does not load the
+    multi-precision file; pyedgemoe runs both the same way."""
     from pyedgemoe.convert.export import export
 
-    path = export(DEMO, tmp_path_factory.mktemp("stock") / "demo-high.gguf", precision="high", progress=False)
-    theirs = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=2, verbose=False)
-    with Llama(model_path=str(path), **SMALL) as ours:
+    return export(DEMO, tmp_path_factory.mktemp("stock") / "demo-high.gguf", precision="high", progress=False)
+
+
+@pytest.fixture
+def both(demo_high):
+    """both(**kwargs): stock llama-cpp-python's Llama and ours, fresh, on the same file with the
+    same arguments (each call to them moves llama-cpp-python's seed sequence alike)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    made = []
+
+    def make(path=demo_high, **kwargs):
+        kwargs = {"n_ctx": 512, "n_threads": 2, "verbose": False, **kwargs}
+        made.append((llama_cpp.Llama(model_path=str(path), **kwargs), Llama(model_path=str(path), **kwargs)))
+        return made[-1]
+    yield make
+    for theirs, ours in made:
+        theirs.close()
+        ours.close()
+
+
+@pytest.fixture(scope="module")
+def stock(demo_high):
+    """Stock llama-cpp-python and ours on the demo's HIGH precision, shared by the module."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs = llama_cpp.Llama(model_path=str(demo_high), n_ctx=512, n_threads=2, verbose=False)
+    with Llama(model_path=str(demo_high), **SMALL) as ours:
         yield theirs, ours
     theirs.close()
 
@@ -62,12 +92,15 @@ def test_echo_puts_the_prompt_before_the_completion(llm):
     assert echoed == PLANETS + plain
 
 
-def test_call_is_create_completion_and_default_sampling_follows_the_seed(eng):
-    with Llama(model_path=str(DEMO), seed=7, **SMALL) as seeded:
-        called = seeded("def ", max_tokens=12)["choices"]
-        assert seeded.create_completion("def ", max_tokens=12)["choices"] == called
-    with Engine(DEMO, seed=7, **SMALL) as engine:
-        assert engine.create_completion("def ", max_tokens=12)["choices"] == called
+def test_call_is_create_completion_and_sampling_follows_llama_cpp_pythons_seed_sequence():
+    # llama-cpp-python: a completion given no seed samples with random.Random(the last seed).randint(0, 2**32)
+    seeds = [random.Random(7).randint(0, 2**32)]
+    seeds.append(random.Random(seeds[0]).randint(0, 2**32))
+    with Llama(model_path=str(DEMO), seed=7, **SMALL) as seeded, Engine(DEMO, flash_attn=False, **SMALL) as engine:
+        assert seeded("def ", max_tokens=12)["choices"] == \
+            engine.create_completion("def ", max_tokens=12, seed=seeds[0])["choices"]
+        assert seeded.create_completion("def ", max_tokens=12)["choices"] == \
+            engine.create_completion("def ", max_tokens=12, seed=seeds[1])["choices"]
 
 
 def test_completion_stream_chunks_join_to_the_completion(llm):
@@ -238,11 +271,232 @@ def test_closed_llama_refuses_to_generate():
         closed(PLANETS, max_tokens=2)
 
 
+# -- llama-cpp-python's README and its own tests' calls, against stock llama-cpp-python ----------
+def test_llama_and_its_grammar_are_in_all():
+    assert {"Llama", "LlamaGrammar"} <= set(pyedgemoe.__all__)
+
+
+def test_n_ctx_4096_n_batch_2048_runs_its_batches_in_ubatches_of_n_ubatch():
+    with Llama(model_path=str(DEMO), n_ctx=4096, n_batch=2048, n_threads=2, verbose=False) as big, \
+            Engine(DEMO, n_ctx=4096, n_batch=512, n_threads=2, flash_attn=False) as small:
+        assert (big.n_batch, big.engine.plan.n_batch, big.engine.n_ubatch) == (2048, 2048, 512)
+        prompt = big.tokenize(SOURCE.encode("utf-8") * 40)
+        assert len(prompt) > 1024  # one llama_decode of it, which llama.cpp splits into ubatches of 512
+        np.testing.assert_array_equal(big.engine.logits(prompt)[-4:], small.logits(prompt)[-4:])
+    with Llama(model_path=str(DEMO), n_batch=256, n_ubatch=64, **SMALL) as split:
+        assert (split.engine.plan.n_batch, split.engine.n_ubatch) == (256, 64)
+
+
+def test_eval_reset_n_tokens_and_input_ids_are_llama_cpp_pythons(both):
+    theirs, ours = both()
+    tokens = ours.tokenize(SOURCE.encode("utf-8"))
+    for llm in (theirs, ours):
+        llm.eval(tokens[:5])
+        llm.eval(tokens[5:])
+    assert ours.n_tokens == theirs.n_tokens == len(tokens)
+    assert ours.input_ids.shape == theirs.input_ids.shape == (512,)
+    assert list(ours.input_ids[:ours.n_tokens]) == list(theirs.input_ids[:theirs.n_tokens]) == tokens
+    ours(tokens + [ours.tokenize(b" x", add_bos=False)[0]], max_tokens=1, temperature=0)
+    assert ours.engine.last_timings.n_cached_prompt_tokens == len(tokens)  # what eval evaluated is reused
+    for llm in (theirs, ours):
+        llm.reset()
+    assert ours.n_tokens == theirs.n_tokens == 0
+
+
+def test_seeded_sampling_is_stock_llama_cpp_pythons(both):
+    theirs, ours = both(seed=7)
+    tokens = ours.tokenize(b"def fib(n):")
+    for _ in range(3):  # each call takes the next seed of the sequence seed=7 starts
+        assert ours(tokens, max_tokens=24)["choices"] == theirs(tokens, max_tokens=24)["choices"]
+    assert ours(tokens, max_tokens=24, seed=1337)["choices"] == theirs(tokens, max_tokens=24, seed=1337)["choices"]
+
+
+def test_grammar_constrains_as_in_llama_cpp_pythons_test_real_llama(both):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs, ours = both()
+    tokens = ours.tokenize(b"The capital of france is paris, 'true' or 'false'?:\n")
+    kwargs = dict(max_tokens=8, top_k=50, top_p=0.9, temperature=0.8, seed=1337)  # "false": 5 tokens here
+    expected = theirs(tokens, grammar=llama_cpp.LlamaGrammar.from_string('root ::= "true" | "false"'), **kwargs)
+    for grammar in (LlamaGrammar.from_string('root ::= "true" | "false"'),  # pyedgemoe's, llama-cpp-python's, text
+                    llama_cpp.LlamaGrammar.from_string('root ::= "true" | "false"'), 'root ::= "true" | "false"'):
+        out = ours(tokens, grammar=grammar, **kwargs)["choices"][0]
+        assert out["text"] in ("true", "false") and out["text"] == expected["choices"][0]["text"]
+
+
+def test_save_and_load_state_as_in_llama_cpp_pythons_test_real_llama(both):
+    theirs, ours = both()
+    numbers = 'root ::= "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "10"'
+    tokens = ours.tokenize(b"Pick a number from 1 to 10?:\n")
+    picked = {}
+    for name, llm, grammar in (("theirs", theirs, pytest.importorskip("llama_cpp").LlamaGrammar), ("ours", ours, LlamaGrammar)):
+        llm.set_seed(1337)
+        state = llm.save_state()
+        pick = lambda: llm(tokens, max_tokens=4, top_k=50, top_p=0.9, temperature=0.8,  # noqa: E731
+                           grammar=grammar.from_string(numbers))["choices"][0]["text"]
+        first, second = pick(), pick()
+        llm.load_state(state)
+        picked[name] = (first, second, pick())
+    assert picked["ours"] == picked["theirs"]
+    first, second, after_load = picked["ours"]
+    assert first != second and first == after_load
+
+
+def test_state_restores_the_context_it_saved(llm):
+    tokens = llm.tokenize(SOURCE.encode("utf-8"))
+    llm.reset()
+    llm.eval(tokens)
+    state = llm.save_state()
+    expected = llm(tokens, max_tokens=8, temperature=0)["choices"]
+    llm.reset()
+    llm.load_state(state)
+    assert llm.n_tokens == state.n_tokens == len(tokens) and list(state.input_ids) == tokens
+    assert llm(tokens, max_tokens=8, temperature=0)["choices"] == expected
+    assert llm.engine.last_timings.n_cached_prompt_tokens == len(tokens) - 1
+    with pytest.raises(InvalidOptionError, match="load_state takes what save_state gave"):
+        llm.load_state(b"not a state")
+
+
+def test_tokenizer_is_llama_cpp_pythons(stock):
+    theirs, ours = stock
+    assert ours.tokenizer().encode(SOURCE) == theirs.tokenizer().encode(SOURCE)
+    tokens = ours.tokenize(SOURCE.encode("utf-8"))
+    assert ours.tokenizer().decode(tokens) == theirs.tokenizer().decode(tokens) == SOURCE
+
+
+def test_a_character_cut_by_max_tokens_is_dropped_as_in_llama_cpp_pythons_test_utf8(llm):
+    # the grammar makes the model spell 😀 in its four byte tokens
+    prompt = llm.tokenize(b"x = ")
+    assert llm(prompt, max_tokens=1, temperature=0, grammar='root ::= "😀"')["choices"][0]["text"] == ""
+    assert llm(prompt, max_tokens=4, temperature=0, grammar='root ::= "😀"')["choices"][0]["text"] == "😀"
+
+
+def test_readme_embeddings_are_stock_llama_cpp_pythons(both):
+    theirs, ours = both(embedding=True)
+    expected, out = theirs.create_embedding("Hello, world!"), ours.create_embedding("Hello, world!")
+    assert out["object"] == "list" and out["usage"] == expected["usage"]
+    vectors, expected_vectors = np.array(out["data"][0]["embedding"]), np.array(expected["data"][0]["embedding"])
+    assert vectors.shape == expected_vectors.shape == (len(ours.tokenize(b"Hello, world!")), ours.n_embd())
+    np.testing.assert_allclose(vectors, expected_vectors, atol=1e-4)  # a generative model: a vector per token
+    pair = ours.embed(["Hello, world!", "Goodbye, world!"], normalize=True)
+    assert len(pair) == 2
+    for text, vectors in zip(["Hello, world!", "Goodbye, world!"], pair):  # stock reads a list's second wrong
+        np.testing.assert_allclose(vectors, theirs.embed(text, normalize=True), atol=1e-4)
+        assert np.linalg.norm(vectors[-1]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_embed_without_embedding_true_is_refused_as_in_llama_cpp_python(llm):
+    with pytest.raises(InvalidOptionError, match="embedding=True"):
+        llm.create_embedding("Hello, world!")
+
+
+def _assert_logprobs_equal(out: dict, expected: dict) -> None:
+    """Completion logprobs as llama-cpp-python returns them: the same tokens and offsets, the same
+    values but for float32 summation order."""
+    assert out["tokens"] == expected["tokens"] and out["text_offset"] == expected["text_offset"]
+    assert [lp is None for lp in out["token_logprobs"]] == [lp is None for lp in expected["token_logprobs"]]
+    np.testing.assert_allclose([lp for lp in out["token_logprobs"] if lp is not None],
+                               [lp for lp in expected["token_logprobs"] if lp is not None], atol=1e-5)
+    for top, expected_top in zip(out["top_logprobs"], expected["top_logprobs"]):
+        assert (top is None) == (expected_top is None)
+        if top is not None:
+            assert list(top) == list(expected_top)
+            np.testing.assert_allclose(list(top.values()), [float(v) for v in expected_top.values()], atol=1e-5)
+
+
+def test_completion_logprobs_are_stock_llama_cpp_pythons(both):
+    theirs, ours = both(logits_all=True)  # stock needs logits_all for logprobs; pyedgemoe takes it, needs none
+    prompt = ours.tokenize(b"x = ")
+    expected = theirs(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
+    out = ours(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
+    assert out["text"] == expected["text"]
+    _assert_logprobs_equal(out["logprobs"], expected["logprobs"])
+    json.dumps(out)  # plain floats (stock's are numpy's)
+
+
+def test_echoed_logprobs_put_the_prompts_before_the_completions(llm):
+    # stock llama-cpp-python's echo fails on a token prompt and adds a separator token to a text
+    # prompt of this file: the prompt's log-probabilities here are the model's own (Engine.logits)
+    prompt = llm.tokenize(PLANETS.encode("utf-8"))
+    llm.reset()  # each evaluates the whole prompt
+    plain = llm(PLANETS, max_tokens=6, temperature=0, logprobs=2)["choices"][0]
+    llm.reset()
+    echoed = llm(PLANETS, max_tokens=6, temperature=0, logprobs=2, echo=True)["choices"][0]
+    assert echoed["text"] == PLANETS + plain["text"]
+    rows = llm.engine.logits(prompt).astype(np.float64)
+    expected = [rows[k - 1, t] - np.log(np.exp(rows[k - 1] - rows[k - 1].max()).sum()) - rows[k - 1].max()
+                for k, t in enumerate(prompt) if k >= 2]  # the BOS left out, the first without any
+    logprobs = echoed["logprobs"]
+    n = len(prompt) - 1
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    np.testing.assert_allclose(logprobs["token_logprobs"][1:n], expected, atol=1e-4)
+    assert "".join(logprobs["tokens"][:n]) == PLANETS and logprobs["text_offset"][:n] == \
+        [len("".join(logprobs["tokens"][:i])) for i in range(n)]
+    for key in ("tokens", "text_offset", "top_logprobs"):
+        assert logprobs[key][n:] == plain["logprobs"][key]
+
+
+def test_streamed_logprobs_join_to_the_whole_ones(llm):
+    llm.reset()  # each evaluates the whole prompt
+    whole = llm(PLANETS, max_tokens=12, temperature=0, logprobs=2)["choices"][0]["logprobs"]
+    llm.reset()
+    chunks = [c["choices"][0]["logprobs"] for c in llm(PLANETS, max_tokens=12, temperature=0, logprobs=2, stream=True)]
+    joined = {key: [item for c in chunks if c for item in c[key]] for key in whole}
+    assert joined == whole and len(whole["tokens"]) == 12
+
+
+def test_chat_logprobs_are_openai_shaped_with_stock_values(both, tiny_model):
+    theirs, ours = both(path=tiny_model("mixtral")[0], n_ctx=256, logits_all=True)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a planet."}]
+    expected = theirs.create_chat_completion(messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    out = ours.create_chat_completion(messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    assert out["choices"][0]["message"] == expected["choices"][0]["message"]
+    content, expected_content = out["choices"][0]["logprobs"]["content"], expected["choices"][0]["logprobs"]["content"]
+    assert len(content) == len(expected_content) == 8
+    for entry, expected_entry in zip(content, expected_content):
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["token"] == expected_entry["token"] and len(entry["top_logprobs"]) == 2
+        assert entry["token"] == bytes(entry["bytes"]).decode("utf-8", errors="ignore")
+        assert entry["logprob"] == pytest.approx(float(expected_entry["logprob"]), abs=1e-5)
+        assert [t["token"] for t in entry["top_logprobs"]] == [t["token"] for t in expected_entry["top_logprobs"]][:2]
+
+
+def test_readme_json_mode_is_stock_llama_cpp_pythons(both, tiny_model):
+    theirs, ours = both(path=tiny_model("mixtral")[0], n_ctx=256)
+    messages = [{"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
+                {"role": "user", "content": "Who won the world series in 2020"}]
+    expected = theirs.create_chat_completion(messages=messages, response_format={"type": "json_object"},
+                                             temperature=0.7, max_tokens=48)
+    out = ours.create_chat_completion(messages=messages, response_format={"type": "json_object"},
+                                      temperature=0.7, max_tokens=48)
+    assert out["choices"][0]["message"]["content"].startswith("{")  # a random model: JSON, cut at max_tokens
+    assert out["choices"][0] == expected["choices"][0]
+
+
+def test_readme_json_schema_mode_gives_json_of_the_schema(llm):
+    messages = [{"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
+                {"role": "user", "content": "Who won the world series in 2020"}]
+    schema = {"type": "object", "properties": {"team_name": {"type": "string"}}, "required": ["team_name"]}
+    out = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=64,
+                                     response_format={"type": "json_object", "schema": schema})["choices"][0]
+    assert out["finish_reason"] == "stop" and isinstance(json.loads(out["message"]["content"])["team_name"], str)
+
+
 # -- from_pretrained --------------------------------------------------------------------------
 def run_offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
     env.pop("HF_HUB_CACHE", None)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def run_unreachable(code: str, hf_home: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """code with the Hub out of reach (nothing listens at its endpoint) and HF_HUB_OFFLINE unset;
+    its result and seconds taken."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(hf_home)}
+    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        env.pop(name, None)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    return r, time.monotonic() - start
 
 
 def cache_demo_as_a_hub_repo(hf_home: Path) -> None:
@@ -289,3 +543,25 @@ def test_from_pretrained_glob_must_match_one_file(tmp_path):
                     "    print(e)\n", tmp_path)
     assert r.stdout.strip() == "no files of Hugging Face repo 'pyedgemoe-tests/demo' match '*q4_K_M.gguf'; " \
                                "its files: demo.gguf"
+
+
+def test_from_pretrained_with_the_hub_out_of_reach_fails_at_once(tmp_path):
+    # huggingface_hub itself retries an unreachable Hub for ~23 s before it gives up
+    r, seconds = run_unreachable("from pyedgemoe import Llama, ModelLoadError\n"
+                                 "try:\n"
+                                 "    Llama.from_pretrained('pyedgemoe-tests/not-cached', filename='demo.gguf')\n"
+                                 "except ModelLoadError as e:\n"
+                                 "    print('ModelLoadError:', e)\n", tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ModelLoadError: cannot get demo.gguf from Hugging Face repo "
+                               "'pyedgemoe-tests/not-cached' (offline: cannot reach http://127.0.0.1:9")
+    assert seconds < 10
+
+
+def test_from_pretrained_with_the_hub_out_of_reach_loads_a_cached_file(tmp_path):
+    cache_demo_as_a_hub_repo(tmp_path)
+    r, _ = run_unreachable("from pyedgemoe import Llama\n"
+                           "llm = Llama.from_pretrained('pyedgemoe-tests/demo', '*.gguf', n_ctx=64, verbose=False)\n"
+                           "print(llm.model_path)\n", tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert Path(r.stdout.strip()).resolve() == DEMO.resolve()

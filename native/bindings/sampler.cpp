@@ -6,11 +6,50 @@
 
 #include "llama.h"
 
+#include <cstdio>
+#include <functional>
+#include <unistd.h>
+
 Sampler::~Sampler() {
     if (chain) llama_sampler_free(chain);
 }
 
 namespace {
+
+// What f() writes to stderr, kept from the terminal: llama.cpp's grammar parser says why a grammar
+// does not parse with fprintf(stderr) (llama_grammar_parser::parse), not through its log.
+std::string stderr_of(const std::function<void()> & f) {
+    fflush(stderr);
+    FILE * caught = tmpfile();
+    const int saved = caught ? dup(2) : -1;
+    if (saved < 0) {
+        if (caught) fclose(caught);
+        f();
+        return "";
+    }
+    dup2(fileno(caught), 2);
+    f();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::string text;
+    rewind(caught);
+    for (int c; (c = fgetc(caught)) != EOF;) text += (char) c;
+    fclose(caught);
+    return text;
+}
+
+// The grammar sampler of GBNF text; ValueError saying why it does not parse.
+llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & grammar) {
+    log_clear_recent();
+    llama_sampler * sampler = nullptr;
+    std::string why = stderr_of([&] { sampler = llama_sampler_init_grammar(vocab, grammar.c_str(), "root"); });
+    if (sampler) return sampler;
+    why = why.substr(0, why.find('\n'));  // "parse: error parsing grammar: ...", then the grammar
+    why = why.substr(why.find(": ") == std::string::npos ? 0 : why.find(": ") + 2);
+    const std::string logged = log_recent_errors();  // "failed to parse grammar", a missing root
+    throw nb::value_error((why.empty() ? logged : why).c_str());
+}
 
 void create(Sampler * self, const Model & model, float temperature, int top_k, float top_p, float min_p,
             float repeat_penalty, int penalty_last_n, uint32_t seed, const std::string & grammar) {
@@ -24,14 +63,12 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
         llama_sampler_chain_add(chain, penalties);
     }
     if (!grammar.empty()) {
-        log_clear_recent();
-        llama_sampler * constrained = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
-        if (!constrained) {
+        try {
+            llama_sampler_chain_add(chain, grammar_sampler(vocab, grammar));
+        } catch (...) {
             llama_sampler_free(chain);
-            const std::string why = log_recent_errors();
-            throw nb::value_error(("the grammar does not parse" + (why.empty() ? "" : ": " + why)).c_str());
+            throw;
         }
-        llama_sampler_chain_add(chain, constrained);
     }
     if (temperature <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());

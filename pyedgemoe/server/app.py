@@ -37,10 +37,19 @@ def _has_output(chunk: dict) -> bool:
     return bool(choice.get("text") or choice.get("delta", {}).get("content")) or choice["finish_reason"] is not None
 
 
+def _joined_logprobs(chunks: list[dict], keys: tuple[str, ...], empty: dict) -> dict | None:
+    """The chunks' logprobs as one: each key's lists joined (None when none carries any)."""
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"] is not None]
+    if not parts:
+        return None
+    return {**empty, **{key: [item for part in parts for item in part[key]] for key in keys}}
+
+
 def _joined_completion(chunks: list[dict]) -> dict:
     last = chunks[-1]
+    logprobs = _joined_logprobs(chunks, ("tokens", "text_offset", "token_logprobs", "top_logprobs"), {})
     return {"id": last["id"], "object": "text_completion", "created": last["created"], "model": last["model"],
-            "choices": [{"text": "".join(c["choices"][0]["text"] for c in chunks), "index": 0, "logprobs": None,
+            "choices": [{"text": "".join(c["choices"][0]["text"] for c in chunks), "index": 0, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
             "usage": last.get("usage")}
 
@@ -48,8 +57,9 @@ def _joined_completion(chunks: list[dict]) -> dict:
 def _joined_chat_completion(chunks: list[dict]) -> dict:
     last = chunks[-1]
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    logprobs = _joined_logprobs(chunks, ("content",), {"refusal": None})
     return {"id": last["id"], "object": "chat.completion", "created": last["created"], "model": last["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
             "usage": last.get("usage")}
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import get_args, get_type_hints
 
-from pyedgemoe.generation import exposed_fields
+from pyedgemoe.generation import SamplingParams, exposed_fields
 from pyedgemoe.server.openai_errors import APIError
 
 
@@ -33,6 +34,34 @@ def _integer(name: str, value) -> int:
 def _boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise _invalid(name, "true or false", value)
+    return value
+
+
+def _text(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise _invalid(name, "a string", value)
+    return value
+
+
+def _schema(name: str, value) -> str | dict | bool:
+    """A JSON schema: an object (or true/false), or its JSON text."""
+    if not isinstance(value, (str, dict, bool)):
+        raise _invalid(name, "a JSON schema (an object)", value)
+    return value
+
+
+def _response_format(name: str, value) -> dict:
+    """OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", ...}; the Engine
+    checks the rest (structured_output.py)."""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _invalid(name, 'an object with a "type"', value)
+    return value
+
+
+def _logprobs_count(name: str, value) -> int:
+    value = _integer(name, value)
+    if value < 0:
+        raise _invalid(name, "an integer >= 0", value)
     return value
 
 
@@ -97,18 +126,29 @@ def _messages(name: str, value) -> list[dict]:
 
 
 # name -> check (returns the value the Engine gets), for what both endpoints take: the sampling
-# settings (SamplingParams' fields with a flag, by their type) and the stop strings
-_SAMPLING = {**{f.name: _number if isinstance(f.default, float) else _integer for f in exposed_fields()},
-             "stop": _stop}
+# settings (SamplingParams' fields with a flag, by their type; a JSON schema may be an object) and
+# the stop strings
+_BY_TYPE = {float: _number, int: _integer, str: _text}
+
+
+def _field_check(name: str):
+    """The check of a SamplingParams field, by its type (an optional one's: the type it holds)."""
+    hint = get_type_hints(SamplingParams)[name]
+    return _BY_TYPE[next(t for t in get_args(hint) if t is not type(None)) if get_args(hint) else hint]
+
+
+_SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop}
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated
 _IGNORED = {"user", "stream_options"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
-_NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "logprobs": (None, False),
-            "logit_bias": (None, {}), "echo": (False,), "best_of": (1,), "suffix": (None,),
-            "top_logprobs": (None, 0), "tools": (None, []), "response_format": (None, {"type": "text"})}
-COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt}
-CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens}
+_NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}),
+            "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
+# logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
+# switch with top_logprobs the count (OpenAI's chat)
+COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
+CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
+                   "top_logprobs": _logprobs_count, "response_format": _response_format}
 
 
 @dataclass
