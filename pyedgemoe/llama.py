@@ -310,12 +310,12 @@ class Llama:
         Needs Llama(..., embedding=True), as llama-cpp-python."""
         if not self.embedding:
             raise InvalidOptionError("embed needs Llama(..., embedding=True), as in llama-cpp-python")
-        texts = [input] if isinstance(input, str) else list(input)
         data, n_tokens = [], 0
-        for text in texts:
-            vectors = self.engine.embed(text, normalize=normalize, truncate=truncate)
-            data.append(vectors.tolist())
-            n_tokens += len(vectors) if vectors.ndim == 2 else len(self.tokenize(text.encode("utf-8"))[:self.n_batch])
+        for text in [input] if isinstance(input, str) else input:
+            tokens = self.tokenize(text.encode("utf-8"))
+            tokens = tokens[:self.n_batch] if truncate else tokens
+            data.append(self.engine.embed(tokens, normalize=normalize, truncate=truncate).tolist())
+            n_tokens += len(tokens)
         out = data[0] if isinstance(input, str) else data
         return (out, n_tokens) if return_count else out
 

@@ -510,12 +510,15 @@ def cache_demo_as_a_hub_repo(hf_home: Path) -> None:
     (repo / "snapshots" / commit / "demo.gguf").symlink_to(DEMO)
 
 
+def printing_its_load_error(call: str) -> str:
+    """Python code that runs call (a Llama.from_pretrained) and prints the ModelLoadError it raises."""
+    return f"from pyedgemoe import Llama, ModelLoadError\ntry:\n    {call}\nexcept ModelLoadError as e:\n" \
+           "    print('ModelLoadError:', e)\n"
+
+
 def test_from_pretrained_offline_of_an_uncached_repo_is_a_model_load_error(tmp_path):
-    r = run_offline("from pyedgemoe import Llama, ModelLoadError\n"
-                    "try:\n"
-                    "    Llama.from_pretrained('pyedgemoe-tests/not-cached', filename='*q8_0.gguf')\n"
-                    "except ModelLoadError as e:\n"
-                    "    print('ModelLoadError:', e)\n", tmp_path)
+    r = run_offline(printing_its_load_error("Llama.from_pretrained('pyedgemoe-tests/not-cached', "
+                                            "filename='*q8_0.gguf')"), tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ModelLoadError: cannot get *q8_0.gguf from Hugging Face repo "
                                "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1")
@@ -536,22 +539,16 @@ def test_from_pretrained_offline_loads_a_cached_file_by_glob(tmp_path, eng):
 
 def test_from_pretrained_glob_must_match_one_file(tmp_path):
     cache_demo_as_a_hub_repo(tmp_path)
-    r = run_offline("from pyedgemoe import Llama, ModelLoadError\n"
-                    "try:\n"
-                    "    Llama.from_pretrained('pyedgemoe-tests/demo', '*q4_K_M.gguf')\n"
-                    "except ModelLoadError as e:\n"
-                    "    print(e)\n", tmp_path)
-    assert r.stdout.strip() == "no files of Hugging Face repo 'pyedgemoe-tests/demo' match '*q4_K_M.gguf'; " \
-                               "its files: demo.gguf"
+    r = run_offline(printing_its_load_error("Llama.from_pretrained('pyedgemoe-tests/demo', '*q4_K_M.gguf')"),
+                    tmp_path)
+    assert r.stdout.strip() == "ModelLoadError: no files of Hugging Face repo 'pyedgemoe-tests/demo' match " \
+                               "'*q4_K_M.gguf'; its files: demo.gguf"
 
 
 def test_from_pretrained_with_the_hub_out_of_reach_fails_at_once(tmp_path):
     # huggingface_hub itself retries an unreachable Hub for ~23 s before it gives up
-    r, seconds = run_unreachable("from pyedgemoe import Llama, ModelLoadError\n"
-                                 "try:\n"
-                                 "    Llama.from_pretrained('pyedgemoe-tests/not-cached', filename='demo.gguf')\n"
-                                 "except ModelLoadError as e:\n"
-                                 "    print('ModelLoadError:', e)\n", tmp_path)
+    r, seconds = run_unreachable(printing_its_load_error("Llama.from_pretrained('pyedgemoe-tests/not-cached', "
+                                                         "filename='demo.gguf')"), tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ModelLoadError: cannot get demo.gguf from Hugging Face repo "
                                "'pyedgemoe-tests/not-cached' (offline: cannot reach http://127.0.0.1:9")
