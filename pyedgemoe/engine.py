@@ -399,9 +399,10 @@ class Engine:
                     n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
         """generate_tokens, with the Generation (its own timings: last_timings is the latest
         generation's, whichever thread started it; its logprobs, with n_probs). fresh: forget the
-        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A generation with a seed of its
-        own is fresh: reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose
-        sums the CPU kernels may round differently, and the same seeded call must give the same tokens."""
+        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A
+        generation with a seed of its own is fresh: reusing a prefix evaluates the prompt's last
+        tokens in a smaller batch, whose sums the CPU kernels may round differently, and the same
+        seeded call must give the same tokens."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pyedgemoe
-from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar, ModelLoadError
+from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.llama import UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_INIT_ARGS
 
@@ -328,7 +328,8 @@ def test_save_and_load_state_as_in_llama_cpp_pythons_test_real_llama(both):
     numbers = 'root ::= "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "10"'
     tokens = ours.tokenize(b"Pick a number from 1 to 10?:\n")
     picked = {}
-    for name, llm, grammar in (("theirs", theirs, pytest.importorskip("llama_cpp").LlamaGrammar), ("ours", ours, LlamaGrammar)):
+    stock_grammar = pytest.importorskip("llama_cpp").LlamaGrammar
+    for name, llm, grammar in (("theirs", theirs, stock_grammar), ("ours", ours, LlamaGrammar)):
         llm.set_seed(1337)
         state = llm.save_state()
         pick = lambda: llm(tokens, max_tokens=4, top_k=50, top_p=0.9, temperature=0.8,  # noqa: E731
