@@ -76,8 +76,11 @@ class Engine:
         allowance; near fit, experts the CPU repacks stay in the mapped file instead). A size that
         cannot fit is refused (InvalidOptionError); a trailing "~" ("60%~", "4GiB~") takes what fits
         if less. With a budget the experts stay in the file and are read into a cache when routed to
-        (docs/expert-residency.md). "mmap": no expert cache, the experts are computed from the mapped
-        file as llama.cpp does, without repacked copies, and the page cache holds what fits.
+        (docs/expert-residency.md); one with room for every expert ("100%") holds every expert in
+        HIGH unless LOW copies are asked for (low_precision, skip, a lossy system), and a larger one
+        is capped (expert_cache_note says so). A share outside (0%, 100%] is refused. "mmap": no
+        expert cache, the experts are computed from the mapped file as llama.cpp does, without
+        repacked copies, and the page cache holds what fits.
     expert_options: how the cache serves experts, one ExpertOptions; its options can also be
         keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
@@ -280,8 +283,7 @@ class Engine:
         return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
-        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="ignore")
+        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
@@ -399,10 +401,9 @@ class Engine:
                     n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
         """generate_tokens, with the Generation (its own timings: last_timings is the latest
         generation's, whichever thread started it; its logprobs, with n_probs). fresh: forget the
-        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A
-        generation with a seed of its own is fresh: reusing a prefix evaluates the prompt's last
-        tokens in a smaller batch, whose sums the CPU kernels may round differently, and the same
-        seeded call must give the same tokens."""
+        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A generation with a seed of its
+        own is fresh: reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose
+        sums the CPU kernels may round differently, and the same seeded call must give the same tokens."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
@@ -494,8 +495,8 @@ class Engine:
         bos, eos = self.token_bos(), self.token_eos()
         return render_chat(
             self._model.chat_template, messages,
-            bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
-            eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
+            bos_token=self.token_piece(bos).decode("utf-8", "replace") if bos is not None else "",
+            eos_token=self.token_piece(eos).decode("utf-8", "replace") if eos is not None else "",
             native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
         )
 

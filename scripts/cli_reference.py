@@ -27,7 +27,10 @@ it; a context longer than the model was trained for; `--low-from` left unused), 
 timings, a note when the context filled up before `-n` tokens, and with `--stats` the expert
 cache's counters: its slots (HIGH and LOW apart) against the experts' bytes in each precision,
 and per layer and in total `requests = hits + misses + skipped` with the bytes read on demand and
-those prefetched.
+those prefetched. `run --json` prints one object instead: `text`, `tokens`, `n_prompt_tokens`,
+`prefill_seconds`, `decode_tokens_per_second`, `finish_reason` (`stop`: an end-of-generation
+token; `length`: `-n`, or the context), `context_full` (the context filled up before `-n` tokens)
+and `stats` (`Engine.stats()`).
 """
 
 
