@@ -283,7 +283,8 @@ class Engine:
         return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="replace")
+        """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
+        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="ignore")
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
@@ -401,9 +402,10 @@ class Engine:
                     n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
         """generate_tokens, with the Generation (its own timings: last_timings is the latest
         generation's, whichever thread started it; its logprobs, with n_probs). fresh: forget the
-        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A generation with a seed of its
-        own is fresh: reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose
-        sums the CPU kernels may round differently, and the same seeded call must give the same tokens."""
+        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A
+        generation with a seed of its own is fresh: reusing a prefix evaluates the prompt's last
+        tokens in a smaller batch, whose sums the CPU kernels may round differently, and the same
+        seeded call must give the same tokens."""
         sampling.validate()
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
@@ -495,8 +497,8 @@ class Engine:
         bos, eos = self.token_bos(), self.token_eos()
         return render_chat(
             self._model.chat_template, messages,
-            bos_token=self.token_piece(bos).decode("utf-8", "replace") if bos is not None else "",
-            eos_token=self.token_piece(eos).decode("utf-8", "replace") if eos is not None else "",
+            bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
+            eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
             native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
         )
 
