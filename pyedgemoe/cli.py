@@ -384,6 +384,36 @@ def calibrate_command(
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 
+@app.command("rpc-server")
+def rpc_server(
+    host: str = typer.Option("127.0.0.1", "-H", "--host", help="address to listen on (0.0.0.0: every interface; the "
+                             "protocol has no authentication: only on a network you trust)"),
+    port: int = typer.Option(50052, "-p", "--port", help="TCP port"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads of the CPU backend it serves "
+                                          "(default: the physical cores this process may use)"),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="a folder where it keeps the tensors clients send, "
+                                         "so a second load sends only their hashes (llama.cpp's rpc-server -c)"),
+) -> None:
+    """Serve this machine's CPU to other machines' pyedgemoe or llama.cpp (`--rpc HOST:PORT`): llama.cpp's
+    rpc-server (docs/distributed.md). Runs until stopped (Ctrl-C)."""
+    from pyedgemoe import rpc
+    from pyedgemoe.threads import default_threads
+
+    if not 0 < port < 65536:
+        fail(f"--port must be in 1..65535, got {port}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"warning: the RPC protocol has no authentication: anyone who reaches {host}:{port} can use "
+                   "this machine's memory and CPU", err=True)
+    try:
+        rpc.serve(host, port, threads or default_threads().n, str(cache or ""))
+    except (PyEdgeMoEError, RuntimeError) as e:
+        fail(str(e))
+
+
 @app.command()
 def inspect(
     model: Path = typer.Argument(..., help="GGUF model file"),

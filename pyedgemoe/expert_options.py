@@ -23,7 +23,7 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from pyedgemoe import _native
+from pyedgemoe import _native, rpc
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -50,6 +50,8 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "n_gpu_layers": LoadOption(int, "llama.cpp's habit: 0 is --mode cpu; -1 or a layer count, the GPU where this "
                                "build has one (--mode auto; every layer goes to the GPU), else the CPU",
                                "--mode decides", short_flag="-ngl"),
+    "rpc": LoadOption(str, "other machines' devices: HOST:PORT[,HOST:PORT...] of `pyedgemoe rpc-server`s "
+                      "(llama.cpp's --rpc); they are RPC0, RPC1, ... for --device", "none"),
 }
 NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
 OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
@@ -194,6 +196,11 @@ def _load_option(name: str, value):
     elif name == "device":
         if not isinstance(value, str):
             raise InvalidOptionError(f"device must be a device's name, got {value!r}")
+    elif name == "rpc":  # a list of servers as Engine(rpc=[...]) takes it, or llama.cpp's comma list
+        value = ",".join(value) if isinstance(value, (list, tuple)) else value
+        if not isinstance(value, str):
+            raise InvalidOptionError(f"rpc must be HOST:PORT[,HOST:PORT...] or a list of them, got {value!r}")
+        rpc.parse_servers(value)
     elif name == "host_cache":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")

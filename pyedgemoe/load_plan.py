@@ -22,7 +22,7 @@ from typing import Mapping
 
 import gguf
 
-from pyedgemoe import _native
+from pyedgemoe import _native, rpc
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
@@ -184,6 +184,8 @@ def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[Model
     """The model's header, and the plan of loading it here (reads the calibration, measures the machine)."""
     info = read_model_info(model_path)
     calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
+    if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
+        rpc.connect(options.expert_options["rpc"])
     return info, plan_load(info, options, this_machine(), calibration)
 
 

@@ -39,8 +39,8 @@ class Worker:
 
     def __init__(self):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-c", f"from pyedgemoe import rpc; rpc.serve(port={self.port})"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--port", str(self.port),
+                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -149,3 +149,32 @@ def test_a_worker_lost_mid_generation_is_an_error_within_seconds_and_the_engine_
     assert result["closed"]
     if how == "SIGSTOP":
         worker.proc.send_signal(signal.SIGCONT)
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pyedgemoe", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_run_with_rpc_gives_the_local_tokens_and_a_missing_worker_is_one_error_line(tiny_model, workers):
+    path = tiny_model("qwen3_moe")[0]
+    (worker,) = workers(1)
+    common = ("run", path, "-p", "hello", "-n", 12, "--temp", 0, "--ignore-eos", "--json", "--ctx", 256)
+    local = cli(*common)
+    remote = cli(*common, "--rpc", worker.endpoint, "--device", "RPC0", "--mode", "gpu", "--expert-cache", "25%")
+    assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout)["tokens"] == json.loads(local.stdout)["tokens"]
+    assert json.loads(remote.stdout)["stats"]["device"] == "RPC0"
+    port = free_port()
+    missing = cli(*common, "--rpc", f"127.0.0.1:{port}")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [f"error: RPC server 127.0.0.1:{port}: cannot connect "
+                                                   "(Connection refused)"]
+
+
+def test_rpc_server_refuses_a_port_in_use(workers):
+    (worker,) = workers(1)
+    out = cli("rpc-server", "--port", worker.port, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == f"error: the RPC server at {worker.endpoint} stopped (is the port in use?)"
