@@ -369,7 +369,8 @@ def calibrate_command(
     typer.echo(f"lossless ({against['slots']} HIGH slots), loads against Belady's MIN, the offline optimum "
                f"({against['min']['loads']} of {against['min']['requests']}): "
                + ", ".join(f"{p} {r['x_min']:.2f}x" for p, r in sorted(against["policies"].items(),
-                                                                   key=lambda pr: pr[1]["x_min"])))
+                                                                   key=lambda pr: pr[1]["x_min"]))
+               + f"; lossless runs use {d['best_lossless_policy']}, runs with LOW copies {d['best_policy']}")
     if "prediction" in d and d["prediction"]["top1_accuracy"] is not None:
         typer.echo(f"next-layer prediction: top-1 right {d['prediction']['top1_accuracy']:.1%}, "
                    f"{d['prediction']['recall']:.1%} of selections predicted")

@@ -115,7 +115,8 @@ PREFETCH_CACHE_SHARE = 0.3
 AUTOMATIC = {
     "prefetch": f"fate on a core of its own when the cache holds at most {PREFETCH_CACHE_SHARE:.0%} of the "
                 "experts and --threads is not given, else none",
-    "cache_policy": "hobbit when calibrated or n_parallel > 1, else lru",
+    "cache_policy": "calibrated: the best on the calibration's replay for the mode that runs (lossless, or with "
+                    "LOW copies); hobbit when n_parallel > 1; else lru",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
     "skip": "with low precision",
@@ -278,8 +279,10 @@ class ExpertOptions:
         # every layer outnumber the cache's slots, LRU evicts each layer's experts just before the
         # next step needs them (0-2 % hits on the demo at 25 %); HOBBIT's priority, with its
         # layer-distance term, keeps them (as many bytes per token as one sequence). The
-        # calibration's replay is of one sequence, so its choice holds for n_parallel 1 only.
-        single = calibration.get("best_policy") or ("hobbit" if "policy_weights" in calibration else "lru")
+        # calibration's replay is of one sequence, so its choice holds for n_parallel 1 only. It chose
+        # for the mode that runs: with LOW copies by the miss penalty, lossless by the loads.
+        best = calibration.get("best_policy" if low_precision else "best_lossless_policy") or calibration.get("best_policy")
+        single = best or ("hobbit" if "policy_weights" in calibration else "lru")
         policy = given["cache_policy"] if "cache_policy" in given else _converted(
             "cache_policy", single if n_parallel == 1 else "hobbit")
         t1 = given.get("t1", calibration.get("t1", default("t1")))

@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import tiny_moe
+from conftest import REPO, tiny_moe
 from pyedgemoe import Engine
 from pyedgemoe.calibration.replay import (SINGLE_POLICIES, CacheSetup, replay, replay_steps, search_policy_weights,
                                           weight_grid)
@@ -441,3 +441,18 @@ def test_a_sidecar_of_another_version_is_refused(models, tmp_path):
     (tmp_path / "model.gguf.calibration.json").write_text(json.dumps({"version": 2, "t1": 0.5, "t2": 0.9}))
     with pytest.raises(InvalidOptionError, match="not version 1"):
         Engine(model, expert_cache="50%", **SETTINGS)
+
+
+def test_the_calibrated_policy_is_the_one_for_the_mode_that_runs():
+    """calibrate chooses twice (docs/mixed-precision.md): with LOW copies by the miss penalty
+    (best_policy), lossless by the loads (best_lossless_policy); a run takes the one of its mode."""
+    info = read_model_info(REPO / "models" / "demo.gguf")  # multi-precision: LOW copies by default
+    calibration = {"best_policy": "hobbit", "best_lossless_policy": "decay", "policy_weights": [0.7, 0.2, 0, 0.1]}
+    assert ExpertOptions().resolve(info, calibration).cache_policy.name == "hobbit"
+    assert ExpertOptions(low_precision=False).resolve(info, calibration).cache_policy.name == "decay"
+    # a sidecar from before best_lossless_policy: its one choice for both
+    older = {"best_policy": "fate", "policy_weights": [0.7, 0.2, 0, 0.1]}
+    assert ExpertOptions(low_precision=False).resolve(info, older).cache_policy.name == "fate"
+    # given wins; several sequences: hobbit
+    assert ExpertOptions(low_precision=False, cache_policy="lru").resolve(info, calibration).cache_policy.name == "lru"
+    assert ExpertOptions(low_precision=False).resolve(info, calibration, n_parallel=2).cache_policy.name == "hobbit"

@@ -181,6 +181,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         "t2": t2,
         "policy_weights": [float(w) for w in best.weights],
         "best_policy": winner.policy,
+        # lossless runs (every expert HIGH) by their own replay: the fewest loads, lru on a tie
+        "best_lossless_policy": min(against["policies"], key=lambda p: against["policies"][p]["loads"]),
         "target_split": dict(zip(("high", "low", "skip"), split)),
         "achieved_split": achieved,
         "n_experts_used": k,

@@ -98,8 +98,9 @@ def _check_tables(data: dict, what: str) -> None:
     def invalid(name: str, shape: str) -> InvalidOptionError:
         return InvalidOptionError(f"{what} has an invalid {name} ({shape}; run pyedgemoe calibrate again)")
 
-    if data.get("best_policy") is not None and not isinstance(data["best_policy"], str):
-        raise invalid("best_policy", "a cache policy's name")
+    for key in ("best_policy", "best_lossless_policy"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise invalid(key, "a cache policy's name")
     usage = data.get("expert_usage")
     if usage is not None and not (isinstance(usage, dict) and all(
             _layer(k) and isinstance(v, list) and all(_number(c) for c in v) for k, v in usage.items())):
