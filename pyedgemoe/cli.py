@@ -549,6 +549,9 @@ def bench(
                                          help="stock llama.cpp as with --no-repack (no repacked copy of "
                                               "Q4_K/Q4_0 weights in anonymous memory)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="also write every measurement here"),
+    against_min: bool = typer.Option(False, "--against-min", help="one more run of ours per cell, not timed (no "
+                                     "fill at load, lossless): its expert loads beside Belady's MIN on the "
+                                     "routing it recorded"),
     engine_options: dict = None,
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process
@@ -577,7 +580,8 @@ def bench(
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
-                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup, load=load)
+                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup, load=load,
+                 against_min=against_min)
     except PyEdgeMoEError as e:
         fail(str(e))
 

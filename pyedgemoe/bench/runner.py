@@ -422,7 +422,8 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
              vs_llama_cpp: bool = True, mem_cap: str | None = None, flash_attn: bool = False,
              ours_options: dict[str, Any] | None = None, json_path: Path | None = None,
              engines: Sequence[str] | None = None, decode_input: str = "greedy",
-             stock_repack: bool = True, warmup: int = 1, load: int = 0) -> list[dict[str, Any]]:
+             stock_repack: bool = True, warmup: int = 1, load: int = 0,
+             against_min: bool = False) -> list[dict[str, Any]]:
     """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
     stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
     def log(s: str) -> None:
@@ -446,7 +447,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
                                      repeats=repeats, threads=threads, mem_cap_bytes=cap,
                                      flash_attn=flash_attn, ours_options=ours_options,
                                      stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
-                                     load=load, log=log)
+                                     load=load, against_min=against_min, log=log)
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
