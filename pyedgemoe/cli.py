@@ -22,7 +22,8 @@ from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
-from pyedgemoe.sysmem import format_bytes
+from pyedgemoe.server.limits import Limits
+from pyedgemoe.sysmem import format_bytes, parse_size
 
 DEFAULT_CTX = 4096  # run --ctx left unset: at most this much of the model's training context
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -226,6 +227,17 @@ def serve(
     parallel: int = typer.Option(1, "-np", "--parallel", help="requests decoded together, in one batch per step "
                                  "(the others queue); the context is shared: -c / N positions each (docs/server.md)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    max_body: str = typer.Option(format_bytes(Limits.max_body_bytes, 0), "--max-body",
+                                 help="largest request body (e.g. 8MiB); a larger one is refused (413) unread"),
+    timeout: float = typer.Option(Limits.timeout_seconds, "--timeout",
+                                  help="seconds a request's head, and then its body, may take to arrive (else the "
+                                  "connection is closed)"),
+    max_connections: int = typer.Option(Limits.max_connections, "--max-connections",
+                                        help="connections served at once; a request on one more is answered 503"),
+    allowed_hosts: str = typer.Option("", "--allowed-hosts",
+                                      help="comma-separated names the server may be reached by besides IP "
+                                      "addresses and localhost (e.g. behind a proxy; * for any): web pages of "
+                                      "other sites cannot reach it by another name (docs/server.md)"),
     engine_options: dict = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
@@ -236,6 +248,14 @@ def serve(
         fail(f"--parallel must be >= 1, got {parallel}")
     if api_key is not None and not api_key.strip():
         fail("--api-key is empty")
+    try:
+        limits = Limits(max_body_bytes=parse_size(max_body), timeout_seconds=timeout, max_connections=max_connections)
+    except ValueError as e:
+        fail(f"--max-body: {e}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout must be a positive number of seconds, got {timeout}")
+    if max_connections < 1:
+        fail(f"--max-connections must be >= 1, got {max_connections}")
     try:
         from pyedgemoe.server.serve import bind_socket, serve as serve_engine
     except ImportError as e:
@@ -249,7 +269,8 @@ def serve(
     try:
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
-            serve_engine(eng, sock, model_id=model.name, model_aliases=(str(model),), api_key=api_key)
+            serve_engine(eng, sock, model_id=model.name, model_aliases=(str(model),), api_key=api_key, limits=limits,
+                         allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -337,6 +337,10 @@ def cli(*args) -> subprocess.CompletedProcess:
     ((DEMO, "--port", "70000"), "--port"),
     ((DEMO, "--parallel", "0"), "--parallel"),
     ((REPO / "models" / "missing.gguf", "--port", "0"), "missing.gguf"),
+    ((DEMO, "--max-body", "0"), "--max-body"),
+    ((DEMO, "--max-body", "lots"), "--max-body"),
+    ((DEMO, "--timeout", "0"), "--timeout"),
+    ((DEMO, "--max-connections", "0"), "--max-connections"),
 ])
 def test_bad_serve_input_is_one_error_line(args, fragment):
     r = cli(*args)

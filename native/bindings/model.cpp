@@ -10,6 +10,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <climits>
 #include <map>
 #include <stdexcept>
 #include <vector>
@@ -25,19 +27,24 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 
 // experts_on_demand: the stacked expert tensors stay in the file (patch 0003: lazy mode ON maps
 // them without reading or prefetching), for an expert cache (enable_expert_residency) to read.
-// device: a ggml device name for every layer (as -ngl 99 -dev NAME); "" keeps the model on the CPU.
+// device: a ggml device name for every layer (as -ngl 99 -dev NAME), or several, "A,B" (-dev A,B: llama.cpp
+// spreads the layers over them by their free memory); "" keeps the model on the CPU.
 // repack false: no repacked copies of the weights (llama.cpp's --no-repack), which are anonymous
 // memory, so a mapped model's weights stay in the page cache, where the kernel can drop them.
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
           bool repack) {
     llama_model_params params = llama_model_default_params();
-    ggml_backend_dev_t devices[2] = { nullptr, nullptr };  // none: the CPU only
-    if (!device.empty()) {
-        devices[0] = ggml_backend_dev_by_name(device.c_str());
-        if (!devices[0]) throw nb::value_error(("no ggml device named '" + device + "'").c_str());
+    std::vector<ggml_backend_dev_t> devices;  // none: the CPU only
+    for (size_t start = 0; start < device.size();) {
+        const size_t end = std::min(device.find(',', start), device.size());
+        const std::string name = device.substr(start, end - start);
+        devices.push_back(ggml_backend_dev_by_name(name.c_str()));
+        if (!devices.back()) throw nb::value_error(("no ggml device named '" + name + "'").c_str());
         params.n_gpu_layers = -1;  // all
+        start = end + 1;
     }
-    params.devices = devices;
+    devices.push_back(nullptr);
+    params.devices = devices.data();
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     params.use_extra_bufts = repack;
     if (experts_on_demand) params.lazy_mode = LLAMA_LAZY_MODE_ON;
@@ -52,7 +59,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     self->model = model;
     self->path = path;
     self->experts_on_demand = experts_on_demand;
-    self->device = device;
+    self->device = device.substr(0, device.find(','));  // the expert pools' (load_plan)
     self->repack = repack;
 }
 
@@ -76,14 +83,21 @@ std::vector<nb::dict> devices() {
     return out;
 }
 
+// Tokenizing and detokenizing run without the GIL: a long text takes seconds, during which other
+// Python threads (a server's event loop) go on. The vocabulary is read-only once loaded, so this may
+// run beside a decode on another thread (llama-server tokenizes on its HTTP threads likewise).
 std::vector<llama_token> tokenize(const Model & m, const std::string & text, bool add_special, bool parse_special) {
-    int32_t n = -llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), nullptr, 0, add_special, parse_special);
-    std::vector<llama_token> tokens(n);
-    if (n > 0) {
-        int32_t got = llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), tokens.data(), n, add_special, parse_special);
-        if (got < 0) throw std::runtime_error("tokenization failed");
-        tokens.resize(got);
+    if (text.size() > (size_t) INT32_MAX) throw nb::value_error("text too long to tokenize (2 GiB or more)");
+    std::vector<llama_token> tokens;
+    int32_t got = 0;
+    {
+        nb::gil_scoped_release release;
+        const int32_t n = -llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), nullptr, 0, add_special, parse_special);
+        tokens.resize(std::max(n, 0));
+        if (n > 0) got = llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), tokens.data(), n, add_special, parse_special);
     }
+    if (got < 0) throw std::runtime_error("tokenization failed");
+    tokens.resize(got);
     return tokens;
 }
 
@@ -107,11 +121,17 @@ nb::bytes token_to_piece(const Model & m, llama_token token, bool special) {
 
 nb::bytes detokenize(const Model & m, const std::vector<llama_token> & tokens, bool remove_special, bool unparse_special) {
     for (llama_token t : tokens) check_token(m, t);
-    std::string text(tokens.size() * 8 + 16, '\0');
-    int32_t n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
-    if (n < 0) {
-        text.resize(-n);
+    if (tokens.size() > (size_t) INT32_MAX / 16) throw nb::value_error("too many tokens to detokenize at once");
+    std::string text;
+    int32_t n;
+    {
+        nb::gil_scoped_release release;
+        text.resize(tokens.size() * 8 + 16);
         n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+        if (n < 0) {
+            text.resize(-n);
+            n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
+        }
     }
     return nb::bytes(text.data(), n);
 }

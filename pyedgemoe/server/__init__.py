@@ -6,6 +6,12 @@
 
 Needs the `server` extra (FastAPI, uvicorn): pip install 'pyedgemoe[server]'.
 """
-from pyedgemoe.server.app import create_app
-
 __all__ = ["create_app"]
+
+
+def __getattr__(name: str):
+    # imported when used: pyedgemoe.server.limits (the CLI's defaults) needs no FastAPI
+    if name == "create_app":
+        from pyedgemoe.server.app import create_app
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

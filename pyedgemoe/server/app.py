@@ -7,6 +7,7 @@ chunks joined, so both give the same text.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -18,10 +19,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.server import metrics
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
+from pyedgemoe.server.limits import Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
-from pyedgemoe.server.openai_errors import APIError, from_engine_error
+from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
+from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
-                                             parse_body, parse_generation)
+                                             PromptBound, parse_body, parse_generation)
 
 PATHS = {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -64,11 +67,16 @@ def _joined_chat_completion(chunks: list[dict]) -> dict:
             "usage": last.get("usage")}
 
 
-def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None) -> FastAPI:
+def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None,
+               limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",)) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
+    limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
+    and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
+    names of its own (`pyedgemoe serve` answers to none unless told).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
+    prompt_bound = PromptBound(engine)
     requests = metrics.RequestCounts(PATHS)
     names = {model_id, *model_aliases}
     created = int(os.path.getmtime(engine.model_path)) if os.path.exists(engine.model_path) else int(time.time())
@@ -86,6 +94,10 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         message = {404: f"no such path: {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return APIError(e.status_code, message).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> Response:
+        return APIError(500, INTERNAL_ERROR).response()  # a bug: uvicorn logs its traceback
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in names:
@@ -125,10 +137,20 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         finally:
             generation.abandon()  # the client left (cancelled) or the stream ended: the engine moves on
 
-    async def request_body(request: Request, parameters: dict, required: str) -> GenerationRequest:
-        parsed = parse_generation(parse_body(await request.body()), parameters, required)
+    def checked(raw: bytes, parameters: dict, required: str) -> GenerationRequest:
+        """The request checked, its prompt's size too: all before the Engine sees it."""
+        parsed = parse_generation(parse_body(raw), parameters, required)
         check_model(parsed.model)
+        if isinstance(parsed.prompt, list):
+            prompt_bound.check_tokens(parsed.prompt)
+        else:
+            prompt_bound.check_text(sum(len(m["content"].encode()) for m in parsed.messages or ())
+                                    + len((parsed.prompt or "").encode()))
         return parsed
+
+    async def request_body(request: Request, parameters: dict, required: str) -> GenerationRequest:
+        # on a thread of its own: the checks of a large body leave the event loop free for others
+        return await asyncio.to_thread(checked, await request.body(), parameters, required)
 
     @app.get("/health")
     async def health() -> dict:
@@ -160,6 +182,9 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
+    # the last added is the outermost: counted, then the site checked, then the key, then the body read
+    app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
     app.add_middleware(BearerAuth, api_key=api_key)
-    app.add_middleware(RequestCounting, counts=requests)  # outermost: 401s are counted too
+    app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
+    app.add_middleware(RequestCounting, counts=requests)  # outermost: refusals are counted too
     return app

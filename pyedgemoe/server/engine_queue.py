@@ -4,8 +4,9 @@ The Engine holds engine.n_parallel sequences in its KV cache (`serve --parallel 
 - every Engine call runs on the queue's threads, never on the event loop, which stays free to
   answer /health and /metrics and to notice clients that leave;
 - a generation holds one of the n_parallel turns from its first token to its last: the others
-  queue, in arrival order (asyncio.Semaphore wakes its waiters first come, first served). With
-  n_parallel > 1 the Engine decodes the running generations together (pyedgemoe.batch);
+  queue, in arrival order (Turns). A queued one whose client leaves is dropped from the queue
+  within CLIENT_CHECK_SECONDS. With n_parallel > 1 the Engine decodes the running generations
+  together (pyedgemoe.batch);
 - a generation runs as a task of its own that hands its chunks over a queue, checking between
   pieces whether its client is still there; when the client is gone it closes the Engine's
   generator and gives up its turn. Its clean-up never waits on the response, which the server
@@ -14,12 +15,57 @@ The Engine holds engine.n_parallel sequences in its KV cache (`serve --parallel 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, Iterator
 
 from pyedgemoe.server.openai_errors import APIError
 
 _END = object()
+CLIENT_CHECK_SECONDS = 0.25  # how often a queued generation looks whether its client is still there
+
+
+class Turns:
+    """n turns, handed to their waiters first come, first served; a waiter may give up waiting."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def take(self, gone: Callable[[], Awaitable[bool]]) -> bool:
+        """Waits for a turn: True once it holds one, False when gone() said the waiter left first."""
+        if self.free and not self._waiters:
+            self.free -= 1
+            return True
+        turn = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
+        try:
+            while not turn.done():
+                await asyncio.wait([turn], timeout=CLIENT_CHECK_SECONDS)
+                if not turn.done() and await gone():
+                    if turn.done():  # handed over while it looked: to the next
+                        self.give_back()
+                    return False
+            return True
+        except BaseException:  # cancelled: a turn handed over meanwhile goes to the next
+            if turn.done():
+                self.give_back()
+            raise
+        finally:
+            if not turn.done():
+                self._waiters.remove(turn)
+                turn.cancel()
+
+    def give_back(self) -> None:
+        """A turn ends: the longest waiter takes it."""
+        if self._waiters:
+            self._waiters.popleft().set_result(None)
+        else:
+            self.free += 1
 
 
 class Generation:
@@ -54,11 +100,15 @@ class EngineQueue:
         # of their own for their tokens, and one more serves the other calls
         self._thread = ThreadPoolExecutor(max_workers=1 if self.parallel == 1 else self.parallel + 1,
                                           thread_name_prefix="pyedgemoe-engine")
-        self._turn = asyncio.Semaphore(self.parallel)
-        self.waiting = 0  # generations waiting for their turn (the queue depth)
+        self._turns = Turns(self.parallel)
         self.running = 0  # generations holding a turn (at most parallel)
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+
+    @property
+    def waiting(self) -> int:
+        """Generations waiting for their turn (the queue depth)."""
+        return self._turns.waiting
 
     async def call(self, fn: Callable, *args):
         """fn(*args) on the queue's threads (with one sequence: between the steps of a generation)."""
@@ -78,15 +128,11 @@ class EngineQueue:
             return generation.abandoned or self.stopping or await client_gone()
 
         finished = False
-        queued = True
-        self.waiting += 1
         try:
-            async with self._turn:
-                queued = False
-                self.waiting -= 1
+            if await self._turns.take(gone):
                 self.running += 1
                 try:
-                    if not await gone():  # else it left while queued
+                    if not await gone():  # else it left just as its turn came
                         chunks = await self.call(start)
                         try:
                             while not await gone():
@@ -100,13 +146,12 @@ class EngineQueue:
                             await self.call(chunks.close)
                 finally:
                     self.running -= 1
+                    self._turns.give_back()
             if self.stopping and not finished:
                 generation._put(APIError(503, "the server is shutting down", "server_shutting_down"))
         except Exception as e:  # noqa: BLE001 - handed to the response, which shapes it
             generation._put(e)
         finally:
-            if queued:  # cancelled while waiting
-                self.waiting -= 1
             generation._put(_END)
 
     def stop(self) -> None:

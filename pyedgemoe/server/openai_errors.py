@@ -3,13 +3,15 @@
 AuthenticationError, ...)."""
 from __future__ import annotations
 
+import logging
+
 from starlette.responses import JSONResponse
 
 from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoEError
 
-# OpenAI's error types, by HTTP status
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 500: "server_error", 503: "server_error"}
+# OpenAI's error types, by HTTP status (any other 4xx: invalid_request_error)
+_TYPES = {500: "server_error", 503: "server_error"}
+INTERNAL_ERROR = "internal server error (the server's log has the details)"
 
 
 class APIError(Exception):
@@ -27,8 +29,8 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def from_engine_error(e: Exception) -> APIError:
@@ -42,4 +44,6 @@ def from_engine_error(e: Exception) -> APIError:
         return APIError(400, str(e), "invalid_value")
     if isinstance(e, PyEdgeMoEError):
         return APIError(500, str(e), type(e).__name__)
-    return APIError(500, f"internal error: {type(e).__name__}: {e}")
+    # a bug: its text (a binding's signature, a path) is for the log, not for the client
+    logging.getLogger("uvicorn.error").error("the request failed", exc_info=e)
+    return APIError(500, INTERNAL_ERROR)

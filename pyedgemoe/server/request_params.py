@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
 from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_STOP_CHARS, MAX_STOP_STRINGS,
+                                     MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
 
 
+def _shown(value) -> str:
+    """value as JSON, cut short: an error message quotes what was sent, not megabytes of it."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _invalid(name: str, what: str, value) -> APIError:
-    return APIError(400, f"'{name}' must be {what}, got {json.dumps(value)}", "invalid_value", name)
+    return APIError(400, f"'{name}' must be {what}, got {_shown(value)}", "invalid_value", name)
 
 
 def _number(name: str, value) -> float:
@@ -26,9 +35,22 @@ def _number(name: str, value) -> float:
 
 
 def _integer(name: str, value) -> int:
+    """An integer that llama.cpp's int32 holds (a larger one is no setting anyone means)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(name, "an integer", value)
+    if not -INT32_MAX <= value <= INT32_MAX:
+        raise _invalid(name, f"an integer in [{-INT32_MAX}, {INT32_MAX}]", value)
     return value
+
+
+def _in_range(check, low: float, high: float, low_open: bool = False):
+    """check, then low <= value <= high (low < value when low_open)."""
+    def checked(name: str, value):
+        value = check(name, value)
+        if value > high or value < low or (low_open and value == low):
+            raise _invalid(name, f"in {'(' if low_open else '['}{low:g}, {high:g}]", value)
+        return value
+    return checked
 
 
 def _boolean(name: str, value) -> bool:
@@ -58,24 +80,16 @@ def _response_format(name: str, value) -> dict:
     return value
 
 
-def _logprobs_count(name: str, value) -> int:
-    value = _integer(name, value)
-    if value < 0:
-        raise _invalid(name, "an integer >= 0", value)
-    return value
-
-
-def _max_tokens(name: str, value) -> int:
-    value = _integer(name, value)
-    if value < 0:
-        raise _invalid(name, "an integer >= 0", value)
-    return value
+_logprobs_count = _in_range(_integer, 0, MAX_TOP_LOGPROBS)
+_max_tokens = _in_range(_integer, 0, INT32_MAX)
 
 
 def _stop(name: str, value) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise _invalid(name, "a non-empty string or a list of them", value)
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _invalid(name, f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", value)
     return stops
 
 
@@ -87,9 +101,9 @@ def _prompt(name: str, value) -> str | list[int]:
     if isinstance(value, str) and value:
         return value
     if (isinstance(value, list) and value
-            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
-        return value
-    raise _invalid(name, "a non-empty string or list of token ids (one prompt)", value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in value)):
+        return value  # each in the vocabulary: PromptBound.check_tokens
+    raise _invalid(name, f"a non-empty string or list of token ids in [0, {INT32_MAX}] (one prompt)", value)
 
 
 def _content(i: int, value) -> str:
@@ -126,13 +140,19 @@ def _messages(name: str, value) -> list[dict]:
 
 
 # name -> check (returns the value the Engine gets), for what both endpoints take: the sampling
-# settings (SamplingParams' fields with a flag, by their type; a JSON schema may be an object) and
-# the stop strings
+# settings (SamplingParams' fields with a flag, by their type, within OpenAI's ranges where it has
+# them, else the Engine's; a JSON schema may be an object) and the stop strings
 _BY_TYPE = {float: _number, int: _integer, str: _text}
+_RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, 0, INT32_MAX),
+           "top_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
+           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, 0, INT32_MAX)}
 
 
 def _field_check(name: str):
-    """The check of a SamplingParams field, by its type (an optional one's: the type it holds)."""
+    """The check of a SamplingParams field: its range, else by its type (an optional one's: the
+    type it holds)."""
+    if name in _RANGES:
+        return _RANGES[name]
     hint = get_type_hints(SamplingParams)[name]
     return _BY_TYPE[next(t for t in get_args(hint) if t is not type(None)) if get_args(hint) else hint]
 
@@ -163,13 +183,56 @@ class GenerationRequest:
 
 
 def parse_body(raw: bytes) -> dict:
+    """The body as a JSON object, nested at most MAX_JSON_DEPTH deep, every string of it text that
+    UTF-8 can encode (JSON's escapes can write a lone surrogate, "\\ud800", which no tokenizer takes)."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not UTF-8: {e.reason} at byte {e.start}", "invalid_json") from None
+    except json.JSONDecodeError as e:
         raise APIError(400, f"the request body is not valid JSON: {e}", "invalid_json") from None
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels", "invalid_json") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise APIError(400, f"the request body has an integer of more than {sys.get_int_max_str_digits()} digits",
+                       "invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", "invalid_json")
+    _check_tree(body)
     return body
+
+
+def _check_tree(body: dict) -> None:
+    """Walks body (without recursion): its depth, and each string and key UTF-8-encodable; a bad
+    string is a 400 naming where it is (messages[0].content)."""
+    todo: list = [(body, 1, None)]  # (value, depth, where: (the parent's where, key or index) or None)
+    while todo:
+        value, depth, where = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                name = _path(where)
+                raise APIError(400, f"'{name}' is not text: it has a lone surrogate (\\u{ord(value[e.start]):04x})",
+                               "invalid_value", name) from None
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels", "invalid_json")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    todo.append((key, depth, (where, key)))
+                if isinstance(item, (str, dict, list)):
+                    todo.append((item, depth + 1, (where, key)))
+
+
+def _path(where) -> str:
+    """A value's place in the body, as messages[0].content."""
+    parts = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).lstrip(".")
 
 
 def parse_generation(body: dict, parameters: dict, required: str) -> GenerationRequest:
@@ -180,13 +243,17 @@ def parse_generation(body: dict, parameters: dict, required: str) -> GenerationR
         raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
     for name, neutral in _NEUTRAL.items():
         if name in body and body[name] not in neutral:
-            raise APIError(400, f"'{name}' = {json.dumps(body[name])} is not supported (only "
+            raise APIError(400, f"'{name}' = {_shown(body[name])} is not supported (only "
                            f"{' or '.join(json.dumps(v) for v in neutral)})", "unsupported_parameter", name)
     if required not in body:
         raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _invalid("model", "a string", model)
+    both = body.get("max_tokens"), body.get("max_completion_tokens")
+    if None not in both and both[0] != both[1]:  # which one holds would be a guess
+        raise APIError(400, f"'max_tokens' ({_shown(both[0])}) and 'max_completion_tokens' ({_shown(both[1])}) "
+                       "disagree: give one", "invalid_value", "max_completion_tokens")
     request = GenerationRequest(model=model, stream=False)
     for name, value in body.items():
         check = parameters.get(name)
@@ -206,3 +273,32 @@ def parse_generation(body: dict, parameters: dict, required: str) -> GenerationR
     if request.prompt is None and request.messages is None:
         raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
     return request
+
+
+class PromptBound:
+    """The longest prompt text that can fit the context: a token stands for at most the bytes of
+    the longest piece of the vocabulary, so a text of more than n_ctx times those bytes needs more
+    than n_ctx tokens. It is refused without being tokenized (a prompt of megabytes would take the
+    tokenizer seconds); the Engine checks the exact count of a shorter one."""
+
+    def __init__(self, engine) -> None:
+        self.n_ctx = engine.n_ctx
+        self.n_vocab = engine.n_vocab
+        # special=True: a chat's template text is tokenized with its special tokens
+        self.max_piece_bytes = max(1, max(len(engine.token_piece(t, special=True)) for t in range(self.n_vocab)))
+        self.max_text_bytes = self.n_ctx * self.max_piece_bytes
+
+    def check_text(self, n_bytes: int) -> None:
+        if n_bytes > self.max_text_bytes:
+            raise APIError(400, f"the prompt of {n_bytes} bytes cannot fit the context of {self.n_ctx} tokens (a "
+                           f"token of this model stands for at most {self.max_piece_bytes} bytes)",
+                           "context_length_exceeded")
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        if len(tokens) > self.n_ctx:
+            raise APIError(400, f"prompt of {len(tokens)} tokens does not fit the context of {self.n_ctx} tokens",
+                           "context_length_exceeded")
+        bad = next((t for t in tokens if t >= self.n_vocab), None)
+        if bad is not None:
+            raise APIError(400, f"'prompt' has the token id {bad}, out of the vocabulary [0, {self.n_vocab})",
+                           "invalid_value", "prompt")

@@ -4,12 +4,15 @@ The socket is bound before the model loads (a port in use fails at once, not aft
 and listens only once the model is loaded (until then connections are refused, not queued)."""
 from __future__ import annotations
 
+import functools
 import socket
 import sys
 
 import uvicorn
 
 from pyedgemoe.server.app import create_app
+from pyedgemoe.server.http_protocol import HeadTimeoutProtocol
+from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -45,10 +48,19 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[str, ...] = (),
-          api_key: str | None = None, log_level: str = "info") -> None:
+          api_key: str | None = None, limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = (),
+          log_level: str = "info") -> None:
     """Serves engine on sock until the process is told to stop."""
-    app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_key=api_key)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
+    app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_key=api_key, limits=limits,
+                     allowed_hosts=allowed_hosts)
+    config = uvicorn.Config(
+        app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off", ws="none",
+        # HTTP/1.1 by h11 (not httptools, were it installed): the protocol whose limits are set here
+        http=functools.partial(HeadTimeoutProtocol, head_timeout_seconds=limits.timeout_seconds),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES, limit_concurrency=limits.max_connections,
+        timeout_keep_alive=min(5, limits.timeout_seconds),
+        # the access log names the peer: X-Forwarded-For is anyone's to write, a local client's too
+        proxy_headers=False, server_header=False)
     sock.listen(config.backlog)
     print(f"pyedgemoe: serving {model_id} on {url_of(sock)} (OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:

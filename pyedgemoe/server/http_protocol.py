@@ -1,0 +1,62 @@
+"""uvicorn's HTTP/1.1 protocol (h11) with a deadline for each request's head.
+
+uvicorn closes a connection left idle after a response (timeout_keep_alive), but not one that was
+never sent a request, nor one whose request's head trickles in a byte at a time: each byte starts
+the wait anew. A few hundred such sockets (slowloris) hold the server. Here the head must be whole
+within head_timeout_seconds of the connection opening or of the last response ending, else the
+connection is closed. The body's own deadline is JSONBody's (request_guards.py).
+
+A request refused before its body was read (413: its Content-Length too large) leaves the body
+coming: uvicorn discards it, for LINGER_SECONDS at most, then the connection is closed. Closing at
+once would reset the connection under the client's feet (unread data), and a client that sends
+its body before reading the answer might never see the 413.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+LINGER_SECONDS = 2.0
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    def __init__(self, *args, head_timeout_seconds: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_timeout_seconds = head_timeout_seconds
+        self._head_deadline: asyncio.TimerHandle | None = None
+
+    def _await_head(self, seconds: float) -> None:
+        self._stop_waiting()
+        self._head_deadline = self.loop.call_later(seconds, self._head_late)
+
+    def _stop_waiting(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head(self.head_timeout_seconds)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's head arrived
+            self._stop_waiting()
+
+    def on_response_complete(self) -> None:
+        # before the next request (a pipelined one may start at once)
+        unread_body = self.conn.their_state is h11.SEND_BODY
+        self._await_head(min(LINGER_SECONDS, self.head_timeout_seconds) if unread_body else self.head_timeout_seconds)
+        super().on_response_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)

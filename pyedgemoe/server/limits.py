@@ -1,0 +1,28 @@
+"""What one client may ask of the server, so that no request can take it over (docs/server.md).
+
+Limits: the ones a user sets (`serve --max-body`, `--timeout`, `--max-connections`).
+The others are fixed bounds of a request's content, each checked before any work is done on it:
+a body's JSON nesting, the stop strings, the number of most likely tokens asked for, and the
+prompt's length in bytes (request_params.PromptBound), which is checked before the prompt is
+tokenized. No import of the server's packages here: the CLI shows these defaults without them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 8 * 2**20  # a request body; more is 413, refused before it is read
+    # a request's head and its body must each arrive within this; a connection idle that long between
+    # requests is closed too (slowloris: sockets held open by a trickle of bytes)
+    timeout_seconds: float = 30.0
+    max_connections: int = 64  # open at once; a request on one more is answered 503 (uvicorn's limit_concurrency)
+
+
+MAX_HEAD_BYTES = 16 * 2**10  # a request's line and headers (h11's default); more is a 400
+MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a body (a JSON schema's included)
+MAX_STOP_STRINGS = 16  # llama-cpp-python's clients send a few; each is searched for after every token
+MAX_STOP_CHARS = 512  # each
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs, also a completion's logprobs here
+INT32_MAX = 2**31 - 1  # llama.cpp's integers (token ids, top_k): a larger one is out of range

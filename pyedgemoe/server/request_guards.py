@@ -1,0 +1,132 @@
+"""What a request must be before a route sees it (plain ASGI middlewares, as middleware.py's).
+
+- SameSite: only this machine's pages and clients that are no web page. A server without an API
+  key on localhost is reachable from any web page its user visits: by DNS rebinding (a name of the
+  page's site that resolves to 127.0.0.1 carries that name in the Host header) and by cross-site
+  requests (fetch() or a form posting to 127.0.0.1; the browser names the page's site in Origin).
+  llama-server answers both; this server answers a Host that is an IP address, localhost or a name
+  given with `serve --allowed-hosts`, and an Origin (when there is one: a browser's) only when it is
+  the server's own. Anything else is 403.
+- JSONBody: a POST's body is JSON (Content-Type: application/json: a web page cannot send that to
+  another site without asking it first, as it can text/plain), at most max_bytes (413, refused from
+  its Content-Length before it is read, so no `100 Continue` invites it), and it arrives within
+  timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on.
+A request refused before its body was read leaves its client a moment to send the rest, which is
+discarded, before the connection closes (http_protocol.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from urllib.parse import urlsplit
+
+from pyedgemoe.server.openai_errors import APIError
+
+def _host_name(host: str) -> str:
+    """The name or address of a Host header (or an Origin's netloc), without its port."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8080
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_local_or_address(name: str) -> bool:
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always this machine
+        return True
+    try:
+        ipaddress.ip_address(name)  # a rebinding attack needs a name: an address cannot be rebound
+    except ValueError:
+        return False
+    return True
+
+
+class SameSite:
+    def __init__(self, app, allowed_hosts: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.any_host = "*" in allowed_hosts
+        self.allowed_hosts = {h.strip().lower() for h in allowed_hosts}
+
+    def _refusal(self, headers: dict) -> APIError | None:
+        host = headers.get(b"host", b"").decode("latin-1")
+        name = _host_name(host)
+        if host and not (self.any_host or _is_local_or_address(name) or name in self.allowed_hosts):
+            return APIError(403, f"this server does not answer to the name {name!r} (a name another site may "
+                            "point at it; `serve --allowed-hosts` lists the names it answers to)", "forbidden_host")
+        origin = headers.get(b"origin")
+        if origin is not None and urlsplit(origin.decode("latin-1")).netloc.lower() != host.lower():
+            return APIError(403, "cross-origin requests are refused: a web page of another site may not use this "
+                            "server", "forbidden_origin")
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            error = self._refusal(dict(scope["headers"]))
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class JSONBody:
+    def __init__(self, app, max_bytes: int, timeout_seconds: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_seconds = timeout_seconds
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._body(scope, receive)
+        except APIError as e:
+            # a body too slow is a connection to close (slowloris); one refused unread is discarded
+            await e.response({"Connection": "close"} if e.status == 408 else None)(scope, receive, send)
+            return
+        if body is None:  # the client left
+            return
+        given = False
+
+        async def replay():
+            nonlocal given
+            if given:
+                return await receive()  # after the body: the client's disconnect
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _body(self, scope, receive) -> bytes | None:
+        """The checked body (None when the client left); APIError when refused."""
+        headers = dict(scope["headers"])
+        media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if media_type != b"application/json":
+            raise APIError(415, f"the body must be JSON sent as 'Content-Type: application/json', not "
+                           f"{media_type.decode('latin-1') or 'none'!r}", "unsupported_media_type")
+        length = headers.get(b"content-length")  # h11 checked it is digits
+        if length is not None and int(length) > self.max_bytes:
+            raise self._too_large()
+        try:
+            return await asyncio.wait_for(self._read(receive), self.timeout_seconds)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.timeout_seconds:g} s",
+                           "request_timeout") from None
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than the server's limit of {self.max_bytes} bytes "
+                        "(`serve --max-body`)", "request_too_large")
+
+    async def _read(self, receive) -> bytes | None:
+        """The whole body (None when the client left); refused before it holds more than max_bytes."""
+        chunks, n_bytes = [], 0  # joined at the end: a growing buffer would hold more than it has
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            n_bytes += len(chunk)
+            if n_bytes > self.max_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)

@@ -1,0 +1,282 @@
+"""`pyedgemoe serve` bounds what a request may ask: a body too large (413, refused before it is read),
+a prompt too long (400, before it is tokenized), parameters out of range or of the wrong kind (400
+naming the parameter), JSON nested too deep or with numbers too long (400). Never a 500, never an
+internal message (a binding's signature, a traceback), and the server keeps answering meanwhile.
+
+The real server in a subprocess (tests/test_server.py's), talked to over sockets."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from pyedgemoe import Engine
+from server_load import rss_bytes
+from test_server import DEMO, SERVER_ARGS, request, start_server, stop_server
+
+MAX_BODY = 8 * 2**20  # the default of `serve --max-body`
+# what reading a body holds besides the body itself: asyncio's, h11's and uvicorn's buffers, each
+# up to a few hundred KiB (measured: 1.1 MiB over a body refused at 8 MiB)
+READ_BUFFERS = 2 * 2**20
+HEALTH_WITHIN = 0.1  # seconds: /health answers while a large request is refused
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(url, process, log path) of a server with the default limits."""
+    log = tmp_path_factory.mktemp("limits") / "server.log"
+    proc, url = start_server(log, *SERVER_ARGS)
+    yield url, proc, log
+    stop_server(proc)
+
+
+@pytest.fixture()
+def server(served):
+    url, _, log = served
+    before = log.read_text()
+    yield url
+    assert "Traceback" not in log.read_text()[len(before):], "a request left a traceback in the server's log"
+
+
+def post_raw(url: str, body: bytes, path: str = "/v1/completions") -> tuple[int, dict]:
+    status, out = request("POST", url + path, body, key=None)
+    assert isinstance(out, dict), f"not JSON: {out!r}"
+    return status, out
+
+
+def assert_error(status: int, out: dict, expected_status: int, param: str | None = None, code: str | None = None):
+    assert status == expected_status, out
+    error = out["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    for internal in ("nanobind", "incompatible function arguments", "Traceback", "_native", "Exception"):
+        assert internal not in error["message"], error
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "top_k": 3_000_000_000}, "top_k"),
+    ({"prompt": "x", "top_k": -1}, "top_k"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "temperature": 2.5}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "repeat_penalty": 0}, "repeat_penalty"),
+    ({"prompt": "x", "seed": 2**40}, "seed"),
+    ({"prompt": "x", "max_tokens": 10**4000}, "max_tokens"),
+    ({"prompt": "x", "logprobs": 1_000_000}, "logprobs"),
+    ({"prompt": [99999]}, "prompt"),
+    ({"prompt": [2147483648]}, "prompt"),
+    ({"prompt": [-1]}, "prompt"),
+    ({"prompt": "x", "stop": ["s"] * 100_000}, "stop"),
+    ({"prompt": "x", "stop": "s" * 10_000}, "stop"),
+])
+def test_a_parameter_out_of_range_is_400_naming_it(server, body, param):
+    assert_error(*post_raw(server, json.dumps(body).encode()), 400, param)
+
+
+def test_a_token_id_outside_the_vocabulary_says_the_vocabulary(server):
+    status, out = post_raw(server, json.dumps({"prompt": [1, 99999]}).encode())
+    assert_error(status, out, 400, "prompt")
+    assert "99999" in out["error"]["message"] and "vocabulary" in out["error"]["message"]
+
+
+@pytest.mark.parametrize("raw, param, path", [
+    (b'{"prompt": "\\ud800"}', "prompt", "/v1/completions"),
+    (b'{"prompt": "x", "stop": ["ok", "\\udc00"]}', "stop[1]", "/v1/completions"),
+    (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content", "/v1/chat/completions"),
+])
+def test_a_lone_surrogate_is_400_naming_where(server, raw, param, path):
+    assert_error(*post_raw(server, raw, path), 400, param)
+
+
+def test_a_utf8_encoded_surrogate_is_400(server):
+    assert_error(*post_raw(server, b'{"prompt": "\xed\xa0\x80"}'), 400, code="invalid_json")
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"prompt": "x", "stop": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"prompt": "x", "stop": ' + b"[" * 100 + b"]" * 100 + b"}",
+    b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}",
+])
+def test_json_too_deep_or_with_numbers_too_long_is_400(server, raw):
+    assert_error(*post_raw(server, raw), 400, code="invalid_json")
+
+
+def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "max_completion_tokens": 8}
+    assert_error(*post_raw(server, json.dumps(body).encode(), "/v1/chat/completions"), 400, "max_completion_tokens")
+    body["max_completion_tokens"] = 4  # the same: no doubt which holds
+    status, out = post_raw(server, json.dumps(body).encode(), "/v1/chat/completions")
+    assert status == 200 and out["usage"]["completion_tokens"] <= 4
+
+
+class HealthWatch:
+    """Polls /health on a thread of its own (its own connection each time) while a test runs:
+    the slowest answer, and the server's largest RSS seen."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        self.url, self.pid = url, pid
+        self.slowest = 0.0
+        self.max_rss = self.rss_before = rss_bytes(pid)
+        self.answers = 0  # 200s
+        self.failures: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            status = request("GET", self.url + "/health", key=None)[0]
+            self.slowest = max(self.slowest, time.monotonic() - started)
+            if status == 200:
+                self.answers += 1
+            else:
+                self.failures.append(status)
+            self.max_rss = max(self.max_rss, rss_bytes(self.pid))
+            time.sleep(0.02)
+
+    def __enter__(self) -> "HealthWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def raw_connection(url: str) -> socket.socket:
+    u = urlparse(url)
+    return socket.create_connection((u.hostname, u.port), timeout=30)
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the next response on sock."""
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    return response.status, json.loads(response.read())
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_10gb_content_length_is_refused_at_once_without_100_continue(server):
+    sock = raw_connection(server)
+    started = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 10000000000\r\nExpect: 100-continue\r\n\r\n")
+    status, out = read_response(sock)  # the first answer: no "100 Continue" before it
+    assert time.monotonic() - started < 1
+    assert_error(status, out, 413, code="request_too_large")
+    assert str(MAX_BODY) in out["error"]["message"]
+    assert closed_within(sock, 5)  # the server does not wait for 10 GB
+    sock.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_50mb_body_is_refused_while_health_answers_and_rss_stays_within_the_limit(served, server, framing):
+    _, proc, _ = served
+    size, piece = 50 * 2**20, b"x" * 2**20
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += b"Transfer-Encoding: chunked\r\n\r\n" if framing == "chunked" else b"Content-Length: %d\r\n\r\n" % size
+    sock = raw_connection(server)
+
+    def send_body() -> None:
+        try:
+            sock.sendall(head)
+            for _ in range(size // len(piece)):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece)
+        except OSError:  # refused: the server closed the connection
+            pass
+
+    with HealthWatch(server, proc.pid) as watch:
+        sender = threading.Thread(target=send_body)
+        sender.start()
+        status, out = read_response(sock)
+        sender.join()
+        sock.close()
+        time.sleep(0.2)
+    assert_error(status, out, 413, code="request_too_large")
+    assert watch.answers > 0 and not watch.failures and watch.slowest < HEALTH_WITHIN, watch.slowest
+    assert watch.max_rss - watch.rss_before <= MAX_BODY + READ_BUFFERS, (watch.rss_before, watch.max_rss)
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(served, server):
+    """A 7 MB prompt (within --max-body) would take the tokenizer seconds: its bytes alone show it
+    cannot fit the context, so it is refused at once, and /health answers meanwhile."""
+    _, proc, _ = served
+    body = json.dumps({"prompt": "word " * 1_400_000, "max_tokens": 4}).encode()
+    with HealthWatch(server, proc.pid) as watch:
+        started = time.monotonic()
+        status, out = post_raw(server, body)
+        took = time.monotonic() - started
+    assert_error(status, out, 400, code="context_length_exceeded")
+    assert "bytes" in out["error"]["message"]
+    assert took < 2, took
+    assert not watch.failures and watch.slowest < HEALTH_WITHIN, watch.slowest
+
+
+def test_a_body_that_is_not_json_typed_is_415(server):
+    status, out = request("POST", server + "/v1/completions", b'{"prompt": "x"}', key=None)
+    assert status == 200  # application/json, as every client sends it
+    u = urlparse(server)
+    sock = raw_connection(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: text/plain\r\n"
+                 b"Content-Length: 15\r\n\r\n{\"prompt\": \"x\"}" % (u.hostname.encode(), u.port))
+    assert_error(*read_response(sock), 415, code="unsupported_media_type")
+    sock.close()
+
+
+def ticks_while(work) -> float:
+    """The longest a Python thread that ticks every millisecond had to wait while work() ran on
+    another thread (seconds): long when work holds the GIL."""
+    longest, done = 0.0, threading.Event()
+
+    def tick() -> None:
+        nonlocal longest
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    done.set()
+    ticker.join()
+    return longest
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(DEMO, n_ctx=256, n_threads=1) as eng:
+        yield eng
+
+
+def test_tokenize_and_detokenize_release_the_gil(engine):
+    text = "def add(a, b):\n    return a + b\n" * 200_000  # 6 MB: seconds of tokenizing
+    tokens: list[int] = []
+    started = time.monotonic()
+    longest = ticks_while(lambda: tokens.extend(engine.tokenize(text)))
+    assert time.monotonic() - started > 0.5  # long enough to tell
+    assert longest < HEALTH_WITHIN, longest
+    assert ticks_while(lambda: engine.detokenize(tokens)) < HEALTH_WITHIN
