@@ -96,7 +96,8 @@ class LoadPlan:
     """A load's decisions; reasons[name] says why each was made (the note a load prints on stderr
     is expert_cache_note)."""
     mode: str  # cpu, gpu, coop, or auto: the residency layer measures at load which of gpu and coop
-    device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu
+    device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu; it holds the expert pools
+    layer_devices: tuple[str, ...]  # the devices the layers are spread over (--device A,B), device first
     expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
     offload: bool  # experts read into an expert cache when routed to
     experts_mapped: bool  # experts computed from the mapped file, the page cache holding them
@@ -138,7 +139,7 @@ class LoadPlan:
                  if self.expert_cache == MAPPED else format_bytes(self.expert_cache))
         rows = [
             ("mode", self.mode, self.reasons["mode"]),
-            ("device", self.device["name"] if self.device else "none", self.reasons["device"]),
+            ("device", ",".join(self.layer_devices) if self.device else "none", self.reasons["device"]),
             ("expert cache", cache, self.expert_cache_note),
             ("host cache", format_bytes(self.host_cache_bytes), self.reasons["host_cache"]),
             ("repack", "on" if self.repack else "off", self.reasons["repack"]),
@@ -196,7 +197,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if options.system is not None:
         expert_options = system_options(options.system, expert_options, info, options.n_parallel)
     mode, reasons["mode"] = _mode(expert_options, bool(machine.gpus))
-    device, reasons["device"] = _device(mode, expert_options["device"], machine.gpus)
+    layer_devices, reasons["device"] = _devices(mode, expert_options["device"], machine.gpus)
+    device = layer_devices[0] if layer_devices else None
     expert_options = expert_options.merged(mode=mode)
 
     block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
@@ -250,7 +252,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
     reasons["threads"] = threads.pop("why")
     return LoadPlan(
-        mode=mode, device=device, expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
+        mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
@@ -350,19 +352,26 @@ def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
     return default_mode(has_gpu), f"the default of a build {'with' if has_gpu else 'without'} a GPU"
 
 
-def _device(mode: str, name: str | None, gpus: tuple[dict, ...]) -> tuple[dict | None, str]:
-    """The GPU of a gpu/coop/auto mode (--device NAME, default the first), None for cpu."""
+def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tuple[dict, ...], str]:
+    """The GPUs of a gpu/coop/auto mode (--device NAME[,NAME...], llama.cpp's -dev: the layers spread
+    over them as llama.cpp spreads them, the expert pools on the first; default the first GPU),
+    none for cpu."""
     if mode == "cpu":
-        if name:
-            raise InvalidOptionError(f"--device {name} needs --mode gpu, coop or auto" if gpus else
-                                     f"--device {name} needs a GPU and this build found none: {BUILD_HINT}")
-        return None, "--mode cpu"
-    if not name:
-        return gpus[0], "the first GPU"
-    for d in gpus:
-        if d["name"] == name:
-            return d, "given"
-    raise InvalidOptionError(f"no GPU device named {name!r} (this build has: {', '.join(d['name'] for d in gpus)})")
+        if names:
+            raise InvalidOptionError(f"--device {names} needs --mode gpu, coop or auto" if gpus else
+                                     f"--device {names} needs a GPU and this build found none: {BUILD_HINT}")
+        return (), "--mode cpu"
+    if not names:
+        return (gpus[0],), "the first GPU"
+    by_name = {d["name"]: d for d in gpus}
+    chosen = []
+    for name in (n.strip() for n in names.split(",")):
+        if name not in by_name:
+            raise InvalidOptionError(f"no GPU device named {name!r} (this build has: {', '.join(by_name)})")
+        if by_name[name] in chosen:
+            raise InvalidOptionError(f"--device {names}: {name} is named twice")
+        chosen.append(by_name[name])
+    return tuple(chosen), "given" if len(chosen) == 1 else "given: the layers spread over them, the expert pools on the first"
 
 
 def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int) -> tuple[int, str]:

@@ -95,12 +95,14 @@ def test_every_mode_over_rpc_gives_the_local_tokens(arch, tiny_model, workers):
 
 
 @pytest.mark.slow
-def test_two_workers_are_two_devices_and_each_gives_the_local_tokens(tiny_model, workers):
+def test_two_workers_are_two_devices_alone_or_together_and_give_the_local_tokens(tiny_model, workers):
     path = tiny_model("qwen3_moe")[0]
     a, b = workers(2)
     result = scenario("tokens", path, f"{a.endpoint},{b.endpoint}")
     assert result["devices"] == ["RPC0", "RPC1"]
     assert all(r["tokens"] == result["local"] for r in result["runs"].values())
+    # the layers over both (llama.cpp's -dev RPC0,RPC1), the expert pools on the first
+    assert result["runs"]["RPC0,RPC1 resident"]["max_logit_diff"] == 0.0
     assert {r["device"] for r in result["runs"].values()} == {"RPC0", "RPC1"}
 
 

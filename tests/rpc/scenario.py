@@ -37,7 +37,8 @@ def tokens(path: str, endpoints: str) -> dict:
     devices = rpc.connect(endpoints)
     out = {"devices": devices, "local": local_tokens, "runs": {}}
     minimum = minimum_budget(path)
-    for device in devices:
+    spread = [",".join(devices)] if len(devices) > 1 else []  # the layers over every worker
+    for device in devices + spread:
         cases = {"resident": dict(n_gpu_layers=-1), "gpu 50%": dict(mode="gpu", expert_cache="50%"),
                  "gpu 25%": dict(mode="gpu", expert_cache="25%"), "gpu minimum": dict(mode="gpu", expert_cache=minimum),
                  "coop 25%": dict(mode="coop", expert_cache="25%")}
