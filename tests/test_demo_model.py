@@ -43,6 +43,8 @@ def test_the_demo_model_is_a_multi_precision_moe():
     assert (info.high_type, info.low_type) == ("q8_0", "q4_K")
     # every expert weight in both: q8_0 stores 32 weights in 34 bytes, q4_K 256 in 144 (17/16 and 9/16 B)
     assert info.low_expert_bytes * 17 == info.high_expert_bytes * 9 > 0
+    # its name, not its checkpoint folder's ("hf": what `inspect` showed before)
+    assert info.metadata["general.name"] == "demo"
 
 
 def test_a_small_expert_cache_generates_the_resident_greedy_tokens():
