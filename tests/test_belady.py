@@ -52,7 +52,7 @@ def test_skips_are_not_loads_and_too_few_slots_is_a_failure():
 
 
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fate", "edgemoe"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fate", "edgemoe", "decay"])
 def test_no_policy_beats_min(seed, policy):
     rng = random.Random(seed)
     n_layers, n_expert, k, slots = 3, 8, 2, 7

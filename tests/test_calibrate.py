@@ -255,7 +255,7 @@ def decode_sequences(eng, tokens, n_ctx):
         eng.logits(tokens[start:start + n_ctx], one_token_per_step=True)
 
 
-@pytest.mark.parametrize("policy, weights", [("lru", None), ("lfu", None), ("fld", None),
+@pytest.mark.parametrize("policy, weights", [("lru", None), ("lfu", None), ("fld", None), ("decay", None),
                                              ("hobbit", (0.3, 0.1, 0.6, 0.0))])
 def test_replay_predicts_the_runtimes_cache_counters_exactly(models, policy, weights):
     # LOW copies equal to HIGH and nothing skipped: the routing under any precision choice is the
