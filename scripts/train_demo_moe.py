@@ -2,6 +2,7 @@
 """Train the shipped demo MoE (models/demo.gguf) from scratch, on CPU, reproducibly.
 
     .venv/bin/python scripts/train_demo_moe.py            # everything; resumes after a crash
+    .venv/bin/python scripts/train_demo_moe.py --shape fine   # the fine-grained one: models/fine.gguf
 
 The corpus is the Python standard library's own source code (of the running interpreter, so it
 is on every machine and needs no download; PSF License). The script:
@@ -91,6 +92,33 @@ MODEL_CONFIG = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     initializer_range=0.02,
 )
+
+# A second model shaped like today's fine-grained MoEs (Qwen3-MoE, OLMoE, DeepSeek: many small experts, top-8),
+# whose routing the expert cache's policies are judged on beside the demo's (docs/benchmarks.md, "The cache
+# against its limit"). Rows of 64 weights: LOW copies in q4_0 (q4_K's blocks are 256 wide).
+FINE_CONFIG = {**MODEL_CONFIG, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "num_hidden_layers": 8, "num_experts": 64, "num_experts_per_tok": 8,
+               "moe_intermediate_size": 64, "intermediate_size": 512}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model this script trains, and the files it writes in models/."""
+    config: dict
+    low: str  # the LOW copies' type
+    steps: int
+    gguf: str
+    metrics: str
+    routing_stats: str
+    curve: str
+
+
+SHAPES = {
+    "demo": Shape(MODEL_CONFIG, "q4_K", TrainSettings.steps, "demo.gguf", "demo_metrics.json", "routing_stats.json",
+                  "training_curve.csv"),
+    "fine": Shape(FINE_CONFIG, "q4_0", TrainSettings.steps, "fine.gguf", "fine_metrics.json", "fine_routing_stats.json",
+                  "fine_training_curve.csv"),
+}
 
 COMPLETION_PROMPTS = (
     "def _is_valid_identifier(name):\n",
@@ -227,11 +255,11 @@ def token_stream(tokenizer, texts: list[str]) -> np.ndarray:
 # Model and training
 
 
-def make_model(vocab_size: int, seq_len: int):
+def make_model(vocab_size: int, seq_len: int, model_config: dict):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(vocab_size=vocab_size, max_position_embeddings=seq_len, bos_token_id=0,
-                            eos_token_id=0, pad_token_id=0, **MODEL_CONFIG)
+                            eos_token_id=0, pad_token_id=0, **model_config)
     torch.manual_seed(SEED)
     # grouped_mm: the fastest transformers experts implementation on this CPU (measured: ~1.2x
     # eager's per-expert loop; batched_mm, which copies the weights per token, ~80x slower)
@@ -507,11 +535,15 @@ def write_json(path: Path, obj: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=REPO / "build" / "demo-train", help="work directory")
+    parser.add_argument("--shape", choices=SHAPES, default="demo",
+                        help="demo (16 experts, top-2) or fine (64 experts, top-8: a fine-grained MoE)")
+    parser.add_argument("--work", type=Path, help="work directory (default: build/SHAPE-train)")
     parser.add_argument("--models", type=Path, default=REPO / "models", help="where the shipped files go")
-    parser.add_argument("--steps", type=int, default=TrainSettings.steps, help="training steps (a probe: fewer)")
+    parser.add_argument("--steps", type=int, help="training steps (a probe: fewer; default: the shape's)")
     args = parser.parse_args()
-    settings = TrainSettings(steps=args.steps)
+    shape = SHAPES[args.shape]
+    settings = TrainSettings(steps=args.steps or shape.steps)
+    args.work = args.work or REPO / "build" / f"{args.shape}-train"
     torch.set_num_threads(2)
     work, models, hf_dir = args.work, args.models, args.work / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
@@ -529,10 +561,10 @@ def main() -> int:
     heldout_ids = token_stream(tokenizer, corpus.heldout)
     print(f"tokens: {len(train_ids)} train, {len(heldout_ids)} held-out", flush=True)
 
-    model = make_model(tokenizer.get_vocab_size(), settings.seq_len)
+    model = make_model(tokenizer.get_vocab_size(), settings.seq_len, shape.config)
     if (hf_dir / "model.safetensors").exists() and not (work / "checkpoint.pt").exists():
         raise SystemExit(f"{hf_dir} holds a model but {work}/checkpoint.pt is gone; remove {work} to retrain")
-    train_seconds = train(model, train_ids, heldout_ids, settings, work, models / "training_curve.csv")
+    train_seconds = train(model, train_ids, heldout_ids, settings, work, models / shape.curve)
     model.save_pretrained(str(hf_dir))
 
     # held-out: the text as `pyedgemoe perplexity -f heldout.txt --ctx 256` sees it
@@ -544,10 +576,10 @@ def main() -> int:
     hf_ppl = float(np.exp(result.nll.mean()))
     unigram_ppl = float(np.exp(unigram_nll(train_ids, result.targets, tokenizer.get_vocab_size()).mean()))
     print(f"held-out ppl: model {hf_ppl:.3f}, unigram {unigram_ppl:.3f}", flush=True)
-    write_json(models / "routing_stats.json", routing_stats(result.selected, settings.seq_len, MODEL_CONFIG["num_experts"]))
+    write_json(models / shape.routing_stats, routing_stats(result.selected, settings.seq_len, shape.config["num_experts"]))
 
-    gguf = models / "demo.gguf"
-    pyedgemoe_cli("convert", str(hf_dir), "-o", str(gguf), "--high", "q8_0", "--low", "q4_K", "--force")
+    gguf = models / shape.gguf
+    pyedgemoe_cli("convert", str(hf_dir), "-o", str(gguf), "--high", "q8_0", "--low", shape.low, "--force")
     n_parity = check_tokenizer_parity(gguf, tokenizer, held_text)
     metrics = {
         "python": platform.python_version(),
@@ -558,7 +590,7 @@ def main() -> int:
         "tokenizer": {"vocab_size": tokenizer.get_vocab_size(), "train_tokens": len(train_ids),
                       "heldout_tokens": len(held_tokens), "llama_cpp_parity_tokens": n_parity},
         "model": {"parameters": sum(p.numel() for p in model.parameters()),
-                  "config": {**MODEL_CONFIG, "vocab_size": tokenizer.get_vocab_size(),
+                  "config": {**shape.config, "vocab_size": tokenizer.get_vocab_size(),
                              "max_position_embeddings": settings.seq_len}},
         "training": {**asdict(settings), "wall_seconds": round(train_seconds),
                      "tokens": settings.steps * settings.batch_size * settings.seq_len,
@@ -570,7 +602,7 @@ def main() -> int:
         "gguf_bytes": gguf.stat().st_size,
         "completions": greedy_completions(gguf),
     }
-    write_json(models / "demo_metrics.json", metrics)
+    write_json(models / shape.metrics, metrics)
     print(json.dumps({k: metrics[k] for k in ("training", "heldout", "gguf_bytes")}, indent=1), flush=True)
     return 0
 
