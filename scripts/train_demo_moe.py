@@ -116,7 +116,7 @@ class Shape:
 SHAPES = {
     "demo": Shape(MODEL_CONFIG, "q4_K", TrainSettings.steps, "demo.gguf", "demo_metrics.json", "routing_stats.json",
                   "training_curve.csv"),
-    "fine": Shape(FINE_CONFIG, "q4_0", TrainSettings.steps, "fine.gguf", "fine_metrics.json", "fine_routing_stats.json",
+    "fine": Shape(FINE_CONFIG, "q4_0", 400, "fine.gguf", "fine_metrics.json", "fine_routing_stats.json",
                   "fine_training_curve.csv"),
 }
 
