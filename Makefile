@@ -14,6 +14,7 @@ export CMAKE_ARGS
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
 .PHONY: setup setup-test native native-vulkan native-cuda test test-fast test-device demo bench clean vulkan-deps \
+        ui browser-deps \
         gpu-kit gpu-kit-vulkan gpu-rehearse
 
 $(VENV)/bin/activate:
@@ -45,7 +46,18 @@ $(VENV)/.test-deps-done: $(VENV)/.setup-done pyproject.toml
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet --no-build-isolation -e ".[test,server]"
 	touch $@
 
-setup-test: $(VENV)/.test-deps-done
+setup-test: $(VENV)/.test-deps-done browser-deps
+
+# Debian's chromium, which tests/test_server_web_ui.py drives with Playwright (as root; where it
+# cannot be installed those tests skip and say so).
+browser-deps:
+	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } >/dev/null 2>&1 || \
+	  echo "note: chromium not installed: the browser tests will skip"
+
+# llama.cpp's web UI from the vendored sources (npm, its pinned lock) into build/ui/dist, which
+# `pyedgemoe serve` serves at /; not part of setup (npm's registry, minutes): docs/server.md.
+ui: setup
+	scripts/build_ui.sh
 
 # GPU variants of the native module, built beside the installed one (same sources, plus one of
 # ggml's GPU backends) into build/<variant>-native; PYEDGEMOE_NATIVE=<its .so> makes pyedgemoe use

@@ -407,3 +407,50 @@ def test_stopping_the_server_ends_a_stream_with_an_error_event(tmp_path):
     assert time.monotonic() - stopped < 5  # not uvicorn's graceful timeout: the generation ended
     assert json.loads(events[-1][len("data: "):])["error"]["code"] == "server_shutting_down"
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_the_pages_need_no_key_and_the_expert_cache_json_does(server):
+    for path in ("/", "/experts"):
+        status, page = request("GET", server + path, key=None)
+        assert status == 200 and "expert cache" in page
+    assert request("GET", server + "/metrics/experts", key=None)[0] == 401
+
+
+def test_metrics_experts_is_the_expert_cache_of_metrics_in_json(server, client):
+    client.completions.create(model=MODEL_ID, prompt="import os\n", max_tokens=4, temperature=0)
+    status, view = request("GET", server + "/metrics/experts")
+    m = metric_values(server)
+    assert status == 200 and view["model"] == MODEL_ID
+    cache = view["cache"]
+    assert len(cache["layers"]) == 6 and cache["experts"] == 6 * 16
+    hits = sum(m[("pyedgemoe_expert_hits_total", (("precision", p),))] for p in ("high", "low"))
+    assert sum(layer["hits"] for layer in cache["layers"]) >= hits  # a scrape after /metrics' one
+    assert cache["hit_rate"] == pytest.approx(sum(l["hits"] for l in cache["layers"])
+                                              / sum(l["requests"] for l in cache["layers"]))
+    assert cache["precision"]["low"] == 0 and cache["read_bytes"]["demand"]["low"] == 0  # lossless
+    assert set(cache["prefetch"]) == {"issued", "used", "wasted", "use_rate"}
+
+
+def test_props_and_slots_answer_as_llama_server_does(server):
+    status, props = request("GET", server + "/props")
+    assert status == 200 and props["total_slots"] == 1 and props["model_alias"] == MODEL_ID
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == N_CTX and settings["params"]["temperature"] == 0.2  # the chat's default
+    assert settings["params"]["n_predict"] == -1
+    assert request("GET", server + "/slots") == (200, [{"id": 0, "n_ctx": N_CTX, "is_processing": False}])
+
+
+def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
+    """llama.cpp's web UI sends llama-server's options beside OpenAI's: its streaming and timing
+    hints are accepted (and change nothing), n_predict is max_tokens, -1 for no limit."""
+    body = {"messages": [{"role": "user", "content": "def fib(n):"}], "stream": True, "n_predict": 6,
+            "timings_per_token": True, "return_progress": True, "sse_ping_interval": 1, "reasoning_format": "auto",
+            "reasoning_control": True, "backend_sampling": False, "temperature": 0.2, "top_k": 40, "top_p": 0.95,
+            "min_p": 0.05, "repeat_penalty": 1.0, "chat_template_kwargs": {"enable_thinking": False}}
+    status, text = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200
+    events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
+    assert events[-1]["usage"]["completion_tokens"] <= 6
+    body = {"messages": body["messages"], "max_tokens": -1, "n_predict": 4}
+    status, out = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and out["error"]["param"] == "n_predict"

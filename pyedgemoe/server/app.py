@@ -1,5 +1,6 @@
 """The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over
-one Engine, plus /health and /metrics (docs/server.md).
+one Engine, plus /health, /metrics and /metrics/experts (the expert cache in JSON), and the web pages
+(web_ui.py) (docs/server.md).
 
 Generations are produced by the EngineQueue (engine_queue.py), one at a time; a streamed one is
 sent as server-sent events (`data: {chunk}` ... `data: [DONE]`), a non-streamed one is the same
@@ -12,6 +13,7 @@ import functools
 import json
 import os
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -19,14 +21,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.server import metrics
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
+from pyedgemoe.server.expert_view import expert_view
 from pyedgemoe.server.limits import Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
 from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
 from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
+from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 
-PATHS = {"/health", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions"}
+PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
+         "/v1/chat/completions", "/", "/experts", "/props", "/slots"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -68,15 +73,18 @@ def _joined_chat_completion(chunks: list[dict]) -> dict:
 
 
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None,
-               limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",)) -> FastAPI:
+               limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
+               ui_dir: Path | None = BUILT_UI) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
     and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
-    names of its own (`pyedgemoe serve` answers to none unless told).
+    names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
+    UI, served at / when there (web_ui.py).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
+    web_ui = WebUI(ui_dir)
     requests = metrics.RequestCounts(PATHS)
     names = {model_id, *model_aliases}
     created = int(os.path.getmtime(engine.model_path)) if os.path.exists(engine.model_path) else int(time.time())
@@ -161,6 +169,10 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         stats = await queue.call(engine.stats)
         return Response(metrics.render(stats, requests, queue.waiting, queue.running), media_type=metrics.CONTENT_TYPE)
 
+    @app.get("/metrics/experts")
+    async def expert_cache() -> dict:
+        return expert_view(await queue.call(engine.stats), model_id)
+
     @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [model_card]}
@@ -182,9 +194,10 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
+    web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
-    app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(BearerAuth, api_key=api_key, is_open=web_ui.is_public)
     app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
     app.add_middleware(RequestCounting, counts=requests)  # outermost: refusals are counted too
     return app

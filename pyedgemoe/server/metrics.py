@@ -42,6 +42,11 @@ class _Text:
             self.lines.append(f"{name}{{{text}}} {float(value)!r}" if text else f"{name} {float(value)!r}")
 
 
+def bytes_read_by_precision(counts: dict) -> dict:
+    """The bytes read of HIGH and of LOW copies, of the Engine's demand or prefetch counters."""
+    return {"high": counts["bytes_read"] - counts["bytes_read_low"], "low": counts["bytes_read_low"]}
+
+
 def render(stats: dict, requests: RequestCounts, waiting: int, running: int) -> str:
     """The exposition text of Engine.stats() and the server's own counters."""
     out = _Text()
@@ -99,8 +104,7 @@ def _expert_families(out: _Text, experts: dict) -> None:
                "(demand) or ahead of need (prefetch), by the precision read.",
                [({"source": source, "precision": precision}, bytes_read)
                 for source, c in (("demand", t), ("prefetch", p))
-                for precision, bytes_read in (("high", c["bytes_read"] - c["bytes_read_low"]),
-                                              ("low", c["bytes_read_low"]))])
+                for precision, bytes_read in bytes_read_by_precision(c).items()])
     out.family("pyedgemoe_expert_load_seconds_total", "counter", "Time spent reading missed experts.",
                t["load_ms"] / 1000)
     out.family("pyedgemoe_expert_stall_seconds_total", "counter", "Time the computation waited for experts.",

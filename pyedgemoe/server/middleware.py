@@ -3,22 +3,24 @@ response and the client's disconnect): the API key check and the request counter
 from __future__ import annotations
 
 import hmac
+from typing import Callable
 
 from pyedgemoe.server.metrics import RequestCounts
 from pyedgemoe.server.openai_errors import APIError
 
 
 class BearerAuth:
-    """With an API key, every path but the open ones (/health, for probes) needs the header
-    `Authorization: Bearer KEY`; else 401 as OpenAI answers it."""
+    """With an API key, every path but the open ones (/health, for probes; is_open's, e.g. the web
+    pages) needs the header `Authorization: Bearer KEY`; else 401 as OpenAI answers it."""
 
-    def __init__(self, app, api_key: str | None, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+    def __init__(self, app, api_key: str | None, is_open: Callable[[str], bool] = lambda path: False) -> None:
         self.app = app
         self.api_key = api_key.encode("utf-8") if api_key is not None else None
-        self.open_paths = open_paths
+        self.is_open = is_open
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and self.api_key is not None and scope["path"] not in self.open_paths:
+        if (scope["type"] == "http" and self.api_key is not None and scope["path"] != "/health"
+                and not self.is_open(scope["path"])):
             header = dict(scope["headers"]).get(b"authorization")
             if header is None:
                 error = APIError(401, "no API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")

@@ -81,7 +81,7 @@ def _response_format(name: str, value) -> dict:
 
 
 _logprobs_count = _in_range(_integer, 0, MAX_TOP_LOGPROBS)
-_max_tokens = _in_range(_integer, 0, INT32_MAX)
+_max_tokens = _in_range(_integer, -1, INT32_MAX)  # -1: until the end (llama-server's n_predict), as null
 
 
 def _stop(name: str, value) -> list[str]:
@@ -158,9 +158,14 @@ def _field_check(name: str):
 
 
 _SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop}
-_COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, **_SAMPLING}
-# accepted and ignored: they change nothing generated
-_IGNORED = {"user", "stream_options"}
+# max_tokens and its other names (chat's newer one; llama-server's)
+_LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
+_COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
+# accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
+# sends (its streaming and timing options, how it shows a reasoning model's thoughts), and
+# chat_template_kwargs, which this server does not pass to the template (docs/server.md).
+_IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
+            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}),
             "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
@@ -250,10 +255,10 @@ def parse_generation(body: dict, parameters: dict, required: str) -> GenerationR
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _invalid("model", "a string", model)
-    both = body.get("max_tokens"), body.get("max_completion_tokens")
-    if None not in both and both[0] != both[1]:  # which one holds would be a guess
-        raise APIError(400, f"'max_tokens' ({_shown(both[0])}) and 'max_completion_tokens' ({_shown(both[1])}) "
-                       "disagree: give one", "invalid_value", "max_completion_tokens")
+    lengths = {name: body[name] for name in _LENGTHS if body.get(name) is not None}
+    if len(set(map(json.dumps, lengths.values()))) > 1:  # which one holds would be a guess
+        raise APIError(400, " and ".join(f"'{k}' ({_shown(v)})" for k, v in lengths.items()) + " disagree: give one",
+                       "invalid_value", list(lengths)[-1])
     request = GenerationRequest(model=model, stream=False)
     for name, value in body.items():
         check = parameters.get(name)
@@ -266,8 +271,8 @@ def parse_generation(body: dict, parameters: dict, required: str) -> GenerationR
             request.prompt = value
         elif name == "messages":
             request.messages = value
-        elif name == "max_completion_tokens":  # chat's newer name for max_tokens
-            request.engine_kwargs["max_tokens"] = value
+        elif name in _LENGTHS:
+            request.engine_kwargs["max_tokens"] = None if value == -1 else value
         else:
             request.engine_kwargs[name] = value
     if request.prompt is None and request.messages is None:
