@@ -23,7 +23,9 @@ rm -rf "$WORK" "$OUT"
 mkdir -p "$WORK"
 cp -a "$SOURCES/." "$WORK/"
 cd "$WORK"
-if ! npm ci --no-audit --no-fund; then
+# npm can fail and still exit 0 ("Exit handler never called", when its registry is out of reach):
+# the build's own tool must be there
+if ! npm ci --no-audit --no-fund || [ ! -x node_modules/.bin/vite ]; then
     echo "build_ui: npm ci failed (is npm's registry reachable from here?); / stays the expert cache page" >&2
     exit 1
 fi
