@@ -540,11 +540,13 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="work directory (default: build/SHAPE-train)")
     parser.add_argument("--models", type=Path, default=REPO / "models", help="where the shipped files go")
     parser.add_argument("--steps", type=int, help="training steps (a probe: fewer; default: the shape's)")
+    parser.add_argument("--threads", type=int, default=2, help="torch's threads (1 beside other CPU-bound work: "
+                        "its threads spin at every barrier while the other waits for a core)")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     settings = TrainSettings(steps=args.steps or shape.steps)
     args.work = args.work or REPO / "build" / f"{args.shape}-train"
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     work, models, hf_dir = args.work, args.models, args.work / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     models.mkdir(parents=True, exist_ok=True)
