@@ -185,7 +185,8 @@ class Engine:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
             # nothing but the expert reads, which report a changed file as an error
             self._model = _native.Model(self.model_path, use_mmap=not plan.offload, experts_on_demand=plan.offload,
-                                        device=",".join(plan.layer_devices), repack=plan.repack)
+                                        device=",".join(plan.layer_devices), repack=plan.repack,
+                                        tensor_split=list(plan.tensor_split))
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
                                                     plan.host_cache_bytes, plan.auto_mode_threads)

@@ -51,6 +51,8 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "n_gpu_layers": LoadOption(int, "llama.cpp's habit: 0 is --mode cpu; -1 or a layer count, the GPU where this "
                                "build has one (--mode auto; every layer goes to the GPU), else the CPU",
                                "--mode decides", short_flag="-ngl"),
+    "tensor_split": LoadOption(str, "with several --device: the layers' shares per device, e.g. 3,1 (llama.cpp's "
+                               "--tensor-split)", "by the devices' free memory"),
     "rpc": LoadOption(str, "other machines' devices: HOST:PORT[,HOST:PORT...] of `pyedgemoe rpc-server`s "
                       "(llama.cpp's --rpc); they are RPC0, RPC1, ... for --device", "none"),
 }
@@ -198,6 +200,15 @@ def _load_option(name: str, value):
     elif name == "device":
         if not isinstance(value, str):
             raise InvalidOptionError(f"device must be a device's name, got {value!r}")
+    elif name == "tensor_split":  # "3,1" or a list of numbers, as Llama(tensor_split=[...]) takes it
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+        try:
+            shares = [float(x) for x in str(text).split(",")]
+        except ValueError:
+            shares = []
+        if not shares or any(not s >= 0 for s in shares) or not sum(shares) > 0:
+            raise InvalidOptionError(f"tensor_split must be shares per device like 3,1, got {value!r}")
+        value = ",".join(f"{s:g}" for s in shares)
     elif name == "rpc":  # a list of servers as Engine(rpc=[...]) takes it, or llama.cpp's comma list
         value = ",".join(value) if isinstance(value, (list, tuple)) else value
         if not isinstance(value, str):

@@ -43,7 +43,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
-    "split_mode": 1, "main_gpu": 0, "tensor_split": None, "vocab_only": False, "use_mmap": True,
+    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "use_mmap": True,
     "use_mlock": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1,
     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
@@ -121,7 +121,8 @@ class Llama:
     the expert options (io, prefetch, ...).
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, seed: int = LLAMA_DEFAULT_SEED,
+    def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, tensor_split: list | None = None,
+                 seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  flash_attn: bool = False, chat_format: str | None = None, type_k: int | None = None,
@@ -137,6 +138,8 @@ class Llama:
         mode_given = kwargs.get("mode") is not None or (options is not None and "mode" in options.given)
         if not (n_gpu_layers == 0 and mode_given):  # llama-cpp-python's default of 0 gives way to a mode given
             engine_kwargs["n_gpu_layers"] = n_gpu_layers
+        if tensor_split is not None:
+            engine_kwargs["tensor_split"] = tensor_split
         kv_type = _kv_type(type_k, type_v)
         if kv_type is not None:
             if "kv_type" in kwargs:

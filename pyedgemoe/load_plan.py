@@ -98,6 +98,7 @@ class LoadPlan:
     mode: str  # cpu, gpu, coop, or auto: the residency layer measures at load which of gpu and coop
     device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu; it holds the expert pools
     layer_devices: tuple[str, ...]  # the devices the layers are spread over (--device A,B), device first
+    tensor_split: tuple[float, ...]  # their shares of the layers (--tensor-split); empty: by free memory
     expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
     offload: bool  # experts read into an expert cache when routed to
     experts_mapped: bool  # experts computed from the mapped file, the page cache holding them
@@ -139,7 +140,8 @@ class LoadPlan:
                  if self.expert_cache == MAPPED else format_bytes(self.expert_cache))
         rows = [
             ("mode", self.mode, self.reasons["mode"]),
-            ("device", ",".join(self.layer_devices) if self.device else "none", self.reasons["device"]),
+            ("device", ",".join(self.layer_devices) if self.device else "none", self.reasons["device"] + (
+                f"; the layers split {':'.join(f'{s:g}' for s in self.tensor_split)}" if self.tensor_split else "")),
             ("expert cache", cache, self.expert_cache_note),
             ("host cache", format_bytes(self.host_cache_bytes), self.reasons["host_cache"]),
             ("repack", "on" if self.repack else "off", self.reasons["repack"]),
@@ -199,6 +201,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     mode, reasons["mode"] = _mode(expert_options, bool(machine.gpus))
     layer_devices, reasons["device"] = _devices(mode, expert_options["device"], machine.gpus)
     device = layer_devices[0] if layer_devices else None
+    tensor_split = _tensor_split(expert_options["tensor_split"], layer_devices)
     expert_options = expert_options.merged(mode=mode)
 
     block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
@@ -252,7 +255,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
     reasons["threads"] = threads.pop("why")
     return LoadPlan(
-        mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
+        mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), tensor_split=tensor_split,
+        expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
@@ -372,6 +376,17 @@ def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tupl
             raise InvalidOptionError(f"--device {names}: {name} is named twice")
         chosen.append(by_name[name])
     return tuple(chosen), "given" if len(chosen) == 1 else "given: the layers spread over them, the expert pools on the first"
+
+
+def _tensor_split(text: str | None, devices: tuple[dict, ...]) -> tuple[float, ...]:
+    """--tensor-split's shares, one per device of --device at most (llama.cpp's rule)."""
+    if not text:
+        return ()
+    shares = tuple(float(x) for x in text.split(","))  # checked when given (expert_options)
+    if len(shares) > len(devices):
+        names = ",".join(d["name"] for d in devices) or "none: --mode cpu"
+        raise InvalidOptionError(f"--tensor-split {text}: {len(shares)} shares for the layers' devices ({names})")
+    return shares
 
 
 def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int) -> tuple[int, str]:

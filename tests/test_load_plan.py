@@ -94,6 +94,20 @@ def test_a_device_is_chosen_by_name_and_only_with_a_gpu_mode():
         plan(device="GPU0")
 
 
+def test_several_devices_hold_the_layers_the_first_the_expert_pools_split_as_given():
+    other = {**GPU, "name": "GPU1"}
+    p = plan(gpus=(GPU, other), device="GPU1,GPU0", tensor_split=[1, 3])
+    assert p.device == other and p.layer_devices == ("GPU1", "GPU0") and p.tensor_split == (1.0, 3.0)
+    assert "the layers split 1:3" in "\n".join(p.describe())
+    assert plan(gpus=(GPU, other), device="GPU0,GPU1").tensor_split == ()  # by free memory
+    with pytest.raises(InvalidOptionError, match="GPU0 is named twice"):
+        plan(gpus=(GPU, other), device="GPU0,GPU0")
+    with pytest.raises(InvalidOptionError, match=r"--tensor-split 1,1,1: 3 shares for the layers' devices \(GPU0,GPU1\)"):
+        plan(gpus=(GPU, other), device="GPU0,GPU1", tensor_split="1,1,1")
+    with pytest.raises(InvalidOptionError, match="tensor_split must be shares per device like 3,1"):
+        plan(gpus=(GPU, other), tensor_split="1,x")
+
+
 # -- the host tier -------------------------------------------------------------------------------------
 def test_the_host_tier_auto_holds_every_expert_copy_or_what_ram_has_free():
     assert plan(gpus=(GPU,), mode="gpu").host_cache_bytes == EXPERT_BYTES

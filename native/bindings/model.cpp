@@ -31,9 +31,17 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // spreads the layers over them by their free memory); "" keeps the model on the CPU.
 // repack false: no repacked copies of the weights (llama.cpp's --no-repack), which are anonymous
 // memory, so a mapped model's weights stay in the page cache, where the kernel can drop them.
+// tensor_split: the layers' shares per device, in device order (llama.cpp's --tensor-split); empty: by
+// the devices' free memory.
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
-          bool repack) {
+          bool repack, const std::vector<float> & tensor_split) {
     llama_model_params params = llama_model_default_params();
+    std::vector<float> split(llama_max_devices(), 0.0f);
+    if (!tensor_split.empty()) {
+        if (tensor_split.size() > split.size()) throw nb::value_error("tensor_split: more shares than devices");
+        std::copy(tensor_split.begin(), tensor_split.end(), split.begin());
+        params.tensor_split = split.data();
+    }
     std::vector<ggml_backend_dev_t> devices;  // none: the CPU only
     for (size_t start = 0; start < device.size();) {
         const size_t end = std::min(device.find(',', start), device.size());
@@ -188,7 +196,7 @@ void register_model(nb::module_ & m) {
     nb::class_<Model> cls(m, "Model");
     cls
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
-             nb::arg("device") = "", nb::arg("repack") = true)
+             nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>())
         .def_ro("device", &Model::device)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))

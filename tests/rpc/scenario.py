@@ -43,6 +43,8 @@ def tokens(path: str, endpoints: str) -> dict:
                  "gpu 25%": dict(mode="gpu", expert_cache="25%"), "gpu minimum": dict(mode="gpu", expert_cache=minimum),
                  "coop 25%": dict(mode="coop", expert_cache="25%")}
         for name, options in cases.items():
+            if "," in device and name == "resident":
+                options = dict(options, tensor_split=[1, 3])  # llama.cpp's --tensor-split, not free memory
             logits, toks, stats = run(path, device=device, **options)
             experts = stats.get("experts") or {}
             out["runs"][f"{device} {name}"] = {
