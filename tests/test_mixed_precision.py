@@ -506,7 +506,9 @@ def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_
         assert eng.n_threads == 1
         eng.time_generation(IDS[:6], 400)
         assert eng.stats()["experts"]["prefetches"]["stopped"]
-        assert eng.n_threads == 2
+        # both cores are the decode's again; how many it uses now is the thread governor's call,
+        # fewer while other work runs beside the test (pyedgemoe/threads.py)
+        assert eng._governor.n_max == 2 and not eng._reads_core
 
 
 @pytest.mark.parametrize("prefetch", ["hobbit", "fate"])
