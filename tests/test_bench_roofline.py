@@ -101,3 +101,14 @@ def test_against_min_refuses_a_run_with_low_copies_or_no_cache(tiny_model):
     path, _ = tiny_model("qwen3_moe")
     with pytest.raises(ValueError, match="needs an expert cache"):
         measure("pyedgemoe", str(path), 4, 4, threads=1, options={"against_min": True})
+
+
+def test_fixed_decode_input_stays_within_a_small_vocabulary(tiny_model):
+    from pyedgemoe.bench.worker import fixed_decode_token_ids, vocabulary_size
+    path, _ = tiny_model("qwen3_moe")
+    n_vocab = vocabulary_size(str(path))
+    assert n_vocab < 30100 and max(fixed_decode_token_ids(500, n_vocab)) < n_vocab
+    # a real vocabulary gets the same walk as ever: runs of record stay comparable
+    assert fixed_decode_token_ids(64, 151936) == fixed_decode_token_ids(64)
+    r = measure("pyedgemoe", str(path), 4, 12, threads=1, decode_input="fixed")
+    assert "error" not in r and r["n_output_tokens"] == 12

@@ -49,15 +49,23 @@ def prompt_token_ids(n: int) -> list[int]:
 DECODE_INPUTS = ("greedy", "fixed")
 
 
-def fixed_decode_token_ids(n: int) -> list[int]:
+def fixed_decode_token_ids(n: int, n_vocab: int | None = None) -> list[int]:
     """The tokens fed back during decode with decode_input="fixed": a fixed pseudo-random walk
-    over ids 100..30099 (valid in every real vocabulary; Mixtral's has 32000).
+    over ids 100..30099 (valid in every real vocabulary; Mixtral's has 32000), or over the ids
+    above 99 of a smaller vocabulary of n_vocab.
 
     Why: a model whose greedy output falls into a cycle of a few tokens (random weights drawn
     naively do, within a few steps) repeats its routing, and an expert cache looks far better
     than on real text. Feeding a fixed non-repeating sequence (the greedy pick is still computed,
     and reported) keeps the work per token the same and the routing varied."""
-    return [100 + (i * 7919 + 4271) % 30000 for i in range(n)]
+    span = 30000 if n_vocab is None else min(30000, n_vocab - 100)
+    return [100 + (i * 7919 + 4271) % span for i in range(n)]
+
+
+def vocabulary_size(model: str) -> int:
+    """The number of tokens of a GGUF's vocabulary, from its header."""
+    import gguf
+    return len(gguf.GGUFReader(model).fields["tokenizer.ggml.tokens"].data)
 
 
 def n_ctx_for(prompt_tokens: int, output_tokens: int) -> int:
@@ -224,7 +232,7 @@ def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, thr
     its expert reads, Engine's n_threads)."""
     if decode_input not in DECODE_INPUTS:
         raise ValueError(f"decode_input must be one of {DECODE_INPUTS}, got {decode_input!r}")
-    feed = fixed_decode_token_ids(output_tokens) if decode_input == "fixed" else None
+    feed = fixed_decode_token_ids(output_tokens, vocabulary_size(model)) if decode_input == "fixed" else None
     run = {"llama_cpp": _run_llama_cpp, "pyedgemoe": _run_pyedgemoe}[engine]
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores[:threads])
