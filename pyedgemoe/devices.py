@@ -17,7 +17,7 @@ from pyedgemoe.sysmem import parse_size
 
 GPU_TYPES = ("gpu", "igpu")
 BUILD_HINT = ("build with `make setup GGML_VULKAN=1` (or GGML_CUDA=1) and run where ggml sees a GPU "
-              "(docs/gpu.md)")
+              "(docs/gpu.md), or lend another machine's devices with --rpc HOST:PORT (docs/distributed.md)")
 
 
 def gpu_devices() -> list[dict]:
