@@ -73,7 +73,9 @@ def print_stats(stats: dict) -> None:
                    f"miss penalty {summary['miss_penalty']:.1f}", err=True)
     if experts["device"]:
         t = experts["total"]
-        typer.echo(f"device {experts['device']} ({experts['mode']}): host tier {format_bytes(experts['host_pool_bytes'])}, "
+        pools = ", ".join(f"{format_bytes(n)} on {name}" for name, n in experts["device_pool_bytes"].items())
+        typer.echo(f"device {experts['device']} ({experts['mode']}): expert pools {pools}; "
+                   f"host tier {format_bytes(experts['host_pool_bytes'])}, "
                    f"{t['host_hits']} host hits, {t['host_loads']} read into it; {t['uploads']} experts uploaded "
                    f"({format_bytes(t['bytes_uploaded'])} in {t['upload_ms'] / 1000:.3f} s); "
                    f"{t['cpu_experts']} computed on the CPU", err=True)

@@ -96,7 +96,7 @@ class LoadPlan:
     """A load's decisions; reasons[name] says why each was made (the note a load prints on stderr
     is expert_cache_note)."""
     mode: str  # cpu, gpu, coop, or auto: the residency layer measures at load which of gpu and coop
-    device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu; it holds the expert pools
+    device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu, the first of layer_devices
     layer_devices: tuple[str, ...]  # the devices the layers are spread over (--device A,B), device first
     tensor_split: tuple[float, ...]  # their shares of the layers (--tensor-split); empty: by free memory
     expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
@@ -210,9 +210,10 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     context = context_bytes(info.metadata, options.n_ctx, n_ubatch, type_bytes / block, options.flash_attn,
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
+    devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
     budget, note = parse_expert_cache(
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
-        device["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
+        devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
         repacked_expert_bytes=0 if device else info.repacked_expert_bytes)
     experts_mapped = budget == MAPPED and info.is_moe
     if experts_mapped and device:
@@ -222,7 +223,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if offload:
         budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:
-        check_fits_device(budget, device)
+        check_fits_device(budget, devices_free)
     repack, reasons["repack"] = _repack(expert_options["repack"], info, experts_mapped, offload, device, context,
                                         machine.memory[0])
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
@@ -358,7 +359,8 @@ def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
 
 def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tuple[dict, ...], str]:
     """The GPUs of a gpu/coop/auto mode (--device NAME[,NAME...], llama.cpp's -dev: the layers spread
-    over them as llama.cpp spreads them, the expert pools on the first; default the first GPU),
+    over them as llama.cpp spreads them, each layer's experts cached on its layer's device; default the
+    first GPU),
     none for cpu."""
     if mode == "cpu":
         if names:
@@ -375,7 +377,15 @@ def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tupl
         if by_name[name] in chosen:
             raise InvalidOptionError(f"--device {names}: {name} is named twice")
         chosen.append(by_name[name])
-    return tuple(chosen), "given" if len(chosen) == 1 else "given: the layers spread over them, the expert pools on the first"
+    return tuple(chosen), "given" if len(chosen) == 1 else \
+        "given: the layers spread over them, each layer's experts cached on its device"
+
+
+def _spread(devices: tuple[dict, ...]) -> dict:
+    """The layers' devices as one for the expert cache's size: their names and free memory summed (the
+    native residency checks each device's share of the pools)."""
+    return {"name": ",".join(d["name"] for d in devices), **{key: sum(d[key] for d in devices)
+                                                            for key in ("free_bytes", "total_bytes")}}
 
 
 def _tensor_split(text: str | None, devices: tuple[dict, ...]) -> tuple[float, ...]:

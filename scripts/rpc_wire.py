@@ -28,6 +28,10 @@ PLACEMENTS = {  # device: the first worker's unless given
     "expert pools remote, 50 % (--mode gpu)": dict(mode="gpu", expert_cache="50%", system="lossless"),
     "expert pools remote, 25 % (--mode gpu)": dict(mode="gpu", expert_cache="25%", system="lossless"),
     "expert pools remote, 25 %, misses here (--mode coop)": dict(mode="coop", expert_cache="25%", system="lossless"),
+    "expert pools over two workers, 25 % (--mode gpu --device RPC0,RPC1)":
+        dict(mode="gpu", expert_cache="25%", system="lossless", device="RPC0,RPC1"),
+    "expert pools over two workers, 50 % (--mode gpu --device RPC0,RPC1)":
+        dict(mode="gpu", expert_cache="50%", system="lossless", device="RPC0,RPC1"),
 }
 
 

@@ -101,9 +101,16 @@ def test_two_workers_are_two_devices_alone_or_together_and_give_the_local_tokens
     result = scenario("tokens", path, f"{a.endpoint},{b.endpoint}")
     assert result["devices"] == ["RPC0", "RPC1"]
     assert all(r["tokens"] == result["local"] for r in result["runs"].values())
-    # the layers over both (llama.cpp's -dev RPC0,RPC1), the expert pools on the first
+    # the layers over both (llama.cpp's -dev RPC0,RPC1), each layer's experts cached on its device
     assert result["runs"]["RPC0,RPC1 resident"]["max_logit_diff"] == 0.0
     assert {r["device"] for r in result["runs"].values()} == {"RPC0", "RPC1"}
+    for name in ("gpu 50%", "gpu 25%", "gpu minimum", "coop 25%"):
+        alone, spread = result["runs"][f"RPC0 {name}"]["pools"], result["runs"][f"RPC0,RPC1 {name}"]["pools"]
+        assert list(alone) == ["RPC0"] and list(spread) == ["RPC0", "RPC1"], name
+        if name == "gpu minimum":  # a token's top-k on each device: the one device's minimum on each
+            assert list(spread.values()) == [alone["RPC0"]] * 2
+        else:  # the same cache, spread
+            assert sum(spread.values()) == pytest.approx(alone["RPC0"], rel=0.1), name
 
 
 def test_servers_are_host_port_lists():

@@ -42,12 +42,13 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         std::copy(tensor_split.begin(), tensor_split.end(), split.begin());
         params.tensor_split = split.data();
     }
+    std::vector<std::string> names;
     std::vector<ggml_backend_dev_t> devices;  // none: the CPU only
     for (size_t start = 0; start < device.size();) {
         const size_t end = std::min(device.find(',', start), device.size());
-        const std::string name = device.substr(start, end - start);
-        devices.push_back(ggml_backend_dev_by_name(name.c_str()));
-        if (!devices.back()) throw nb::value_error(("no ggml device named '" + name + "'").c_str());
+        names.push_back(device.substr(start, end - start));
+        devices.push_back(ggml_backend_dev_by_name(names.back().c_str()));
+        if (!devices.back()) throw nb::value_error(("no ggml device named '" + names.back() + "'").c_str());
         params.n_gpu_layers = -1;  // all
         start = end + 1;
     }
@@ -67,7 +68,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     self->model = model;
     self->path = path;
     self->experts_on_demand = experts_on_demand;
-    self->device = device.substr(0, device.find(','));  // the expert pools' (load_plan)
+    self->devices = names;
     self->repack = repack;
 }
 
@@ -197,7 +198,7 @@ void register_model(nb::module_ & m) {
     cls
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
              nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>())
-        .def_ro("device", &Model::device)
+        .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
         .def("token_to_piece", &token_to_piece, nb::arg("token"), nb::arg("special") = false)

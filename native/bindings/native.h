@@ -43,7 +43,7 @@ struct Model {
     llama_model * model = nullptr;
     std::string path;
     bool experts_on_demand = false;                 // loaded with the expert tensors left in the file
-    std::string device;                             // the device of its expert pools, the first of its layers' ("": the CPU)
+    std::vector<std::string> devices;               // the devices its layers are on, in order (none: the CPU)
     bool repack = true;                             // repacked copies of weights (not --no-repack)
     std::unique_ptr<expert_residency> residency;   // the expert cache, when offloading is on
     ~Model();

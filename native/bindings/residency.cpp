@@ -37,7 +37,7 @@ void enable(Model & m, uint64_t budget_bytes, const expert_options & options, bo
     if (!m.experts_on_demand) throw nb::value_error("the model was not loaded with experts_on_demand=True");
     if (m.residency) throw nb::value_error("expert residency is already enabled for this model");
     // std::invalid_argument (bad options, expert_budget_error) -> ValueError / ExpertBudgetError
-    const expert_device_config device = { m.device, host_cache_bytes, n_threads, m.repack };
+    const expert_device_config device = { m.devices, host_cache_bytes, n_threads, m.repack };
     m.residency = std::make_unique<expert_residency>(m.model, m.path, budget_bytes, options, trace_routing, device);
 }
 
@@ -173,7 +173,14 @@ nb::dict info(const Model & m) {
     d["mixed_precision"] = i.mixed_precision;
     d["low_source"] = i.low_source;
     d["predictor_depth"] = i.predictor_depth;
-    d["device"] = i.device;
+    std::string devices;  // "A,B"
+    nb::dict pool_bytes;
+    for (const auto & [name, bytes] : i.device_pool_bytes) {
+        devices += (devices.empty() ? "" : ",") + name;
+        pool_bytes[name.c_str()] = bytes;
+    }
+    d["device"] = devices;
+    d["device_pool_bytes"] = pool_bytes;
     d["host_pool_bytes"] = i.host_pool_bytes;
     d["host_high_slots"] = i.host_high_slots;
     d["host_low_slots"] = i.host_low_slots;

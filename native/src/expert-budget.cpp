@@ -68,11 +68,17 @@ expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, doub
     }
 }
 
-tier_pools::tier_pools(const expert_layout & layout, const expert_budget & budget, ggml_backend_buffer_type_t buft, bool repack) {
+tier_pools::tier_pools(const expert_layout & layout, const expert_budget & budget,
+                       const std::vector<ggml_backend_buffer_type_t> & buft_of_group, bool repack) {
     for (size_t g = 0; g < layout.groups.size(); g++) {
+        const ggml_backend_buffer_type_t buft = buft_of_group[g];
         high.push_back(std::make_unique<slot_pool>(layout.groups[g].high, budget.high_slots[g], buft, repack));
         if (layout.has_low) low.push_back(std::make_unique<slot_pool>(layout.groups[g].low, budget.low_slots[g], buft, repack));
     }
+}
+
+uint64_t tier_pools::group_bytes(int group) const {
+    return high[group]->bytes() + (low.empty() ? 0 : low[group]->bytes());
 }
 
 uint64_t tier_pools::bytes(expert_precision p) const {
@@ -91,6 +97,39 @@ int tier_pools::fewest_slots() const {
     int fewest = INT_MAX;
     for (const auto * pools : { &high, &low }) for (const auto & p : *pools) fewest = std::min(fewest, p->n_slots());
     return fewest;
+}
+
+std::vector<ggml_backend_buffer_type_t> pool_buffer_types(const expert_layout & layout,
+                                                          const std::vector<ggml_backend_dev_t> & devices) {
+    std::vector<ggml_backend_buffer_type_t> out;
+    for (const expert_group & g : layout.groups) {
+        out.push_back(devices.empty() ? nullptr : ggml_backend_dev_buffer_type(devices[g.home]));
+    }
+    return out;
+}
+
+std::vector<std::pair<std::string, uint64_t>> device_pool_bytes(const expert_layout & layout, const expert_budget & budget,
+                                                                const std::vector<ggml_backend_dev_t> & devices) {
+    std::vector<uint64_t> bytes(devices.size(), 0);
+    for (size_t g = 0; g < layout.groups.size() && !devices.empty(); g++) {
+        const expert_group & group = layout.groups[g];
+        bytes[group.home] += (uint64_t) budget.high_slots[g] * expert_bytes_of(group.high) +
+                             (layout.has_low ? (uint64_t) budget.low_slots[g] * expert_bytes_of(group.low) : 0);
+    }
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (size_t d = 0; d < devices.size(); d++) {
+        if (bytes[d] == 0) continue;
+        const std::string name = ggml_backend_dev_name(devices[d]);
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(devices[d], &free, &total);
+        if (bytes[d] > free) {
+            throw expert_budget_error("the expert cache's pools on " + name + ", " + std::to_string(bytes[d]) + " bytes (" +
+                                      mib(bytes[d]) + "), do not fit in its free memory: " + std::to_string(free) +
+                                      " bytes (" + mib(free) + ") free of " + std::to_string(total));
+        }
+        out.emplace_back(name, bytes[d]);
+    }
+    return out;
 }
 
 expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o) {

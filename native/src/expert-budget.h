@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 struct expert_budget {
@@ -29,16 +31,27 @@ struct expert_budget {
 
 // One tier's memory as a budget sizes it: per group a HIGH pool and, with LOW copies, a LOW pool.
 struct tier_pools {
-    // in buft (null: page-aligned host memory, repacked where the model's weights are, if repack)
-    tier_pools(const expert_layout & layout, const expert_budget & budget, ggml_backend_buffer_type_t buft, bool repack);
+    // each group's in its buffer type, buft_of_group[group] (null: page-aligned host memory,
+    // repacked where the model's weights are, if repack)
+    tier_pools(const expert_layout & layout, const expert_budget & budget,
+               const std::vector<ggml_backend_buffer_type_t> & buft_of_group, bool repack);
 
     const slot_pool & pool(int group, expert_precision p) const { return p == expert_precision::low ? *low[group] : *high[group]; }
     uint64_t bytes(expert_precision p) const;  // summed over the groups
     int slots(expert_precision p) const;       // summed over the groups
     int fewest_slots() const;                  // of any one pool
+    uint64_t group_bytes(int group) const;     // a group's pools, both tiers
 
     std::vector<std::unique_ptr<slot_pool>> high, low;  // per group (low: empty without LOW copies)
 };
+
+// Each group's buffer type for its pools: its home device's (devices none: null, host memory).
+std::vector<ggml_backend_buffer_type_t> pool_buffer_types(const expert_layout & layout,
+                                                          const std::vector<ggml_backend_dev_t> & devices);
+// Per device that homes a group: its name and the bytes of the pools this budget puts there. Throws
+// expert_budget_error for a device whose free memory they exceed.
+std::vector<std::pair<std::string, uint64_t>> device_pool_bytes(const expert_layout & layout, const expert_budget & budget,
+                                                                const std::vector<ggml_backend_dev_t> & devices);
 
 // The device cache of this budget: its slots per group and tier, and the options' eviction policy.
 expert_cache_config cache_config_of(const expert_layout & layout, const expert_budget & budget, const expert_options & o);

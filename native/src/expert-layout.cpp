@@ -47,7 +47,8 @@ expert_matrix_shape shape_of(const ggml_tensor * t) {
 
 }  // namespace
 
-expert_layout::expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from) {
+expert_layout::expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from,
+                             const std::vector<ggml_backend_dev_t> & devices) {
     std::map<int, moe_layer_layout> by_layer;
     std::map<int, std::pair<expert_shapes, expert_shapes>> shapes_of;  // (HIGH, LOW) per il
     {
@@ -107,10 +108,12 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
 
     for (auto & l : layers) {
         const auto & [high, low] = shapes_of[l.il];
-        auto same = [&](const expert_group & g) { return g.high == high && g.low == low; };
+        const auto on = std::find(devices.begin(), devices.end(), model->dev_layer(l.il));
+        const int home = on == devices.end() ? 0 : (int) (on - devices.begin());
+        auto same = [&](const expert_group & g) { return g.high == high && g.low == low && g.home == home; };
         auto it = std::find_if(groups.begin(), groups.end(), same);
         l.group = (int) (it - groups.begin());
-        if (it == groups.end()) groups.push_back({ high, low, 0 });
+        if (it == groups.end()) groups.push_back({ high, low, 0, home });
         groups[l.group].n_layers++;
         high_bytes += expert_bytes_of(high) * n_expert;
         low_bytes += expert_bytes_of(low) * n_expert;

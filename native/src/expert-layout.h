@@ -1,6 +1,7 @@
 // Where a model's routed experts are: per MoE layer its stacked expert tensors (the model's
 // on-demand tensors) and the file offsets of their HIGH copies and, with mixed precision, of their
-// LOW copies; and the groups of layers whose experts have the same shapes (they share slot pools).
+// LOW copies; and the groups of layers whose experts have the same shapes and the same device
+// (they share slot pools).
 #pragma once
 
 #include "expert-format.h"
@@ -21,18 +22,21 @@ struct moe_layer_layout {
     std::array<uint64_t, PROJ_COUNT> low_offset{};          // of its LOW copy, in the LOW source
 };
 
-// Layers whose experts have the same types and shapes in both precisions.
+// Layers whose experts have the same types and shapes in both precisions, on the same device.
 struct expert_group {
     expert_shapes high, low;  // low: all absent without LOW copies
     int n_layers = 0;
+    int home = 0;             // the device of its layers: an index into the devices the layout was given
 };
 
 struct expert_layout {
     // The stacked expert tensors of model, loaded from path with experts on demand, and, with
     // want_low (and top-k > 1: the top-1 is always HIGH), their LOW copies: low_from's standard
     // tensors, or path's own LOW copies when low_from is "". Throws std::runtime_error naming what
-    // is missing or unsupported.
-    expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from);
+    // is missing or unsupported. devices: those the model's layers are on (-dev); a layer's group
+    // is homed on its layer's device, on the first where its layer is on none of them (the CPU).
+    expert_layout(const llama_model * model, const std::string & path, bool want_low, const std::string & low_from,
+                  const std::vector<ggml_backend_dev_t> & devices = {});
 
     std::vector<moe_layer_layout> layers;  // ascending il
     std::vector<expert_group> groups;

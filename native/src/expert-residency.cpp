@@ -83,12 +83,13 @@ struct expert_residency::impl : moe_pass_builder {
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
 
     expert_options options;
+    std::vector<ggml_backend_dev_t> devices;                   // of the pools, a group's its home's; none: host memory
     expert_layout layout;
     expert_budget budget;
     expert_residency_info info;
     expert_reader reader;
-    ggml_backend_dev_t device;                                 // of the pools; nullptr: host memory (mode cpu)
-    std::unique_ptr<tier_pools> pools;                         // the device's (mode cpu: host memory)
+    ggml_backend_dev_t device;                                 // the first (the host tier's); nullptr: mode cpu
+    std::unique_ptr<tier_pools> pools;                         // the devices' (mode cpu: host memory)
     expert_cache cache;
     std::unique_ptr<host_tier> host;                           // with a device, if budgeted
     tier_passes passes;                                        // of each wave
@@ -114,10 +115,11 @@ struct expert_residency::impl : moe_pass_builder {
 expert_residency::impl::impl(llama_model * model, const std::string & path, uint64_t budget_bytes,
                              const expert_options & o, bool trace_routing, const expert_device_config & dc)
     : options((check_expert_options(o), o)),
-      layout(model, path, o.low_precision, o.low_from),
+      devices(devices_named(dc.devices)),
+      layout(model, path, o.low_precision, o.low_from, devices),
       budget(layout, budget_bytes, o.low_cache),
       reader(path, o.io, o.io_threads),
-      device(device_named(dc.device)),
+      device(devices.empty() ? nullptr : devices[0]),
       cache(cache_config_of(layout, budget, o)),
       recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
       coordinator(cache, layout.group_of_layers(), o.io_threads,
@@ -125,7 +127,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used);
     if (layout.has_low) reader.open_low(layout.low_source, o.io);
-    pools = std::make_unique<tier_pools>(layout, budget, device ? ggml_backend_dev_buffer_type(device) : nullptr, dc.repack);
+    info.device_pool_bytes = device_pool_bytes(layout, budget, devices);  // checked before they are allocated
+    pools = std::make_unique<tier_pools>(layout, budget, pool_buffer_types(layout, devices), dc.repack);
     if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
     if (options.mode == compute_mode::automatic) {
         const mode_choice choice = choose_mode(*pools->high[0], host ? host->pools.high[0].get() : nullptr, dc.n_threads);
@@ -169,12 +172,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         info.host_high_slots = host->pools.slots(expert_precision::high);
         info.host_low_slots = host->pools.slots(expert_precision::low);
     }
-    info.device = device ? ggml_backend_dev_name(device) : "";
-    info.expert_bytes = layout.high_bytes;
-    info.low_expert_bytes = layout.low_bytes;
-    info.n_expert = layout.n_expert;
-    info.n_expert_used = layout.n_expert_used;
-    info.n_layers = layout.n_layers;
+    info.expert_bytes = layout.high_bytes, info.low_expert_bytes = layout.low_bytes;
+    info.n_expert = layout.n_expert, info.n_expert_used = layout.n_expert_used, info.n_layers = layout.n_layers;
     info.max_ubatch_tokens = budget.max_ubatch_tokens;
     info.io = reader.io();
     info.mixed_precision = layout.has_low;

@@ -31,10 +31,12 @@
 
 struct llama_model;
 
-// Where the experts' memory is: a ggml device for the device pools ("": none, mode cpu) and the
-// host tier's byte budget (0: none; uploads then go through a staging buffer).
+// Where the experts' memory is: the ggml devices of the device pools (none: host memory, mode cpu)
+// and the host tier's byte budget (0: none; uploads then go through a staging buffer).
 struct expert_device_config {
-    std::string device;
+    // the devices the model's layers are on (-dev A,B): each layer's experts are cached on its
+    // layer's device (on the first, for a layer on the CPU); the host tier is the first's
+    std::vector<std::string> devices;
     uint64_t host_bytes = 0;
     int n_threads = 1;    // the CPU's threads, for --mode auto's measurement
     bool repack = true;   // host pools repack as the model's weights do (its use_extra_bufts)
@@ -52,7 +54,7 @@ struct expert_residency_info {
     bool mixed_precision = false;
     std::string low_source;
     int predictor_depth = 0;                  // layers the predictor looks ahead (0: no predictor)
-    std::string device;                       // the device pools' ggml device ("": host memory)
+    std::vector<std::pair<std::string, uint64_t>> device_pool_bytes;  // per device of the pools (none: host memory)
     uint64_t host_pool_bytes = 0;             // the host tier
     int host_high_slots = 0, host_low_slots = 0;
     std::string mode_reason;                  // --mode auto: what it measured and chose

@@ -14,7 +14,7 @@ ggml_backend_buffer_type_t pinned_or_host(ggml_backend_dev_t device) {
 
 host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device)
     : budget(layout, budget_bytes, low_share, "host cache"),
-      pools(layout, budget, pinned_or_host(device), /*repack*/ false),
+      pools(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), pinned_or_host(device)), /*repack*/ false),
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {}

@@ -17,11 +17,13 @@ uint64_t expert_bytes_of(const expert_shapes & shapes) {
     return total;
 }
 
-ggml_backend_dev_t device_named(const std::string & name) {
-    if (name.empty()) return nullptr;
-    ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
-    if (!dev) throw std::invalid_argument("no ggml device named '" + name + "'");
-    return dev;
+std::vector<ggml_backend_dev_t> devices_named(const std::vector<std::string> & names) {
+    std::vector<ggml_backend_dev_t> devices;
+    for (const std::string & name : names) {
+        devices.push_back(ggml_backend_dev_by_name(name.c_str()));
+        if (!devices.back()) throw std::invalid_argument("no ggml device named '" + name + "'");
+    }
+    return devices;
 }
 
 // llama.cpp's CPU_REPACK buffer type, or nullptr where this CPU has none

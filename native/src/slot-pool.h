@@ -41,8 +41,8 @@ uint64_t expert_bytes_of(const expert_shapes & shapes);  // all projections of o
 // (its CPU_REPACK buffer type, where this CPU has one).
 bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
 
-// The ggml device named name (nullptr for ""); throws std::invalid_argument when there is none.
-ggml_backend_dev_t device_named(const std::string & name);
+// The ggml devices named; throws std::invalid_argument for a name no device has.
+std::vector<ggml_backend_dev_t> devices_named(const std::vector<std::string> & names);
 
 class slot_pool {
 public:

@@ -40,15 +40,18 @@ def tokens(path: str, endpoints: str) -> dict:
     spread = [",".join(devices)] if len(devices) > 1 else []  # the layers over every worker
     for device in devices + spread:
         cases = {"resident": dict(n_gpu_layers=-1), "gpu 50%": dict(mode="gpu", expert_cache="50%"),
-                 "gpu 25%": dict(mode="gpu", expert_cache="25%"), "gpu minimum": dict(mode="gpu", expert_cache=minimum),
+                 "gpu 25%": dict(mode="gpu", expert_cache="25%"),
+                 # each device caches its layers' experts: a token's top-k on each
+                 "gpu minimum": dict(mode="gpu", expert_cache=minimum * (device.count(",") + 1)),
                  "coop 25%": dict(mode="coop", expert_cache="25%")}
         for name, options in cases.items():
-            if "," in device and name == "resident":
-                options = dict(options, tensor_split=[1, 3])  # llama.cpp's --tensor-split, not free memory
+            if "," in device:  # llama.cpp's --tensor-split, not free memory (a layer on each of the tiny models')
+                options = dict(options, tensor_split=[1, 3])
             logits, toks, stats = run(path, device=device, **options)
             experts = stats.get("experts") or {}
             out["runs"][f"{device} {name}"] = {
                 "tokens": toks, "device": stats.get("device"), "mode": stats.get("mode"),
+                "pools": experts.get("device_pool_bytes", {}),
                 "max_logit_diff": float(np.abs(logits - local_logits).max()),
                 "uploads": (experts.get("total") or {}).get("uploads", 0),
                 "cpu_experts": (experts.get("total") or {}).get("cpu_experts", 0)}
