@@ -52,6 +52,8 @@ expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, doub
         throw expert_budget_error(std::string(what) + " budget " + std::to_string(budget) + " bytes (" + mib(budget) +
             ") is below the minimum of " + std::to_string(minimum_bytes) + " bytes (" + mib(minimum_bytes) +
             "): one layer's top-" + std::to_string(k) + " experts must fit" +
+            (layout.groups.size() > 1 ? " in each of the " + std::to_string(layout.groups.size()) +
+                                        " pools of layers (one per device and expert shape)" : "") +
             (use_low ? " in HIGH, and all but one of them in LOW (" + std::to_string((int) (low_share * 100)) +
                        "% of the budget)" : ""));
     }

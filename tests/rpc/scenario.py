@@ -32,26 +32,36 @@ def minimum_budget(path) -> int:
     return info.n_experts_used * max(info.expert_bytes_per_layer.values()) // info.n_experts
 
 
+def split_moe_layers(path) -> list[int]:
+    """--tensor-split shares that put the first MoE layer on the first device, the others (and the
+    output) on the second."""
+    info = read_model_info(path)
+    first = min(info.expert_bytes_per_layer) + 1
+    return [first, info.n_layers + 1 - first]
+
+
 def tokens(path: str, endpoints: str) -> dict:
     local_logits, local_tokens, _ = run(path, mode="cpu")
     devices = rpc.connect(endpoints)
     out = {"devices": devices, "local": local_tokens, "runs": {}}
     minimum = minimum_budget(path)
     spread = [",".join(devices)] if len(devices) > 1 else []  # the layers over every worker
+    expert_bytes = read_model_info(path).high_expert_bytes
     for device in devices + spread:
-        cases = {"resident": dict(n_gpu_layers=-1), "gpu 50%": dict(mode="gpu", expert_cache="50%"),
-                 "gpu 25%": dict(mode="gpu", expert_cache="25%"),
-                 # each device caches its layers' experts: a token's top-k on each
-                 "gpu minimum": dict(mode="gpu", expert_cache=minimum * (device.count(",") + 1)),
-                 "coop 25%": dict(mode="coop", expert_cache="25%")}
+        # each device caches its layers' experts: a token's top-k on each, at least
+        least = minimum * (device.count(",") + 1)
+        cases = {"resident": dict(n_gpu_layers=-1), "gpu 50%": dict(mode="gpu", expert_cache=max(least, expert_bytes // 2)),
+                 "gpu 25%": dict(mode="gpu", expert_cache=max(least, expert_bytes // 4)),
+                 "gpu minimum": dict(mode="gpu", expert_cache=least),
+                 "coop 25%": dict(mode="coop", expert_cache=max(least, expert_bytes // 4))}
         for name, options in cases.items():
-            if "," in device:  # llama.cpp's --tensor-split, not free memory (a layer on each of the tiny models')
-                options = dict(options, tensor_split=[1, 3])
+            if "," in device:  # llama.cpp's --tensor-split, not free memory: MoE layers on each
+                options = dict(options, tensor_split=split_moe_layers(path))
             logits, toks, stats = run(path, device=device, **options)
             experts = stats.get("experts") or {}
             out["runs"][f"{device} {name}"] = {
                 "tokens": toks, "device": stats.get("device"), "mode": stats.get("mode"),
-                "pools": experts.get("device_pool_bytes", {}),
+                "pools": experts.get("device_pool_bytes", {}), "budget": options.get("expert_cache"),
                 "max_logit_diff": float(np.abs(logits - local_logits).max()),
                 "uploads": (experts.get("total") or {}).get("uploads", 0),
                 "cpu_experts": (experts.get("total") or {}).get("cpu_experts", 0)}
