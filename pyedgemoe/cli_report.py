@@ -86,9 +86,11 @@ def print_stats(stats: dict) -> None:
     if experts["prefetch"] != "none" or stats.get("big_little"):
         p = experts["prefetches"]
         why = experts["prefetch"] if experts["prefetch"] != "none" else "for big-little's fallbacks"
-        typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used, "
-                   f"{p['wasted']} evicted unused, {format_bytes(p['bytes_read'])}"
-                   + (" (stopped: most went unused)" if p["stopped"] else ""), err=True)
+        typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used ({p['late']} too late to start), "
+                   f"{p['wasted']} evicted unused, {p['displaced']} misses of experts they evicted, "
+                   f"{p['declined']} not read (their rank cost more reads than it saved), {format_bytes(p['bytes_read'])}"
+                   + (" (stopped: even the likeliest guesses cost more reads than they saved)" if p["stopped"] else ""),
+                   err=True)
     if stats.get("big_little"):
         b = stats["big_little"]
         typer.echo(f"big-little (gamma {b['gamma']:g}): {b['little_tokens']} tokens decoded little, {b['fallbacks']} "

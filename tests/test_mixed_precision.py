@@ -429,12 +429,13 @@ def with_loud_attention(src: Path, out: Path, factor: float = 50.0) -> Path:
     return output.finish(progress=False)
 
 
-def test_prefetching_stops_itself_when_most_prefetches_go_unused(tiny_model, tmp_path):
+def test_prefetching_stops_itself_when_its_guesses_cost_more_reads_than_they_save(tiny_model, tmp_path):
     path = with_loud_attention(tiny_model("qwen3_moe")[0], tmp_path / "loud.gguf")
     with Engine(path, **{**SETTINGS, "n_ctx": 512}, expert_cache="25%", prefetch="hobbit") as eng:
         tokens = eng.time_generation(IDS[:6], 400)["tokens"]
         p = eng.stats()["experts"]["prefetches"]
-        assert p["used"] + p["wasted"] >= 256 and p["used"] < 0.5 * (p["used"] + p["wasted"]), p
+        # judged by the meter (64 guesses of a rank settled) or the trial (not faster), whichever first
+        assert 0 < p["used"] < p["wasted"], p
         assert p["stopped"]
         issued = p["issued"]
         # none since it stopped (a one-token prompt: a longer one's planned waves are read ahead)

@@ -1,5 +1,6 @@
 // The residency layer's pure policies, bound for calibration and tests: the precision rule, the
-// layer planner, the predictor's decisions and the expert cache's bookkeeping (no memory, no I/O).
+// layer planner, the predictor's decisions, the expert cache's bookkeeping and prefetching's meter
+// (no memory, no I/O).
 // Calibration replays routing traces through these, so it computes exactly what the runtime does.
 #include "native.h"
 
@@ -7,9 +8,11 @@
 #include "../src/expert-options.h"
 #include "../src/layer-planner.h"
 #include "../src/predictor.h"
+#include "../src/prefetch-meter.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -173,4 +176,20 @@ void register_policies(nb::module_ & m) {
           }, nb::arg("n_slots"), nb::arg("layers"), nb::arg("n_expert"), nb::arg("n_shallow") = expert_options().fate_shallow,
           nb::arg("n_expert_used") = 0,
           "Fate's split of a tier's slots over its layers (shallow ones first): slots per layer.");
+
+    nb::class_<prefetch_meter>(m, "PrefetchMeter",
+                               "What decode prefetching saves and costs per rank, and whether a rank is worth reading "
+                               "(native/src/prefetch-meter.h); experts as (layer, expert).")
+        .def(nb::init<size_t>(), nb::arg("ghost_slots"))
+        .def("issued", [](prefetch_meter & m, int rank, std::optional<std::pair<int, int>> displaced) {
+                 m.issued(rank, displaced.has_value(), displaced ? make_expert_key(displaced->first, displaced->second) : 0);
+             }, nb::arg("rank"), nb::arg("displaced") = nb::none())
+        .def("used", &prefetch_meter::used, nb::arg("rank"), nb::arg("ahead"))
+        .def("wasted", &prefetch_meter::wasted, nb::arg("rank"))
+        .def("demanded", [](prefetch_meter & m, int layer, int expert, bool missed) {
+                 return m.demanded(make_expert_key(layer, expert), missed);
+             }, nb::arg("layer"), nb::arg("expert"), nb::arg("missed"))
+        .def("evicted", &prefetch_meter::evicted)
+        .def("worth", &prefetch_meter::worth, nb::arg("rank"))
+        .def("useless", &prefetch_meter::useless);
 }

@@ -184,6 +184,12 @@ void expert_cache::forget_all() {
     }
 }
 
+size_t expert_cache::n_slots() const {
+    size_t n = 0;
+    for (const tier_state & t : tiers_) n += t.slots.n_slots();
+    return n;
+}
+
 uint64_t expert_cache::resident_experts() const {
     uint64_t n = 0;
     for (const auto & t : tiers_) n += t.slots.n_used();

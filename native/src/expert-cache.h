@@ -102,6 +102,7 @@ public:
     const char * policy_name() const { return tiers_[0].policy->name(); }
     const cache_clock & clock() const { return clock_; }
     uint64_t resident_experts() const;
+    size_t n_slots() const;  // of every tier and group
 
 private:
     struct tier_state {

@@ -1,44 +1,65 @@
 #include "prefetch-coordinator.h"
 
-prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of)
+prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of,
+                                           bool timed)
     : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
-      stats_(group_of_.size()), n_threads_(n_threads) {
+      stats_(group_of_.size()), meter_(cache.n_slots()), timed_(timed), n_threads_(n_threads) {
     if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
 }
 
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
 
 std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c, bool * waited) {
-    stats_[expert_key_layer(c.first)].used += unused_.erase(c);
-    used_ += judged_unused_.erase(c);
     auto it = in_flight_.find(c);
-    if (it == in_flight_.end()) return nullptr;
-    if (auto job = prefetcher_->claim(it->second)) return job;
-    *waited = true;  // it was running and is over now: collect_finished() takes it
-    return nullptr;
+    // a read not started yet comes back to the layer, which reads it itself: nothing was read ahead
+    std::shared_ptr<prefetch_job> job = it == in_flight_.end() ? nullptr : prefetcher_->claim(it->second);
+    if (it != in_flight_.end() && !job) *waited = true;  // it was running and is over now: collect_finished() takes it
+    if (unused_.erase(c)) {
+        stats_[expert_key_layer(c.first)].used++;
+        stats_[expert_key_layer(c.first)].late += job != nullptr;
+    }
+    if (auto judged = judged_unused_.find(c); judged != judged_unused_.end()) {
+        meter_.used(judged->second, /*ahead*/ job == nullptr || !timed_);
+        judged_unused_.erase(judged);
+    }
+    return job;
 }
 
-void prefetch_coordinator::evicted(const cached_copy & c) {
-    stats_[expert_key_layer(c.first)].wasted += unused_.erase(c);
-    wasted_ += judged_unused_.erase(c);
+bool prefetch_coordinator::evicted(const cached_copy & c) {
+    meter_.evicted();
+    const bool wasted = unused_.erase(c);
+    stats_[expert_key_layer(c.first)].wasted += wasted;
+    if (auto judged = judged_unused_.find(c); judged != judged_unused_.end()) {
+        meter_.wasted(judged->second);
+        judged_unused_.erase(judged);
+    }
+    return wasted;
 }
 
 void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked, bool judged) {
-    for (const predicted_expert & p : walked) {
+    if (judged && held_) return;
+    for (size_t rank = 0; rank < walked.size(); rank++) {
+        const predicted_expert & p = walked[rank];
         const expert_key key = make_expert_key(p.layer, p.expert);
         const int group = group_of_[p.layer];
         expert_precision pinned = cache_.serving_tier(group, key, p.precision);
         if (pinned == expert_precision::skip) {
+            if (judged && !meter_.worth((int) rank)) {
+                stats_[p.layer].declined++;
+                continue;
+            }
             expert_cache::placement slot = cache_.reserve(group, p.layer, p.expert, p.precision);
             if (!slot.load) continue;  // no slot can be evicted for it now
-            if (slot.has_evicted) evicted({ slot.evicted, p.precision });
+            // a cached expert it displaced (not a prefetch that went unused) may be missed for it
+            const bool displaced = slot.has_evicted && !evicted({ slot.evicted, p.precision });
+            if (judged) meter_.issued((int) rank, displaced, slot.evicted);
             auto job = std::make_shared<prefetch_job>();
             job->key = key;
             job->precision = pinned = p.precision;
             job->reads = reads_of_(p.layer, p.expert, p.precision, slot.slot);
             in_flight_[{ key, p.precision }] = job;
             unused_.insert({ key, p.precision });
-            if (judged) judged_unused_.insert({ key, p.precision });
+            if (judged) judged_unused_[{ key, p.precision }] = (int) rank;
             cache_.pin(key, p.precision, true);  // until the read is over (finish)
             stats_[p.layer].issued++;
             prefetcher_->submit(job);
@@ -117,12 +138,17 @@ std::string prefetch_coordinator::collect_finished() {
 
 std::vector<expert_cache::placement> prefetch_coordinator::place(int group, int il,
                                                                 const std::vector<std::pair<int, expert_precision>> & wanted) {
+    std::vector<expert_cache::placement> placed;
     try {
-        return cache_.place(group, il, wanted);
+        placed = cache_.place(group, il, wanted);
     } catch (const std::exception &) {
         drop_all();
-        return cache_.place(group, il, wanted);
+        placed = cache_.place(group, il, wanted);
     }
+    for (const auto & p : placed) {
+        if (p.precision != expert_precision::skip) stats_[il].displaced += meter_.demanded(make_expert_key(il, p.expert), p.load);
+    }
+    return placed;
 }
 
 void prefetch_coordinator::drop_all() {

@@ -5,6 +5,7 @@
 
 #include "expert-cache.h"
 #include "predictor.h"
+#include "prefetch-meter.h"
 #include "prefetcher.h"
 #include "stats.h"
 
@@ -44,11 +45,6 @@ private:
     std::vector<cached_copy> pins_;
 };
 
-// Prefetching stops for good once, of at least PREFETCH_JUDGED_AFTER prefetches settled (used, or
-// evicted unused), fewer than PREFETCH_MIN_USED_SHARE were used: it would only take the disk's time
-// and evict cached experts for guesses that mostly miss.
-constexpr uint64_t PREFETCH_JUDGED_AFTER = 256;
-constexpr double PREFETCH_MIN_USED_SHARE = 0.5;
 // A layer's op tops the fill up; until the next op the loader threads read what is queued, so a
 // queue of several reads per thread keeps the disk busy through a layer's compute.
 constexpr int FILL_READS_PER_THREAD = 4;
@@ -59,8 +55,9 @@ public:
     using reads_fn = std::function<std::vector<expert_read>(int il, int e, expert_precision p, int slot)>;
 
     // group_of: per il, the pool group (-1: not a MoE layer). With n_threads > 0 prefetch reads
-    // run on that many background threads; with 0 nothing is prefetched.
-    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of);
+    // run on that many background threads; with 0 nothing is prefetched. timed: whether read times
+    // may decide what is prefetched (lossless only: else the tokens would depend on them).
+    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of, bool timed);
 
     bool prefetching() const { return (bool) prefetcher_; }
 
@@ -75,13 +72,14 @@ public:
     // claimed_done) or waits for it (*waited = true; collect_finished() then takes it) and returns null.
     std::shared_ptr<prefetch_job> claim(const cached_copy & c, bool * waited);
     void claimed_done(const prefetch_job & job) { finish(job, true); }
-    // A placement evicted `c` from its tier: a prefetched copy never used was wasted.
-    void evicted(const cached_copy & c);
+    // A placement evicted `c` from its tier: a prefetched copy never used was wasted (true).
+    bool evicted(const cached_copy & c);
 
     // HOBBIT's walked predictions: each is pinned (softly) until its layer runs; those not cached
-    // are prefetched into slots reserved for them, as far as slots can be evicted. Only `judged`
-    // prefetches (decode's guesses, which judged_useless() stops) count in its judgement: a
-    // prefill's read-ahead is not stopped by it and would blur it.
+    // are prefetched into slots reserved for them, as far as slots can be evicted. `judged`
+    // prefetches (decode's guesses) are measured by their place in `walked` (prefetch-meter.h), and
+    // a place that costs more reads than it saves is no longer read; a prefill's read-ahead is
+    // neither measured nor stopped (it would blur the judgement).
     void prefetch(const std::vector<predicted_expert> & walked, bool judged = false);
 
     // The cache's fill in the background: HIGH copies of order's experts ((il, expert), in order)
@@ -112,9 +110,11 @@ public:
     void resume_after_loads() { if (prefetcher_) prefetcher_->resume(); }
 
     const std::vector<expert_prefetch_stats> & stats() const { return stats_; }  // per il: the layer prefetched for
-    bool judged_useless() const {
-        return used_ + wasted_ >= PREFETCH_JUDGED_AFTER && used_ < PREFETCH_MIN_USED_SHARE * (double) (used_ + wasted_);
-    }
+    // decode prefetching stopped for good: by the meter, or by stop_judged() (prefetch-trial.cpp)
+    bool judged_useless() const { return stopped_ || meter_.useless(); }
+    void stop_judged() { stopped_ = true; }
+    void hold_judged(bool held) { held_ = held; }  // no judged prefetch is read while held
+    bool timed() const { return timed_; }
     double busy_ms() const { return prefetcher_ ? prefetcher_->busy_ms() : 0.0; }
     void reset_stats();
 
@@ -128,11 +128,12 @@ private:
     reads_fn reads_of_;
     std::unordered_map<cached_copy, std::shared_ptr<prefetch_job>, cached_copy_hash> in_flight_;
     std::unordered_set<cached_copy, cached_copy_hash> unused_;  // prefetched, not used yet
-    std::unordered_set<cached_copy, cached_copy_hash> judged_unused_;  // those of them judged
+    std::unordered_map<cached_copy, int, cached_copy_hash> judged_unused_;  // those of them judged: their rank
     pin_set wave_pins_;
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
-    uint64_t used_ = 0, wasted_ = 0;               // judged ones, since the start (stats_ are reset)
+    prefetch_meter meter_;                         // judged ones, since the start (stats_ are reset)
+    bool timed_, stopped_ = false, held_ = false;
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read
     int fill_in_flight_ = 0, n_threads_ = 0;

@@ -1,6 +1,7 @@
 #include "prefetch-strategy.h"
 
 #include "expert-layout.h"
+#include "prefetch-coordinator.h"
 
 #include <algorithm>
 
@@ -31,6 +32,8 @@ prefetch_strategies::prefetch_strategies(const prefetch_env & env) {
         case prefetch_mode::fate:    all_.push_back(make_router_prefetch(env, /*fate*/ true)); break;
         case prefetch_mode::edgemoe: all_.push_back(make_path_prefetch(env)); break;
     }
+    // whether it makes the decode faster: else it stops (lossless only)
+    if (env.options.prefetch != prefetch_mode::none && env.coordinator.timed()) all_.push_back(make_prefetch_trial(env));
     // prefill, and MoBiLE's redone tokens: whatever --prefetch says
     all_.push_back(make_read_ahead(env));
     all_.push_back(make_prefill_guess(env));

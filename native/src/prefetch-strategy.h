@@ -8,7 +8,8 @@
 // The strategies of a residency (the registry: prefetch_strategies' constructor), in the order
 // they run:
 //   the decode prefetcher --prefetch names: hobbit, fate (prefetch-router.cpp), edgemoe
-//   (prefetch-paths.cpp); none: no such strategy;
+//   (prefetch-paths.cpp); none: no such strategy; with one, lossless, its trial (prefetch-trial.cpp:
+//   on only where it makes the decode faster);
 //   prefill's read-ahead of the next wave or layer (prefetch-read-ahead.cpp) and, with LOW copies,
 //   of the next layer's experts as Fate's prefill guess plans them (prefetch-prefill-guess.cpp);
 //   MoBiLE's prefetch for the big pass that redoes a token (prefetch-big-little.cpp).
@@ -119,3 +120,4 @@ std::unique_ptr<prefetch_strategy> make_path_prefetch(const prefetch_env & env);
 std::unique_ptr<prefetch_strategy> make_read_ahead(const prefetch_env & env);                  // prefetch-read-ahead.cpp
 std::unique_ptr<prefetch_strategy> make_prefill_guess(const prefetch_env & env);               // prefetch-prefill-guess.cpp
 std::unique_ptr<prefetch_strategy> make_big_little_prefetch(const prefetch_env & env);         // prefetch-big-little.cpp
+std::unique_ptr<prefetch_strategy> make_prefetch_trial(const prefetch_env & env);              // prefetch-trial.cpp

@@ -52,6 +52,9 @@ struct expert_prediction_stats {
 // before being evicted.
 struct expert_prefetch_stats {
     uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0, bytes_read_low = 0, bytes_uploaded = 0;
+    uint64_t late = 0;       // of those used, not started when their layer came (it read them itself)
+    uint64_t displaced = 0;  // on-demand misses of experts a prefetch had evicted (prefetch-meter.h)
+    uint64_t declined = 0;   // predictions not read: their rank costs more reads than it saves
     double   load_ms = 0;    // summed over the jobs (several run at once: see prefetcher::busy_ms)
     double   upload_ms = 0;  // of those, uploading to the device
 };

@@ -1,0 +1,110 @@
+"""Prefetch that never costs (native/src/prefetch-meter.h, prefetch-trial.cpp): a rank of guesses is
+read while it takes more reads off the critical path than it adds (guesses evicted unused, cached
+experts it evicted that were then missed), and decode prefetching stops for good when not even the
+likeliest guesses pay; counted in the stats the CLI prints."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from pyedgemoe import Engine, _native
+from test_cli import cli
+from test_io_faults import DEMO
+
+JUDGED_AFTER = 64  # PREFETCH_RANK_JUDGED_AFTER
+
+
+def test_random_guesses_stop_after_the_judgement_and_good_ones_go_on():
+    """Guessing 2 of 8 experts at random (top-2 routing): a guess is used 1 time in 4; after 64
+    settled the rank costs more reads than it saves and stops; a rank right 3 times in 4 goes on."""
+    rng = random.Random(0)
+    meter = _native.PrefetchMeter(ghost_slots=16)
+    for i in range(JUDGED_AFTER - 1):
+        meter.issued(0)
+        meter.used(0, ahead=True) if rng.random() < 0.25 else meter.wasted(0)
+        meter.issued(1)
+        meter.used(1, ahead=True) if i % 4 else meter.wasted(1)
+    assert meter.worth(0) and meter.worth(1) and not meter.useless()  # not judged yet
+    meter.issued(0)
+    meter.wasted(0)
+    meter.issued(1)
+    meter.wasted(1)
+    assert not meter.worth(0) and meter.useless()
+    assert meter.worth(1)
+    assert meter.worth(7)  # a rank never tried is tried
+
+
+def test_used_too_late_to_start_saves_nothing():
+    """A guess used before its read started was read by its layer on demand: 40 such and 24 wasted
+    do not pay, the same 40 read ahead do."""
+    late, ahead = _native.PrefetchMeter(16), _native.PrefetchMeter(16)
+    for meter, was_ahead in ((late, False), (ahead, True)):
+        for _ in range(40):
+            meter.issued(0)
+            meter.used(0, ahead=was_ahead)
+        for _ in range(24):
+            meter.issued(0)
+            meter.wasted(0)
+    assert not late.worth(0) and ahead.worth(0)
+
+
+def test_a_displaced_expert_missed_soon_counts_against_the_rank_that_evicted_it():
+    """Hand-computed: 40 used ahead, 20 wasted, and each of 4 more prefetches evicted a cached
+    expert that was missed on demand while its ghost was young (fewer evictions since than the
+    cache's 8 slots); a ghost older than 8 evictions, or an expert found cached, counts nothing."""
+    meter = _native.PrefetchMeter(ghost_slots=8)
+    for _ in range(40):
+        meter.issued(0)
+        meter.used(0, ahead=True)
+    for _ in range(20):
+        meter.issued(0)
+        meter.wasted(0)
+    assert meter.worth(0)  # 40 > 20
+    for e in range(4):  # evicts (5, e), which is missed right away: 40 > 24 still
+        meter.issued(0, displaced=(5, e))
+        meter.used(0, ahead=True)
+        meter.evicted()
+        assert meter.demanded(5, e, missed=True)
+    assert meter.worth(0)
+    # 20 more displaced and missed: 44 saved against 20 wasted + 24 displaced
+    for e in range(4, 24):
+        meter.issued(0, displaced=(5, e))
+        meter.evicted()
+        assert meter.demanded(5, e, missed=True)
+    assert not meter.worth(0)  # 44 saved <= 20 wasted + 24 displaced
+
+    old = _native.PrefetchMeter(ghost_slots=8)
+    old.issued(0, displaced=(3, 1))
+    for _ in range(8):
+        old.evicted()
+    assert not old.demanded(3, 1, missed=True)  # aged out: LRU would have evicted it too
+    hit = _native.PrefetchMeter(ghost_slots=8)
+    hit.issued(0, displaced=(3, 1))
+    assert not hit.demanded(3, 1, missed=False)
+    assert not hit.demanded(3, 1, missed=True)  # the ghost went with the hit
+
+
+@pytest.mark.parametrize("preset", ["hobbit"])
+def test_a_lossy_run_judges_by_counts_alone_and_repeats_itself(preset):
+    """With LOW copies a measured time must not decide what is cached: the judgement counts reads
+    only (no trial), so two runs give the same counters and tokens."""
+    runs = []
+    for _ in range(2):
+        with Engine(DEMO, n_ctx=512, expert_cache="25%", system=preset) as eng:
+            tokens = eng.time_generation(eng.tokenize("def parse(self, text):"), 96)["tokens"]
+            p = eng.stats()["experts"]["prefetches"]
+            runs.append((tokens, {k: p[k] for k in ("issued", "used", "wasted", "displaced", "declined", "stopped")}))
+    assert runs[0] == runs[1]
+    assert runs[0][1]["issued"] > 0
+
+
+def test_stats_print_what_prefetching_cost():
+    r = cli("run", DEMO, "-p", "def f(x):", "-n", "24", "--expert-cache", "25%", "--prefetch", "fate", "--stats")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"prefetch \(fate\): (\d+) experts read ahead, (\d+) used \((\d+) too late to start\), (\d+) evicted "
+                  r"unused, (\d+) misses of experts they evicted, (\d+) not read", r.stderr)
+    assert m, r.stderr
+    issued, used, late, wasted, displaced, declined = map(int, m.groups())
+    assert issued > 0 and used + wasted <= issued and late <= used
