@@ -27,6 +27,7 @@ from pyedgemoe import _native, rpc
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.sysmem import format_bytes
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,18 @@ PREFILL_LOW_SHARE = 0.75
 # disk's rate is not an input: from page-cache speed down to 300 MiB/s it changed no choice ("The
 # disk's rate and the prefetch choice").
 PREFETCH_CACHE_SHARE = 0.3
+# Reads of experts smaller than this are latency (a request's round trip), not bandwidth, and the
+# compute between two layers of such a model hides none of them: on the trained demo and fine
+# models (experts of 204 and 26 KiB) Fate's prefetch read 25-43 % more bytes and decoded slower
+# (docs/benchmarks.md, "Prefetch that never costs"); real MoEs' experts are MiBs (OLMoE-1B-7B 6.4
+# in Q8_0, Qwen3-30B-A3B 2.5 in Q4_K, Mixtral 8x7B 95 in Q4_K).
+PREFETCH_MIN_EXPERT_BYTES = 1 << 20
 
 # What an option left unset becomes, besides its native default (for --help).
 AUTOMATIC = {
     "prefetch": f"fate on a core of its own when the cache holds at most {PREFETCH_CACHE_SHARE:.0%} of the "
-                "experts and --threads is not given, else none",
+                f"experts, an expert is at least {PREFETCH_MIN_EXPERT_BYTES >> 20} MiB and --threads is not given, "
+                "else none",
     "cache_policy": "calibrated: the best on the calibration's replay for the mode that runs (lossless, or with "
                     "LOW copies); hobbit when n_parallel > 1; else lru",
     "policy_weights": "calibrated, else equal",
@@ -132,11 +140,11 @@ AUTOMATIC = {
 }
 
 
-def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[str, str]:
+def auto_prefetch(cache_share: float, expert_bytes: int, cores: int, threads_given: bool) -> tuple[str, str]:
     """What prefetch left unset becomes, with an expert cache in host memory holding cache_share of
-    the experts' bytes, on `cores` cores: the mode, and why, for the note on stderr. Prefetching
-    takes a core from the decode (Engine's n_threads), so only when the decode's threads are not
-    given."""
+    the experts' bytes (each of expert_bytes, HIGH), on `cores` cores: the mode, and why, for the
+    note on stderr. Prefetching takes a core from the decode (Engine's n_threads), so only when the
+    decode's threads are not given."""
     if cache_share >= 1:
         return "none", "the cache is the size of all the experts"
     if cache_share > PREFETCH_CACHE_SHARE:
@@ -145,6 +153,8 @@ def auto_prefetch(cache_share: float, cores: int, threads_given: bool) -> tuple[
         return "none", "the decode's threads are given: no core of theirs goes to reads"
     if cores < 2:
         return "none", "one core: none to leave to reads"
+    if expert_bytes < PREFETCH_MIN_EXPERT_BYTES:
+        return "none", f"experts of {format_bytes(expert_bytes)}: too small for the compute to hide their reads"
     return "fate", f"its reads on 1 of {cores} cores, the cache holds {cache_share:.0%} of the experts"
 
 

@@ -236,7 +236,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     reasons["prefetch"] = ""  # why prefetch is what it is, when chosen here
     if offload and not device and options.n_parallel == 1 and "prefetch" not in expert_options.given \
             and not native.big_little:
-        prefetch, reasons["prefetch"] = auto_prefetch(budget / info.high_expert_bytes, machine.cores.n,
+        expert_bytes = max(info.high_expert_bytes_per_layer.values()) // info.n_experts
+        prefetch, reasons["prefetch"] = auto_prefetch(budget / info.high_expert_bytes, expert_bytes, machine.cores.n,
                                                       options.n_threads is not None)
         expert_options = expert_options.merged(prefetch=prefetch)
         native = expert_options.resolve(info, calibration, options.n_parallel)

@@ -170,6 +170,13 @@ def test_a_small_cache_prefetches_on_a_core_of_its_own():
     assert (p.n_threads, p.n_threads_batch, p.governed) == (1, 2, True)  # the decode leaves one core
 
 
+def test_experts_too_small_for_their_reads_to_hide_are_not_prefetched():
+    small = dataclasses.replace(moe(), high_expert_bytes_per_layer={layer: 8 * (MiB - 4096) for layer in range(4)})
+    p = plan(expert_cache="25%", info=small)
+    assert p.expert_options["prefetch"] == "none" and not p.reads_core and p.n_threads == 2
+    assert p.reasons["prefetch"] == "experts of 1020.00 KiB: too small for the compute to hide their reads"
+
+
 def test_threads_given_keep_their_core_and_prefetch_stays_off():
     p = plan(expert_cache="25%", n_threads=2)
     assert p.expert_options["prefetch"] == "none" and not p.reads_core

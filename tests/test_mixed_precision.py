@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pyedgemoe import Engine, _native
+from pyedgemoe import Engine, _native, expert_options
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf, copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
 from pyedgemoe.convert.gguf_out import GGUFOutput
@@ -476,10 +476,16 @@ def on_two_cores():
         os.sched_setaffinity(0, cores)
 
 
-def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_percent_or_less(tiny_model, mp_models):
+def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_percent_or_less(tiny_model, mp_models,
+                                                                                                 monkeypatch):
     path = tiny_model("qwen3_moe")[0]
     unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
     with on_two_cores():
+        with Engine(path, **unset, expert_cache="25%") as eng:  # a tiny model's experts: reads the compute cannot hide
+            assert eng.stats()["experts"]["prefetch"] == "none" and eng.n_threads == 2
+            assert "prefetch none (experts of 24.00 KiB: too small for the compute to hide their reads)" \
+                in eng.expert_cache_note
+        monkeypatch.setattr(expert_options, "PREFETCH_MIN_EXPERT_BYTES", 0)  # as if they were a real model's
         with Engine(path, **unset, expert_cache="25%") as eng:
             tokens = eng.time_generation(IDS[:6], N_GENERATED)["tokens"]
             experts = eng.stats()["experts"]
@@ -500,7 +506,8 @@ def test_prefetch_left_unset_reads_on_a_core_of_its_own_when_the_cache_holds_30_
         assert tokens == eng.time_generation(IDS[:6], N_GENERATED)["tokens"]  # lossless
 
 
-def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_model, tmp_path):
+def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(expert_options, "PREFETCH_MIN_EXPERT_BYTES", 0)  # a tiny model prefetching as a real one
     path = with_loud_attention(tiny_model("qwen3_moe")[0], tmp_path / "loud.gguf")
     unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
     with on_two_cores(), Engine(path, **{**unset, "n_ctx": 512}, expert_cache="25%") as eng:
