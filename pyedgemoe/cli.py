@@ -340,6 +340,8 @@ def calibrate_command(
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
     loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe: the perplexity increase over "
                                     "HIGH only that the static precision map may cost"),
+    min_agreement: str = typer.Option("97%", "--min-agreement", help="--system edgemoe: and the share of the "
+                                      "calibration tokens whose top-1 it must leave as HIGH only's"),
     size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
                                               "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
@@ -361,6 +363,7 @@ def calibrate_command(
         result = calibrate(model, text, budget=budget, split=target_split, n_ctx=ctx, max_tokens=max_tokens,
                            trace=trace, grid_step=grid_step, text_name=str(file), system=system,
                            loss_budget=parse_share(loss_budget, "--loss-budget"),
+                           min_agreement=parse_share(min_agreement, "--min-agreement"),
                            size_budget=None if size_budget is None else parse_share(size_budget, "--size-budget"),
                            force=force, **engine_options)
     except PyEdgeMoEError as e:
@@ -399,10 +402,11 @@ def calibrate_command(
                f"{d['path_accuracy']:.1%} right on this text")
     if system == "edgemoe":  # computed here (a map kept from the sidecar replaced has its note)
         m = d["precision_map"]
-        budget_text = (f"loss budget +{m['loss_budget']:.1%}" if m["size_budget"] is None
-                       else f"size budget {m['size_budget']:.0%}")
+        budget_text = (f"loss budget +{m['loss_budget']:.1%}, top-1 agreement {m['min_agreement']:.0%} at least"
+                       if m["size_budget"] is None else f"size budget {m['size_budget']:.0%}")
         typer.echo(f"EdgeMoE precision map ({budget_text}): {m['n_low']} of {m['n_experts']} experts LOW, "
-                   f"decode-mode perplexity {m['ppl']:.4f} vs {m['baseline_ppl']:.4f} all HIGH")
+                   f"decode-mode perplexity {m['ppl']:.4f} vs {m['baseline_ppl']:.4f} all HIGH, "
+                   f"top-1 agreement {m['agreement']:.1%}")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 

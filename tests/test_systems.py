@@ -230,6 +230,12 @@ def test_calibrate_edgemoe_writes_the_map_and_the_path_statistics(calibrated):
     assert m["n_experts"] == len(m["importance"]) and 0 <= m["n_low"] <= m["n_experts"]
     assert sum(len(es) for es in m["low"].values()) == m["n_low"]
     assert m["ppl"] <= m["baseline_ppl"] * 1.05 + 1e-9
+    # and what users see: the map keeps at least 97 % of the calibration tokens' top-1, measured for
+    # every count tried, and a count that broke either bound was refused
+    assert m["agreement"] >= m["min_agreement"] == 0.97
+    for n_low, agreement in m["agreements"].items():
+        fits = m["evaluations"][n_low] <= m["baseline_ppl"] * 1.05 + 1e-9 and agreement >= 0.97
+        assert fits == (int(n_low) <= m["n_low"]), (n_low, agreement, m)
     # the statistics predict the calibration text's next-layer experts better than a guess (k of n)
     k, n = read_model_info(path).n_experts_used, data["path_statistics"]["n_expert"]
     assert data["path_statistics"]["tables"] and k / n < data["path_accuracy"] <= 1

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from pyedgemoe.calibration.bitwidths import choose_low_count, importance_order, low_count_for_size, low_map
+from pyedgemoe.calibration.edgemoe import precision_map
+from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.calibration.paths import native_entries, path_accuracy, path_statistics, predict
+from test_io_faults import DEMO
 
 N_EXPERT = 4
 LAYERS = (1, 3, 5)  # MoE layer ids: not 0..2, so the tables must be keyed by the trace's ids
@@ -151,30 +154,29 @@ def test_importance_order_is_least_important_first_ties_by_layer_and_expert():
 def test_choose_low_count_finds_the_largest_k_within_budget():
     # perplexity 10 + K, limit 10 * 1.35 = 13.5 -> K = 3; bisection over (0, 11): 5, 2, 3, 4
     calls = []
-    k, evaluations = choose_low_count(10, lambda k: calls.append(k) or 10.0 + k, 10.0, 0.35)
-    assert k == 3
+    assert choose_low_count(10, lambda k: calls.append(k) or 10.0 + k <= 13.5) == 3
     assert calls == [5, 2, 3, 4]
-    assert evaluations == {5: 15.0, 2: 12.0, 3: 13.0, 4: 14.0}
 
 
-def test_choose_low_count_never_evaluates_zero_nor_twice():
+def test_choose_low_count_never_asks_zero_nor_twice():
     for n in range(1, 20):
         for threshold in range(n + 1):
             calls = []
-            k, _ = choose_low_count(n, lambda k: calls.append(k) or (1.0 if k <= threshold else 2.0), 1.0, 0.0)
-            assert k == threshold
+            assert choose_low_count(n, lambda k: calls.append(k) or k <= threshold) == threshold
             assert 0 not in calls and len(calls) == len(set(calls))
 
 
 def test_choose_low_count_all_low_and_none_low():
-    assert choose_low_count(10, lambda k: 10.0, 10.0, 0.0)[0] == 10
-    assert choose_low_count(10, lambda k: 100.0, 10.0, 0.05)[0] == 0
-    assert choose_low_count(0, lambda k: pytest.fail("evaluated"), 10.0, 0.05) == (0, {})
+    assert choose_low_count(10, lambda k: True) == 10
+    assert choose_low_count(10, lambda k: False) == 0
+    assert choose_low_count(0, lambda k: pytest.fail("asked")) == 0
 
 
-def test_choose_low_count_rejects_a_negative_loss_budget():
-    with pytest.raises(ValueError, match="loss budget"):
-        choose_low_count(10, lambda k: 10.0, 10.0, -0.01)
+@pytest.mark.parametrize("bounds, says", [(dict(loss_budget=-0.01), "loss budget"),
+                                           (dict(min_agreement=1.5), "agreement bound")])
+def test_precision_map_rejects_bounds_out_of_range(bounds, says):
+    with pytest.raises(InvalidOptionError, match=says):
+        precision_map(DEMO, [1, 2, 3], **bounds)
 
 
 def test_low_count_for_size():

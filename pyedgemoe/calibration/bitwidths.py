@@ -4,9 +4,9 @@ multi-precision file, HIGH and LOW.
 The paper profiles each expert's importance as the accuracy lost when that expert alone is
 quantized to the low bitwidth, sorts the experts by it, and puts the K least important in the low
 bitwidth, raising K while the accuracy loss stays under the user's tolerance and lowering it once
-it is over. We do the same with perplexity as the accuracy: importance_order sorts the measured
-losses, choose_low_count tunes K against a perplexity budget, and low_count_for_size gives the K
-that a size budget needs instead. Where the paper searches for the bitwidth bounds first, the two
+it is over. We do the same with perplexity as the accuracy, and the top-1 agreement with HIGH only
+as a bound users see: importance_order sorts the measured losses, choose_low_count tunes K against
+the tolerance, and low_count_for_size gives the K that a size budget needs instead. Where the paper searches for the bitwidth bounds first, the two
 precisions here are those the file holds.
 """
 from __future__ import annotations
@@ -24,28 +24,21 @@ def importance_order(deltas: dict[Expert, float]) -> list[Expert]:
     return sorted(deltas, key=lambda expert: (deltas[expert], expert))
 
 
-def choose_low_count(n: int, evaluate: Callable[[int], float], baseline: float,
-                     loss_budget: float) -> tuple[int, dict[int, float]]:
-    """The largest K in [0, n] with evaluate(K) <= baseline * (1 + loss_budget), where evaluate(K)
-    is the perplexity with the K least important experts LOW and baseline that with none.
+def choose_low_count(n: int, fits: Callable[[int], bool]) -> int:
+    """The largest K in [0, n] for which fits(K): whether the K least important experts LOW stay
+    within the user's tolerance (the perplexity budget and the top-1 agreement bound: edgemoe.py).
 
     The paper moves K up while the loss is under the goal and down once it is over; assuming, as it
-    does, that the loss grows with K, a binary search finds the same K in about log2(n)
-    evaluations. K = 0 is never evaluated (it is the baseline) and no K twice. Returns K and every
-    evaluation made, {K: perplexity}."""
-    if loss_budget < 0:
-        raise InvalidOptionError(f"the loss budget must be >= 0, got {loss_budget!r}")
-    limit = baseline * (1 + loss_budget)
-    evaluations: dict[int, float] = {}
-    fits, fails = 0, n + 1  # the largest K known to fit, the smallest known not to
-    while fails - fits > 1:
-        k = (fits + fails) // 2
-        evaluations[k] = evaluate(k)
-        if evaluations[k] <= limit:
-            fits = k
+    does, that the loss grows with K, a binary search finds the same K in about log2(n) calls.
+    K = 0 is never asked (it is the baseline) and no K twice."""
+    fitting, failing = 0, n + 1  # the largest K known to fit, the smallest known not to
+    while failing - fitting > 1:
+        k = (fitting + failing) // 2
+        if fits(k):
+            fitting = k
         else:
-            fails = k
-    return fits, evaluations
+            failing = k
+    return fitting
 
 
 def low_count_for_size(n: int, high_bytes: int, low_bytes: int, size_budget: float) -> int:

@@ -79,6 +79,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
               trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
               grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
               system: str | None = None, loss_budget: float = edgemoe.DEFAULT_LOSS_BUDGET,
+              min_agreement: float = edgemoe.DEFAULT_MIN_AGREEMENT,
               size_budget: float | None = None, force: bool = False, **engine_options) -> CalibrationResult:
     """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
     `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`). A sidecar
@@ -88,7 +89,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
 
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
-    or "edgemoe" (also the static precision map for loss_budget, or size_budget: edgemoe.py).
+    or "edgemoe" (also the static precision map for loss_budget and min_agreement, or size_budget:
+    edgemoe.py).
     engine_options: further Engine arguments
     (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
@@ -213,6 +215,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if system == "edgemoe":
         start = time.perf_counter()
         data["precision_map"] = edgemoe.precision_map(model_path, tokens, loss_budget=loss_budget,
+                                                      min_agreement=min_agreement,
                                                       size_budget=size_budget, **engine_options)
         data["seconds"]["precision_map"] = time.perf_counter() - start
     elif previous and previous.get("precision_map"):
