@@ -340,8 +340,9 @@ def calibrate_command(
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
     loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe: the perplexity increase over "
                                     "HIGH only that the static precision map may cost"),
-    min_agreement: str = typer.Option("97%", "--min-agreement", help="--system edgemoe: and the share of the "
-                                      "calibration tokens whose top-1 it must leave as HIGH only's"),
+    min_agreement: str = typer.Option("97%", "--min-agreement", help="--system edgemoe and mobile: the share of "
+                                      "the calibration tokens whose top-1 the map (edgemoe, besides the loss "
+                                      "budget) or gamma (mobile) must leave as the whole model's"),
     size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
                                               "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
@@ -351,7 +352,8 @@ def calibrate_command(
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a
     sidecar next to the model that `run` picks up (docs/mixed-precision.md); EdgeMoE's path
-    statistics too, and with --system edgemoe its static precision map (docs/systems.md)."""
+    statistics too, with --system edgemoe its static precision map and with --system mobile MoBiLE's gamma
+    (docs/systems.md)."""
     from pyedgemoe.calibration.run import calibrate
 
     try:
@@ -407,6 +409,11 @@ def calibrate_command(
         typer.echo(f"EdgeMoE precision map ({budget_text}): {m['n_low']} of {m['n_experts']} experts LOW, "
                    f"decode-mode perplexity {m['ppl']:.4f} vs {m['baseline_ppl']:.4f} all HIGH, "
                    f"top-1 agreement {m['agreement']:.1%}")
+    if system == "mobile":
+        g = d["big_little"]
+        typer.echo(f"MoBiLE gamma {g['gamma']:.4g} (top-1 agreement {g['min_agreement']:.0%} at least): "
+                   f"{g['fallback_rate']:.1%} of tokens redone big, top-1 agreement {g['agreement']:.1%} "
+                   f"({g['little_agreement']:.1%} with the little pass alone)")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 

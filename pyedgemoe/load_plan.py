@@ -197,7 +197,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     reasons: dict[str, str] = {}
     expert_options = options.expert_options
     if options.system is not None:
-        expert_options = system_options(options.system, expert_options, info, options.n_parallel)
+        expert_options = system_options(options.system, expert_options, info, options.n_parallel, calibration)
     mode, reasons["mode"] = _mode(expert_options, bool(machine.gpus))
     layer_devices, reasons["device"] = _devices(mode, expert_options["device"], machine.gpus)
     device = layer_devices[0] if layer_devices else None

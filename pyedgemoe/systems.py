@@ -12,13 +12,16 @@ only fills in options: every knob stays available alone, and one given explicitl
   covering 15 % of the selections in LOW; shallow-favoring cache with per-layer ARC; next-layer gate
   prefetch with Fate's extra experts.
 - mobile (MoBiLE): lossless experts; decode with top-k/2 and redo a token with the whole top-k when
-  its top probability is below 0.7, prefetching what the little pass's routers chose.
+  its top probability is below gamma (`pyedgemoe calibrate --system mobile` chooses it for the
+  model; else the paper's 0.7), prefetching what the little pass's routers chose.
 """
 from __future__ import annotations
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.model_info import ModelInfo
+
+MOBILE_GAMMA = 0.7  # the paper's, where the model's calibration chose none
 
 SYSTEMS: dict[str, dict] = {
     "lossless": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none"),
@@ -28,17 +31,19 @@ SYSTEMS: dict[str, dict] = {
     # the LOW tier serves prefill's cold experts only: a small one; reload keeps decode in HIGH
     "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.1,
                  prefill_low_share=0.15, cache_policy="fate", prefetch="fate"),
-    "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=0.7),
+    "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=MOBILE_GAMMA),
 }
 # the presets that need LOW expert copies (a multi-precision GGUF, or low_from)
 NEEDS_LOW = ("hobbit", "edgemoe", "fate")
 
 
-def system_options(system: str, given: ExpertOptions, info: ModelInfo, n_parallel: int = 1) -> ExpertOptions:
+def system_options(system: str, given: ExpertOptions, info: ModelInfo, n_parallel: int = 1,
+                   calibration: dict | None = None) -> ExpertOptions:
     """The options of `system` with the explicitly given ones on top; InvalidOptionError for an
     unknown system, or one that needs LOW copies the model does not have. With n_parallel > 1 a
     preset's LRU is HOBBIT's priority instead: LRU thrashes when a step of several sequences needs
-    more experts than the cache holds (ExpertOptions.resolve)."""
+    more experts than the cache holds (ExpertOptions.resolve). MoBiLE's gamma is the model's
+    calibration's (its sidecar, `calibration`) where it has one."""
     if system not in SYSTEMS:
         raise InvalidOptionError(f"unknown system {system!r} ({', '.join(SYSTEMS)})")
     if system in NEEDS_LOW and not info.multi_precision and "low_from" not in given.given:
@@ -47,4 +52,6 @@ def system_options(system: str, given: ExpertOptions, info: ModelInfo, n_paralle
     preset = dict(SYSTEMS[system])
     if n_parallel > 1 and preset.get("cache_policy") == "lru":
         preset["cache_policy"] = "hobbit"
+    if "big_little" in preset and calibration and calibration.get("big_little"):
+        preset["big_little"] = calibration["big_little"]["gamma"]
     return ExpertOptions(**preset).merged(**given.given)

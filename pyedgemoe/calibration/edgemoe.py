@@ -31,6 +31,12 @@ DEFAULT_MIN_AGREEMENT = 0.97  # of the tokens whose top-1 is all HIGH's
 PROFILE_TOKENS = 128          # calibration tokens each map is measured on
 
 
+def check_min_agreement(min_agreement: float) -> None:
+    """A top-1 agreement bound (a share of the tokens), or InvalidOptionError."""
+    if not 0 <= min_agreement <= 1:
+        raise InvalidOptionError(f"the agreement bound must be in [0, 1], got {min_agreement!r}")
+
+
 def _decode_mode(engine: Engine, tokens: list[int], low: dict[int, list[int]]) -> tuple[float, np.ndarray]:
     """The map's decode-mode perplexity of tokens, and its top-1 token at each position."""
     engine.set_precision_map(low)
@@ -51,8 +57,7 @@ def precision_map(model_path: str | os.PathLike, tokens: list[int], *, loss_budg
         raise InvalidOptionError("EdgeMoE's precision map needs at least 2 tokens of text")
     if loss_budget < 0:
         raise InvalidOptionError(f"the loss budget must be >= 0, got {loss_budget!r}")
-    if not 0 <= min_agreement <= 1:
-        raise InvalidOptionError(f"the agreement bound must be in [0, 1], got {min_agreement!r}")
+    check_min_agreement(min_agreement)
     options = dict(engine_options, low_precision=True, skip=False, prefetch="none", static_precision=False,
                    big_little=0.0)
     with Engine(model_path, n_ctx=max(len(tokens), 16), n_logits=len(tokens), expert_cache="100%", **options) as eng:

@@ -21,7 +21,8 @@ Four steps, each in a module of its own:
    are replayed through the runtime's cache code, and the single policies to compare.
 
 Besides, from the same trace: EdgeMoE's path statistics (paths.py; `--prefetch edgemoe` reads
-them) and, with system="edgemoe", EdgeMoE's static precision map (edgemoe.py; `--static-precision`).
+them), with system="edgemoe" EdgeMoE's static precision map (edgemoe.py; `--static-precision`) and
+with system="mobile" MoBiLE's gamma (mobile.py; `--system mobile`'s `--big-little`).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pyedgemoe.calibration import edgemoe
+from pyedgemoe.calibration import edgemoe, mobile
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
                                           replay_steps, search_policy_weights, weight_grid)
@@ -90,7 +91,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
     or "edgemoe" (also the static precision map for loss_budget and min_agreement, or size_budget:
-    edgemoe.py).
+    edgemoe.py) or "mobile" (also MoBiLE's gamma for min_agreement: mobile.py).
     engine_options: further Engine arguments
     (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
@@ -107,12 +108,13 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         raise InvalidOptionError(f"{model_path} has no experts ({info.architecture} is dense): nothing to calibrate")
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "auto"):
         raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%)")
-    weight_grid(grid_step)  # a bad step fails before the model runs
+    weight_grid(grid_step)  # a bad step fails before the model runs, and so does a bad bound
+    edgemoe.check_min_agreement(min_agreement)
     sidecar = os.fspath(sidecar if sidecar is not None else sidecar_path(model_path))
     previous = _previous_calibration(sidecar, force) if write else None
-    if system not in (None, "hobbit", "edgemoe"):
-        raise InvalidOptionError(f"calibrate --system takes hobbit or edgemoe, got {system!r} (fate and mobile "
-                                 "need no calibration; lossless has nothing to calibrate)")
+    if system not in (None, "hobbit", "edgemoe", "mobile"):
+        raise InvalidOptionError(f"calibrate --system takes hobbit, edgemoe or mobile, got {system!r} (fate needs "
+                                 "no calibration; lossless has nothing to calibrate)")
 
     notes: list[str] = []
     start = time.perf_counter()
@@ -222,6 +224,15 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         data["precision_map"] = previous["precision_map"]
         notes.append(f"kept EdgeMoE's precision map of the sidecar replaced ({previous['precision_map']['n_low']} "
                      "experts LOW; --system edgemoe computes it again)")
+    if system == "mobile":
+        start = time.perf_counter()
+        data["big_little"] = mobile.calibrate_gamma(model_path, tokens, budget, min_agreement=min_agreement,
+                                                    **engine_options)
+        data["seconds"]["big_little"] = time.perf_counter() - start
+    elif previous and previous.get("big_little"):
+        data["big_little"] = previous["big_little"]
+        notes.append(f"kept MoBiLE's gamma of the sidecar replaced ({previous['big_little']['gamma']:.3g}; "
+                     "--system mobile computes it again)")
     result = CalibrationResult(data, notes=notes)
     if write:
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))

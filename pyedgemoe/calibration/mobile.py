@@ -1,0 +1,62 @@
+"""MoBiLE's gamma for a model (`pyedgemoe calibrate --system mobile`): the paper's 0.7 let the
+little pass keep 1 token in 7 on the demo model and none on others, so the threshold is chosen
+from what the model does instead.
+
+On the calibration tokens, in decode mode (one token per llama_decode, as generation runs), the
+little pass (each token through its top-k/2 experts) gives each position its top probability p
+and its top-1 token; the big pass (the whole top-k) its own top-1. A token whose p is below gamma
+is redone big, so with gamma its top-1 differs from the big pass's only where p >= gamma and the
+two passes disagree. gamma is the smallest threshold (the fewest tokens redone) that keeps the
+top-1 of at least min_agreement of the tokens.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pyedgemoe.calibration.edgemoe import DEFAULT_MIN_AGREEMENT, check_min_agreement
+from pyedgemoe.decoder import top_probability
+from pyedgemoe.engine import Engine
+from pyedgemoe.errors import InvalidOptionError
+
+# the little pass alone: no little token's top probability is below it, so none is redone
+LITTLE_ONLY = 1e-30
+PROFILE_TOKENS = 512  # calibration tokens the two passes are measured on
+
+
+def choose_gamma(confidence: np.ndarray, agrees: np.ndarray, min_agreement: float = DEFAULT_MIN_AGREEMENT) -> dict:
+    """The smallest gamma whose tokens kept little (confidence >= gamma) disagree with the big pass
+    on at most 1 - min_agreement of all tokens: {"gamma", "agreement", "fallback_rate"}. A gamma
+    above every confidence (1.0: every token redone big) when even the most confident disagree."""
+    check_min_agreement(min_agreement)
+    confidence, agrees = np.asarray(confidence, dtype=np.float64), np.asarray(agrees, dtype=bool)
+    n = len(confidence)
+    if n == 0:
+        raise InvalidOptionError("MoBiLE's gamma needs at least one token")
+    allowed = (1 - min_agreement) * n + 1e-9  # disagreements the bound allows
+    best = {"gamma": 1.0, "agreement": 1.0, "fallback_rate": 1.0}
+    for gamma in np.unique(confidence)[::-1]:  # most confident first: the tokens kept little grow
+        kept = confidence >= gamma
+        disagreements = int((kept & ~agrees).sum())
+        if disagreements > allowed:
+            break
+        best = {"gamma": float(gamma), "agreement": 1 - disagreements / n, "fallback_rate": float(1 - kept.mean())}
+    return best
+
+
+def calibrate_gamma(model_path: str | os.PathLike, tokens: list[int], budget, *,
+                    min_agreement: float = DEFAULT_MIN_AGREEMENT, **engine_options) -> dict:
+    """gamma for the model from tokens (choose_gamma of the little and big passes' decode-mode
+    logits, at most PROFILE_TOKENS of them) as the sidecar's "big_little", with what it measured."""
+    tokens = tokens[:PROFILE_TOKENS]
+    options = dict(engine_options, low_precision=False, skip=False, prefetch="none", n_ctx=max(len(tokens), 16),
+                   n_logits=len(tokens), expert_cache=budget)
+    with Engine(model_path, **options, big_little=LITTLE_ONLY) as eng:
+        little = eng.logits(tokens, one_token_per_step=True)
+    with Engine(model_path, **options) as eng:
+        big = eng.logits(tokens, one_token_per_step=True)
+    confidence = np.array([top_probability(row) for row in little])
+    agrees = little.argmax(axis=-1) == big.argmax(axis=-1)
+    return {**choose_gamma(confidence, agrees, min_agreement), "min_agreement": min_agreement,
+            "little_agreement": float(agrees.mean()), "n_tokens": len(tokens)}
