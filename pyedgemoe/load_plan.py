@@ -450,9 +450,9 @@ def _fill(native: _native.ExpertOptions | None, precision_map: Mapping | None, i
             sum(map(len, precision_map.values())) == info.n_experts * len(info.expert_bytes_per_layer):
         return "none", "EdgeMoE's map puts every expert in LOW, and the fill reads HIGH copies"
     if native.fill_background and native.lossy:
-        # with LOW copies or skips, what a miss computes would depend on whether the fill has cached
-        # that expert yet, i.e. on timing
-        return "at load", "mixed precision: a background fill would make the tokens depend on timing"
+        # with LOW copies, skips or cache routing, what a token computes would depend on whether the
+        # fill has cached that expert yet, i.e. on timing
+        return "at load", "lossy options: a background fill would make the tokens depend on timing"
     return ("in the background", "") if native.fill_background else ("at load", "fill_background off")
 
 
