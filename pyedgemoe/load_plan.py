@@ -177,6 +177,8 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
         gamma = experts["big_little"]
         precision = (("every expert in HIGH" if precision == "lossless" else precision) + ", lossy big-little "
                      f"decoding (a token keeps half its experts when its top probability reaches {gamma:g})")
+    if experts["cache_routing"] > 0:
+        precision += f", cache-aware routing (λ {experts['cache_routing']:g})"
     prefetch_why = plan.reasons["prefetch"]
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "

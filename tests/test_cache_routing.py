@@ -62,10 +62,13 @@ def test_a_cached_selection_keeps_its_row_and_the_bonus_ranks_every_cached_exper
     assert ids.tolist() == [[0, 1]]
 
 
-def test_a_selection_of_probability_zero_stays():
+def test_a_selection_of_probability_zero_stays_and_adds_nothing_to_the_spread():
     probs = np.array([[0.6, 0.0, 0.3, 0.1]], dtype=np.float32)  # selection 1 underflowed to 0
     ids, _, scale = route([2], 1.0, normalized=False, probs=probs)
-    assert ids.tolist() == [[0, 1]] and scale.tolist() == [[1.0, 1.0]]
+    assert ids.tolist() == [[2, 1]] and scale.tolist() == [[0.5, 1.0]]  # 0's row goes, 1's cannot be rescaled
+    # Δ = ln(0.6 / 0.1) = 1.79, not down to the underflow: at λ 0.3 expert 2 trails 0 by 0.69 - 0.54
+    ids, _, _ = route([2], 0.3, normalized=False, probs=probs)
+    assert ids.tolist() == [[0, 1]]
 
 
 def greedy(n_tokens, **options):

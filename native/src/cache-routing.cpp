@@ -1,7 +1,6 @@
 #include "cache-routing.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <limits>
 
@@ -26,12 +25,12 @@ std::vector<float> route_to_cache(int32_t * ids, float * weights, int64_t n_toke
         // an id out of range is the planner's error to report: the token is left as routed
         if (std::any_of(id, id + k, [&](int32_t e) { return e < 0 || e >= n_expert; })) continue;
         double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-        for (int e = 0; e < n_expert; e++) {
-            const double logit = std::log(std::max(p[e], FLT_MIN));
-            lo = std::min(lo, logit);
-            hi = std::max(hi, logit);
+        for (int e = 0; e < n_expert; e++) {  // an expert of probability 0 (underflow) has no logit left
+            if (p[e] <= 0) continue;
+            lo = std::min(lo, std::log((double) p[e]));
+            hi = std::max(hi, std::log((double) p[e]));
         }
-        const double bonus = lambda * (hi - lo);
+        const double bonus = hi > lo ? lambda * (hi - lo) : 0.0;
         const auto score = [&](int e) { return std::log((double) p[e]) + (cached(e) ? bonus : 0.0); };
         candidates.clear();
         std::fill(selected.begin(), selected.end(), 0);
@@ -57,7 +56,8 @@ std::vector<float> route_to_cache(int32_t * ids, float * weights, int64_t n_toke
         for (size_t j = 0; j < taken.size(); j++) id[freed[j]] = taken[j];
         for (int i = 0; i < k; i++) { old_sum += p[old[i]]; new_sum += p[id[i]]; }
         for (int i = 0; i < k; i++) {
-            const double ratio = (double) p[id[i]] / p[old[i]] * (normalized ? old_sum / new_sum : 1.0);
+            const double own = id[i] == old[i] ? 1.0 : (double) p[id[i]] / p[old[i]];
+            const double ratio = own * (normalized ? old_sum / new_sum : 1.0);
             scale[t * k + i] = (float) ratio;
             weights[t * k + i] = (float) (weights[t * k + i] * ratio);
         }

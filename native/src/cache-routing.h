@@ -17,6 +17,7 @@
 // graph takes its weights from; their logarithms are the logits up to a per-token constant (softmax),
 // which neither the ranking nor Δ sees. normalized: the model normalizes its top-k weights.
 // cached(e): a copy of expert e serves it now. Returns each selection's weight over the graph's
-// (1 where unchanged). A selection of probability 0 stays: its weight cannot be rescaled.
+// (1 where unchanged). A selection of probability 0 (underflow) stays: its weight cannot be rescaled;
+// Δ is the spread of the positive probabilities' logarithms.
 std::vector<float> route_to_cache(int32_t * ids, float * weights, int64_t n_tokens, int k, const float * probs,
                                   int n_expert, double lambda, bool normalized, const std::function<bool(int)> & cached);
