@@ -489,7 +489,11 @@ SYSTEMS_PROSE = """\
   input), plus the experts above the 75th percentile of its predicted probabilities (at most top-k
   more), only as many as the compute between two layers hides (the paper's N_max, which it
   measures offline; here a moving average of the compute time between layers over the time of an
-  expert read, `overlap-meter.h`).
+  expert read, `overlap-meter.h`). With LOW copies or skips a measured time must not decide what
+  is cached (the tokens would follow it), so there it is `--fate-extra` whatever the time
+  (default none: on the 25 % caps top-k more decoded 0.92x and 1.03x as fast as none, with a
+  third of those prefetches unused; docs/benchmarks.md, "Prefetching with LOW copies"), and each layer waits for the prefetch reads still in flight before it places its
+  experts (docs/expert-residency.md, "Prefetching with LOW copies").
 - **mobile** (MoBiLE): `--big-little 0.7` decodes each token through its top-k/2 experts
   (renormalized where the model normalizes its top-k weights, like llama.cpp routed to k/2: tested
   against stock llama.cpp with `expert_used_count` overridden); when the token's top output
@@ -505,7 +509,26 @@ SYSTEMS_PROSE = """\
   a copy of it serves a HIGH demand, so with `--low-hit accept` (the default) a LOW copy counts."""
 
 ROUTING_FINDINGS = """\
-(findings: to be written from the sweep)"""
+What the sweep says (2026-11-26):
+
+- **The bytes target is not met within the fidelity bounds on either model.** Alone, λ 0.05 (the
+  preset: the largest λ of the sweep with >= 97 % agreement on both models) reads 11 % fewer expert
+  bytes than lossless on the demo (+0.43 % perplexity, 98.6 % agreement) and 17 % fewer on fine
+  (+0.14 %, 97.1 %). 40 % fewer needs λ 0.2 on the demo (+1.25 %, 95.1 % agreement) and about 0.12
+  on fine (λ 0.1: -35 % at +0.69 % and 96.3 %; λ 0.15: -50 % at +1.35 % and 92.8 %). Agreement is
+  the bound that binds first: perplexity stays within +1 % to λ 0.1 on both.
+- **With HOBBIT** λ 0.1 (the preset) reads 20 % fewer bytes than lossless on the demo (HOBBIT alone
+  11 %) at -0.47 % perplexity and 98.4 % agreement, and 31 % fewer on fine (HOBBIT alone 22 %) at
+  +0.86 % and 98.2 %. On the demo the combination reads less than either alone at the same
+  perplexity (1.06 MiB per token at +0.37 %, λ 0.2, against 1.17 for routing alone at +0.34 % and
+  1.25 for HOBBIT at +0.23 %); on fine it does not: routing alone reads 0.84 MiB at +0.69 % (λ 0.1)
+  where the combination reads 0.89 at +0.86 %. HOBBIT's prefetch reads count in its bytes, and
+  fine has no calibration sidecar, so HOBBIT runs there at the default thresholds.
+- On the demo EdgeMoE's static map (every expert LOW, -67 % bytes at +0.32 %) reads far less than
+  cache-aware routing at any λ within the bounds.
+- The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
+  models (6 and 8 layers, trained for an hour) leave a token fewer near-equivalent experts: with
+  top-2 (the demo) a swapped expert is half of the layer's output."""
 
 FINDINGS = """\
 ## What the numbers say
