@@ -95,9 +95,9 @@ def test_cache_routing_reads_fewer_bytes_and_stays_close_to_the_text():
     same, lossless_bytes = agreement_and_bytes(reference, expert_cache="25%", system="lossless")
     assert same == 1.0
     routed, routed_bytes = agreement_and_bytes(reference, expert_cache="25%", system="cache-routing")
-    # measured on this prompt: 0.96 agreement with 45 % fewer bytes (docs/systems.md)
-    assert routed_bytes < 0.8 * lossless_bytes
-    assert routed >= 0.9
+    # measured on this prompt at the preset's λ: 99.2 % agreement (127 of 128) with 17 % fewer bytes
+    assert routed_bytes < 0.9 * lossless_bytes
+    assert routed >= 0.97
 
 
 def test_a_model_whose_ffn_indexes_by_expert_is_refused(tiny_model, tmp_path):
