@@ -21,6 +21,7 @@ import typer
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.systems import SYSTEMS
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
 _ENGINE_OPTIONS = (
@@ -40,8 +41,8 @@ _ENGINE_OPTIONS = (
                                             "LOW copies are asked for, and a larger size is capped"),
      "expert_cache"),
     ("system", Optional[str], typer.Option(None, "--system",
-                                           help="a seed system's preset of the expert options: lossless, hobbit, "
-                                                "edgemoe, fate or mobile (docs/systems.md); options given win"),
+                                           help=f"a seed system's preset of the expert options: {', '.join(list(SYSTEMS)[:-1])} "
+                                                f"or {list(SYSTEMS)[-1]} (docs/systems.md); options given win"),
      "system"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
      "verbose"),

@@ -177,6 +177,8 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
         gamma = experts["big_little"]
         precision = (("every expert in HIGH" if precision == "lossless" else precision) + ", lossy big-little "
                      f"decoding (a token keeps half its experts when its top probability reaches {gamma:g})")
+    if experts["cache_routing"] > 0:
+        precision += f", cache-aware routing (λ {experts['cache_routing']:g})"
     prefetch_why = plan.reasons["prefetch"]
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "
@@ -461,9 +463,9 @@ def _fill(native: _native.ExpertOptions | None, precision_map: Mapping | None, i
             sum(map(len, precision_map.values())) == info.n_experts * len(info.expert_bytes_per_layer):
         return "none", "EdgeMoE's map puts every expert in LOW, and the fill reads HIGH copies"
     if native.fill_background and native.lossy:
-        # with LOW copies or skips, what a miss computes would depend on whether the fill has cached
-        # that expert yet, i.e. on timing
-        return "at load", "mixed precision: a background fill would make the tokens depend on timing"
+        # with LOW copies, skips or cache routing, what a token computes would depend on whether the
+        # fill has cached that expert yet, i.e. on timing
+        return "at load", "lossy options: a background fill would make the tokens depend on timing"
     return ("in the background", "") if native.fill_background else ("at load", "fill_background off")
 
 

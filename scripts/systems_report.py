@@ -2,6 +2,7 @@
 
     python scripts/systems_report.py                 # fidelity, then speed (about an hour and a half)
     python scripts/systems_report.py --reuse         # only the document, from build/systems/*.json and sidecars
+    python scripts/systems_report.py --cache-routing [--reuse]   # only cache-aware routing's sweep (minutes)
 
 Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
 mobile. The documentation's table of the knobs each sets comes from the same dict.
@@ -13,6 +14,12 @@ type), each in build/systems/ and calibrated there with `--system edgemoe` on th
 so every token is routed and served as a decode step is), top-1 agreement with HIGH only over
 greedy continuations of held-out prompts (fed one token per step), expert bytes per token, hit
 rate, next-layer prediction accuracy and MoBiLE's fallback rate.
+
+Cache-aware routing (`--cache-routing`, alone and with HOBBIT), on both trained models (the demo
+and models/fine.gguf, 64 experts top-8) as shipped: the same fidelity measurements over a sweep of
+λ beside lossless, hobbit and edgemoe (where the model's sidecar has EdgeMoE's map), and a plot of
+bytes per token against decode-mode perplexity (docs/cache-routing.png, matplotlib: the `bench`
+extra). `--cache-routing` runs only that part and rewrites only its sections of the document.
 
 Speed, on the synthetic OLMoE-1B-7B and Qwen3-30B-A3B geometries of docs/benchmarks.md (random
 weights, multi-precision: Q8_0 + Q2_K and Q4_K + Q2_K) under cgroup memory caps of 25 % and 50 % of
@@ -63,6 +70,11 @@ GEOMETRIES = {
         BENCH / "qwen3-30b-a3b-L12-q4_k.gguf", ["--geometry", "qwen3-30b-a3b", "--layers", "12", "--type", "q4_k"],
         BENCH / "qwen3-30b-a3b-L12-q4_k-q2_K.mp.gguf", ["--high", "q4_K", "--low", "q2_K"], {25: "10%", 50: "35%"}, "10%"),
 }
+# cache-aware routing: the trained models it is measured on (as shipped), the λ swept, the results
+TRAINED = {"demo (16 experts, top-2)": MODEL, "fine (64 experts, top-8)": REPO / "models" / "fine.gguf"}
+ROUTING_LAMBDAS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
+ROUTING_RESULTS = WORK / "cache-routing.json"
+ROUTING_PLOT = REPO / "docs" / "cache-routing.png"
 # each paper's own numbers, as its text states them
 PAPER_CLAIMS = {
     "hobbit": "up to 9.93x decode speed over the state-of-the-art offloading systems (Mixtral-8x7B, Phi-MoE; "
@@ -73,6 +85,8 @@ PAPER_CLAIMS = {
             "(shallow-favoring cache); prefetch accuracy 78.79 % (97.15 % with the extra experts); prefill up to 4.5x",
     "mobile": "1.60-1.72x decode speed (Qwen-MoE 2/64, OLMoE 4/64 little) with fallback ratios 0.11-0.21, accuracy "
               "close to the full top-k",
+    "cache-routing": "cache miss rate down by over 50 % with perplexity +0.1 to +3 % and downstream accuracy within "
+                     "0.1 %; 2x decode speed on mobile hardware",
     "lossless": "(the baseline: every expert in HIGH, LRU, on demand)",
 }
 
@@ -101,7 +115,10 @@ def calibrated_demo(low: str | None) -> Path:
     return model
 
 
-def fidelity(model: Path) -> list[dict]:
+def fidelity(model: Path, runs: dict[str, dict] | None = None) -> list[dict]:
+    """Each run's fidelity against HIGH only (the first row); runs: name -> Engine options (default:
+    every preset at the 25 % cache)."""
+    runs = runs or {name: dict(expert_cache=BUDGET, system=name) for name in SYSTEMS}
     heldout, _ = corpus_texts()
     with Engine(model, **SETTINGS) as eng:
         ids = eng.tokenize(heldout, add_bos=False)
@@ -110,8 +127,7 @@ def fidelity(model: Path) -> list[dict]:
         references = [eng.time_generation(prompt, CONTINUATION)["tokens"] for prompt in prompts]
     n_steps = PPL_CTX * PPL_CHUNKS + sum(len(p) + len(r) - 1 for p, r in zip(prompts, references))
     rows = []
-    for name in ["HIGH only", *SYSTEMS]:
-        options = dict(expert_cache=None) if name == "HIGH only" else dict(expert_cache=BUDGET, system=name)
+    for name, options in {"HIGH only": dict(expert_cache=None), **runs}.items():
         print(f"fidelity: {name} ...", file=sys.stderr, flush=True)
         with Engine(model, **SETTINGS, **options) as eng:
             ppl = perplexity(eng, heldout, n_ctx=PPL_CTX, n_chunks=PPL_CHUNKS, one_token_per_step=True)
@@ -130,6 +146,97 @@ def fidelity(model: Path) -> list[dict]:
         rows.append(row)
         print(f"  {row}", file=sys.stderr, flush=True)
     return rows
+
+
+def routing_runs(model: Path) -> dict[str, dict]:
+    """Cache-aware routing's sweep on one model: the presets it is judged against, then each λ alone
+    and with HOBBIT."""
+    judged = ["lossless", "hobbit"] + (["edgemoe"] if "precision_map" in (load_calibration(model) or {}) else [])
+    runs = {name: dict(expert_cache=BUDGET, system=name) for name in judged}
+    for system in ("cache-routing", "hobbit-cache-routing"):
+        for lam in ROUTING_LAMBDAS:
+            runs[f"{system} λ {lam:g}"] = dict(expert_cache=BUDGET, system=system, cache_routing=lam)
+    return runs
+
+
+def routing_sweep() -> dict[str, list[dict]]:
+    out = {}
+    for name, model in TRAINED.items():
+        runs = routing_runs(model)
+        out[name] = fidelity(model, runs)
+        for row in out[name]:
+            row["cache_routing"] = runs.get(row["system"], {}).get("cache_routing")
+    ROUTING_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    ROUTING_RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def routing_plot(sweep: dict[str, list[dict]], out: Path) -> None:
+    """Bytes per token against decode-mode perplexity, one panel per trained model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.5))
+    for ax, (name, rows) in zip(axes, sweep.items()):
+        base = rows[0]["ppl"]
+        point = lambda r: (r["bytes_per_token"] / 2**20, 100 * (r["ppl"] / base - 1))  # noqa: E731
+        for system, marker in (("cache-routing", "o-"), ("hobbit-cache-routing", "s-")):
+            curve = [r for r in rows if r["system"].startswith(system + " λ")]
+            ax.plot(*zip(*map(point, curve)), marker, label=f"{system} (λ {ROUTING_LAMBDAS[0]:g} to {ROUTING_LAMBDAS[-1]:g})")
+            for r in curve:
+                ax.annotate(f"{r['cache_routing']:g}", point(r), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for r in rows:
+            if " λ " not in r["system"] and r.get("bytes_per_token"):
+                ax.plot(*point(r), "D", markersize=8, label=r["system"])
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        ax.set(title=name, xlabel="expert MiB read per token", ylabel="decode-mode perplexity vs HIGH only (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def routing_verdict(name: str, rows: list[dict]) -> str:
+    """Issue #41's target at the presets' λ: >= 40 % fewer bytes than lossless, <= +1 % perplexity,
+    >= 97 % agreement; and the combination against either alone."""
+    base, lossless = rows[0], next(r for r in rows if r["system"] == "lossless")
+    parts = []
+    for system in ("cache-routing", "hobbit-cache-routing"):
+        lam = SYSTEMS[system]["cache_routing"]
+        r = next(r for r in rows if r["system"] == f"{system} λ {lam:g}")
+        fewer, ppl = 1 - r["bytes_per_token"] / lossless["bytes_per_token"], r["ppl"] / base["ppl"] - 1
+        met = fewer >= 0.4 and ppl <= 0.01 and r["agreement"] >= 0.97
+        parts.append(f"{system} (λ {lam:g}): {fewer:.0%} fewer bytes than lossless, {ppl:+.2%} perplexity, {r['agreement']:.1%} "
+                     f"agreement ({'met' if met else 'not met'})")
+    return f"- **{name}**: " + "; ".join(parts) + "."
+
+
+def routing_section(sweep: dict[str, list[dict]]) -> list[str]:
+    lines = ["## Cache-aware routing (both trained models, expert cache 25 %)", "",
+             "The same measurements as above on both trained models as shipped (the demo: Q8_0 + Q4_K; fine: Q8_0 + "
+             f"Q4_0), cache-aware routing swept over λ alone (`--system cache-routing`) and with HOBBIT "
+             f"(`--system hobbit-cache-routing`). Targets (issue #41): at the "
+             "preset's λ ≥ 40 % fewer expert bytes than lossless, ≤ +1 % decode-mode perplexity and ≥ 97 % top-1 "
+             "agreement of HIGH only; the combination at least as good as either alone on bytes at the same "
+             "perplexity.", "", f"![bytes per token against decode-mode perplexity]({ROUTING_PLOT.name})", ""]
+    for name, rows in sweep.items():
+        lines += [f"**{name}**", "", *fidelity_table(rows), ""]
+    lines += [routing_verdict(name, rows) for name, rows in sweep.items()]
+    return lines + ["", ROUTING_FINDINGS]
+
+
+def splice(doc: str, sections: list[list[str]], before: str = "## Speed") -> str:
+    """doc with each section (its first line the heading) in place of the one of that heading, or,
+    new, before the first heading starting with `before`."""
+    lines = doc.splitlines()
+    for section in sections:
+        if section[0] in lines:
+            start = lines.index(section[0])
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        else:
+            start = end = next(i for i, line in enumerate(lines) if line.startswith(before))
+        lines[start:end] = section + ([""] if section[-1] else [])
+    return "\n".join(lines) + "\n"
 
 
 def prepared(single: Path, make: list[str], mp: Path, convert: list[str], budget: str, low_share: float) -> Path:
@@ -265,8 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reuse", action="store_true", help="write the document from the last run's build/systems/*.json "
                    "and sidecars, running nothing")
+    p.add_argument("--cache-routing", action="store_true", help="only cache-aware routing's sweep on both trained "
+                   "models: its sections of the document (and the presets'), the rest as it is")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "systems.md")
     args = p.parse_args(argv)
+    sweep = json.loads(ROUTING_RESULTS.read_text()) if args.reuse else routing_sweep()
+    routing_plot(sweep, ROUTING_PLOT)
+    if args.cache_routing:
+        args.out.write_text(splice(args.out.read_text(), [presets_section(), routing_section(sweep), claims_section()]))
+        return 0
     started = datetime.datetime.now(datetime.timezone.utc)
     fid = json.loads((WORK / "fidelity.json").read_text()) if args.reuse else {}
     maps, replays = {}, {}
@@ -290,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse:
         ended = datetime.datetime.now(datetime.timezone.utc)
         run_file.write_text(json.dumps({"started": f"{started:%Y-%m-%d %H:%M}", "ended": f"{ended:%H:%M}"}) + "\n")
-    write_doc(args.out, fid, cells, maps, replays, json.loads(run_file.read_text()))
+    write_doc(args.out, fid, cells, maps, replays, sweep, json.loads(run_file.read_text()))
     return 0
 
 
@@ -304,14 +418,22 @@ def replay_table(calibrations: dict[str, dict]) -> list[str]:
     return lines
 
 
+def presets_section() -> list[str]:
+    return ["## What each preset sets", "", *knobs_table(), "", SYSTEMS_PROSE]
+
+
+def claims_section() -> list[str]:
+    return ["## The papers' own numbers", "", "| system | claimed |", "|---|---|",
+            *[f"| {s} | {c} |" for s, c in PAPER_CLAIMS.items()]]
+
+
 def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, maps: dict[str, dict], replays: dict[str, dict],
-              run: dict) -> None:
-    lines = ["# The seed systems side by side: HOBBIT, EdgeMoE, Fate, MoBiLE", "",
+              sweep: dict[str, list[dict]], run: dict) -> None:
+    lines = ["# The seed systems side by side: HOBBIT, EdgeMoE, Fate, MoBiLE, cache-aware routing", "",
              f"Generated by `python scripts/systems_report.py` (measured {run['started']}-{run['ended']} UTC, nothing "
              "else running). Each system is a preset, `pyedgemoe run MODEL --system NAME` or `Engine(system=NAME)` "
              "(pyedgemoe/systems.py): it only fills in expert options, every knob stays available alone and one "
-             "given explicitly wins.", "", "## What each preset sets", "", *knobs_table(), "",
-             SYSTEMS_PROSE, "", "## Fidelity (the trained demo model, expert cache 25 %)", "",
+             "given explicitly wins.", "", *presets_section(), "", "## Fidelity (the trained demo model, expert cache 25 %)", "",
              f"Decode-mode perplexity of the held-out split ({PPL_CHUNKS} chunks of {PPL_CTX} tokens, one token per "
              f"llama_decode); top-1 agreement with HIGH only over {N_PROMPTS} held-out prompts × {CONTINUATION} greedy "
              "HIGH-only tokens, fed one per step. Bytes per token: expert bytes read (on demand and prefetched) per "
@@ -326,7 +448,7 @@ def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, maps: dict[str
               "step) replayed through the runtime's cache code at the 25 % budget, with each trace's T1/T2 demands; "
               "miss penalty (a HIGH load 1, a LOW load its byte ratio) and hit rate, lower penalty is better. "
               "`edgemoe` is EdgeMoE's frequency × layer distance, `fate` Fate's shallow-favoring ARC, `fld` and "
-              "`lfu` the two factors alone.", "", *replay_table(replays), ""]
+              "`lfu` the two factors alone.", "", *replay_table(replays), "", *routing_section(sweep), ""]
     for name, by_cap in cells.items():
         for cap, cell in sorted(by_cap.items(), key=lambda kv: int(kv[0])):
             rows = speed_rows(cell)
@@ -335,8 +457,7 @@ def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, maps: dict[str
                       f"Prompt {PROMPT} / output {OUTPUT} tokens, greedy, 2 threads, median of {REPEATS} rounds.", "",
                       *speed_table(rows), "", "Speed-up over lossless and its cause, from the counters:", "",
                       *causes(rows), ""]
-    lines += ["## The papers' own numbers", "", "| system | claimed |", "|---|---|",
-              *[f"| {s} | {c} |" for s, c in PAPER_CLAIMS.items()], "", FINDINGS, ""]
+    lines += [*claims_section(), "", FINDINGS, ""]
     out.write_text("\n".join(lines))
     print("\n".join(lines))
 
@@ -351,7 +472,9 @@ SYSTEMS_PROSE = """\
 - **edgemoe** (EdgeMoE): `static_precision` loads each expert only in the precision of the
   sidecar's map, which `pyedgemoe calibrate --system edgemoe` chooses: each expert's importance is
   the decode-mode perplexity increase with it alone LOW; the least important go LOW, as many as the
-  loss budget (`--loss-budget`, default 1 %) allows, or as a size budget (`--size-budget`) needs.
+  loss budget (`--loss-budget`, default 1 %) allows while the top-1 token stays HIGH only's on at
+  least `--min-agreement` (default 97 %) of the calibration tokens, or as a size budget
+  (`--size-budget`) needs.
   `--cache-policy edgemoe` keeps the experts with the largest f · ((S − i + I) mod S): uses times
   how soon their layer runs (EdgeMoE sec. 3.3.3; `fld` is the distance alone, with the running
   layer first, `lfu` the frequency alone). `--prefetch edgemoe` predicts the next layer's experts
@@ -368,12 +491,51 @@ SYSTEMS_PROSE = """\
   input), plus the experts above the 75th percentile of its predicted probabilities (at most top-k
   more), only as many as the compute between two layers hides (the paper's N_max, which it
   measures offline; here a moving average of the compute time between layers over the time of an
-  expert read, `overlap-meter.h`).
+  expert read, `overlap-meter.h`). With LOW copies or skips a measured time must not decide what
+  is cached (the tokens would follow it), so there it is `--fate-extra` whatever the time
+  (default none: on the 25 % caps top-k more decoded 0.92x and 1.03x as fast as none, with a
+  third of those prefetches unused; docs/benchmarks.md, "Prefetching with LOW copies"), and each layer waits for the prefetch reads still in flight before it places its
+  experts (docs/expert-residency.md, "Prefetching with LOW copies").
 - **mobile** (MoBiLE): `--big-little 0.7` decodes each token through its top-k/2 experts
   (renormalized where the model normalizes its top-k weights, like llama.cpp routed to k/2: tested
   against stock llama.cpp with `expert_used_count` overridden); when the token's top output
   probability is below γ, its KV entry is removed and it runs again with the whole top-k, after
-  prefetching every layer's top-k that the little pass's routers chose."""
+  prefetching every layer's top-k that the little pass's routers chose. γ is the model's:
+  `pyedgemoe calibrate --system mobile` runs the calibration text through the little pass alone
+  and the whole model (decode mode) and takes the smallest γ that keeps the whole model's top-1
+  token on at least `--min-agreement` (default 97 %) of the tokens (pyedgemoe/calibration/mobile.py);
+  the paper's 0.7 where the sidecar has none. On the demo model's training split: γ 0.21, 68 % of
+  the tokens redone big where 0.7 redid 85 %, 97.1 % agreement (77.5 % with the little pass alone).
+- **cache-routing** (Cache-Prior, "Mixture of Cache-Conditional Experts", arXiv 2412.00099):
+  lossless's experts and cache, and before each layer's experts are placed, every token's router
+  logits of the experts the cache holds get a bonus of λ times the spread of its logits (max −
+  min); the top-k of those replaces the router's choice, each chosen expert weighted by its own
+  probability (normalized over the new choice where the model normalizes its top-k). A cached
+  expert takes an uncached one's place only when its logit is within λ·spread of it.
+- **hobbit-cache-routing**: HOBBIT's preset with the same routing; an expert counts as cached when
+  a copy of it serves a HIGH demand, so with `--low-hit accept` (the default) a LOW copy counts."""
+
+ROUTING_FINDINGS = """\
+What the sweep says (2026-11-26):
+
+- **The bytes target is not met within the fidelity bounds on either model.** Alone, λ 0.05 (the
+  preset: the largest λ of the sweep with >= 97 % agreement on both models) reads 11 % fewer expert
+  bytes than lossless on the demo (+0.43 % perplexity, 98.6 % agreement) and 17 % fewer on fine
+  (+0.14 %, 97.1 %). 40 % fewer needs λ 0.2 on the demo (+1.25 %, 95.1 % agreement) and about 0.12
+  on fine (λ 0.1: -35 % at +0.69 % and 96.3 %; λ 0.15: -50 % at +1.35 % and 92.8 %). Agreement is
+  the bound that binds first: perplexity stays within +1 % to λ 0.1 on both.
+- **With HOBBIT** λ 0.1 (the preset) reads 20 % fewer bytes than lossless on the demo (HOBBIT alone
+  11 %) at -0.47 % perplexity and 98.4 % agreement, and 31 % fewer on fine (HOBBIT alone 22 %) at
+  +0.86 % and 98.2 %. On the demo the combination reads less than either alone at the same
+  perplexity (1.06 MiB per token at +0.37 %, λ 0.2, against 1.17 for routing alone at +0.34 % and
+  1.25 for HOBBIT at +0.23 %); on fine it does not: routing alone reads 0.84 MiB at +0.69 % (λ 0.1)
+  where the combination reads 0.89 at +0.86 %. HOBBIT's prefetch reads count in its bytes, and
+  fine has no calibration sidecar, so HOBBIT runs there at the default thresholds.
+- On the demo EdgeMoE's static map (every expert LOW, -67 % bytes at +0.32 %) reads far less than
+  cache-aware routing at any λ within the bounds.
+- The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
+  models (6 and 8 layers, trained for an hour) leave a token fewer near-equivalent experts: with
+  top-2 (the demo) a swapped expert is half of the layer's output."""
 
 FINDINGS = """\
 ## What the numbers say

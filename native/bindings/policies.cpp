@@ -1,9 +1,11 @@
 // The residency layer's pure policies, bound for calibration and tests: the precision rule, the
-// layer planner, the predictor's decisions, the expert cache's bookkeeping and prefetching's meter
+// layer planner, cache-aware routing, the predictor's decisions, the expert cache's bookkeeping and
+// prefetching's meter
 // (no memory, no I/O).
 // Calibration replays routing traces through these, so it computes exactly what the runtime does.
 #include "native.h"
 
+#include "../src/cache-routing.h"
 #include "../src/expert-cache.h"
 #include "../src/expert-options.h"
 #include "../src/layer-planner.h"
@@ -77,6 +79,20 @@ nb::tuple plan(routing_ids ids, routing_weights weights, int n_expert, double t1
     return nb::make_tuple(to_numpy(std::move(demand), { (size_t) n, (size_t) k }), wanted);
 }
 
+// Cache-aware routing of one layer (ids int32 [n, k], weights float32 [n, k], probs float32
+// [n, n_expert]) with the experts `cached` held: (ids, weights, each selection's scale), as the runtime routes.
+nb::tuple cache_routing(routing_ids ids, routing_weights weights, routing_weights probs, const std::vector<int> & cached,
+                        double lambda, bool normalized) {
+    const size_t n = ids.shape(0), k = ids.shape(1), n_expert = probs.shape(1);
+    if (weights.shape(0) != n || weights.shape(1) != k || probs.shape(0) != n) throw nb::value_error("ids, weights and probs differ in tokens");
+    std::vector<int32_t> out_ids(ids.data(), ids.data() + n * k);
+    std::vector<float> out_weights(weights.data(), weights.data() + n * k);
+    std::vector<float> scale = route_to_cache(out_ids.data(), out_weights.data(), (int64_t) n, (int) k, probs.data(), (int) n_expert,
+                                              lambda, normalized, [&](int e) { return std::find(cached.begin(), cached.end(), e) != cached.end(); });
+    return nb::make_tuple(to_numpy(std::move(out_ids), { n, k }), to_numpy(std::move(out_weights), { n, k }),
+                          to_numpy(std::move(scale), { n, k }));
+}
+
 nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
     nb::list out;
     for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
@@ -111,6 +127,13 @@ void register_policies(nb::module_ & m) {
           "selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) and the distinct experts with their demand. "
           "fixed: EdgeMoE's map (a precision name per expert); prefill_low_share: Fate's prefill rule; keep: "
           "MoBiLE's little pass (each token's heaviest selections kept; the others skip and are not wanted).");
+
+    m.def("route_to_cache", &cache_routing, nb::arg("ids"), nb::arg("weights"), nb::arg("probs"), nb::arg("cached"),
+          nb::arg("cache_routing"), nb::arg("normalized") = true,
+          "Cache-aware routing (Cache-Prior, arXiv 2412.00099) of one layer: ids int32 [n, k], the graph's weights float32 "
+          "[n, k] and the router's probabilities float32 [n, n_expert], with the experts `cached` held and bonus "
+          "cache_routing (lambda); normalized: the model normalizes its top-k weights. Returns (ids, weights, scale), "
+          "scale each selection's weight over the graph's.");
 
     m.def("predict_layer", [](const std::vector<float> & logits, int k, double t1, double t2, bool use_low,
                               bool use_skip, int fate_extra, double fate_percentile) {

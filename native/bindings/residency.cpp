@@ -233,7 +233,7 @@ void register_residency(nb::module_ & m) {
     }, "The options' names, in declaration order.");
 #undef EDGEMOE_OPTION_NAME
     options.def_prop_ro("lossy", &expert_options::lossy,
-        "LOW copies or skips on: what a miss computes depends on what the cache holds.");
+        "LOW copies, skips or cache routing on: what a token computes depends on what the cache holds.");
     options.def("check", &check_expert_options, "Raises ValueError naming the first option out of its range.");
 
     register_policies(m);

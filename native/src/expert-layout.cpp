@@ -55,6 +55,7 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
         gguf_directory dir(path);
         for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
             has_expert_bias = has_expert_bias || name.find("_exps.bias") != std::string::npos;
+            if (name.find("_exps.scale") != std::string::npos) fixed_routing = "per-expert scales (" + name + ")";
             int il; expert_projection proj;
             if (!parse_expert_tensor_name(name, &il, &proj)) continue;
             auto [entry, offset] = dir.find(name);
@@ -77,6 +78,8 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
     if (n_expert_used <= 0 || n_expert_used > n_expert) {
         throw std::runtime_error("cannot read " + arch + ".expert_used_count from the model");
     }
+    if (has_expert_bias) fixed_routing = "expert biases (*_exps.bias), which the FFN adds by expert id";
+    if (arch == "llama4") fixed_routing = "llama4 applies its routing weights before the experts, not to their outputs";
     n_layers = by_layer.rbegin()->first + 1;
     for (auto & [il, l] : by_layer) layers.push_back(l);
 

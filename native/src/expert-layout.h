@@ -44,6 +44,9 @@ struct expert_layout {
     int n_layers = 0;  // the last MoE layer's il + 1
     bool has_low = false;
     bool has_expert_bias = false;  // *_exps.bias tensors, which the FFN adds by expert id to every row
+    // why the FFN needs the router's own choice of experts ("" where another choice computes as well):
+    // tensors it indexes by expert id (biases, per-expert scales), or weights applied before it
+    std::string fixed_routing;
     std::string low_source;        // the file of the LOW copies ("" without)
     uint64_t high_bytes = 0, low_bytes = 0;  // of all experts, per precision
 

@@ -27,12 +27,15 @@ void check_expert_options(const expert_options & o) {
             "prefill_low_share must be a fraction in [0, 1), got " + number(o.prefill_low_share));
     require(o.big_little == 0 || (o.big_little > 0 && o.big_little < 1),
             "big_little must be 0 (off) or a probability threshold between 0 and 1, got " + number(o.big_little));
+    require(o.cache_routing >= 0 && o.cache_routing <= 1,
+            "cache_routing must be between 0 (off) and 1 (a cached expert always first), got " + number(o.cache_routing));
     float sum = 0;
     for (float w : o.policy_weights) { require(w >= 0, "policy weights must be non-negative"); sum += w; }
     require(sum > 0, "policy weights must have a positive sum");
 }
 
-void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used) {
+void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used,
+                       const std::string & fixed_routing) {
     if ((o.mode == compute_mode::cpu) != !has_device) {
         throw std::invalid_argument(has_device ? "--mode cpu takes no device" : std::string("--mode ") + name_of(o.mode) +
                                     " needs a GPU device (a build with GGML_VULKAN=1 or GGML_CUDA=1)");
@@ -42,5 +45,9 @@ void check_options_fit(const expert_options & o, bool has_device, bool has_low, 
     }
     if (o.big_little > 0 && n_expert_used < 2) {
         throw std::invalid_argument("big_little needs a model that routes each token to 2 or more experts");
+    }
+    if (o.cache_routing > 0 && !fixed_routing.empty()) {
+        throw std::invalid_argument("cache_routing changes which experts a token uses, and this model's experts need the "
+                                    "router's own choice: " + fixed_routing);
     }
 }

@@ -66,6 +66,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(double,            fate_percentile, 0.75,                   "fate: also prefetch experts above this quantile of the next layer's predicted probabilities") \
     X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k), within what the compute between layers hides; with LOW copies or skips this many whatever the time (-1: none)") \
     X(double,            big_little,      0.0,                    "MoBiLE: decode with top-k/2, redo a token with top-k when its top probability is below this (0: off)") \
+    X(double,            cache_routing,   0.0,                    "cache-aware routing: a cached expert takes an uncached one's place when its router logit is within this share of the token's logit spread (0: off, 1: always)") \
     X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU) or auto")
 
 struct expert_options {
@@ -74,16 +75,18 @@ struct expert_options {
 #undef EDGEMOE_DECLARE_OPTION
 
     precision_params precision() const { return { t1, t2, low_precision, skip }; }
-    // With LOW copies or skips, what a miss computes depends on what the cache holds: then what is
-    // cached and evicted must not depend on how fast the reads went or the compute ran.
-    bool lossy() const { return low_precision || skip; }
+    // With LOW copies, skips or cache-aware routing, what a token computes depends on what the cache
+    // holds: then what is cached and evicted must not depend on how fast the reads went or the compute ran.
+    bool lossy() const { return low_precision || skip || cache_routing > 0; }
 };
 
 // Throws std::invalid_argument naming the first option out of its range.
 void check_expert_options(const expert_options & o);
-// Throws std::invalid_argument for options that the model (its LOW copies, its top-k) or the
-// machine (a GPU device, or none) cannot run.
-void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used);
+// Throws std::invalid_argument for options that the model (its LOW copies, its top-k, its routing) or
+// the machine (a GPU device, or none) cannot run. fixed_routing: why the model's FFN needs the
+// router's own experts ("" where another choice computes as well).
+void check_options_fit(const expert_options & o, bool has_device, bool has_low, int n_expert_used,
+                       const std::string & fixed_routing);
 
 // A budget below the minimum (per group of same-shaped layers, one token's top-k experts).
 struct expert_budget_error : std::invalid_argument {

@@ -54,13 +54,14 @@ struct expert_residency::impl : moe_pass_builder {
 
     bool build_pass(int il, ggml_context * ctx, int pass, ggml_tensor * moe_input, ggml_tensor * weights,
                     ggml_tensor * previous, llama_moe_expert_pass * p) override;
-    // the custom op of a wave: ids [n_used, n_tokens] (expert ids), weights and (wave 0, with a
-    // predictor) the predicted router logits of the layers ahead -> dst, the passes' slot ids
-    // (tier-passes.h), loading misses; after each wave, the prefetch strategies
-    void place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
+    // the custom op of a wave: ids [n_used, n_tokens] (expert ids), weights and (wave 0) the router's probabilities and, with
+    // a predictor, the predicted router logits of the layers ahead -> dst, the passes' slot ids (tier-passes.h), loading
+    // misses; after each wave, the prefetch strategies
+    void place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * probs,
                        const ggml_tensor * predicted, ggml_tensor * dst);
     // wave 0 of a layer: settles the layer before, plans this one's waves
-    bool begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights, ggml_tensor * dst);
+    bool begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * probs,
+                     ggml_tensor * dst);
     // places, loads and pins one wave's experts and writes their slot ids; false after a failure
     bool serve_wave(const moe_layer_layout & l, int wave, const ggml_tensor * ids, ggml_tensor * dst, clock_type::time_point t0);
     // the reads that fill the device slot `slot` (-1: none) with an expert, through the host slot
@@ -126,7 +127,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); },
                   /*timed*/ !layout.has_low && !o.skip) {
     options.low_precision = layout.has_low;
-    check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used);
+    check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used, layout.fixed_routing);
     if (layout.has_low) reader.open_low(layout.low_source, o.io);
     info.device_pool_bytes = device_pool_bytes(layout, budget, devices);  // checked before they are allocated
     pools = std::make_unique<tier_pools>(layout, budget, pool_buffer_types(layout, devices), dc.repack);
@@ -138,7 +139,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     }
     const bool coop = options.mode == compute_mode::coop;
     if (coop && !host) throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
-    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0, pools->fewest_slots());
+    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots());
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
         wave_shapes.push_back({ layout.n_expert, layout.n_expert_used, layout.has_expert_bias, layout.has_low, coop,
@@ -147,6 +148,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     }
     rules.precision = options.precision();
     rules.prefill_low_share = options.prefill_low_share;
+    rules.cache_routing = options.cache_routing;
     rules.weights_normalized.assign(layout.n_layers, 0);
 
     stats.resize(layout.n_layers);
@@ -190,9 +192,9 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     auto * op = (expert_residency::impl::wave_op *) userdata;
-    // wave 0: src[2] is the predicted router logits (if any); later waves: the passes before
-    const ggml_tensor * predicted = op->wave == 0 ? dst->src[2] : nullptr;
-    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], predicted, dst);
+    // wave 0: src[2] the router's probabilities, src[3] the predicted router logits (if any); later waves: src[2] the passes before
+    const bool first = op->wave == 0;
+    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], first ? dst->src[2] : nullptr, first ? dst->src[3] : nullptr, dst);
 }
 }  // namespace
 
@@ -214,11 +216,9 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
     if (index == 0) {
         // one op per wave writes the slot ids of all its passes; a later wave's op runs after the
         // passes before it (previous), whose slots it may reuse
-        ggml_tensor * args[3] = { ids, weights, nullptr };
-        int n_args = 2;
-        if (wave > 0) {
-            args[n_args++] = previous;
-        } else if (ggml_tensor * routers = predictor ? predictor->stacked(il) : nullptr) {
+        ggml_tensor * args[4] = { ids, weights, wave > 0 ? previous : p->probs, nullptr };
+        int n_args = 3;
+        if (ggml_tensor * routers = wave == 0 && predictor ? predictor->stacked(il) : nullptr) {
             // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
             args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
         }
@@ -241,17 +241,17 @@ void expert_residency::impl::fail(const std::string & why, ggml_tensor * dst) {
 }
 
 void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
-                                           const ggml_tensor * predicted, ggml_tensor * dst) {
+                                           const ggml_tensor * probs, const ggml_tensor * predicted, ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
-    GGML_ASSERT(weights->type == GGML_TYPE_F32);
+    GGML_ASSERT(weights->type == GGML_TYPE_F32 && (wave > 0 || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs))));
     if (has_failed()) {  // a load failed earlier in this decode
         passes.write_unserved(dst);
         return;
     }
     const moe_layer_layout & l = *layout.layer_at(il);
     const int64_t n_tokens = ids->ne[1];
-    if (wave == 0 && !begin_layer(l, ids, weights, dst)) return;
+    if (wave == 0 && !begin_layer(l, ids, weights, probs, dst)) return;
     if (wave == 0) prefetch->on_layer_began(t0, ubatch_index);
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     predicted_logits logits;
@@ -265,7 +265,7 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
 }
 
 bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights,
-                                         ggml_tensor * dst) {
+                                         const ggml_tensor * probs, ggml_tensor * dst) {
     const int64_t n_tokens = ids->ne[1];
     const int k = (int) ids->ne[0];
     if (l.il == layout.layers.front().il) { cache.advance_tokens(n_tokens); ubatch_index++; prefetch->on_ubatch(); }
@@ -297,7 +297,8 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     const bool little_pass = little && n_tokens == 1;
     prefetch->on_routing(l, id, little_pass);
     const wave_shape & shape = wave_shapes[l.group];
-    planned = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert, rules.of(l.il, little_pass ? k / 2 : 0),
+    planned = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert,
+                         rules.of(l.il, little_pass ? k / 2 : 0, (const float *) probs->data),
                          shape.waves(n_tokens), shape.wave_size(n_tokens), [&](int e, expert_precision demand) {
             return cache.serving_tier(l.group, make_expert_key(l.il, e), demand) != expert_precision::skip;
         });
@@ -400,10 +401,10 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     for (int q = 0; q < passes.n_masked(); q++) masked_slots.push_back(pools->pool(l.group, passes[q].precision).n_slots());
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
-            auto it = planned.dropped[t * n_used + i] ? where.end() : where.find(id_at(ids, i, t));
+            auto it = planned.dropped[t * n_used + i] ? where.end() : where.find(planned.ids[t * n_used + i]);
             const expert_cache::placement * p = it == where.end() ? nullptr : it->second.first;
             const bool served = p && p->precision != expert_precision::skip;
-            out.select(t, i, served ? passes.serving(it->second.second, p->precision) : -1, served ? p->slot : -1, planned.scale[t]);
+            out.select(t, i, served ? passes.serving(it->second.second, p->precision) : -1, served ? p->slot : -1, planned.scale[t * n_used + i]);
             if (!p) continue;
             (p->precision == expert_precision::high ? st.selections_high
              : p->precision == expert_precision::low ? st.selections_low : st.selections_skip)++;

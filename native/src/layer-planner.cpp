@@ -1,6 +1,7 @@
 #include "layer-planner.h"
 
 #include "cache-policy.h"
+#include "cache-routing.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -23,6 +24,14 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
                       const plan_rules & rules, int n_waves, int high_slots,
                       const std::function<bool(int, expert_precision)> & served) {
     layer_plan plan;
+    plan.ids.assign(ids, ids + n_tokens * k);
+    std::vector<float> routed(weights, weights + n_tokens * k), rescaled;
+    if (rules.cache_routing > 0 && rules.probs) {
+        rescaled = route_to_cache(plan.ids.data(), routed.data(), n_tokens, k, rules.probs, n_expert, rules.cache_routing,
+                                  rules.weights_normalized, [&](int e) { return served(e, expert_precision::high); });
+    }
+    ids = plan.ids.data();
+    weights = routed.data();
     const precision_params & precision = rules.precision;
     const bool all_high = !precision.use_low && !precision.use_skip;
     plan.demand.assign((size_t) n_tokens * k, expert_precision::high);
@@ -53,14 +62,17 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
             uses[it->second]++;
         }
     }
-    plan.scale.assign(n_tokens, 1.0f);
-    for (int64_t t = 0; rules.keep > 0 && rules.renormalize_kept && t < n_tokens; t++) {
+    plan.scale.assign((size_t) n_tokens * k, 1.0f);
+    for (int64_t t = 0; t < n_tokens; t++) {
         double all = 0, kept = 0;
         for (int i = 0; i < k; i++) {
             all += weights[t * k + i];
             kept += plan.dropped[t * k + i] ? 0.0 : weights[t * k + i];
         }
-        if (kept > 0) plan.scale[t] = (float) (all / kept);
+        const bool renormalized = rules.keep > 0 && rules.weights_normalized && kept > 0;
+        for (int i = 0; i < k; i++) {
+            plan.scale[t * k + i] = (float) ((renormalized ? all / kept : 1.0) * (rescaled.empty() ? 1.0f : rescaled[t * k + i]));
+        }
     }
     if (n_tokens > 1 && rules.prefill_low_share > 0) {
         // Fate: popular experts first; the coldest, up to the share of selections, in LOW
@@ -88,13 +100,15 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
     return plan;
 }
 
-plan_rules layer_rules::of(int il, int keep) const {
+plan_rules layer_rules::of(int il, int keep, const float * probs) const {
     plan_rules rules;
     rules.precision = precision;
     rules.fixed = fixed.empty() || fixed[il].empty() ? nullptr : fixed[il].data();
     rules.prefill_low_share = prefill_low_share;
     rules.keep = keep;
-    rules.renormalize_kept = weights_normalized[il];
+    rules.weights_normalized = weights_normalized[il];
+    rules.cache_routing = cache_routing;
+    rules.probs = probs;
     return rules;
 }
 

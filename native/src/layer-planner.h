@@ -17,9 +17,10 @@
 using expert_demand = std::pair<int, expert_precision>;  // (expert id, demand)
 
 struct layer_plan {
+    std::vector<int32_t> ids;                      // per selection, [n_tokens][k]: its expert (cache routing may change it)
     std::vector<expert_precision> demand;          // per selection, [n_tokens][k]
     std::vector<uint8_t> dropped;                  // per selection: left out by plan_rules::keep
-    std::vector<float> scale;                      // per token: its output's scale (plan_rules::renormalize_kept)
+    std::vector<float> scale;                      // per selection: its output's scale over the graph's weight
     std::vector<std::vector<expert_demand>> waves;  // n_waves lists (later ones may be empty)
     std::string error;                              // an expert id out of range ("" if none)
 };
@@ -59,14 +60,19 @@ struct plan_rules {
     // MoBiLE's little pass: each token computes only its `keep` heaviest selections (0: all); the
     // others are dropped (demand skip, not wanted, never computed)
     int keep = 0;
-    // with keep: the model normalizes its top-k weights, so a token routed to fewer experts
-    // normalizes over those (its output scaled by all its weights over the kept ones); else 1
-    bool renormalize_kept = false;
+    // the model normalizes its top-k weights: with keep, a token routed to fewer experts normalizes
+    // over those (its output scaled by all its weights over the kept ones); else 1
+    bool weights_normalized = false;
+    // cache-aware routing (cache-routing.h): λ (0: off) and per token the router's n_expert
+    // probabilities; a cached expert is one that `served` says serves a HIGH demand. The demands
+    // and the other rules apply to the routing it leaves, with that routing's weights.
+    double cache_routing = 0;
+    const float * probs = nullptr;
 };
 
 // ids, weights: [n_tokens][k] expert ids and routing weights. served(expert, demand): a cached
 // copy serves that demand; with several waves the served experts go first, so the loads of the
-// first wave do not evict them before their use.
+// first wave do not evict them before their use; cache routing prefers them.
 layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_tokens, int k, int n_expert,
                       const plan_rules & rules, int n_waves, int high_slots,
                       const std::function<bool(int, expert_precision)> & served);
@@ -76,11 +82,13 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
 struct layer_rules {
     precision_params precision;
     double prefill_low_share = 0;
+    double cache_routing = 0;
     std::vector<std::vector<expert_precision>> fixed;  // per il: EdgeMoE's static map (empty: none)
     std::vector<uint8_t> weights_normalized;           // per il: llama.cpp normalizes its top-k weights
 
-    // layer il's rules; keep: MoBiLE's little pass's (0: every selection is computed)
-    plan_rules of(int il, int keep = 0) const;
+    // layer il's rules; keep: MoBiLE's little pass's (0: every selection is computed); probs: the
+    // router's probabilities, [n_tokens][n_expert] (cache routing)
+    plan_rules of(int il, int keep = 0, const float * probs = nullptr) const;
     // the precision of expert e of layer il: the static map's, else `otherwise`
     expert_precision fixed_or(int il, int e, expert_precision otherwise) const {
         return fixed.empty() || fixed[il].empty() ? otherwise : fixed[il][e];

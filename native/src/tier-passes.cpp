@@ -66,7 +66,7 @@ void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, con
                                                        q * masks->nb[3]) : nullptr;
     *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
            ggml_view_2d(ctx, slot_ids, slot_ids->ne[0], slot_ids->ne[1], slot_ids->nb[1], q * slot_ids->nb[2]), mask,
-           p->weights_normalized };
+           p->weights_normalized, p->probs };
 }
 
 uint32_t tier_passes::graph_nodes(int n_waves) const {
