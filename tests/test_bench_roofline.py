@@ -112,3 +112,13 @@ def test_fixed_decode_input_stays_within_a_small_vocabulary(tiny_model):
     assert fixed_decode_token_ids(64, 151936) == fixed_decode_token_ids(64)
     r = measure("pyedgemoe", str(path), 4, 12, threads=1, decode_input="fixed")
     assert "error" not in r and r["n_output_tokens"] == 12
+
+
+def test_the_prompt_stays_within_a_small_vocabulary(tiny_model):
+    from pyedgemoe.bench.worker import prompt_token_ids, vocabulary_size
+    path, _ = tiny_model("qwen3_moe")
+    n_vocab = vocabulary_size(str(path))
+    assert n_vocab < 1100 and max(prompt_token_ids(128, n_vocab)) < n_vocab
+    assert prompt_token_ids(128, 151936) == prompt_token_ids(128)  # a real vocabulary's as ever
+    r = measure("pyedgemoe", str(path), 128, 4, threads=1)  # ids up to 1099 before: out of this vocabulary
+    assert "error" not in r and r["n_prompt_tokens"] == 128

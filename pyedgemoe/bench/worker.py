@@ -37,13 +37,15 @@ class EngineUnavailable(Exception):
     """The requested engine cannot be imported in this environment."""
 
 
-def prompt_token_ids(n: int) -> list[int]:
+def prompt_token_ids(n: int, n_vocab: int | None = None) -> list[int]:
     """A fixed prompt of n token ids, identical for every engine and run.
 
-    Ids stay below 1100 so they are valid in any real vocabulary; the stride spreads them
-    over ordinary BPE tokens instead of the special tokens at the start of most vocabularies.
+    Ids stay below 1100 so they are valid in any real vocabulary (and above 99 of a smaller
+    vocabulary of n_vocab); the stride spreads them over ordinary BPE tokens instead of the
+    special tokens at the start of most vocabularies.
     """
-    return [100 + (i * 37) % 1000 for i in range(n)]
+    span = 1000 if n_vocab is None else min(1000, n_vocab - 100)
+    return [100 + (i * 37) % span for i in range(n)]
 
 
 DECODE_INPUTS = ("greedy", "fixed")
@@ -232,12 +234,13 @@ def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, thr
     its expert reads, Engine's n_threads)."""
     if decode_input not in DECODE_INPUTS:
         raise ValueError(f"decode_input must be one of {DECODE_INPUTS}, got {decode_input!r}")
-    feed = fixed_decode_token_ids(output_tokens, vocabulary_size(model)) if decode_input == "fixed" else None
+    n_vocab = vocabulary_size(model)
+    feed = fixed_decode_token_ids(output_tokens, n_vocab) if decode_input == "fixed" else None
     run = {"llama_cpp": _run_llama_cpp, "pyedgemoe": _run_pyedgemoe}[engine]
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores[:threads])
     try:
-        r = run(model, prompt_token_ids(prompt_tokens), output_tokens, threads, flash_attn, options or {}, feed)
+        r = run(model, prompt_token_ids(prompt_tokens, n_vocab), output_tokens, threads, flash_attn, options or {}, feed)
     finally:
         os.sched_setaffinity(0, cores)  # as it was, when measured in a process that goes on
     r["decode_tokens_per_second"] = (r["n_output_tokens"] / r["decode_seconds"]
