@@ -434,7 +434,7 @@ def test_prefetching_stops_itself_when_its_guesses_cost_more_reads_than_they_sav
     with Engine(path, **{**SETTINGS, "n_ctx": 512}, expert_cache="25%", prefetch="hobbit") as eng:
         tokens = eng.time_generation(IDS[:6], 400)["tokens"]
         p = eng.stats()["experts"]["prefetches"]
-        # judged by the meter (64 guesses of a rank settled) or the trial (not faster), whichever first
+        # judged by the meter (32 guesses of a rank settled) or the trial (not faster), whichever first
         assert 0 < p["used"] < p["wasted"], p
         assert p["stopped"]
         issued = p["issued"]

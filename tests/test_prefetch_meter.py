@@ -13,11 +13,11 @@ from pyedgemoe import Engine, _native
 from test_cli import cli
 from test_io_faults import DEMO
 
-JUDGED_AFTER = 64  # PREFETCH_RANK_JUDGED_AFTER
+JUDGED_AFTER = 32  # PREFETCH_RANK_JUDGED_AFTER
 
 
 def test_random_guesses_stop_after_the_judgement_and_good_ones_go_on():
-    """Guessing 2 of 8 experts at random (top-2 routing): a guess is used 1 time in 4; after 64
+    """Guessing 2 of 8 experts at random (top-2 routing): a guess is used 1 time in 4; after 32
     settled the rank costs more reads than it saves and stops; a rank right 3 times in 4 goes on."""
     rng = random.Random(0)
     meter = _native.PrefetchMeter(ghost_slots=16)

@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-constexpr uint64_t PREFETCH_RANK_JUDGED_AFTER = 64;
+constexpr uint64_t PREFETCH_RANK_JUDGED_AFTER = 32;
 
 class prefetch_meter {
 public:

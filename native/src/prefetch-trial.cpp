@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr int PREFETCH_TRIAL_TOKENS = 8;
+constexpr int PREFETCH_TRIAL_TOKENS = 4;
 constexpr int PREFETCH_TRIAL_PAIRS = 4;
 
 class prefetch_trial final : public prefetch_strategy {
