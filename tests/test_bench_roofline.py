@@ -122,3 +122,14 @@ def test_the_prompt_stays_within_a_small_vocabulary(tiny_model):
     assert prompt_token_ids(128, 151936) == prompt_token_ids(128)  # a real vocabulary's as ever
     r = measure("pyedgemoe", str(path), 128, 4, threads=1)  # ids up to 1099 before: out of this vocabulary
     assert "error" not in r and r["n_prompt_tokens"] == 128
+
+
+def test_our_options_reach_the_worker_with_their_types(tiny_model):
+    """A given prefetch "none" is "none" in the worker, not None (which would leave it to the
+    automatic choice); numbers stay numbers."""
+    path, _ = tiny_model("qwen3_moe")
+    options = {"prefetch": "none", "expert_cache": "50%", "io_threads": 2, "fill_cache": False}
+    (run,) = run_benchmark(path, engines=(OURS,), prompt_tokens=4, output_tokens=2, repeats=1, threads=1,
+                           warmup=0, ours_options=options)
+    assert run["options"] == options
+    assert run["engine_stats"]["experts"]["prefetch"] == "none" and run["engine_stats"]["experts"]["io_threads"] == 2

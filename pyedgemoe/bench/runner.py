@@ -134,8 +134,8 @@ def _run_worker(engine: str, model: Path, prompt_tokens: int, output_tokens: int
         cmd.append("--flash-attn")
     if decode_input != "greedy":
         cmd += ["--decode-input", decode_input]
-    for key, value in options.items():
-        cmd += ["--option", f"{key}={value}"]
+    if options:  # as JSON: each value keeps its type (a given "none" is not None)
+        cmd += ["--options", json.dumps(options)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))
 

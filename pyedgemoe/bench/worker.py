@@ -261,14 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flash-attn", action="store_true", help="flash attention on (both engines; default off)")
     p.add_argument("--decode-input", choices=DECODE_INPUTS, default="greedy",
                    help="token fed back at each decode step: the greedy pick, or a fixed sequence")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument for pyedgemoe.Engine, e.g. expert_cache=4GiB (repeatable)")
+    p.add_argument("--options", type=json.loads, default={}, metavar="JSON",
+                   help='keyword arguments for pyedgemoe.Engine as a JSON object, e.g. {"expert_cache": "4GiB"}')
     args = p.parse_args(argv)
 
     try:
-        options = dict(parse_option(o) for o in args.option)
         result = measure(args.engine, args.model, args.prompt_tokens, args.output_tokens, args.threads,
-                         args.flash_attn, options, args.decode_input)
+                         args.flash_attn, args.options, args.decode_input)
         status = 0
     except EngineUnavailable as e:
         result, status = {"engine": args.engine, "error": str(e), "unavailable": True}, EXIT_ENGINE_UNAVAILABLE
