@@ -36,17 +36,22 @@ def test_random_guesses_stop_after_the_judgement_and_good_ones_go_on():
     assert meter.worth(7)  # a rank never tried is tried
 
 
+def settle(meter, used: int, wasted: int, ahead: bool = True) -> None:
+    """`used` prefetches of rank 0 used (read ahead or not), then `wasted` evicted unused."""
+    for _ in range(used):
+        meter.issued(0)
+        meter.used(0, ahead=ahead)
+    for _ in range(wasted):
+        meter.issued(0)
+        meter.wasted(0)
+
+
 def test_used_too_late_to_start_saves_nothing():
     """A guess used before its read started was read by its layer on demand: 40 such and 24 wasted
     do not pay, the same 40 read ahead do."""
     late, ahead = _native.PrefetchMeter(16), _native.PrefetchMeter(16)
-    for meter, was_ahead in ((late, False), (ahead, True)):
-        for _ in range(40):
-            meter.issued(0)
-            meter.used(0, ahead=was_ahead)
-        for _ in range(24):
-            meter.issued(0)
-            meter.wasted(0)
+    settle(late, 40, 24, ahead=False)
+    settle(ahead, 40, 24)
     assert not late.worth(0) and ahead.worth(0)
 
 
@@ -55,12 +60,7 @@ def test_a_displaced_expert_missed_soon_counts_against_the_rank_that_evicted_it(
     expert that was missed on demand while its ghost was young (fewer evictions since than the
     cache's 8 slots); a ghost older than 8 evictions, or an expert found cached, counts nothing."""
     meter = _native.PrefetchMeter(ghost_slots=8)
-    for _ in range(40):
-        meter.issued(0)
-        meter.used(0, ahead=True)
-    for _ in range(20):
-        meter.issued(0)
-        meter.wasted(0)
+    settle(meter, 40, 20)
     assert meter.worth(0)  # 40 > 20
     for e in range(4):  # evicts (5, e), which is missed right away: 40 > 24 still
         meter.issued(0, displaced=(5, e))
