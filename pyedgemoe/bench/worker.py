@@ -160,8 +160,9 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
         options["fill_cache"] = False
     t0 = time.perf_counter()
     cores = len(os.sched_getaffinity(0))
-    eng = Engine(model, n_ctx=n_ctx_for(len(prompt), n_out), n_batch=512, flash_attn=flash_attn,
-                 **{"n_threads": None if threads == cores else threads, **options})
+    # options win over the run's settings (flash_attn=None: ours as llama.cpp decides, its default)
+    eng = Engine(model, **{"n_ctx": n_ctx_for(len(prompt), n_out), "n_batch": 512, "flash_attn": flash_attn,
+                           "n_threads": None if threads == cores else threads, **options})
     load_seconds = time.perf_counter() - t0
     if against_min:
         eng.record_routing(True)
