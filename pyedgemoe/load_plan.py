@@ -216,7 +216,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     budget, note = parse_expert_cache(
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
-        repacked_expert_bytes=0 if device else info.repacked_expert_bytes)
+        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=info.cold_embedding_bytes)
     experts_mapped = budget == MAPPED and info.is_moe
     if experts_mapped and device:
         raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "

@@ -48,16 +48,18 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows.
 MAPPED = "mmap"
-# "auto" near fit: when the page cache could hold at least this share of the experts (of types the
-# CPU repacks) beside the non-expert weights, MAPPED. That is the memory an expert cache would get
-# plus the context's reserve: llama.cpp's KV cache and compute buffer take pages as they are
-# written, so until the context fills the page cache has those too. Measured on the Qwen3-30B-A3B
-# geometry (Q4_K), ours only, a cache against the mapped file under the same cgroup cap
-# (docs/benchmarks.md, "Near fit again"): with the page cache's share at 88 and 93 % a cache
-# decoded 5.8x and 1.9x the mapped file; at 98.5 and 99 %, 0.6x and 0.8x. The crossover
-# (log-linear between 93 and 98.5 %) is near 96 %. Mapped, ours runs stock llama.cpp's own path.
-# Experts of types not repacked (the OLMoE geometry's Q8_0) cache faster: no mapping for them.
-NEAR_FIT_MAPPED_SHARE = 0.96
+# "auto" near fit: when the page cache could hold the experts (of types the CPU repacks) beside the
+# non-expert weights it reads, MAPPED. The page cache gets the memory an expert cache would get,
+# plus the context's reserve (llama.cpp's KV cache and compute buffer take pages as they are
+# written, so until the context fills the page cache has those too), plus the input embedding's
+# rows no token reads (ModelInfo.cold_embedding_bytes). Measured on the Qwen3-30B-A3B geometry
+# (Q4_K experts), a cache against the mapped file under the same cgroup cap (docs/benchmarks.md,
+# "Near fit again" and "Near fit, the embedding's share"): with the page cache's share so counted
+# at 96-97.5 % a cache decoded 2.6x and 1.9x the mapped file; at 103 %, 0.6-0.8x. A page cache
+# even a little short of the experts a token sweeps through evicts each just before its next use.
+# Mapped, ours runs stock llama.cpp's own path. Experts of types not repacked (the OLMoE
+# geometry's Q8_0) cache faster: no mapping for them.
+NEAR_FIT_MAPPED_SHARE = 1.0
 
 
 # The memory a run may use, as the functions below take it: bytes (a GPU's free memory), what
@@ -403,11 +405,12 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
 
 
 def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, available: Available = None,
-                      repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
+                      repacked_expert_bytes: int = 0, cold_bytes: int = 0) -> tuple[int | str | None, str]:
     """(budget bytes, None for every expert resident, or MAPPED; a sentence saying which and why).
     context: context_bytes() of the context the model will run in. available (Available): the memory the
     model runs in (a GPU's free memory), else available_memory(). repacked_expert_bytes: of the
-    experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU)."""
+    experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU). cold_bytes: of
+    the non-expert weights, those a run mostly never reads (ModelInfo.cold_embedding_bytes)."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     reserve = context + RUN_ALLOWANCE_BYTES
@@ -417,7 +420,7 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
                       f"in {available / gib:.2f} GiB available)")
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
-    mapped_share = (room + context) / expert_bytes  # the page cache's, until the context fills
+    mapped_share = (room + context + cold_bytes) / expert_bytes  # the page cache's, until the context fills
     if mapped_share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
         return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
                         f"what fits, without repacked copies: it can hold {min(mapped_share, 1):.0%} of "
@@ -466,15 +469,15 @@ def _out_of_range(value, expert_bytes: int) -> InvalidOptionError:
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
                        context: int, available: Available = None, refuse: bool = True,
-                       repacked_expert_bytes: int = 0) -> tuple[int | str | None, str]:
+                       repacked_expert_bytes: int = 0, cold_bytes: int = 0) -> tuple[int | str | None, str]:
     """(bytes of the expert cache, None = every expert resident, or MAPPED; a sentence for the user).
     value: None / "auto", "mmap" (MAPPED), bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the
     expert bytes; a size with a trailing "~" is that much or what fits, if less. context:
-    context_bytes(). available, repacked_expert_bytes: as for auto_expert_cache. A size that does
+    context_bytes(). available, repacked_expert_bytes, cold_bytes: as for auto_expert_cache. A size that does
     not fit is refused (fit_expert_cache; refuse=False: the caller checks it); so is MAPPED when the
     non-expert weights and the context do not fit."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes)
+        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes)
     if isinstance(value, str) and value.strip().lower() == MAPPED:
         fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes, context, available)
         return MAPPED, (f"expert cache {MAPPED}: the experts stay in the mapped file, the page cache holds what fits "

@@ -53,6 +53,9 @@ class ModelInfo:
     low_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
     # of the HIGH expert copies, the bytes llama.cpp's CPU backend keeps a repacked copy of here
     repacked_expert_bytes: int = 0
+    # the input embedding's, where it is not also the output matrix: a run reads only the rows of
+    # the tokens it sees, so mapped, most of it never takes a page
+    cold_embedding_bytes: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -94,6 +97,7 @@ class ModelInfo:
             "high_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.high_expert_bytes_per_layer.items())},
             "low_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.low_expert_bytes_per_layer.items())},
             "repacked_expert_bytes": self.repacked_expert_bytes,
+            "cold_embedding_bytes": self.cold_embedding_bytes,
         }
 
 
@@ -157,6 +161,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             if not is_low_copy(t["name"]) and _native.cpu_repacks(t["type"], t["shape"]):
                 repacked += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
+    by_name = {t["name"]: t["nbytes"] for t in info["tensors"]}
+    cold_embedding = by_name.get("token_embd.weight", 0) if "output.weight" in by_name else 0  # tied: read whole
     multi_precision = FORMAT_VERSION_KEY in kv
     version = _checked_format(path, kv) if multi_precision else None
     _check_low_copies(path, [t["name"] for t in info["tensors"]], multi_precision)
@@ -180,6 +186,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
         repacked_expert_bytes=repacked,
+        cold_embedding_bytes=cold_embedding,
     )
 
 

@@ -16,7 +16,7 @@ from pyedgemoe import Engine, memory_budget
 from pyedgemoe.bench.worker import stock_without_repack
 from pyedgemoe.convert.export import export
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.memory_budget import MAPPED, NEAR_FIT_MAPPED_SHARE, RUN_ALLOWANCE_BYTES
+from pyedgemoe.memory_budget import MAPPED, RUN_ALLOWANCE_BYTES
 from pyedgemoe.model_info import read_model_info
 from test_expert_residency import DEMO, IDS, SETTINGS
 
@@ -92,7 +92,7 @@ def test_auto_maps_repacked_experts_near_fit(q4_k_model, monkeypatch):
 
 def test_auto_caches_experts_the_cpu_does_not_repack_even_near_fit(tiny_model, monkeypatch):
     path = tiny_model("qwen3_moe", "f32")[0]
-    available = available_for_share(path, NEAR_FIT_MAPPED_SHARE + 0.03)
+    available = available_for_share(path, 0.98)  # near fit: a repacked type would be mapped here
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "in this test"))
     with Engine(path, **SETTINGS) as eng:
         assert not eng.experts_mapped and eng.expert_residency is not None
@@ -115,14 +115,20 @@ def test_auto_leaves_repacking_off_where_the_copies_would_not_fit_beside_the_map
 
 
 def test_auto_near_fit_choice_from_the_numbers():
-    # 4 GiB of experts, all repacked, 1 GiB of context: mapped when the page cache could hold 97 % of
-    # them until the context fills (a cache would get 72 %), cached at 90 % (the cache 65 %)
-    cached = int(0.9 * 4 * GIB) - GIB
-    for share, expected in ((0.97, MAPPED), (0.9, cached - cached % memory_budget.AUTO_CACHE_STEP_BYTES)):
+    # 4 GiB of experts, all repacked, 1 GiB of context: mapped when the page cache could hold all of
+    # them until the context fills (a cache would get 76 %), cached at 97 % (the cache 72 %)
+    cached = int(0.97 * 4 * GIB) - GIB
+    for share, expected in ((1.01, MAPPED), (0.97, cached - cached % memory_budget.AUTO_CACHE_STEP_BYTES)):
         available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(share * 4 * GIB)
         budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available,
                                                         repacked_expert_bytes=4 * GIB)
         assert budget == expected, note
+    # at 97 %, an input embedding of 0.2 GiB of the non-expert weights that the run does not read
+    # leaves the page cache room for every expert: mapped
+    available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(0.97 * 4 * GIB)
+    budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available,
+                                                    repacked_expert_bytes=4 * GIB, cold_bytes=GIB // 5)
+    assert budget == MAPPED, note
     # none repacked: a cache even at 97 %, of what is left after the weights and the context
     available = 1 * GIB + RUN_ALLOWANCE_BYTES + int(0.97 * 4 * GIB)
     budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB, available=available)
@@ -135,3 +141,21 @@ def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():
         memory_budget.parse_expert_cache("mmap", 4 * GIB, 1 * GIB, context=1 * GIB, available=1 * GIB)
     budget, note = memory_budget.parse_expert_cache(" MMAP ", 4 * GIB, 1 * GIB, context=1 * GIB, available=3 * GIB)
     assert budget == MAPPED and "page cache" in note
+
+
+def test_the_input_embedding_is_cold_unless_it_is_also_the_output(tiny_model, tmp_path):
+    """A run reads only the embedding rows of its tokens, so their page-cache room counts near fit; a
+    model whose output matrix is the embedding (no output.weight: tied) reads all of it each token."""
+    from pyedgemoe.convert.from_gguf import copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
+    from pyedgemoe.convert.gguf_out import GGUFOutput
+    src = tiny_model("qwen3_moe", "f32")[0]
+    reader = open_gguf(src, "model")
+    embedding = next(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
+    assert read_model_info(src).cold_embedding_bytes == embedding > 0
+    tied = GGUFOutput(tmp_path / "tied.gguf", arch=kv_value(reader, "general.architecture"), force=True)
+    copy_kv(reader, tied.writer, skip=lambda key: False)
+    for t in reader.tensors:
+        if t.name != "output.weight":
+            tied.add_tensor(t.name, tensor_ne(t), tensor_type_name(t), lambda s=t: copy_chunks(src, s))
+    info = read_model_info(tied.finish(progress=False))
+    assert info.cold_embedding_bytes == 0 and info.non_expert_bytes == read_model_info(src).non_expert_bytes - embedding
