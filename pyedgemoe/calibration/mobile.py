@@ -26,8 +26,8 @@ PROFILE_TOKENS = 512  # calibration tokens the two passes are measured on
 
 
 def choose_gamma(confidence: np.ndarray, agrees: np.ndarray, min_agreement: float = DEFAULT_MIN_AGREEMENT) -> dict:
-    """The smallest gamma whose tokens kept little (confidence >= gamma) disagree with the big pass
-    on at most 1 - min_agreement of all tokens: {"gamma", "agreement", "fallback_rate"}. A gamma
+    """The smallest gamma whose tokens kept little (confidence >= gamma) disagree with the whole
+    model on at most 1 - min_agreement of all tokens: {"gamma", "agreement", "fallback_rate"}. A gamma
     above every confidence (1.0: every token redone big) when even the most confident disagree."""
     check_min_agreement(min_agreement)
     confidence, agrees = np.asarray(confidence, dtype=np.float64), np.asarray(agrees, dtype=bool)
