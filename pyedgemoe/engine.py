@@ -368,12 +368,15 @@ class Engine:
             t0 = time.perf_counter()
             out = decode()
             g.record(n_decoded, time.perf_counter() - t0)
-        if self._reads_core and self._model.expert_prefetch_stopped():  # its core back to the decode
-            self._reads_core = False
-            self.n_threads = self.plan.cores
-            if g:
-                g.set_max(self.plan.cores)
-            self._live().set_n_threads(self.n_threads, self._n_threads_batch)
+        if self._reads_core:  # the reads' core is the decode's while prefetching is held (its trial) or stopped
+            phase = self._model.expert_prefetch_phase()
+            n = self.plan.n_threads if phase == "reading" else self.plan.cores
+            self._reads_core = phase != "stopped"
+            if g and g.n_max != n:
+                g.set_max(n)
+            if self.n_threads != n and (g is None or g.n == n):
+                self.n_threads = n
+                self._live().set_n_threads(n, self._n_threads_batch)
         return out
 
     def _single_sequence(self, what: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pyedgemoe import Engine, _native, expert_options
+from pyedgemoe.generation import SamplingParams
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf, copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
 from pyedgemoe.convert.gguf_out import GGUFOutput
@@ -517,6 +518,22 @@ def test_the_decode_gets_the_reads_core_back_when_prefetching_stops_itself(tiny_
         # both cores are the decode's again; how many it uses now is the thread governor's call,
         # fewer while other work runs beside the test (pyedgemoe/threads.py)
         assert eng._governor.n_max == 2 and not eng._reads_core
+
+
+def test_the_trial_lends_the_reads_core_to_the_decode_in_its_windows_without_prefetch(tiny_model, monkeypatch):
+    # lossless, prefetch left unset on two cores: Fate's reads on one, the decode on the other, and
+    # in the trial's windows without prefetch (prefetch-trial.cpp) the decode has both, so the trial
+    # weighs prefetching against what stopping it would give
+    monkeypatch.setattr(expert_options, "PREFETCH_MIN_EXPERT_BYTES", 0)
+    path = tiny_model("qwen3_moe")[0]
+    unset = {k: v for k, v in SETTINGS.items() if k != "n_threads"}
+    with on_two_cores(), Engine(path, **{**unset, "n_ctx": 512}, expert_cache="25%") as eng:
+        seen = set()
+        for _ in eng.generate_tokens(IDS[:6], 48, SamplingParams(temperature=0.0), ignore_eos=True):
+            phase = eng._model.expert_prefetch_phase()
+            seen.add(phase)
+            assert eng._governor.n_max == (1 if phase == "reading" else 2), phase
+        assert "held" in seen or "stopped" in seen, seen  # the trial ran its windows without prefetch
 
 
 @pytest.mark.parametrize("prefetch", ["hobbit", "fate"])

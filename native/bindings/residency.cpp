@@ -130,7 +130,7 @@ nb::dict stats(const Model & m) {
     }
     nb::dict prefetch = prefetch_counters(prefetch_total);
     prefetch["busy_ms"] = r.prefetch_busy_ms();
-    prefetch["stopped"] = r.prefetch_stopped();
+    prefetch["stopped"] = r.decode_prefetch() == prefetch_phase::stopped;
     prefetch["layers"] = prefetch_layers;
     out["prefetches"] = prefetch;
     nb::list prediction;
@@ -253,8 +253,10 @@ void add_residency_methods(nb::class_<Model> & cls) {
             "Starts the same fill in the background: it reads as the layers of the next tokens run.")
        .def("expert_stats", &stats, "Per-layer and total expert cache counters.")
        .def("expert_residency_info", &info, "Budget, pool bytes, minimum, ubatch cap, and the options in effect.")
-       .def("expert_prefetch_stopped", [](const Model & mm) { return mm.residency && mm.residency->prefetch_stopped(); },
-            "Whether prefetching has stopped for good (most prefetches went unused).")
+       .def("expert_prefetch_phase", [](const Model & mm) {
+                static const char * names[] = { "reading", "held", "stopped" };
+                return mm.residency ? names[(int) mm.residency->decode_prefetch()] : "stopped";
+            }, "Decode prefetching: reading, held (its trial's windows without it) or stopped for good.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })
        .def("set_expert_tracing", [](Model & mm, bool on) { if (mm.residency) mm.residency->set_tracing(on); })
        .def("take_expert_trace", &take_trace, "The routing trace recorded since the last call.")

@@ -465,7 +465,7 @@ std::vector<std::pair<int, expert_prefetch_stats>> expert_residency::prefetch_st
 }
 
 double expert_residency::prefetch_busy_ms() const { return impl_->coordinator.busy_ms(); }
-bool expert_residency::prefetch_stopped() const { return impl_->coordinator.judged_useless(); }
+prefetch_phase expert_residency::decode_prefetch() const { return impl_->coordinator.phase(); }
 std::vector<expert_prediction_stats> expert_residency::prediction_stats() const { return impl_->recorder.prediction_stats(); }
 uint64_t expert_residency::resident_experts() const { return impl_->cache.resident_experts(); }
 

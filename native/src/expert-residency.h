@@ -101,7 +101,7 @@ public:
     std::vector<std::pair<int, expert_layer_stats>> layer_stats() const;       // (il, counters)
     std::vector<std::pair<int, expert_prefetch_stats>> prefetch_stats() const;  // (il, counters)
     double prefetch_busy_ms() const;  // wall time with prefetch reads in flight
-    bool prefetch_stopped() const;    // it turned itself off: most prefetches went unused (prefetch-coordinator.h)
+    prefetch_phase decode_prefetch() const;  // reading, held or stopped for good (stats.h)
     std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
     uint64_t resident_experts() const;
     void reset_stats();

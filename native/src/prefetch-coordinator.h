@@ -114,6 +114,9 @@ public:
     bool judged_useless() const { return stopped_ || meter_.useless(); }
     void stop_judged() { stopped_ = true; }
     void hold_judged(bool held) { held_ = held; }  // no judged prefetch is read while held
+    prefetch_phase phase() const {
+        return judged_useless() ? prefetch_phase::stopped : held_ ? prefetch_phase::held : prefetch_phase::reading;
+    }
     bool timed() const { return timed_; }
     double busy_ms() const { return prefetcher_ ? prefetcher_->busy_ms() : 0.0; }
     void reset_stats();

@@ -50,6 +50,10 @@ struct expert_prediction_stats {
 
 // What prefetching did, per target layer: experts read ahead of use, and whether they were used
 // before being evicted.
+// Decode prefetching: reading, held (its trial's windows without it: prefetch-trial.cpp) or
+// stopped for good (it cost more reads than it saved, or was not faster: prefetch-meter.h).
+enum class prefetch_phase { reading, held, stopped };
+
 struct expert_prefetch_stats {
     uint64_t issued = 0, used = 0, wasted = 0, bytes_read = 0, bytes_read_low = 0, bytes_uploaded = 0;
     uint64_t late = 0;       // of those used, not started when their layer came (it read them itself)
