@@ -6,7 +6,6 @@ prefetch_meter::outcome & prefetch_meter::at(int rank) {
 }
 
 void prefetch_meter::issued(int rank, bool has_displaced, expert_key displaced) {
-    at(rank);
     if (!has_displaced) return;
     ghosts_[displaced] = { rank, evictions_ };
     ghost_order_.push_back(displaced);
