@@ -21,7 +21,8 @@ from pyedgemoe import _native, completions
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
-from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import (ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError,
+                              RemoteDeviceError)
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.embeddings import embed
@@ -200,6 +201,8 @@ class Engine:
                     self._model.fill_expert_cache(dict(plan.fill_ranking))
         except (_native.ExpertBudgetError, ValueError) as e:
             raise InvalidOptionError(str(e)) from None
+        except RemoteDeviceError:  # a worker lost during the load, by name
+            raise
         except RuntimeError as e:
             raise ModelLoadError(str(e)) from None
         self.expert_residency: dict | None = self._model.expert_residency_info() if plan.offload else None

@@ -11,6 +11,7 @@ hangs (after the timeout); the Engine then closes cleanly. Each client is a proc
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -37,10 +38,13 @@ def free_port() -> int:
 class Worker:
     """An rpc-server on loopback, in its own process."""
 
-    def __init__(self):
+    def __init__(self, cgroup: Path | None = None):
+        """cgroup: a memory cgroup (v1) the worker runs in."""
         self.port = free_port()
+        enter = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
         self.proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--port", str(self.port),
-                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=enter)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -182,6 +186,27 @@ def test_run_with_rpc_gives_the_local_tokens_and_a_missing_worker_is_one_error_l
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [f"error: RPC server 127.0.0.1:{port}: cannot connect "
                                                    "(Connection refused)"]
+
+
+def test_a_worker_lost_while_the_model_loads_is_one_error_naming_it(tiny_model):
+    """The worker runs in a memory cgroup with a few MiB beside what it holds at rest: the model's
+    weights sent to it get it killed (the kernel's OOM killer) halfway through the load."""
+    from pyedgemoe.bench.runner import BenchmarkError, check_cgroup_v1, memory_cgroup
+    try:
+        check_cgroup_v1()
+    except BenchmarkError as e:
+        pytest.skip(str(e))
+    model = Path(__file__).parent.parent / "models" / "demo.gguf"  # 40 MiB of weights to send
+    with memory_cgroup(1 << 30) as group:
+        worker = Worker(cgroup=group)
+        try:
+            usage = int((group / "memory.usage_in_bytes").read_text())
+            (group / "memory.limit_in_bytes").write_text(str(usage + (8 << 20)))
+            r = cli("run", model, "--rpc", worker.endpoint, "--device", "RPC0", "-ngl", -1, "-p", "hi", "-n", 2)
+        finally:
+            worker.stop()
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"error: RPC server {worker.endpoint}: connection lost or timed out"]
 
 
 def test_rpc_server_refuses_a_port_in_use(workers):
