@@ -89,7 +89,7 @@ def print_stats(stats: dict) -> None:
         typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used ({p['late']} too late to start), "
                    f"{p['wasted']} evicted unused, {p['displaced']} misses of experts they evicted, "
                    f"{p['declined']} not read (their rank cost more reads than it saved), {format_bytes(p['bytes_read'])}"
-                   + (" (stopped: even the likeliest guesses cost more reads than they saved)" if p["stopped"] else ""),
+                   + (" (stopped: it cost more than it saved)" if p["stopped"] else ""),
                    err=True)
     if stats.get("big_little"):
         b = stats["big_little"]

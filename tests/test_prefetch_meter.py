@@ -1,7 +1,8 @@
-"""Prefetch that never costs (native/src/prefetch-meter.h, prefetch-trial.cpp): a rank of guesses is
-read while it takes more reads off the critical path than it adds (guesses evicted unused, cached
-experts it evicted that were then missed), and decode prefetching stops for good when not even the
-likeliest guesses pay; counted in the stats the CLI prints."""
+"""Prefetch that never costs (native/src/prefetch-meter.h, prefetch-ledger.h, prefetch-trial.cpp): a
+rank of guesses is read while it takes more reads off the critical path than it adds (guesses
+evicted unused, cached experts it evicted that were then missed), and decode prefetching stops for
+good when not even the likeliest guesses pay or, where read times may not judge (LOW copies), once
+it has read more than the same run without it; counted in the stats the CLI prints."""
 from __future__ import annotations
 
 import random
@@ -84,6 +85,74 @@ def test_a_displaced_expert_missed_soon_counts_against_the_rank_that_evicted_it(
     hit.issued(0, displaced=(3, 1))
     assert not hit.demanded(3, 1, missed=False)
     assert not hit.demanded(3, 1, missed=True)  # the ghost went with the hit
+
+
+LEDGER_JUDGED_AFTER = 8  # PREFETCH_LEDGER_JUDGED_AFTER
+
+
+def ledger_beside_lru(slots: int = 2):
+    run = _native.ExpertCache(high_slots=slots, policy="lru")
+    return run, _native.PrefetchLedger(run, low_cost=0.5)
+
+
+def test_the_ledger_weighs_the_run_against_its_shadow_without_prefetch():
+    """One layer, two slots, lru; token t uses expert t % 4, so without prefetching every token
+    misses. Each right guess is one read ahead for one miss of the shadow's: 8 tokens, 8 reads each
+    side, no cost. At token 8 (expert 0) the run holds {2, 3}; a wrong guess (1) is read and 0 is
+    missed too: 10 reads against the shadow's 9, judged when the next token starts."""
+    run, ledger = ledger_beside_lru()
+    for token in range(LEDGER_JUDGED_AFTER):
+        ledger.judge()
+        assert not ledger.costs
+        run.advance_tokens(1)
+        assert ledger.guess(0, token % 4)
+        assert ledger.place(0, [(token % 4, "high")]) == [(token % 4, "high", token % 2, False)]  # a hit
+    ledger.judge()
+    assert not ledger.costs  # 8 = 8
+    run.advance_tokens(1)
+    assert ledger.guess(0, 1)
+    assert ledger.place(0, [(0, "high")])[0][3]  # missed all the same
+    assert not ledger.costs  # judged between tokens only
+    ledger.judge()
+    assert ledger.costs  # 10 > 9
+
+
+def test_the_ledger_judges_after_enough_guesses_and_counts_a_read_ahead_on_both_sides():
+    """A wrong first guess (run 2 reads: the guess and the miss; shadow 1) is not judged alone; a
+    prefill's read-ahead is read by the shadow as well, so it costs prefetching nothing."""
+    run, ledger = ledger_beside_lru()
+    run.advance_tokens(1)
+    assert ledger.guess(0, 3)
+    ledger.place(0, [(0, "high")])
+    ledger.judge()
+    assert not ledger.costs  # 1 guess < 8
+    run.advance_tokens(2)
+    assert ledger.read_ahead(0, 1) and ledger.read_ahead(0, 2)
+    ledger.place(0, [(1, "high")])
+    ledger.place(0, [(2, "high")])
+    # both hold {1, 2}: 4 reads against 3; then 7 tokens cycling on, each guessed right
+    for token in range(3, 3 + LEDGER_JUDGED_AFTER - 1):
+        run.advance_tokens(1)
+        assert ledger.guess(0, token % 4)
+        assert not ledger.place(0, [(token % 4, "high")])[0][3]
+    ledger.judge()
+    assert ledger.costs  # 11 > 10: the first guess's extra read is still there
+
+
+def test_with_low_copies_the_fate_preset_stops_prefetching_what_reads_more_than_it_saves():
+    """Fate's guesses with LOW copies (no timing judges them) read 37 % more than its run without
+    prefetch on the demo before the ledger; now they stop within a few tokens of costing."""
+    runs = {}
+    for prefetch in ("fate", "none"):
+        with Engine(DEMO, n_ctx=512, expert_cache="25%", system="fate", prefetch=prefetch) as eng:
+            tokens = eng.time_generation(eng.tokenize("def parse(self, text):"), 160)["tokens"]
+            experts = eng.stats()["experts"]
+        read = experts["total"]["bytes_read"] + experts["prefetches"]["bytes_read"]  # on demand and ahead
+        runs[prefetch] = (tokens, read, experts["prefetches"])
+    assert runs["fate"][0] == runs["none"][0]  # decode in HIGH only
+    p = runs["fate"][2]
+    assert p["issued"] > 0 and p["stopped"], p
+    assert runs["fate"][1] <= 1.05 * runs["none"][1], runs
 
 
 @pytest.mark.parametrize("preset", ["hobbit"])

@@ -1,7 +1,6 @@
 // The residency layer's pure policies, bound for calibration and tests: the precision rule, the
 // layer planner, cache-aware routing, the predictor's decisions, the expert cache's bookkeeping and
-// prefetching's meter
-// (no memory, no I/O).
+// prefetching's meter and ledger (no memory, no I/O).
 // Calibration replays routing traces through these, so it computes exactly what the runtime does.
 #include "native.h"
 
@@ -10,6 +9,7 @@
 #include "../src/expert-options.h"
 #include "../src/layer-planner.h"
 #include "../src/predictor.h"
+#include "../src/prefetch-ledger.h"
 #include "../src/prefetch-meter.h"
 
 #include <nanobind/ndarray.h>
@@ -98,6 +98,14 @@ nb::list placements_to_python(const std::vector<expert_cache::placement> & place
     for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
     return out;
 }
+
+// A prefetch_ledger beside the expert cache it follows, placing and reading ahead as the
+// prefetch coordinator does (one pool group).
+struct ledger_harness {
+    ledger_harness(expert_cache & c, double low_cost) : cache(c), ledger(c, low_cost) {}
+    expert_cache & cache;
+    prefetch_ledger ledger;
+};
 
 }  // namespace
 
@@ -215,4 +223,31 @@ void register_policies(nb::module_ & m) {
         .def("evicted", &prefetch_meter::evicted)
         .def("worth", &prefetch_meter::worth, nb::arg("rank"))
         .def("useless", &prefetch_meter::useless);
+
+    nb::class_<ledger_harness>(m, "PrefetchLedger",
+                               "Whether decode prefetching read more than the same run without it, beside an ExpertCache "
+                               "(native/src/prefetch-ledger.h).")
+        .def(nb::init<expert_cache &, double>(), nb::arg("cache"), nb::arg("low_cost"), nb::keep_alive<1, 2>())
+        .def("place", [](ledger_harness & h, int layer, const std::vector<std::pair<int, std::string>> & wanted) {
+                 std::vector<expert_demand> w;
+                 for (const auto & [e, p] : wanted) w.emplace_back(e, precision_from_name(p));
+                 const auto placed = h.cache.place(0, layer, w);
+                 h.ledger.placed(0, layer, w, placed);
+                 return placements_to_python(placed);
+             }, nb::arg("layer"), nb::arg("wanted"), "ExpertCache.place, followed by the ledger's shadow.")
+        .def("guess", [](ledger_harness & h, int layer, int expert, const std::string & precision) {
+                 const expert_precision p = precision_from_name(precision);
+                 const bool read = h.cache.reserve(0, layer, expert, p).load;
+                 if (read) h.ledger.guessed(p);
+                 return read;
+             }, nb::arg("layer"), nb::arg("expert"), nb::arg("precision") = "high", "A judged guess read ahead (true) if not cached.")
+        .def("read_ahead", [](ledger_harness & h, int layer, int expert, const std::string & precision) {
+                 const expert_precision p = precision_from_name(precision);
+                 const bool read = h.cache.reserve(0, layer, expert, p).load;
+                 h.ledger.mirrored(0, layer, expert, p, /*evict*/ true, read);
+                 return read;
+             }, nb::arg("layer"), nb::arg("expert"), nb::arg("precision") = "high",
+             "A read the run makes without decode prefetching too (a prefill's read-ahead).")
+        .def("judge", [](ledger_harness & h) { h.ledger.judge(); })
+        .def_prop_ro("costs", [](const ledger_harness & h) { return h.ledger.costs(); });
 }

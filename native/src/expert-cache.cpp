@@ -173,6 +173,7 @@ expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_p
 
 void expert_cache::start_sequence() {
     clock_.token = 0;
+    sequences_++;
     for (auto & t : tiers_) t.policy->reset_sequence();
 }
 

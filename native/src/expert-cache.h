@@ -101,6 +101,8 @@ public:
     const slot_table & tier(int group, expert_precision p) const { return tiers_[index(group, p)].slots; }
     const char * policy_name() const { return tiers_[0].policy->name(); }
     const cache_clock & clock() const { return clock_; }
+    uint64_t sequences() const { return sequences_; }  // started so far
+    const expert_cache_config & config() const { return config_; }
     uint64_t resident_experts() const;
     size_t n_slots() const;  // of every tier and group
 
@@ -122,5 +124,6 @@ private:
     std::vector<tier_state> tiers_;  // [group][high, low]
     std::unordered_map<expert_key, int> hard_pins_[2], soft_pins_[2];  // [high, low]
     cache_clock clock_;
+    uint64_t sequences_ = 0;
     bool has_low_ = false;
 };

@@ -1,10 +1,14 @@
 #include "prefetch-coordinator.h"
 
+#include <algorithm>
+
 prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of,
-                                           bool timed)
+                                           bool timed, double low_cost)
     : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
       stats_(group_of_.size()), meter_(cache.n_slots()), timed_(timed), n_threads_(n_threads) {
     if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
+    if (n_threads > 0 && !timed) ledger_ = std::make_unique<prefetch_ledger>(cache, low_cost);
+    first_layer_ = (int) (std::find_if(group_of_.begin(), group_of_.end(), [](int g) { return g >= 0; }) - group_of_.begin());
 }
 
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
@@ -43,16 +47,22 @@ void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked
         const expert_key key = make_expert_key(p.layer, p.expert);
         const int group = group_of_[p.layer];
         expert_precision pinned = cache_.serving_tier(group, key, p.precision);
+        expert_cache::placement slot = { p.expert, p.precision, -1, false };
         if (pinned == expert_precision::skip) {
             if (judged && !meter_.worth((int) rank)) {
                 stats_[p.layer].declined++;
                 continue;
             }
-            expert_cache::placement slot = cache_.reserve(group, p.layer, p.expert, p.precision);
+            slot = cache_.reserve(group, p.layer, p.expert, p.precision);
+        }
+        // a prefill's read-ahead is read without decode prefetching too
+        if (ledger_ && !judged) ledger_->mirrored(group, p.layer, p.expert, p.precision, /*evict*/ true, slot.load);
+        if (pinned == expert_precision::skip) {
             if (!slot.load) continue;  // no slot can be evicted for it now
             // a cached expert it displaced (not a prefetch that went unused) may be missed for it
             const bool displaced = slot.has_evicted && !evicted({ slot.evicted, p.precision });
             if (judged) meter_.issued((int) rank, displaced, slot.evicted);
+            if (judged && ledger_) ledger_->guessed(p.precision);
             auto job = std::make_shared<prefetch_job>();
             job->key = key;
             job->precision = pinned = p.precision;
@@ -91,6 +101,7 @@ void prefetch_coordinator::top_up_fill() {
         const slot_table & tier = cache_.tier(group, high);
         if (tier.n_slots() - tier.n_used() <= fill_in_flight_) { fill_next_--; break; }
         const expert_cache::placement slot = cache_.reserve(group, il, e, high, /*evict*/ false);
+        if (ledger_) ledger_->mirrored(group, il, e, high, /*evict*/ false, slot.load);
         if (!slot.load) {
             // cached already, or the group's tier is full
             if (cache_.serving_tier(group, key, high) == expert_precision::skip) fill_full_[group] = true;
@@ -148,6 +159,8 @@ std::vector<expert_cache::placement> prefetch_coordinator::place(int group, int 
     for (const auto & p : placed) {
         if (p.precision != expert_precision::skip) stats_[il].displaced += meter_.demanded(make_expert_key(il, p.expert), p.load);
     }
+    if (ledger_ && il == first_layer_) ledger_->judge();
+    if (ledger_) ledger_->placed(group, il, wanted, placed);
     return placed;
 }
 
@@ -157,7 +170,7 @@ void prefetch_coordinator::drop_all() {
         finish(*job, false);
         cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
         unused_.erase({ job->key, job->precision });
-        judged_unused_.erase({ job->key, job->precision });
+        if (judged_unused_.erase({ job->key, job->precision }) && ledger_) ledger_->cancelled(job->precision);
     }
     for (const auto & job : prefetcher_->take_finished()) finish(*job, true);
 }

@@ -5,6 +5,7 @@
 
 #include "expert-cache.h"
 #include "predictor.h"
+#include "prefetch-ledger.h"
 #include "prefetch-meter.h"
 #include "prefetcher.h"
 #include "stats.h"
@@ -56,8 +57,10 @@ public:
 
     // group_of: per il, the pool group (-1: not a MoE layer). With n_threads > 0 prefetch reads
     // run on that many background threads; with 0 nothing is prefetched. timed: whether read times
-    // may decide what is prefetched (lossless only: else the tokens would depend on them).
-    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of, bool timed);
+    // may decide what is prefetched (lossless only: else the tokens would depend on them; then
+    // bytes do, prefetch-ledger.h, with low_cost a LOW expert's bytes over a HIGH one's).
+    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of, bool timed,
+                         double low_cost);
 
     bool prefetching() const { return (bool) prefetcher_; }
 
@@ -110,8 +113,8 @@ public:
     void resume_after_loads() { if (prefetcher_) prefetcher_->resume(); }
 
     const std::vector<expert_prefetch_stats> & stats() const { return stats_; }  // per il: the layer prefetched for
-    // decode prefetching stopped for good: by the meter, or by stop_judged() (prefetch-trial.cpp)
-    bool judged_useless() const { return stopped_ || meter_.useless(); }
+    // decode prefetching stopped for good: by the meter, the ledger, or stop_judged() (prefetch-trial.cpp)
+    bool judged_useless() const { return stopped_ || meter_.useless() || (ledger_ && ledger_->costs()); }
     void stop_judged() { stopped_ = true; }
     void hold_judged(bool held) { held_ = held; }  // no judged prefetch is read while held
     prefetch_phase phase() const {
@@ -136,6 +139,8 @@ private:
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
     prefetch_meter meter_;                         // judged ones, since the start (stats_ are reset)
+    std::unique_ptr<prefetch_ledger> ledger_;      // untimed only
+    int first_layer_ = 0;                          // the first MoE layer: a token starts there
     bool timed_, stopped_ = false, held_ = false;
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read

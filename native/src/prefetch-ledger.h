@@ -1,0 +1,52 @@
+// Whether decode prefetching reads more bytes than the same run would without it, counted
+// exactly: a shadow of the expert cache (the same code, policy and slots, no data) is handed every
+// on-demand placement and every read that is not a judged guess (the fill, a prefill's read-ahead),
+// so its loads are those of the run without decode prefetching; the run's own are its on-demand
+// loads plus its judged guesses' reads, each a HIGH load 1 and a LOW load its byte ratio.
+// A used guess replaces a miss's read one for one, so only the guesses evicted unused and the
+// misses of experts they displaced (cascades included) count against it. Used where read times
+// may not judge prefetching (LOW copies or skips: the tokens would depend on them), it stops
+// prefetching once the run has read more than its shadow, judged after
+// PREFETCH_LEDGER_JUDGED_AFTER guesses: in practice at the first token with a guess it did not use.
+#pragma once
+
+#include "expert-cache.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+constexpr uint64_t PREFETCH_LEDGER_JUDGED_AFTER = 8;
+
+class prefetch_ledger {
+public:
+    // low_cost: a LOW expert's bytes over a HIGH one's
+    prefetch_ledger(const expert_cache & cache, double low_cost);
+
+    // the run placed layer il's wanted experts as `placed`: the shadow places them too
+    void placed(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted,
+                const std::vector<expert_cache::placement> & placed);
+    // a read the run asks for without prefetching too (the fill: evict false, into a free slot
+    // only); run_read: the run read it (it was not cached there)
+    void mirrored(int group, int il, int e, expert_precision p, bool evict, bool run_read);
+    void guessed(expert_precision p) { run_ += cost(p); guesses_++; }  // a judged guess is read
+    void cancelled(expert_precision p) { run_ -= cost(p); guesses_--; }  // ... or not, after all
+
+    // A token starts: whether the run has read more than its shadow so far. Judged between tokens,
+    // when every guess's layer has run: a guess costs its read at once, its shadow's miss comes
+    // when the layer it was read for runs.
+    void judge() { costs_ = guesses_ >= PREFETCH_LEDGER_JUDGED_AFTER && run_ > shadow_; }
+    bool costs() const { return costs_; }
+
+private:
+    double cost(expert_precision p) const { return p == expert_precision::low ? low_cost_ : 1.0; }
+    void follow_clock();  // the shadow's sequence and tokens catch up with the run's
+
+    const expert_cache & real_;
+    expert_cache shadow_cache_;
+    double low_cost_;
+    double run_ = 0, shadow_ = 0;  // loads, in HIGH experts
+    uint64_t guesses_ = 0;
+    bool costs_ = false;
+    bool lost_ = false;  // the shadow could not follow (a placement it cannot make): judges nothing
+};
