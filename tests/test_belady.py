@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pyedgemoe.calibration.belady import min_loads
+from pyedgemoe.calibration.belady import lookahead_loads, min_loads
 from pyedgemoe.calibration.replay import CacheSetup, ReplayStep, replay
 
 
@@ -60,3 +60,26 @@ def test_no_policy_beats_min(seed, policy):
     setup = CacheSetup(high_slots=slots, low_slots=0, n_layers=n_layers, low_cost=0.5,
                        layers=tuple(range(n_layers)), n_expert=n_expert, n_expert_used=k)
     assert min_loads(trace, slots).loads <= replay(trace, setup, policy).loads_high
+
+
+def test_a_look_ahead_of_nothing_is_lru_and_of_the_whole_trace_is_min():
+    # the trace of the first test: A B C A B D A with 2 slots. Seeing 1 step ahead: C (step 2)
+    # sees A next and evicts B; B (step 4) sees neither A nor C and evicts C, the least recent;
+    # D (step 5) sees A next and evicts B: MIN's 5 loads. Seeing nothing, lru's 7.
+    A, B, C, D = 0, 1, 2, 3
+    trace = steps(*[(0, [e]) for e in (A, B, C, A, B, D, A)])
+    assert lookahead_loads(trace, 2, 0) == 7
+    assert lookahead_loads(trace, 2, 1) == 5
+    assert lookahead_loads(trace, 2, len(trace)) == min_loads(trace, 2).loads == 5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_seeing_further_never_loads_more_than_lru_and_never_less_than_min(seed):
+    rng = random.Random(seed)
+    trace = steps(*[(t % 3, rng.sample(range(8), 2)) for t in range(300)])
+    lru = replay(trace, CacheSetup(high_slots=7, low_slots=0, n_layers=3, low_cost=0.5), "lru").loads_high
+    best = min_loads(trace, 7).loads
+    assert lookahead_loads(trace, 7, 0) == lru
+    assert lookahead_loads(trace, 7, len(trace)) == best
+    for ahead in (3, 12, 48):
+        assert best <= lookahead_loads(trace, 7, ahead) <= lru

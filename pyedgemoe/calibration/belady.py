@@ -15,6 +15,8 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 NEVER = float("inf")
 
 
@@ -86,6 +88,47 @@ def _victim(farthest: list, cached: set, now: set, next_use):
     if victim is None:  # more experts needed at once than slots: the oldest of this step goes
         victim = next(iter(cached - now), next(iter(cached)))
     return victim
+
+
+def lookahead_loads(steps, slots: int, lookahead: int) -> int:
+    """The loads of a policy that knows the routing `lookahead` steps ahead and nothing further: on
+    a miss it evicts, among the cached experts not needed now, the least recently used of those
+    with no use within the look-ahead, else the one whose next use is farthest. 0 steps is lru;
+    the whole trace is MIN. How far an online policy would have to see to come near MIN: one
+    token ahead is one step per MoE layer (docs/benchmarks.md, "What MIN knows")."""
+    needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
+    index = {key: i for i, key in enumerate(sorted({key for keys in needs for key in keys}))}
+    uses: list[list[int]] = [[] for _ in index]
+    for i, keys in enumerate(needs):
+        for key in keys:
+            uses[index[key]].append(i)
+    seen = np.zeros(len(index), dtype=np.int64)
+    next_use = np.array([u[0] for u in uses], dtype=np.float64)
+    last_use = np.full(len(index), -1.0)  # a clock of uses, in the order the cache sees them
+    cached = np.zeros(len(index), dtype=bool)
+    loads = clock = 0
+    for i, keys in enumerate(needs):
+        now = np.array([index[key] for key in keys], dtype=np.int64)
+        seen[now] += 1
+        for k in now:  # the use after this one
+            next_use[k] = uses[k][seen[k]] if seen[k] < len(uses[k]) else NEVER
+        for k in now:
+            clock += 1
+            last_use[k] = clock
+            if cached[k]:
+                continue
+            loads += 1
+            if cached.sum() >= slots:
+                evictable = cached.copy()
+                evictable[now] = False
+                unseen = evictable & (next_use - i > lookahead)
+                if unseen.any():
+                    victim = np.flatnonzero(unseen)[np.argmin(last_use[unseen])]
+                else:
+                    victim = np.flatnonzero(evictable)[np.argmax(next_use[evictable])]
+                cached[victim] = False
+            cached[k] = True
+    return loads
 
 
 def trace_against_min(trace: dict, slots: int, loads: int) -> dict:
