@@ -3,14 +3,16 @@
     python scripts/systems_report.py                 # fidelity, then speed (about an hour and a half)
     python scripts/systems_report.py --reuse         # only the document, from build/systems/*.json and sidecars
     python scripts/systems_report.py --cache-routing [--reuse]   # only cache-aware routing's sweep (minutes)
+    python scripts/systems_report.py --fidelity      # only the presets' fidelity on the trained models (minutes)
 
 Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
 mobile. The documentation's table of the knobs each sets comes from the same dict.
 
-Fidelity, on the trained demo model with an expert cache of 25 % of the expert bytes, twice: as
-shipped (models/demo.gguf: Q8_0 HIGH, Q4_K LOW) and with Q2_K LOW copies (the speed files' LOW
+Fidelity, on the trained models with an expert cache of 25 % of the expert bytes: the demo twice,
+as shipped (models/demo.gguf: Q8_0 HIGH, Q4_K LOW) and with Q2_K LOW copies (the speed files' LOW
 type), each in build/systems/ and calibrated there with `--system edgemoe` on the training split
-(as the shipped sidecar is): decode-mode perplexity of the held-out split (one token per llama_decode,
+(as the shipped sidecar is), and the fine model as shipped with its sidecar (models/README.md):
+decode-mode perplexity of the held-out split (one token per llama_decode,
 so every token is routed and served as a decode step is), top-1 agreement with HIGH only over
 greedy continuations of held-out prompts (fed one token per step), expert bytes per token, hit
 rate, next-layer prediction accuracy and MoBiLE's fallback rate.
@@ -71,7 +73,8 @@ GEOMETRIES = {
         BENCH / "qwen3-30b-a3b-L12-q4_k-q2_K.mp.gguf", ["--high", "q4_K", "--low", "q2_K"], {25: "10%", 50: "35%"}, "10%"),
 }
 # cache-aware routing: the trained models it is measured on (as shipped), the λ swept, the results
-TRAINED = {"demo (16 experts, top-2)": MODEL, "fine (64 experts, top-8)": REPO / "models" / "fine.gguf"}
+TRAINED_FINE = REPO / "models" / "fine.gguf"
+TRAINED = {"demo (16 experts, top-2)": MODEL, "fine (64 experts, top-8)": TRAINED_FINE}
 ROUTING_LAMBDAS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
 ROUTING_RESULTS = WORK / "cache-routing.json"
 ROUTING_PLOT = REPO / "docs" / "cache-routing.png"
@@ -93,6 +96,7 @@ PAPER_CLAIMS = {
 
 # the demo model's variants: name -> LOW type (None: as shipped)
 DEMO_VARIANTS = {"as shipped: Q8_0 HIGH + Q4_K LOW": None, "Q8_0 HIGH + Q2_K LOW": "q2_K"}
+FINE_VARIANT = "fine (64 experts, top-8), as shipped: Q8_0 HIGH + Q4_0 LOW"
 
 
 def demo_path(low: str | None) -> Path:
@@ -113,6 +117,13 @@ def calibrated_demo(low: str | None) -> Path:
     calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
               n_threads=1, system="edgemoe", force=True)
     return model
+
+
+def fidelity_models(reuse: bool) -> dict[str, Path]:
+    """The models of the fidelity tables: the demo's variants (calibrated again unless reuse) and the
+    fine model with its shipped sidecar."""
+    demo = {variant: demo_path(low) if reuse else calibrated_demo(low) for variant, low in DEMO_VARIANTS.items()}
+    return {**{f"demo (16 experts, top-2), {v}": m for v, m in demo.items()}, FINE_VARIANT: TRAINED_FINE}
 
 
 def fidelity(model: Path, runs: dict[str, dict] | None = None) -> list[dict]:
@@ -374,25 +385,24 @@ def main(argv: list[str] | None = None) -> int:
                    "and sidecars, running nothing")
     p.add_argument("--cache-routing", action="store_true", help="only cache-aware routing's sweep on both trained "
                    "models: its sections of the document (and the presets'), the rest as it is")
+    p.add_argument("--fidelity", action="store_true", help="only the presets' fidelity on the trained models: "
+                   "its section of the document (and the presets'), the rest as it is")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "systems.md")
     args = p.parse_args(argv)
+    if args.fidelity:
+        started = datetime.datetime.now(datetime.timezone.utc)
+        fid, calibrations = measured_fidelity(args.reuse)
+        run = {"started": f"{started:%Y-%m-%d %H:%M}", "ended": f"{datetime.datetime.now(datetime.timezone.utc):%H:%M}"}
+        args.out.write_text(splice(args.out.read_text(), [presets_section(), fidelity_section(fid, calibrations, run)]))
+        return 0
     sweep = json.loads(ROUTING_RESULTS.read_text()) if args.reuse else routing_sweep()
     routing_plot(sweep, ROUTING_PLOT)
     if args.cache_routing:
         args.out.write_text(splice(args.out.read_text(), [presets_section(), routing_section(sweep), claims_section()]))
         return 0
     started = datetime.datetime.now(datetime.timezone.utc)
-    fid = json.loads((WORK / "fidelity.json").read_text()) if args.reuse else {}
-    maps, replays = {}, {}
-    for variant, low in DEMO_VARIANTS.items():
-        model = demo_path(low) if args.reuse else calibrated_demo(low)
-        calibration = load_calibration(model)
-        maps[variant], replays[variant] = calibration["precision_map"], calibration
-        if not args.reuse:
-            fid[variant] = fidelity(model)
-    if not args.reuse:
-        (WORK / "fidelity.json").write_text(json.dumps(fid, indent=1) + "\n")
-    q2k_map = maps["Q8_0 HIGH + Q2_K LOW"]
+    fid, calibrations = measured_fidelity(args.reuse)
+    q2k_map = calibrations["demo (16 experts, top-2), Q8_0 HIGH + Q2_K LOW"]["precision_map"]
     low_share = q2k_map["n_low"] / q2k_map["n_experts"]
     cells = {}
     for name, (_, _, mp, _, caches, _) in GEOMETRIES.items():
@@ -404,14 +414,24 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse:
         ended = datetime.datetime.now(datetime.timezone.utc)
         run_file.write_text(json.dumps({"started": f"{started:%Y-%m-%d %H:%M}", "ended": f"{ended:%H:%M}"}) + "\n")
-    write_doc(args.out, fid, cells, maps, replays, sweep, json.loads(run_file.read_text()))
+    write_doc(args.out, fid, cells, calibrations, sweep, json.loads(run_file.read_text()))
     return 0
+
+
+def measured_fidelity(reuse: bool) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """Per fidelity model (fidelity_models), its rows (measured, or build/systems/fidelity.json's
+    with reuse) and its calibration sidecar."""
+    models = fidelity_models(reuse)
+    fid = json.loads((WORK / "fidelity.json").read_text()) if reuse else {v: fidelity(m) for v, m in models.items()}
+    if not reuse:
+        (WORK / "fidelity.json").write_text(json.dumps(fid, indent=1) + "\n")
+    return fid, {variant: load_calibration(model) for variant, model in models.items()}
 
 
 def replay_table(calibrations: dict[str, dict]) -> list[str]:
     """The calibration's replay of its trace through each cache policy (miss penalty, hit rate)."""
     policies = list(next(iter(calibrations.values()))["penalties"])
-    lines = ["| demo model | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
+    lines = ["| model | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
     for variant, c in calibrations.items():
         lines.append(f"| {variant} | " + " | ".join(f"{c['penalties'][p]['penalty']:.0f} "
                                                     f"({c['penalties'][p]['hit_rate']:.1%})" for p in policies) + " |")
@@ -427,28 +447,35 @@ def claims_section() -> list[str]:
             *[f"| {s} | {c} |" for s, c in PAPER_CLAIMS.items()]]
 
 
-def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, maps: dict[str, dict], replays: dict[str, dict],
+def fidelity_section(fid: dict[str, list[dict]], calibrations: dict[str, dict], run: dict) -> list[str]:
+    lines = ["## Fidelity (the trained models, expert cache 25 %)", "",
+             f"Measured {run['started']}-{run['ended']} UTC. Decode-mode perplexity of the held-out split ({PPL_CHUNKS} "
+             f"chunks of {PPL_CTX} tokens, one token per llama_decode); top-1 agreement with HIGH only over {N_PROMPTS} "
+             f"held-out prompts × {CONTINUATION} greedy HIGH-only tokens, fed one per step. Bytes per token: expert "
+             "bytes read (on demand and prefetched) per decode step. Targets (issue #41, decode mode, 25 % cache, "
+             "both trained models): each lossy preset within +1 % perplexity of HIGH only, ≥ 97 % top-1 agreement, "
+             "fewer expert bytes than lossless; fate never more bytes than lossless.", ""]
+    for variant, rows in fid.items():
+        m = calibrations[variant]["precision_map"]
+        lines += [f"**{variant}**: EdgeMoE's map put {m['n_low']} of {m['n_experts']} experts in LOW at a "
+                  f"+{m['loss_budget']:.0%} decode-mode perplexity budget on the training split ({m['ppl']:.3f} vs "
+                  f"{m['baseline_ppl']:.3f} all HIGH, {m['n_tokens']} tokens).", "", *fidelity_table(rows), ""]
+    return lines + [
+        "The cache policies on the same footing: the calibration's routing trace (training split, one token per "
+        "step) replayed through the runtime's cache code at the 25 % budget, with each trace's T1/T2 demands; "
+        "miss penalty (a HIGH load 1, a LOW load its byte ratio) and hit rate, lower penalty is better. "
+        "`edgemoe` is EdgeMoE's frequency × layer distance, `fate` Fate's shallow-favoring ARC, `fld` and "
+        "`lfu` the two factors alone.", "", *replay_table(calibrations)]
+
+
+def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, calibrations: dict[str, dict],
               sweep: dict[str, list[dict]], run: dict) -> None:
     lines = ["# The seed systems side by side: HOBBIT, EdgeMoE, Fate, MoBiLE, cache-aware routing", "",
              f"Generated by `python scripts/systems_report.py` (measured {run['started']}-{run['ended']} UTC, nothing "
              "else running). Each system is a preset, `pyedgemoe run MODEL --system NAME` or `Engine(system=NAME)` "
              "(pyedgemoe/systems.py): it only fills in expert options, every knob stays available alone and one "
-             "given explicitly wins.", "", *presets_section(), "", "## Fidelity (the trained demo model, expert cache 25 %)", "",
-             f"Decode-mode perplexity of the held-out split ({PPL_CHUNKS} chunks of {PPL_CTX} tokens, one token per "
-             f"llama_decode); top-1 agreement with HIGH only over {N_PROMPTS} held-out prompts × {CONTINUATION} greedy "
-             "HIGH-only tokens, fed one per step. Bytes per token: expert bytes read (on demand and prefetched) per "
-             "decode step. Targets (decode mode, 25 % cache): each lossy system within +1.5 % perplexity of HIGH "
-             "only, ≥ 95 % top-1 agreement, fewer expert bytes than lossless.", ""]
-    for variant, rows in fid.items():
-        m = maps[variant]
-        lines += [f"**{variant}**: EdgeMoE's map put {m['n_low']} of {m['n_experts']} experts in LOW at a "
-                  f"+{m['loss_budget']:.0%} decode-mode perplexity budget on the training split ({m['ppl']:.3f} vs "
-                  f"{m['baseline_ppl']:.3f} all HIGH, {m['n_tokens']} tokens).", "", *fidelity_table(rows), ""]
-    lines += ["The cache policies on the same footing: the calibration's routing trace (training split, one token per "
-              "step) replayed through the runtime's cache code at the 25 % budget, with each trace's T1/T2 demands; "
-              "miss penalty (a HIGH load 1, a LOW load its byte ratio) and hit rate, lower penalty is better. "
-              "`edgemoe` is EdgeMoE's frequency × layer distance, `fate` Fate's shallow-favoring ARC, `fld` and "
-              "`lfu` the two factors alone.", "", *replay_table(replays), "", *routing_section(sweep), ""]
+             "given explicitly wins.", "", *presets_section(), "", *fidelity_section(fid, calibrations, run), "",
+             *routing_section(sweep), ""]
     for name, by_cap in cells.items():
         for cap, cell in sorted(by_cap.items(), key=lambda kv: int(kv[0])):
             rows = speed_rows(cell)
