@@ -10,8 +10,8 @@ mobile. The documentation's table of the knobs each sets comes from the same dic
 
 Fidelity, on the trained models with an expert cache of 25 % of the expert bytes: the demo twice,
 as shipped (models/demo.gguf: Q8_0 HIGH, Q4_K LOW) and with Q2_K LOW copies (the speed files' LOW
-type), each in build/systems/ and calibrated there with `--system edgemoe` on the training split
-(as the shipped sidecar is), and the fine model as shipped with its sidecar (models/README.md):
+type), and the fine model as shipped, each in build/systems/ and calibrated there on the training
+split with `--system edgemoe` (as the shipped demo sidecar is) and then `--system mobile`:
 decode-mode perplexity of the held-out split (one token per llama_decode,
 so every token is routed and served as a decode step is), top-1 agreement with HIGH only over
 greedy continuations of held-out prompts (fed one token per step), expert bytes per token, hit
@@ -94,36 +94,39 @@ PAPER_CLAIMS = {
 }
 
 
-# the demo model's variants: name -> LOW type (None: as shipped)
-DEMO_VARIANTS = {"as shipped: Q8_0 HIGH + Q4_K LOW": None, "Q8_0 HIGH + Q2_K LOW": "q2_K"}
-FINE_VARIANT = "fine (64 experts, top-8), as shipped: Q8_0 HIGH + Q4_0 LOW"
+# the fidelity tables' models: name -> (trained model, LOW type of its copy here; None: as shipped)
+FIDELITY_MODELS = {
+    "demo (16 experts, top-2), as shipped: Q8_0 HIGH + Q4_K LOW": (MODEL, None),
+    "demo (16 experts, top-2), Q8_0 HIGH + Q2_K LOW": (MODEL, "q2_K"),
+    "fine (64 experts, top-8), as shipped: Q8_0 HIGH + Q4_0 LOW": (TRAINED_FINE, None),
+}
 
 
-def demo_path(low: str | None) -> Path:
-    return WORK / (MODEL.name if low is None else f"{MODEL.stem}-{low}.mp.gguf")
+def work_path(source: Path, low: str | None) -> Path:
+    return WORK / (source.name if low is None else f"{source.stem}-{low}.mp.gguf")
 
 
-def calibrated_demo(low: str | None) -> Path:
-    """The demo model (with LOW copies of type `low`) in WORK, calibrated with --system edgemoe on
-    the training split."""
+def calibrated(source: Path, low: str | None) -> Path:
+    """The trained model `source` (with LOW copies of type `low`) in WORK, calibrated on the
+    training split as the shipped demo sidecar is (--system edgemoe), then for MoBiLE's gamma
+    (--system mobile, which keeps the rest)."""
     WORK.mkdir(parents=True, exist_ok=True)
-    model = demo_path(low)
+    model = work_path(source, low)
     if low is None:
-        shutil.copyfile(MODEL, model)
+        shutil.copyfile(source, model)
     else:
-        high_only = export(MODEL, WORK / f"{MODEL.stem}-high.gguf", precision="high", force=True, progress=False)
+        high_only = export(source, WORK / f"{source.stem}-high.gguf", precision="high", force=True, progress=False)
         convert_gguf(high_only, model, high="q8_0", low=low, force=True, progress=False)
     _, calibration_text = corpus_texts()
-    calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
-              n_threads=1, system="edgemoe", force=True)
+    for system in ("edgemoe", "mobile"):
+        calibrate(model, calibration_text, budget=BUDGET, max_tokens=4096, n_ctx=256, text_name="training split",
+                  n_threads=1, system=system, force=True)
     return model
 
 
 def fidelity_models(reuse: bool) -> dict[str, Path]:
-    """The models of the fidelity tables: the demo's variants (calibrated again unless reuse) and the
-    fine model with its shipped sidecar."""
-    demo = {variant: demo_path(low) if reuse else calibrated_demo(low) for variant, low in DEMO_VARIANTS.items()}
-    return {**{f"demo (16 experts, top-2), {v}": m for v, m in demo.items()}, FINE_VARIANT: TRAINED_FINE}
+    """The models of the fidelity tables, calibrated again unless reuse."""
+    return {name: work_path(*how) if reuse else calibrated(*how) for name, how in FIDELITY_MODELS.items()}
 
 
 def fidelity(model: Path, runs: dict[str, dict] | None = None) -> list[dict]:
@@ -501,7 +504,8 @@ SYSTEMS_PROSE = """\
   the decode-mode perplexity increase with it alone LOW; the least important go LOW, as many as the
   loss budget (`--loss-budget`, default 1 %) allows while the top-1 token stays HIGH only's on at
   least `--min-agreement` (default 97 %) of the calibration tokens, or as a size budget
-  (`--size-budget`) needs.
+  (`--size-budget`) needs (importances on 128 tokens, each candidate map on 1024: on 128 a token
+  is 0.8 % of agreement).
   `--cache-policy edgemoe` keeps the experts with the largest f · ((S − i + I) mod S): uses times
   how soon their layer runs (EdgeMoE sec. 3.3.3; `fld` is the distance alone, with the running
   layer first, `lfu` the frequency alone). `--prefetch edgemoe` predicts the next layer's experts

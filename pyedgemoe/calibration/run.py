@@ -217,8 +217,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if system == "edgemoe":
         start = time.perf_counter()
         data["precision_map"] = edgemoe.precision_map(model_path, tokens, loss_budget=loss_budget,
-                                                      min_agreement=min_agreement,
-                                                      size_budget=size_budget, **engine_options)
+                                                      min_agreement=min_agreement, size_budget=size_budget,
+                                                      n_ctx=n_ctx, **engine_options)
         data["seconds"]["precision_map"] = time.perf_counter() - start
     elif previous and previous.get("precision_map"):
         data["precision_map"] = previous["precision_map"]
