@@ -72,6 +72,13 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return out
 
 
+def decode_mode_logits(engine, tokens: list[int], n_ctx: int) -> np.ndarray:
+    """Every token's logits in decode mode (one llama_decode per token), the tokens run as
+    consecutive sequences of n_ctx (a model's trained context bounds what its positions mean)."""
+    return np.concatenate([engine.logits(tokens[start:start + n_ctx], one_token_per_step=True)
+                           for start in range(0, len(tokens), n_ctx)])
+
+
 def _bos_to_insert(engine) -> int | None:
     """The BOS id when the model adds BOS to tokenized text (llama_vocab_get_add_bos), else None."""
     bos = engine.token_bos()

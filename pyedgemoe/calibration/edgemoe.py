@@ -26,7 +26,7 @@ from pyedgemoe.calibration.bitwidths import (choose_low_count, importance_order,
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import read_model_info
-from pyedgemoe.perplexity import token_nll
+from pyedgemoe.perplexity import decode_mode_logits, token_nll
 
 DEFAULT_LOSS_BUDGET = 0.01    # +1 % perplexity over HIGH only
 DEFAULT_MIN_AGREEMENT = 0.97  # of the tokens whose top-1 is all HIGH's
@@ -44,13 +44,9 @@ def _decode_mode(engine: Engine, tokens: list[int], low: dict[int, list[int]], n
     """The map's decode-mode perplexity of tokens (in sequences of n_ctx), and its top-1 token at
     each position."""
     engine.set_precision_map(low)
-    nll, top1 = [], []
-    for start in range(0, len(tokens), n_ctx):
-        chunk = tokens[start:start + n_ctx]
-        logits = engine.logits(chunk, one_token_per_step=True)
-        nll.append(token_nll(logits[:-1], np.asarray(chunk[1:])))
-        top1.append(logits.argmax(axis=-1))
-    return math.exp(float(np.concatenate(nll).mean())), np.concatenate(top1)
+    logits = decode_mode_logits(engine, tokens, n_ctx)
+    nll = [token_nll(logits[s:s + n_ctx][:-1], np.asarray(tokens[s + 1:s + n_ctx])) for s in range(0, len(tokens), n_ctx)]
+    return math.exp(float(np.concatenate(nll).mean())), logits.argmax(axis=-1)
 
 
 def precision_map(model_path: str | os.PathLike, tokens: list[int], *, loss_budget: float = DEFAULT_LOSS_BUDGET,

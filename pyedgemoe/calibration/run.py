@@ -227,7 +227,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if system == "mobile":
         start = time.perf_counter()
         data["big_little"] = mobile.calibrate_gamma(model_path, tokens, budget, min_agreement=min_agreement,
-                                                    **engine_options)
+                                                    n_ctx=n_ctx, **engine_options)
         data["seconds"]["big_little"] = time.perf_counter() - start
     elif previous and previous.get("big_little"):
         data["big_little"] = previous["big_little"]
