@@ -338,8 +338,9 @@ def calibrate_command(
     ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),
     max_tokens: int = typer.Option(2048, "--max-tokens", help="use at most this many tokens of the text"),
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
-    loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe: the perplexity increase over "
-                                    "HIGH only that the static precision map may cost"),
+    loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe and mobile: the perplexity "
+                                    "increase over the whole model that the static precision map (edgemoe) or "
+                                    "gamma (mobile) may cost"),
     min_agreement: str = typer.Option("97%", "--min-agreement", help="--system edgemoe and mobile: the share of "
                                       "the calibration tokens whose top-1 the map (edgemoe, besides the loss "
                                       "budget) or gamma (mobile) must leave as the whole model's"),
@@ -411,7 +412,8 @@ def calibrate_command(
                    f"top-1 agreement {m['agreement']:.1%}")
     if system == "mobile":
         g = d["big_little"]
-        typer.echo(f"MoBiLE gamma {g['gamma']:.4g} (top-1 agreement {g['min_agreement']:.0%} at least): "
+        typer.echo(f"MoBiLE gamma {g['gamma']:.4g} (loss budget +{g['loss_budget']:.1%}, top-1 agreement "
+                   f"{g['min_agreement']:.0%} at least): "
                    f"{g['fallback_rate']:.1%} of tokens redone big, top-1 agreement {g['agreement']:.1%} "
                    f"({g['little_agreement']:.1%} with the little pass alone)")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")

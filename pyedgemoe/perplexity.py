@@ -79,6 +79,16 @@ def decode_mode_logits(engine, tokens: list[int], n_ctx: int) -> np.ndarray:
                            for start in range(0, len(tokens), n_ctx)])
 
 
+def next_token_nll(logits: np.ndarray, tokens: list[int], n_ctx: int) -> np.ndarray:
+    """Each position's negative log-likelihood of the next token in its sequence of n_ctx (NaN for a
+    sequence's last position)."""
+    out = np.full(len(tokens), np.nan)
+    for start in range(0, len(tokens), n_ctx):
+        end = min(start + n_ctx, len(tokens))
+        out[start:end - 1] = token_nll(logits[start:end - 1], np.asarray(tokens[start + 1:end]))
+    return out
+
+
 def _bos_to_insert(engine) -> int | None:
     """The BOS id when the model adds BOS to tokenized text (llama_vocab_get_add_bos), else None."""
     bos = engine.token_bos()

@@ -36,8 +36,9 @@ SYSTEMS: dict[str, dict] = {
     # HOBBIT's score rule alone decides a prefill's precisions too (no Fate prefill share)
     "hobbit": dict(low_precision=True, skip=True, prefill_low_share=0.0, cache_policy="hobbit", prefetch="hobbit"),
     "edgemoe": dict(low_precision=True, skip=False, static_precision=True, cache_policy="edgemoe", prefetch="edgemoe"),
-    # the LOW tier serves prefill's cold experts only: a small one; reload keeps decode in HIGH
-    "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.1,
+    # the LOW tier serves prefill's cold experts only, and decode (kept in HIGH by reload) never: its
+    # least, a token's top-k less one (1 % of the budget; 10 % read 5 % more per decode step on the demo)
+    "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.01,
                  prefill_low_share=0.15, cache_policy="fate", prefetch="fate"),
     "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=MOBILE_GAMMA),
 }

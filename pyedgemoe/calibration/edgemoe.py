@@ -26,7 +26,7 @@ from pyedgemoe.calibration.bitwidths import (choose_low_count, importance_order,
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import read_model_info
-from pyedgemoe.perplexity import decode_mode_logits, token_nll
+from pyedgemoe.perplexity import decode_mode_logits, next_token_nll
 
 DEFAULT_LOSS_BUDGET = 0.01    # +1 % perplexity over HIGH only
 DEFAULT_MIN_AGREEMENT = 0.97  # of the tokens whose top-1 is all HIGH's
@@ -45,8 +45,7 @@ def _decode_mode(engine: Engine, tokens: list[int], low: dict[int, list[int]], n
     each position."""
     engine.set_precision_map(low)
     logits = decode_mode_logits(engine, tokens, n_ctx)
-    nll = [token_nll(logits[s:s + n_ctx][:-1], np.asarray(tokens[s + 1:s + n_ctx])) for s in range(0, len(tokens), n_ctx)]
-    return math.exp(float(np.concatenate(nll).mean())), logits.argmax(axis=-1)
+    return math.exp(float(np.nanmean(next_token_nll(logits, tokens, n_ctx)))), logits.argmax(axis=-1)
 
 
 def precision_map(model_path: str | os.PathLike, tokens: list[int], *, loss_budget: float = DEFAULT_LOSS_BUDGET,

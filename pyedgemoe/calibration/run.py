@@ -91,7 +91,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     split: target shares of selections (high, low, skip; None: default_split of the model's top-k). n_ctx: tokens per sequence. max_tokens:
     use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
     or "edgemoe" (also the static precision map for loss_budget and min_agreement, or size_budget:
-    edgemoe.py) or "mobile" (also MoBiLE's gamma for min_agreement: mobile.py).
+    edgemoe.py) or "mobile" (also MoBiLE's gamma for min_agreement and loss_budget: mobile.py).
     engine_options: further Engine arguments
     (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
@@ -227,7 +227,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if system == "mobile":
         start = time.perf_counter()
         data["big_little"] = mobile.calibrate_gamma(model_path, tokens, budget, min_agreement=min_agreement,
-                                                    n_ctx=n_ctx, **engine_options)
+                                                    loss_budget=loss_budget, n_ctx=n_ctx, **engine_options)
         data["seconds"]["big_little"] = time.perf_counter() - start
     elif previous and previous.get("big_little"):
         data["big_little"] = previous["big_little"]
