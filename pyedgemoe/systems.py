@@ -37,9 +37,11 @@ SYSTEMS: dict[str, dict] = {
     "hobbit": dict(low_precision=True, skip=True, prefill_low_share=0.0, cache_policy="hobbit", prefetch="hobbit"),
     "edgemoe": dict(low_precision=True, skip=False, static_precision=True, cache_policy="edgemoe", prefetch="edgemoe"),
     # the LOW tier serves prefill's cold experts only, and decode (kept in HIGH by reload) never: its
-    # least, a token's top-k less one (1 % of the budget; 10 % read 5 % more per decode step on the demo)
+    # least, a token's top-k less one (1 % of the budget; 10 % read 5 % more per decode step on the demo).
+    # Fate's ARC per layer with the slots split evenly: its shallow-favoring split (--fate-shallow -1)
+    # loaded more than the even one at every cache size on both trained models (docs/systems.md)
     "fate": dict(low_precision=True, skip=False, t1=1.0, t2=1.0, low_hit="reload", low_cache=0.01,
-                 prefill_low_share=0.15, cache_policy="fate", prefetch="fate"),
+                 prefill_low_share=0.15, cache_policy="fate", fate_shallow=0, prefetch="fate"),
     "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=MOBILE_GAMMA),
 }
 SYSTEMS["cache-routing"] = dict(SYSTEMS["lossless"], cache_routing=CACHE_ROUTING)

@@ -517,7 +517,13 @@ SYSTEMS_PROSE = """\
   its selections in LOW (`--prefill-low-share`; the paper's INT2/INT4 split). `--cache-policy fate`
   splits each tier's slots over the layers, shallow ones first (`--fate-shallow`, default the first
   sixth, fewer where the deep layers would be left less than a token's top-k each: the paper's
-  split assumes budgets where they are not), and manages each layer's share with ARC.
+  split assumes budgets where they are not), and manages each layer's share with ARC. The preset
+  splits the slots evenly (`--fate-shallow 0`): replaying both trained models' calibration routing
+  (lossless, 20-60 % caches; `scripts/fate_split.py`, docs/benchmarks.md "Fate's split"), favoring
+  the shallow layers loaded 5-14 % more than the even split at every size where it applies, and
+  more than lru at 7 of those 9; the even split loaded 4-12 % less than lru everywhere. Its LOW tier is its least (`--low-cache 0.01`: a token's top-k less one), as
+  decode never uses it. The prefetch reads that cost more than they save stop
+  (docs/expert-residency.md, "What prefetching may cost, and when it stops").
   `--prefetch fate`: the next layer's router on this layer's gate input (the paper's choice of
   input), plus the experts above the 75th percentile of its predicted probabilities (at most top-k
   more), only as many as the compute between two layers hides (the paper's N_max, which it
@@ -534,9 +540,11 @@ SYSTEMS_PROSE = """\
   prefetching every layer's top-k that the little pass's routers chose. γ is the model's:
   `pyedgemoe calibrate --system mobile` runs the calibration text through the little pass alone
   and the whole model (decode mode) and takes the smallest γ that keeps the whole model's top-1
-  token on at least `--min-agreement` (default 97 %) of the tokens (pyedgemoe/calibration/mobile.py);
-  the paper's 0.7 where the sidecar has none. On the demo model's training split: γ 0.21, 68 % of
-  the tokens redone big where 0.7 redid 85 %, 97.1 % agreement (77.5 % with the little pass alone).
+  token on at least `--min-agreement` (default 97 %) of the tokens and the perplexity within
+  `--loss-budget` (default +1 %) of the whole model's (pyedgemoe/calibration/mobile.py);
+  the paper's 0.7 where the sidecar has none. On the demo model's training split: γ 0.55, 85.5 %
+  of the tokens redone big, 99.9 % agreement (80.2 % with the little pass alone); agreement alone
+  allowed γ 0.18 (55 % redone) at +1.8 % held-out perplexity.
 - **cache-routing** (Cache-Prior, "Mixture of Cache-Conditional Experts", arXiv 2412.00099):
   lossless's experts and cache, and before each layer's experts are placed, every token's router
   logits of the experts the cache holds get a bonus of λ times the spread of its logits (max −

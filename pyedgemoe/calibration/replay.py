@@ -78,6 +78,7 @@ class CacheSetup:
     layers: tuple = ()  # the MoE layers, experts per layer and per token (the fate policy's split); (): 0 .. n_layers - 1
     n_expert: int = 0
     n_expert_used: int = 0
+    fate_shallow: int = default("fate_shallow")  # the fate policy's shallow layers (-1: its default)
 
 
 @dataclass
@@ -120,7 +121,8 @@ def replay(steps: list[ReplayStep], setup: CacheSetup, policy: str = "lru", weig
     def new_cache():
         return _native.ExpertCache(setup.high_slots, setup.low_slots, policy=policy, weights=w,
                                    low_serves_high=setup.low_serves_high, n_layers=setup.n_layers,
-                                   layers=list(setup.layers), n_expert=setup.n_expert, n_expert_used=setup.n_expert_used)
+                                   layers=list(setup.layers), n_expert=setup.n_expert, n_expert_used=setup.n_expert_used,
+                                   fate_shallow=setup.fate_shallow)
 
     cache = new_cache()
     result = ReplayResult(policy, tuple(w) if policy == "hobbit" else None, 0.0)
