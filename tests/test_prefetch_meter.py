@@ -99,22 +99,33 @@ def test_the_ledger_weighs_the_run_against_its_shadow_without_prefetch():
     """One layer, two slots, lru; token t uses expert t % 4, so without prefetching every token
     misses. Each right guess is one read ahead for one miss of the shadow's: 8 tokens, 8 reads each
     side, no cost. At token 8 (expert 0) the run holds {2, 3}; a wrong guess (1) is read and 0 is
-    missed too: 10 reads against the shadow's 9, judged when the next token starts."""
+    missed too: 10 reads against the shadow's 9, judged as the layer is placed."""
     run, ledger = ledger_beside_lru()
     for token in range(LEDGER_JUDGED_AFTER):
-        ledger.judge()
-        assert not ledger.costs
         run.advance_tokens(1)
         assert ledger.guess(0, token % 4)
+        assert not ledger.costs  # a guess's read waits for its layer
         assert ledger.place(0, [(token % 4, "high")]) == [(token % 4, "high", token % 2, False)]  # a hit
-    ledger.judge()
-    assert not ledger.costs  # 8 = 8
+        assert not ledger.costs  # 8 = 8
     run.advance_tokens(1)
     assert ledger.guess(0, 1)
+    assert not ledger.costs
     assert ledger.place(0, [(0, "high")])[0][3]  # missed all the same
-    assert not ledger.costs  # judged between tokens only
-    ledger.judge()
     assert ledger.costs  # 10 > 9
+
+
+def test_a_guess_for_a_layer_yet_to_run_is_not_judged():
+    """Guesses for layer 1 read while layer 0 places: they count only once layer 1 has run."""
+    run = _native.ExpertCache(high_slots=4, policy="lru", n_layers=2)
+    ledger = _native.PrefetchLedger(run, low_cost=0.5)
+    for token in range(LEDGER_JUDGED_AFTER):
+        run.advance_tokens(1)
+        ledger.place(0, [(token % 3, "high")])
+        assert ledger.guess(1, token % 3 + 4)  # right, and never cached before
+        ledger.place(0, [(token % 3, "high")])  # layer 0 again: layer 1's guess still pending
+        assert not ledger.costs
+        ledger.place(1, [(token % 3 + 4, "high")])
+        assert not ledger.costs
 
 
 def test_the_ledger_judges_after_enough_guesses_and_counts_a_read_ahead_on_both_sides():
@@ -124,7 +135,6 @@ def test_the_ledger_judges_after_enough_guesses_and_counts_a_read_ahead_on_both_
     run.advance_tokens(1)
     assert ledger.guess(0, 3)
     ledger.place(0, [(0, "high")])
-    ledger.judge()
     assert not ledger.costs  # 1 guess < 8
     run.advance_tokens(2)
     assert ledger.read_ahead(0, 1) and ledger.read_ahead(0, 2)
@@ -135,8 +145,7 @@ def test_the_ledger_judges_after_enough_guesses_and_counts_a_read_ahead_on_both_
         run.advance_tokens(1)
         assert ledger.guess(0, token % 4)
         assert not ledger.place(0, [(token % 4, "high")])[0][3]
-    ledger.judge()
-    assert ledger.costs  # 11 > 10: the first guess's extra read is still there
+    assert ledger.costs  # 11 > 10 with the 8th guess: the first guess's extra read is still there
 
 
 def test_with_low_copies_the_fate_preset_stops_prefetching_what_reads_more_than_it_saves():

@@ -238,7 +238,7 @@ void register_policies(nb::module_ & m) {
         .def("guess", [](ledger_harness & h, int layer, int expert, const std::string & precision) {
                  const expert_precision p = precision_from_name(precision);
                  const bool read = h.cache.reserve(0, layer, expert, p).load;
-                 if (read) h.ledger.guessed(p);
+                 if (read) h.ledger.guessed(layer, p);
                  return read;
              }, nb::arg("layer"), nb::arg("expert"), nb::arg("precision") = "high", "A judged guess read ahead (true) if not cached.")
         .def("read_ahead", [](ledger_harness & h, int layer, int expert, const std::string & precision) {
@@ -248,6 +248,5 @@ void register_policies(nb::module_ & m) {
                  return read;
              }, nb::arg("layer"), nb::arg("expert"), nb::arg("precision") = "high",
              "A read the run makes without decode prefetching too (a prefill's read-ahead).")
-        .def("judge", [](ledger_harness & h) { h.ledger.judge(); })
         .def_prop_ro("costs", [](const ledger_harness & h) { return h.ledger.costs(); });
 }

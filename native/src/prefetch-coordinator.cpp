@@ -1,14 +1,11 @@
 #include "prefetch-coordinator.h"
 
-#include <algorithm>
-
 prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of,
                                            bool timed, double low_cost)
     : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
       stats_(group_of_.size()), meter_(cache.n_slots()), timed_(timed), n_threads_(n_threads) {
     if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
     if (n_threads > 0 && !timed) ledger_ = std::make_unique<prefetch_ledger>(cache, low_cost);
-    first_layer_ = (int) (std::find_if(group_of_.begin(), group_of_.end(), [](int g) { return g >= 0; }) - group_of_.begin());
 }
 
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }
@@ -62,7 +59,7 @@ void prefetch_coordinator::prefetch(const std::vector<predicted_expert> & walked
             // a cached expert it displaced (not a prefetch that went unused) may be missed for it
             const bool displaced = slot.has_evicted && !evicted({ slot.evicted, p.precision });
             if (judged) meter_.issued((int) rank, displaced, slot.evicted);
-            if (judged && ledger_) ledger_->guessed(p.precision);
+            if (judged && ledger_) ledger_->guessed(p.layer, p.precision);
             auto job = std::make_shared<prefetch_job>();
             job->key = key;
             job->precision = pinned = p.precision;
@@ -159,7 +156,6 @@ std::vector<expert_cache::placement> prefetch_coordinator::place(int group, int 
     for (const auto & p : placed) {
         if (p.precision != expert_precision::skip) stats_[il].displaced += meter_.demanded(make_expert_key(il, p.expert), p.load);
     }
-    if (ledger_ && il == first_layer_) ledger_->judge();
     if (ledger_) ledger_->placed(group, il, wanted, placed);
     return placed;
 }
@@ -170,7 +166,7 @@ void prefetch_coordinator::drop_all() {
         finish(*job, false);
         cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
         unused_.erase({ job->key, job->precision });
-        if (judged_unused_.erase({ job->key, job->precision }) && ledger_) ledger_->cancelled(job->precision);
+        if (judged_unused_.erase({ job->key, job->precision }) && ledger_) ledger_->cancelled(expert_key_layer(job->key), job->precision);
     }
     for (const auto & job : prefetcher_->take_finished()) finish(*job, true);
 }

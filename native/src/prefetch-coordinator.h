@@ -140,7 +140,6 @@ private:
     std::vector<expert_prefetch_stats> stats_;
     prefetch_meter meter_;                         // judged ones, since the start (stats_ are reset)
     std::unique_ptr<prefetch_ledger> ledger_;      // untimed only
-    int first_layer_ = 0;                          // the first MoE layer: a token starts there
     bool timed_, stopped_ = false, held_ = false;
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read

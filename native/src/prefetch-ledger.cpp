@@ -20,7 +20,12 @@ void prefetch_ledger::placed(int group, int il, const std::vector<std::pair<int,
         for (const auto & p : shadow_cache_.place(group, il, wanted)) shadow_ += p.load ? cost(p.precision) : 0.0;
     } catch (const std::runtime_error &) {
         lost_ = true;
+        return;
     }
+    pending_.erase(il);
+    double pending = 0;
+    for (const auto & [layer, reads] : pending_) pending += reads;
+    costs_ = costs_ || (guesses_ >= PREFETCH_LEDGER_JUDGED_AFTER && run_ - pending > shadow_ + 1e-9);
 }
 
 void prefetch_ledger::mirrored(int group, int il, int e, expert_precision p, bool evict, bool run_read) {

@@ -6,13 +6,14 @@
 // A used guess replaces a miss's read one for one, so only the guesses evicted unused and the
 // misses of experts they displaced (cascades included) count against it. Used where read times
 // may not judge prefetching (LOW copies or skips: the tokens would depend on them), it stops
-// prefetching once the run has read more than its shadow, judged after
-// PREFETCH_LEDGER_JUDGED_AFTER guesses: in practice at the first token with a guess it did not use.
+// prefetching once the run has read more than its shadow, judged at every layer after
+// PREFETCH_LEDGER_JUDGED_AFTER guesses: in practice at the first layer that did not use its guess.
 #pragma once
 
 #include "expert-cache.h"
 
 #include <cstdint>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,19 +24,19 @@ public:
     // low_cost: a LOW expert's bytes over a HIGH one's
     prefetch_ledger(const expert_cache & cache, double low_cost);
 
-    // the run placed layer il's wanted experts as `placed`: the shadow places them too
+    // the run placed layer il's wanted experts as `placed`: the shadow places them too, and the
+    // guesses read for il are judged from here on
     void placed(int group, int il, const std::vector<std::pair<int, expert_precision>> & wanted,
                 const std::vector<expert_cache::placement> & placed);
     // a read the run asks for without prefetching too (the fill: evict false, into a free slot
     // only); run_read: the run read it (it was not cached there)
     void mirrored(int group, int il, int e, expert_precision p, bool evict, bool run_read);
-    void guessed(expert_precision p) { run_ += cost(p); guesses_++; }  // a judged guess is read
-    void cancelled(expert_precision p) { run_ -= cost(p); guesses_--; }  // ... or not, after all
+    // a judged guess for layer il is read, or (cancelled) not after all
+    void guessed(int il, expert_precision p) { run_ += cost(p); pending_[il] += cost(p); guesses_++; }
+    void cancelled(int il, expert_precision p) { run_ -= cost(p); pending_[il] -= cost(p); guesses_--; }
 
-    // A token starts: whether the run has read more than its shadow so far. Judged between tokens,
-    // when every guess's layer has run: a guess costs its read at once, its shadow's miss comes
-    // when the layer it was read for runs.
-    void judge() { costs_ = guesses_ >= PREFETCH_LEDGER_JUDGED_AFTER && run_ > shadow_; }
+    // The run has read more than its shadow, not counting the guesses whose layer has not run yet
+    // (a guess costs its read at once, its shadow's miss comes when the layer it was read for runs).
     bool costs() const { return costs_; }
 
 private:
@@ -45,7 +46,8 @@ private:
     const expert_cache & real_;
     expert_cache shadow_cache_;
     double low_cost_;
-    double run_ = 0, shadow_ = 0;  // loads, in HIGH experts
+    double run_ = 0, shadow_ = 0;            // loads, in HIGH experts
+    std::unordered_map<int, double> pending_;  // by layer: its guesses' reads, until it runs
     uint64_t guesses_ = 0;
     bool costs_ = false;
     bool lost_ = false;  // the shadow could not follow (a placement it cannot make): judges nothing
