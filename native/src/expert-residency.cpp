@@ -125,7 +125,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
       coordinator(cache, layout.group_of_layers(), o.io_threads,
                   [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); },
-                  /*timed*/ !layout.has_low && !o.skip, layout.high_bytes ? (double) layout.low_bytes / layout.high_bytes : 0.0) {
+                  /*timed*/ !layout.has_low && !o.skip) {
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used, layout.fixed_routing);
     if (layout.has_low) reader.open_low(layout.low_source, o.io);

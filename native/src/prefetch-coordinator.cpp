@@ -1,11 +1,10 @@
 #include "prefetch-coordinator.h"
 
 prefetch_coordinator::prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of,
-                                           bool timed, double low_cost)
+                                           bool timed)
     : cache_(cache), group_of_(std::move(group_of)), reads_of_(std::move(reads_of)), wave_pins_(cache, true),
       stats_(group_of_.size()), meter_(cache.n_slots()), timed_(timed), n_threads_(n_threads) {
     if (n_threads > 0) prefetcher_ = std::make_unique<prefetcher>(n_threads);
-    if (n_threads > 0 && !timed) ledger_ = std::make_unique<prefetch_ledger>(cache, low_cost);
 }
 
 void prefetch_coordinator::settle(int il) { predicted_pins_.erase(il); }

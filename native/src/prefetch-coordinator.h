@@ -57,10 +57,14 @@ public:
 
     // group_of: per il, the pool group (-1: not a MoE layer). With n_threads > 0 prefetch reads
     // run on that many background threads; with 0 nothing is prefetched. timed: whether read times
-    // may decide what is prefetched (lossless only: else the tokens would depend on them; then
-    // bytes do, prefetch-ledger.h, with low_cost a LOW expert's bytes over a HIGH one's).
-    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of, bool timed,
-                         double low_cost);
+    // may decide what is prefetched (lossless only: else the tokens would depend on them).
+    prefetch_coordinator(expert_cache & cache, std::vector<int> group_of, int n_threads, reads_fn reads_of, bool timed);
+    // Where read times may not judge, decode prefetching stops once it has read more than the run
+    // would without it (prefetch-ledger.h); low_cost: a LOW expert's bytes over a HIGH one's. Before
+    // anything is placed or read.
+    void count_reads(double low_cost) {
+        if (prefetcher_) ledger_ = std::make_unique<prefetch_ledger>(cache_, low_cost);
+    }
 
     bool prefetching() const { return (bool) prefetcher_; }
 
@@ -139,7 +143,7 @@ private:
     std::map<int, std::unique_ptr<pin_set>> predicted_pins_;     // by the layer predicted for
     std::vector<expert_prefetch_stats> stats_;
     prefetch_meter meter_;                         // judged ones, since the start (stats_ are reset)
-    std::unique_ptr<prefetch_ledger> ledger_;      // untimed only
+    std::unique_ptr<prefetch_ledger> ledger_;      // count_reads()
     bool timed_, stopped_ = false, held_ = false;
     std::vector<std::pair<int, int>> fill_order_;  // (il, expert)
     size_t fill_next_ = 0;                         // the next in fill_order_ to read

@@ -33,7 +33,11 @@ public:
     void mirrored(int group, int il, int e, expert_precision p, bool evict, bool run_read);
     // a judged guess for layer il is read, or (cancelled) not after all
     void guessed(int il, expert_precision p) { run_ += cost(p); pending_[il] += cost(p); guesses_++; }
-    void cancelled(int il, expert_precision p) { run_ -= cost(p); pending_[il] -= cost(p); guesses_--; }
+    void cancelled(int il, expert_precision p) {
+        run_ -= cost(p);
+        guesses_--;
+        if (auto it = pending_.find(il); it != pending_.end()) it->second -= cost(p);  // its layer is still to run
+    }
 
     // The run has read more than its shadow, not counting the guesses whose layer has not run yet
     // (a guess costs its read at once, its shadow's miss comes when the layer it was read for runs).

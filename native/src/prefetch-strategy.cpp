@@ -32,8 +32,12 @@ prefetch_strategies::prefetch_strategies(const prefetch_env & env) {
         case prefetch_mode::fate:    all_.push_back(make_router_prefetch(env, /*fate*/ true)); break;
         case prefetch_mode::edgemoe: all_.push_back(make_path_prefetch(env)); break;
     }
-    // whether it makes the decode faster: else it stops (lossless only)
+    // whether it makes the decode faster, else it stops (lossless only); where a time may not judge,
+    // whether it reads more than the run would without it (prefetch-ledger.h)
     if (env.options.prefetch != prefetch_mode::none && env.coordinator.timed()) all_.push_back(make_prefetch_trial(env));
+    if (env.options.prefetch != prefetch_mode::none && !env.coordinator.timed() && env.layout.high_bytes > 0) {
+        env.coordinator.count_reads((double) env.layout.low_bytes / env.layout.high_bytes);
+    }
     // prefill, and MoBiLE's redone tokens: whatever --prefetch says
     all_.push_back(make_read_ahead(env));
     all_.push_back(make_prefill_guess(env));
