@@ -21,8 +21,8 @@ import numpy as np
 from pyedgemoe.calibration.edgemoe import DEFAULT_LOSS_BUDGET, DEFAULT_MIN_AGREEMENT, check_min_agreement
 from pyedgemoe.decoder import top_probability
 from pyedgemoe.engine import Engine
-from pyedgemoe.perplexity import decode_mode_logits, next_token_nll
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.perplexity import decode_mode_logits, next_token_nll
 
 # the little pass alone: no little token's top probability is below it, so none is redone
 LITTLE_ONLY = 1e-30
