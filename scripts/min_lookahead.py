@@ -23,6 +23,7 @@ from fidelity_report import corpus_texts  # noqa: E402
 from pyedgemoe import Engine  # noqa: E402
 from pyedgemoe.calibration.belady import lookahead_loads, min_loads  # noqa: E402
 from pyedgemoe.calibration.replay import CacheSetup, replay, replay_steps  # noqa: E402
+from pyedgemoe.calibration.run import lossless_slots  # noqa: E402
 from pyedgemoe.calibration.trace import record_trace  # noqa: E402
 
 AHEAD_TOKENS = (1, 2, 4, 8, 16)
@@ -36,7 +37,7 @@ def measure(model: str, budget: str, text: str, max_tokens: int) -> dict:
         residency = dict(eng.expert_residency)
         routing = record_trace(eng, tokens, N_CTX)
     # lossless: every byte of the budget in HIGH slots, as calibrate's comparison with MIN
-    slots = residency["budget_bytes"] // (residency["high_pool_bytes"] // residency["high_slots"])
+    slots = lossless_slots(residency)
     steps = replay_steps(routing, 1.0, 1.0, use_low=False, use_skip=False)
     n_layers = len({s.layer for s in steps})
     setup = replace(CacheSetup(high_slots=slots, low_slots=0, n_layers=residency["n_layers"], low_cost=0.0),

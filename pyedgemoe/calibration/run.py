@@ -174,8 +174,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
                      f"run with --cache-policy {winner.policy}")
 
     # lossless, against the offline optimum: every byte of the budget in HIGH slots
-    high_expert_bytes = residency["high_pool_bytes"] // residency["high_slots"]
-    lossless = replace(setup, high_slots=residency["budget_bytes"] // high_expert_bytes, low_slots=0)
+    lossless = replace(setup, high_slots=lossless_slots(residency), low_slots=0)
     against = against_min(replay_steps(routing, t1, t2, use_low=False, use_skip=False), lossless, best.weights)
 
     n_sequences = int(routing["sequence"].max()) + 1 if len(routing["sequence"]) else 0
@@ -238,6 +237,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))
         result.sidecar = write_sidecar(data, sidecar)
     return result
+
+
+def lossless_slots(residency: dict) -> int:
+    """The HIGH slots the whole budget of an Engine's expert residency holds (no LOW tier)."""
+    return residency["budget_bytes"] // (residency["high_pool_bytes"] // residency["high_slots"])
 
 
 def _previous_calibration(sidecar: str, force: bool) -> dict | None:
