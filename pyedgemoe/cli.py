@@ -398,6 +398,9 @@ def calibrate_command(
                + ", ".join(f"{p} {r['x_min']:.2f}x" for p, r in sorted(against["policies"].items(),
                                                                    key=lambda pr: pr[1]["x_min"]))
                + f"; lossless runs use {d['best_lossless_policy']}, runs with LOW copies {d['best_policy']}")
+    chosen = d["best_lossless_policy"]
+    typer.echo("  loads per MoE layer: MIN " + " ".join(map(str, against["min"]["loads_per_layer"].values()))
+               + f"; {chosen} " + " ".join(map(str, against["policies"][chosen]["loads_per_layer"].values())))
     if "prediction" in d and d["prediction"]["top1_accuracy"] is not None:
         typer.echo(f"next-layer prediction: top-1 right {d['prediction']['top1_accuracy']:.1%}, "
                    f"{d['prediction']['recall']:.1%} of selections predicted")

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pyedgemoe.calibration.belady import lookahead_loads, min_loads
-from pyedgemoe.calibration.replay import CacheSetup, ReplayStep, replay
+from pyedgemoe.calibration.replay import CacheSetup, ReplayStep, against_min, replay
 
 
 def steps(*layers_and_experts) -> list[ReplayStep]:
@@ -83,3 +83,34 @@ def test_seeing_further_never_loads_more_than_lru_and_never_less_than_min(seed):
     assert lookahead_loads(trace, 7, len(trace)) == best
     for ahead in (3, 12, 48):
         assert best <= lookahead_loads(trace, 7, ahead) <= lru
+
+
+def reuse_and_scan(tokens: int) -> list[ReplayStep]:
+    """Two layers of 16 experts, top-2, one token per step: layer 0 reuses 4 experts (token t:
+    t and t+1 mod 4, each back within 3 tokens), layer 1 scans all 16 (2t and 2t+1 mod 16, each
+    back after 8 tokens)."""
+    trace = []
+    for t in range(tokens):
+        trace.append(ReplayStep(t == 0, 1, 0, [(t % 4, "high"), ((t + 1) % 4, "high")]))
+        trace.append(ReplayStep(False, 0, 1, [((2 * t) % 16, "high"), ((2 * t + 1) % 16, "high")]))
+    return trace
+
+
+def test_the_slots_go_to_the_layer_that_reuses():
+    # 6 slots over 64 tokens. The best partition is layer 0's working set (4 slots, loaded once)
+    # and layer 1's top-2 (2 slots, a scan never hits): MIN's 4 + 128 loads. lru keeps the 6 most
+    # recent, which a token's 2 scanned experts push layer 0's next one out of: one layer-0 load
+    # per token (65). A static even split (fate, 3 slots each) thrashes layer 0 the same way.
+    # decay, the calibrated lossless default on both trained models, finds MIN's partition: its
+    # one extra load is token 1's, where a layer-0 and two layer-1 experts tie (used once, at
+    # token 0) and the least recent, layer 0's expert 0, goes.
+    trace = reuse_and_scan(64)
+    setup = CacheSetup(high_slots=6, low_slots=0, n_layers=2, low_cost=0.5, layers=(0, 1), n_expert=16,
+                       n_expert_used=2, fate_shallow=0)
+    assert min_loads(trace, 6).loads_per_layer == {0: 4, 1: 128}
+    assert replay(trace, setup, "decay").loads_per_layer == {0: 5, 1: 128}
+    assert replay(trace, setup, "lru").loads_per_layer == {0: 65, 1: 128}
+    assert replay(trace, setup, "fate").loads_per_layer == {0: 65, 1: 128}
+    report = against_min(trace, setup)
+    assert report["min"]["loads_per_layer"] == {"0": 4, "1": 128}
+    assert report["policies"]["decay"] == {"loads": 133, "x_min": 133 / 132, "loads_per_layer": {"0": 5, "1": 128}}

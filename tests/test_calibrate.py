@@ -307,6 +307,7 @@ def test_calibrate_writes_the_sidecar_and_trace_and_run_picks_them_up(models, tm
     r = cli("calibrate", model, "-f", models["text"], *CALIBRATE_ARGS)
     assert r.returncode == 0, r.stderr
     assert "t1" in r.stdout and "hobbit" in r.stdout and sidecar_path(model) in r.stdout
+    assert "loads per MoE layer: MIN " in r.stdout
     assert "Traceback" not in r.stderr
     data = json.loads(open(sidecar_path(model)).read())
     assert data["version"] == 1
@@ -354,6 +355,10 @@ def test_calibrate_json_and_a_trace_path_of_ones_own(models, tmp_path):
     assert out["trace_path"] == str(tmp_path / "t.trace") and (tmp_path / "t.trace").is_file()
     assert out["target_split"] == {"high": 0.75, "low": 0.25, "skip": 0.0}
     assert out["t2"] == 1.0 and out["achieved_split"]["skip"] == 0.0
+    # MIN and every policy, per MoE layer and in total
+    against = out["lossless_against_min"]
+    for r in [against["min"], *against["policies"].values()]:
+        assert list(r["loads_per_layer"]) == ["0", "1"] and sum(r["loads_per_layer"].values()) == r["loads"]
 
 
 def test_explicit_options_beat_the_sidecar_which_beats_the_embedded_calibration(models, tmp_path):

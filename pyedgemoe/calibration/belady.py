@@ -135,10 +135,10 @@ def trace_against_min(trace: dict, slots: int, loads: int) -> dict:
     """A lossless run's `loads` (HIGH loads on demand and prefetched, from its stats) next to MIN's on the routing it recorded
     (Engine.take_routing_trace) with its `slots`: {"loads", "min_loads", "requests", "x_min",
     "min_loads_per_layer"}. Both must start from an empty cache (no fill at load)."""
-    from pyedgemoe.calibration.replay import replay_steps
+    from pyedgemoe.calibration.replay import per_layer_json, replay_steps
 
     best = min_loads(replay_steps(trace, 1.0, 1.0, use_low=False, use_skip=False), slots)
     return {"loads": loads, "min_loads": best.loads, "requests": best.requests,
             "x_min": loads / best.loads if best.loads else 1.0,
-            "min_loads_per_layer": {str(l): n for l, n in sorted(best.loads_per_layer.items())}}
+            "min_loads_per_layer": per_layer_json(best.loads_per_layer)}
 

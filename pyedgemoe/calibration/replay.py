@@ -17,7 +17,7 @@ records across sequences (lfu counts frequency since insertion), so they are not
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -93,6 +93,7 @@ class ReplayResult:
     skipped: int = 0
     requests: int = 0
     failures: int = 0  # place() calls the runtime's cache could not serve (the decode would fail)
+    loads_per_layer: dict = field(default_factory=dict)  # {layer: HIGH and LOW loads}
 
     @property
     def hit_rate(self) -> float:
@@ -144,6 +145,7 @@ def replay(steps: list[ReplayStep], setup: CacheSetup, policy: str = "lru", weig
             placed = cache.place(step.layer, step.wanted)
         for _expert, precision, _slot, load in placed:
             counts[precision, load] += 1
+            result.loads_per_layer[step.layer] = result.loads_per_layer.get(step.layer, 0) + int(load)
     result.loads_high, result.loads_low = counts["high", True], counts["low", True]
     result.hits_high, result.hits_low = counts["high", False], counts["low", False]
     result.skipped = counts["skip", False]
@@ -177,7 +179,7 @@ def search_policy_weights(steps: list[ReplayStep], setup: CacheSetup,
 def against_min(steps: list[ReplayStep], setup: CacheSetup, hobbit_weights=None) -> dict:
     """Lossless (steps of HIGH loads only): Belady's MIN on these steps and slots, and each single
     policy's and hobbit's (with hobbit_weights) loads over MIN's. {"slots", "min": {loads,
-    requests, loads_per_layer}, "policies": {name: {loads, x_min}}}."""
+    requests, loads_per_layer}, "policies": {name: {loads, x_min, loads_per_layer}}}."""
     from pyedgemoe.calibration.belady import min_loads
 
     best = min_loads(steps, setup.high_slots)
@@ -185,7 +187,13 @@ def against_min(steps: list[ReplayStep], setup: CacheSetup, hobbit_weights=None)
     runs["hobbit"] = replay(steps, setup, "hobbit", hobbit_weights)
     return {"slots": setup.high_slots,
             "min": {"loads": best.loads, "requests": best.requests, "failures": best.failures,
-                    "loads_per_layer": {str(l): n for l, n in sorted(best.loads_per_layer.items())}},
-            "policies": {p: {"loads": r.loads_high, "x_min": r.loads_high / best.loads if best.loads else 1.0}
+                    "loads_per_layer": per_layer_json(best.loads_per_layer)},
+            "policies": {p: {"loads": r.loads_high, "x_min": r.loads_high / best.loads if best.loads else 1.0,
+                             "loads_per_layer": per_layer_json(r.loads_per_layer)}
                          for p, r in runs.items()}}
+
+
+def per_layer_json(loads: dict) -> dict:
+    """JSON's form of {layer: loads}: string keys, layers in order."""
+    return {str(l): n for l, n in sorted(loads.items())}
 
