@@ -4,6 +4,7 @@
     python scripts/systems_report.py --reuse         # only the document, from build/systems/*.json and sidecars
     python scripts/systems_report.py --cache-routing [--reuse]   # only cache-aware routing's sweep (minutes)
     python scripts/systems_report.py --fidelity      # only the presets' fidelity on the trained models (minutes)
+    python scripts/systems_report.py --speed         # only the speed sections (about an hour and a half)
 
 Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
 mobile. The documentation's table of the knobs each sets comes from the same dict.
@@ -26,8 +27,9 @@ extra). `--cache-routing` runs only that part and rewrites only its sections of 
 Speed, on the synthetic OLMoE-1B-7B and Qwen3-30B-A3B geometries of docs/benchmarks.md (random
 weights, multi-precision: Q8_0 + Q2_K and Q4_K + Q2_K) under cgroup memory caps of 25 % and 50 % of
 the single-precision file: decode tok/s, prefill seconds, expert bytes per decode step, hit rate and
-prediction accuracy, medians over rounds that run every system once in an order rotated per round
-(pyedgemoe.bench.runner: a fresh worker process per run). Missing files are generated and
+prediction accuracy, medians over rounds that run every seed system once in an order rotated per
+round (pyedgemoe.bench.runner: a fresh worker process per run). Cache-aware routing trades fidelity
+for bytes, and random routers have no fidelity to trade: it is measured on the trained models only. Missing files are generated and
 converted first (scripts/make_synthetic_gguf.py, pyedgemoe convert), and calibrated on docs/*.md.
 Random weights have no accuracy to profile, so EdgeMoE's map there puts the same share of experts
 in LOW as the demo model's calibration chose with Q2_K LOW copies, least routed first.
@@ -61,6 +63,7 @@ BUDGET = "25%"
 N_PROMPTS, CONTINUATION = 4, 128
 PPL_CTX, PPL_CHUNKS = 256, 8
 PROMPT, OUTPUT, REPEATS = 64, 32, 3
+SPEED_SYSTEMS = ("lossless", "hobbit", "edgemoe", "fate", "mobile")
 BENCH = REPO / "build" / "bench"
 # name -> (single-precision file, how to make it, multi-precision file, its convert arguments,
 #          {cap % of the single-precision file: expert cache}, calibration budget)
@@ -283,8 +286,8 @@ def speed(name: str, low_share: float) -> dict[int, dict]:
     out = {}
     for cap, cache in caches.items():
         cap_bytes = single.stat().st_size * cap // 100
-        raw: dict[str, list] = {s: [] for s in SYSTEMS}
-        names = list(SYSTEMS)
+        raw: dict[str, list] = {s: [] for s in SPEED_SYSTEMS}
+        names = list(SPEED_SYSTEMS)
         for round_index in range(REPEATS):
             shift = round_index % len(names)
             for system in names[shift:] + names[:shift]:
@@ -390,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                    "models: its sections of the document (and the presets'), the rest as it is")
     p.add_argument("--fidelity", action="store_true", help="only the presets' fidelity on the trained models: "
                    "its section of the document (and the presets'), the rest as it is")
+    p.add_argument("--speed", action="store_true", help="only the speed sections: measured again, the fidelity and "
+                   "the sweep from the last run's build/systems/*.json")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "systems.md")
     args = p.parse_args(argv)
     if args.fidelity:
@@ -399,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(splice(args.out.read_text(), [presets_section(), fidelity_section(fid, calibrations, run),
                                                           *findings_sections()]))
         return 0
+    if args.speed:
+        cells, run = measured_speed(args.reuse)
+        args.out.write_text(splice(args.out.read_text(), [*speed_sections(cells, run), *findings_sections()]))
+        return 0
     sweep = json.loads(ROUTING_RESULTS.read_text()) if args.reuse else routing_sweep()
     routing_plot(sweep, ROUTING_PLOT)
     if args.cache_routing:
@@ -406,20 +415,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = datetime.datetime.now(datetime.timezone.utc)
     fid, calibrations = measured_fidelity(args.reuse)
-    q2k_map = calibrations["demo (16 experts, top-2), Q8_0 HIGH + Q2_K LOW"]["precision_map"]
+    cells, run = measured_speed(args.reuse, started)
+    write_doc(args.out, fid, cells, calibrations, sweep, run)
+    return 0
+
+
+def measured_speed(reuse: bool, started: datetime.datetime | None = None) -> tuple[dict, dict]:
+    """Per geometry the speed cells (measured, or build/systems/speed-*.json's with reuse), and
+    when they were measured (from `started`, or build/systems/run.json with reuse). EdgeMoE's
+    stand-in map takes its LOW share from the demo's Q2_K calibration in build/systems/."""
+    started = started or datetime.datetime.now(datetime.timezone.utc)
+    q2k_map = load_calibration(fidelity_models(True)["demo (16 experts, top-2), Q8_0 HIGH + Q2_K LOW"])["precision_map"]
     low_share = q2k_map["n_low"] / q2k_map["n_experts"]
     cells = {}
     for name, (_, _, mp, _, caches, _) in GEOMETRIES.items():
-        if args.reuse:
+        if reuse:
             cells[name] = {cap: json.loads((WORK / f"speed-{mp.stem}-cap{cap}.json").read_text()) for cap in caches}
         else:
             cells[name] = speed(name, low_share)
     run_file = WORK / "run.json"  # when the measurements were taken
-    if not args.reuse:
+    if not reuse:
         ended = datetime.datetime.now(datetime.timezone.utc)
         run_file.write_text(json.dumps({"started": f"{started:%Y-%m-%d %H:%M}", "ended": f"{ended:%H:%M}"}) + "\n")
-    write_doc(args.out, fid, cells, calibrations, sweep, json.loads(run_file.read_text()))
-    return 0
+    return cells, json.loads(run_file.read_text())
 
 
 def measured_fidelity(reuse: bool) -> tuple[dict[str, list[dict]], dict[str, dict]]:
@@ -482,6 +500,20 @@ def fidelity_section(fid: dict[str, list[dict]], calibrations: dict[str, dict], 
         "`lfu` the two factors alone.", "", *replay_table(calibrations)]
 
 
+def speed_sections(cells: dict, run: dict) -> list[list[str]]:
+    sections = []
+    for name, by_cap in cells.items():
+        for cap, cell in sorted(by_cap.items(), key=lambda kv: int(kv[0])):
+            rows = speed_rows(cell)
+            sections.append([f"## Speed: {name}, cap {cap} % ({int(cell['cap_bytes']):,} B), expert cache "
+                             f"{cell['expert_cache']}", "",
+                             f"Prompt {PROMPT} / output {OUTPUT} tokens, greedy, 2 threads, median of {REPEATS} rounds, "
+                             f"measured {run['started']}-{run['ended']} UTC.", "",
+                             *speed_table(rows), "", "Speed-up over lossless and its cause, from the counters:", "",
+                             *causes(rows)])
+    return sections
+
+
 def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, calibrations: dict[str, dict],
               sweep: dict[str, list[dict]], run: dict) -> None:
     lines = ["# The seed systems side by side: HOBBIT, EdgeMoE, Fate, MoBiLE, cache-aware routing", "",
@@ -490,14 +522,8 @@ def write_doc(out: Path, fid: dict[str, list[dict]], cells: dict, calibrations: 
              "(pyedgemoe/systems.py): it only fills in expert options, every knob stays available alone and one "
              "given explicitly wins.", "", *presets_section(), "", *fidelity_section(fid, calibrations, run), "",
              *routing_section(sweep), ""]
-    for name, by_cap in cells.items():
-        for cap, cell in sorted(by_cap.items(), key=lambda kv: int(kv[0])):
-            rows = speed_rows(cell)
-            lines += [f"## Speed: {name}, cap {cap} % ({int(cell['cap_bytes']):,} B), expert cache "
-                      f"{cell['expert_cache']}", "",
-                      f"Prompt {PROMPT} / output {OUTPUT} tokens, greedy, 2 threads, median of {REPEATS} rounds.", "",
-                      *speed_table(rows), "", "Speed-up over lossless and its cause, from the counters:", "",
-                      *causes(rows), ""]
+    for section in speed_sections(cells, run):
+        lines += [*section, ""]
     lines += [*claims_section(), "", FINDINGS, ""]
     out.write_text("\n".join(lines))
     print("\n".join(lines))
