@@ -95,8 +95,9 @@ def test_cache_routing_reads_fewer_bytes_and_stays_close_to_the_text():
     same, lossless_bytes = agreement_and_bytes(reference, expert_cache="25%", system="lossless")
     assert same == 1.0
     routed, routed_bytes = agreement_and_bytes(reference, expert_cache="25%", system="cache-routing")
-    # measured on this prompt at the preset's λ: 99.2 % agreement (127 of 128) with 17 % fewer bytes
-    assert routed_bytes < 0.9 * lossless_bytes
+    # measured on this prompt at the preset's λ (over decay's cache): 100 % agreement with 36 % fewer
+    # bytes than lossless (over lru's)
+    assert routed_bytes < 0.8 * lossless_bytes
     assert routed >= 0.97
 
 
