@@ -4,10 +4,12 @@ with the default options, without prefetch, and with Fate's prefetch asked for, 
 in rounds that run every variant once (the order rotated per round), each run a fresh process of
 `pyedgemoe bench --ours-only`; medians over the rounds.
 
-    .venv/bin/python scripts/bench_prefetch.py [--rounds 3] [--output 64] MODEL:CACHE[:fixed] ...
+    .venv/bin/python scripts/bench_prefetch.py [--rounds 3] [--output 64] [--variant NAME=FLAGS ...] MODEL:CACHE[:fixed] ...
 
 CACHE is the expert cache (25%); `fixed` decodes a fixed token sequence (random-weight models,
-whose greedy output repeats itself).
+whose greedy output repeats itself). `--variant` (repeated) runs these variants instead, each its
+`pyedgemoe bench` flags, the first the reference of the bytes column (e.g. the cache policies:
+`--variant "lru=--system lossless" --variant "decay=--system lossless --cache-policy decay"`).
 """
 from __future__ import annotations
 
@@ -41,26 +43,29 @@ def main() -> int:
     p.add_argument("models", nargs="+", help="MODEL:CACHE[:fixed]")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--output", type=int, default=64)
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS")
     args = p.parse_args()
+    variants = {name: flags.split() for name, flags in (v.split("=", 1) for v in args.variant)} or VARIANTS
+    reference_name = next(iter(variants)) if args.variant else "--prefetch none"
     print("| model, cache | variant | prefetch in effect | decode tok/s (median) | range | expert KiB / token (median) "
-          "| vs --prefetch none | stopped itself | same tokens |")
+          f"| vs {reference_name} | stopped itself | same tokens |")
     print("|---|---|---|---:|---|---:|---:|---|---|")
     for spec in args.models:
         model, cache, *rest = spec.split(":")
         decode_input = rest[0] if rest else "greedy"
-        runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-        names = list(VARIANTS)
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        names = list(variants)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                runs[name].append(run(model, cache, decode_input, VARIANTS[name], args.output))
-        reference = statistics.median(x["bytes"] for x in runs["--prefetch none"])
+                runs[name].append(run(model, cache, decode_input, variants[name], args.output))
+        reference = statistics.median(x["bytes"] for x in runs[reference_name])
         for name, rs in runs.items():
             speeds = [x["tok_s"] for x in rs]
             size = statistics.median(x["bytes"] for x in rs)
             print(f"| {Path(model).name}, {cache} | {name} | {rs[0]['prefetch']} | {statistics.median(speeds):.2f} | "
                   f"{min(speeds):.2f}-{max(speeds):.2f} | {size / 1024:.1f} | {size / reference - 1:+.1%} | "
                   f"{sum(x['stopped'] for x in rs)}/{len(rs)} | "
-                  f"{'yes' if all(x['tokens'] == runs['--prefetch none'][0]['tokens'] for x in rs) else 'no'} |",
+                  f"{'yes' if all(x['tokens'] == runs[reference_name][0]['tokens'] for x in rs) else 'no'} |",
                   flush=True)
     return 0
 
