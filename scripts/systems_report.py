@@ -616,6 +616,12 @@ token per step):
   demo 0.73 MiB per token at +0.30 % (λ 0.05) against HOBBIT's 0.80 at +0.25 % and routing's 0.90
   at -0.06 % (λ 0.1); on fine 0.70 at +0.10 % (λ 0.02) against HOBBIT's 0.73 at -0.08 %, and 0.65
   at +0.26 % against routing's 0.76 at +0.51 % (λ 0.1).
+- Two variants of the rule, tried over the same 2048 tokens (21:30-21:40 UTC, not kept), move along
+  the same bytes-agreement curve instead of past it: never displacing the router's own top-1 (demo
+  λ 0.1: 97.0 % agreement at -29.6 % bytes, against 96.7 % at -30.3 %; fine identical: with top-8
+  of 64 no cached expert overtakes a top-1), and a bonus of λ logits instead of a share of the
+  spread (demo 0.4: 97.0 % at -29.3 %; fine 0.2: 96.7 % at -40.7 %, against λ 0.1's 96.4 % at
+  -41.5 %).
 - On the demo EdgeMoE's static map (95 of 96 experts LOW, -70 % bytes at +0.31 %) reads less than
   either at any λ within the bounds; fine as shipped has no map.
 - The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
