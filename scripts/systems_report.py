@@ -4,7 +4,7 @@
     python scripts/systems_report.py --reuse         # only the document, from build/systems/*.json and sidecars
     python scripts/systems_report.py --cache-routing [--reuse]   # only cache-aware routing's sweep (minutes)
     python scripts/systems_report.py --fidelity [--keep-calibration]   # only the presets' fidelity (minutes)
-    python scripts/systems_report.py --speed         # only the speed sections (about an hour and a half)
+    python scripts/systems_report.py --speed         # only the speed sections (about half an hour)
 
 Each system is its `--system` preset (pyedgemoe/systems.py): lossless, hobbit, edgemoe, fate,
 mobile. The documentation's table of the knobs each sets comes from the same dict.
@@ -29,7 +29,8 @@ weights, multi-precision: Q8_0 + Q2_K and Q4_K + Q2_K) under cgroup memory caps 
 the single-precision file: decode tok/s, prefill seconds, expert bytes per decode step, hit rate and
 prediction accuracy, medians over rounds that run every seed system once in an order rotated per
 round (pyedgemoe.bench.runner: a fresh worker process per run). Cache-aware routing trades fidelity
-for bytes, and random routers have no fidelity to trade: it is measured on the trained models only. Missing files are generated and
+for bytes, and random routers have no fidelity to trade: it is measured on the trained models only.
+Missing files are generated and
 converted first (scripts/make_synthetic_gguf.py, pyedgemoe convert), and calibrated on docs/*.md.
 Random weights have no accuracy to profile, so EdgeMoE's map there puts the same share of experts
 in LOW as the demo model's calibration chose with Q2_K LOW copies, least routed first.
