@@ -30,8 +30,8 @@ the single-precision file: decode tok/s, prefill seconds, expert bytes per decod
 prediction accuracy, medians over rounds that run every seed system once in an order rotated per
 round (pyedgemoe.bench.runner: a fresh worker process per run). Cache-aware routing trades fidelity
 for bytes, and random routers have no fidelity to trade: it is measured on the trained models only.
-Missing files are generated and
-converted first (scripts/make_synthetic_gguf.py, pyedgemoe convert), and calibrated on docs/*.md.
+Missing files are generated and converted first (scripts/make_synthetic_gguf.py, pyedgemoe
+convert), and calibrated on docs/*.md.
 Random weights have no accuracy to profile, so EdgeMoE's map there puts the same share of experts
 in LOW as the demo model's calibration chose with Q2_K LOW copies, least routed first.
 """
