@@ -90,6 +90,11 @@ def correctness(models: Path) -> dict:
     return {"rows": rows}
 
 
+# the expert counters whose change per decode token gpu-check.json records (decode_per_token)
+PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms", "bytes_read", "load_ms", "stall_ms",
+                      "host_hits", "host_loads", "cpu_experts")
+
+
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times.
@@ -109,9 +114,14 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
             prompt = [100 + (i * 37 + 11 * r) % 1000 for i in range(TTFT_PROMPT)]
             ttft.append(eng.time_generation(prompt, 1)["prefill_seconds"])
             # n_decode + 1 picks are n_decode forward passes, llama-bench's tg<n_decode>
+            before = eng.stats()["experts"]["total"]
             t = eng.time_generation(prompt[::-1], n_decode + 1, feed_tokens=fixed_decode_token_ids(n_decode + 1))
             decode.append(n_decode / t["decode_seconds"])
         stats = eng.stats()
+        # where the last decode round's time went, per token: the counters it moved
+        after = stats["experts"]["total"]
+        per_token = {k: (after[k] - before[k]) / (n_decode + 1) for k in PER_TOKEN_COUNTERS if k in after}
+        per_token["ms"] = 1e3 / decode[-1]
     experts = stats["experts"]
     device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
                        for m in stats["memory"] if m["buffer_type"] == stats["device"])
@@ -121,7 +131,8 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
                 pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
                 device_bytes=device_bytes + experts["pool_bytes"],
                 hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
-                uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"])
+                uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
+                decode_per_token=per_token)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +349,10 @@ def report(result: dict) -> str:
                 continue
             notes = (f"→ {r['chosen_mode']}, " if r["label"] == "auto" else "") + (
                 f"hit rate {r['hit_rate']:.0%}" if r["engine"] == "pyedgemoe" else "")
+            t = r.get("decode_per_token")
+            if t:  # a decode token's time, and what of it went to loads (storage, host tier, uploads) and stalls
+                notes += (f"; a token {t['ms']:.1f} ms: {t['bytes_uploaded'] / 2**20:.0f} MiB uploaded in "
+                          f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
         lines.append("")
