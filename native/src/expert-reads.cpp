@@ -1,5 +1,7 @@
 #include "expert-reads.h"
 
+#include <stdexcept>
+
 expert_reader::expert_reader(const std::string & path, expert_io io, int io_threads) : store_(path, io), loaders_(io_threads) {}
 
 void expert_reader::open_low(const std::string & low_source, expert_io io) {
@@ -18,13 +20,17 @@ std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int
         const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
         const auto proj = (expert_projection) p;
         // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
-        // staging buffer, and from there through the device slot's view (if any)
+        // staging buffer, and from there through the slot's view (if any: a device slot, or a
+        // repacked one, whose view converts the layout)
         void * dst = host_slot >= 0 ? host->pool(l.group, precision).slot_data(proj, host_slot)
                                     : pools.pool(l.group, precision).slot_data(proj, slot);
+        ggml_tensor * view = slot >= 0 ? pools.pool(l.group, precision).slot_view(proj, slot)
+                                       : host->pool(l.group, precision).slot_view(proj, host_slot);
+        if (slot >= 0 && host_slot >= 0 && !dst) throw std::logic_error("a repacked host copy cannot be uploaded");
         reads.push_back({ &source, offset, size, dst,
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
                           std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
-                          slot >= 0 ? pools.pool(l.group, precision).slot_view(proj, slot) : nullptr, in_host, low });
+                          view, in_host, low });
     }
     return reads;
 }

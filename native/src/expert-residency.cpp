@@ -131,13 +131,14 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     if (layout.has_low) reader.open_low(layout.low_source, o.io);
     info.device_pool_bytes = device_pool_bytes(layout, budget, devices);  // checked before they are allocated
     pools = std::make_unique<tier_pools>(layout, budget, pool_buffer_types(layout, devices), dc.repack);
-    if (device && dc.host_bytes > 0) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device);
+    const bool has_host = device && dc.host_bytes > 0;
     if (options.mode == compute_mode::automatic) {
-        const mode_choice choice = choose_mode(*pools->high[0], host ? host->pools.high[0].get() : nullptr, dc.n_threads);
+        const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, dc.n_threads);
         options.mode = choice.mode;
         info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop;
+    if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, coop, dc.repack);
     if (coop && !host) throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
     passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots());
     for (size_t g = 0; g < layout.groups.size(); g++) {

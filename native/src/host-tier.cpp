@@ -4,17 +4,17 @@
 
 #include <unordered_map>
 
-namespace {
-// pinned memory where the device has it: uploads from it are direct
 ggml_backend_buffer_type_t pinned_or_host(ggml_backend_dev_t device) {
     ggml_backend_buffer_type_t buft = ggml_backend_dev_host_buffer_type(device);
     return buft ? buft : ggml_backend_cpu_buffer_type();
 }
-}  // namespace
 
-host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device)
+host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device,
+                     bool cpu_computes, bool repack)
     : budget(layout, budget_bytes, low_share, "host cache"),
-      pools(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), pinned_or_host(device)), /*repack*/ false),
+      // coop: plain host pools (buft null), repacked as the model's CPU weights are; gpu: pinned
+      pools(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), cpu_computes ? nullptr : pinned_or_host(device)),
+            cpu_computes && repack),
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {}

@@ -1,7 +1,9 @@
-// The host tier (modes gpu and coop, HOBBIT sec. 4): pinned RAM between the GGUF and the device's
-// expert cache, holding copies of experts in both precisions under its own byte budget, evicted
-// least recently used. A device miss is uploaded from it (gpu) or computed from it on the CPU
-// (coop); what it lacks is read into it first.
+// The host tier (modes gpu and coop, HOBBIT sec. 4): RAM between the GGUF and the device's expert
+// cache, holding copies of experts in both precisions under its own byte budget, evicted least
+// recently used. A device miss is uploaded from it (gpu: the device's pinned memory, from which
+// uploads are direct) or computed from it on the CPU (coop: laid out for the CPU's kernels, i.e.
+// repacked where the model's CPU weights would be, as stock llama.cpp's `-ot exps=CPU` does; such
+// a copy cannot be uploaded, and in coop none is). What it lacks is read into it first.
 #pragma once
 
 #include "expert-budget.h"
@@ -14,9 +16,14 @@
 #include <memory>
 #include <vector>
 
+// the device's pinned host memory, else the CPU's
+ggml_backend_buffer_type_t pinned_or_host(ggml_backend_dev_t device);
+
 struct host_tier {
-    // Throws expert_budget_error (with the minimum) below one layer's top-k experts.
-    host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device);
+    // Throws expert_budget_error (with the minimum) below one layer's top-k experts. cpu_computes:
+    // coop's layout (repacked if repack), else gpu's.
+    host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device,
+              bool cpu_computes, bool repack);
 
     const slot_pool & pool(int group, expert_precision p) const { return pools.pool(group, p); }
     uint64_t bytes() const { return pools.bytes(expert_precision::high) + pools.bytes(expert_precision::low); }
@@ -31,7 +38,7 @@ struct host_tier {
     }
 
     expert_budget budget;
-    tier_pools pools;  // in the device's pinned host memory where it has some
+    tier_pools pools;  // gpu: in the device's pinned host memory where it has some; coop: the CPU's
     expert_cache cache;
     pin_set pins;  // the copies the running wave reads or computes (hard pins)
 };

@@ -1,5 +1,6 @@
 #include "mode-chooser.h"
 
+#include "host-tier.h"
 #include "slot-pool.h"
 
 #include "ggml-backend.h"
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -36,30 +38,32 @@ int largest_projection(const slot_pool & pool) {
 
 // from where the GPU-centric mode uploads a miss: the host tier's pinned memory when there is one
 // (pageable memory goes through a bounce buffer, slower)
-double upload_gbps(const slot_pool & device, const slot_pool * host) {
+double upload_gbps(const slot_pool & device, const slot_pool * pinned) {
     const int p = largest_projection(device);
     const uint64_t bytes = device.shapes()[p].bytes;
-    std::vector<char> zeros(host ? 0 : bytes, 0);
-    const void * source = host ? host->slot_data((expert_projection) p, 0) : zeros.data();
+    std::vector<char> zeros(pinned ? 0 : bytes, 0);
+    const void * source = pinned ? pinned->slot_data((expert_projection) p, 0) : zeros.data();
     ggml_tensor * slot = device.slot_view((expert_projection) p, 0);
     return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, source, 0, bytes); }) / 1e9;
 }
 
+// the CPU's pass over one expert as coop computes it: mul_mat_id over a pool laid out as coop's
+// host tier is (host-tier.h), a decode token's one row
 double cpu_gbps(const slot_pool & host, int n_threads) {
     const int p = largest_projection(host);
-    const ggml_tensor * pool = host.tensor((expert_projection) p);
+    ggml_tensor * pool = host.tensor((expert_projection) p);
     ggml_init_params params = { ggml_tensor_overhead() * 4 + ggml_graph_overhead() + 1024, nullptr, /*no_alloc*/ true };
     ggml_context * ctx = ggml_init(params);
-    ggml_tensor * w = ggml_view_2d(ctx, const_cast<ggml_tensor *>(pool), pool->ne[0], pool->ne[1], pool->nb[1], 0);
-    ggml_tensor * x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, pool->ne[0]);
-    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, pool->ne[0], 1, 1);
+    ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 1);  // slot 0
+    ggml_tensor * y = ggml_mul_mat_id(ctx, pool, x, ids);
     ggml_cgraph * graph = ggml_new_graph(ctx);
     ggml_build_forward_expand(graph, y);
     ggml_backend_t cpu = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(cpu, n_threads);
     ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
     double gbps = 0;
-    if (buffer) {  // x and y (w, a view of the host pool, is initialized by the allocation)
+    if (buffer) {
         ggml_backend_buffer_clear(buffer, 0);
         ggml_backend_graph_compute(cpu, graph);  // warm-up
         gbps = host.shapes()[p].bytes / best_seconds([&] { ggml_backend_graph_compute(cpu, graph); }) / 1e9;
@@ -70,19 +74,36 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
     return gbps;
 }
 
+// slot 0 of every projection zeroed (a pool's memory may be anything; zeros time as weights do)
+void zero_slot0(const slot_pool & pool) {
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        if (!pool.shapes()[p].present) continue;
+        const auto proj = (expert_projection) p;
+        const std::vector<char> zeros(pool.shapes()[p].bytes, 0);
+        if (void * data = pool.slot_data(proj, 0)) memcpy(data, zeros.data(), zeros.size());
+        else ggml_backend_tensor_set(pool.slot_view(proj, 0), zeros.data(), 0, zeros.size());
+    }
+}
+
 }  // namespace
 
-mode_choice choose_mode(const slot_pool & device, const slot_pool * host, int n_threads) {
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads) {
     mode_choice c;
-    c.upload_gbps = upload_gbps(device, host);
+    // one expert in each mode's host tier layout (host-tier.h), for the two rates
     char line[256];
-    if (!host) {
+    if (!has_host) {
+        c.upload_gbps = upload_gbps(device, nullptr);
         snprintf(line, sizeof(line), "--mode auto chose gpu: no host tier for the CPU to compute misses from (uploads %.2f GB/s)",
                  c.upload_gbps);
         c.reason = line;
         return c;
     }
-    c.cpu_gbps = cpu_gbps(*host, n_threads);
+    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);
+    zero_slot0(pinned);
+    c.upload_gbps = upload_gbps(device, &pinned);
+    const slot_pool cpu_layout(device.shapes(), 1, nullptr, repack);
+    zero_slot0(cpu_layout);
+    c.cpu_gbps = cpu_gbps(cpu_layout, n_threads);
     c.mode = c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
     snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
              name_of(c.mode), c.upload_gbps, c.cpu_gbps);

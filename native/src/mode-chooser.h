@@ -6,6 +6,8 @@
 
 #include "expert-options.h"
 
+#include "ggml-backend.h"
+
 #include <string>
 
 class slot_pool;
@@ -17,6 +19,8 @@ struct mode_choice {
     std::string reason;      // one line for stderr
 };
 
-// device: the device pools (their slot 0 is overwritten: call before the cache is filled);
-// host: the host tier's HIGH pools, or nullptr when there is none (then coop cannot run).
-mode_choice choose_mode(const slot_pool & device, const slot_pool * host, int n_threads);
+// device: the device pools of dev (their slot 0 is overwritten: call before the cache is filled);
+// has_host: a host tier is budgeted (else coop cannot run); repack: coop's host tier would be
+// repacked (the model's CPU weights are). Each rate is timed from one expert laid out as that
+// mode's host tier would hold it, allocated here.
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads);
