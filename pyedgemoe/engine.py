@@ -106,7 +106,7 @@ class Engine:
         measured slower in load, prefill and decode, docs/benchmarks.md), or where the copies would
         not fit beside the mapped experts they are read from (memory_budget.repack_fits), on otherwise.
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
-    host_cache: the host tier (pinned RAM between the file and the GPU, both precisions): bytes,
+    host_cache: the host tier (RAM between the file and the GPU, both precisions; pinned in mode gpu): bytes,
         a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
     n_parallel: sequences that decode together (pyedgemoe.batch; the server's --parallel): up to
         n_parallel generations, from as many threads, run at once, each in n_ctx / n_parallel

@@ -44,7 +44,7 @@ class LoadOption:
 LOAD_OPTIONS: dict[str, LoadOption] = {
     "device": LoadOption(str, "the GPU by ggml's name, e.g. Vulkan0, CUDA0; several (RPC0,RPC1): the layers spread "
                          "over them, each layer's experts cached on its device", "the first"),
-    "host_cache": LoadOption(str, "with a GPU: pinned RAM for experts between the file and the GPU: 8GiB, 50% "
+    "host_cache": LoadOption(str, "with a GPU: RAM for experts between the file and the GPU: 8GiB, 50% "
                              "(of expert bytes), 0 or auto", "auto: every expert copy, or what RAM has free"),
     "repack": LoadOption(bool, "repacked copies of the weights, as llama.cpp makes them",
                          "off where experts stream through an expert cache or stay mapped, or where the copies "

@@ -102,7 +102,7 @@ class LoadPlan:
     expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
     offload: bool  # experts read into an expert cache when routed to
     experts_mapped: bool  # experts computed from the mapped file, the page cache holding them
-    host_cache_bytes: int  # the host tier (pinned RAM between the file and the GPU)
+    host_cache_bytes: int  # the host tier (RAM between the file and the GPU)
     repack: bool  # repacked copies of the weights the CPU computes
     expert_options: ExpertOptions  # as given, with the system's preset, the mode and prefetch chosen here
     native_options: _native.ExpertOptions | None  # completed for the model and calibration (None: dense)

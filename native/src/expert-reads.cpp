@@ -1,7 +1,5 @@
 #include "expert-reads.h"
 
-#include <chrono>
-#include <set>
 #include <stdexcept>
 
 expert_reader::expert_reader(const std::string & path, expert_io io, int io_threads) : store_(path, io), loaders_(io_threads) {}
@@ -37,41 +35,12 @@ std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int
     return reads;
 }
 
-expert_reader::~expert_reader() {
-    for (auto & [device, backend] : upload_streams_) if (backend) ggml_backend_free(backend);
-}
-
-ggml_backend_t expert_reader::upload_stream(ggml_backend_dev_t device) {
-    auto it = upload_streams_.find(device);
-    if (it == upload_streams_.end()) it = upload_streams_.emplace(device, ggml_backend_dev_init(device, nullptr)).first;
-    return it->second;
-}
-
 std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
-    std::vector<expert_read> uploads;
-    for (expert_read & r : reads) {
-        if (!r.uploads_from_dst() || !upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(r.view->buffer)))) continue;
-        r.queued = true;
-        uploads.push_back(r);
-    }
     const loader_threads::read_result r = loaders_.read_all(std::move(reads));
     st.bytes_read += r.moved.bytes_read;
     st.bytes_read_low += r.moved.bytes_read_low;
     st.bytes_uploaded += r.moved.bytes_uploaded;
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
-    if (!r.error.empty() || uploads.empty()) return r.error;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::set<ggml_backend_t> used;
-    for (const expert_read & u : uploads) {
-        ggml_backend_t stream = upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(u.view->buffer)));
-        ggml_backend_tensor_set_async(stream, u.view, u.dst, 0, u.size);
-        used.insert(stream);
-        st.bytes_uploaded += u.size;
-    }
-    for (ggml_backend_t stream : used) ggml_backend_synchronize(stream);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    st.upload_ms += ms;
-    st.load_ms += ms;
-    return "";
+    return r.error;
 }

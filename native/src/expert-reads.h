@@ -8,9 +8,6 @@
 #include "loader.h"
 #include "stats.h"
 
-#include "ggml-backend.h"
-
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,17 +24,10 @@ public:
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision p, const tier_pools & pools,
                                       int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false) const;
     // Runs reads, several in flight, and counts them in st; returns the first error ("" if none).
-    // Uploads from host slots (the host tier's pinned memory) are queued on their device's stream
-    // once the reads are done, with one synchronization for all: a synchronous copy per
-    // projection waited for each (hundreds a token) and moved about half of what the link carries.
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
-    ~expert_reader();
 
 private:
     expert_store store_;
     std::unique_ptr<expert_store> low_store_;
     loader_threads loaders_;  // io_threads - 1 workers + the calling thread
-    std::map<ggml_backend_dev_t, ggml_backend_t> upload_streams_;  // per device, made on first use (null: none)
-
-    ggml_backend_t upload_stream(ggml_backend_dev_t device);
 };

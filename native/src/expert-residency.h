@@ -10,7 +10,7 @@
 // reaches us). expert-residency.cpp wires them.
 //
 // With a GPU (modes gpu and coop, HOBBIT sec. 4) the pools are in the device's memory and a host
-// tier of pinned RAM (its own cache, both precisions, LRU) sits between the file and the device.
+// tier of RAM (its own cache, both precisions, LRU) sits between the file and the device.
 // gpu: a device miss is uploaded, from the host tier when there, else read into it first. coop: a
 // device miss is computed on the CPU from its host copy, in passes of their own; the device cache
 // changes only by fill and prefetch.

@@ -36,7 +36,7 @@ def expert_view(stats: dict, model_id: str) -> dict:
         "precision": {"high": t["selections_high"], "low": t["selections_low"], "skip": t["selections_skip"]},
         "read_bytes": {"demand": bytes_read_by_precision(t), "prefetch": bytes_read_by_precision(p),
                        "fill": experts.get("fill", {}).get("bytes_read", 0)},
-        # a miss is served from the host tier (pinned RAM, with a GPU) or read from storage; the
+        # a miss is served from the host tier (RAM, with a GPU) or read from storage; the
         # device tier is the cache itself, filled by uploads
         "tiers": {"storage_read_bytes": t["bytes_read"] + p["bytes_read"], "host_hits": t["host_hits"],
                   "uploaded_bytes": t["bytes_uploaded"] + p["bytes_uploaded"]},
