@@ -127,7 +127,8 @@ AUTOMATIC = {
                 f"experts, an expert is at least {PREFETCH_MIN_EXPERT_BYTES >> 20} MiB and --threads is not given, "
                 "else none",
     "cache_policy": "calibrated: the best on the calibration's replay for the mode that runs (lossless, or with "
-                    "LOW copies); hobbit when n_parallel > 1; else lru",
+                    "LOW copies); hobbit when n_parallel > 1; else adaptive (lru or decay, whichever shadow "
+                    "caches of each say misses less lately)",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
     "skip": "with low precision",
@@ -304,7 +305,7 @@ class ExpertOptions:
         # calibration's replay is of one sequence, so its choice holds for n_parallel 1 only. It chose
         # for the mode that runs: with LOW copies by the miss penalty, lossless by the loads.
         best = calibration.get("best_policy" if low_precision else "best_lossless_policy") or calibration.get("best_policy")
-        single = best or ("hobbit" if "policy_weights" in calibration else "lru")
+        single = best or ("hobbit" if "policy_weights" in calibration else "adaptive")
         policy = given["cache_policy"] if "cache_policy" in given else _converted(
             "cache_policy", single if n_parallel == 1 else "hobbit")
         t1 = given.get("t1", calibration.get("t1", default("t1")))

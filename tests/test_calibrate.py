@@ -204,7 +204,7 @@ def test_the_searched_weights_beat_or_match_every_single_policy():
     replays = [replay(steps, setup, "hobbit", w) for w in weight_grid(0.2)]
     first_best = min(replays, key=lambda r: (r.failures, r.penalty, r.loads_high + r.loads_low))
     assert (best.policy, best.weights, best.penalty) == ("hobbit", first_best.weights, first_best.penalty)
-    assert set(singles) == {"lru", "lfu", "lhu", "fld", "edgemoe", "fate", "decay"}
+    assert set(singles) == {"lru", "lfu", "lhu", "fld", "edgemoe", "fate", "decay", "adaptive"}
     for policy in ("lhu", "fld"):  # vertices of the grid (lru and lfu, edgemoe and fate are other policies)
         assert best.penalty <= singles[policy].penalty
     # lhu and fld are the grid's vertices exactly

@@ -185,7 +185,7 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
 
 @pytest.mark.parametrize("args, says", [
     ((), "io direct with 4 reads in flight, fill in the background, prefetch none (the cache holds 50% of the "
-         "experts), eviction lru, lossless, repack off"),
+         "experts), eviction adaptive, lossless, repack off"),
     (("--expert-cache", "25%"), "fill in the background, prefetch none (experts of 24.00 KiB: too small for the "
                                 "compute to hide their reads)"),
     (("--repack",), "lossless, repack on"),

@@ -247,7 +247,7 @@ def test_invalid_io_and_policy_are_refused(tiny_model):
         Engine(path, **SETTINGS, expert_cache="50%", cache_policy="fifo")
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "decay"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "decay", "adaptive"])
 def test_the_cache_policies_are_lossless(tiny_model, resident_cache, policy):
     path, _ = tiny_model("qwen2_moe")
     logits, tokens, stats, n_ubatch = run(path, expert_cache="50%", cache_policy=policy, io_threads=2)

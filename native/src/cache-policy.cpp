@@ -124,6 +124,7 @@ std::unique_ptr<cache_policy> make_cache_policy(cache_policy_kind kind, const ho
         case cache_policy_kind::edgemoe: return make_edgemoe_policy();
         case cache_policy_kind::fate:   return make_fate_policy(shape);
         case cache_policy_kind::decay:  return make_decay_policy();
+        case cache_policy_kind::adaptive: return make_adaptive_policy(weights, shape);
     }
     throw std::invalid_argument("unknown cache policy");
 }

@@ -69,7 +69,8 @@ std::vector<int> shallow_favoring_split(const cache_tier_shape & shape);
 
 // the larger policies, a file each: EdgeMoE's frequency x layer distance (cache-policy-edgemoe.cpp),
 // Fate's shallow-favoring split with an ARC per layer (cache-policy-fate.cpp), decayed frequency
-// (cache-policy-decay.cpp)
+// (cache-policy-decay.cpp), lru or decay by shadow caches of each (cache-policy-adaptive.cpp)
 std::unique_ptr<cache_policy> make_edgemoe_policy();
 std::unique_ptr<cache_policy> make_fate_policy(const cache_tier_shape & shape);
 std::unique_ptr<cache_policy> make_decay_policy();
+std::unique_ptr<cache_policy> make_adaptive_policy(const hobbit_weights & weights, const cache_tier_shape & shape);

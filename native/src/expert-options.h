@@ -13,7 +13,7 @@
 #include <string>
 
 enum class expert_io         { direct, buffered, mmap };
-enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit, edgemoe, fate, decay };
+enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit, edgemoe, fate, decay, adaptive };
 enum class prefetch_mode     { none, hobbit, fate, edgemoe };
 enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
 // where expert math runs (HOBBIT sec. 4): the CPU; a GPU, misses uploaded (GPU-centric); a GPU for
@@ -23,7 +23,7 @@ enum class compute_mode      { cpu, gpu, coop, automatic };
 // each enum's names, in the order of its values: how the CLI and Python spell them
 template <typename E> struct enum_names;
 template <> struct enum_names<expert_io>         { static constexpr std::array<const char *, 3> values = { "direct", "buffered", "mmap" }; };
-template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 8> values = { "lru", "lfu", "lhu", "fld", "hobbit", "edgemoe", "fate", "decay" }; };
+template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 9> values = { "lru", "lfu", "lhu", "fld", "hobbit", "edgemoe", "fate", "decay", "adaptive" }; };
 template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 4> values = { "none", "hobbit", "fate", "edgemoe" }; };
 template <> struct enum_names<low_hit_rule>      { static constexpr std::array<const char *, 2> values = { "accept", "reload" }; };
 template <> struct enum_names<compute_mode>      { static constexpr std::array<const char *, 4> values = { "cpu", "gpu", "coop", "auto" }; };
@@ -49,7 +49,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(int,               io_threads,      4,                      "expert reads in flight at once")                     \
     X(bool,              fill_cache,      true,                   "read experts into the expert cache at load (most routed first when calibrated)") \
     X(bool,              fill_background, true,                   "fill_cache while the prompt and the first tokens run, not before them (lossless runs; with LOW copies or skips: before)") \
-    X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld, hobbit, edgemoe, fate or decay") \
+    X(cache_policy_kind, cache_policy,    cache_policy_kind::lru, "expert cache eviction: lru, lfu, lhu, fld, hobbit, edgemoe, fate, decay or adaptive") \
     X(hobbit_weights,    policy_weights,  kEqualHobbitWeights,    "hobbit policy weights lru,lfu,lhu,fld")              \
     X(int,               fate_shallow,    -1,                     "fate policy: MoE layers cached first, as shallow (-1: the first sixth)") \
     X(bool,              low_precision,   false,                  "load unimportant missed experts in LOW precision")   \

@@ -35,7 +35,7 @@ import numpy as np
 from pyedgemoe.calibration import edgemoe, mobile
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
-                                          replay_steps, search_policy_weights, weight_grid)
+                                          best_lossless_policy, replay_steps, search_policy_weights, weight_grid)
 from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, read_sidecar, sidecar_path, write_sidecar
 from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split,
                                               precision_demands, split_of)
@@ -184,8 +184,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         "t2": t2,
         "policy_weights": [float(w) for w in best.weights],
         "best_policy": winner.policy,
-        # lossless runs (every expert HIGH) by their own replay: the fewest loads, lru on a tie
-        "best_lossless_policy": min(against["policies"], key=lambda p: against["policies"][p]["loads"]),
+        "best_lossless_policy": best_lossless_policy(against["policies"]),
         "target_split": dict(zip(("high", "low", "skip"), split)),
         "achieved_split": achieved,
         "n_experts_used": k,

@@ -1,0 +1,41 @@
+"""The adaptive eviction policy (native/src/cache-policy-adaptive.cpp): lru or decay, whichever its
+shadow caches say would have missed less lately; and calibration's choice of it."""
+from test_mixed_precision import _decode_loads
+
+from pyedgemoe.calibration.replay import best_lossless_policy
+
+
+def test_adaptive_follows_decay_where_one_expert_is_used_every_third_token():
+    # A four times, then two others and A again, the others cycling through seven experts; two
+    # slots. lru evicts A whenever two others pass: every request after the first four misses (1 +
+    # 60). decay keeps A (its uses every third token outweigh an other's every tenth or so): A is
+    # loaded once, each other every time (1 + 40). adaptive starts as lru: at tokens 5 and 6 both
+    # shadows miss, and at token 6 its real cache evicts A by lru's rule; at token 7 lru's shadow
+    # misses A where decay's hits, decay leads and rules every eviction after: decay's loads and
+    # the one load of A at token 7.
+    others = [1, 2, 3, 4, 5, 6, 7]
+    trace = [0] * 4
+    for i in range(20):
+        trace += [others[2 * i % 7], others[(2 * i + 1) % 7], 0]
+    assert _decode_loads("lru", trace) == 61
+    assert _decode_loads("decay", trace) == 41
+    assert _decode_loads("adaptive", trace) == 42
+
+
+def test_adaptive_stays_lru_where_lru_keeps_a_loop_that_fits():
+    # A 20 times, then B and C alternating: lru loads A, B, C once each. decay keeps A, hot long
+    # ago, for a few dozen tokens while B and C evict each other. Its shadow never misses less than
+    # lru's, so adaptive evicts as lru all along.
+    hot_then_cold = [0] * 20 + [1, 2] * 100
+    assert _decode_loads("lru", hot_then_cold) == 3
+    assert _decode_loads("decay", hot_then_cold) == 20
+    assert _decode_loads("adaptive", hot_then_cold) == 3
+
+
+def test_calibration_prefers_adaptive_within_one_percent_of_the_fewest_loads():
+    policies = {"lru": {"loads": 1200}, "decay": {"loads": 1000}, "adaptive": {"loads": 1010}}
+    assert best_lossless_policy(policies) == "adaptive"
+    policies["adaptive"]["loads"] = 1011
+    assert best_lossless_policy(policies) == "decay"
+    # a tie of the single policies goes to the first (lru)
+    assert best_lossless_policy({"lru": {"loads": 5}, "decay": {"loads": 5}}) == "lru"
