@@ -134,8 +134,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     const bool has_host = device && dc.host_bytes > 0;
     if (options.mode == compute_mode::automatic) {
         const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, dc.n_threads);
-        options.mode = choice.mode;
-        info.mode_reason = choice.reason;
+        options.mode = choice.mode, info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop;
     if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, coop, dc.repack);
