@@ -74,7 +74,7 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
     return gbps;
 }
 
-// slot 0 of every projection zeroed (a pool's memory may be anything; zeros time as weights do)
+// slot 0 of every projection zeroed (a host pool's memory may be anything; zeros time as weights do)
 void zero_slot0(const slot_pool & pool) {
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!pool.shapes()[p].present) continue;
@@ -98,8 +98,7 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
         c.reason = line;
         return c;
     }
-    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);
-    zero_slot0(pinned);
+    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
     c.upload_gbps = upload_gbps(device, &pinned);
     const slot_pool cpu_layout(device.shapes(), 1, nullptr, repack);
     zero_slot0(cpu_layout);
