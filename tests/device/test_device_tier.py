@@ -154,7 +154,7 @@ def test_mixed_precision_and_prefetch_run_on_the_device(tiny_model, tmp_path, mo
     assert again_tokens == tokens and np.array_equal(again_logits, logits)
 
 
-@pytest.mark.parametrize("policy", ["lfu", "hobbit", "decay"])
+@pytest.mark.parametrize("policy", ["lfu", "hobbit", "decay", "adaptive"])
 def test_cache_policies_are_lossless_on_the_device(tiny_model, references, policy):
     path = tiny_model("qwen2_moe")[0]
     _, tokens, stats = run(path, mode="gpu", expert_cache="25%", cache_policy=policy)
