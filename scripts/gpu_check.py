@@ -93,7 +93,7 @@ def correctness(models: Path) -> dict:
 
 # the expert counters whose change per decode token gpu-check.json records (decode_per_token)
 PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms", "bytes_read", "load_ms", "stall_ms",
-                      "host_hits", "host_loads", "cpu_experts")
+                      "op_ms", "host_hits", "host_loads", "cpu_experts")
 
 
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> dict:
@@ -359,9 +359,10 @@ def report(result: dict) -> str:
                 notes += (f"; first round: TTFT {r['first_round']['ttft_s'] * 1e3:.0f} ms, "
                           f"decode {r['first_round']['decode_tps']:.1f} tok/s")
             t = r.get("decode_per_token")
-            if t:  # a decode token's time, and what of it went to loads (storage, host tier, uploads) and stalls
+            if t:  # a decode token's time: what went to loads (storage, host tier, uploads), stalls and our op
                 notes += (f"; a token {t['ms']:.1f} ms: {t['bytes_uploaded'] / 2**20:.0f} MiB uploaded in "
-                          f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms")
+                          f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms, "
+                          f"our op {t['op_ms']:.1f} ms")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
         lines.append("")

@@ -88,6 +88,7 @@ nb::dict counters(const expert_layer_stats & s) {
     d["bytes_read_low"] = s.bytes_read_low;
     d["load_ms"] = s.load_ms;
     d["stall_ms"] = s.stall_ms;
+    d["op_ms"] = s.op_ms;
     d["host_hits"] = s.host_hits;
     d["host_loads"] = s.host_loads;
     d["uploads"] = s.uploads;

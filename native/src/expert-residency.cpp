@@ -411,9 +411,9 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         }
         out.end_token(t, masked_slots);
     }
-    st.stall_ms = !any_reads && !waited ? 0.0 : std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-    std::lock_guard<std::mutex> lock(mutex);
-    stats[l.il].add(st);
+    const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    st.stall_ms = !any_reads && !waited ? 0.0 : ms, st.op_ms = ms;
+    std::lock_guard<std::mutex> lock(mutex); stats[l.il].add(st);
     return true;
 }
 

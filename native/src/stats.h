@@ -18,6 +18,7 @@ struct expert_layer_stats {
     uint64_t bytes_read_low = 0;  // of those, LOW copies' bytes
     double   load_ms     = 0;  // wall time with this layer's reads in flight
     double   stall_ms    = 0;  // wall time the compute waited for this layer's loads
+    double   op_ms       = 0;  // wall time of this layer's op up to its slot ids (planning and loads)
     // the device tier (gpu and coop modes): misses served by the host tier or read into it,
     // experts uploaded to the device, and (coop) experts computed on the CPU from the host tier
     uint64_t host_hits = 0, host_loads = 0;
@@ -29,7 +30,7 @@ struct expert_layer_stats {
         requests += o.requests; hits += o.hits; misses += o.misses; skipped += o.skipped;
         hits_high += o.hits_high; hits_low += o.hits_low; loads_high += o.loads_high; loads_low += o.loads_low;
         selections_high += o.selections_high; selections_low += o.selections_low; selections_skip += o.selections_skip;
-        bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low; load_ms += o.load_ms; stall_ms += o.stall_ms;
+        bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low; load_ms += o.load_ms; stall_ms += o.stall_ms; op_ms += o.op_ms;
         host_hits += o.host_hits; host_loads += o.host_loads;
         uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
     }
