@@ -13,7 +13,6 @@
 #include <array>
 #include <cmath>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace {
 
@@ -68,11 +67,11 @@ struct adaptive_policy final : cache_policy {
     void on_insert(expert_key key) override { for (auto & p : real) p->on_insert(key); }
     void on_evict(expert_key key) override { for (auto & p : real) p->on_evict(key); }
     void on_use(expert_key key, bool high, const cache_clock & now) override {
-        if (now.token != last_token) {
-            const double keep = std::exp2(-((double) now.token - (double) last_token) / ADAPTIVE_HALF_LIFE);
-            for (auto & s : shadows) s.misses *= now.token > last_token ? keep : 1.0;  // a new sequence restarts the clock
-            last_token = now.token;
+        if (now.token > last_token) {
+            const double keep = std::exp2(-(double) (now.token - last_token) / ADAPTIVE_HALF_LIFE);
+            for (auto & s : shadows) s.misses *= keep;
         }
+        last_token = now.token;  // a new sequence restarts the clock
         for (auto & p : real) p->on_use(key, high, now);
         for (auto & s : shadows) s.request(key, high, now, n_slots);
         for (size_t i = 0; i < shadows.size(); i++) {
