@@ -623,6 +623,20 @@ token per step):
   of 64 no cached expert overtakes a top-1), and a bonus of λ logits instead of a share of the
   spread (demo 0.4: 97.0 % at -29.3 %; fine 0.2: 96.7 % at -40.7 %, against λ 0.1's 96.4 % at
   -41.5 %).
+- Rules that bound the routing weight a swap moves, tried 2026-11-26 23:50 to 2026-11-27 00:00
+  UTC (not kept): a cached expert c takes an uncached selection e's place when (p_e - p_c) k / Σ ≤ λ
+  (Σ the selections' probability), or when e's share p_e / Σ ≤ λ; c weighted by e's probability,
+  or e dropped without a replacement. Over 48 prompts × 128 tokens (6144 tokens, σ about 0.2 %;
+  bytes per token include those steps, so they differ from the table above) no single λ does
+  better on both models than the spread's rule: moved weight at λ 0.1 reads 25.3 % (demo, 98.3 %
+  agreement) and 37.4 % (fine, 97.3 %) fewer bytes, the spread's rule at λ 0.07 24.6 % (97.8 %) and
+  38.8 % (97.0 %). With a λ for each model it reads more on the demo (-39 % at 97.2 %, λ 0.25,
+  where the spread's rule reads -30 % at 97.3 %) and the same on fine. Dropping without a
+  replacement, or keeping e's weight, lost agreement sooner. Under the spread's rule (λ 0.05 and
+  0.1) lfu's cache read more than lossless, lru's saved 7-10 points less than decay's and
+  adaptive's under 1 point less; decay with a half-life of 4 tokens saved as much as with 16, with
+  64 or 256 less. λ 0.07 has fine on the 97 %
+  bound, so the preset keeps 0.05.
 - On the demo EdgeMoE's static map (95 of 96 experts LOW, -70 % bytes at +0.31 %) reads less than
   either at any λ within the bounds; fine as shipped has no map.
 - The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
