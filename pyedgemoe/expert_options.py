@@ -128,7 +128,7 @@ AUTOMATIC = {
                 "else none",
     "cache_policy": "calibrated: the best on the calibration's replay for the mode that runs (lossless, or with "
                     "LOW copies); hobbit when n_parallel > 1; else adaptive (lru or decay, whichever shadow "
-                    "caches of each say misses less lately)",
+                    "caches of each say hits more lately)",
     "policy_weights": "calibrated, else equal",
     "low_precision": "on when LOW copies exist",
     "skip": "with low precision",
