@@ -95,7 +95,7 @@ class Engine:
     trace_routing: record every MoE layer's routing for calibration (record_routing): the expert
         predictor then runs even without prefetch.
     Where the model runs, options of the same schema (keyword arguments, or in expert_options):
-    mode: "cpu", "gpu", "coop" or "auto" (the default where the build has a GPU; docs/gpu.md). With
+    mode: "cpu", "gpu", "coop", "split" or "auto" (the default where the build has a GPU; docs/gpu.md). With
         a GPU, expert_cache is the GPU's expert budget (auto: from its free memory), non-expert
         weights and the KV cache live there too.
     n_gpu_layers: llama.cpp's habit for the mode: 0 is "cpu"; -1 or a layer count, "auto" where the
@@ -106,8 +106,8 @@ class Engine:
         measured slower in load, prefill and decode, docs/benchmarks.md), or where the copies would
         not fit beside the mapped experts they are read from (memory_budget.repack_fits), on otherwise.
     device: the GPU by ggml's name ("Vulkan0", "CUDA0"); default the first.
-    host_cache: the host tier (RAM between the file and the GPU, both precisions; pinned in mode gpu): bytes,
-        a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop needs one).
+    host_cache: the host tier (RAM between the file and the GPU, both precisions; pinned in modes gpu and split): bytes,
+        a size, "auto" (every expert copy, or what RAM has free) or 0 (none; coop and split need one).
     n_parallel: sequences that decode together (pyedgemoe.batch; the server's --parallel): up to
         n_parallel generations, from as many threads, run at once, each in n_ctx / n_parallel
         positions, one llama_decode per step for all of them, so experts they share load once.

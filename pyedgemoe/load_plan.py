@@ -95,7 +95,7 @@ def this_machine() -> Machine:
 class LoadPlan:
     """A load's decisions; reasons[name] says why each was made (the note a load prints on stderr
     is expert_cache_note)."""
-    mode: str  # cpu, gpu, coop, or auto: the residency layer measures at load which of gpu and coop
+    mode: str  # cpu, gpu, coop, split, or auto: the residency layer measures at load which of gpu and coop
     device: dict | None  # the GPU (gpu_devices' entry) of the modes but cpu, the first of layer_devices
     layer_devices: tuple[str, ...]  # the devices the layers are spread over (--device A,B), device first
     tensor_split: tuple[float, ...]  # their shares of the layers (--tensor-split); empty: by free memory
@@ -403,14 +403,14 @@ def _tensor_split(text: str | None, devices: tuple[dict, ...]) -> tuple[float, .
 
 
 def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int) -> tuple[int, str]:
-    """The host tier's bytes and why: only a GPU mode has one; coop computes misses from it."""
+    """The host tier's bytes and why: only a GPU mode has one; coop and split compute misses from it."""
     if mode == "cpu":
         if value not in (None, "auto"):
             raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop or auto")
         return 0, "--mode cpu has no host tier"
     host_bytes = host_cache_bytes(value, expert_bytes, available)
-    if mode == "coop" and host_bytes == 0 and offload:
-        raise InvalidOptionError("--mode coop computes the device's misses from the host tier: give it a --host-cache")
+    if mode in ("coop", "split") and host_bytes == 0 and offload:
+        raise InvalidOptionError(f"--mode {mode} computes the device's misses from the host tier: give it a --host-cache")
     return host_bytes, "given" if value not in (None, "auto") else "auto: every expert copy, or what RAM has free"
 
 

@@ -3,11 +3,11 @@
 
     gpu_check.py --kit KIT --out OUTDIR [--rehearse] [--deadline SECONDS]
 
-1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`
-   and `coop` at device budgets of 25 % and 50 % against the run with every expert resident on the
+1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`,
+   `coop` and `split` (half the misses each way) at device budgets of 25 % and 50 % against the run with every expert resident on the
    device (greedy tokens; `gpu` also bit-identical logits), and mixed precision on a tiny one;
 2. the benchmark files (synthetic Qwen3-30B-A3B and OLMoE-1B-7B geometry, random weights);
-3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `auto`, a child process
+3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `split`, `auto`, a child process
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
    against stock llama.cpp's llama-bench (`-ngl 99 -ot exps=CPU`, and `--n-cpu-moe N` with the
    experts of the same share of layers on the GPU). Time to first token (a 16-token prompt),
@@ -36,7 +36,10 @@ sys.path.insert(0, str(REPO))
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
 
 BUDGETS = ("25%", "50%")
-MODES = ("gpu", "coop", "auto")
+MODES = ("gpu", "coop", "split", "auto")
+# the correctness check's modes and their options: split with half the misses each way (the rates it
+# measures at load send a tiny model's all to the link)
+CHECKED_MODES = {"gpu": {}, "coop": {}, "split": dict(link_share=0.5)}
 TTFT_PROMPT = 16
 # What the device runs, and the rehearsal's tiny sizes (lavapipe computes on 2 CPU cores).
 SIZES = {
@@ -69,9 +72,9 @@ def correctness(models: Path) -> dict:
     rows = []
     for path in sorted(models.glob("tiny-*.gguf")):
         resident_tokens, resident_logits, _ = greedy(path, mode="gpu")
-        for mode in ("gpu", "coop"):
+        for mode, options in CHECKED_MODES.items():
             for budget in BUDGETS:
-                tokens, logits, stats = greedy(path, mode=mode, expert_cache=budget)
+                tokens, logits, stats = greedy(path, mode=mode, expert_cache=budget, **options)
                 same = next((i for i, (a, b) in enumerate(zip(tokens, resident_tokens)) if a != b), None)
                 total = stats["experts"]["total"]
                 rows.append(dict(model=path.stem, mode=mode, budget=budget, tokens_as_resident=same is None,

@@ -122,9 +122,10 @@ def test_a_host_tier_given_is_its_size_and_cpu_mode_has_none():
         plan(host_cache="1GiB")
 
 
-def test_coop_without_a_host_tier_is_refused_before_loading():
-    with pytest.raises(InvalidOptionError, match="give it a --host-cache"):
-        plan(gpus=(GPU,), mode="coop", expert_cache="25%", host_cache=0)
+@pytest.mark.parametrize("mode", ["coop", "split"])
+def test_coop_and_split_without_a_host_tier_are_refused_before_loading(mode):
+    with pytest.raises(InvalidOptionError, match=f"--mode {mode} computes the device's misses from the host tier: give it a --host-cache"):
+        plan(gpus=(GPU,), mode=mode, expert_cache="25%", host_cache=0)
 
 
 # -- the expert cache ----------------------------------------------------------------------------------

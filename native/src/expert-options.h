@@ -17,8 +17,9 @@ enum class cache_policy_kind { lru, lfu, lhu, fld, hobbit, edgemoe, fate, decay,
 enum class prefetch_mode     { none, hobbit, fate, edgemoe };
 enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
 // where expert math runs (HOBBIT sec. 4): the CPU; a GPU, misses uploaded (GPU-centric); a GPU for
-// hits and the CPU for misses (CPU-GPU cooperative); or one of the two chosen at load
-enum class compute_mode      { cpu, gpu, coop, automatic };
+// hits and the CPU for misses (CPU-GPU cooperative); a GPU for hits and the misses split between
+// uploads and the CPU, in the ratio of the two rates, at once (split); or gpu or coop chosen at load
+enum class compute_mode      { cpu, gpu, coop, split, automatic };
 
 // each enum's names, in the order of its values: how the CLI and Python spell them
 template <typename E> struct enum_names;
@@ -26,7 +27,7 @@ template <> struct enum_names<expert_io>         { static constexpr std::array<c
 template <> struct enum_names<cache_policy_kind> { static constexpr std::array<const char *, 9> values = { "lru", "lfu", "lhu", "fld", "hobbit", "edgemoe", "fate", "decay", "adaptive" }; };
 template <> struct enum_names<prefetch_mode>     { static constexpr std::array<const char *, 4> values = { "none", "hobbit", "fate", "edgemoe" }; };
 template <> struct enum_names<low_hit_rule>      { static constexpr std::array<const char *, 2> values = { "accept", "reload" }; };
-template <> struct enum_names<compute_mode>      { static constexpr std::array<const char *, 4> values = { "cpu", "gpu", "coop", "auto" }; };
+template <> struct enum_names<compute_mode>      { static constexpr std::array<const char *, 5> values = { "cpu", "gpu", "coop", "split", "auto" }; };
 
 template <typename E> const char * name_of(E value) { return enum_names<E>::values[(size_t) value]; }
 
@@ -67,7 +68,8 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k), within what the compute between layers hides; with LOW copies or skips this many whatever the time (-1: none)") \
     X(double,            big_little,      0.0,                    "MoBiLE: decode with top-k/2, redo a token with top-k when its top probability is below this (0: off)") \
     X(double,            cache_routing,   0.0,                    "cache-aware routing: a cached expert takes an uncached one's place when its router logit is within this share of the token's logit spread (0: off, 1: always)") \
-    X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU) or auto")
+    X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU), split (misses uploaded and on the CPU at once) or auto") \
+    X(double,            link_share,      -1.0,                   "mode split: the share of a layer's misses uploaded, the others computed on the CPU meanwhile (-1: the ratio of the two rates measured at load)")
 
 struct expert_options {
 #define EDGEMOE_DECLARE_OPTION(type, name, default_value, help) type name = default_value;

@@ -35,12 +35,42 @@ std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int
     return reads;
 }
 
-std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st) {
+expert_reader::~expert_reader() {
+    wait_uploads();
+    for (auto & [device, stream] : upload_streams_) if (stream) ggml_backend_free(stream);
+}
+
+ggml_backend_t expert_reader::upload_stream(ggml_backend_dev_t device) {
+    auto it = upload_streams_.find(device);
+    if (it == upload_streams_.end()) it = upload_streams_.emplace(device, ggml_backend_dev_init(device, nullptr)).first;
+    return it->second;
+}
+
+std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads) {
+    std::vector<expert_read> uploads;
+    for (expert_read & r : reads) {
+        if (!queue_uploads || !r.uploads_from_dst()) continue;
+        if (!upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(r.view->buffer)))) continue;
+        r.queued = true;
+        uploads.push_back(r);
+    }
     const loader_threads::read_result r = loaders_.read_all(std::move(reads));
     st.bytes_read += r.moved.bytes_read;
     st.bytes_read_low += r.moved.bytes_read_low;
     st.bytes_uploaded += r.moved.bytes_uploaded;
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
-    return r.error;
+    if (!r.error.empty()) return r.error;
+    for (const expert_read & u : uploads) {
+        ggml_backend_t stream = upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(u.view->buffer)));
+        ggml_backend_tensor_set_async(stream, u.view, u.dst, 0, u.size);
+        in_flight_.insert(stream);
+        st.bytes_uploaded += u.size;
+    }
+    return "";
+}
+
+void expert_reader::wait_uploads() {
+    for (ggml_backend_t stream : in_flight_) ggml_backend_synchronize(stream);
+    in_flight_.clear();
 }

@@ -8,7 +8,11 @@
 #include "loader.h"
 #include "stats.h"
 
+#include "ggml-backend.h"
+
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,10 +28,20 @@ public:
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision p, const tier_pools & pools,
                                       int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false) const;
     // Runs reads, several in flight, and counts them in st; returns the first error ("" if none).
-    std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st);
+    // queue_uploads: the uploads from host slots (pinned memory) are queued on their device's own
+    // stream once the reads are done, and left in flight for wait_uploads (mode split: they cross
+    // the link while the CPU computes its share of the misses).
+    std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads = false);
+    // every queued upload has arrived
+    void wait_uploads();
+    ~expert_reader();
 
 private:
     expert_store store_;
     std::unique_ptr<expert_store> low_store_;
     loader_threads loaders_;  // io_threads - 1 workers + the calling thread
+    std::map<ggml_backend_dev_t, ggml_backend_t> upload_streams_;  // per device, made on first use (null: none)
+    std::set<ggml_backend_t> in_flight_;                           // streams with queued uploads
+
+    ggml_backend_t upload_stream(ggml_backend_dev_t device);
 };

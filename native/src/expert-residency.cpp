@@ -45,7 +45,7 @@ struct expert_residency::impl : moe_pass_builder {
         int il, wave;
     };
     struct building_layer {  // a layer's graph while build_pass fills in its passes
-        ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr;
+        ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr;
         int waves = 0;
     };
 
@@ -136,10 +136,11 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, dc.n_threads);
         options.mode = choice.mode, info.mode_reason = choice.reason;
     }
-    const bool coop = options.mode == compute_mode::coop;
-    if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, coop, dc.repack);
-    if (coop && !host) throw std::invalid_argument("--mode coop computes the device's misses from the host tier: give it a --host-cache");
-    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots());
+    const bool coop = options.mode == compute_mode::coop || options.mode == compute_mode::split;  // split: coop's passes
+    if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");
+    const double link_share = split_share(options, *pools->high[0], device, dc.n_threads, &info.mode_reason);
+    if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, options.mode == compute_mode::coop, dc.repack);
+    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share);
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
         wave_shapes.push_back({ layout.n_expert, layout.n_expert_used, layout.has_expert_bias, layout.has_low, coop,
@@ -227,9 +228,10 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
                                     place_experts_op, 1, &wave_ops[il][wave]);
         ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
         b.masks = passes.masks(ctx, b.slot_ids, il, wave);
+        b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, &reader);
     }
     const pass_kind kind = passes[index];
-    passes.fill_in(ctx, index, (kind.host ? host->pools : *pools).pool(l.group, kind.precision), l.stacked, b.slot_ids, b.masks, p);
+    passes.fill_in(ctx, index, (kind.host ? host->pools : *pools).pool(l.group, kind.precision), l.stacked, kind.host ? b.slot_ids : b.device_ids, b.masks, p);
     return true;
 }
 
@@ -315,12 +317,10 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     if (wave > 0) release_wave();  // the wave before has been computed: its experts may go
     const std::vector<expert_demand> none;
     const auto & wanted = wave < (int) planned.waves.size() ? planned.waves[wave] : none;
-    std::vector<expert_demand> on_device, on_cpu;  // coop: the CPU computes the device's misses
-    for (const auto & d : wanted) {
-        const bool held = d.second == expert_precision::skip ||
-                          cache.serving_tier(l.group, make_expert_key(l.il, d.first), d.second) != expert_precision::skip;
-        (passes.on_host(held) ? on_cpu : on_device).push_back(d);
-    }
+    std::vector<expert_demand> on_device, on_cpu;  // coop: the CPU computes the device's misses (split: some)
+    passes.divide(wanted, [&](const expert_demand & d) {
+        return d.second == expert_precision::skip || cache.serving_tier(l.group, make_expert_key(l.il, d.first), d.second) != expert_precision::skip;
+    }, on_device, on_cpu);
     std::vector<expert_cache::placement> placed, on_host;
     try {
         placed = coordinator.place(l.group, l.il, on_device);
@@ -384,7 +384,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
         // the misses and the claimed prefetches are read together, several in flight
         for (const auto & job : claimed) reads.insert(reads.end(), job->reads.begin(), job->reads.end());
         coordinator.pause_for_loads();
-        read_error = reader.read_all(std::move(reads), st);
+        read_error = reader.read_all(std::move(reads), st, passes.queues_uploads());
         coordinator.resume_after_loads();
         prefetch->on_experts_read((int) (loads.size() + on_host.size() + claimed.size()), st.load_ms);
     }

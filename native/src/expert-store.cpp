@@ -168,12 +168,14 @@ static void * staging_buffer(uint64_t size) {
     return b.data;
 }
 
+bool expert_read::uploads_from_dst() const { return view && dst && !ggml_backend_buffer_is_host(view->buffer); }
+
 read_outcome expert_read::run() const {
     try {
         read_outcome out;
         if (!in_dst) out.bytes_read = store->read_range(offset, size, dst ? dst : staging_buffer(size));
         if (low) out.bytes_read_low = out.bytes_read;
-        if (!view) return out;
+        if (!view || queued) return out;
         const auto t0 = std::chrono::steady_clock::now();
         ggml_backend_tensor_set(view, dst ? dst : staging_buffer(size), 0, size);
         if (!ggml_backend_buffer_is_host(view->buffer)) {

@@ -68,7 +68,10 @@ struct expert_read {
     ggml_tensor * view = nullptr;
     bool in_dst = false;  // the bytes are in dst already (a host-tier hit): only the write through view
     bool low = false;     // a LOW copy (its bytes are counted apart)
+    bool queued = false;  // the write through view is queued by the caller (expert_reader::read_all), not run here
 
+    // an upload from a host slot (dst) into a device's memory: one the caller may queue
+    bool uploads_from_dst() const;
     // Throws std::runtime_error naming what, the file offset and the file.
     read_outcome run() const;
 };

@@ -109,3 +109,17 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
     c.reason = line;
     return c;
 }
+
+double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
+                   std::string * reason) {
+    if (options.mode != compute_mode::split) return 0.0;
+    if (options.link_share >= 0) return options.link_share;
+    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
+    const double upload = upload_gbps(device, &pinned), cpu = cpu_gbps(pinned, n_threads);
+    const double share = upload / (upload + cpu);
+    char line[256];
+    snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
+             100 * share, upload, cpu);
+    *reason = line;
+    return share;
+}

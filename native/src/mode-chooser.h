@@ -24,3 +24,10 @@ struct mode_choice {
 // repacked (the model's CPU weights are). Each rate is timed from one expert laid out as that
 // mode's host tier would hold it, allocated here.
 mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads);
+
+// --mode split: the share of a layer's misses to upload, the rest computed by the CPU meanwhile from
+// the same pinned host tier (not repacked: an upload needs the device's layout). options.link_share
+// where given, else so that both end together: upload rate / (upload rate + the CPU's rate over
+// that layout), timed as above, and reason says so (one line for stderr). 0 in other modes.
+double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
+                   std::string * reason);

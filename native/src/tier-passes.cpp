@@ -1,11 +1,13 @@
 #include "tier-passes.h"
 
+#include "expert-reads.h"
 #include "slot-pool.h"
 
 #include "ggml.h"
 #include "llama-graph.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace {
@@ -27,10 +29,18 @@ void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     memcpy(dst->data, (const int32_t *) ids->data + (ids->ne[2] - n_scaled) * n, n * n_scaled * sizeof(float));
 }
 
+// slot ids -> the same, once the uploads queued by the wave's op have arrived (mode split)
+void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * reader) {
+    (void) nth;
+    if (ith != 0) return;
+    ((expert_reader *) reader)->wait_uploads();
+    memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
+}
+
 }  // namespace
 
-tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots)
-    : fewest_slots_(fewest_slots), coop_(coop) {
+tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share)
+    : fewest_slots_(fewest_slots), coop_(coop), link_share_(link_share) {
     passes_.push_back({ false, expert_precision::high });
     if (has_low) passes_.push_back({ false, expert_precision::low });
     n_masked_ = on_device ? size() : 0;
@@ -46,6 +56,18 @@ int tier_passes::serving(bool host, expert_precision precision) const {
         if (passes_[q].host == host && passes_[q].precision == precision) return q;
     }
     return -1;
+}
+
+void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::function<bool(const expert_demand &)> & held_on_device,
+                         std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) const {
+    std::vector<uint8_t> held(wanted.size());
+    for (size_t j = 0; j < wanted.size(); j++) held[j] = held_on_device(wanted[j]);
+    const long n_misses = std::count(held.begin(), held.end(), 0);
+    const long uploaded = std::lround(link_share_ * n_misses);
+    for (size_t j = 0, miss = 0; j < wanted.size(); j++) {
+        const bool on_host = coop_ && !held[j] && (long) miss++ >= uploaded;
+        (on_host ? on_cpu : on_device).push_back(wanted[j]);
+    }
 }
 
 ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const {
@@ -69,10 +91,18 @@ void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, con
            p->weights_normalized, p->probs };
 }
 
+ggml_tensor * tier_passes::device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, expert_reader * reader) const {
+    if (!queues_uploads()) return slot_ids;
+    ggml_tensor * ids = ggml_custom_4d(ctx, GGML_TYPE_I32, slot_ids->ne[0], slot_ids->ne[1], slot_ids->ne[2], 1, &slot_ids, 1,
+                                       uploads_done_op, 1, reader);
+    ggml_format_name(ids, "edgemoe_uploaded-%d-%d", il, wave);
+    return ids;
+}
+
 uint32_t tier_passes::graph_nodes(int n_waves) const {
     // a generous count of a pass's nodes: views, the projections' mul_mat_id, activations, biases,
     // the mask and the sum; and of a wave's: its op and the masks
-    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 4;
+    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 5;
     return n_waves * (passes_.size() * kNodesPerPass + kNodesPerWave);
 }
 

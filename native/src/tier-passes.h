@@ -12,12 +12,15 @@
 #pragma once
 
 #include "expert-format.h"
+#include "layer-planner.h"
 #include "precision-policy.h"
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+class expert_reader;
 class slot_pool;
 struct ggml_context;
 struct ggml_tensor;
@@ -34,7 +37,9 @@ public:
     // has_low: LOW pools; on_device: the pools are a GPU's (their passes masked); coop: host passes
     // after the device's; scale_all: every pass carries a scale (MoBiLE's little pass).
     // fewest_slots: the fewest slots of a device pool (an unserved op's masked ids come from them).
-    tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots);
+    // link_share (mode split, with coop): the share of a wave's misses uploaded, queued while the
+    // CPU computes the others.
+    tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share = 0);
     tier_passes() = default;
 
     int size() const { return (int) passes_.size(); }
@@ -44,8 +49,12 @@ public:
     int planes() const { return size() + n_scaled_; }
     // the pass computing a selection served by a copy in this tier and precision (-1: none)
     int serving(bool host, expert_precision precision) const;
-    // whether the CPU computes a demand from the host tier: coop's, where the device holds no copy
-    bool on_host(bool held_on_device) const { return coop_ && !held_on_device; }
+    // A wave's demands divided: on_device, those the device computes (the copies it holds, and the
+    // misses it loads); on_cpu, those the CPU computes from the host tier: coop's misses, but for
+    // split's uploaded share (the first of them).
+    void divide(const std::vector<expert_demand> & wanted, const std::function<bool(const expert_demand &)> & held_on_device,
+                std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) const;
+    bool queues_uploads() const { return coop_ && link_share_ > 0; }
 
     // The graph's side: a wave's masks [1, n_used, n_tokens, n_scaled] from its slot-id tensor (a
     // custom op; null without scaled passes); pass q as the hook hands it to llama.cpp (patch
@@ -54,6 +63,10 @@ public:
     ggml_tensor * masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
     void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
                  ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
+    // the slot ids the device's passes read: with queued uploads, a copy of slot_ids made once
+    // reader's uploads have arrived (a custom op that patch 0002 orders after the CPU's passes, so
+    // the uploads cross the link while the CPU computes); else slot_ids
+    ggml_tensor * device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, expert_reader * reader) const;
     uint32_t graph_nodes(int n_waves) const;
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
@@ -63,6 +76,7 @@ private:
     std::vector<pass_kind> passes_;  // device passes first
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
     bool coop_ = false;
+    double link_share_ = 0;
 };
 
 // Writes one wave's slot-id tensor dst, selection by selection.

@@ -10,6 +10,7 @@ the pools allocate stays within the budgets."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -60,12 +61,14 @@ def references(tiny_model):
 
 
 @pytest.mark.parametrize("budget", ["50%", "25%", "minimum"])
-@pytest.mark.parametrize("mode", ["gpu", "coop"])
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
 @pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
 def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
     path = tiny_model(arch)[0]
     (resident_logits, resident_tokens, _), cpu_logits = references(arch)
-    logits, tokens, stats = run(path, mode=mode, expert_cache=minimum_budget(path) if budget == "minimum" else budget)
+    # split: half the misses each way (the rates measured at load send a tiny model's all to the link)
+    share = dict(link_share=0.5) if mode == "split" else {}
+    logits, tokens, stats = run(path, mode=mode, expert_cache=minimum_budget(path) if budget == "minimum" else budget, **share)
     assert tokens == resident_tokens
     # how far the device backend's own arithmetic is from the CPU's in the resident run (stock
     # llama.cpp on lavapipe: up to 1.4e-2 on these models, docs/gpu.md)
@@ -87,9 +90,12 @@ def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
         info = read_model_info(path)
         per_expert = {il: b // info.n_experts for il, b in info.high_expert_bytes_per_layer.items()}
         assert t["bytes_uploaded"] == sum(c["uploads"] * per_expert[int(il)] for il, c in experts["layers"].items())
-    else:
+    elif mode == "coop":
         # every miss is computed on the CPU from the host tier; none is uploaded
         assert t["cpu_experts"] == t["misses"] and t["uploads"] == 0 and t["bytes_uploaded"] == 0
+    else:
+        # each miss either uploaded (while the CPU computes the others) or computed on the CPU
+        assert t["uploads"] + t["cpu_experts"] == t["misses"] and t["uploads"] > 0 and t["cpu_experts"] > 0
     assert t["host_hits"] + t["host_loads"] == t["misses"]
 
 
@@ -116,9 +122,16 @@ def test_a_gpu_run_without_a_host_tier_uploads_through_staging(tiny_model, refer
     assert t["bytes_uploaded"] > 0
 
 
-def test_coop_needs_a_host_tier(tiny_model):
+@pytest.mark.parametrize("mode", ["coop", "split"])
+def test_coop_and_split_need_a_host_tier(tiny_model, mode):
     with pytest.raises(InvalidOptionError, match="host-cache"):
-        Engine(tiny_model("olmoe")[0], **SETTINGS, mode="coop", expert_cache="25%", host_cache=0)
+        Engine(tiny_model("olmoe")[0], **SETTINGS, mode=mode, expert_cache="25%", host_cache=0)
+
+
+def test_split_says_its_share(tiny_model, capfd):
+    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%") as eng:
+        assert eng.mode == eng.stats()["experts"]["mode"] == "split"
+    assert re.search(r"--mode split uploads \d+ % of the misses: uploads [\d.]+ GB/s", capfd.readouterr().err)
 
 
 def test_auto_mode_measures_and_says_which(tiny_model, capfd):
@@ -179,10 +192,10 @@ def test_calibration_runs_on_the_device(tiny_model, tmp_path):
     assert json.loads((tmp_path / "model.gguf.calibration.json").read_text())["n_tokens"] == 64
 
 
-@pytest.mark.parametrize("mode", ["gpu", "coop"])
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
 def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
     path = tiny_model("mixtral")[0]
-    _, tokens, stats = run(path, mode=mode, expert_cache="40%", prefetch="hobbit")
+    _, tokens, stats = run(path, mode=mode, expert_cache="40%", prefetch="hobbit", **(dict(link_share=0.5) if mode == "split" else {}))
     assert tokens == references("mixtral")[0][1]
     p = stats["experts"]["prefetches"]
     # prefetches read from storage and upload on the prefetch threads
