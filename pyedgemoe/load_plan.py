@@ -205,6 +205,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     device = layer_devices[0] if layer_devices else None
     tensor_split = _tensor_split(expert_options["tensor_split"], layer_devices)
     expert_options = expert_options.merged(mode=mode)
+    if "link_share" in expert_options.given and mode != "split":
+        raise InvalidOptionError(f"--link-share divides --mode split's misses; this run's mode is {mode}")
 
     block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"

@@ -152,12 +152,13 @@ def test_a_budget_beyond_the_devices_free_memory_is_a_clear_error(tiny_model, mo
         Engine(path, **SETTINGS, mode="gpu", expert_cache="50%")
 
 
-@pytest.mark.parametrize("mode", ["gpu", "coop"])
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
 def test_mixed_precision_and_prefetch_run_on_the_device(tiny_model, tmp_path, mode):
     from pyedgemoe.convert import convert
 
     path = convert(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
-    options = dict(mode=mode, expert_cache="40%", prefetch="hobbit", skip=False, t1=0.0, t2=1.0)
+    options = dict(mode=mode, expert_cache="40%", prefetch="hobbit", skip=False, t1=0.0, t2=1.0,
+                   **(dict(link_share=0.5) if mode == "split" else {}))
     logits, tokens, stats = run(path, **options)
     assert np.isfinite(logits).all()
     t, p = stats["experts"]["total"], stats["experts"]["prefetches"]
