@@ -94,6 +94,7 @@ nb::dict counters(const expert_layer_stats & s) {
     d["uploads"] = s.uploads;
     d["bytes_uploaded"] = s.bytes_uploaded;
     d["upload_ms"] = s.upload_ms;
+    d["upload_wait_ms"] = s.upload_wait_ms;
     d["cpu_experts"] = s.cpu_experts;
     return d;
 }

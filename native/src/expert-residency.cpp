@@ -228,7 +228,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
                                     place_experts_op, 1, &wave_ops[il][wave]);
         ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
         b.masks = passes.masks(ctx, b.slot_ids, il, wave);
-        b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, &reader);
+        b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, { &reader, &stats[il], &mutex });
     }
     const pass_kind kind = passes[index];
     passes.fill_in(ctx, index, (kind.host ? host->pools : *pools).pool(l.group, kind.precision), l.stacked, kind.host ? b.slot_ids : b.device_ids, b.masks, p);

@@ -7,6 +7,7 @@
 #include "llama-graph.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -30,10 +31,17 @@ void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 }
 
 // slot ids -> the same, once the uploads queued by the wave's op have arrived (mode split)
-void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * reader) {
+void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
-    ((expert_reader *) reader)->wait_uploads();
+    const auto & wait = *(const tier_passes::upload_wait *) userdata;
+    const auto t0 = std::chrono::steady_clock::now();
+    wait.reader->wait_uploads();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    {
+        std::lock_guard<std::mutex> lock(*wait.mutex);
+        wait.stats->upload_wait_ms += ms;
+    }
     memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
 }
 
@@ -91,10 +99,11 @@ void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, con
            p->weights_normalized, p->probs };
 }
 
-ggml_tensor * tier_passes::device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, expert_reader * reader) const {
+ggml_tensor * tier_passes::device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait) {
     if (!queues_uploads()) return slot_ids;
+    upload_wait * userdata = &(waits_[{ il, wave }] = wait);  // a map's entries stay where they are
     ggml_tensor * ids = ggml_custom_4d(ctx, GGML_TYPE_I32, slot_ids->ne[0], slot_ids->ne[1], slot_ids->ne[2], 1, &slot_ids, 1,
-                                       uploads_done_op, 1, reader);
+                                       uploads_done_op, 1, userdata);
     ggml_format_name(ids, "edgemoe_uploaded-%d-%d", il, wave);
     return ids;
 }

@@ -14,10 +14,13 @@
 #include "expert-format.h"
 #include "layer-planner.h"
 #include "precision-policy.h"
+#include "stats.h"
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <vector>
 
 class expert_reader;
@@ -64,9 +67,15 @@ public:
     void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
                  ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
     // the slot ids the device's passes read: with queued uploads, a copy of slot_ids made once
-    // reader's uploads have arrived (a custom op that patch 0002 orders after the CPU's passes, so
-    // the uploads cross the link while the CPU computes); else slot_ids
-    ggml_tensor * device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, expert_reader * reader) const;
+    // wait's reader's uploads have arrived (a custom op that patch 0002 orders after the CPU's
+    // passes, so the uploads cross the link while the CPU computes), the wait counted in wait's
+    // stats (upload_wait_ms, under its mutex); else slot_ids
+    struct upload_wait {
+        expert_reader * reader;
+        expert_layer_stats * stats;
+        std::mutex * mutex;
+    };
+    ggml_tensor * device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait);
     uint32_t graph_nodes(int n_waves) const;
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
@@ -77,6 +86,7 @@ private:
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
     bool coop_ = false;
     double link_share_ = 0;
+    std::map<std::pair<int, int>, upload_wait> waits_;  // per (il, wave): the waiting ops' userdata
 };
 
 // Writes one wave's slot-id tensor dst, selection by selection.
