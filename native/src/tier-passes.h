@@ -54,8 +54,10 @@ public:
     int serving(bool host, expert_precision precision) const;
     // A wave's demands divided: on_device, those the device computes (the copies it holds, and the
     // misses it loads); on_cpu, those the CPU computes from the host tier: coop's misses, but for
-    // split's uploaded share (the first of them).
-    void divide(const std::vector<expert_demand> & wanted, const std::function<bool(const expert_demand &)> & held_on_device,
+    // split's uploaded share (the first of them). The share is a decode token's; a wave of n_tokens
+    // costs the CPU n_tokens times the work per expert and an upload the same bytes, so its share
+    // is s n / (s n + 1 - s) (a prefill's misses nearly all uploaded, for the device to compute).
+    void divide(const std::vector<expert_demand> & wanted, int64_t n_tokens, const std::function<bool(const expert_demand &)> & held_on_device,
                 std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) const;
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
 

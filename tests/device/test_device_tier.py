@@ -130,6 +130,19 @@ def test_coop_and_split_need_a_host_tier(tiny_model, mode):
         Engine(tiny_model("olmoe")[0], **SETTINGS, mode=mode, expert_cache="25%", host_cache=0)
 
 
+@pytest.mark.parametrize("n_tokens, share", [(1, 0.5), (16, 8 / 8.5)])
+def test_split_uploads_a_prefills_misses_nearly_all(tiny_model, n_tokens, share):
+    # --link-share is a decode token's; n tokens cost the CPU n times the work per expert and an
+    # upload the same bytes: s n / (s n + 1 - s) of a wave's misses go to the link
+    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%", link_share=0.5,
+                fill_cache=False) as eng:
+        eng.logits(IDS[:n_tokens], one_token_per_step=False)
+        layers = eng.stats()["experts"]["layers"]
+    for c in layers.values():  # each wave's misses divided, rounded (16 tokens: two waves of 4 slots)
+        assert c["uploads"] + c["cpu_experts"] == c["misses"] > 0
+        assert abs(c["uploads"] - share * c["misses"]) <= 1
+
+
 def test_split_says_its_share(tiny_model, capfd):
     with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%") as eng:
         assert eng.mode == eng.stats()["experts"]["mode"] == "split"
