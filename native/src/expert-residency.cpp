@@ -76,10 +76,8 @@ struct expert_residency::impl : moe_pass_builder {
         cache.forget_all();
         if (host) host->forget();
     }
-    void release_wave() {
-        coordinator.release_wave();
-        if (host) host->pins.release();
-    }
+    // the wave before is over: its slots may go (uploads an aborted graph left queued arrive first)
+    void release_wave() { reader.wait_uploads(); coordinator.release_wave(); if (host) host->pins.release(); }
     void fail(const std::string & why, ggml_tensor * dst);
     bool has_failed() const { std::lock_guard<std::mutex> lock(mutex); return failed; }
 
@@ -423,7 +421,7 @@ expert_residency::expert_residency(llama_model * model, const std::string & path
                                    const expert_options & options, bool trace_routing, const expert_device_config & device)
     : impl_(std::make_unique<impl>(model, path, budget_bytes, options, trace_routing, device)) {}
 
-expert_residency::~expert_residency() = default;
+expert_residency::~expert_residency() { impl_->reader.wait_uploads(); }  // before the pools they write go
 
 expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> & ranking,
                                          const std::function<bool()> & interrupted) {
