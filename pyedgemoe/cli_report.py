@@ -74,10 +74,13 @@ def print_stats(stats: dict) -> None:
     if experts["device"]:
         t = experts["total"]
         pools = ", ".join(f"{format_bytes(n)} on {name}" for name, n in experts["device_pool_bytes"].items())
+        # split queues its uploads while the CPU computes: what they cost is the device's wait for them
+        uploaded = (f", the device waited {t['upload_wait_ms'] / 1000:.3f} s for them" if experts["mode"] == "split"
+                    else f" in {t['upload_ms'] / 1000:.3f} s")
         typer.echo(f"device {experts['device']} ({experts['mode']}): expert pools {pools}; "
                    f"host tier {format_bytes(experts['host_pool_bytes'])}, "
                    f"{t['host_hits']} host hits, {t['host_loads']} read into it; {t['uploads']} experts uploaded "
-                   f"({format_bytes(t['bytes_uploaded'])} in {t['upload_ms'] / 1000:.3f} s); "
+                   f"({format_bytes(t['bytes_uploaded'])}{uploaded}); "
                    f"{t['cpu_experts']} computed on the CPU", err=True)
     prediction = ", ".join(f"{p['depth']} ahead {p['top1_accuracy']:.0%} top-1 / {p['recall']:.0%} of top-k"
                            for p in experts["prediction"] if p["tokens"])

@@ -68,12 +68,13 @@ int tier_passes::serving(bool host, expert_precision precision) const {
 
 void tier_passes::divide(const std::vector<expert_demand> & wanted, int64_t n_tokens,
                          const std::function<bool(const expert_demand &)> & held_on_device,
-                         std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) const {
+                         std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) {
     std::vector<uint8_t> held(wanted.size());
     for (size_t j = 0; j < wanted.size(); j++) held[j] = held_on_device(wanted[j]);
     const long n_misses = std::count(held.begin(), held.end(), 0);
     const double s = link_share_, share = s * n_tokens / (s * n_tokens + 1 - s);
-    const long uploaded = std::lround(share * n_misses);
+    const long uploaded = std::clamp(std::lround(share * n_misses + carried_), 0L, n_misses);
+    carried_ += share * n_misses - uploaded;
     for (size_t j = 0, miss = 0; j < wanted.size(); j++) {
         const bool on_host = coop_ && !held[j] && (long) miss++ >= uploaded;
         (on_host ? on_cpu : on_device).push_back(wanted[j]);

@@ -57,8 +57,10 @@ public:
     // split's uploaded share (the first of them). The share is a decode token's; a wave of n_tokens
     // costs the CPU n_tokens times the work per expert and an upload the same bytes, so its share
     // is s n / (s n + 1 - s) (a prefill's misses nearly all uploaded, for the device to compute).
+    // The fraction a wave's count leaves is carried to the next wave: with a decode token's one or
+    // two misses a layer, rounding alone would send them all one way.
     void divide(const std::vector<expert_demand> & wanted, int64_t n_tokens, const std::function<bool(const expert_demand &)> & held_on_device,
-                std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) const;
+                std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu);
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
 
     // The graph's side: a wave's masks [1, n_used, n_tokens, n_scaled] from its slot-id tensor (a
@@ -88,6 +90,7 @@ private:
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
     bool coop_ = false;
     double link_share_ = 0;
+    double carried_ = 0;  // split: uploads owed to the share by the waves before (within +-1/2)
     std::map<std::pair<int, int>, upload_wait> waits_;  // per (il, wave): the waiting ops' userdata
 };
 

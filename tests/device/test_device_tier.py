@@ -143,6 +143,17 @@ def test_split_uploads_a_prefills_misses_nearly_all(tiny_model, n_tokens, share)
         assert abs(c["uploads"] - share * c["misses"]) <= 1
 
 
+def test_split_keeps_its_share_over_waves_of_one_or_two_misses(tiny_model):
+    # decode steps miss one or two experts a layer: rounded alone, half of one is one (every miss
+    # uploaded); the fraction each wave leaves is carried to the next
+    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%", link_share=0.5,
+                fill_cache=False) as eng:
+        eng.logits(IDS, one_token_per_step=True)
+        t = eng.stats()["experts"]["total"]
+    assert t["uploads"] + t["cpu_experts"] == t["misses"] > 20
+    assert abs(t["uploads"] - t["misses"] / 2) <= 0.5
+
+
 def test_split_says_its_share(tiny_model, capfd):
     with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%") as eng:
         assert eng.mode == eng.stats()["experts"]["mode"] == "split"
