@@ -24,7 +24,7 @@ struct expert_layer_stats {
     uint64_t host_hits = 0, host_loads = 0;
     uint64_t uploads = 0, bytes_uploaded = 0;
     double   upload_ms   = 0;  // summed over the uploads (several run at once)
-    double   upload_wait_ms = 0;  // split: the device's passes waited for the queued uploads, after the CPU's pass
+    double   upload_wait_ms = 0;  // split: how long the device's passes waited for the queued uploads (after the CPU's pass, ms)
     uint64_t cpu_experts = 0;
 
     void add(const expert_layer_stats & o) {
