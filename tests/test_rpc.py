@@ -96,6 +96,8 @@ def test_every_mode_over_rpc_gives_the_local_tokens(arch, tiny_model, workers):
     assert result["runs"]["RPC0 resident"]["max_logit_diff"] == 0.0
     assert result["runs"]["RPC0 gpu 25%"]["uploads"] > 0          # misses went over the wire
     assert result["runs"]["RPC0 coop 25%"]["cpu_experts"] > 0      # and here, computed locally
+    split = result["runs"]["RPC0 split 25%"]                        # some each way
+    assert split["uploads"] > 0 and split["cpu_experts"] > 0
 
 
 @pytest.mark.slow

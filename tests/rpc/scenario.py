@@ -53,7 +53,8 @@ def tokens(path: str, endpoints: str) -> dict:
         cases = {"resident": dict(n_gpu_layers=-1), "gpu 50%": dict(mode="gpu", expert_cache=max(least, expert_bytes // 2)),
                  "gpu 25%": dict(mode="gpu", expert_cache=max(least, expert_bytes // 4)),
                  "gpu minimum": dict(mode="gpu", expert_cache=least),
-                 "coop 25%": dict(mode="coop", expert_cache=max(least, expert_bytes // 4))}
+                 "coop 25%": dict(mode="coop", expert_cache=max(least, expert_bytes // 4)),
+                 "split 25%": dict(mode="split", link_share=0.5, expert_cache=max(least, expert_bytes // 4))}
         for name, options in cases.items():
             if "," in device:  # llama.cpp's --tensor-split, not free memory: MoE layers on each
                 options = dict(options, tensor_split=split_moe_layers(path))
