@@ -47,12 +47,13 @@ ggml_backend_t expert_reader::upload_stream(ggml_backend_dev_t device) {
 }
 
 std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads) {
-    std::vector<expert_read> uploads;
+    std::vector<std::pair<ggml_backend_t, expert_read>> uploads;  // each on its device's stream
     for (expert_read & r : reads) {
         if (!queue_uploads || !r.uploads_from_dst()) continue;
-        if (!upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(r.view->buffer)))) continue;
+        ggml_backend_t stream = upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(r.view->buffer)));
+        if (!stream) continue;
         r.queued = true;
-        uploads.push_back(r);
+        uploads.emplace_back(stream, r);
     }
     const loader_threads::read_result r = loaders_.read_all(std::move(reads));
     st.bytes_read += r.moved.bytes_read;
@@ -61,8 +62,7 @@ std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
     if (!r.error.empty()) return r.error;
-    for (const expert_read & u : uploads) {
-        ggml_backend_t stream = upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(u.view->buffer)));
+    for (const auto & [stream, u] : uploads) {
         ggml_backend_tensor_set_async(stream, u.view, u.dst, 0, u.size);
         in_flight_.insert(stream);
         st.bytes_uploaded += u.size;

@@ -25,7 +25,7 @@ struct mode_choice {
 // mode's host tier would hold it, allocated here.
 mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads);
 
-// --mode split: the share of a layer's misses to upload, the rest computed by the CPU meanwhile from
+// --mode split: the share of a decode token's misses to upload, the rest computed by the CPU meanwhile from
 // the same pinned host tier (not repacked: an upload needs the device's layout). options.link_share
 // where given, else so that both end together: upload rate / (upload rate + the CPU's rate over
 // that layout), timed as above, and reason says so (one line for stderr). 0 in other modes.
