@@ -129,3 +129,13 @@ std::vector<std::vector<expert_precision>> static_precision_map(const std::map<i
     }
     return fixed;
 }
+
+std::vector<int> tokens_of(const layer_plan & plan, const std::vector<expert_demand> & wave) {
+    std::unordered_map<int, int> count;
+    for (size_t j = 0; j < plan.ids.size(); j++) {
+        if (!plan.dropped[j]) count[plan.ids[j]]++;
+    }
+    std::vector<int> out;
+    for (const auto & d : wave) out.push_back(count[d.first]);
+    return out;
+}

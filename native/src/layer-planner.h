@@ -77,6 +77,10 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
                       const plan_rules & rules, int n_waves, int high_slots,
                       const std::function<bool(int, expert_precision)> & served);
 
+// Per demand of a wave (one of plan.waves), its expert's selections in the plan that are not dropped:
+// the tokens computing it.
+std::vector<int> tokens_of(const layer_plan & plan, const std::vector<expert_demand> & wave);
+
 // What decides each layer's demands besides its routing, in a running residency: the options' rules,
 // EdgeMoE's static map and which layers' models normalize their top-k weights (read off the graph).
 struct layer_rules {

@@ -66,19 +66,42 @@ int tier_passes::serving(bool host, expert_precision precision) const {
     return -1;
 }
 
-void tier_passes::divide(const std::vector<expert_demand> & wanted, int64_t n_tokens,
+// How many misses to upload (fractional), those of the most tokens first (tokens: descending):
+// where m uploads, each worth r = (1 - s) / s of one token's CPU work, balance the tokens left.
+static double balanced_uploads(const std::vector<int> & tokens, double s) {
+    const size_t n = tokens.size();
+    if (s <= 0 || n == 0) return 0;
+    if (s >= 1) return (double) n;
+    const double r = (1 - s) / s;
+    double rest = 0;  // the tokens of misses m.. (the CPU's work if m are uploaded)
+    for (int k : tokens) rest += k;
+    for (size_t m = 0; m < n; m++) {
+        // g(m) = m r - rest grows by r + tokens[m] from m to m + 1; it crosses 0 in this step
+        const double g = m * r - rest;
+        if (g + r + tokens[m] > 0) return m + -g / (r + tokens[m]);
+        rest -= tokens[m];
+    }
+    return (double) n;
+}
+
+void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::vector<int> & tokens,
                          const std::function<bool(const expert_demand &)> & held_on_device,
                          std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) {
-    std::vector<uint8_t> held(wanted.size());
-    for (size_t j = 0; j < wanted.size(); j++) held[j] = held_on_device(wanted[j]);
-    const long n_misses = std::count(held.begin(), held.end(), 0);
-    const double s = link_share_, share = s * n_tokens / (s * n_tokens + 1 - s);
-    const long uploaded = std::clamp(std::lround(share * n_misses + carried_), 0L, n_misses);
-    carried_ += share * n_misses - uploaded;
-    for (size_t j = 0, miss = 0; j < wanted.size(); j++) {
-        const bool on_host = coop_ && !held[j] && (long) miss++ >= uploaded;
-        (on_host ? on_cpu : on_device).push_back(wanted[j]);
+    std::vector<size_t> misses;
+    for (size_t j = 0; j < wanted.size(); j++) {
+        if (!held_on_device(wanted[j])) misses.push_back(j);
     }
+    std::stable_sort(misses.begin(), misses.end(), [&](size_t a, size_t b) { return tokens[a] > tokens[b]; });
+    std::vector<int> miss_tokens;
+    for (size_t j : misses) miss_tokens.push_back(tokens[j]);
+    const double share = balanced_uploads(miss_tokens, link_share_);
+    const long uploaded = std::clamp(std::lround(share + carried_), 0L, (long) misses.size());
+    carried_ += share - uploaded;
+    std::vector<uint8_t> on_host(wanted.size(), 0);
+    if (coop_) {
+        for (size_t i = uploaded; i < misses.size(); i++) on_host[misses[i]] = 1;
+    }
+    for (size_t j = 0; j < wanted.size(); j++) (on_host[j] ? on_cpu : on_device).push_back(wanted[j]);
 }
 
 ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const {

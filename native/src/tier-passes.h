@@ -54,12 +54,16 @@ public:
     int serving(bool host, expert_precision precision) const;
     // A wave's demands divided: on_device, those the device computes (the copies it holds, and the
     // misses it loads); on_cpu, those the CPU computes from the host tier: coop's misses, but for
-    // split's uploaded share (the first of them). The share is a decode token's; a wave of n_tokens
-    // costs the CPU n_tokens times the work per expert and an upload the same bytes, so its share
-    // is s n / (s n + 1 - s) (a prefill's misses nearly all uploaded, for the device to compute).
-    // The fraction a wave's count leaves is carried to the next wave: with a decode token's one or
-    // two misses a layer, rounding alone would send them all one way.
-    void divide(const std::vector<expert_demand> & wanted, int64_t n_tokens, const std::function<bool(const expert_demand &)> & held_on_device,
+    // split's uploaded share. The share s is a decode token's (one token an expert): an upload
+    // costs (1 - s) / s of the CPU's work for one token of an expert, and an expert's tokens in the
+    // wave (tokens, per demand) multiply the CPU's work and not the upload's bytes. So the misses
+    // with the most tokens go to the link, as many as balance the two: m (1 - s) / s uploads'
+    // worth against the tokens of the rest (a decode token: s of its misses; a prefill's experts
+    // of many tokens: nearly all, for the device to compute). The fraction a wave's count leaves
+    // is carried to the next wave: with a decode token's one or two misses a layer, rounding alone
+    // would send them all one way.
+    void divide(const std::vector<expert_demand> & wanted, const std::vector<int> & tokens,
+                const std::function<bool(const expert_demand &)> & held_on_device,
                 std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu);
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
 

@@ -130,17 +130,49 @@ def test_coop_and_split_need_a_host_tier(tiny_model, mode):
         Engine(tiny_model("olmoe")[0], **SETTINGS, mode=mode, expert_cache="25%", host_cache=0)
 
 
-@pytest.mark.parametrize("n_tokens, share", [(1, 0.5), (16, 8 / 8.5)])
-def test_split_uploads_a_prefills_misses_nearly_all(tiny_model, n_tokens, share):
-    # --link-share is a decode token's; n tokens cost the CPU n times the work per expert and an
-    # upload the same bytes: s n / (s n + 1 - s) of a wave's misses go to the link
+def balanced_uploads(tokens: list[int], share: float) -> float:
+    """How many of a wave's misses split uploads: an upload is worth (1 - s) / s of one token of an
+    expert on the CPU, and the misses of the most tokens go first, until the uploads' worth x
+    equals the tokens left to the CPU (a part of an expert counts that part of its tokens)."""
+    tokens = sorted(tokens, reverse=True)
+    r = (1 - share) / share
+
+    def left(x: float) -> float:  # the CPU's tokens with x uploaded
+        whole = int(x)
+        return sum(tokens[whole:]) - (x - whole) * (tokens[whole] if whole < len(tokens) else 0)
+    lo, hi = 0.0, float(len(tokens))
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid * r < left(mid) else (lo, mid)
+    return lo
+
+
+def test_split_uploads_a_decode_tokens_share(tiny_model):
     with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="25%", link_share=0.5,
                 fill_cache=False) as eng:
-        eng.logits(IDS[:n_tokens], one_token_per_step=False)
+        eng.logits(IDS[:1])
         layers = eng.stats()["experts"]["layers"]
-    for c in layers.values():  # each wave's misses divided, rounded (16 tokens: two waves of 4 slots)
+    for c in layers.values():
         assert c["uploads"] + c["cpu_experts"] == c["misses"] > 0
-        assert abs(c["uploads"] - share * c["misses"]) <= 1
+        assert abs(c["uploads"] - 0.5 * c["misses"]) <= 1
+
+
+@pytest.mark.parametrize("prompt", [IDS, IDS[:4] * 4, [IDS[0]] * 16], ids=["varied", "repeated", "one token"])
+def test_split_uploads_the_experts_of_most_tokens(tiny_model, prompt):
+    # --link-share is a decode token's; an expert's tokens multiply the CPU's work, not an upload's
+    # bytes: a 16-token prefill uploads more than that share, the more the more tokens an expert has
+    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="split", expert_cache="75%", link_share=0.5,
+                fill_cache=False) as eng:
+        eng.record_routing()
+        eng.logits(prompt, one_token_per_step=False)
+        first = eng.stats()["experts"]["layers"]["0"]  # the first MoE layer: every expert a miss (the
+        trace = eng.take_routing_trace()               # next ones' are read ahead while it computes)
+    ids = np.asarray(trace["ids"])[np.asarray(trace["layer"]) == 0].ravel()
+    tokens = np.unique(ids, return_counts=True)[1].tolist()  # per expert
+    assert first["uploads"] + first["cpu_experts"] == first["misses"] == len(tokens)  # one wave
+    expected = balanced_uploads(tokens, 0.5)
+    assert expected > 0.5 * len(tokens)
+    assert abs(first["uploads"] - expected) <= 0.5
 
 
 def test_split_keeps_its_share_over_waves_of_one_or_two_misses(tiny_model):
