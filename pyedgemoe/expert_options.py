@@ -64,7 +64,7 @@ _DEFAULTS = _native.ExpertOptions()
 
 def default_mode(has_gpu: bool) -> str:
     """mode's default: auto where the build has a GPU (the residency layer measures at load which of
-    gpu and coop serves misses faster), else cpu, the one mode of a CPU-only build."""
+    gpu, coop and split serves misses fastest), else cpu, the one mode of a CPU-only build."""
     return "auto" if has_gpu else "cpu"
 
 

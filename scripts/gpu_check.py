@@ -141,7 +141,7 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
                 device_bytes=device_bytes + experts["pool_bytes"],
                 hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
                 uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
-                decode_per_token=per_token, first_round=first)
+                decode_per_token=per_token, first_round=first, mode_reason=experts.get("mode_reason") or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +366,14 @@ def report(result: dict) -> str:
                 notes += (f"; a token {t['ms']:.1f} ms: {t['bytes_uploaded'] / 2**20:.0f} MiB uploaded in "
                           f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms, "
                           f"our op {t['op_ms']:.1f} ms")
-                if r["label"] == "split":  # the share each way, and how long the device waited for the link
+                if r.get("chosen_mode") == "split":  # the share each way, and how long the device waited for the link
                     notes += (f"; {t['uploads']:.0f} uploaded, {t['cpu_experts']:.0f} on the CPU, "
                               f"waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
         lines.append("")
+        reasons = [f"- `{r['label']}` at {r['budget']}: {r['mode_reason']}" for r in cells if r.get("mode_reason")]
+        lines += reasons + ([""] if reasons else [])  # the rates auto and split measured at load
     for budget in BUDGETS:
         for name in result.get("models", {}):
             ours = [r for r in result["cells"] if r["model"] == name and r["budget"] == budget

@@ -18,7 +18,7 @@ enum class prefetch_mode     { none, hobbit, fate, edgemoe };
 enum class low_hit_rule      { accept, reload };  // a cached LOW copy for a HIGH demand
 // where expert math runs (HOBBIT sec. 4): the CPU; a GPU, misses uploaded (GPU-centric); a GPU for
 // hits and the CPU for misses (CPU-GPU cooperative); a GPU for hits and the misses split between
-// uploads and the CPU, in the ratio of the two rates, at once (split); or gpu or coop chosen at load
+// uploads and the CPU, in the ratio of the two rates, at once (split); or one of the three chosen at load
 enum class compute_mode      { cpu, gpu, coop, split, automatic };
 
 // each enum's names, in the order of its values: how the CLI and Python spell them

@@ -132,7 +132,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     const bool has_host = device && dc.host_bytes > 0;
     if (options.mode == compute_mode::automatic) {
         const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, dc.n_threads);
-        options.mode = choice.mode, info.mode_reason = choice.reason;
+        options.mode = choice.mode, options.link_share = choice.link_share, info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop || options.mode == compute_mode::split;  // split: coop's passes
     if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");

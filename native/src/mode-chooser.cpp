@@ -16,6 +16,9 @@
 namespace {
 
 constexpr int kRepeats = 3;  // the best of these
+// split's two rates together must beat the faster alone by this: its own costs (a wait per layer
+// for the uploads, the host's memory shared by the CPU's pass and the link) are not in the rates
+constexpr double SPLIT_MARGIN = 1.2;
 
 double best_seconds(const std::function<void()> & fn) {
     double best = 1e30;
@@ -74,6 +77,9 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
     return gbps;
 }
 
+// split's share of the misses uploaded: the link's and the CPU's end together
+double both_end_together(double upload_gbps, double cpu_gbps) { return upload_gbps / (upload_gbps + cpu_gbps); }
+
 // slot 0 of every projection zeroed (a host pool's memory may be anything; zeros time as weights do)
 void zero_slot0(const slot_pool & pool) {
     for (int p = 0; p < PROJ_COUNT; p++) {
@@ -103,10 +109,18 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
     const slot_pool cpu_layout(device.shapes(), 1, nullptr, repack);
     zero_slot0(cpu_layout);
     c.cpu_gbps = cpu_gbps(cpu_layout, n_threads);
-    c.mode = c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
-    snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
-             name_of(c.mode), c.upload_gbps, c.cpu_gbps);
+    c.cpu_pinned_gbps = repack ? cpu_gbps(pinned, n_threads) : c.cpu_gbps;
+    const double alone = std::max(c.upload_gbps, c.cpu_gbps), together = c.upload_gbps + c.cpu_pinned_gbps;
+    c.mode = together > SPLIT_MARGIN * alone ? compute_mode::split
+           : c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
+    snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%.2f over the pinned layout)",
+             name_of(c.mode), c.upload_gbps, c.cpu_gbps, c.cpu_pinned_gbps);
     c.reason = line;
+    if (c.mode == compute_mode::split) {
+        c.link_share = both_end_together(c.upload_gbps, c.cpu_pinned_gbps);
+        snprintf(line, sizeof(line), ", uploading %.0f %% of the misses", 100 * c.link_share);
+        c.reason += line;
+    }
     return c;
 }
 
@@ -116,7 +130,7 @@ double split_share(const expert_options & options, const slot_pool & device, ggm
     if (options.link_share >= 0) return options.link_share;
     const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
     const double upload = upload_gbps(device, &pinned), cpu = cpu_gbps(pinned, n_threads);
-    const double share = upload / (upload + cpu);
+    const double share = both_end_together(upload, cpu);
     char line[256];
     snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
              100 * share, upload, cpu);

@@ -192,11 +192,25 @@ def test_split_says_its_share(tiny_model, capfd):
     assert re.search(r"--mode split uploads \d+ % of the misses: uploads [\d.]+ GB/s", capfd.readouterr().err)
 
 
-def test_auto_mode_measures_and_says_which(tiny_model, capfd):
-    with Engine(tiny_model("olmoe")[0], **SETTINGS, mode="auto", expert_cache="25%") as eng:
+@pytest.mark.parametrize("arch", ["olmoe", "mixtral"])
+def test_auto_mode_measures_and_says_which(tiny_model, capfd, arch):
+    # the fastest by the rates it prints: split where the link and the CPU (over the pinned layout
+    # split computes from) together beat the faster alone by a fifth, uploading the link's share
+    with Engine(tiny_model(arch)[0], **SETTINGS, mode="auto", expert_cache="25%") as eng:
         mode = eng.stats()["experts"]["mode"]
-        assert eng.mode == eng.stats()["mode"] == mode in ("gpu", "coop")
-    assert f"--mode auto chose {mode}: uploads" in capfd.readouterr().err
+        assert eng.mode == eng.stats()["mode"] == mode
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+    if mode == "split":  # lossless like the others
+        assert tokens == run(tiny_model(arch)[0], mode="gpu", expert_cache="25%")[1]
+    said = re.search(r"--mode auto chose (\w+): uploads ([\d.]+) GB/s, the CPU's expert math ([\d.]+) GB/s "
+                     r"\(([\d.]+) over the pinned layout\)(, uploading (\d+) % of the misses)?", capfd.readouterr().err)
+    assert said and said[1] == mode
+    upload, cpu, pinned = (float(x) for x in said.group(2, 3, 4))
+    if abs(upload + pinned - 1.2 * max(upload, cpu)) > 0.05:  # not a tie within the printed digits
+        assert mode == ("split" if upload + pinned > 1.2 * max(upload, cpu) else "coop" if cpu > upload else "gpu")
+    assert (mode == "split") == (said[6] is not None)
+    if said[6]:
+        assert abs(int(said[6]) - 100 * upload / (upload + pinned)) <= 1
 
 
 def test_a_budget_beyond_the_devices_free_memory_is_a_clear_error(tiny_model, monkeypatch):
