@@ -10,7 +10,8 @@
 3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `split`, `auto`, a child process
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
    against stock llama.cpp's llama-bench (`-ngl 99 -ot exps=CPU`, and `--n-cpu-moe N` with the
-   experts of the same share of layers on the GPU). Time to first token (a 16-token prompt),
+   experts of the same share of layers on the GPU), and last stock's with every expert on the GPU
+   (`-ngl 99`: a token's cost besides its misses). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart).
    A cell that would end past the deadline is not started; every result is written to OUTDIR as
    it comes.
@@ -36,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
 
 BUDGETS = ("25%", "50%")
+RESIDENT = "100%"  # the stock cell with every expert on the GPU
 MODES = ("gpu", "coop", "split", "auto")
 # the correctness check's modes and their options: split with half the misses each way (the rates it
 # measures at load send a tiny model's all to the link)
@@ -279,6 +281,8 @@ class Check:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
                     self.cell(name, budget, label, flags, stock=True)
+            # every expert on the GPU: what a token costs besides its misses, at best
+            self.cell(name, RESIDENT, "-ngl 99", [], stock=True)
 
     def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False) -> None:
         # a cell takes about as long as the slowest one so far; one that would not end in time is not begun
@@ -386,6 +390,12 @@ def report(result: dict) -> str:
                 lines.append(f"- {name} at {budget}: our best decode (`{best['label']}`) / stock's best (`{base['label']}`)"
                              f" = {best['decode_tps'] / base['decode_tps']:.2f}x"
                              + (f"; `auto` / our best = {auto['decode_tps'] / best['decode_tps']:.2f}" if auto else ""))
+    for name in result.get("models", {}):
+        resident = next((r for r in result["cells"] if r["model"] == name and r["budget"] == RESIDENT
+                         and "error" not in r), None)
+        if resident:
+            lines.append(f"- {name}, every expert on the GPU (llama.cpp `-ngl 99`): {resident['decode_tps']:.1f} tok/s, "
+                         f"{1e3 / resident['decode_tps']:.1f} ms a token: what a token costs besides its misses, at best")
     if result.get("skipped"):
         lines += ["", "not run (deadline): " + ", ".join(f"{r['model']} {r['budget']} {r['engine']}"
                                                           for r in result["skipped"])]
