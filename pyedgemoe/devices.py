@@ -36,12 +36,13 @@ def check_fits_device(budget: int, device: dict) -> None:
             f"{device['total_bytes']} ({device['total_bytes'] / gib:.2f} GiB)")
 
 
-def host_cache_bytes(value: str | int | None, expert_bytes: int, available_bytes: int) -> int:
-    """The host tier's bytes: None / "auto" = every expert copy (both precisions: expert_bytes) or
-    what RAM has free (available_bytes less RESERVE_SLACK_BYTES), whichever is less; a size; 0 = none.
-    Whether a mode has one is the load plan's rule (load_plan)."""
+def host_cache_bytes(value: str | int | None, expert_bytes: int, available_bytes: int, layouts: int = 1) -> int:
+    """The host tier's bytes: None / "auto" = every expert copy (both precisions: expert_bytes) in
+    each of its layouts, or what RAM has free (available_bytes less RESERVE_SLACK_BYTES), whichever
+    is less; a size (a share: of expert_bytes); 0 = none. Whether a mode has one is the load plan's
+    rule (load_plan)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return max(0, min(expert_bytes, available_bytes - RESERVE_SLACK_BYTES))
+        return max(0, min(expert_bytes * layouts, available_bytes - RESERVE_SLACK_BYTES))
     if isinstance(value, int):
         return value
     if value.strip() == "0":

@@ -233,7 +233,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
         note += f"; {reasons['repack']}"
     host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, info.expert_bytes,
-                                                    machine.memory[0])
+                                                    machine.memory[0], repack and info.repacked_expert_bytes > 0)
 
     # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
     native = expert_options.resolve(info, calibration, options.n_parallel) if info.is_moe else None
@@ -404,16 +404,22 @@ def _tensor_split(text: str | None, devices: tuple[dict, ...]) -> tuple[float, .
     return shares
 
 
-def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int) -> tuple[int, str]:
-    """The host tier's bytes and why: only a GPU mode has one; coop and split compute misses from it."""
+def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: int, repacks: bool) -> tuple[int, str]:
+    """The host tier's bytes and why: only a GPU mode has one; coop and split compute misses from it.
+    repacks: the CPU's expert weights are repacked, so that split (or auto, which may choose it)
+    keeps each copy twice where the budget holds them all so (host-tier.h): auto then asks for that."""
     if mode == "cpu":
         if value not in (None, "auto"):
             raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop or auto")
         return 0, "--mode cpu has no host tier"
-    host_bytes = host_cache_bytes(value, expert_bytes, available)
+    twice = repacks and mode in ("split", "auto")
+    host_bytes = host_cache_bytes(value, expert_bytes, available, layouts=2 if twice else 1)
     if mode in ("coop", "split") and host_bytes == 0 and offload:
         raise InvalidOptionError(f"--mode {mode} computes the device's misses from the host tier: give it a --host-cache")
-    return host_bytes, "given" if value not in (None, "auto") else "auto: every expert copy, or what RAM has free"
+    if value not in (None, "auto"):
+        return host_bytes, "given"
+    return host_bytes, ("auto: every expert copy" + (" in split's two layouts (pinned, repacked)" if twice else "")
+                        + ", or what RAM has free")
 
 
 def _repack(given: bool | None, info: ModelInfo, experts_mapped: bool, offload: bool, device: dict | None,

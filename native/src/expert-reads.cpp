@@ -10,7 +10,7 @@ void expert_reader::open_low(const std::string & low_source, expert_io io) {
 
 std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int expert, expert_precision precision,
                                                  const tier_pools & pools, int slot, const tier_pools * host, int host_slot,
-                                                 bool in_host) const {
+                                                 bool in_host, const tier_pools * host_cpu) const {
     const bool low = precision == expert_precision::low;
     const expert_store & source = low ? *low_store_ : store_;
     std::vector<expert_read> reads;
@@ -27,10 +27,11 @@ std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int
         ggml_tensor * view = slot >= 0 ? pools.pool(l.group, precision).slot_view(proj, slot)
                                        : host->pool(l.group, precision).slot_view(proj, host_slot);
         if (slot >= 0 && host_slot >= 0 && !dst) throw std::logic_error("a repacked host copy cannot be uploaded");
+        ggml_tensor * cpu_view = host_cpu && host_slot >= 0 ? host_cpu->pool(l.group, precision).slot_view(proj, host_slot) : nullptr;
         reads.push_back({ &source, offset, size, dst,
                           std::string(low ? "the LOW copy of " : "") + "expert " + std::to_string(expert) + " of layer " +
                           std::to_string(l.il) + " (" + kExpertProjectionNames[p] + ")",
-                          view, in_host, low });
+                          view, cpu_view, in_host, low });
     }
     return reads;
 }

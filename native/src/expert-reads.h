@@ -24,9 +24,11 @@ public:
     expert_io io() const { return store_.io(); }                 // in effect
 
     // The reads that fill slot `slot` of pools (-1: none) with expert `expert` of layer l in
-    // precision p, through slot host_slot of host (-1: none; in_host: it holds the expert already).
+    // precision p, through slot host_slot of host (-1: none; in_host: it holds the expert already),
+    // and of host_cpu (a host tier's second layout, host-tier.h) where given.
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision p, const tier_pools & pools,
-                                      int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false) const;
+                                      int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false,
+                                      const tier_pools * host_cpu = nullptr) const;
     // Runs reads, several in flight, and counts them in st; returns the first error ("" if none).
     // queue_uploads: the uploads from host slots (pinned memory) are queued on their device's own
     // stream once the reads are done, and left in flight for wait_uploads (mode split: they cross

@@ -68,7 +68,8 @@ struct expert_residency::impl : moe_pass_builder {
     // host_slot (-1: none; in_host: it holds the expert already)
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot,
                                       int host_slot = -1, bool in_host = false) const {
-        return reader.reads_of(l, expert, precision, *pools, slot, host ? &host->pools : nullptr, host_slot, in_host);
+        return reader.reads_of(l, expert, precision, *pools, slot, host ? &host->pools : nullptr, host_slot, in_host,
+                               host ? host->cpu_copies.get() : nullptr);
     }
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() {
@@ -130,14 +131,15 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     info.device_pool_bytes = device_pool_bytes(layout, budget, devices);  // checked before they are allocated
     pools = std::make_unique<tier_pools>(layout, budget, pool_buffer_types(layout, devices), dc.repack);
     const bool has_host = device && dc.host_bytes > 0;
+    const bool split_repacked = host_layouts_of(compute_mode::split, dc.repack, layout, dc.host_bytes) == host_layouts::both;
     if (options.mode == compute_mode::automatic) {
-        const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, dc.n_threads);
+        const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, split_repacked, dc.n_threads);
         options.mode = choice.mode, options.link_share = choice.link_share, info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop || options.mode == compute_mode::split;  // split: coop's passes
     if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");
-    const double link_share = split_share(options, *pools->high[0], device, dc.n_threads, &info.mode_reason);
-    if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, options.mode == compute_mode::coop, dc.repack);
+    const double link_share = split_share(options, *pools->high[0], device, dc.n_threads, split_repacked, &info.mode_reason);
+    if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, host_layouts_of(options.mode, dc.repack, layout, dc.host_bytes), dc.repack);
     passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share);
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
@@ -229,7 +231,7 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, { &reader, &stats[il], &mutex });
     }
     const pass_kind kind = passes[index];
-    passes.fill_in(ctx, index, (kind.host ? host->pools : *pools).pool(l.group, kind.precision), l.stacked, kind.host ? b.slot_ids : b.device_ids, b.masks, p);
+    passes.fill_in(ctx, index, (kind.host ? host->cpu_pools() : *pools).pool(l.group, kind.precision), l.stacked, kind.host ? b.slot_ids : b.device_ids, b.masks, p);
     return true;
 }
 

@@ -175,6 +175,7 @@ read_outcome expert_read::run() const {
         read_outcome out;
         if (!in_dst) out.bytes_read = store->read_range(offset, size, dst ? dst : staging_buffer(size));
         if (low) out.bytes_read_low = out.bytes_read;
+        if (cpu_view && !in_dst) ggml_backend_tensor_set(cpu_view, dst, 0, size);
         if (!view || queued) return out;
         const auto t0 = std::chrono::steady_clock::now();
         ggml_backend_tensor_set(view, dst ? dst : staging_buffer(size), 0, size);

@@ -66,6 +66,9 @@ struct expert_read {
     // a slot written through its view (slot-pool.h: repacked, or in a device's memory): the bytes
     // go from dst (or the staging buffer) into it with ggml_backend_tensor_set
     ggml_tensor * view = nullptr;
+    // a host tier in both layouts (host-tier.h): the slot's copy for the CPU, written from dst once
+    // the bytes are read into it
+    ggml_tensor * cpu_view = nullptr;
     bool in_dst = false;  // the bytes are in dst already (a host-tier hit): only the write through view
     bool low = false;     // a LOW copy (its bytes are counted apart)
     bool queued = false;  // the write through view is queued by the caller (expert_reader::read_all), not run here

@@ -9,15 +9,32 @@ ggml_backend_buffer_type_t pinned_or_host(ggml_backend_dev_t device) {
     return buft ? buft : ggml_backend_cpu_buffer_type();
 }
 
+host_layouts host_layouts_of(compute_mode mode, bool repack, const expert_layout & layout, uint64_t budget_bytes) {
+    if (mode == compute_mode::coop) return host_layouts::cpu;
+    bool repacks = false;  // a second layout only where it differs
+    for (const expert_group & g : layout.groups) {
+        for (const expert_matrix_shape & s : g.high) repacks = repacks || (s.present && cpu_repacks(s.type, s.ne0, s.ne1, 2));
+    }
+    const bool both = mode == compute_mode::split && repack && repacks && budget_bytes / 2 >= layout.high_bytes + layout.low_bytes;
+    return both ? host_layouts::both : host_layouts::pinned;
+}
+
 host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double low_share, ggml_backend_dev_t device,
-                     bool cpu_computes, bool repack)
-    : budget(layout, budget_bytes, low_share, "host cache"),
-      // coop: plain host pools (buft null), repacked as the model's CPU weights are; gpu: pinned
-      pools(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), cpu_computes ? nullptr : pinned_or_host(device)),
-            cpu_computes && repack),
+                     host_layouts layouts, bool repack)
+    : budget(layout, layouts == host_layouts::both ? budget_bytes / 2 : budget_bytes, low_share, "host cache"),
+      // coop: plain host pools (buft null), repacked as the model's CPU weights are; gpu, split: pinned
+      pools(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), layouts == host_layouts::cpu ? nullptr : pinned_or_host(device)),
+            layouts == host_layouts::cpu && repack),
+      cpu_copies(layouts == host_layouts::both ? std::make_unique<tier_pools>(layout, budget, std::vector<ggml_backend_buffer_type_t>(layout.groups.size(), nullptr), true)
+                                               : nullptr),
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {}
+
+uint64_t host_tier::bytes() const {
+    auto of = [](const tier_pools & p) { return p.bytes(expert_precision::high) + p.bytes(expert_precision::low); };
+    return of(pools) + (cpu_copies ? of(*cpu_copies) : 0);
+}
 
 std::vector<expert_cache::placement> host_tier::copies_for(int group, int il,
                                                            const std::vector<const expert_cache::placement *> & loads) {

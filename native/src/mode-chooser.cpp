@@ -93,7 +93,8 @@ void zero_slot0(const slot_pool & pool) {
 
 }  // namespace
 
-mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads) {
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, bool split_repacked,
+                        int n_threads) {
     mode_choice c;
     // one expert in each mode's host tier layout (host-tier.h), for the two rates
     char line[256];
@@ -109,15 +110,15 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
     const slot_pool cpu_layout(device.shapes(), 1, nullptr, repack);
     zero_slot0(cpu_layout);
     c.cpu_gbps = cpu_gbps(cpu_layout, n_threads);
-    c.cpu_pinned_gbps = repack ? cpu_gbps(pinned, n_threads) : c.cpu_gbps;
-    const double alone = std::max(c.upload_gbps, c.cpu_gbps), together = c.upload_gbps + c.cpu_pinned_gbps;
+    c.cpu_split_gbps = repack && !split_repacked ? cpu_gbps(pinned, n_threads) : c.cpu_gbps;
+    const double alone = std::max(c.upload_gbps, c.cpu_gbps), together = c.upload_gbps + c.cpu_split_gbps;
     c.mode = together > SPLIT_MARGIN * alone ? compute_mode::split
            : c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
-    snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%.2f over the pinned layout)",
-             name_of(c.mode), c.upload_gbps, c.cpu_gbps, c.cpu_pinned_gbps);
+    snprintf(line, sizeof(line), "--mode auto chose %s: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%.2f over split's layout, %s)",
+             name_of(c.mode), c.upload_gbps, c.cpu_gbps, c.cpu_split_gbps, split_repacked ? "repacked" : "pinned");
     c.reason = line;
     if (c.mode == compute_mode::split) {
-        c.link_share = both_end_together(c.upload_gbps, c.cpu_pinned_gbps);
+        c.link_share = both_end_together(c.upload_gbps, c.cpu_split_gbps);
         snprintf(line, sizeof(line), ", uploading %.0f %% of the misses", 100 * c.link_share);
         c.reason += line;
     }
@@ -125,15 +126,17 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
 }
 
 double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
-                   std::string * reason) {
+                   bool split_repacked, std::string * reason) {
     if (options.mode != compute_mode::split) return 0.0;
     if (options.link_share >= 0) return options.link_share;
     const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
-    const double upload = upload_gbps(device, &pinned), cpu = cpu_gbps(pinned, n_threads);
+    const slot_pool repacked(device.shapes(), 1, nullptr, split_repacked);
+    zero_slot0(repacked);
+    const double upload = upload_gbps(device, &pinned), cpu = cpu_gbps(split_repacked ? repacked : pinned, n_threads);
     const double share = both_end_together(upload, cpu);
     char line[256];
-    snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s",
-             100 * share, upload, cpu);
+    snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%s)",
+             100 * share, upload, cpu, split_repacked ? "repacked" : "pinned");
     *reason = line;
     return share;
 }

@@ -2,8 +2,8 @@
 // the GPU-centric mode an upload of the expert; it costs the cooperative mode the CPU's pass over
 // the expert's bytes (a decode token multiplies each weight once, so the CPU streams them); split
 // divides the misses between the two at once, the CPU's share computed from the pinned layout an
-// upload needs. The fastest, in bytes per second, serves the misses: split where the two together
-// beat the faster alone by SPLIT_MARGIN.
+// upload needs, or from the CPU's where the host tier keeps both (host-tier.h). The fastest, in bytes
+// per second, serves the misses: split where the two together beat the faster alone by SPLIT_MARGIN.
 #pragma once
 
 #include "expert-options.h"
@@ -18,21 +18,23 @@ struct mode_choice {
     compute_mode mode = compute_mode::gpu;
     double upload_gbps = 0;  // host (the host tier's pinned memory, if any) -> device, one expert projection at a time
     double cpu_gbps = 0;     // the CPU's matrix-vector product over an expert projection in coop's layout (0: not measured)
-    double cpu_pinned_gbps = 0;  // the same over split's (the pinned, not repacked, layout; 0: not measured)
+    double cpu_split_gbps = 0;  // the same over the layout split's CPU computes from (0: not measured)
     double link_share = -1;  // split: the share of a decode token's misses uploaded (split_share's rule)
     std::string reason;      // one line for stderr
 };
 
 // device: the device pools of dev (their slot 0 is overwritten: call before the cache is filled);
 // has_host: a host tier is budgeted (else coop and split cannot run); repack: coop's host tier
-// would be repacked (the model's CPU weights are). Each rate is timed from one expert laid out as
-// that mode's host tier would hold it, allocated here.
-mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, int n_threads);
+// would be repacked (the model's CPU weights are); split_repacked: split's host tier would keep
+// both layouts (host_layouts_of), its CPU computing from coop's. Each rate is timed from one expert
+// laid out as that mode's host tier would hold it, allocated here.
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, bool split_repacked,
+                        int n_threads);
 
 // --mode split: the share of a decode token's misses to upload, the rest computed by the CPU meanwhile from
-// the same pinned host tier (not repacked: an upload needs the device's layout). options.link_share
-// where given (auto sets it when it chooses split), else so that both end together: upload rate /
-// (upload rate + the CPU's rate over that layout), timed as above, and reason says so (one line
-// for stderr). 0 in other modes.
+// the host tier (the pinned layout an upload needs, or the repacked one where split_repacked).
+// options.link_share where given (auto sets it when it chooses split), else so that both end
+// together: upload rate / (upload rate + the CPU's rate over its layout), timed as above, and
+// reason says so (one line for stderr). 0 in other modes.
 double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
-                   std::string * reason);
+                   bool split_repacked, std::string * reason);

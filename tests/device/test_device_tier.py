@@ -192,6 +192,37 @@ def test_split_says_its_share(tiny_model, capfd):
     assert re.search(r"--mode split uploads \d+ % of the misses: uploads [\d.]+ GB/s", capfd.readouterr().err)
 
 
+@pytest.fixture(scope="module")
+def repacking_model(tmp_path_factory):
+    """A tiny Qwen3-MoE whose HIGH experts are Q4_K (rows of 256), which the CPU backend repacks."""
+    from pyedgemoe.convert import convert
+
+    work = tmp_path_factory.mktemp("repacking")
+    hf = tiny_moe.build_hf_checkpoint("qwen3_moe", work / "hf", overrides=dict(hidden_size=256, moe_intermediate_size=256))
+    path = convert(hf, work / "q4k.gguf", high="q4_K", low="q4_0", progress=False)
+    assert read_model_info(path).repacked_expert_bytes > 0
+    return path
+
+
+def test_split_computes_from_repacked_copies_where_the_host_tier_holds_both(repacking_model, capfd):
+    # the host tier keeps each copy twice, pinned for the uploads and repacked for the CPU's kernels,
+    # where auto's budget holds them all so (a smaller one keeps the pinned copies alone): with
+    # nothing uploaded, split then computes what coop computes from its repacked host tier, bit for bit
+    coop = run(repacking_model, mode="coop", expert_cache="25%")
+    both = run(repacking_model, mode="split", expert_cache="25%", link_share=0.0)
+    pinned = run(repacking_model, mode="split", expert_cache="25%", link_share=0.0, host_cache="100%")
+    assert np.array_equal(both[0], coop[0]) and both[1] == coop[1]
+    assert not np.array_equal(pinned[0], coop[0])  # the plain kernels' sums differ a little
+    assert both[2]["experts"]["host_pool_bytes"] >= 1.9 * pinned[2]["experts"]["host_pool_bytes"]
+    # half uploaded: the pinned copies go to the device, the CPU computes the rest from the repacked
+    _, tokens, halves = run(repacking_model, mode="split", expert_cache="25%", link_share=0.5)
+    assert tokens == run(repacking_model, mode="split", expert_cache="25%", link_share=0.5, host_cache="100%")[1]
+    assert halves["experts"]["total"]["cpu_experts"] > 0 and halves["experts"]["total"]["uploads"] > 0
+    with Engine(repacking_model, **SETTINGS, mode="split", expert_cache="25%"):
+        pass
+    assert re.search(r"--mode split uploads \d+ % of the misses: .* \(repacked\)", capfd.readouterr().err)
+
+
 @pytest.mark.parametrize("arch", ["olmoe", "mixtral"])
 def test_auto_mode_measures_and_says_which(tiny_model, capfd, arch):
     # the fastest by the rates it prints: split where the link and the CPU (over the pinned layout
@@ -203,7 +234,7 @@ def test_auto_mode_measures_and_says_which(tiny_model, capfd, arch):
     if mode == "split":  # lossless like the others
         assert tokens == run(tiny_model(arch)[0], mode="gpu", expert_cache="25%")[1]
     said = re.search(r"--mode auto chose (\w+): uploads ([\d.]+) GB/s, the CPU's expert math ([\d.]+) GB/s "
-                     r"\(([\d.]+) over the pinned layout\)(, uploading (\d+) % of the misses)?", capfd.readouterr().err)
+                     r"\(([\d.]+) over split's layout, \w+\)(, uploading (\d+) % of the misses)?", capfd.readouterr().err)
     assert said and said[1] == mode
     upload, cpu, pinned = (float(x) for x in said.group(2, 3, 4))
     if abs(upload + pinned - 1.2 * max(upload, cpu)) > 0.05:  # not a tie within the printed digits
