@@ -68,8 +68,7 @@ struct expert_residency::impl : moe_pass_builder {
     // host_slot (-1: none; in_host: it holds the expert already)
     std::vector<expert_read> reads_of(const moe_layer_layout & l, int expert, expert_precision precision, int slot,
                                       int host_slot = -1, bool in_host = false) const {
-        return reader.reads_of(l, expert, precision, *pools, slot, host ? &host->pools : nullptr, host_slot, in_host,
-                               host ? host->cpu_copies.get() : nullptr);
+        return reader.reads_of(l, expert, precision, *pools, slot, host ? &host->pools : nullptr, host_slot, in_host, host ? host->cpu_copies.get() : nullptr);
     }
     // a read failed: nothing in flight, no pins, every slot free (they may hold partial data)
     void forget_cache() {
@@ -123,7 +122,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       cache(cache_config_of(layout, budget, o)),
       recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
       coordinator(cache, layout.group_of_layers(), o.io_threads,
-                  [this](int il, int e, expert_precision p, int slot) { return reads_of(*layout.layer_at(il), e, p, slot); },
+                  [this](int il, int e, expert_precision p, int slot) {  // prefetches: uploaded from the host tier where it holds all
+                      const int h = host ? host->stable_slot(*layout.layer_at(il), e, p) : -1; return reads_of(*layout.layer_at(il), e, p, slot, h, h >= 0); },
                   /*timed*/ !layout.has_low && !o.skip) {
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used, layout.fixed_routing);
@@ -144,7 +144,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
         wave_shapes.push_back({ layout.n_expert, layout.n_expert_used, layout.has_expert_bias, layout.has_low, coop,
-                                coop ? std::min(slots, host->budget.high_slots[g]) : slots,
+                                coop ? host->wave_slots((int) g, options.mode, slots) : slots,
                                 layout.has_low ? pools->low[g]->n_slots() : 0 });
     }
     rules.precision = options.precision();

@@ -2,6 +2,7 @@
 
 #include "layer-planner.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 ggml_backend_buffer_type_t pinned_or_host(ggml_backend_dev_t device) {
@@ -29,7 +30,22 @@ host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double
                                                : nullptr),
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
-      pins(cache, /*hard*/ true) {}
+      pins(cache, /*hard*/ true) {
+    holds_all = layouts != host_layouts::cpu;  // coop's copies are not uploadable: no slot of them is offered
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        const int experts = layout.groups[g].n_layers * layout.n_expert;
+        holds_all = holds_all && budget.high_slots[g] >= experts && (budget.low_slots.empty() || budget.low_slots[g] >= experts);
+    }
+}
+
+int host_tier::stable_slot(const moe_layer_layout & l, int e, expert_precision p) const {
+    return holds_all ? cache.tier(l.group, p).find(make_expert_key(l.il, e)) : -1;
+}
+
+int host_tier::wave_slots(int group, compute_mode mode, int device_slots) const {
+    const int host_slots = budget.high_slots[group];
+    return mode == compute_mode::coop ? host_slots : std::min(device_slots, host_slots);
+}
 
 uint64_t host_tier::bytes() const {
     auto of = [](const tier_pools & p) { return p.bytes(expert_precision::high) + p.bytes(expert_precision::low); };

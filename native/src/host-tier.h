@@ -43,6 +43,14 @@ struct host_tier {
     // found here or read into a slot reserved for it (load true); slot -1 where none (the host
     // tier has too few slots for the wave, or only a HIGH copy for a LOW load): read it directly.
     std::vector<expert_cache::placement> copies_for(int group, int il, const std::vector<const expert_cache::placement *> & loads);
+    // The slot of an uploadable copy (pinned layout) of expert e of layer il where this tier holds
+    // every copy and so never evicts (the slot stays the expert's while a prefetch uploads from
+    // it), else -1. Prefetches upload from here instead of reading the file again.
+    int stable_slot(const moe_layer_layout & l, int e, expert_precision p) const;
+    // The most distinct experts a wave of group may take (coop, split), device_slots the device
+    // pool's: coop's misses take host slots alone (its hits are cached already); split's uploads
+    // take the device's too.
+    int wave_slots(int group, compute_mode mode, int device_slots) const;
     // a read failed: no pins, every slot free (they may hold partial data)
     void forget() {
         pins.forget();
@@ -50,6 +58,7 @@ struct host_tier {
     }
 
     expert_budget budget;
+    bool holds_all = false;  // every expert copy (the budget's slots are the experts of each group)
     tier_pools pools;  // gpu, split: in the device's pinned host memory where it has some; coop: the CPU's
     std::unique_ptr<tier_pools> cpu_copies;  // both layouts: the same slots laid out for the CPU
     expert_cache cache;

@@ -207,13 +207,17 @@ def repacking_model(tmp_path_factory):
 def test_split_computes_from_repacked_copies_where_the_host_tier_holds_both(repacking_model, capfd):
     # the host tier keeps each copy twice, pinned for the uploads and repacked for the CPU's kernels,
     # where auto's budget holds them all so (a smaller one keeps the pinned copies alone): with
-    # nothing uploaded, split then computes what coop computes from its repacked host tier, bit for bit
-    coop = run(repacking_model, mode="coop", expert_cache="25%")
-    both = run(repacking_model, mode="split", expert_cache="25%", link_share=0.0)
-    pinned = run(repacking_model, mode="split", expert_cache="25%", link_share=0.0, host_cache="100%")
-    assert np.array_equal(both[0], coop[0]) and both[1] == coop[1]
-    assert not np.array_equal(pinned[0], coop[0])  # the plain kernels' sums differ a little
-    assert both[2]["experts"]["host_pool_bytes"] >= 1.9 * pinned[2]["experts"]["host_pool_bytes"]
+    # nothing uploaded, split then computes what coop computes from its repacked host tier, bit for
+    # bit (decode steps: one wave each, as in coop)
+    def decode(**options):
+        with Engine(repacking_model, **SETTINGS, expert_cache="25%", **options) as eng:
+            return eng.logits(IDS, one_token_per_step=True), eng.stats()["experts"]
+    coop, _ = decode(mode="coop")
+    both, both_stats = decode(mode="split", link_share=0.0)
+    pinned, pinned_stats = decode(mode="split", link_share=0.0, host_cache="100%")
+    assert np.array_equal(both, coop)
+    assert not np.array_equal(pinned, coop)  # the plain kernels' sums differ a little
+    assert both_stats["host_pool_bytes"] >= 1.9 * pinned_stats["host_pool_bytes"]
     # half uploaded: the pinned copies go to the device, the CPU computes the rest from the repacked
     _, tokens, halves = run(repacking_model, mode="split", expert_cache="25%", link_share=0.5)
     assert tokens == run(repacking_model, mode="split", expert_cache="25%", link_share=0.5, host_cache="100%")[1]
@@ -304,6 +308,30 @@ def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
     p = stats["experts"]["prefetches"]
     # prefetches read from storage and upload on the prefetch threads
     assert p["issued"] > 0 and p["bytes_uploaded"] > 0
+
+
+@pytest.mark.parametrize("mode", ["gpu", "split"])
+def test_prefetches_upload_from_a_host_tier_that_holds_every_expert(tiny_model, references, mode):
+    # such a tier never evicts, so a prefetch may upload from its pinned copy while the layers go
+    # on; the file is read once per expert, however often the experts come back
+    path = tiny_model("mixtral")[0]
+    share = dict(link_share=0.5) if mode == "split" else {}
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="40%", prefetch="hobbit", fill_cache=False, **share) as eng:
+        first = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        before = eng.stats()["experts"]
+        again = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        after = eng.stats()["experts"]
+    assert first == again == references("mixtral")[0][1]
+    p0, p1 = before["prefetches"], after["prefetches"]
+    assert p1["issued"] > p0["issued"] and p1["bytes_uploaded"] > p0["bytes_uploaded"]
+    assert p1["bytes_read"] == p0["bytes_read"]  # the second run's prefetches: from the host tier
+    assert after["total"]["bytes_read"] == before["total"]["bytes_read"]
+    # a host tier that cannot hold them all is left alone: prefetches read the file
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="40%", prefetch="hobbit", fill_cache=False,
+                host_cache="60%", **share) as eng:
+        eng.time_generation(IDS[:8], N_GREEDY)
+        p = eng.stats()["experts"]["prefetches"]
+    assert p["issued"] > 0 and p["bytes_read"] > 0
 
 
 @pytest.mark.parametrize("expert_cache, host_cache, match", [
