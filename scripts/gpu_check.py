@@ -125,14 +125,16 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
             # n_decode + 1 picks are n_decode forward passes, llama-bench's tg<n_decode>
             before = eng.stats()["experts"]["total"]
             t = eng.time_generation(prompt[::-1], n_decode + 1, feed_tokens=fixed_decode_token_ids(n_decode + 1))
-            rounds.append(dict(prefill_tps=prefill_tps, ttft_s=ttft_s, decode_tps=n_decode / t["decode_seconds"]))
+            after = eng.stats()["experts"]["total"]
+            # where the decode's time went, per token: the counters it moved
+            per_token = {k: (after[k] - before[k]) / (n_decode + 1) for k in PER_TOKEN_COUNTERS if k in after}
+            per_token["ms"] = t["decode_seconds"] * 1e3 / n_decode
+            rounds.append(dict(prefill_tps=prefill_tps, ttft_s=ttft_s, decode_tps=n_decode / t["decode_seconds"],
+                               decode_per_token=per_token))
         first, rounds = rounds[0], rounds[1:]
         prefill, ttft, decode = ([r[k] for r in rounds] for k in ("prefill_tps", "ttft_s", "decode_tps"))
         stats = eng.stats()
-        # where the last decode round's time went, per token: the counters it moved
-        after = stats["experts"]["total"]
-        per_token = {k: (after[k] - before[k]) / (n_decode + 1) for k in PER_TOKEN_COUNTERS if k in after}
-        per_token["ms"] = 1e3 / decode[-1]
+        per_token = rounds[-1]["decode_per_token"]  # the last round's; the first round's is kept with it
     experts = stats["experts"]
     device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
                        for m in stats["memory"] if m["buffer_type"] == stats["device"])
@@ -363,8 +365,12 @@ def report(result: dict) -> str:
             notes = (f"→ {r['chosen_mode']}, " if r["label"] == "auto" else "") + (
                 f"hit rate {r['hit_rate']:.0%}" if r["engine"] == "pyedgemoe" else "")
             if r.get("first_round"):
-                notes += (f"; first round: TTFT {r['first_round']['ttft_s'] * 1e3:.0f} ms, "
-                          f"decode {r['first_round']['decode_tps']:.1f} tok/s")
+                f = r["first_round"]
+                notes += f"; first round: TTFT {f['ttft_s'] * 1e3:.0f} ms, decode {f['decode_tps']:.1f} tok/s"
+                if f.get("decode_per_token"):  # what the first round did that the later ones did not
+                    ft = f["decode_per_token"]
+                    notes += (f" ({ft.get('bytes_read', 0) / 2**20:.0f} MiB read, {ft.get('host_loads', 0):.0f} host loads, "
+                              f"loads {ft.get('load_ms', 0):.1f} ms a token)")
             t = r.get("decode_per_token")
             if t:  # a decode token's time: what went to loads (storage, host tier, uploads), stalls and our op
                 notes += (f"; a token {t['ms']:.1f} ms: {t['bytes_uploaded'] / 2**20:.0f} MiB uploaded in "
