@@ -59,6 +59,10 @@ def print_stats(stats: dict) -> None:
     if fill["experts"]:
         typer.echo(f"filled {'in the background' if experts['fill_background'] else 'at load'}: {fill['experts']} "
                    f"experts, {format_bytes(fill['bytes_read'])} read in {fill['ms'] / 1000:.3f} s", err=True)
+    host_fill = experts.get("host_fill")
+    if host_fill and host_fill["experts"]:
+        typer.echo(f"host tier filled at load: {host_fill['experts']} expert copies, "
+                   f"{format_bytes(host_fill['bytes_read'])} read in {host_fill['ms'] / 1000:.3f} s", err=True)
     prefetched = experts["prefetches"]["layers"]
     for layer, counters in sorted(experts["layers"].items(), key=lambda kv: int(kv[0])):
         typer.echo(_layer_line(f"layer {layer}", counters, prefetched.get(layer)), err=True)

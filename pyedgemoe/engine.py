@@ -195,6 +195,8 @@ class Engine:
                     self._model.set_expert_precision_map(dict(plan.precision_map))
                 if plan.path_statistics is not None:
                     self._model.set_expert_path_statistics(plan.path_statistics)
+                # the host tier first (where it holds every expert): the device's fill uploads from it
+                host_fill = self._model.fill_host_tier() if plan.fill != "none" else None
                 if plan.fill == "in the background":
                     self._model.fill_expert_cache_in_background(dict(plan.fill_ranking))
                 elif plan.fill == "at load":
@@ -209,6 +211,7 @@ class Engine:
         self.expert_cache_note = plan.expert_cache_note
         if self.expert_residency:
             self.expert_residency["fill_background"] = plan.fill == "in the background"  # as done
+            self.expert_residency["host_fill"] = host_fill
             self.expert_cache_note += f"; {serving_text(self.expert_residency, plan)}"
             if self.expert_residency["mode_reason"]:
                 print(f"pyedgemoe: {self.expert_residency['mode_reason']}", file=sys.stderr)

@@ -54,14 +54,13 @@ const expert_residency & live(const Model & m) {
     return *m.residency;
 }
 
-// ranking: per layer, expert ids most routed first (the others follow by id)
-nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
-    live(m);
+// a fill's counters; it runs without the GIL (seconds of reads for a large cache), and Ctrl-C stops
+// it (Python's handler runs between chunks and sets KeyboardInterrupt)
+nb::dict interruptible_fill(const std::function<expert_fill_stats(const std::function<bool()> &)> & fill) {
     expert_fill_stats filled;
     try {
-        nb::gil_scoped_release release;  // seconds of reads for a large cache
-        // Ctrl-C: Python's handler runs between chunks and sets KeyboardInterrupt
-        filled = m.residency->fill(ranking, [] {
+        nb::gil_scoped_release release;
+        filled = fill([] {
             nb::gil_scoped_acquire acquire;
             return PyErr_CheckSignals() != 0;
         });  // std::runtime_error -> RuntimeError
@@ -69,6 +68,12 @@ nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
         throw nb::python_error();  // the KeyboardInterrupt
     }
     return fill_counters(filled);
+}
+
+// ranking: per layer, expert ids most routed first (the others follow by id)
+nb::dict fill(Model & m, const std::map<int, std::vector<int>> & ranking) {
+    live(m);
+    return interruptible_fill([&](const std::function<bool()> & interrupted) { return m.residency->fill(ranking, interrupted); });
 }
 
 nb::dict counters(const expert_layer_stats & s) {
@@ -246,6 +251,11 @@ void add_residency_methods(nb::class_<Model> & cls) {
             nb::arg("trace_routing") = false, nb::arg("host_cache_bytes") = 0, nb::arg("n_threads") = 1,
             "Serve the experts from a cache of budget_bytes (the model must be loaded with experts_on_demand); "
             "on a device (the model's), with a host tier of host_cache_bytes.")
+       .def("fill_host_tier", [](Model & mm) {
+                live(mm);
+                return interruptible_fill([&](const std::function<bool()> & interrupted) { return mm.residency->fill_host(interrupted); });
+            }, "Reads every expert copy into a host tier that holds them all (else nothing) before the first "
+            "token: {experts, bytes_read, ms}.")
        .def("fill_expert_cache", &fill, nb::arg("ranking") = std::map<int, std::vector<int>>{},
             "Reads experts into the cache's free slots before the first token (ranking: per layer, "
             "expert ids most routed first).")

@@ -62,3 +62,39 @@ expert_fill_stats fill_cache(expert_cache & cache, const expert_layout & layout,
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;
 }
+
+expert_fill_stats fill_host_tier(host_tier & host, const expert_layout & layout, expert_reader & reader,
+                                 const std::function<bool()> & interrupted) {
+    expert_fill_stats filled;
+    if (!host.holds_all) return filled;
+    const auto t0 = std::chrono::steady_clock::now();
+    // LOW first: a HIGH copy already there would count as serving the LOW demand
+    std::vector<expert_precision> precisions = { expert_precision::high };
+    if (layout.has_low) precisions.insert(precisions.begin(), expert_precision::low);
+    for (const moe_layer_layout & l : layout.layers) {
+        std::vector<expert_read> reads;
+        for (expert_precision p : precisions) {
+            for (int e = 0; e < layout.n_expert; e++) {
+                const expert_cache::placement slot = host.cache.reserve(l.group, l.il, e, p, /*evict*/ false);
+                if (!slot.load) continue;  // there already
+                filled.experts++;
+                for (expert_read & r : reader.reads_of(l, e, p, host.pools, -1, &host.pools, slot.slot, false, host.cpu_copies.get())) {
+                    reads.push_back(std::move(r));
+                }
+            }
+        }
+        expert_layer_stats st;
+        const std::string error = reader.read_all(std::move(reads), st);
+        filled.bytes_read += st.bytes_read;
+        if (!error.empty()) {
+            host.forget();
+            throw std::runtime_error(error);
+        }
+        if (interrupted && interrupted()) {
+            host.forget();
+            throw fill_interrupted();
+        }
+    }
+    filled.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return filled;
+}

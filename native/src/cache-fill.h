@@ -7,6 +7,7 @@
 #include "expert-cache.h"
 #include "expert-layout.h"
 #include "expert-reads.h"
+#include "host-tier.h"
 #include "layer-planner.h"
 #include "stats.h"
 
@@ -27,3 +28,11 @@ std::vector<std::pair<int, int>> fill_order(const expert_layout & layout, const 
 // the cache and throws std::runtime_error.
 expert_fill_stats fill_cache(expert_cache & cache, const expert_layout & layout, const tier_pools & pools, expert_reader & reader,
                              const std::vector<std::pair<int, int>> & order, const std::function<bool()> & interrupted);
+
+// Reads every expert copy (both precisions) into a host tier that holds them all, a layer at a
+// time, before the first token: the later misses and prefetches are served from it, none from
+// the file (a host tier filled lazily read most experts during the first requests). Nothing where
+// the tier holds fewer. interrupted() is asked between layers: true empties the tier and throws
+// fill_interrupted; a read error empties it and throws std::runtime_error.
+expert_fill_stats fill_host_tier(host_tier & host, const expert_layout & layout, expert_reader & reader,
+                                 const std::function<bool()> & interrupted);

@@ -57,7 +57,13 @@ expert_budget::expert_budget(const expert_layout & layout, uint64_t budget, doub
             (use_low ? " in HIGH, and all but one of them in LOW (" + std::to_string((int) (low_share * 100)) +
                        "% of the budget)" : ""));
     }
-    const uint64_t low_budget = !use_low ? 0 :
+    uint64_t all_high = 0, all_low = 0;  // every copy
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        all_high += (uint64_t) layout.groups[g].n_layers * layout.n_expert * high_bytes[g];
+        all_low += (uint64_t) layout.groups[g].n_layers * layout.n_expert * low_bytes[g];
+    }
+    // a budget that holds every copy holds both tiers whole (a host tier), whatever low_share says
+    const uint64_t low_budget = !use_low ? 0 : budget >= all_high + all_low ? all_low :
         std::max(low_minimum, std::min((uint64_t) (budget * low_share), budget - high_minimum));
     high_slots = share_slots(budget - low_budget, k, high_bytes, layout.groups, layout.n_expert);
     if (use_low) low_slots = share_slots(low_budget, k - 1, low_bytes, layout.groups, layout.n_expert);

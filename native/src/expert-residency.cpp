@@ -432,12 +432,11 @@ expert_fill_stats expert_residency::fill(const std::map<int, std::vector<int>> &
     return r.filled;
 }
 
-void expert_residency::fill_in_background(const std::map<int, std::vector<int>> & ranking) {
-    impl_->coordinator.start_fill(fill_order(impl_->layout, impl_->rules, ranking));
-}
+void expert_residency::fill_in_background(const std::map<int, std::vector<int>> & ranking) { impl_->coordinator.start_fill(fill_order(impl_->layout, impl_->rules, ranking)); }
+const expert_fill_stats & expert_residency::fill_stats() const { return impl_->coordinator.fill_stats().experts ? impl_->coordinator.fill_stats() : impl_->filled; }
 
-const expert_fill_stats & expert_residency::fill_stats() const {
-    return impl_->coordinator.fill_stats().experts ? impl_->coordinator.fill_stats() : impl_->filled;
+expert_fill_stats expert_residency::fill_host(const std::function<bool()> & interrupted) {
+    return impl_->host ? fill_host_tier(*impl_->host, impl_->layout, impl_->reader, interrupted) : expert_fill_stats();
 }
 
 std::string expert_residency::take_error() {

@@ -87,6 +87,9 @@ public:
     // is emptied) and it throws fill_interrupted.
     expert_fill_stats fill(const std::map<int, std::vector<int>> & ranking,
                            const std::function<bool()> & interrupted = {});
+    // Before the first token, where the host tier holds every expert copy: reads them all into it
+    // (fill_host_tier, cache-fill.h; interrupted as for fill). Nothing without a host tier.
+    expert_fill_stats fill_host(const std::function<bool()> & interrupted = {});
     // The same fill in the background: it starts now and goes on, io_threads reads at a time, as
     // the layers of the prompt and of the next tokens run (fill_stats counts what it has read).
     void fill_in_background(const std::map<int, std::vector<int>> & ranking);

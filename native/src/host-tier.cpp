@@ -31,7 +31,8 @@ host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {
-    holds_all = layouts != host_layouts::cpu;  // coop's copies are not uploadable: no slot of them is offered
+    uploadable = layouts != host_layouts::cpu;
+    holds_all = true;
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int experts = layout.groups[g].n_layers * layout.n_expert;
         holds_all = holds_all && budget.high_slots[g] >= experts && (budget.low_slots.empty() || budget.low_slots[g] >= experts);
@@ -39,7 +40,7 @@ host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double
 }
 
 int host_tier::stable_slot(const moe_layer_layout & l, int e, expert_precision p) const {
-    return holds_all ? cache.tier(l.group, p).find(make_expert_key(l.il, e)) : -1;
+    return holds_all && uploadable ? cache.tier(l.group, p).find(make_expert_key(l.il, e)) : -1;
 }
 
 int host_tier::wave_slots(int group, compute_mode mode, int device_slots) const {
@@ -68,9 +69,14 @@ std::vector<expert_cache::placement> host_tier::copies_for(int group, int il,
     std::vector<expert_cache::placement> out;
     for (const auto * d : loads) {
         expert_cache::placement h = *by_expert.at(d->expert);
-        // a HIGH copy serving a LOW demand cannot fill a LOW device slot: read that one directly
-        if (h.precision != d->precision) h = { d->expert, expert_precision::skip, -1, false };
-        else pins.add({ make_expert_key(il, d->expert), h.precision });
+        const expert_key key = make_expert_key(il, d->expert);
+        if (h.precision != d->precision) {
+            // a HIGH copy serving a LOW demand cannot fill a LOW device slot: the LOW copy where
+            // this tier has one too, else read that one directly
+            const int low_slot = cache.tier(group, d->precision).find(key);
+            h = { d->expert, low_slot >= 0 ? d->precision : expert_precision::skip, low_slot, false };
+        }
+        if (h.slot >= 0) pins.add({ key, h.precision });
         out.push_back(h);
     }
     return out;

@@ -58,7 +58,8 @@ struct host_tier {
     }
 
     expert_budget budget;
-    bool holds_all = false;  // every expert copy (the budget's slots are the experts of each group)
+    bool holds_all = false;   // every expert copy (the budget's slots are the experts of each group)
+    bool uploadable = false;  // its pools are pinned (gpu, split), not coop's CPU layout
     tier_pools pools;  // gpu, split: in the device's pinned host memory where it has some; coop: the CPU's
     std::unique_ptr<tier_pools> cpu_copies;  // both layouts: the same slots laid out for the CPU
     expert_cache cache;

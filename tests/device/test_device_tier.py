@@ -334,6 +334,40 @@ def test_prefetches_upload_from_a_host_tier_that_holds_every_expert(tiny_model, 
     assert p["issued"] > 0 and p["bytes_read"] > 0
 
 
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
+def test_a_host_tier_that_holds_every_expert_is_filled_at_load(tiny_model, references, mode):
+    # with the fill on (the default), before the first token: no request reads the file after it
+    path = tiny_model("qwen2_moe")[0]
+    info = read_model_info(path)
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="25%", **(dict(link_share=0.5) if mode == "split" else {})) as eng:
+        host_fill = eng.expert_residency["host_fill"]
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        total = eng.stats()["experts"]["total"]
+    assert tokens == references("qwen2_moe")[0][1]
+    assert host_fill["experts"] == info.n_experts * len(info.expert_bytes_per_layer)
+    assert host_fill["bytes_read"] >= info.expert_bytes
+    assert total["host_loads"] == 0 and total["bytes_read"] == 0
+    # a host tier that holds fewer is filled as requests come
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="25%", host_cache="60%",
+                **(dict(link_share=0.5) if mode == "split" else {})) as eng:
+        assert eng.expert_residency["host_fill"]["experts"] == 0
+
+
+def test_a_filled_host_tier_serves_low_copies_too(tiny_model, tmp_path):
+    # both precisions are read at load (LOW first: a HIGH copy would count as serving a LOW
+    # demand), and a LOW load is uploaded from the LOW copy, not read again
+    from pyedgemoe.convert import convert
+
+    path = convert(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
+    info = read_model_info(path)
+    with Engine(path, **SETTINGS, mode="gpu", expert_cache="25%", skip=False, t1=0.0, t2=1.0) as eng:
+        host_fill = eng.expert_residency["host_fill"]
+        eng.time_generation(IDS[:8], N_GREEDY)
+        total = eng.stats()["experts"]["total"]
+    assert host_fill["experts"] == 2 * info.n_experts * len(info.expert_bytes_per_layer)
+    assert total["loads_low"] > 0 and total["bytes_read"] == 0
+
+
 @pytest.mark.parametrize("expert_cache, host_cache, match", [
     ("25%", "lots", "invalid host_cache 'lots'"),
     (None, "lots", "invalid host_cache 'lots'"),  # checked even with every expert resident
