@@ -17,8 +17,8 @@ struct expert_budget {
     // Every selection of a token may be HIGH, all but the top-1 may be LOW: per group, top-k HIGH
     // slots and top-k - 1 LOW slots at least. The LOW tier gets low_share of the budget (but at
     // least its minimum and at most what the HIGH minimum leaves; all its copies where the budget
-    // holds every copy of both); each tier's rest is shared in
-    // proportion to the groups' expert bytes, and no group gets more slots than it has experts.
+    // holds every copy of both); each tier's rest is shared in proportion to the groups' expert
+    // bytes, and no group gets more slots than it has experts.
     // Throws expert_budget_error (with the minimum) below the minimum.
     // what: the budget's name in the error ("expert cache", "host cache").
     expert_budget(const expert_layout & layout, uint64_t budget_bytes, double low_share, const char * what = "expert cache");
