@@ -61,6 +61,25 @@ bool cpu_repacks(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
     return out;
 }
 
+// The most slots of pool (its ne[2]) that buft's device addresses in one tensor (Vulkan: its
+// maxStorageBufferRange, 128 MiB on lavapipe): a larger pool would stop the graph's scheduler.
+static int addressable_slots(ggml_backend_buffer_type_t buft, const ggml_tensor * pool) {
+    ggml_backend_dev_t dev = buft && !ggml_backend_buft_is_host(buft) ? ggml_backend_buft_get_device(buft) : nullptr;
+    auto fits = [&](int64_t slots) {
+        ggml_tensor probe = *pool;  // the shape alone: the device's limits are on its bytes
+        probe.ne[2] = slots;
+        probe.nb[3] = probe.nb[2] * slots;
+        return ggml_backend_dev_supports_op(dev, &probe);
+    };
+    if (!dev || fits(pool->ne[2])) return (int) pool->ne[2];
+    int64_t lo = 0, hi = pool->ne[2];  // fits(lo), not fits(hi)
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        (fits(mid) ? lo : hi) = mid;
+    }
+    return (int) lo;
+}
+
 slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buffer_type_t buft, bool repack_host)
     : shapes_(shapes), n_slots_(n_slots) {
     // the pools, and a view of every slot of those written through views
@@ -89,6 +108,13 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buf
         if (tensors_[p]->nb[2] != shapes[p].bytes) {
             free_all();
             throw std::runtime_error("slot pool: expert stride mismatch for " + std::string(names[p]));
+        }
+        if (const int most = addressable_slots(buft, tensors_[p]); most < n_slots) {
+            free_all();
+            throw std::invalid_argument(std::string("the expert cache's ") + kExpertProjectionNames[p] + " pool (" +
+                std::to_string(n_slots) + " slots, " + std::to_string(ggml_nbytes(tensors_[p]) >> 20) + " MiB) is more than " +
+                ggml_backend_buft_name(buft) + " can address in one tensor (" + std::to_string(most) +
+                " slots): give a smaller --expert-cache, at most " + std::to_string(100 * most / n_slots) + "% of this one");
         }
         if (repacked[p]) continue;
         offset[p] = total;
