@@ -87,7 +87,8 @@ class Engine:
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
         their defaults): io, io_threads (reads in flight), fill_cache (read experts at load, most
         routed first when calibrated; with fill_background, the default, while the prompt and the
-        first tokens run), cache_policy and policy_weights (HOBBIT's priority), mixed
+        first tokens run; with a GPU, a host tier that holds every expert copy is read whole at
+        load first), cache_policy and policy_weights (HOBBIT's priority), mixed
         precision (low_precision, skip, t1, t2, low_cache, low_hit, low_from; docs/mixed-precision.md),
         prefetch ("none", "hobbit": HOBBIT's walk prefetch_depth layers ahead, "fate"),
         fate_percentile, fate_extra. Left unset, the calibration sidecar and the model decide
