@@ -93,7 +93,29 @@ def correctness(models: Path) -> dict:
                          top1_agreement=sum(a == b for a, b in zip(tokens, resident_tokens)) / len(tokens),
                          misses=total["misses"], low_loads=total.get("low_loads"), uploads=total["uploads"],
                          cpu_experts=total["cpu_experts"]))
+    # split's host tier in both layouts (Q4_K experts, which the CPU repacks): with nothing uploaded
+    # it computes what coop computes from its repacked host tier, bit for bit (decode steps)
+    repacking = models / "q4k-qwen3_moe.gguf"
+
+    def decode(**options) -> tuple[object, dict]:
+        with Engine(repacking, n_ctx=256, flash_attn=False, kv_type="f32", expert_cache="25%", **options) as eng:
+            return eng.logits(CORRECTNESS_IDS, one_token_per_step=True), eng.stats()["experts"]
+    coop_logits, _ = decode(mode="coop")
+    for share in (0.0, 0.5):
+        logits, experts = decode(mode="split", link_share=share)
+        rows.append(dict(model=repacking.stem, mode="split", budget="25%", link_share=share,
+                         host_layouts="both" if experts["host_pool_bytes"] > experts["expert_bytes"] else "pinned",
+                         logits_as_coop=bool((logits == coop_logits).all()),
+                         max_abs_logit_difference=float(abs(logits - coop_logits).max()),
+                         misses=experts["total"]["misses"], uploads=experts["total"]["uploads"],
+                         cpu_experts=experts["total"]["cpu_experts"]))
     return {"rows": rows}
+
+
+def failed(row: dict) -> bool:
+    """A correctness row that shows a fault: tokens not the resident run's, or split over both host
+    layouts with nothing uploaded not giving coop's logits."""
+    return row.get("tokens_as_resident") is False or (row.get("link_share") == 0 and row.get("logits_as_coop") is False)
 
 
 # the expert counters whose change per decode token gpu-check.json records (decode_per_token)
@@ -221,11 +243,11 @@ class Check:
         self.save()
         log(f"done, {self.args.deadline - self.remaining():.0f} s; {self.out}/gpu-check.md:")
         print(report(self.result))
-        failures = [r for r in self.result["correctness"].get("rows", []) if r.get("tokens_as_resident") is False]
+        failures = [r for r in self.result["correctness"].get("rows", []) if failed(r)]
         return 1 if "error" in self.result["correctness"] or failures else 0
 
     def correctness(self) -> None:
-        log("correctness: tiny architectures, gpu and coop at 25 % and 50 % against all-resident")
+        log("correctness: tiny architectures, gpu, coop and split at 25 % and 50 % against all-resident")
         t0 = time.monotonic()
         c = self.child(["--child", "correctness", "--kit", self.args.kit], timeout=min(240, self.remaining()))
         c["seconds"] = time.monotonic() - t0
@@ -234,9 +256,9 @@ class Check:
         if "error" in c:
             log(f"correctness: error: {c['error']}")
             return
-        bad = [r for r in c["rows"] if r.get("tokens_as_resident") is False]
+        bad = [r for r in c["rows"] if failed(r)]
         log(f"correctness: {len(c['rows'])} runs in {c['seconds']:.0f} s, "
-            f"{len(bad)} not as resident: {[(r['model'], r['mode'], r['budget']) for r in bad]}")
+            f"{len(bad)} failed: {[(r['model'], r['mode'], r['budget']) for r in bad]}")
 
     def start_models(self) -> list[tuple[str, dict, subprocess.Popen | None]]:
         bench_dir = Path(self.args.bench_dir)
@@ -342,6 +364,10 @@ def report(result: dict) -> str:
             if r.get("low_precision"):
                 same = f"low precision: top-1 agreement {r['top1_agreement']:.0%}"
                 bits = "-"
+            elif "logits_as_coop" in r:  # split over both host layouts, against coop (with nothing uploaded)
+                same = f"host tier {r['host_layouts']}, link share {r['link_share']:.1f}"
+                bits = (("as coop's" if r["logits_as_coop"] else f"not coop's ({r['max_abs_logit_difference']:.1e})")
+                        if r["link_share"] == 0 else "- (uploads computed on the device)")
             else:
                 same = "yes" if r["tokens_as_resident"] else f"up to token {r['first_different_token']}"
                 bits = "yes" if r["logits_bit_identical"] else f"no ({r['max_abs_logit_difference']:.1e})"

@@ -78,6 +78,10 @@ for arch in mixtral qwen2_moe qwen3_moe olmoe deepseek_v2; do
 done
 # for mixed precision: a LOW copy of every expert
 .venv/bin/python -m pyedgemoe convert $KIT/models/tiny-qwen3_moe.gguf -o $KIT/models/mp-qwen3_moe.gguf --low q4_0 >/dev/null
+# for split's host tier in both layouts: Q4_K experts, which the CPU repacks
+rm -rf $WORK/q4k && mkdir -p $WORK/q4k
+cp "$(.venv/bin/python -c "import sys; from pathlib import Path; sys.path.insert(0, 'scripts'); import tiny_moe
+print(tiny_moe.repacking_gguf(Path('$WORK/q4k')))" | tail -1)" $KIT/models/q4k-qwen3_moe.gguf
 cp native/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf native/vendor/llama.cpp/models/ggml-vocab-gpt-neox.gguf $KIT/vocab/
 python3 -m pip download -q --no-deps --only-binary=:all: gguf==0.19.0 -d $KIT/wheels
 scripts/native_stamp.sh > $KIT/STAMP

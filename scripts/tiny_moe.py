@@ -373,6 +373,16 @@ def tiny_gguf(arch: str, cache_dir: Path, outtype: str = "f32", seed: int = 0) -
     return gguf_path
 
 
+def repacking_gguf(out: Path) -> Path:
+    """A tiny Qwen3-MoE whose HIGH expert copies are Q4_K (rows of 256 weights) and LOW ones Q4_0
+    (pyedgemoe's converter): llama.cpp's CPU backend repacks Q4_K on AVX2, so split's host tier
+    keeps such experts in both layouts (docs/gpu.md). Built in out, a fresh directory."""
+    from pyedgemoe.convert import convert
+
+    hf = build_hf_checkpoint("qwen3_moe", out / "hf", overrides=dict(hidden_size=256, moe_intermediate_size=256))
+    return convert(hf, out / "q4k-qwen3_moe.gguf", high="q4_K", low="q4_0", progress=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("arch", choices=ARCHITECTURES)

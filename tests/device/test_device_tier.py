@@ -194,12 +194,8 @@ def test_split_says_its_share(tiny_model, capfd):
 
 @pytest.fixture(scope="module")
 def repacking_model(tmp_path_factory):
-    """A tiny Qwen3-MoE whose HIGH experts are Q4_K (rows of 256), which the CPU backend repacks."""
-    from pyedgemoe.convert import convert
-
-    work = tmp_path_factory.mktemp("repacking")
-    hf = tiny_moe.build_hf_checkpoint("qwen3_moe", work / "hf", overrides=dict(hidden_size=256, moe_intermediate_size=256))
-    path = convert(hf, work / "q4k.gguf", high="q4_K", low="q4_0", progress=False)
+    """A tiny Qwen3-MoE whose HIGH experts are Q4_K, which the CPU backend repacks."""
+    path = tiny_moe.repacking_gguf(tmp_path_factory.mktemp("repacking"))
     assert read_model_info(path).repacked_expert_bytes > 0
     return path
 
