@@ -111,10 +111,11 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buf
         }
         if (const int most = addressable_slots(buft, tensors_[p]); most < n_slots) {
             free_all();
-            throw std::invalid_argument(std::string("the expert cache's ") + kExpertProjectionNames[p] + " pool (" +
-                std::to_string(n_slots) + " slots, " + std::to_string(ggml_nbytes(tensors_[p]) >> 20) + " MiB) is more than " +
-                ggml_backend_buft_name(buft) + " can address in one tensor (" + std::to_string(most) +
-                " slots): give a smaller --expert-cache, at most " + std::to_string(100 * most / n_slots) + "% of this one");
+            char what[160];
+            snprintf(what, sizeof(what), " pool (%d slots, %.1f MiB) is more than %s can address in one tensor (%d slots)",
+                     n_slots, ggml_nbytes(tensors_[p]) / 1048576.0, ggml_backend_buft_name(buft), most);
+            throw std::invalid_argument(std::string("the expert cache's ") + kExpertProjectionNames[p] + what +
+                                        ": give a smaller --expert-cache, at most " + std::to_string(100 * most / n_slots) + "% of this one");
         }
         if (repacked[p]) continue;
         offset[p] = total;

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -242,6 +244,23 @@ def test_auto_mode_measures_and_says_which(tiny_model, capfd, arch):
     assert (mode == "split") == (said[6] is not None)
     if said[6]:
         assert abs(int(said[6]) - 100 * upload / (upload + pinned)) <= 1
+
+
+def test_a_pool_larger_than_the_device_addresses_is_a_clear_error(tiny_model):
+    # a Vulkan device addresses at most maxStorageBufferRange bytes in one tensor (lavapipe: 128
+    # MiB), and ggml's scheduler stops the process on a larger pool; here the limit is forced down
+    # to 100000 bytes (ggml-vulkan's GGML_VK_FORCE_MAX_BUFFER_SIZE), in a process of its own
+    code = ("from pyedgemoe import Engine\n"
+            "from pyedgemoe.errors import InvalidOptionError\n"
+            "try:\n"
+            f"    Engine({str(tiny_model('olmoe')[0])!r}, n_ctx=256, n_batch=16, n_ubatch=16, mode='gpu', expert_cache='87.5%')\n"
+            "except InvalidOptionError as e:\n"
+            "    print('error:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "GGML_VK_FORCE_MAX_BUFFER_SIZE": "100000"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"error: the expert cache's up pool \(14 slots, 0.1 MiB\) is more than Vulkan0 can address in one "
+                     r"tensor \(12 slots\): give a smaller --expert-cache, at most 85% of this one", out.stdout)
 
 
 def test_a_budget_beyond_the_devices_free_memory_is_a_clear_error(tiny_model, monkeypatch):
