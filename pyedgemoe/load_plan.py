@@ -30,8 +30,8 @@ from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_c
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
 from pyedgemoe.generation import SamplingParams
-from pyedgemoe.memory_budget import (KV_CELL_MULTIPLE, MAPPED, context_bytes, context_positions, parse_expert_cache,
-                                     spare_bytes, training_context, ubatch_tokens)
+from pyedgemoe.memory_budget import (KV_CELL_MULTIPLE, MAPPED, UP_TO, context_bytes, context_positions,
+                                     parse_expert_cache, spare_bytes, training_context, ubatch_tokens)
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
@@ -219,6 +219,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
         repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=info.cold_embedding_bytes)
+    asked = str(options.expert_cache or "auto").strip().lower()
+    if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
+        budget, note = _addressable(budget, note, layer_devices, info)
     experts_mapped = budget == MAPPED and info.is_moe
     if experts_mapped and device:
         raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
@@ -384,6 +387,21 @@ def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tupl
         chosen.append(by_name[name])
     return tuple(chosen), "given" if len(chosen) == 1 else \
         "given: the layers spread over them, each layer's experts cached on its device"
+
+
+def _addressable(budget: int, note: str, devices: tuple[dict, ...], info: ModelInfo) -> tuple[int, str]:
+    """A device expert cache of what fits (auto, or a size with "~") where a device addresses fewer bytes in one tensor than the cache's
+    largest pool would take (Vulkan: maxStorageBufferRange; a larger pool would be refused at load):
+    at most what keeps that pool within it."""
+    limits = [(d["max_tensor_bytes"], d["name"]) for d in devices if d.get("max_tensor_bytes")]
+    if not limits or not info.largest_projection_share:
+        return budget, note
+    limit, name = min(limits)
+    most = int(limit / info.largest_projection_share)
+    if budget <= most:
+        return budget, note
+    return most, (f"{note}; at most {format_bytes(most)}: {name} addresses {format_bytes(limit)} in one tensor, and the "
+                  f"cache's largest pool (one tensor) takes {info.largest_projection_share:.0%} of it")
 
 
 def _spread(devices: tuple[dict, ...]) -> dict:

@@ -56,6 +56,9 @@ class ModelInfo:
     # the input embedding's, where it is not also the output matrix: a run reads only the rows of
     # the tokens it sees, so mapped, most of it never takes a page
     cold_embedding_bytes: int = 0
+    # the largest stacked HIGH expert tensor's share of its layer's HIGH expert bytes: of an expert
+    # cache, the share its largest pool takes (one tensor per projection)
+    largest_projection_share: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -98,6 +101,7 @@ class ModelInfo:
             "low_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.low_expert_bytes_per_layer.items())},
             "repacked_expert_bytes": self.repacked_expert_bytes,
             "cold_embedding_bytes": self.cold_embedding_bytes,
+            "largest_projection_share": self.largest_projection_share,
         }
 
 
@@ -161,6 +165,8 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             if not is_low_copy(t["name"]) and _native.cpu_repacks(t["type"], t["shape"]):
                 repacked += t["nbytes"]
     n_expert_total = sum(expert_bytes.values())
+    largest_share = max((t["nbytes"] / high_bytes[expert_stack_layer(t["name"])] for t in info["tensors"]
+                         if expert_stack_layer(t["name"]) is not None and not is_low_copy(t["name"])), default=0.0)
     by_name = {t["name"]: t["nbytes"] for t in info["tensors"]}
     cold_embedding = by_name.get("token_embd.weight", 0) if "output.weight" in by_name else 0  # tied: read whole
     multi_precision = FORMAT_VERSION_KEY in kv
@@ -187,6 +193,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
         repacked_expert_bytes=repacked,
         cold_embedding_bytes=cold_embedding,
+        largest_projection_share=largest_share,
     )
 
 

@@ -236,3 +236,20 @@ def test_the_plan_is_frozen_and_explains_each_decision():
 
 def test_the_same_inputs_give_the_same_plan():
     assert plan(expert_cache="25%").describe() == plan(expert_cache="25%").describe()
+
+
+# -- a device's limit on one tensor ----------------------------------------------------------------------
+def test_auto_keeps_the_largest_pool_within_what_the_device_addresses_in_one_tensor():
+    # Vulkan addresses at most maxStorageBufferRange bytes in one tensor (lavapipe: 128 MiB); a pool
+    # per projection, here the largest a third of the experts: auto takes at most 3 x the limit
+    info = dataclasses.replace(moe(), largest_projection_share=1 / 3)
+    small = {**GPU, "free_bytes": 56 * MiB, "max_tensor_bytes": 4 * MiB}
+    p = plan(gpus=(small,), mode="gpu", info=info)
+    assert p.expert_cache == 12 * MiB
+    assert ("at most 12.00 MiB: GPU0 addresses 4.00 MiB in one tensor, and the cache's largest pool (one tensor) "
+            "takes 33% of it") in p.expert_cache_note
+    # a size given is the user's: the load says if the device cannot take it (slot-pool.cpp)
+    assert plan(gpus=(small,), mode="gpu", info=info, expert_cache=16 * MiB).expert_cache == 16 * MiB
+    # no limit (CUDA: 0), or one the cache stays within
+    assert plan(gpus=({**small, "max_tensor_bytes": 0},), mode="gpu", info=info).expert_cache > 12 * MiB
+    assert plan(gpus=({**small, "max_tensor_bytes": 64 * MiB},), mode="gpu", info=info).expert_cache > 12 * MiB

@@ -78,7 +78,29 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     self->repack = repack;
 }
 
-// The ggml devices this build has: name, description, type ("cpu", "gpu", "igpu", "accel"), memory.
+// The most bytes dev addresses in one tensor (Vulkan: maxStorageBufferRange; 128 MiB on lavapipe),
+// 0 where it takes any size ggml describes: a larger expert pool would stop ggml's scheduler.
+static uint64_t max_tensor_bytes(ggml_backend_dev_t dev) {
+    ggml_init_params params = { ggml_tensor_overhead() + 64, nullptr, /*no_alloc*/ true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * probe = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, 1);
+    auto fits = [&](uint64_t n) {
+        probe->ne[0] = (int64_t) n;
+        probe->nb[1] = probe->nb[2] = probe->nb[3] = n;
+        return ggml_backend_dev_supports_op(dev, probe);
+    };
+    uint64_t lo = 0, hi = 1ull << 46;  // fits(lo); 64 TiB: no limit
+    if (fits(hi)) hi = 0;
+    while (hi > 0 && hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+    }
+    ggml_free(ctx);
+    return hi == 0 ? 0 : lo;
+}
+
+// The ggml devices this build has: name, description, type ("cpu", "gpu", "igpu", "accel"), memory,
+// and the most bytes one tensor may take there (0: no limit).
 std::vector<nb::dict> devices() {
     static const char * types[] = { "cpu", "gpu", "igpu", "accel", "meta" };
     std::vector<nb::dict> out;
@@ -93,6 +115,7 @@ std::vector<nb::dict> devices() {
         d["type"] = type < 5 ? types[type] : "other";
         d["free_bytes"] = free;
         d["total_bytes"] = total;
+        d["max_tensor_bytes"] = max_tensor_bytes(dev);
         out.push_back(d);
     }
     return out;
@@ -227,5 +250,6 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
         .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
     add_residency_methods(cls);
-    m.def("devices", &devices, "The ggml devices of this build (name, description, type, free_bytes, total_bytes).");
+    m.def("devices", &devices, "The ggml devices of this build (name, description, type, free_bytes, total_bytes, "
+                               "max_tensor_bytes: the most one tensor may take there, 0 for no limit).");
 }
