@@ -56,7 +56,7 @@ public:
     // misses it loads); on_cpu, those the CPU computes from the host tier: coop's misses, but for
     // split's uploaded share. The share s is a decode token's (one token an expert): an upload
     // costs (1 - s) / s of the CPU's work for one token of an expert, and an expert's tokens in the
-    // wave (tokens, per demand) multiply the CPU's work and not the upload's bytes. So the misses
+    // wave (tokens, per demand; only split reads them) multiply the CPU's work and not the upload's bytes. So the misses
     // with the most tokens go to the link, as many as balance the two: m (1 - s) / s uploads'
     // worth against the tokens of the rest (a decode token: s of its misses; a prefill's experts
     // of many tokens: nearly all, for the device to compute). The fraction a wave's count leaves
