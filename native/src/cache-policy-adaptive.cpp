@@ -15,7 +15,6 @@
 
 #include <array>
 #include <cmath>
-#include <unordered_map>
 
 namespace {
 
@@ -27,27 +26,29 @@ constexpr std::array<cache_policy_kind, 2> CANDIDATES = { cache_policy_kind::lru
 // One candidate's shadow cache: which keys it would hold, and its hits (decayed).
 struct shadow {
     std::unique_ptr<cache_policy> rule;
-    std::unordered_map<expert_key, std::pair<uint64_t, int>> held;  // key -> (token, layer) of its last request
+    struct request_record { bool held = false; uint64_t token = 0; int layer = 0; };  // the last request's
+    expert_table<request_record> requests;
+    int n_held = 0;
     double hits = 0;
 
     void request(expert_key key, bool high, const cache_clock & now, int n_slots) {
-        auto it = held.find(key);
-        if (it != held.end()) hits += 1;
-        if (it == held.end()) {
-            if ((int) held.size() >= n_slots) {
+        if (requests[key].held) hits += 1;
+        if (!requests[key].held) {
+            if (n_held >= n_slots) {
                 expert_key out = 0;
                 const bool found = rule->victim([&](expert_key k) {
-                    const auto & last = held.at(k);
-                    return last.first != now.token || last.second != now.layer;  // not asked for by this layer yet
+                    const request_record & last = requests.at(k);
+                    return last.token != now.token || last.layer != now.layer;  // not asked for by this layer yet
                 }, now, key, &out);
                 if (!found) return;  // every key serves the running layer: this one is not kept
                 rule->on_evict(out);
-                held.erase(out);
+                requests[out].held = false;
+                n_held--;
             }
             rule->on_insert(key);
-            it = held.emplace(key, std::make_pair(now.token, now.layer)).first;
+            n_held++;
         }
-        it->second = { now.token, now.layer };
+        requests[key] = { true, now.token, now.layer };
         rule->on_use(key, high, now);
     }
 };

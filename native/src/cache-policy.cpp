@@ -1,6 +1,5 @@
 #include "cache-policy.h"
 
-#include <list>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -10,26 +9,48 @@
 
 namespace {
 
-// Least recently used: a recency list, most recent at the front.
+// Least recently used: a recency list, most recent at the front, linked through the experts' records.
 struct lru_policy final : cache_policy {
-    std::list<expert_key> order;
-    std::unordered_map<expert_key, std::list<expert_key>::iterator> where;
+    struct link { expert_key newer = 0, older = 0; bool cached = false; };
+    expert_table<link> links;
+    expert_key newest = 0, oldest = 0;
+    size_t n_cached = 0;
+
+    void unlink(expert_key key) {
+        link & l = links[key];
+        if (l.newer != key) links[l.newer].older = l.older == key ? l.newer : l.older;
+        if (l.older != key) links[l.older].newer = l.newer == key ? l.older : l.newer;
+        if (newest == key) newest = l.older;
+        if (oldest == key) oldest = l.newer;
+        l.cached = false;
+        n_cached--;
+    }
+    void push_front(expert_key key) {  // a list's ends link to themselves
+        link & l = links[key];
+        l = { key, n_cached ? newest : key, true };
+        if (n_cached) links[newest].newer = key;
+        else oldest = key;
+        newest = key;
+        n_cached++;
+    }
 
     const char * name() const override { return "lru"; }
-    void on_insert(expert_key key) override { where[key] = order.insert(order.begin(), key); }
+    void on_insert(expert_key key) override {
+        if (links[key].cached) unlink(key);
+        push_front(key);
+    }
     void on_use(expert_key key, bool, const cache_clock &) override {
-        auto it = where.find(key);
-        if (it != where.end()) order.splice(order.begin(), order, it->second);
+        if (!links[key].cached || newest == key) return;
+        unlink(key);
+        push_front(key);
     }
     void on_evict(expert_key key) override {
-        auto it = where.find(key);
-        if (it == where.end()) return;
-        order.erase(it->second);
-        where.erase(it);
+        if (links[key].cached) unlink(key);
     }
     bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key, expert_key * out) const override {
-        for (auto it = order.rbegin(); it != order.rend(); ++it) {
-            if (evictable(*it)) { *out = *it; return true; }
+        expert_key key = oldest;
+        for (size_t i = 0; i < n_cached; i++, key = links.at(key).newer) {
+            if (evictable(key)) { *out = key; return true; }
         }
         return false;
     }

@@ -16,6 +16,22 @@ inline expert_key make_expert_key(int layer, int expert) { return ((uint64_t) (u
 inline int expert_key_layer(expert_key key) { return (int) (key >> 32); }
 inline int expert_key_expert(expert_key key) { return (int) (uint32_t) key; }
 
+// A record per expert in arrays ([layer][expert], grown on demand): a policy's bookkeeping without a
+// hash or an allocation per expert. A decode's matrices leave little of it in the CPU's caches, and
+// there a node-based map cost microseconds a use (docs/benchmarks.md, "What a policy costs a token").
+template <typename T>
+struct expert_table {
+    std::vector<std::vector<T>> rows;
+
+    T & operator[](expert_key key) {
+        const size_t layer = (size_t) expert_key_layer(key), expert = (size_t) expert_key_expert(key);
+        if (rows.size() <= layer) rows.resize(layer + 1);
+        if (rows[layer].size() <= expert) rows[layer].resize(expert + 1);
+        return rows[layer][expert];
+    }
+    const T & at(expert_key key) const { return rows.at((size_t) expert_key_layer(key)).at((size_t) expert_key_expert(key)); }
+};
+
 // Where the model is: tokens that entered the model in this sequence (T) and the MoE layer running now.
 struct cache_clock {
     uint64_t token = 0;  // includes the ubatch being computed

@@ -38,7 +38,7 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
     plan.dropped.assign((size_t) n_tokens * k, 0);
     std::vector<expert_demand> wanted;
     std::vector<int64_t> uses;  // selections per wanted expert
-    std::unordered_map<int, size_t> index_of;
+    std::vector<int> index_of(n_expert, -1);  // expert -> its place in wanted
     std::vector<double> scores(k);
     std::vector<int> rank(k);
     for (int64_t t = 0; t < n_tokens; t++) {
@@ -56,10 +56,9 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
             }
             if (plan.dropped[t * k + i]) continue;
             if (rules.fixed) demand[i] = rules.fixed[e];
-            auto [it, inserted] = index_of.emplace(e, wanted.size());
-            if (inserted) { wanted.emplace_back(e, demand[i]); uses.push_back(0); }
-            else wanted[it->second].second = std::max(wanted[it->second].second, demand[i]);
-            uses[it->second]++;
+            if (index_of[e] < 0) { index_of[e] = (int) wanted.size(); wanted.emplace_back(e, demand[i]); uses.push_back(0); }
+            else wanted[index_of[e]].second = std::max(wanted[index_of[e]].second, demand[i]);
+            uses[index_of[e]]++;
         }
     }
     plan.scale.assign((size_t) n_tokens * k, 1.0f);

@@ -87,6 +87,10 @@ static double balanced_uploads(const std::vector<int> & tokens, double s) {
 void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::vector<int> & tokens,
                          const std::function<bool(const expert_demand &)> & held_on_device,
                          std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu) {
+    if (!coop_) {  // the device serves every selection
+        on_device.insert(on_device.end(), wanted.begin(), wanted.end());
+        return;
+    }
     std::vector<size_t> misses;
     for (size_t j = 0; j < wanted.size(); j++) {
         if (!held_on_device(wanted[j])) misses.push_back(j);
@@ -98,9 +102,7 @@ void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::v
     const long uploaded = std::clamp(std::lround(share + carried_), 0L, (long) misses.size());
     carried_ += share - uploaded;
     std::vector<uint8_t> on_host(wanted.size(), 0);
-    if (coop_) {
-        for (size_t i = uploaded; i < misses.size(); i++) on_host[misses[i]] = 1;
-    }
+    for (size_t i = uploaded; i < misses.size(); i++) on_host[misses[i]] = 1;
     for (size_t j = 0; j < wanted.size(); j++) (on_host[j] ? on_cpu : on_device).push_back(wanted[j]);
 }
 
