@@ -37,7 +37,7 @@ struct shadow {
             if (n_held >= n_slots) {
                 expert_key out = 0;
                 const bool found = rule->victim([&](expert_key k) {
-                    const request_record & last = requests.at(k);
+                    const request_record & last = *requests.find(k);
                     return last.token != now.token || last.layer != now.layer;  // not asked for by this layer yet
                 }, now, key, &out);
                 if (!found) return;  // every key serves the running layer: this one is not kept

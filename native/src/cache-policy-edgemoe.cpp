@@ -7,60 +7,52 @@
 // next use is a whole pass away). It differs from fld (1 - d/S: distance alone, the current layer
 // first) and lfu (frequency alone) by multiplying the two. Ties go to the least recently used.
 #include "cache-policy.h"
+#include "policy-heap.h"
 
 #include <map>
-#include <set>
 #include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace {
 
 struct edgemoe_policy final : cache_policy {
     struct record { uint64_t uses = 0, last_use = 0; };
-    using entry = std::tuple<uint64_t, uint64_t, expert_key>;  // (uses, last use, key)
-    std::unordered_set<expert_key> cached;
+    using layer_order = policy_heap<std::pair<uint64_t, uint64_t>>;  // (uses, last use)
     // the cached experts of each layer, the fewest uses first: within a layer the distance factor
     // is the same for all (a scan of every cached expert per miss cost 6.7 ms a token at 1536 slots)
-    std::map<int, std::set<entry>> by_layer;
-    std::unordered_map<expert_key, record> records;
+    std::map<int, layer_order> by_layer;
+    expert_table<record> records;
     uint64_t use_clock = 0;
 
-    entry entry_of(expert_key key) const {
-        auto it = records.find(key);
-        const record r = it == records.end() ? record{} : it->second;
-        return { r.uses, r.last_use, key };
-    }
-    std::set<entry> & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
+    std::pair<uint64_t, uint64_t> priority_of(expert_key key) { const record & r = records[key]; return { r.uses, r.last_use }; }
+    layer_order & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
 
     const char * name() const override { return "edgemoe"; }
-    void on_insert(expert_key key) override {
-        if (cached.insert(key).second) layer_of(key).insert(entry_of(key));
-    }
+    void on_insert(expert_key key) override { layer_of(key).insert(key, priority_of(key)); }
     void on_use(expert_key key, bool, const cache_clock &) override {
-        const bool is_cached = cached.count(key) > 0;
-        if (is_cached) layer_of(key).erase(entry_of(key));
         record & r = records[key];
         r.uses++;
         r.last_use = ++use_clock;
-        if (is_cached) layer_of(key).insert(entry_of(key));
+        layer_of(key).update(key, priority_of(key));
     }
-    void on_evict(expert_key key) override {
-        if (cached.erase(key)) layer_of(key).erase(entry_of(key));
-    }
+    void on_evict(expert_key key) override { layer_of(key).erase(key); }
 
     bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key,
                 expert_key * out) const override {
         const int S = now.n_layers > 0 ? now.n_layers : 1;
         bool found = false;
         std::tuple<uint64_t, uint64_t, expert_key> best;  // (keep, last use, key), the lowest evicted
-        for (const auto & [layer, entries] : by_layer) {
+        const auto consider = [&](uint64_t factor, const layer_order::node & n) {
+            const std::tuple<uint64_t, uint64_t, expert_key> candidate = { n.priority.first * factor, n.priority.second, n.key };
+            if (!found || candidate < best) { found = true; best = candidate; }
+        };
+        for (const auto & [layer, order] : by_layer) {
             const uint64_t factor = (uint64_t) (((S - layer + now.layer) % S + S) % S);
-            for (const entry & e : entries) {
-                if (!evictable(std::get<2>(e))) continue;
-                const std::tuple<uint64_t, uint64_t, expert_key> candidate = { std::get<0>(e) * factor, std::get<1>(e), std::get<2>(e) };
-                if (!found || candidate < best) { found = true; best = candidate; }
-                if (factor > 0) break;  // else every keep is 0: the least recently used of the layer, by a scan
+            if (factor > 0) {
+                if (const auto * first = order.first(evictable)) consider(factor, *first);
+                continue;
+            }
+            for (const auto & n : order.nodes()) {  // every keep is 0: the least recently used of the layer
+                if (evictable(n.key)) consider(factor, n);
             }
         }
         if (found) *out = std::get<2>(best);

@@ -1,11 +1,9 @@
 #include "cache-policy.h"
+#include "policy-heap.h"
 
 #include <map>
-#include <set>
 #include <stdexcept>
 #include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace {
 
@@ -49,7 +47,7 @@ struct lru_policy final : cache_policy {
     }
     bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key, expert_key * out) const override {
         expert_key key = oldest;
-        for (size_t i = 0; i < n_cached; i++, key = links.at(key).newer) {
+        for (size_t i = 0; i < n_cached; i++, key = links.find(key)->newer) {
             if (evictable(key)) { *out = key; return true; }
         }
         return false;
@@ -59,36 +57,22 @@ struct lru_policy final : cache_policy {
 // Least frequently used: uses since insertion; ties go to the least recently used. The cached
 // experts are kept in that order.
 struct lfu_policy final : cache_policy {
-    struct entry { uint64_t uses; uint64_t last_use; };
-    std::unordered_map<expert_key, entry> entries;
-    std::set<std::tuple<uint64_t, uint64_t, expert_key>> order;  // (uses, last use, key)
+    policy_heap<std::pair<uint64_t, uint64_t>> order;  // (uses, last use)
     uint64_t clock = 0;
 
     const char * name() const override { return "lfu"; }
     void on_insert(expert_key key) override {
-        on_evict(key);
-        entries[key] = {0, ++clock};
-        order.insert({0, clock, key});
+        order.erase(key);
+        order.insert(key, { 0, ++clock });
     }
     void on_use(expert_key key, bool, const cache_clock &) override {
-        auto it = entries.find(key);
-        if (it == entries.end()) return;
-        order.erase({it->second.uses, it->second.last_use, key});
-        it->second.uses++;
-        it->second.last_use = ++clock;
-        order.insert({it->second.uses, it->second.last_use, key});
+        if (const auto * p = order.find(key)) order.update(key, { p->first + 1, ++clock });
     }
-    void on_evict(expert_key key) override {
-        auto it = entries.find(key);
-        if (it == entries.end()) return;
-        order.erase({it->second.uses, it->second.last_use, key});
-        entries.erase(it);
-    }
+    void on_evict(expert_key key) override { order.erase(key); }
     bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock &, expert_key, expert_key * out) const override {
-        for (const auto & e : order) {
-            if (evictable(std::get<2>(e))) { *out = std::get<2>(e); return true; }
-        }
-        return false;
+        const auto * first = order.first(evictable);
+        if (first) *out = first->key;
+        return first != nullptr;
     }
 };
 
@@ -102,46 +86,39 @@ struct lfu_policy final : cache_policy {
 // first evictable ones (a scan of every cached expert per miss cost 7.6 ms a token at 1536 slots).
 struct weighted_policy final : cache_policy {
     struct record { uint64_t last_token = 0, uses = 0, high_uses = 0, last_use = 0; };
-    using entry = std::tuple<double, uint64_t, expert_key>;  // (w_lru R + w_lfu F + w_lhu H, last use, key)
+    using layer_order = policy_heap<std::pair<double, uint64_t>>;  // (w_lru R + w_lfu F + w_lhu H, last use)
     std::string policy_name;
     hobbit_weights w;
-    std::unordered_set<expert_key> cached;
-    std::map<int, std::set<entry>> by_layer;  // the cached experts of each layer, the lowest first
-    std::unordered_map<expert_key, record> records;  // per sequence, kept across evictions
+    std::map<int, layer_order> by_layer;  // the cached experts of each layer, the lowest first
+    expert_table<record> records;  // per sequence, kept across evictions
     uint64_t use_clock = 0;
 
     weighted_policy(std::string n, const hobbit_weights & weights) : policy_name(std::move(n)), w(weights) {}
 
-    entry entry_of(expert_key key) const {
-        auto it = records.find(key);
-        const record r = it == records.end() ? record{} : it->second;
-        return { w[0] * r.last_token + w[1] * r.uses + w[2] * r.high_uses, r.last_use, key };
+    std::pair<double, uint64_t> priority_of(expert_key key) const {
+        const record * found = records.find(key);
+        const record r = found ? *found : record{};
+        return { w[0] * r.last_token + w[1] * r.uses + w[2] * r.high_uses, r.last_use };
     }
-    std::set<entry> & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
+    layer_order & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
 
     const char * name() const override { return policy_name.c_str(); }
-    void on_insert(expert_key key) override {
-        if (cached.insert(key).second) layer_of(key).insert(entry_of(key));
-    }
+    void on_insert(expert_key key) override { layer_of(key).insert(key, priority_of(key)); }
     void on_use(expert_key key, bool high, const cache_clock & now) override {
-        const bool is_cached = cached.count(key) > 0;
-        if (is_cached) layer_of(key).erase(entry_of(key));
         record & r = records[key];
         r.last_token = now.token;
         r.uses++;
         r.high_uses += high ? 1 : 0;
         r.last_use = ++use_clock;
-        if (is_cached) layer_of(key).insert(entry_of(key));
+        layer_of(key).update(key, priority_of(key));
     }
-    void on_evict(expert_key key) override {
-        if (cached.erase(key)) layer_of(key).erase(entry_of(key));
-    }
+    void on_evict(expert_key key) override { layer_of(key).erase(key); }
     void reset_sequence() override {
-        records.clear();
-        for (auto & [layer, entries] : by_layer) {
-            std::set<entry> fresh;
-            for (const entry & e : entries) fresh.insert(entry_of(std::get<2>(e)));
-            entries.swap(fresh);
+        records = {};
+        for (auto & [layer, order] : by_layer) {
+            layer_order fresh;
+            for (const auto & n : order.nodes()) fresh.insert(n.key, priority_of(n.key));
+            order = std::move(fresh);
         }
     }
 
@@ -150,15 +127,13 @@ struct weighted_policy final : cache_policy {
         const int L = now.n_layers > 0 ? now.n_layers : 1;
         bool found = false;
         std::tuple<double, uint64_t, expert_key> best;  // (priority, last use, key)
-        for (const auto & [layer, entries] : by_layer) {
+        for (const auto & [layer, order] : by_layer) {
             const int distance = ((layer - now.layer) % L + L) % L;
-            for (const entry & e : entries) {
-                if (!evictable(std::get<2>(e))) continue;
-                const std::tuple<double, uint64_t, expert_key> candidate = {
-                    std::get<0>(e) / T + w[3] * (1.0 - (double) distance / L), std::get<1>(e), std::get<2>(e) };
-                if (!found || candidate < best) { found = true; best = candidate; }
-                break;  // the layer's first evictable one is its best
-            }
+            const auto * first = order.first(evictable);  // the layer's first evictable one is its best
+            if (!first) continue;
+            const std::tuple<double, uint64_t, expert_key> candidate = {
+                first->priority.first / T + w[3] * (1.0 - (double) distance / L), first->priority.second, first->key };
+            if (!found || candidate < best) { found = true; best = candidate; }
         }
         if (found) *out = std::get<2>(best);
         return found;

@@ -29,7 +29,10 @@ struct expert_table {
         if (rows[layer].size() <= expert) rows[layer].resize(expert + 1);
         return rows[layer][expert];
     }
-    const T & at(expert_key key) const { return rows.at((size_t) expert_key_layer(key)).at((size_t) expert_key_expert(key)); }
+    const T * find(expert_key key) const {  // null where never written
+        const size_t layer = (size_t) expert_key_layer(key), expert = (size_t) expert_key_expert(key);
+        return layer < rows.size() && expert < rows[layer].size() ? &rows[layer][expert] : nullptr;
+    }
 };
 
 // Where the model is: tokens that entered the model in this sequence (T) and the MoE layer running now.
