@@ -638,6 +638,13 @@ token per step):
   64 or 256 less; decay credited each token with the router's probability of every expert of the
   layer (not only a use of the chosen ones, so that near-misses stay as substitutes) saved about 1
   point more, within the spread. λ 0.07 has fine on the 97 % bound, so the preset keeps 0.05.
+- A λ for each layer, tried 2026-11-27 04:53-05:00 UTC (not kept): routing left alone in one
+  layer at a time (over the table's 2048 tokens, σ about 0.4 %) gained 0.1-0.9 points of
+  agreement for 5-8 % of lossless's bytes on both models, whichever layer it was (fine at λ 0.1:
+  96.4 % at -41.5 % with every layer, 97.1-97.3 % at -37.5 to -38.3 % without one of layers 0, 1, 3,
+  6 or 7; the demo at λ 0.15: 95.9 % at -38.7 % with every layer, 96.0-96.8 % at -33.8 to -34.9 %
+  without layer 0, 2 or 5). No layer stands out, so per-layer λs are a lower λ by another name:
+  the same curve.
 - On the demo EdgeMoE's static map (95 of 96 experts LOW, -70 % bytes at +0.31 %) reads less than
   either at any λ within the bounds; fine as shipped has no map.
 - The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
