@@ -638,7 +638,7 @@ token per step):
   64 or 256 less; decay credited each token with the router's probability of every expert of the
   layer (not only a use of the chosen ones, so that near-misses stay as substitutes) saved about 1
   point more, within the spread. λ 0.07 has fine on the 97 % bound, so the preset keeps 0.05.
-- A λ for each layer, tried 2026-11-27 04:53-05:00 UTC (not kept): routing left alone in one
+- A λ for each layer, tried 2026-11-27 04:53-04:57 UTC (not kept): routing left alone in one
   layer at a time (over the table's 2048 tokens, σ about 0.4 %) gained 0.1-0.9 points of
   agreement for 5-8 % of lossless's bytes on both models, whichever layer it was (fine at λ 0.1:
   96.4 % at -41.5 % with every layer, 97.1-97.3 % at -37.5 to -38.3 % without one of layers 0, 1, 3,
