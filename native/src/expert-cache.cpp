@@ -1,12 +1,13 @@
 #include "expert-cache.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 slot_table::slot_table(int n_slots) : key_of_slot_(n_slots, 0) { release_all(); }
 
 int slot_table::find(expert_key key) const {
-    auto it = slot_of_.find(key);
-    return it == slot_of_.end() ? -1 : it->second;
+    const slot_ref * s = slot_of_.find(key);
+    return s ? s->slot : -1;
 }
 
 int slot_table::take_free_slot() {
@@ -18,18 +19,23 @@ int slot_table::take_free_slot() {
 
 void slot_table::assign(int slot, expert_key key) {
     key_of_slot_[slot] = key;
-    slot_of_[key] = slot;
+    int & s = slot_of_[key].slot;
+    n_used_ += s < 0;
+    s = slot;
 }
 
 expert_key slot_table::release(int slot) {
     expert_key key = key_of_slot_[slot];
-    slot_of_.erase(key);
+    int & s = slot_of_[key].slot;
+    n_used_ -= s >= 0;
+    s = -1;
     free_slots_.push_back(slot);
     return key;
 }
 
 void slot_table::release_all() {
-    slot_of_.clear();
+    slot_of_ = {};
+    n_used_ = 0;
     free_slots_.clear();
     for (int s = n_slots() - 1; s >= 0; s--) free_slots_.push_back(s);
 }
@@ -53,7 +59,8 @@ int tier_of(expert_precision p) { return p == expert_precision::low ? 1 : 0; }
 
 bool expert_cache::pinned(expert_key key, expert_precision p, bool hard_only) const {
     const int t = tier_of(p);
-    return hard_pins_[t].count(key) || (!hard_only && soft_pins_[t].count(key));
+    const auto held = [&](const expert_table<int> & pins) { const int * n = pins.find(key); return n && *n > 0; };
+    return held(hard_pins_[t]) || (!hard_only && held(soft_pins_[t]));
 }
 
 void expert_cache::pin(expert_key key, expert_precision p, bool hard) {
@@ -61,9 +68,8 @@ void expert_cache::pin(expert_key key, expert_precision p, bool hard) {
 }
 
 void expert_cache::unpin(expert_key key, expert_precision p, bool hard) {
-    auto & pins = (hard ? hard_pins_ : soft_pins_)[tier_of(p)];
-    auto it = pins.find(key);
-    if (it != pins.end() && --it->second == 0) pins.erase(it);
+    int & n = (hard ? hard_pins_ : soft_pins_)[tier_of(p)][key];
+    if (n > 0) n--;
 }
 
 expert_precision expert_cache::serving_tier(int group, expert_key key, expert_precision demand) const {
@@ -114,9 +120,10 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
     clock_.layer = il;
     tier_state & high = tiers_[index(group, expert_precision::high)];
     tier_state & low = tiers_[index(group, expert_precision::low)];
-    std::unordered_set<expert_key> needed;
-    for (const auto & [e, p] : wanted) needed.insert(make_expert_key(il, e));
-    auto evictable = [&](expert_key k) { return needed.count(k) == 0; };
+    std::vector<expert_key> needed;
+    for (const auto & [e, p] : wanted) needed.push_back(make_expert_key(il, e));
+    std::sort(needed.begin(), needed.end());
+    auto evictable = [&](expert_key k) { return !std::binary_search(needed.begin(), needed.end(), k); };
 
     std::vector<placement> out;
     out.reserve(wanted.size());
@@ -178,7 +185,7 @@ void expert_cache::start_sequence() {
 }
 
 void expert_cache::forget_all() {
-    for (int t = 0; t < 2; t++) { hard_pins_[t].clear(); soft_pins_[t].clear(); }
+    for (int t = 0; t < 2; t++) { hard_pins_[t] = {}; soft_pins_[t] = {}; }
     for (auto & t : tiers_) {
         t.slots.release_all();
         t.policy = make_cache_policy(config_.policy, config_.weights, t.shape);

@@ -9,8 +9,6 @@
 
 #include <functional>
 #include <memory>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -19,7 +17,7 @@ class slot_table {
 public:
     explicit slot_table(int n_slots = 0);
     int  n_slots() const { return (int) key_of_slot_.size(); }
-    int  n_used() const { return (int) slot_of_.size(); }
+    int  n_used() const { return n_used_; }
     int  find(expert_key key) const;      // its slot, or -1
     int  take_free_slot();                // a free slot, or -1
     void assign(int slot, expert_key key);
@@ -29,7 +27,9 @@ public:
 private:
     std::vector<expert_key> key_of_slot_;
     std::vector<int> free_slots_;
-    std::unordered_map<expert_key, int> slot_of_;
+    struct slot_ref { int slot = -1; };
+    expert_table<slot_ref> slot_of_;
+    int n_used_ = 0;
 };
 
 struct expert_cache_config {
@@ -122,7 +122,7 @@ private:
 
     expert_cache_config config_;
     std::vector<tier_state> tiers_;  // [group][high, low]
-    std::unordered_map<expert_key, int> hard_pins_[2], soft_pins_[2];  // [high, low]
+    expert_table<int> hard_pins_[2], soft_pins_[2];  // [high, low]: each expert's pins
     cache_clock clock_;
     uint64_t sequences_ = 0;
     bool has_low_ = false;
