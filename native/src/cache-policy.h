@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,14 +17,25 @@ inline expert_key make_expert_key(int layer, int expert) { return ((uint64_t) (u
 inline int expert_key_layer(expert_key key) { return (int) (key >> 32); }
 inline int expert_key_expert(expert_key key) { return (int) (uint32_t) key; }
 
+// Keys no model has: beyond EXPERT_TABLE_MAX layers or experts, or negative. An error, not a row of
+// gigabytes in an expert_table.
+constexpr size_t EXPERT_TABLE_MAX = 1 << 16;
+inline void check_expert_key(expert_key key) {
+    if ((size_t) expert_key_layer(key) >= EXPERT_TABLE_MAX || (size_t) expert_key_expert(key) >= EXPERT_TABLE_MAX) {
+        throw std::out_of_range("no layer " + std::to_string(expert_key_layer(key)) + ", expert " +
+                                std::to_string(expert_key_expert(key)) + " in a model");
+    }
+}
+
 // A record per expert in arrays ([layer][expert], grown on demand): a policy's bookkeeping without a
 // hash or an allocation per expert. A decode's matrices leave little of it in the CPU's caches, and
-// there a node-based map cost microseconds a use (docs/benchmarks.md, "What a policy costs a token").
+// there a node-based map cost microseconds a use (docs/benchmarks.md, "What a policy costs in a decode").
 template <typename T>
 struct expert_table {
     std::vector<std::vector<T>> rows;
 
     T & operator[](expert_key key) {
+        check_expert_key(key);
         const size_t layer = (size_t) expert_key_layer(key), expert = (size_t) expert_key_expert(key);
         if (rows.size() <= layer) rows.resize(layer + 1);
         if (rows[layer].size() <= expert) rows[layer].resize(expert + 1);

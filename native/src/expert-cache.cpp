@@ -121,7 +121,7 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
     tier_state & high = tiers_[index(group, expert_precision::high)];
     tier_state & low = tiers_[index(group, expert_precision::low)];
     std::vector<expert_key> needed;
-    for (const auto & [e, p] : wanted) needed.push_back(make_expert_key(il, e));
+    for (const auto & [e, p] : wanted) check_expert_key(needed.emplace_back(make_expert_key(il, e)));  // before any change
     std::sort(needed.begin(), needed.end());
     auto evictable = [&](expert_key k) { return !std::binary_search(needed.begin(), needed.end(), k); };
 
@@ -166,6 +166,7 @@ std::vector<expert_cache::placement> expert_cache::place(int group, int il,
 
 expert_cache::placement expert_cache::reserve(int group, int il, int e, expert_precision precision, bool evict) {
     const expert_key key = make_expert_key(il, e);
+    check_expert_key(key);
     placement p = { e, precision, -1, false };
     if (precision == expert_precision::skip || serving_tier(group, key, precision) != expert_precision::skip) return p;
     tier_state & t = tiers_[index(group, precision)];

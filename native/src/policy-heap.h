@@ -3,7 +3,7 @@
 // ordered by (priority, key). A use moves one node along a path of contiguous memory, and the first
 // evictable expert is found by walking the heap best first from its root. (A std::set, a node an
 // allocation, cost about 2 us a use in a decode, whose matrices leave little of it in the CPU's
-// caches: docs/benchmarks.md, "What a policy costs a token".)
+// caches: docs/benchmarks.md, "What a policy costs in a decode".)
 #pragma once
 
 #include "cache-policy.h"
