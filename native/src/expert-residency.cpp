@@ -27,7 +27,6 @@
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace {
 
@@ -342,7 +341,8 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     std::vector<const expert_cache::placement *> loads;
     std::vector<std::shared_ptr<prefetch_job>> claimed;
     bool waited = false;  // for a prefetch read in flight
-    std::unordered_map<int, std::pair<const expert_cache::placement *, bool>> where;  // expert -> (placement, on the host)
+    using serving = std::pair<const expert_cache::placement *, bool>;  // (placement, on the host)
+    std::vector<serving> where(layout.n_expert);  // by expert
     for (const auto & p : placed) {
         where[p.expert] = { &p, false };
         if (p.has_evicted) coordinator.evicted({ p.evicted, p.precision });
@@ -401,10 +401,9 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     for (int q = 0; q < passes.n_masked(); q++) masked_slots.push_back(pools->pool(l.group, passes[q].precision).n_slots());
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < n_used; i++) {
-            auto it = planned.dropped[t * n_used + i] ? where.end() : where.find(planned.ids[t * n_used + i]);
-            const expert_cache::placement * p = it == where.end() ? nullptr : it->second.first;
+            const auto [p, on_host] = planned.dropped[t * n_used + i] ? serving() : where[planned.ids[t * n_used + i]];
             const bool served = p && p->precision != expert_precision::skip;
-            out.select(t, i, served ? passes.serving(it->second.second, p->precision) : -1, served ? p->slot : -1, planned.scale[t * n_used + i]);
+            out.select(t, i, served ? passes.serving(on_host, p->precision) : -1, served ? p->slot : -1, planned.scale[t * n_used + i]);
             if (!p) continue;
             (p->precision == expert_precision::high ? st.selections_high
              : p->precision == expert_precision::low ? st.selections_low : st.selections_skip)++;
