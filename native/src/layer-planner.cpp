@@ -38,7 +38,7 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
     plan.dropped.assign((size_t) n_tokens * k, 0);
     std::vector<expert_demand> wanted;
     std::vector<int64_t> uses;  // selections per wanted expert
-    std::vector<int> index_of(n_expert, -1);  // expert -> its place in wanted
+    std::vector<int> index_of(std::max(n_expert, 0), -1);  // expert -> its place in wanted
     std::vector<double> scores(k);
     std::vector<int> rank(k);
     for (int64_t t = 0; t < n_tokens; t++) {
