@@ -102,8 +102,8 @@ def test_the_slots_go_to_the_layer_that_reuses():
     # recent, which a token's 2 scanned experts push layer 0's next one out of: one layer-0 load
     # per token (65). A static even split (fate, 3 slots each) thrashes layer 0 the same way.
     # decay, the calibrated lossless default on both trained models, finds MIN's partition: its
-    # one extra load is token 1's, where a layer-0 and two layer-1 experts tie (used once, at
-    # token 0) and the least recent, layer 0's expert 0, goes.
+    # one extra load is token 3's. At token 2 layer 0's expert 0 and layer 1's expert 1 tie (used
+    # once, at token 0), and layer 0's expert 0 goes: its layer, just run, is a whole token away.
     trace = reuse_and_scan(64)
     setup = CacheSetup(high_slots=6, low_slots=0, n_layers=2, low_cost=0.5, layers=(0, 1), n_expert=16,
                        n_expert_used=2, fate_shallow=0)
@@ -114,3 +114,22 @@ def test_the_slots_go_to_the_layer_that_reuses():
     report = against_min(trace, setup)
     assert report["min"]["loads_per_layer"] == {"0": 4, "1": 128}
     assert report["policies"]["decay"] == {"loads": 133, "x_min": 133 / 132, "loads_per_layer": {"0": 5, "1": 128}}
+
+
+def test_decay_counts_how_far_each_layer_is():
+    # Four layers of one expert each, every one used every token, and 3 slots: a scan. lru evicts
+    # the least recent, the next layer's expert, and loads every request. MIN evicts the expert
+    # used again last, the one of the layer just run: past its first 3 loads, one every 3
+    # requests. decay weighs how soon each is expected back: its decayed frequency, and its
+    # layer's distance (a whole token weighed as 16 tokens of absence). Once the frequencies tie
+    # but for the token of the last use, the distance decides and decay evicts as MIN does. Its
+    # one load more is at token 1, layer 2: layer 3's expert, used once, looks rarer (about 25
+    # tokens away, plus 4 for one layer of four) than layer 1's, used twice (12, plus 12 for three
+    # layers), so layer 3's goes and is loaded again right after.
+    tokens = 30
+    trace = [ReplayStep(t == 0, 1 if layer == 0 else 0, layer, [(0, "high")]) for t in range(tokens) for layer in range(4)]
+    setup = CacheSetup(high_slots=3, low_slots=0, n_layers=4, low_cost=0.5, layers=(0, 1, 2, 3), n_expert=1,
+                       n_expert_used=1)
+    assert replay(trace, setup, "lru").loads_high == 4 * tokens
+    assert min_loads(trace, 3).loads == 3 + (4 * tokens - 3) // 3 == 42
+    assert replay(trace, setup, "decay").loads_high == 43
