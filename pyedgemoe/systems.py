@@ -44,7 +44,7 @@ SYSTEMS: dict[str, dict] = {
                  prefill_low_share=0.15, cache_policy="fate", fate_shallow=0, prefetch="fate"),
     "mobile": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none", big_little=MOBILE_GAMMA),
 }
-# decay, not lru: at λ 0.05 routing over decay's cache read 21 % (demo) and 29 % (fine) fewer bytes
+# decay, not lru: at λ 0.05 routing over decay's cache read 24 % (demo) and 32 % (fine) fewer bytes
 # than lossless, over lru's 11 % and 17 % (docs/systems.md, "Cache-aware routing")
 SYSTEMS["cache-routing"] = dict(SYSTEMS["lossless"], cache_policy="decay", cache_routing=CACHE_ROUTING)
 SYSTEMS["hobbit-cache-routing"] = dict(SYSTEMS["hobbit"], cache_routing=HOBBIT_CACHE_ROUTING)
