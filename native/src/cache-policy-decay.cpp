@@ -11,10 +11,10 @@
 // level = log2(s at T) + T / H, which does not change while the expert goes unused, so levels
 // order a layer's experts without decaying anything; records outlive evictions and sequences.
 // The layer's distance: all of a layer's experts wait the same layers for their next chance, the
-// layer just run's a whole token. Counting that (DECAY_LAYER_TOKENS for a whole token) took 3-4 %
-// off decay's loads on both trained models and on random routing, and lets layers that reuse keep
-// their experts against layers that scan, as Belady's MIN does (docs/benchmarks.md, "What the
-// next layer is worth").
+// layer just run's a whole token. Counting that (DECAY_LAYER_TOKENS for a whole token) took 2-4 %
+// off decay's loads on both trained models (2 % on random routing); in a scan over the layers it
+// evicts the expert used again last, as Belady's MIN does (docs/benchmarks.md, "What the next
+// layer is worth"; tests/test_belady.py).
 #include "cache-policy.h"
 #include "policy-heap.h"
 
