@@ -30,25 +30,17 @@ constexpr double DECAY_LAYER_TOKENS = 16.0;
 
 struct decay_policy final : cache_policy {
     struct record { double level = -INFINITY; uint64_t last_use = 0; };
-    // each layer's cached keys, the lowest level first, ties to the least recently used, then the
-    // lower key (a scan of every cached key per miss cost 6 ms a token at 1536 slots)
-    using layer_order = policy_heap<std::pair<double, uint64_t>>;
-    std::vector<layer_order> by_layer;
+    // each layer's cached keys, the lowest level first, ties to the least recently used, then the lower key
+    layer_heaps<std::pair<double, uint64_t>> order;
     expert_table<record> records;
     uint64_t use_clock = 0;
     double sequence_start = 0;  // tokens of the sequences before this one: the clock never goes back
     double last_token = 0;
 
-    layer_order & layer_of(expert_key key) {
-        const size_t layer = (size_t) expert_key_layer(key);
-        if (by_layer.size() <= layer) by_layer.resize(layer + 1);
-        return by_layer[layer];
-    }
-
     const char * name() const override { return "decay"; }
     void on_insert(expert_key key) override {
         const record & r = records[key];
-        layer_of(key).insert(key, { r.level, r.last_use });
+        order.of(key).insert(key, { r.level, r.last_use });
     }
     void on_use(expert_key key, bool, const cache_clock & now) override {
         last_token = sequence_start + (double) now.token;
@@ -56,9 +48,9 @@ struct decay_policy final : cache_policy {
         record & r = records[key];
         r.level = std::log2(std::exp2(r.level - age) + 1.0) + age;
         r.last_use = ++use_clock;
-        layer_of(key).update(key, { r.level, r.last_use });
+        order.of(key).update(key, { r.level, r.last_use });
     }
-    void on_evict(expert_key key) override { layer_of(key).erase(key); }
+    void on_evict(expert_key key) override { order.of(key).erase(key); }
     void reset_sequence() override { sequence_start = last_token + 1; }
 
     // the evictable key expected back last: of each layer its lowest level, weighed across layers
@@ -69,10 +61,10 @@ struct decay_policy final : cache_policy {
         const int L = now.n_layers > 0 ? now.n_layers : 1;
         bool found = false;
         std::tuple<double, uint64_t, expert_key> best;  // (-tokens away, last use, key)
-        for (size_t layer = 0; layer < by_layer.size(); layer++) {
-            const auto * first = by_layer[layer].first(evictable);
+        for (size_t layer = 0; layer < order.by_layer.size(); layer++) {
+            const auto * first = order.by_layer[layer].first(evictable);
             if (!first) continue;
-            const int distance = (((int) layer - now.layer) % L + L) % L;
+            const int distance = layers_ahead((int) layer, now);
             const double layers_away = (double) (distance ? distance : L) / L;
             const double away = std::exp2(age - first->priority.first) / per_token + DECAY_LAYER_TOKENS * layers_away;
             const std::tuple<double, uint64_t, expert_key> candidate = { -away, first->priority.second, first->key };

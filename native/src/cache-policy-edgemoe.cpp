@@ -9,7 +9,6 @@
 #include "cache-policy.h"
 #include "policy-heap.h"
 
-#include <map>
 #include <tuple>
 
 namespace {
@@ -18,23 +17,21 @@ struct edgemoe_policy final : cache_policy {
     struct record { uint64_t uses = 0, last_use = 0; };
     using layer_order = policy_heap<std::pair<uint64_t, uint64_t>>;  // (uses, last use)
     // the cached experts of each layer, the fewest uses first: within a layer the distance factor
-    // is the same for all (a scan of every cached expert per miss cost 6.7 ms a token at 1536 slots)
-    std::map<int, layer_order> by_layer;
+    // is the same for all
+    layer_heaps<std::pair<uint64_t, uint64_t>> order;
     expert_table<record> records;
     uint64_t use_clock = 0;
 
     std::pair<uint64_t, uint64_t> priority_of(expert_key key) { const record & r = records[key]; return { r.uses, r.last_use }; }
-    layer_order & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
-
     const char * name() const override { return "edgemoe"; }
-    void on_insert(expert_key key) override { layer_of(key).insert(key, priority_of(key)); }
+    void on_insert(expert_key key) override { order.of(key).insert(key, priority_of(key)); }
     void on_use(expert_key key, bool, const cache_clock &) override {
         record & r = records[key];
         r.uses++;
         r.last_use = ++use_clock;
-        layer_of(key).update(key, priority_of(key));
+        order.of(key).update(key, priority_of(key));
     }
-    void on_evict(expert_key key) override { layer_of(key).erase(key); }
+    void on_evict(expert_key key) override { order.of(key).erase(key); }
 
     bool victim(const std::function<bool(expert_key)> & evictable, const cache_clock & now, expert_key,
                 expert_key * out) const override {
@@ -45,13 +42,15 @@ struct edgemoe_policy final : cache_policy {
             const std::tuple<uint64_t, uint64_t, expert_key> candidate = { n.priority.first * factor, n.priority.second, n.key };
             if (!found || candidate < best) { found = true; best = candidate; }
         };
-        for (const auto & [layer, order] : by_layer) {
-            const uint64_t factor = (uint64_t) (((S - layer + now.layer) % S + S) % S);
+        for (size_t layer = 0; layer < order.by_layer.size(); layer++) {
+            const int ahead = layers_ahead((int) layer, now);
+            const uint64_t factor = ahead ? (uint64_t) (S - ahead) : 0;  // (S - i + I) mod S
+            const layer_order & experts = order.by_layer[layer];
             if (factor > 0) {
-                if (const auto * first = order.first(evictable)) consider(factor, *first);
+                if (const auto * first = experts.first(evictable)) consider(factor, *first);
                 continue;
             }
-            for (const auto & n : order.nodes()) {  // every keep is 0: the least recently used of the layer
+            for (const auto & n : experts.nodes()) {  // every keep is 0: the least recently used of the layer
                 if (evictable(n.key)) consider(factor, n);
             }
         }

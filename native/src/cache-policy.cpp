@@ -1,7 +1,6 @@
 #include "cache-policy.h"
 #include "policy-heap.h"
 
-#include <map>
 #include <stdexcept>
 #include <tuple>
 
@@ -83,13 +82,13 @@ struct lfu_policy final : cache_policy {
 // single terms. Ties go to the least recently used.
 // Within a layer the last term is the same for every expert and the rest is a sum over T: each
 // layer keeps its cached experts ordered by that sum, and the victim is the best of the layers'
-// first evictable ones (a scan of every cached expert per miss cost 7.6 ms a token at 1536 slots).
+// first evictable ones.
 struct weighted_policy final : cache_policy {
     struct record { uint64_t last_token = 0, uses = 0, high_uses = 0, last_use = 0; };
     using layer_order = policy_heap<std::pair<double, uint64_t>>;  // (w_lru R + w_lfu F + w_lhu H, last use)
     std::string policy_name;
     hobbit_weights w;
-    std::map<int, layer_order> by_layer;  // the cached experts of each layer, the lowest first
+    layer_heaps<std::pair<double, uint64_t>> order;  // the cached experts of each layer, the lowest first
     expert_table<record> records;  // per sequence, kept across evictions
     uint64_t use_clock = 0;
 
@@ -100,25 +99,23 @@ struct weighted_policy final : cache_policy {
         const record r = found ? *found : record{};
         return { w[0] * r.last_token + w[1] * r.uses + w[2] * r.high_uses, r.last_use };
     }
-    layer_order & layer_of(expert_key key) { return by_layer[expert_key_layer(key)]; }
-
     const char * name() const override { return policy_name.c_str(); }
-    void on_insert(expert_key key) override { layer_of(key).insert(key, priority_of(key)); }
+    void on_insert(expert_key key) override { order.of(key).insert(key, priority_of(key)); }
     void on_use(expert_key key, bool high, const cache_clock & now) override {
         record & r = records[key];
         r.last_token = now.token;
         r.uses++;
         r.high_uses += high ? 1 : 0;
         r.last_use = ++use_clock;
-        layer_of(key).update(key, priority_of(key));
+        order.of(key).update(key, priority_of(key));
     }
-    void on_evict(expert_key key) override { layer_of(key).erase(key); }
+    void on_evict(expert_key key) override { order.of(key).erase(key); }
     void reset_sequence() override {
         records = {};
-        for (auto & [layer, order] : by_layer) {
+        for (layer_order & layer : order.by_layer) {
             layer_order fresh;
-            for (const auto & n : order.nodes()) fresh.insert(n.key, priority_of(n.key));
-            order = std::move(fresh);
+            for (const auto & n : layer.nodes()) fresh.insert(n.key, priority_of(n.key));
+            layer = std::move(fresh);
         }
     }
 
@@ -127,9 +124,9 @@ struct weighted_policy final : cache_policy {
         const int L = now.n_layers > 0 ? now.n_layers : 1;
         bool found = false;
         std::tuple<double, uint64_t, expert_key> best;  // (priority, last use, key)
-        for (const auto & [layer, order] : by_layer) {
-            const int distance = ((layer - now.layer) % L + L) % L;
-            const auto * first = order.first(evictable);  // the layer's first evictable one is its best
+        for (size_t layer = 0; layer < order.by_layer.size(); layer++) {
+            const int distance = layers_ahead((int) layer, now);
+            const auto * first = order.by_layer[layer].first(evictable);  // the layer's first evictable one is its best
             if (!first) continue;
             const std::tuple<double, uint64_t, expert_key> candidate = {
                 first->priority.first / T + w[3] * (1.0 - (double) distance / L), first->priority.second, first->key };
