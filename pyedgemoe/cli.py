@@ -88,7 +88,7 @@ def run(
     system_prompt: Optional[str] = typer.Option(None, "-sys", "--system-prompt",
                                                 help="with --chat: the system message (as llama.cpp's -sys)"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
-    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", help="context size in tokens, rounded up to a multiple of "
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help="context size in tokens, rounded up to a multiple of "
                                       f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
                                       f"context, at most {DEFAULT_CTX}; 0 = the model's)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
@@ -226,7 +226,7 @@ def serve(
                                           help="require 'Authorization: Bearer KEY' on every path but /health"),
     parallel: int = typer.Option(1, "-np", "--parallel", help="requests decoded together, in one batch per step "
                                  "(the others queue); the context is shared: -c / N positions each (docs/server.md)"),
-    ctx: int = typer.Option(4096, "-c", "--ctx", help="context size in tokens (0 = the model's)"),
+    ctx: int = typer.Option(4096, "-c", "--ctx", "--ctx-size", help="context size in tokens (0 = the model's)"),
     max_body: str = typer.Option(format_bytes(Limits.max_body_bytes, 0), "--max-body",
                                  help="largest request body (e.g. 8MiB); a larger one is refused (413) unread"),
     timeout: float = typer.Option(Limits.timeout_seconds, "--timeout",
@@ -282,7 +282,7 @@ def serve(
 def perplexity_command(
     model: Path = typer.Argument(..., help="GGUF model file"),
     file: Path = typer.Option(..., "-f", "--file", help="the text to score (e.g. wikitext-2's wiki.test.raw)"),
-    ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per chunk, llama-perplexity's --ctx-size"),
+    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size"),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
     decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
                                      "an expert cache, loaded) as generation does"),
@@ -335,7 +335,7 @@ def calibrate_command(
         "HOBBIT's 0.67,0.30,0.03 at top-2; at top-k the top-1 plus 34/60/6% of the others)"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="where the routing trace goes "
                                          "(default: MODEL.routing-trace.npz)"),
-    ctx: int = typer.Option(512, "-c", "--ctx", help="tokens per sequence"),
+    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per sequence"),
     max_tokens: int = typer.Option(2048, "--max-tokens", help="use at most this many tokens of the text"),
     grid_step: float = typer.Option(0.1, "--grid-step", help="step of the policy-weight grid over the simplex"),
     loss_budget: str = typer.Option("1%", "--loss-budget", help="--system edgemoe and mobile: the perplexity "

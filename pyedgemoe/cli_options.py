@@ -84,7 +84,8 @@ def sampling_options(command):
     hints = get_type_hints(SamplingParams)
     fields = exposed_fields()
     added = [(f.name, type(f.default) if f.default is not None else Optional[_held_type(hints[f.name])],
-              typer.Option(f.default, f.metadata["flag"], help=f.metadata["help"] or None)) for f in fields]
+              typer.Option(f.default, *filter(None, (f.metadata["short_flag"], f.metadata["flag"])),
+                           help=f.metadata["help"] or None)) for f in fields]
     added += [(f"{f.name}_file", Optional[Path], typer.Option(None, f.metadata["file_flag"],
                                                                 help=f"file to read {f.metadata['flag']} from"))
               for f in fields if f.metadata["file_flag"]]

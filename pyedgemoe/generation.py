@@ -24,13 +24,14 @@ from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
 
+RANDOM_SEED = -1  # llama.cpp's seed for a random one (its CLI's and server's default)
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
 
 
-def _flag(flag: str | None, help: str = "", file_flag: str | None = None) -> dict:
-    """A field's metadata: its CLI flag (None: not on the CLI nor in OpenAI requests), help, and the
-    CLI flag that reads the value from a file (file_flag)."""
-    return {"flag": flag, "help": help, "file_flag": file_flag}
+def _flag(flag: str | None, help: str = "", file_flag: str | None = None, short_flag: str | None = None) -> dict:
+    """A field's metadata: its CLI flag (None: not on the CLI nor in OpenAI requests) and short one,
+    help, and the CLI flag that reads the value from a file (file_flag)."""
+    return {"flag": flag, "short_flag": short_flag, "help": help, "file_flag": file_flag}
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class SamplingParams:
     repeat_penalty: float = field(default=1.0, metadata=_flag("--repeat-penalty", "divide the logits of recent "
                                                                                   "tokens by this (1: off)"))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
-    seed: int | None = field(default=None, metadata=_flag("--seed", "sampling seed (default: random)"))
+    seed: int | None = field(default=None, metadata=_flag("--seed", "sampling seed (default, or -1 as in llama.cpp: "
+                                                                    "random)", short_flag="-s"))
     grammar: str | None = field(default=None, metadata=_flag(
         "--grammar", "BNF-like grammar (llama.cpp's GBNF) to constrain generations", file_flag="--grammar-file"))
     json_schema: str | None = field(default=None, metadata=_flag(
@@ -82,8 +84,8 @@ class SamplingParams:
             raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
             raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise InvalidOptionError(f"seed must be in [0, 2^32), got {self.seed}")
+        if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
+            raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
         for name in ("grammar", "json_schema"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidOptionError(f"{name} must be text, got {getattr(self, name)!r}")
@@ -97,11 +99,11 @@ class SamplingParams:
     def sampler(self, model, default_seed: int | None, prompt: list[int]):
         """A native sampler chain of these settings (the seed: its own, else default_seed, else a
         random one) that has seen the prompt's last penalty_last_n tokens."""
-        seed = next((s for s in (self.seed, default_seed) if s is not None), None)
+        seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:
             sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
-                                      self.penalty_last_n, random.getrandbits(32) if seed is None else seed, grammar)
+                                      self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar)
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
         for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 else []:

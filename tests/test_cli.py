@@ -65,6 +65,17 @@ def test_seeded_sampling_is_reproducible(mixtral_gguf):
     assert json.loads(cli(*args).stdout)["tokens"] == json.loads(cli(*args).stdout)["tokens"]
 
 
+def test_llama_clis_spellings_of_the_seed_and_the_context(mixtral_gguf):
+    # llama-cli's -s and --ctx-size; its seed -1 is a random one
+    args = ("run", mixtral_gguf, "-p", "abc", "-n", "12", "--temp", "1.0", "-s", "7", "--ctx-size", "64", "--json")
+    assert json.loads(cli(*args).stdout)["tokens"] == json.loads(cli("run", mixtral_gguf, "-p", "abc", "-n", "12", "--temp",
+                                                                     "1.0", "--seed", "7", "--json").stdout)["tokens"]
+    runs = [cli("run", mixtral_gguf, "-p", "abc", "-n", "24", "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p",
+                "0", "--seed", "-1", "--json") for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert json.loads(runs[0].stdout)["tokens"] != json.loads(runs[1].stdout)["tokens"]
+
+
 def test_prompt_from_file(mixtral_gguf, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("hello from a file")
@@ -140,7 +151,7 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("--threads", "0"), "n_threads"),
     (("-n", "-7"), "n-predict"),
     (("--repeat-penalty", "0"), "repeat_penalty"),
-    (("--seed", "-1"), "seed"),
+    (("--seed", "-2"), "seed"),
 ])
 def test_invalid_option_values(mixtral_gguf, args, fragment):
     assert_one_line_error(cli("run", mixtral_gguf, "-p", "x", *args), fragment)

@@ -184,6 +184,12 @@ def test_seeded_sampling_is_reproducible(client):
     assert client.completions.create(**kwargs).choices[0].text == client.completions.create(**kwargs).choices[0].text
 
 
+def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
+    kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
+                  extra_body={"top_k": 0, "min_p": 0.0})
+    assert client.completions.create(**kwargs).choices[0].text != client.completions.create(**kwargs).choices[0].text
+
+
 def test_concurrent_clients_each_get_their_solo_answer(client):
     streams = [i % 2 == 0 for i in range(len(PROMPTS))]
     alone = [solo_answer(client, p, s) for p, s in zip(PROMPTS, streams)]

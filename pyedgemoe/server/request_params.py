@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
-from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.generation import RANDOM_SEED, SamplingParams, exposed_fields
 from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_STOP_CHARS, MAX_STOP_STRINGS,
                                      MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
@@ -145,7 +145,7 @@ def _messages(name: str, value) -> list[dict]:
 _BY_TYPE = {float: _number, int: _integer, str: _text}
 _RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, 0, INT32_MAX),
            "top_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
-           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, 0, INT32_MAX)}
+           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX)}
 
 
 def _field_check(name: str):
