@@ -1,7 +1,7 @@
 """The options of the CLI's commands, declared once elsewhere and made into flags here.
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
-`--expert-cache`, `--system`, `--verbose` and one flag per option of the schema
+`--expert-cache`, `--system`, `-fa/--flash-attn`, `--verbose` and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
@@ -44,9 +44,15 @@ _ENGINE_OPTIONS = (
                                            help=f"a seed system's preset of the expert options: {', '.join(list(SYSTEMS)[:-1])} "
                                                 f"or {list(SYSTEMS)[-1]} (docs/systems.md); options given win"),
      "system"),
+    ("flash_attn", Optional[str], typer.Option(None, "-fa", "--flash-attn",
+                                               help="flash attention: on, off or auto (llama.cpp decides; the "
+                                                    "default), as llama.cpp's -fa"), "flash_attn"),
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
      "verbose"),
 )
+# llama.cpp's words for -fa (common/arg.cpp): the Engine's flash_attn
+FLASH_ATTN = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False, "false": False,
+              "0": False, "auto": None}
 
 
 def _expert_option(name: str) -> tuple[object, object]:
@@ -62,17 +68,23 @@ def _expert_option(name: str) -> tuple[object, object]:
     return Optional[kind], typer.Option(None, *([load.short_flag] if load and load.short_flag else []), flag, help=help)
 
 
-def model_options(command=None, *, expert_cache: bool = True):
-    """Adds the model-loading options to a typer command, which gets them as `engine_options`
-    (expert_cache=False: a command that sizes the cache itself has no --expert-cache)."""
+def model_options(command=None, *, without: tuple[str, ...] = ()):
+    """Adds the model-loading options to a typer command, which gets them as `engine_options`, but
+    those named in `without` (a command that sizes the cache itself has no --expert-cache, one with
+    a flag of its own for flash attention no -fa)."""
     if command is None:
-        return functools.partial(model_options, expert_cache=expert_cache)
-    engine = [o for o in _ENGINE_OPTIONS if expert_cache or o[0] != "expert_cache"]
+        return functools.partial(model_options, without=without)
+    engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
     def collect(params: dict) -> dict:
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        if engine_options.get("flash_attn") is not None:
+            fa = engine_options["flash_attn"]
+            if fa.lower() not in FLASH_ATTN:
+                raise InvalidOptionError(f"--flash-attn takes on, off or auto, got {fa!r}")
+            engine_options["flash_attn"] = FLASH_ATTN[fa.lower()]
         engine_options["expert_options"] = ExpertOptions(**{name: params.pop(name) for name in OPTION_NAMES})
         return engine_options
     return _with_options(command, "engine_options", added, collect)

@@ -76,6 +76,13 @@ def test_llama_clis_spellings_of_the_seed_and_the_context(mixtral_gguf):
     assert json.loads(runs[0].stdout)["tokens"] != json.loads(runs[1].stdout)["tokens"]
 
 
+@pytest.mark.parametrize("value, shown", [("on", "enabled"), ("off", "disabled")])
+def test_flash_attention_as_llama_clis_fa(mixtral_gguf, value, shown):
+    r = cli("run", mixtral_gguf, "-p", "abc", "-n", "2", "--temp", "0", "-fa", value, "--verbose")
+    assert r.returncode == 0, r.stderr
+    assert f"flash_attn            = {shown}" in r.stderr
+
+
 def test_prompt_from_file(mixtral_gguf, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("hello from a file")
@@ -152,6 +159,7 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("-n", "-7"), "n-predict"),
     (("--repeat-penalty", "0"), "repeat_penalty"),
     (("--seed", "-2"), "seed"),
+    (("-fa", "yes please"), "--flash-attn takes on, off or auto"),
 ])
 def test_invalid_option_values(mixtral_gguf, args, fragment):
     assert_one_line_error(cli("run", mixtral_gguf, "-p", "x", *args), fragment)
