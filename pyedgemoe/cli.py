@@ -325,7 +325,7 @@ def perplexity_command(
 
 
 @app.command("calibrate")
-@model_options(without=("expert_cache",))
+@model_options(without=("expert_cache", "batch_size", "ubatch_size"))
 def calibrate_command(
     model: Path = typer.Argument(..., help="GGUF model file (multi-precision, or standard with --low-from)"),
     file: Path = typer.Option(..., "-f", "--file", help="the text to run (representative of the workload)"),
@@ -560,7 +560,7 @@ def export_command(
 
 
 @app.command()
-@model_options(without=("flash_attn",))
+@model_options(without=("flash_attn", "batch_size", "ubatch_size"))
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),

@@ -1,7 +1,8 @@
 """The options of the CLI's commands, declared once elsewhere and made into flags here.
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
-`--expert-cache`, `--system`, `-fa/--flash-attn`, `--verbose` and one flag per option of the schema
+`--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`
+and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
@@ -21,6 +22,7 @@ import typer
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.systems import SYSTEMS
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
@@ -44,6 +46,11 @@ _ENGINE_OPTIONS = (
                                            help=f"a seed system's preset of the expert options: {', '.join(list(SYSTEMS)[:-1])} "
                                                 f"or {list(SYSTEMS)[-1]} (docs/systems.md); options given win"),
      "system"),
+    ("batch_size", int, typer.Option(LoadOptions.n_batch, "-b", "--batch-size",
+                                     help="tokens of the prompt per llama_decode, as llama.cpp's -b"), "n_batch"),
+    ("ubatch_size", int, typer.Option(LoadOptions.n_ubatch, "-ub", "--ubatch-size",
+                                      help="tokens per pass of the model, at most --batch-size, as llama.cpp's -ub"),
+     "n_ubatch"),
     ("flash_attn", Optional[str], typer.Option(None, "-fa", "--flash-attn",
                                                help="flash attention: on, off or auto (llama.cpp decides; the "
                                                     "default), as llama.cpp's -fa"), "flash_attn"),

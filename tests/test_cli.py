@@ -83,6 +83,13 @@ def test_flash_attention_as_llama_clis_fa(mixtral_gguf, value, shown):
     assert f"flash_attn            = {shown}" in r.stderr
 
 
+def test_batch_sizes_as_llama_clis_b_and_ub(mixtral_gguf):
+    r = cli("run", mixtral_gguf, "-p", "abc", "-b", "16", "-ub", "8", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "batches of 16 in ubatches of 8" in r.stdout
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "abc", "-b", "0"), "n_batch")
+
+
 def test_prompt_from_file(mixtral_gguf, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("hello from a file")
