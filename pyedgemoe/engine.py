@@ -68,7 +68,7 @@ class Engine:
     n_batch: tokens per llama_decode call during prefill; n_ubatch: tokens llama.cpp computes at
         once, splitting each call's batch (llama.cpp's micro-batch; at most n_batch, and fewer where
         the expert cache needs it: a ubatch's experts of one layer all in slots at once).
-    seed: default sampling seed (None = random).
+    seed: default sampling seed (None or -1, as in llama.cpp: random).
     flash_attn: True/False, or None to let llama.cpp decide (its default).
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
     expert_cache: bytes of memory for routed experts: an int, "300MiB", "4GiB", "50%" (of the expert
