@@ -47,7 +47,14 @@ class SamplingParams:
                                                                  "the most likely one's probability"))
     repeat_penalty: float = field(default=1.0, metadata=_flag("--repeat-penalty", "divide the logits of recent "
                                                                                   "tokens by this (1: off)"))
+    frequency_penalty: float = field(default=0.0, metadata=_flag(
+        "--frequency-penalty", "subtract this times its count in the recent tokens from a token's logit (0: off)"))
+    presence_penalty: float = field(default=0.0, metadata=_flag(
+        "--presence-penalty", "subtract this from the logit of a token among the recent ones (0: off)"))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
+    # the penalties count the prompt's tokens too, as llama.cpp's CLI and server do (llama-cpp-python's
+    # Llama counts the generated ones only)
+    penalize_prompt: bool = field(default=True, metadata=_flag(None))
     seed: int | None = field(default=None, metadata=_flag("--seed", "sampling seed (default, or -1 as in llama.cpp: "
                                                                     "random)", short_flag="-s"))
     grammar: str | None = field(default=None, metadata=_flag(
@@ -84,6 +91,9 @@ class SamplingParams:
             raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
             raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise InvalidOptionError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
         for name in ("grammar", "json_schema"):
@@ -98,15 +108,16 @@ class SamplingParams:
 
     def sampler(self, model, default_seed: int | None, prompt: list[int]):
         """A native sampler chain of these settings (the seed: its own, else default_seed, else a
-        random one) that has seen the prompt's last penalty_last_n tokens."""
+        random one) that has seen the prompt's last penalty_last_n tokens (with penalize_prompt)."""
         seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:
             sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
+                                      self.frequency_penalty, self.presence_penalty,
                                       self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar)
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
-        for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 else []:
+        for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 and self.penalize_prompt else []:
             sampler.accept_prompt(t)
         return sampler
 

@@ -53,14 +53,12 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {
-    "suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stopping_criteria": None,
-    "logits_processor": None, "logit_bias": None,
+    "suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+    "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
 }
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
     "functions": None, "function_call": None, "tools": None, "tool_choice": None, "typical_p": 1.0,
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "tfs_z": 1.0,
-    "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
+    "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
     "logit_bias": None,
 }
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
@@ -346,8 +344,7 @@ class Llama:
         streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
         LlamaGrammar."""
         refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(
-            suffix=suffix, typical_p=typical_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+            suffix=suffix, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
             mirostat_eta=mirostat_eta, stopping_criteria=stopping_criteria, logits_processor=logits_processor,
             logit_bias=logit_bias))
         if isinstance(prompt, str):
@@ -405,8 +402,7 @@ class Llama:
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice,
-            typical_p=typical_p, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
             logit_bias=logit_bias))
         self._take_seed(seed)
@@ -484,8 +480,9 @@ class LlamaTokenizer:
 def _sampling(arguments: dict) -> dict:
     """The sampling settings among a method's arguments (SamplingParams' fields, by the same names,
     but the seed: the Engine's, _take_seed); a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as
-    its GBNF text."""
+    its GBNF text. As llama-cpp-python's, the penalties count the generated tokens only."""
     settings = {f.name: arguments[f.name] for f in exposed_fields() if f.name in arguments and f.name != "seed"}
+    settings["penalize_prompt"] = False
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings

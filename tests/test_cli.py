@@ -166,6 +166,7 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("-n", "-7"), "n-predict"),
     (("--repeat-penalty", "0"), "repeat_penalty"),
     (("--seed", "-2"), "seed"),
+    (("--presence-penalty", "nan"), "presence_penalty"),
     (("-fa", "yes please"), "--flash-attn takes on, off or auto"),
 ])
 def test_invalid_option_values(mixtral_gguf, args, fragment):

@@ -201,8 +201,8 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
 
 
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
-    with pytest.raises(InvalidOptionError, match=r"frequency_penalty=0.5.*mirostat_mode=2"):
-        llm(PLANETS, frequency_penalty=0.5, mirostat_mode=2)
+    with pytest.raises(InvalidOptionError, match=r"typical_p=0.5.*mirostat_mode=2"):
+        llm(PLANETS, typical_p=0.5, mirostat_mode=2)
     with pytest.raises(InvalidOptionError, match="tools="):
         llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}],
                                    tools=[{"type": "function", "function": {"name": "f"}}])
@@ -309,6 +309,25 @@ def test_seeded_sampling_is_stock_llama_cpp_pythons(both):
     for _ in range(3):  # each call takes the next seed of the sequence seed=7 starts
         assert ours(tokens, max_tokens=24)["choices"] == theirs(tokens, max_tokens=24)["choices"]
     assert ours(tokens, max_tokens=24, seed=1337)["choices"] == theirs(tokens, max_tokens=24, seed=1337)["choices"]
+
+
+def test_penalties_are_stock_llama_cpp_pythons(both):
+    # llama-cpp-python's penalties count the generated tokens only, not the prompt's (its "def" is
+    # generated again after 32 tokens here, which a penalty on the prompt's tokens would change)
+    theirs, ours = both()
+    tokens = ours.tokenize(b"def fib(n):")
+    plain = ours(tokens, max_tokens=48, temperature=0)["choices"][0]["text"]
+    for penalties in (dict(repeat_penalty=1.3), dict(frequency_penalty=1.5), dict(presence_penalty=1.5),
+                      dict(frequency_penalty=0.5, presence_penalty=0.5, repeat_penalty=1.1)):
+        out = ours(tokens, max_tokens=48, temperature=0, **penalties)["choices"]
+        assert out == theirs(tokens, max_tokens=48, temperature=0, **penalties)["choices"]
+        assert out[0]["text"] != plain, penalties  # the penalty changed the greedy text
+
+
+def test_the_engine_counts_the_prompt_in_its_penalties_as_llama_cpp_does(eng):
+    prompt = eng.tokenize("def fib(n):")
+    counted = eng.generate(prompt, 48, temperature=0, repeat_penalty=1.3)
+    assert counted != eng.generate(prompt, 48, temperature=0, repeat_penalty=1.3, penalize_prompt=False)
 
 
 def test_grammar_constrains_as_in_llama_cpp_pythons_test_real_llama(both):

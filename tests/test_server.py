@@ -442,6 +442,7 @@ def test_props_and_slots_answer_as_llama_server_does(server):
     settings = props["default_generation_settings"]
     assert settings["n_ctx"] == N_CTX and settings["params"]["temperature"] == 0.2  # the chat's default
     assert settings["params"]["n_predict"] == -1
+    assert settings["params"]["frequency_penalty"] == settings["params"]["presence_penalty"] == 0.0
     assert request("GET", server + "/slots") == (200, [{"id": 0, "n_ctx": N_CTX, "is_processing": False}])
 
 
@@ -451,7 +452,8 @@ def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
     body = {"messages": [{"role": "user", "content": "def fib(n):"}], "stream": True, "n_predict": 6,
             "timings_per_token": True, "return_progress": True, "sse_ping_interval": 1, "reasoning_format": "auto",
             "reasoning_control": True, "backend_sampling": False, "temperature": 0.2, "top_k": 40, "top_p": 0.95,
-            "min_p": 0.05, "repeat_penalty": 1.0, "chat_template_kwargs": {"enable_thinking": False}}
+            "min_p": 0.05, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "chat_template_kwargs": {"enable_thinking": False}}
     status, text = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
     assert status == 200
     events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]

@@ -71,6 +71,8 @@ def assert_error(status: int, out: dict, expected_status: int, param: str | None
     ({"prompt": "x", "repeat_penalty": 0}, "repeat_penalty"),
     ({"prompt": "x", "seed": 2**40}, "seed"),
     ({"prompt": "x", "seed": -2}, "seed"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "a lot"}, "frequency_penalty"),
     ({"prompt": "x", "max_tokens": 10**4000}, "max_tokens"),
     ({"prompt": "x", "logprobs": 1_000_000}, "logprobs"),
     ({"prompt": [99999]}, "prompt"),

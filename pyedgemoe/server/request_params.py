@@ -145,7 +145,8 @@ def _messages(name: str, value) -> list[dict]:
 _BY_TYPE = {float: _number, int: _integer, str: _text}
 _RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, 0, INT32_MAX),
            "top_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
-           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX)}
+           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX),
+           "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2)}
 
 
 def _field_check(name: str):
@@ -167,7 +168,7 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
             "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
-_NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}),
+_NEUTRAL = {"n": (1,), "logit_bias": (None, {}),
             "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
 # switch with top_logprobs the count (OpenAI's chat)
