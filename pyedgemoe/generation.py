@@ -45,6 +45,9 @@ class SamplingParams:
                                                                  "probability mass"))
     min_p: float = field(default=0.05, metadata=_flag("--min-p", "drop tokens less likely than this share of "
                                                                  "the most likely one's probability"))
+    typical_p: float = field(default=1.0, metadata=_flag("--typical", "locally typical sampling: keep the tokens "
+                                                                      "closest to the expected surprise up to this "
+                                                                      "probability mass (1: off)"))
     repeat_penalty: float = field(default=1.0, metadata=_flag("--repeat-penalty", "divide the logits of recent "
                                                                                   "tokens by this (1: off)"))
     frequency_penalty: float = field(default=0.0, metadata=_flag(
@@ -87,6 +90,8 @@ class SamplingParams:
             raise InvalidOptionError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise InvalidOptionError(f"typical_p must be in (0, 1], got {self.typical_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
@@ -112,7 +117,7 @@ class SamplingParams:
         seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:
-            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.repeat_penalty,
+            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p, self.repeat_penalty,
                                       self.frequency_penalty, self.presence_penalty,
                                       self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar)
         except ValueError as e:

@@ -53,13 +53,12 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {
-    "suffix": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+    "suffix": None, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
     "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
 }
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
-    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "typical_p": 1.0,
-    "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
-    "logit_bias": None,
+    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "tfs_z": 1.0, "mirostat_mode": 0,
+    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None, "logit_bias": None,
 }
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
 # itself retries an unreachable Hub for ~23 s)
@@ -344,7 +343,7 @@ class Llama:
         streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
         LlamaGrammar."""
         refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(
-            suffix=suffix, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+            suffix=suffix, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
             mirostat_eta=mirostat_eta, stopping_criteria=stopping_criteria, logits_processor=logits_processor,
             logit_bias=logit_bias))
         if isinstance(prompt, str):
@@ -402,7 +401,7 @@ class Llama:
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice,
-            typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+            tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
             logit_bias=logit_bias))
         self._take_seed(seed)

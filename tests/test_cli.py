@@ -167,6 +167,7 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("--repeat-penalty", "0"), "repeat_penalty"),
     (("--seed", "-2"), "seed"),
     (("--presence-penalty", "nan"), "presence_penalty"),
+    (("--typical", "1.5"), "typical_p"),
     (("-fa", "yes please"), "--flash-attn takes on, off or auto"),
 ])
 def test_invalid_option_values(mixtral_gguf, args, fragment):

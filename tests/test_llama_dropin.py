@@ -201,8 +201,8 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
 
 
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
-    with pytest.raises(InvalidOptionError, match=r"typical_p=0.5.*mirostat_mode=2"):
-        llm(PLANETS, typical_p=0.5, mirostat_mode=2)
+    with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5.*mirostat_mode=2"):
+        llm(PLANETS, tfs_z=0.5, mirostat_mode=2)
     with pytest.raises(InvalidOptionError, match="tools="):
         llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}],
                                    tools=[{"type": "function", "function": {"name": "f"}}])
@@ -309,6 +309,9 @@ def test_seeded_sampling_is_stock_llama_cpp_pythons(both):
     for _ in range(3):  # each call takes the next seed of the sequence seed=7 starts
         assert ours(tokens, max_tokens=24)["choices"] == theirs(tokens, max_tokens=24)["choices"]
     assert ours(tokens, max_tokens=24, seed=1337)["choices"] == theirs(tokens, max_tokens=24, seed=1337)["choices"]
+    typical = dict(max_tokens=24, seed=1337, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, typical_p=0.5)
+    assert ours(tokens, **typical)["choices"] == theirs(tokens, **typical)["choices"]
+    assert ours(tokens, **typical)["choices"] != ours(tokens, **{**typical, "typical_p": 1.0})["choices"]
 
 
 def test_penalties_are_stock_llama_cpp_pythons(both):

@@ -72,6 +72,7 @@ def assert_error(status: int, out: dict, expected_status: int, param: str | None
     ({"prompt": "x", "seed": 2**40}, "seed"),
     ({"prompt": "x", "seed": -2}, "seed"),
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "typical_p": 0}, "typical_p"),
     ({"prompt": "x", "frequency_penalty": "a lot"}, "frequency_penalty"),
     ({"prompt": "x", "max_tokens": 10**4000}, "max_tokens"),
     ({"prompt": "x", "logprobs": 1_000_000}, "logprobs"),

@@ -52,7 +52,7 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & g
 }
 
 void create(Sampler * self, const Model & model, float temperature, int top_k, float top_p, float min_p,
-            float repeat_penalty, float frequency_penalty, float presence_penalty, int penalty_last_n, uint32_t seed,
+            float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty, int penalty_last_n, uint32_t seed,
             const std::string & grammar) {
     llama_sampler_chain_params params = llama_sampler_chain_default_params();
     params.no_perf = true;
@@ -76,6 +76,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
         if (top_k > 0) llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
+        if (typical_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_typical(typical_p, 1));
         if (top_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
         if (min_p > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
         llama_sampler_chain_add(chain, llama_sampler_init_temp(temperature));
@@ -91,7 +92,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
 void register_sampler(nb::module_ & m) {
     nb::class_<Sampler>(m, "Sampler")
         .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
-             nb::arg("top_p"), nb::arg("min_p"), nb::arg("repeat_penalty"), nb::arg("frequency_penalty"),
+             nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"), nb::arg("frequency_penalty"),
              nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
              nb::arg("seed"), nb::arg("grammar") = "")
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records

@@ -144,7 +144,8 @@ def _messages(name: str, value) -> list[dict]:
 # them, else the Engine's; a JSON schema may be an object) and the stop strings
 _BY_TYPE = {float: _number, int: _integer, str: _text}
 _RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, 0, INT32_MAX),
-           "top_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
+           "top_p": _in_range(_number, 0, 1, low_open=True),
+           "typical_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
            "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX),
            "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2)}
 

@@ -63,7 +63,7 @@ class WebUI:
             # the sampling settings the UI shows and sends back: those this server takes, at the
             # Engine's chat defaults (n_predict -1: until the end of the turn or the context)
             params = {"n_predict": -1, "max_tokens": -1, "temperature": CHAT_TEMPERATURE, "top_k": sampling.top_k,
-                      "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
+                      "top_p": sampling.top_p, "min_p": sampling.min_p, "typical_p": sampling.typical_p, "repeat_penalty": sampling.repeat_penalty,
                       "frequency_penalty": sampling.frequency_penalty, "presence_penalty": sampling.presence_penalty,
                       "stop": []}
             return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": engine.n_ctx,
