@@ -88,7 +88,8 @@ def run(
     system_prompt: Optional[str] = typer.Option(None, "-sys", "--system-prompt",
                                                 help="with --chat: the system message (as llama.cpp's -sys)"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
-    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help="context size in tokens, rounded up to a multiple of "
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size",
+                                      help="context size in tokens, rounded up to a multiple of "
                                       f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
                                       f"context, at most {DEFAULT_CTX}; 0 = the model's)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),

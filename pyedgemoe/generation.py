@@ -117,8 +117,8 @@ class SamplingParams:
         seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:
-            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p, self.repeat_penalty,
-                                      self.frequency_penalty, self.presence_penalty,
+            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
+                                      self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
                                       self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar)
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None

@@ -52,8 +52,8 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & g
 }
 
 void create(Sampler * self, const Model & model, float temperature, int top_k, float top_p, float min_p,
-            float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty, int penalty_last_n, uint32_t seed,
-            const std::string & grammar) {
+            float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
+            int penalty_last_n, uint32_t seed, const std::string & grammar) {
     llama_sampler_chain_params params = llama_sampler_chain_default_params();
     params.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(params);
@@ -92,8 +92,8 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
 void register_sampler(nb::module_ & m) {
     nb::class_<Sampler>(m, "Sampler")
         .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
-             nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"), nb::arg("frequency_penalty"),
-             nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
+             nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"),
+             nb::arg("frequency_penalty"), nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
              nb::arg("seed"), nb::arg("grammar") = "")
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
