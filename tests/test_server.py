@@ -184,6 +184,16 @@ def test_seeded_sampling_is_reproducible(client):
     assert client.completions.create(**kwargs).choices[0].text == client.completions.create(**kwargs).choices[0].text
 
 
+def test_openais_penalties_and_llama_servers_typical_p_change_the_text(client):
+    kwargs = dict(model=MODEL_ID, prompt="def fib(n):", max_tokens=48, temperature=0)
+    plain = client.completions.create(**kwargs).choices[0].text
+    assert client.completions.create(**kwargs, frequency_penalty=1.5).choices[0].text != plain
+    assert client.completions.create(**kwargs, presence_penalty=1.5).choices[0].text != plain
+    sampled = dict(kwargs, temperature=1.0, top_p=1.0, seed=7, extra_body={"top_k": 0, "min_p": 0.0})
+    typical = dict(sampled, extra_body={**sampled["extra_body"], "typical_p": 0.5})
+    assert client.completions.create(**typical).choices[0].text != client.completions.create(**sampled).choices[0].text
+
+
 def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
     kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
                   extra_body={"top_k": 0, "min_p": 0.0})
