@@ -673,6 +673,23 @@ and one token per step):
   6 or 7; the demo at λ 0.15: 95.9 % at -38.7 % with every layer, 96.0-96.8 % at -33.8 to -34.9 %
   without layer 0, 2 or 5). No layer stands out, so per-layer λs are a lower λ by another name:
   the same curve.
+- Redoing near ties, tried 2026-11-27 10:55-11:10 UTC (not kept; branch wip/routing-margin-redo,
+  data in docs/bench-runs/cache-routing-margin-redo-2026-11-27): a swapped expert moves the
+  logits a little, so it flips the top-1 token mostly where the top two logits are close. Over
+  the table's 2048 tokens (agreement alone, routing at λ 0.15 on the demo and 0.1 on fine), the
+  10 % of tokens with the smallest margin between their top two logits held 71 % and 60 % of the
+  disagreements; the 10 % with the lowest top probability (MoBiLE's test) 43 % and 9 %. So a
+  decode token whose top two logits ended within a margin m ran again, its KV
+  entry removed, with its routers' own experts (prefetched, as MoBiLE's big pass is). Agreement
+  rose as predicted (the demo at λ 0.2, m 0.2: 98.2 % with 15 % of the tokens redone, 95.7 %
+  without), but a redo reads nearly a lossless token's bytes (the cache holds what routing chose,
+  not what the router chose), and perplexity did not follow: it moves with every token's
+  distribution, not only the near ties (the demo at λ 0.15: +0.62 % without, +0.45 to +1.06 %
+  with). Within +1 % and 97 % on both models at one setting, the best were λ 0.15 with m 0.3
+  (28 % and 32 % fewer bytes, 98.4 % and 98.6 % agreement, +0.78 % and +0.65 %) and λ 0.1 with
+  m 0.2 (25 % and 29 %): about what λ 0.05 alone reads (24 % and 32 %), with higher agreement
+  and higher perplexity. On fine λ 0.1 alone (45 % at 97.0 %) still reads less than any redo
+  within the bounds (λ 0.15, m 0.2: 39 % at 97.9 %).
 - On the demo EdgeMoE's static map (95 of 96 experts LOW, -70 % bytes at +0.31 %) reads less than
   either at any λ within the bounds; fine as shipped has no map.
 - The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
