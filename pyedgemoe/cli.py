@@ -588,7 +588,8 @@ def bench(
                                               "Q4_K/Q4_0 weights in anonymous memory)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="also write every measurement here"),
     against_min: bool = typer.Option(False, "--against-min", help="one more run of ours per cell, not timed (no "
-                                     "fill at load, lossless): its expert loads beside Belady's MIN on the "
+                                     "fill at load, lossless whatever the options: every expert in HIGH, the "
+                                     "router's own choice): its expert loads beside Belady's MIN on the "
                                      "routing it recorded"),
     engine_options: dict = None,
 ) -> None:

@@ -31,6 +31,11 @@ MOBILE_GAMMA = 0.7  # the paper's, where the model's calibration chose none
 # agreement and <= +1 % perplexity on both trained models (docs/systems.md, "Cache-aware routing")
 CACHE_ROUTING, HOBBIT_CACHE_ROUTING = 0.05, 0.05
 
+# on top of any options, what makes their tokens the resident run's: every expert in HIGH and the
+# router's own choice (bench --against-min's run, measured against MIN, the lossless optimum)
+LOSSLESS_OVERRIDES = dict(low_precision=False, skip=False, static_precision=False, prefill_low_share=0.0,
+                          big_little=0.0, cache_routing=0.0)
+
 SYSTEMS: dict[str, dict] = {
     "lossless": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none"),
     # HOBBIT's score rule alone decides a prefill's precisions too (no Fate prefill share)

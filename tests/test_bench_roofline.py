@@ -2,12 +2,16 @@
 run order."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pyedgemoe.bench import roofline
 from pyedgemoe.bench.runner import OURS, STOCK, run_benchmark
 from pyedgemoe.bench.worker import measure, parse_option
 from pyedgemoe.model_info import read_model_info
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
 
 
 def test_roofline_is_active_bytes_at_ram_speed_plus_reads_at_disk_speed():
@@ -97,10 +101,22 @@ def test_against_min_sets_our_loads_beside_belady_on_the_same_routing(tiny_model
     assert "Against Belady's MIN" in report and f"| {m['loads']} | {m['min_loads']} | {m['x_min']:.2f} |" in report
 
 
-def test_against_min_refuses_a_run_with_low_copies_or_no_cache(tiny_model):
+def test_against_min_refuses_a_run_without_an_expert_cache(tiny_model):
     path, _ = tiny_model("qwen3_moe")
     with pytest.raises(ValueError, match="needs an expert cache"):
         measure("pyedgemoe", str(path), 4, 4, threads=1, options={"against_min": True})
+
+
+@pytest.mark.parametrize("system", [None, "hobbit", "cache-routing", "mobile"])
+def test_against_min_runs_lossless_whatever_the_options(system):
+    # the demo has LOW copies, which a default run uses: MIN's run computes what is resident instead
+    options = {"expert_cache": "25%", **({"system": system} if system else {})}
+    resident = measure("pyedgemoe", str(DEMO), 8, 24, threads=1, options={})
+    r = measure("pyedgemoe", str(DEMO), 8, 24, threads=1, options={"against_min": True, **options})
+    experts = r["engine_stats"]["experts"]
+    assert not experts["low_precision"] and experts["cache_routing"] == 0
+    assert r["tokens"] == resident["tokens"]
+    assert r["against_min"]["min_loads"] <= r["against_min"]["loads"]
 
 
 def test_fixed_decode_input_stays_within_a_small_vocabulary(tiny_model):

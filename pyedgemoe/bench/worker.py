@@ -156,8 +156,9 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
 
     options = dict(options)
     against_min = options.pop("against_min", False)
-    if against_min:  # MIN starts from an empty cache: so does this run
-        options["fill_cache"] = False
+    if against_min:  # MIN starts from an empty cache and computes what is resident: so does this run
+        from pyedgemoe.systems import LOSSLESS_OVERRIDES
+        options.update(LOSSLESS_OVERRIDES, fill_cache=False)
     t0 = time.perf_counter()
     cores = len(os.sched_getaffinity(0))
     # options win over the run's settings (flash_attn=None: ours as llama.cpp decides, its default)
@@ -194,8 +195,6 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
         experts = eng.stats().get("experts")
         if not experts:
             raise ValueError("against_min: needs an expert cache (expert_cache=...)")
-        if experts["low_precision"]:
-            raise ValueError("against_min: MIN is the lossless optimum; run without LOW copies")
         loads = experts["total"]["loads_high"] + (experts.get("prefetches") or {}).get("issued", 0)
         result["against_min"] = trace_against_min(eng.take_routing_trace(), experts["high_slots"], loads)
     return result

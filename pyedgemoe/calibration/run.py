@@ -171,7 +171,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         why = (f"{winner.failures} failures against {best.failures}" if winner.failures != best.failures
                else f"miss penalty {winner.penalty:.1f} against {best.penalty:.1f}")
         notes.append(f"the {winner.policy} policy alone does better than the best hobbit weights ({why}): "
-                     f"run with --cache-policy {winner.policy}")
+                     "runs with LOW copies use it unless --cache-policy or a --system names another")
 
     # lossless, against the offline optimum: every byte of the budget in HIGH slots
     lossless = replace(setup, high_slots=lossless_slots(residency), low_slots=0)
