@@ -646,7 +646,7 @@ and one token per step):
   layer (not only a use of the chosen ones, so that near-misses stay as substitutes) saved about 1
   point more, within the spread. λ 0.07 has fine on the 97 % bound, so the preset keeps 0.05.
 - The moved weight again, after decay began counting its layer's distance (2026-11-27 08:35-10:00
-  UTC, not kept; branch wip/routing-moved-weight-full): a cached expert's score p_c / Σ + λ against
+  UTC, not kept): a cached expert's score p_c / Σ + λ against
   a selection's p_e / Σ (the rule above without the k), the expert swapped in keeping e's weight.
   This script's own sweep of it (docs/bench-runs/cache-routing-moved-weight-2026-11-27), alone:
   the demo reads 28 % fewer bytes at λ 0.05 (98.2 %, +0.06 %) and 39 % at 0.1 (96.8 %, +0.52 %),
@@ -673,7 +673,7 @@ and one token per step):
   6 or 7; the demo at λ 0.15: 95.9 % at -38.7 % with every layer, 96.0-96.8 % at -33.8 to -34.9 %
   without layer 0, 2 or 5). No layer stands out, so per-layer λs are a lower λ by another name:
   the same curve.
-- Redoing near ties, tried 2026-11-27 10:55-11:10 UTC (not kept; branch wip/routing-margin-redo,
+- Redoing near ties, tried 2026-11-27 10:55-11:10 UTC (not kept; the change and its
   data in docs/bench-runs/cache-routing-margin-redo-2026-11-27): a swapped expert moves the
   logits a little, so it flips the top-1 token mostly where the top two logits are close. Over
   the table's 2048 tokens (agreement alone, routing at λ 0.15 on the demo and 0.1 on fine), the
