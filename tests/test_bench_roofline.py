@@ -99,6 +99,7 @@ def test_against_min_sets_our_loads_beside_belady_on_the_same_routing(tiny_model
     assert sum(m["min_loads_per_layer"].values()) == m["min_loads"]
     report = format_report(runs)
     assert "Against Belady's MIN" in report and f"| {m['loads']} | {m['min_loads']} | {m['x_min']:.2f} |" in report
+    assert 'pyedgemoe options: {"expert_cache": "30%"};' in report  # as given: MIN's run's own are not
 
 
 def test_against_min_refuses_a_run_without_an_expert_cache(tiny_model):

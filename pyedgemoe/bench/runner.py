@@ -379,8 +379,8 @@ def format_report(results: list[dict[str, Any]]) -> str:
     threads = sorted({r["threads"] for r in results if r.get("threads")})
     busy = [r["other_runnable_before"] for r in results if r.get("other_runnable_before") is not None]
     flash = sorted({"on" if r["flash_attn"] else "off" for r in results if "flash_attn" in r})
-    ours_opts = sorted({json.dumps(r["options"], sort_keys=True) for r in results
-                        if r["engine"] == OURS and r.get("options")})
+    ours_opts = sorted({json.dumps(r["options"], sort_keys=True) for r in results  # as given, not MIN's run's
+                        if r["engine"] == OURS and r.get("options") and not r.get("against_min_run")})
     if versions:
         out += f"\n\nEngines: {', '.join(versions)}; threads: {', '.join(map(str, threads))}"
         out += f"; flash attention: {'/'.join(flash)}" if flash else ""
