@@ -690,6 +690,24 @@ and one token per step):
   m 0.2 (25 % and 29 %): about what λ 0.05 alone reads (24 % and 32 %), with higher agreement
   and higher perplexity. On fine λ 0.1 alone (45 % at 97.0 %) still reads less than any redo
   within the bounds (λ 0.15, m 0.2: 39 % at 97.9 %).
+- Which cached expert stands in, simulated offline (2026-11-27 12:20-13:15 UTC; not in the
+  runtime; the script, its rules and output in docs/bench-runs/cache-routing-sim-2026-11-27): the
+  rule picks the stand-in by its router logit alone. A torch re-implementation of both models'
+  forward (HIGH copies, one token per step, an LRU cache of a quarter of each layer's experts;
+  the runtime's HIGH-only tokens on 99.8 % and 99.6 % of its steps) tried other choices over the
+  same 2048 agreement tokens. Misses saved against its lossless run, at about 97 % agreement:
+  the rule 21 % (demo, λ 0.1) and 26 % (fine, λ 0.075); an oracle that swaps when the true change
+  of the layer's output, |w_e (f_c − f_e)|, is small next to the residual (it needs the missed
+  expert: a bound) 42 % and 67 %; that change's mean over the calibration split instead (M, every
+  expert's output on the tokens whose router chose e) 32 % and 47 %, at thresholds five-fold
+  apart, and with each layer's threshold one quantile of the calibration's swap costs, one
+  setting for both: 37 % (97.1 %, +1.0 % perplexity over 512 tokens) and 40 % (97.5 %, +0.4 %).
+  Router statistics (the mean logit gap between two experts) and distances from Gaussian inputs
+  stay on the rule's curve. So the stand-ins are found by the experts' outputs on the model's own
+  hidden states, not by the router's scores. The runtime's decay cache saves 13-15 points more
+  than this simulation's LRU for the rule as shipped; whether the quantile rule gains as much is
+  for a native build: the calibration pass computing every expert's output on each MoE layer's
+  input into M (E x E floats a layer, in the sidecar) and the planner reading it.
 - On the demo EdgeMoE's static map (95 of 96 experts LOW, -70 % bytes at +0.31 %) reads less than
   either at any λ within the bounds; fine as shipped has no map.
 - The paper reports over 50 % fewer misses at +0.1 to +3 % perplexity on 7B-16B MoEs; these two
