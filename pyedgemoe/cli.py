@@ -594,7 +594,8 @@ def bench(
     engine_options: dict = None,
 ) -> None:
     """Prefill and decode speed of pyedgemoe vs stock llama.cpp, each run in its own process
-    (--threads for both; --threads-batch, --expert-cache and the expert options for pyedgemoe)."""
+    (--threads for both; --threads-batch, --expert-cache and the expert options for pyedgemoe).
+    A run that fails is a row of the report, and the exit status is then 1."""
     from pyedgemoe.bench.runner import cli_main
     from pyedgemoe.bench.worker import parse_option
 

@@ -108,6 +108,17 @@ def test_against_min_refuses_a_run_without_an_expert_cache(tiny_model):
         measure("pyedgemoe", str(path), 4, 4, threads=1, options={"against_min": True})
 
 
+def test_a_failed_run_is_in_the_report_and_fails_the_command(tiny_model, capsys):
+    from pyedgemoe.bench.runner import BenchmarkError, cli_main
+    path, _ = tiny_model("qwen3_moe")
+    with pytest.raises(BenchmarkError, match="1 of 2 runs failed, the first: pyedgemoe: .*needs an expert cache"):
+        cli_main(path, prompt_tokens=4, output_tokens=4, repeats=1, threads=1, vs_llama_cpp=False, warmup=0,
+                 against_min=True)
+    out, err = capsys.readouterr()
+    assert "| 4 | 4 | pyedgemoe | 1/1 |" in out and "needs an expert cache" in out  # the report, both runs
+    assert "the run against MIN] error:" in err
+
+
 @pytest.mark.parametrize("system", [None, "hobbit", "cache-routing", "mobile"])
 def test_against_min_runs_lossless_whatever_the_options(system):
     # the demo has LOW copies, which a default run uses: MIN's run computes what is resident instead

@@ -260,6 +260,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
                  mem_cap_bytes=mem_cap_bytes, model_bytes=model_bytes, against_min_run=True)
         r.setdefault("model", str(model))
         results.append(r)
+        if log is not None:
+            log(_one_line(r))
     _add_roofline(model, results)
     return results
 
@@ -287,9 +289,12 @@ def _add_roofline(model: Path, results: list[dict[str, Any]]) -> None:
 
 
 def _one_line(r: dict[str, Any]) -> str:
-    head = f"[{r['engine']:>9} p{r['prompt_tokens']}/o{r['output_tokens']} rep {r['repeat']}]"
+    which = "the run against MIN" if r.get("against_min_run") else f"rep {r['repeat']}"
+    head = f"[{r['engine']:>9} p{r['prompt_tokens']}/o{r['output_tokens']} {which}]"
     if "error" in r:
         return f"{head} error: {r['error']}"
+    if r.get("against_min_run"):
+        return f"{head} expert loads {r['against_min']['loads']}, MIN's {r['against_min']['min_loads']}"
     return (f"{head} prefill {r['prefill_seconds']:.3f} s, decode {r['decode_tokens_per_second']:.2f} tok/s, "
             f"peak RSS {format_bytes(r['peak_rss_bytes'])}")
 
@@ -425,7 +430,8 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
              stock_repack: bool = True, warmup: int = 1, load: int = 0,
              against_min: bool = False) -> list[dict[str, Any]]:
     """What `pyedgemoe bench` does: runs every (prompt, output) pair, logs each measurement to
-    stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError."""
+    stderr, prints the markdown report to stdout, returns the measurements. Raises BenchmarkError,
+    also after the report (and the JSON) where a run failed."""
     def log(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
@@ -453,4 +459,8 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(format_report(results), end="", flush=True)
+    failed = [r for r in results if "error" in r]
+    if failed:  # the report stands; the exit status says it is not whole
+        raise BenchmarkError(f"{len(failed)} of {len(results)} runs failed, the first: {failed[0]['engine']}: "
+                             f"{failed[0]['error']}")
     return results
