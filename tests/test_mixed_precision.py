@@ -349,7 +349,8 @@ def test_low_from_of_another_model_is_refused(mp_models, tiny_model, tmp_path):
 @pytest.mark.parametrize("options, message", [
     (dict(t1=0.8, t2=0.5), "must not exceed"),
     (dict(t1=1.5), "between 0 and 1"),
-    (dict(low_cache=0), "between 0 and 1"),
+    (dict(low_cache=0), r"low_cache must be a fraction in \(0, 1\), got 0"),
+    (dict(low_cache=1), r"in \(0, 1\), got 1"),
     (dict(low_hit="maybe"), "unknown low_hit"),
     (dict(cache_policy="random"), "unknown cache_policy"),
     (dict(policy_weights="1,2,3"), "four"),

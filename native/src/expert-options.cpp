@@ -16,7 +16,7 @@ void check_expert_options(const expert_options & o) {
     auto require = [](bool ok, const std::string & why) { if (!ok) throw std::invalid_argument(why); };
     require(o.io_threads >= 1, "io_threads must be a positive integer, got " + std::to_string(o.io_threads));
     require(o.prefetch_depth >= 1, "prefetch_depth must be a positive integer, got " + std::to_string(o.prefetch_depth));
-    require(o.low_cache > 0 && o.low_cache < 1, "low_cache must be a fraction between 0 and 1, got " + number(o.low_cache));
+    require(o.low_cache > 0 && o.low_cache < 1, "low_cache must be a fraction in (0, 1), got " + number(o.low_cache));
     require(o.t1 >= 0 && o.t1 <= 1, "t1 must be between 0 and 1, got " + number(o.t1));
     require(o.t2 >= 0 && o.t2 <= 1, "t2 must be between 0 and 1, got " + number(o.t2));
     require(o.t1 <= o.t2, "t1 (" + number(o.t1) + ") must not exceed t2 (" + number(o.t2) + ")");

@@ -57,7 +57,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(bool,              skip,            false,                  "skip the least important missed experts")            \
     X(double,            t1,              0.6,                    "HIGH while the expert's score <= T1 (HOBBIT sec. 3.2)") \
     X(double,            t2,              0.9,                    "LOW while the score <= T2, SKIP above")             \
-    X(double,            low_cache,       0.25,                   "share of the expert cache for LOW copies")           \
+    X(double,            low_cache,       0.25,                   "share of the expert cache for LOW copies, in (0, 1)") \
     X(bool,              static_precision, false,                 "EdgeMoE: each expert only in the precision calibrate --system edgemoe gave it") \
     X(double,            prefill_low_share, 0.0,                  "Fate: a prefill ubatch's least popular experts covering this share of its selections in LOW, popular ones first") \
     X(low_hit_rule,      low_hit,         low_hit_rule::accept,   "a cached LOW copy for a HIGH demand: accept it or reload HIGH") \
