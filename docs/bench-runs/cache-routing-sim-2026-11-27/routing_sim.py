@@ -159,27 +159,67 @@ def run(m, R, rule, cap, split='heldout'):
                 misses=cache.misses)
 
 
-def calibrate_pairs(m, R, split='train', max_tokens=3000, norm='x'):
-    """M[l][e][c]: mean ||f_c(h) - f_e(h)|| / ||x|| over calibration tokens whose router selected e."""
-    S = torch.zeros(m.n_layer, m.n_expert, m.n_expert, dtype=torch.float64)
-    N = torch.zeros(m.n_layer, m.n_expert, dtype=torch.float64)
-    A = torch.zeros(m.n_layer, m.n_expert, dtype=torch.float64)
+def walk(m, R, observe, split='train', max_tokens=3000):
+    """HIGH only over the calibration split's prompts and continuations; observe(l, probs, h, x, ids, ws)
+    at every MoE layer of the first max_tokens steps"""
     n = 0
     for p, ref in zip(R[split]['prompts'], R[split]['refs']):
         kvc = [([], []) for _ in range(m.n_layer)]
         for i, t in enumerate(p + ref[:-1]):
             def route(l, probs, h, x):
                 ids, ws = topk(m, probs)
-                F = torch.stack([m.expert(l, e, h) for e in range(m.n_expert)])  # [E, H]
-                xn = {'x': x.norm(), 'h': h.norm(), 'none': torch.tensor(1.0)}[norm]
-                for e in ids if xn > 0 else ():  # the BOS token's residual is 0 in layer 0
-                    S[l, e] += ((F - F[e]).norm(dim=1) / xn).double(); N[l, e] += 1
-                    A[l, e] += (F[e].norm() / xn).double()
+                observe(l, probs, h, x, ids, ws)
                 return list(zip(ids, ws))
-            m.step(t, i, kvc, route); n += 1
-            if n >= max_tokens: break
-        if n >= max_tokens: break
-    return (S / N.clamp(min=1).unsqueeze(-1)).float(), (A / N.clamp(min=1)).float()
+            m.step(t, i, kvc, route)
+            n += 1
+            if n >= max_tokens:
+                return
+
+
+def mean_over_choices(m, R, table):
+    """[L][E][E]: row e the mean of table(l, probs, h, x)[e] (an [E][E] matrix, or None: no sample) over
+    the calibration tokens whose router chose e"""
+    S = torch.zeros(m.n_layer, m.n_expert, m.n_expert, dtype=torch.float64)
+    N = torch.zeros(m.n_layer, m.n_expert, dtype=torch.float64)
+
+    def observe(l, probs, h, x, ids, ws):
+        D = table(l, probs, h, x)
+        for e in ids if D is not None else ():
+            S[l, e] += D[e].double()
+            N[l, e] += 1
+    walk(m, R, observe)
+    return (S / N.clamp(min=1).unsqueeze(-1)).float()
+
+
+def calibrate_pairs(m, R, norm='x'):
+    """M[l][e][c]: the mean of ||f_c(h) - f_e(h)|| / ||x|| (or ||h||, or 1) over the tokens whose router chose e"""
+    def table(l, probs, h, x):
+        xn = {'x': x.norm(), 'h': h.norm(), 'none': torch.tensor(1.0)}[norm]
+        if xn == 0:  # the BOS token's residual is 0 in layer 0
+            return None
+        F = torch.stack([m.expert(l, c, h) for c in range(m.n_expert)])  # [E, H]
+        return (F.unsqueeze(1) - F.unsqueeze(0)).norm(dim=2) / xn
+    return mean_over_choices(m, R, table)
+
+
+def router_pairs(m, R):
+    """K[l][e][c]: the mean of |log p_e - log p_c| over the tokens whose router chose e"""
+    def table(l, probs, h, x):
+        lp = torch.log(probs.double())
+        return (lp.unsqueeze(1) - lp.unsqueeze(0)).abs()
+    return mean_over_choices(m, R, table)
+
+
+def quantile_taus(m, R, K, q, max_tokens=1500):
+    """per layer: the q-quantile of w_e min_c K[l][e][c] (c not chosen) over the calibration's choices"""
+    costs = [[] for _ in range(m.n_layer)]
+
+    def observe(l, probs, h, x, ids, ws):
+        for e, w in zip(ids, ws):
+            costs[l].append(w * min(K[l, e, c].item() for c in range(m.n_expert) if c not in ids))
+    walk(m, R, observe, max_tokens=max_tokens)
+    return [torch.tensor(c).quantile(q).item() for c in costs]
+
 
 def similar(tau, M):
     def rule(m, cache, l, probs, h, x):
@@ -207,39 +247,6 @@ def weight_pairs(m, n=256, seed=0):
     return out
 
 
-def router_pairs(m, R, split='train', max_tokens=3000):
-    """K[l][e][c]: mean |log p_e - log p_c| over calibration tokens whose router selected e"""
-    S = torch.zeros(m.n_layer, m.n_expert, m.n_expert, dtype=torch.float64); N = torch.zeros(m.n_layer, m.n_expert, dtype=torch.float64)
-    n = 0
-    for p, ref in zip(R[split]['prompts'], R[split]['refs']):
-        kvc = [([], []) for _ in range(m.n_layer)]
-        for i, t in enumerate(p + ref[:-1]):
-            def route(l, probs, h, x):
-                ids, ws = topk(m, probs); lp = torch.log(probs.double())
-                for e in ids: S[l, e] += (lp[e] - lp).abs(); N[l, e] += 1
-                return list(zip(ids, ws))
-            m.step(t, i, kvc, route); n += 1
-            if n >= max_tokens: break
-        if n >= max_tokens: break
-    return (S / N.clamp(min=1).unsqueeze(-1)).float()
-
-
-def quantile_taus(m, R, K, q, split='train', max_tokens=1500):
-    """per layer: the q-quantile of w_e * min_c K[e,c] (c not selected) over calibration selections"""
-    costs = [[] for _ in range(m.n_layer)]; n = 0
-    for p, ref in zip(R[split]['prompts'], R[split]['refs']):
-        kvc = [([], []) for _ in range(m.n_layer)]
-        for i, t in enumerate(p + ref[:-1]):
-            def route(l, probs, h, x):
-                ids, ws = topk(m, probs)
-                for e, w in zip(ids, ws):
-                    costs[l].append(w * min(K[l, e, c].item() for c in range(m.n_expert) if c not in ids))
-                return list(zip(ids, ws))
-            m.step(t, i, kvc, route); n += 1
-            if n >= max_tokens: break
-        if n >= max_tokens: break
-    return [torch.tensor(c).quantile(q).item() for c in costs]
-
 def layer_similar(taus, M):
     def rule(m, cache, l, probs, h, x):
         return similar(taus[l], M)(m, cache, l, probs, h, x)
@@ -266,25 +273,32 @@ def references(model):
     return res
 
 
-def cached_stat(path, make):
-    if not path.exists(): torch.save(make(), path)
-    return torch.load(path)
-
-
 if __name__ == "__main__":
     model, cap = sys.argv[1], int(sys.argv[2])
-    m = Model(model); R = references(model)
+    m = Model(model)
+    R = references(model)
     work = REPO / 'build' / 'routing-sim'
-    M, A = cached_stat(work / (Path(model).stem + '-pairs.pt'), lambda: calibrate_pairs(m, R))
-    Mh, _ = cached_stat(work / (Path(model).stem + '-pairs-h.pt'), lambda: calibrate_pairs(m, R, norm='h'))
-    Mr, _ = cached_stat(work / (Path(model).stem + '-pairs-raw.pt'), lambda: calibrate_pairs(m, R, norm='none'))
-    K = cached_stat(work / (Path(model).stem + '-router.pt'), lambda: router_pairs(m, R))
+
+    def stat(name, make):  # computed once a model (minutes), kept in build/routing-sim
+        path = work / f'{Path(model).stem}-{name}.pt'
+        if not path.exists():
+            torch.save(make(), path)
+        return torch.load(path)
+    M = lambda: stat('pairs', lambda: calibrate_pairs(m, R))  # noqa: E731
+    Mh = lambda: stat('pairs-h', lambda: calibrate_pairs(m, R, norm='h'))  # noqa: E731
+    Mr = lambda: stat('pairs-raw', lambda: calibrate_pairs(m, R, norm='none'))  # noqa: E731
+    K = lambda: stat('router', lambda: router_pairs(m, R))  # noqa: E731
     rules = {'none': lambda a: spread(0.0), 'spread': lambda a: spread(a), 'oracle': lambda a: oracle(a),
-             'similar': lambda a: similar(a, M), 'rsim': lambda a: similar(a, K), 'wsim': lambda a: similar(a, weight_pairs(m)),
-             'qm': lambda a: layer_similar(quantile_taus(m, R, M, a), M),
-             'qmh': lambda a: layer_similar(quantile_taus(m, R, Mh, a), Mh), 'qmr': lambda a: layer_similar(quantile_taus(m, R, Mr, a), Mr), 'qsim': lambda a: layer_similar(quantile_taus(m, R, K, a), K)}
+             'similar': lambda a: similar(a, M()), 'rsim': lambda a: similar(a, K()),
+             'wsim': lambda a: similar(a, weight_pairs(m)),
+             'qm': lambda a: layer_similar(quantile_taus(m, R, M(), a), M()),
+             'qmh': lambda a: layer_similar(quantile_taus(m, R, Mh(), a), Mh()),
+             'qmr': lambda a: layer_similar(quantile_taus(m, R, Mr(), a), Mr()),
+             'qsim': lambda a: layer_similar(quantile_taus(m, R, K(), a), K())}
     for spec in sys.argv[3:]:
         name, _, arg = spec.partition(':')
         rule = rules[name](float(arg) if arg else None)
-        t0 = time.time(); r = run(m, R, rule, cap); r.update(model=Path(model).name, cap=cap, rule=spec, s=round(time.time() - t0))
+        t0 = time.time()
+        r = run(m, R, rule, cap)
+        r.update(model=Path(model).name, cap=cap, rule=spec, s=round(time.time() - t0))
         print(json.dumps(r), flush=True)
