@@ -104,6 +104,45 @@ class LRU:
             self.misses += 1; d[e] = 1
             if len(d) > self.cap: d.popitem(last=False)
 
+class Decay:
+    """The runtime's decay policy (native/src/cache-policy-decay.cpp) over one pool of n_layer * cap slots:
+    the victim is the expert expected back last, its decayed use rate's expected absence plus the layers
+    until its layer runs again, weighed as 16 tokens a whole token; never one the current layer chose."""
+    HALF_LIFE, LAYER_TOKENS = 16.0, 16.0
+
+    def __init__(self, n_layer, cap):
+        self.n_layer, self.slots = n_layer, n_layer * cap
+        self.level = {}  # (l, e) -> log2 of the decayed use count at token 0: constant while unused
+        self.cached, self.token, self.misses, self.uses = set(), 0, 0, 0
+        self.current = (0, set())
+
+    def has(self, l, e):
+        return (l, e) in self.cached
+
+    def use(self, l, e):
+        self.uses += 1
+        if l == 0 and self.current[0] != 0:
+            self.token += 1
+        if self.current[0] != l:
+            self.current = (l, set())
+        self.current[1].add(e)
+        age = self.token / self.HALF_LIFE
+        self.level[l, e] = math.log2(2 ** (self.level.get((l, e), -math.inf) - age) + 1) + age
+        if (l, e) in self.cached:
+            return
+        self.misses += 1
+        if len(self.cached) >= self.slots:
+            per_token = 1 - 2 ** (-1 / self.HALF_LIFE)
+            age = self.token / self.HALF_LIFE
+
+            def away(key):
+                rate = 2 ** (self.level[key] - age) * per_token
+                layers = (key[0] - l - 1) % self.n_layer + 1  # the layer just run: a whole token
+                return 1 / rate + self.LAYER_TOKENS * layers / self.n_layer
+            self.cached.remove(max((k for k in self.cached if not (k[0] == l and k[1] in self.current[1])), key=away))
+        self.cached.add((l, e))
+
+
 def topk(m, probs):
     w, e = torch.topk(probs, m.k_used); return e.tolist(), (w / w.sum()).tolist()
 
@@ -134,9 +173,9 @@ def oracle(tau):
         return [a for a, _ in out], [b for _, b in out]
     return rule
 
-def run(m, R, rule, cap, split='heldout'):
+def run(m, R, rule, cap, split='heldout', policy=LRU):
     """decode-mode perplexity over R['ppl'], then agreement over the prompts, one cache throughout"""
-    cache = LRU(m.n_layer, cap); same = total = 0; nll = []
+    cache = policy(m.n_layer, cap); same = total = 0; nll = []
 
     def decode(toks, scored):
         kvc = [([], []) for _ in range(m.n_layer)]
@@ -274,6 +313,9 @@ def references(model):
 
 
 if __name__ == "__main__":
+    policy = Decay if sys.argv[1] == '--decay' else LRU
+    if policy is Decay:
+        sys.argv.pop(1)
     model, cap = sys.argv[1], int(sys.argv[2])
     m = Model(model)
     R = references(model)
@@ -299,6 +341,6 @@ if __name__ == "__main__":
         name, _, arg = spec.partition(':')
         rule = rules[name](float(arg) if arg else None)
         t0 = time.time()
-        r = run(m, R, rule, cap)
-        r.update(model=Path(model).name, cap=cap, rule=spec, s=round(time.time() - t0))
+        r = run(m, R, rule, cap, policy=policy)
+        r.update(model=Path(model).name, cap=cap, cache=policy.__name__.lower(), rule=spec, s=round(time.time() - t0))
         print(json.dumps(r), flush=True)
