@@ -293,9 +293,9 @@ def layer_similar(taus, M):
 
 
 def references(model):
-    """HIGH-only greedy continuations of 16 held-out and 16 training-split prompts (the native runtime), and 4
+    """HIGH-only greedy continuations of 16 held-out and 16 training-split prompts (the native runtime), and 16
     chunks of 256 held-out tokens for perplexity (the second half of each scored, as llama.cpp's perplexity)"""
-    out = REPO / 'build' / 'routing-sim' / (Path(model).stem + '-refs.json')
+    out = REPO / 'build' / 'routing-sim' / (Path(model).stem + '-refs16.json')
     if out.exists(): return json.loads(out.read_text())
     sys.path.insert(0, str(REPO / 'scripts'))
     from fidelity_report import CONTINUATION, N_PROMPTS, PROMPT_TOKENS, SETTINGS, corpus_texts
@@ -307,18 +307,23 @@ def references(model):
             prompts = [ids[i * step:i * step + PROMPT_TOKENS] for i in range(N_PROMPTS)]
             res[split] = dict(prompts=prompts, refs=[eng.time_generation(p, CONTINUATION)['tokens'] for p in prompts])
         ids = eng.tokenize(heldout, add_bos=False)
-        res['ppl'] = [[eng.token_bos()] + ids[i * 256:(i + 1) * 256 - 1] for i in range(4)]
+        res['ppl'] = [[eng.token_bos()] + ids[i * 256:(i + 1) * 256 - 1] for i in range(16)]
     out.parent.mkdir(parents=True, exist_ok=True); out.write_text(json.dumps(res))
     return res
 
 
 if __name__ == "__main__":
-    policy = Decay if sys.argv[1] == '--decay' else LRU
+    policy = Decay if '--decay' in sys.argv else LRU
     if policy is Decay:
-        sys.argv.pop(1)
+        sys.argv.remove('--decay')
+    chunks = 4  # perplexity chunks, 127 tokens scored each: 4 in the first tables, 16 with --ppl-16
+    if '--ppl-16' in sys.argv:
+        chunks = 16
+        sys.argv.remove('--ppl-16')
     model, cap = sys.argv[1], int(sys.argv[2])
     m = Model(model)
     R = references(model)
+    R = {**R, 'ppl': R['ppl'][:chunks]}
     work = REPO / 'build' / 'routing-sim'
 
     def stat(name, make):  # computed once a model (minutes), kept in build/routing-sim
@@ -342,5 +347,6 @@ if __name__ == "__main__":
         rule = rules[name](float(arg) if arg else None)
         t0 = time.time()
         r = run(m, R, rule, cap, policy=policy)
-        r.update(model=Path(model).name, cap=cap, cache=policy.__name__.lower(), rule=spec, s=round(time.time() - t0))
+        r.update(model=Path(model).name, cap=cap, cache=policy.__name__.lower(), ppl_tokens=chunks * 127, rule=spec,
+                 s=round(time.time() - t0))
         print(json.dumps(r), flush=True)
