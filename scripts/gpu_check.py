@@ -175,28 +175,31 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
 
 
 class VramSampler:
-    """The most GPU memory in use (nvidia-smi, MiB) while a cell runs; None without nvidia-smi."""
+    """The most GPU memory in use (MiB) while a cell runs, from one `nvidia-smi -lms 250` beside it (a
+    new nvidia-smi every 0.25 s took a core's share from the runs it measured); None without it."""
 
     def __init__(self):
         self.peak: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True) if shutil.which("nvidia-smi") else None
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout.split()
-            if out and out[0].isdigit():
-                self.peak = max(self.peak or 0, int(out[0]))
+        for line in self._proc.stdout:
+            if line.strip().isdigit():
+                self.peak = max(self.peak or 0, int(line))
 
     def __enter__(self):
-        if self._thread:
+        if shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                           "-lms", "250"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread:
+        if self._proc:
+            self._proc.terminate()
+            self._proc.wait()
             self._thread.join()
 
 
@@ -204,7 +207,7 @@ class Check:
     def __init__(self, args):
         self.args = args
         self.sizes = SIZES[args.rehearse]
-        self.threads = len(os.sched_getaffinity(0))
+        self.threads = args.threads or len(os.sched_getaffinity(0))
         self.t_end = time.monotonic() + args.deadline
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -298,9 +301,9 @@ class Check:
                 share = int(budget.rstrip("%")) / 100
                 n_cpu_moe = round(model["layers"] * (1 - share))
                 stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
-                for mode in MODES:
+                for mode in self.args.modes:
                     self.cell(name, budget, mode, ["--child", "measure", "--model", model["path"], "--mode", mode,
-                                                   "--budget", budget])
+                                                   "--budget", budget, "--threads", str(self.threads)])
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
@@ -443,6 +446,8 @@ def main() -> int:
     p.add_argument("--models", nargs="+", choices=("qwen3", "olmoe"), default=["qwen3", "olmoe"],
                    help="the benchmark's models (default both), for a short rerun")
     p.add_argument("--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS), help="its device budgets (default all)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="our modes measured (default all)")
+    p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has cores)")
     p.add_argument("--bench-dir", default="/tmp/pyedgemoe-gpu-bench", help="where the benchmark files go")
     p.add_argument("--child", choices=("correctness", "measure"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -454,7 +459,7 @@ def main() -> int:
         return 0
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
-        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, len(os.sched_getaffinity(0)))))
+        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads)))
         return 0
     if not args.kit or not args.out:
         p.error("--kit and --out are required")
