@@ -68,10 +68,14 @@ std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer
         in_flight_.insert(stream);
         st.bytes_uploaded += u.size;
     }
+    if (!uploads.empty()) queued_at_ = std::chrono::steady_clock::now();
     return "";
 }
 
-void expert_reader::wait_uploads() {
+double expert_reader::wait_uploads() {
+    if (in_flight_.empty()) return 0;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - queued_at_).count();
     for (ggml_backend_t stream : in_flight_) ggml_backend_synchronize(stream);
     in_flight_.clear();
+    return ms;
 }

@@ -10,6 +10,7 @@
 
 #include "ggml-backend.h"
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,8 +35,8 @@ public:
     // stream once the reads are done, and left in flight for wait_uploads (mode split: they cross
     // the link while the CPU computes its share of the misses).
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads = false);
-    // every queued upload has arrived
-    void wait_uploads();
+    // every queued upload has arrived; returns the ms since they were queued (0: none in flight)
+    double wait_uploads();
     ~expert_reader();
 
 private:
@@ -44,6 +45,7 @@ private:
     loader_threads loaders_;  // io_threads - 1 workers + the calling thread
     std::map<ggml_backend_dev_t, ggml_backend_t> upload_streams_;  // per device, made on first use (null: none)
     std::set<ggml_backend_t> in_flight_;                           // streams with queued uploads
+    std::chrono::steady_clock::time_point queued_at_;              // when the last were queued
 
     ggml_backend_t upload_stream(ggml_backend_dev_t device);
 };

@@ -25,6 +25,7 @@ struct expert_layer_stats {
     uint64_t uploads = 0, bytes_uploaded = 0;
     double   upload_ms   = 0;  // summed over the uploads (several run at once)
     double   upload_wait_ms = 0;  // split: how long the device's passes waited for the queued uploads (after the CPU's pass, ms)
+    double   cpu_pass_ms = 0;     // split: from the op's queuing of its uploads to that wait: the CPU's passes, the masks (ms)
     uint64_t cpu_experts = 0;
 
     void add(const expert_layer_stats & o) {
@@ -34,7 +35,7 @@ struct expert_layer_stats {
         bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low; load_ms += o.load_ms; stall_ms += o.stall_ms; op_ms += o.op_ms;
         host_hits += o.host_hits; host_loads += o.host_loads;
         uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
-        upload_wait_ms += o.upload_wait_ms;
+        upload_wait_ms += o.upload_wait_ms; cpu_pass_ms += o.cpu_pass_ms;
     }
 };
 

@@ -36,11 +36,12 @@ void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     if (ith != 0) return;
     const auto & wait = *(const tier_passes::upload_wait *) userdata;
     const auto t0 = std::chrono::steady_clock::now();
-    wait.reader->wait_uploads();
+    const double since_queued = wait.reader->wait_uploads();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
         std::lock_guard<std::mutex> lock(*wait.mutex);
         wait.stats->upload_wait_ms += ms;
+        wait.stats->cpu_pass_ms += std::max(0.0, since_queued - ms);
     }
     memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
 }

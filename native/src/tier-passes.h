@@ -77,7 +77,7 @@ public:
     // the slot ids the device's passes read: with queued uploads, a copy of slot_ids made once
     // wait's reader's uploads have arrived (a custom op that patch 0002 orders after the CPU's
     // passes, so the uploads cross the link while the CPU computes), the wait counted in wait's
-    // stats (upload_wait_ms, under its mutex); else slot_ids
+    // stats (upload_wait_ms, and cpu_pass_ms the time before it since the op queued them, under its mutex); else slot_ids
     struct upload_wait {
         expert_reader * reader;
         expert_layer_stats * stats;
