@@ -31,7 +31,17 @@ host_tier::host_tier(const expert_layout & layout, uint64_t budget_bytes, double
       cache({ budget.high_slots, budget.low_slots, cache_policy_kind::lru, kEqualHobbitWeights, /*low_serves_high*/ false,
               layout.n_layers }),
       pins(cache, /*hard*/ true) {
-    uploadable = layouts != host_layouts::cpu;
+    // coop's pools are plain host memory where the CPU does not repack the type: the file's layout too
+    uploadable = true;
+    for (size_t g = 0; g < layout.groups.size(); g++) {
+        for (const expert_precision p : { expert_precision::high, expert_precision::low }) {
+            if (p == expert_precision::low && !layout.has_low) continue;
+            for (int q = 0; q < PROJ_COUNT; q++) {
+                const slot_pool & pool = pools.pool((int) g, p);
+                uploadable = uploadable && (!pool.shapes()[q].present || pool.slot_data((expert_projection) q, 0));
+            }
+        }
+    }
     holds_all = true;
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int experts = layout.groups[g].n_layers * layout.n_expert;

@@ -43,7 +43,7 @@ struct host_tier {
     // found here or read into a slot reserved for it (load true); slot -1 where none (the host
     // tier has too few slots for the wave, or only a HIGH copy for a LOW load): read it directly.
     std::vector<expert_cache::placement> copies_for(int group, int il, const std::vector<const expert_cache::placement *> & loads);
-    // The slot of an uploadable copy (pinned layout) of expert e of layer il where this tier holds
+    // The slot of an uploadable copy (the file's layout) of expert e of layer il where this tier holds
     // every copy and so never evicts (the slot stays the expert's while a prefetch uploads from
     // it), else -1. Prefetches upload from here instead of reading the file again.
     int stable_slot(const moe_layer_layout & l, int e, expert_precision p) const;
@@ -59,7 +59,7 @@ struct host_tier {
 
     expert_budget budget;
     bool holds_all = false;   // every expert copy (the budget's slots are the experts of each group)
-    bool uploadable = false;  // its pools are pinned (gpu, split), not coop's CPU layout
+    bool uploadable = false;  // its pools hold the file's layout (pinned in gpu and split; coop's where nothing repacks)
     tier_pools pools;  // gpu, split: in the device's pinned host memory where it has some; coop: the CPU's
     std::unique_ptr<tier_pools> cpu_copies;  // both layouts: the same slots laid out for the CPU
     expert_cache cache;

@@ -350,6 +350,29 @@ def test_prefetches_upload_from_a_host_tier_that_holds_every_expert(tiny_model, 
     assert p["issued"] > 0 and p["bytes_read"] > 0
 
 
+@pytest.mark.parametrize("mode", ["gpu", "split", "coop"])
+def test_prefetches_read_nothing_after_the_host_tier_is_filled(tiny_model, references, mode):
+    # filled at load (the default where it holds every copy), the host tier has each expert in the
+    # file's layout (pinned; coop's where nothing repacks, as here): prefetches upload from it
+    path = tiny_model("mixtral")[0]
+    share = dict(link_share=0.5) if mode == "split" else {}
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="40%", prefetch="hobbit", **share) as eng:
+        tokens = eng.time_generation(IDS[:8], N_GREEDY)["tokens"]
+        experts = eng.stats()["experts"]
+    assert tokens == references("mixtral")[0][1]
+    p = experts["prefetches"]
+    assert p["issued"] > 0 and p["bytes_uploaded"] > 0 and p["bytes_read"] == 0
+    assert experts["total"]["bytes_read"] == 0
+
+
+def test_prefetches_read_the_file_where_coops_host_tier_is_repacked(repacking_model):
+    # a repacked copy is not the layout an upload takes: the prefetches read the file
+    with Engine(repacking_model, **SETTINGS, mode="coop", expert_cache="25%", prefetch="hobbit", fill_cache=False) as eng:
+        eng.time_generation(IDS[:8], N_GREEDY)
+        p = eng.stats()["experts"]["prefetches"]
+    assert p["issued"] > 0 and p["bytes_read"] > 0
+
+
 @pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
 def test_a_host_tier_that_holds_every_expert_is_filled_at_load(tiny_model, references, mode):
     # with the fill on (the default), before the first token: no request reads the file after it
