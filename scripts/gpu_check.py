@@ -203,6 +203,13 @@ class VramSampler:
             self._thread.join()
 
 
+def numa_nodes() -> dict[str, str]:
+    """The machine's NUMA nodes and their CPUs: where a host tier's pages land against the threads
+    that compute from them may be why one configuration decodes at levels up to 17 % apart from one
+    process to the next (docs/gpu.md, the third session)."""
+    return {d.name: (d / "cpulist").read_text().strip() for d in sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))}
+
+
 class Check:
     def __init__(self, args):
         self.args = args
@@ -212,7 +219,7 @@ class Check:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.result = dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), rehearsal=args.rehearse, sizes=self.sizes,
-                           threads=self.threads, host=platform.node(), device=None, correctness=None,
+                           threads=self.threads, host=platform.node(), numa=numa_nodes(), device=None, correctness=None,
                            models={}, cells=[], skipped=[])
 
     def remaining(self) -> float:
@@ -356,7 +363,8 @@ def report(result: dict) -> str:
     dev = result.get("device") or {}
     s = result["sizes"]
     lines = [f"GPU check{' (rehearsal)' if result['rehearsal'] else ''}, {result['date']}: "
-             f"{dev.get('description', '?')} ({dev.get('name', '?')}), {result['threads']} CPU threads", ""]
+             f"{dev.get('description', '?')} ({dev.get('name', '?')}), {result['threads']} CPU threads"
+             + (f", NUMA nodes {result['numa']}" if result.get("numa") else ""), ""]
     c = result.get("correctness") or {}
     if "error" in c:
         lines += [f"correctness: error: {c['error']}", ""]
