@@ -347,6 +347,8 @@ def calibrate_command(
                                       "budget) or gamma (mobile) must leave as the whole model's"),
     size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
                                               "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
+    stand_ins: bool = typer.Option(False, "--stand-ins", help="also the stand-ins that run's --stand-in routes by: "
+                                   "each expert's output against every other's on the text's layer inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
     force: bool = typer.Option(False, "--force", help="replace the model's sidecar if it exists (EdgeMoE's precision "
                                "map in it is kept unless --system edgemoe computes it again)"),
@@ -369,7 +371,7 @@ def calibrate_command(
                            loss_budget=parse_share(loss_budget, "--loss-budget"),
                            min_agreement=parse_share(min_agreement, "--min-agreement"),
                            size_budget=None if size_budget is None else parse_share(size_budget, "--size-budget"),
-                           force=force, **engine_options)
+                           force=force, stand_ins=stand_ins, **engine_options)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -196,6 +196,8 @@ class Engine:
                     self._model.set_expert_precision_map(dict(plan.precision_map))
                 if plan.path_statistics is not None:
                     self._model.set_expert_path_statistics(plan.path_statistics)
+                if plan.stand_ins is not None:
+                    self._model.set_expert_stand_ins(dict(plan.stand_ins))
                 # the host tier first (where it holds every expert): the device's fill uploads from it
                 host_fill = self._model.fill_host_tier() if plan.fill != "none" else None
                 if plan.fill == "in the background":
@@ -524,17 +526,21 @@ class Engine:
                                                   sampling)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
-    def record_routing(self, on: bool = True) -> None:
+    def record_routing(self, on: bool = True, inputs: bool = False) -> None:
         """Start (or stop) recording every MoE layer's routing: needs an expert cache. The trace holds
-        the predictor's guesses only for an Engine made with trace_routing=True (else -1)."""
+        the predictor's guesses only for an Engine made with trace_routing=True (else -1), and with
+        inputs (such an Engine only) each record's layer input."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
+        if inputs and not self.plan.trace_routing:
+            raise InvalidOptionError("recording the layers' inputs needs an Engine made with trace_routing=True")
         with self._decoder.lock:
-            self._model.set_expert_tracing(on)
+            self._model.set_expert_tracing(on, inputs)
 
     def take_routing_trace(self) -> dict:
         """The routing recorded since the last call, as numpy arrays: "ubatch" and "layer" [n] (one
-        record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used]."""
+        record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used],
+        "inputs" [n, n_embd] where recorded."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
         with self._decoder.lock:

@@ -24,6 +24,7 @@ import gguf
 
 from pyedgemoe import _native, rpc
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
+from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_cache_bytes
@@ -110,6 +111,7 @@ class LoadPlan:
     fill_ranking: Mapping  # per MoE layer, its experts most routed first (calibration)
     precision_map: Mapping | None  # EdgeMoE's static map, {layer: [LOW experts]} (static_precision)
     path_statistics: list | None  # EdgeMoE's path statistics as the native table takes them
+    stand_ins: Mapping | None  # the calibrated stand-ins for stand_in, {layer: (costs, tau)}
     big_little: float  # MoBiLE's gamma; 0: off
     n_ctx: int
     n_batch: int  # tokens a llama_decode takes
@@ -249,14 +251,14 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         expert_options = expert_options.merged(prefetch=prefetch)
         native = expert_options.resolve(info, calibration, options.n_parallel)
     if native is not None and not offload and (native.big_little > 0 or native.static_precision
-                                               or native.prefetch.name == "edgemoe"):
-        raise InvalidOptionError("big_little, static_precision and prefetch edgemoe act on the expert cache: "
+                                               or native.prefetch.name == "edgemoe" or native.stand_in > 0):
+        raise InvalidOptionError("big_little, static_precision, stand_in and prefetch edgemoe act on the expert cache: "
                                  "give an expert_cache below the model's experts (e.g. --expert-cache 50%)")
     big_little = native.big_little if offload else 0.0
     if options.n_parallel > 1 and big_little > 0:
         raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
                                  "n_parallel=1")
-    precision_map, path_statistics = _calibrated_tables(native, calibration) if offload else (None, None)
+    precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
     notes = _context_notes(info, options.n_ctx, options.n_parallel) + \
         _unused_low_from(expert_options, native, budget, info)
@@ -268,7 +270,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
-        precision_map=precision_map, path_statistics=path_statistics, big_little=big_little,
+        precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
@@ -461,11 +463,12 @@ def _repack(given: bool | None, info: ModelInfo, experts_mapped: bool, offload: 
     return True, "llama.cpp's default"
 
 
-def _calibrated_tables(native: _native.ExpertOptions, calibration: dict | None) -> tuple[dict | None, list | None]:
-    """What EdgeMoE's options read from the calibration sidecar: the static precision map
-    (static_precision) and the path statistics (prefetch edgemoe)."""
+def _calibrated_tables(native: _native.ExpertOptions, calibration: dict | None) -> tuple[dict | None, list | None,
+                                                                                         dict | None]:
+    """What options read from the calibration sidecar: EdgeMoE's static precision map
+    (static_precision) and path statistics (prefetch edgemoe), the stand-ins (stand_in)."""
     calibration = calibration or {}
-    precision_map = path_statistics = None
+    precision_map = path_statistics = stand_ins = None
     if native.static_precision:
         if not calibration.get("precision_map"):
             raise InvalidOptionError("static_precision needs the precision map of `pyedgemoe calibrate --system edgemoe` "
@@ -477,7 +480,12 @@ def _calibrated_tables(native: _native.ExpertOptions, calibration: dict | None) 
             raise InvalidOptionError("prefetch edgemoe needs the path statistics of `pyedgemoe calibrate` in the "
                                      "calibration sidecar")
         path_statistics = native_entries(stats)
-    return precision_map, path_statistics
+    if native.stand_in > 0:
+        if not calibration.get("stand_ins"):
+            raise InvalidOptionError("stand_in needs the stand-ins of `pyedgemoe calibrate --stand-ins` in the "
+                                     "calibration sidecar")
+        stand_ins = MappingProxyType(stand_in_stats.taus(calibration["stand_ins"], native.stand_in))
+    return precision_map, path_statistics, stand_ins
 
 
 def _fill(native: _native.ExpertOptions | None, precision_map: Mapping | None, info: ModelInfo) -> tuple[str, str]:

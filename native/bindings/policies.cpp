@@ -5,6 +5,7 @@
 #include "native.h"
 
 #include "../src/cache-routing.h"
+#include "../src/cache-standin.h"
 #include "../src/expert-cache.h"
 #include "../src/expert-options.h"
 #include "../src/layer-planner.h"
@@ -93,6 +94,19 @@ nb::tuple cache_routing(routing_ids ids, routing_weights weights, routing_weight
                           to_numpy(std::move(scale), { n, k }));
 }
 
+// The calibrated stand-ins of one layer (ids int32 [n, k], weights float32 [n, k], cost float32
+// [n_expert, n_expert]) with the experts `cached` held: (ids, swaps), as the runtime routes.
+nb::tuple stand_ins_of(routing_ids ids, routing_weights weights, routing_weights cost, double tau, const std::vector<int> & cached) {
+    const size_t n = ids.shape(0), k = ids.shape(1), n_expert = cost.shape(0);
+    if (weights.shape(0) != n || weights.shape(1) != k) throw nb::value_error("ids and weights differ in shape");
+    if (cost.shape(1) != n_expert) throw nb::value_error("cost must be n_expert x n_expert");
+    std::vector<int32_t> out_ids(ids.data(), ids.data() + n * k);
+    const stand_in_table table = { (int) n_expert, std::vector<float>(cost.data(), cost.data() + n_expert * n_expert), tau };
+    const int swaps = stand_in(out_ids.data(), weights.data(), (int64_t) n, (int) k, table,
+                               [&](int e) { return std::find(cached.begin(), cached.end(), e) != cached.end(); });
+    return nb::make_tuple(to_numpy(std::move(out_ids), { n, k }), swaps);
+}
+
 nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
     nb::list out;
     for (const auto & p : placed) out.append(nb::make_tuple(p.expert, expert_precision_name(p.precision), p.slot, p.load));
@@ -135,6 +149,10 @@ void register_policies(nb::module_ & m) {
           "selection's demand (int8 [n, k]: 2 high, 1 low, 0 skip) and the distinct experts with their demand. "
           "fixed: EdgeMoE's map (a precision name per expert); prefill_low_share: Fate's prefill rule; keep: "
           "MoBiLE's little pass (each token's heaviest selections kept; the others skip and are not wanted).");
+
+    m.def("stand_in", &stand_ins_of, nb::arg("ids"), nb::arg("weights"), nb::arg("cost"), nb::arg("tau"), nb::arg("cached"),
+          "Cache-aware routing by calibrated stand-ins of one layer: ids int32 [n, k], the graph's weights float32 [n, k], "
+          "cost float32 [n_expert, n_expert] and the bound tau, with the experts `cached` held. Returns (ids, swaps).");
 
     m.def("route_to_cache", &cache_routing, nb::arg("ids"), nb::arg("weights"), nb::arg("probs"), nb::arg("cached"),
           nb::arg("cache_routing"), nb::arg("normalized") = true,

@@ -214,6 +214,7 @@ nb::dict take_trace(Model & m) {
     d["ids"] = to_numpy(std::move(t.ids), { n, k });
     d["weights"] = to_numpy(std::move(t.weights), { n, k });
     d["predicted"] = to_numpy(std::move(t.predicted), { n, k });
+    if (!t.inputs.empty()) d["inputs"] = to_numpy(std::move(t.inputs), { n, (size_t) t.input_width });
     return d;
 }
 
@@ -271,7 +272,8 @@ void add_residency_methods(nb::class_<Model> & cls) {
                 return mm.residency ? names[(int) mm.residency->decode_prefetch()] : "stopped";
             }, "Decode prefetching: reading, held (its trial's windows without it) or stopped for good.")
        .def("reset_expert_stats", [](Model & mm) { if (mm.residency) mm.residency->reset_stats(); })
-       .def("set_expert_tracing", [](Model & mm, bool on) { if (mm.residency) mm.residency->set_tracing(on); })
+       .def("set_expert_tracing", [](Model & mm, bool on, bool inputs) { if (mm.residency) mm.residency->set_tracing(on, inputs); },
+            nb::arg("on"), nb::arg("inputs") = false, "Records the routing (and each MoE layer's input: inputs) from now on.")
        .def("take_expert_trace", &take_trace, "The routing trace recorded since the last call.")
        .def("set_expert_precision_map", [](Model & mm, const std::map<int, std::vector<int>> & low) {
                 live(mm);
@@ -279,6 +281,11 @@ void add_residency_methods(nb::class_<Model> & cls) {
             }, nb::arg("low"),
             "EdgeMoE's static map: the experts listed ({layer: [expert, ...]}) only in LOW, the others only in HIGH "
             "(with the static_precision option). Empties the cache.")
+       .def("set_expert_stand_ins", [](Model & mm, const std::map<int, std::pair<std::vector<float>, double>> & layers) {
+                live(mm);
+                mm.residency->set_stand_ins(layers);
+            }, nb::arg("layers"),
+            "The calibrated stand-ins for stand_in: {layer: (costs, n_expert x n_expert row-major, tau)}.")
        .def("set_expert_path_statistics", [](Model & mm, const std::vector<expert_residency::path_entry> & entries) {
                 live(mm);
                 mm.residency->set_path_statistics(entries);

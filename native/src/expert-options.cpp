@@ -31,6 +31,10 @@ void check_expert_options(const expert_options & o) {
             "link_share must be between 0 and 1, or -1 (measured at load), got " + number(o.link_share));
     require(o.cache_routing >= 0 && o.cache_routing <= 1,
             "cache_routing must be between 0 (off) and 1 (a cached expert always first), got " + number(o.cache_routing));
+    require(o.stand_in >= 0 && o.stand_in <= 1,
+            "stand_in must be a quantile between 0 (off) and 1, got " + number(o.stand_in));
+    require(o.cache_routing == 0 || o.stand_in == 0,
+            "cache_routing and stand_in are two rules for the same choice: give one of them");
     float sum = 0;
     for (float w : o.policy_weights) { require(w >= 0, "policy weights must be non-negative"); sum += w; }
     require(sum > 0, "policy weights must have a positive sum");
@@ -48,8 +52,9 @@ void check_options_fit(const expert_options & o, bool has_device, bool has_low, 
     if (o.big_little > 0 && n_expert_used < 2) {
         throw std::invalid_argument("big_little needs a model that routes each token to 2 or more experts");
     }
-    if (o.cache_routing > 0 && !fixed_routing.empty()) {
-        throw std::invalid_argument("cache_routing changes which experts a token uses, and this model's experts need the "
+    if ((o.cache_routing > 0 || o.stand_in > 0) && !fixed_routing.empty()) {
+        throw std::invalid_argument(std::string(o.cache_routing > 0 ? "cache_routing" : "stand_in") +
+                                    " changes which experts a token uses, and this model's experts need the "
                                     "router's own choice: " + fixed_routing);
     }
 }

@@ -68,6 +68,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(int,               fate_extra,      -1,                     "fate: at most this many of them (-1: top-k), within what the compute between layers hides; with LOW copies or skips this many whatever the time (-1: none)") \
     X(double,            big_little,      0.0,                    "MoBiLE: decode with top-k/2, redo a token with top-k when its top probability is below this (0: off)") \
     X(double,            cache_routing,   0.0,                    "cache-aware routing: a cached expert takes an uncached one's place when its router logit is within this share of the token's logit spread (0: off, 1: always)") \
+    X(double,            stand_in,        0.0,                    "cache-aware routing by calibrated stand-ins: a cached expert takes an uncached one's place when its output came near enough on the calibration text, within this quantile of the calibration's own swap costs (0: off; needs calibrate --stand-ins)") \
     X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU), split (misses uploaded and on the CPU at once) or auto") \
     X(double,            link_share,      -1.0,                   "mode split: the share of a decode token's misses uploaded, the others computed on the CPU meanwhile (more of a prefill's; -1: the ratio of the two rates measured at load)")
 
@@ -79,7 +80,7 @@ struct expert_options {
     precision_params precision() const { return { t1, t2, low_precision, skip }; }
     // With LOW copies, skips or cache-aware routing, what a token computes depends on what the cache
     // holds: then what is cached and evicted must not depend on how fast the reads went or the compute ran.
-    bool lossy() const { return low_precision || skip || cache_routing > 0; }
+    bool lossy() const { return low_precision || skip || cache_routing > 0 || stand_in > 0; }
 };
 
 // Throws std::invalid_argument naming the first option out of its range.

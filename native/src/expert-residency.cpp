@@ -42,6 +42,7 @@ struct expert_residency::impl : moe_pass_builder {
     struct wave_op {  // one wave's custom op in a layer's graph: its userdata
         impl * owner;
         int il, wave;
+        int inputs_src = -1;  // wave 0 of an engine that traces: the src holding the layer's input
     };
     struct building_layer {  // a layer's graph while build_pass fills in its passes
         ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr;
@@ -54,10 +55,10 @@ struct expert_residency::impl : moe_pass_builder {
     bool build_pass(int il, ggml_context * ctx, int pass, ggml_tensor * moe_input, ggml_tensor * weights,
                     ggml_tensor * previous, llama_moe_expert_pass * p) override;
     // the custom op of a wave: ids [n_used, n_tokens] (expert ids), weights and (wave 0) the router's probabilities and, with
-    // a predictor, the predicted router logits of the layers ahead -> dst, the passes' slot ids (tier-passes.h), loading
+    // a predictor, the predicted router logits of the layers ahead; tracing, the layer's input -> dst, the passes' slot ids (tier-passes.h), loading
     // misses; after each wave, the prefetch strategies
     void place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * probs,
-                       const ggml_tensor * predicted, ggml_tensor * dst);
+                       const ggml_tensor * predicted, const ggml_tensor * inputs, ggml_tensor * dst);
     // wave 0 of a layer: settles the layer before, plans this one's waves
     bool begin_layer(const moe_layer_layout & l, const ggml_tensor * ids, const ggml_tensor * weights, const ggml_tensor * probs,
                      ggml_tensor * dst);
@@ -105,6 +106,7 @@ struct expert_residency::impl : moe_pass_builder {
     mutable std::mutex mutex;                                  // stats, error, failed
     std::string error;
     bool failed = false;
+    bool trace_inputs = false;  // an engine that traces: each layer's op is handed the layer's input
     expert_fill_stats filled;
     int32_t ubatch_index = 0;
     std::unique_ptr<moe_hook_registration> hook;  // last: unregistered first
@@ -150,6 +152,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     rules.prefill_low_share = options.prefill_low_share;
     rules.cache_routing = options.cache_routing;
     rules.weights_normalized.assign(layout.n_layers, 0);
+    trace_inputs = trace_routing;
 
     stats.resize(layout.n_layers);
     std::vector<std::pair<const ggml_tensor *, int>> hooked;
@@ -192,9 +195,12 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     auto * op = (expert_residency::impl::wave_op *) userdata;
-    // wave 0: src[2] the router's probabilities, src[3] the predicted router logits (if any); later waves: src[2] the passes before
+    // wave 0: src[2] the router's probabilities, src[3] the predicted router logits (if any), the
+    // layer's input (tracing); later waves: src[2] the passes before
     const bool first = op->wave == 0;
-    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], first ? dst->src[2] : nullptr, first ? dst->src[3] : nullptr, dst);
+    const ggml_tensor * predicted = first && op->inputs_src != 3 ? dst->src[3] : nullptr;
+    const ggml_tensor * inputs = op->inputs_src >= 0 ? dst->src[op->inputs_src] : nullptr;
+    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], first ? dst->src[2] : nullptr, predicted, inputs, dst);
 }
 }  // namespace
 
@@ -216,11 +222,16 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
     if (index == 0) {
         // one op per wave writes the slot ids of all its passes; a later wave's op runs after the
         // passes before it (previous), whose slots it may reuse
-        ggml_tensor * args[4] = { ids, weights, wave > 0 ? previous : p->probs, nullptr };
+        ggml_tensor * args[5] = { ids, weights, wave > 0 ? previous : p->probs, nullptr, nullptr };
         int n_args = 3;
+        const auto inputs = [&] { return ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]); };
         if (ggml_tensor * routers = wave == 0 && predictor ? predictor->stacked(il) : nullptr) {
             // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
-            args[n_args++] = ggml_mul_mat(ctx, routers, ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]));
+            args[n_args++] = ggml_mul_mat(ctx, routers, inputs());
+        }
+        if (wave == 0 && trace_inputs) {  // the layer's input, for calibrate --stand-ins
+            wave_ops[il][0].inputs_src = n_args;
+            args[n_args++] = inputs();
         }
         // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
         b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], passes.planes(), 1, args, n_args,
@@ -242,7 +253,8 @@ void expert_residency::impl::fail(const std::string & why, ggml_tensor * dst) {
 }
 
 void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor * ids, const ggml_tensor * weights,
-                                           const ggml_tensor * probs, const ggml_tensor * predicted, ggml_tensor * dst) {
+                                           const ggml_tensor * probs, const ggml_tensor * predicted, const ggml_tensor * inputs,
+                                           ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
     GGML_ASSERT(weights->type == GGML_TYPE_F32 && (wave > 0 || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs))));
@@ -253,6 +265,7 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
     const moe_layer_layout & l = *layout.layer_at(il);
     const int64_t n_tokens = ids->ne[1];
     if (wave == 0 && !begin_layer(l, ids, weights, probs, dst)) return;
+    if (inputs) recorder.on_inputs((const char *) inputs->data, inputs->ne[0], inputs->nb[1], n_tokens);
     if (wave == 0) prefetch->on_layer_began(t0, ubatch_index);
     if (!serve_wave(l, wave, ids, dst, t0)) return;
     predicted_logits logits;
@@ -476,7 +489,7 @@ void expert_residency::reset_stats() {
     impl_->recorder.reset_stats();
 }
 
-void expert_residency::set_tracing(bool on) { impl_->recorder.set_tracing(on); }
+void expert_residency::set_tracing(bool on, bool inputs) { impl_->recorder.set_tracing(on, inputs); }
 void expert_residency::set_precision_map(const std::map<int, std::vector<int>> & low) {
     impl & r = *impl_;
     if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
@@ -485,6 +498,23 @@ void expert_residency::set_precision_map(const std::map<int, std::vector<int>> &
     r.coordinator.drop_all();
     r.forget_cache();
     r.rules.fixed = std::move(fixed);
+}
+
+void expert_residency::set_stand_ins(const std::map<int, std::pair<std::vector<float>, double>> & layers) {
+    impl & r = *impl_;
+    const int n = r.layout.n_expert;
+    std::vector<stand_in_table> tables(r.layout.n_layers);
+    for (const auto & [il, table] : layers) {
+        if (il < 0 || il >= r.layout.n_layers || !r.layout.layer_at(il)) {
+            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has no experts");
+        }
+        if (table.first.size() != (size_t) n * n) {
+            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has " + std::to_string(table.first.size()) +
+                                        " costs, not " + std::to_string(n) + " x " + std::to_string(n));
+        }
+        tables[il] = { n, table.first, table.second };
+    }
+    r.rules.stand_ins = std::move(tables);
 }
 
 void expert_residency::set_path_statistics(const std::vector<path_entry> & entries) {

@@ -109,13 +109,15 @@ public:
     uint64_t resident_experts() const;
     void reset_stats();
 
-    void set_tracing(bool on);
+    void set_tracing(bool on, bool inputs = false);
     routing_trace take_trace();
 
     // EdgeMoE's static precision map: the experts listed (per il) only ever in LOW, the others only
     // in HIGH (used while options().static_precision). Empties the cache. Throws
     // std::invalid_argument without LOW copies or for an expert that does not exist.
     void set_precision_map(const std::map<int, std::vector<int>> & low);
+    // The calibrated stand-ins (cache-standin.h) per MoE layer: its n_expert x n_expert costs and its tau.
+    void set_stand_ins(const std::map<int, std::pair<std::vector<float>, double>> & layers);
     // EdgeMoE's path statistics (prefetch edgemoe): (layer, prev2, prev1, probabilities) entries
     // of path-predictor.h. Throws std::invalid_argument for a row of the wrong length.
     using path_entry = std::tuple<int, std::vector<int>, std::vector<int>, std::vector<float>>;

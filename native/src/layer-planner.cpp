@@ -30,6 +30,9 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
         rescaled = route_to_cache(plan.ids.data(), routed.data(), n_tokens, k, rules.probs, n_expert, rules.cache_routing,
                                   rules.weights_normalized, [&](int e) { return served(e, expert_precision::high); });
     }
+    if (rules.stand_ins) {
+        stand_in(plan.ids.data(), routed.data(), n_tokens, k, *rules.stand_ins, [&](int e) { return served(e, expert_precision::high); });
+    }
     ids = plan.ids.data();
     weights = routed.data();
     const precision_params & precision = rules.precision;
@@ -108,6 +111,7 @@ plan_rules layer_rules::of(int il, int keep, const float * probs) const {
     rules.weights_normalized = weights_normalized[il];
     rules.cache_routing = cache_routing;
     rules.probs = probs;
+    rules.stand_ins = stand_ins.empty() || stand_ins[il].n_expert == 0 ? nullptr : &stand_ins[il];
     return rules;
 }
 

@@ -5,6 +5,7 @@
 // routing traces through it and tests call it directly.
 #pragma once
 
+#include "cache-standin.h"
 #include "precision-policy.h"
 
 #include <cstdint>
@@ -68,6 +69,8 @@ struct plan_rules {
     // and the other rules apply to the routing it leaves, with that routing's weights.
     double cache_routing = 0;
     const float * probs = nullptr;
+    // cache-aware routing by calibrated stand-ins (cache-standin.h; null: off), after Cache-Prior
+    const stand_in_table * stand_ins = nullptr;
 };
 
 // ids, weights: [n_tokens][k] expert ids and routing weights. served(expert, demand): a cached
@@ -89,6 +92,7 @@ struct layer_rules {
     double cache_routing = 0;
     std::vector<std::vector<expert_precision>> fixed;  // per il: EdgeMoE's static map (empty: none)
     std::vector<uint8_t> weights_normalized;           // per il: llama.cpp normalizes its top-k weights
+    std::vector<stand_in_table> stand_ins;             // per il: the calibrated stand-ins (empty: none)
 
     // layer il's rules; keep: MoBiLE's little pass's (0: every selection is computed); probs: the
     // router's probabilities, [n_tokens][n_expert] (cache routing)

@@ -58,6 +58,16 @@ void routing_recorder::on_layer(int il, int32_t ubatch, const int32_t * ids, con
     if (it != guesses_.end()) guesses_.erase(it);
 }
 
+void routing_recorder::on_inputs(const char * rows, int64_t width, size_t row_stride, int64_t n_tokens) {
+    if (!tracing_inputs_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.input_width = width;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float * row = (const float *) (rows + t * row_stride);
+        trace_.inputs.insert(trace_.inputs.end(), row, row + width);
+    }
+}
+
 std::vector<expert_prediction_stats> routing_recorder::prediction_stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return prediction_stats_;

@@ -25,10 +25,12 @@ public:
     // Layer il routed ids / weights [n_tokens][k] in the ubatch-th ubatch: scores the guesses for
     // it, records the trace while tracing, forgets the guesses.
     void on_layer(int il, int32_t ubatch, const int32_t * ids, const float * weights, int64_t n_tokens, int k);
+    // The same layer's input (F32 rows of width floats, row_stride bytes apart), recorded while tracing inputs.
+    void on_inputs(const char * rows, int64_t width, size_t row_stride, int64_t n_tokens);
 
     std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
     void reset_stats();
-    void set_tracing(bool on) { tracing_ = on; }
+    void set_tracing(bool on, bool inputs = false) { tracing_ = on; tracing_inputs_ = on && inputs; }
     routing_trace take_trace();
 
 private:
@@ -36,5 +38,5 @@ private:
     mutable std::mutex mutex_;                                  // what Python reads: the stats and the trace
     std::vector<expert_prediction_stats> prediction_stats_;
     routing_trace trace_;
-    std::atomic<bool> tracing_{false};
+    std::atomic<bool> tracing_{false}, tracing_inputs_{false};
 };

@@ -75,4 +75,6 @@ struct routing_trace {
     std::vector<float>   weights;        // n_expert_used per record
     std::vector<int32_t> predicted;      // n_expert_used per record: the predictor's guess one layer
                                          // earlier (-1: none, e.g. the first MoE layer)
+    std::vector<float>   inputs;         // input_width per record, while tracing inputs: the layer's input
+    int64_t input_width = 0;
 };

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pyedgemoe.calibration import edgemoe, mobile
+from pyedgemoe.calibration import edgemoe, mobile, stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
                                           best_lossless_policy, replay_steps, search_policy_weights, weight_grid)
@@ -81,7 +81,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
               grid_step: float = DEFAULT_GRID_STEP, text_name: str | None = None, write: bool = True,
               system: str | None = None, loss_budget: float = edgemoe.DEFAULT_LOSS_BUDGET,
               min_agreement: float = edgemoe.DEFAULT_MIN_AGREEMENT,
-              size_budget: float | None = None, force: bool = False, **engine_options) -> CalibrationResult:
+              size_budget: float | None = None, force: bool = False, stand_ins: bool = False,
+              **engine_options) -> CalibrationResult:
     """Calibrates the model on text under an expert cache of `budget` and writes the trace (default
     `<model>.routing-trace.npz`) and the sidecar (default `<model>.calibration.json`). A sidecar
     there already is an InvalidOptionError unless force: then it is replaced, keeping EdgeMoE's
@@ -92,6 +93,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     use at most this many tokens of the text (None: all). system: "hobbit" (the default: the above)
     or "edgemoe" (also the static precision map for loss_budget and min_agreement, or size_budget:
     edgemoe.py) or "mobile" (also MoBiLE's gamma for min_agreement and loss_budget: mobile.py).
+    stand_ins: also the calibrated stand-ins that `--stand-in` routes by (stand_ins.py).
     engine_options: further Engine arguments
     (n_threads, verbose, expert_options and the expert options by name). Raises InvalidOptionError
     for a dense model, a bad split or budget, TextTooShortError for fewer than MIN_TOKENS tokens.
@@ -129,7 +131,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
             raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
                                     f"the text has only {len(tokens)}")
         residency = dict(eng.expert_residency)
-        routing = record_trace(eng, tokens, n_ctx)
+        routing = record_trace(eng, tokens, n_ctx, inputs=stand_ins)
         # where the LOW copies came from, as the model's directory sees it: the sidecar travels with the model
         low_source = residency.get("low_source") or None
         if low_source:
@@ -231,6 +233,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         data["big_little"] = previous["big_little"]
         notes.append(f"kept MoBiLE's gamma of the sidecar replaced ({previous['big_little']['gamma']:.3g}; "
                      "--system mobile computes it again)")
+    if stand_ins:
+        start = time.perf_counter()
+        data["stand_ins"] = stand_in_stats.stand_in_costs(model_path, info.architecture, routing)
+        data["seconds"]["stand_ins"] = time.perf_counter() - start
+    routing.pop("inputs", None)  # the trace file keeps the routing
     result = CalibrationResult(data, notes=notes)
     if write:
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))

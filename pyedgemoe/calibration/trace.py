@@ -19,14 +19,15 @@ def trace_path(model_path: str | os.PathLike) -> str:
     return os.fspath(model_path) + TRACE_SUFFIX
 
 
-def record_trace(engine, tokens: list[int], n_ctx: int) -> dict:
+def record_trace(engine, tokens: list[int], n_ctx: int, inputs: bool = False) -> dict:
     """The routing of `tokens` under engine (made with an expert cache and trace_routing=True) as
     decode sees it: consecutive sequences of n_ctx tokens, each on a fresh context, one token per
     llama_decode with its logits (llama.cpp computes the last layer only for tokens whose logits
     are wanted, so a prefill would skip the last MoE layer for all but its last token). Returns the
-    arrays of Engine.take_routing_trace plus "sequence" [n]."""
+    arrays of Engine.take_routing_trace plus "sequence" [n] (inputs: with each record's layer input,
+    "inputs" [n, n_embd])."""
     parts = []
-    engine.record_routing(True)
+    engine.record_routing(True, inputs=inputs)
     try:
         engine.take_routing_trace()  # whatever was recorded before
         for i, start in enumerate(range(0, len(tokens), n_ctx)):

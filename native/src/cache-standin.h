@@ -1,0 +1,26 @@
+// Cache-aware routing by calibrated stand-ins: where a token's selected expert e is not cached, the
+// cached expert c that the token did not select and whose output came nearest to e's on the
+// calibration text takes e's row and weight, if that cost, w_e * cost[e][c], is within the layer's
+// bound tau. cost[e][c] is the mean of ||f_c(h) - f_e(h)|| / ||h|| over the calibration tokens whose
+// router chose e (h: the layer's input, f: an expert's FFN); `pyedgemoe calibrate --stand-ins` measures
+// it and the quantiles of the calibration's own swap costs, and tau is the quantile --stand-in asks
+// for (pyedgemoe/calibration/stand_ins.py). Chosen by what the experts compute, where Cache-Prior
+// (cache-routing.h) chooses by the router's scores: in an offline simulation of both trained models
+// the router's scores found worse stand-ins (docs/systems.md, "Cache-aware routing"). Lossy; a pure
+// function of one layer's routing and what is cached.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+struct stand_in_table {
+    int n_expert = 0;
+    std::vector<float> cost;  // [e][c], n_expert x n_expert
+    double tau = 0;           // a swap's largest cost
+};
+
+// ids [n_tokens][k] rewritten in place (the weights stay with their rows), selections in order; a
+// stand-in taken by one selection is the token's, so the next looks further. Returns the swaps made.
+int stand_in(int32_t * ids, const float * weights, int64_t n_tokens, int k, const stand_in_table & table,
+             const std::function<bool(int)> & cached);
