@@ -422,6 +422,9 @@ def calibrate_command(
                    f"{g['min_agreement']:.0%} at least): "
                    f"{g['fallback_rate']:.1%} of tokens redone big, top-1 agreement {g['agreement']:.1%} "
                    f"({g['little_agreement']:.1%} with the little pass alone)")
+    if stand_ins:
+        typer.echo(f"stand-ins: each expert's output against every other's on {d['stand_ins']['records']} layer "
+                   "inputs; run --stand-in q swaps within each layer's q-quantile of this text's swap costs")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 

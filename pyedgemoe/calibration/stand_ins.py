@@ -20,7 +20,7 @@ import numpy as np
 from pyedgemoe.errors import InvalidOptionError
 
 # llama.cpp architectures whose routed experts are gated SiLU FFNs without biases
-GATED_SILU = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "granitemoe")
+GATED_SILU = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "phimoe", "granitemoe")
 QUANTILE_POINTS = 101  # the swap costs' quantiles at 0, 0.01, ..., 1
 CHUNK_FLOATS = 1 << 24  # the distances of a chunk of records at once
 
