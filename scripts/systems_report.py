@@ -598,7 +598,13 @@ SYSTEMS_PROSE = """\
   (normalized over the new choice where the model normalizes its top-k). A cached expert takes an
   uncached one's place only when its logit is within λ·spread of it.
 - **hobbit-cache-routing**: HOBBIT's preset with the same routing; an expert counts as cached when
-  a copy of it serves a HIGH demand, so with `--low-hit accept` (the default) a LOW copy counts."""
+  a copy of it serves a HIGH demand, so with `--low-hit accept` (the default) a LOW copy counts.
+- `--stand-in q` (an option, not a preset; after `pyedgemoe calibrate --stand-ins`): cache-aware
+  routing with another choice of stand-in. A missed selection e takes the cached expert c the
+  token lacks whose output came nearest to e's on the calibration text (cost[e][c], the mean of
+  ||f_c(h) - f_e(h)|| / ||h|| over the tokens whose router chose e, h the layer's input), where e's
+  weight times that cost is within the layer's q-quantile of the calibration's own swap costs; c
+  takes e's row and weight. Its measurements are under "Cache-aware routing" below."""
 
 ROUTING_FINDINGS = """\
 What the sweep says (2026-11-27, 06:39-07:06 UTC, after decay began counting its layer's distance,
