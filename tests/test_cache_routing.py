@@ -110,13 +110,19 @@ def test_a_model_whose_ffn_indexes_by_expert_is_refused(tiny_model, tmp_path):
         assert eng.stats()["experts"]["cache_routing"] == 0
 
 
+def the_one_error_line(*options: str) -> str:
+    """`pyedgemoe run` on the demo at a 25 % cache with options, which must fail with one error
+    line (notes aside) and no traceback: that line."""
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "x", "-n", "1", "--expert-cache",
+                        "25%", *options], capture_output=True, text=True, timeout=120)
+    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("note: ")]
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize("value", ["-0.1", "nan", "1.5"])
 def test_a_lambda_out_of_range_is_one_error_line(value):
-    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "x", "-n", "1", "--expert-cache",
-                        "25%", "--cache-routing", value], capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("note: ")]
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: cache_routing must be between 0"), r.stderr
+    assert the_one_error_line("--cache-routing", value).startswith("error: cache_routing must be between 0")
 
 
 def test_the_presets_route_to_the_cache_alone_and_with_hobbit():

@@ -16,6 +16,7 @@ from pyedgemoe import Engine, _native
 from pyedgemoe.calibration.run import calibrate
 from pyedgemoe.calibration.stand_ins import taus
 from pyedgemoe.errors import InvalidOptionError
+from test_cache_routing import the_one_error_line
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
@@ -123,11 +124,7 @@ def test_what_cannot_run_it_is_refused(calibrated_demo, tmp_path):
 
 @pytest.mark.parametrize("value", ["-0.1", "nan", "1.5"])
 def test_a_quantile_out_of_range_is_one_error_line(value):
-    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "x", "-n", "1", "--expert-cache",
-                        "25%", "--stand-in", value], capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("note: ")]
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: stand_in must be a quantile between 0"), r.stderr
+    assert the_one_error_line("--stand-in", value).startswith("error: stand_in must be a quantile between 0")
 
 
 def test_calibrate_and_run_from_the_command_line(tmp_path):
