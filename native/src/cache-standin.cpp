@@ -2,6 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
+
+std::vector<stand_in_table> stand_in_tables(const std::map<int, std::pair<std::vector<float>, double>> & layers,
+                                            const std::vector<int> & moe_layers, int n_layers, int n_expert) {
+    std::vector<stand_in_table> tables(n_layers);
+    for (const auto & [il, table] : layers) {
+        if (std::find(moe_layers.begin(), moe_layers.end(), il) == moe_layers.end()) {
+            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has no experts");
+        }
+        if (table.first.size() != (size_t) n_expert * n_expert) {
+            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has " + std::to_string(table.first.size()) +
+                                        " costs, not " + std::to_string(n_expert) + " x " + std::to_string(n_expert));
+        }
+        tables[il] = { n_expert, table.first, table.second };
+    }
+    return tables;
+}
 
 int stand_in(int32_t * ids, const float * weights, int64_t n_tokens, int k, const stand_in_table & table,
              const std::function<bool(int)> & cached) {

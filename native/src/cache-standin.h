@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
 #include <vector>
 
 struct stand_in_table {
@@ -19,6 +21,12 @@ struct stand_in_table {
     std::vector<float> cost;  // [e][c], n_expert x n_expert
     double tau = 0;           // a swap's largest cost
 };
+
+// Per il (n_layers of them), the tables of layers: {il: (costs, n_expert x n_expert row-major, tau)};
+// an empty table where none is given. Throws std::invalid_argument for a layer that is not one of
+// moe_layers or costs of another size.
+std::vector<stand_in_table> stand_in_tables(const std::map<int, std::pair<std::vector<float>, double>> & layers,
+                                            const std::vector<int> & moe_layers, int n_layers, int n_expert);
 
 // ids [n_tokens][k] rewritten in place (the weights stay with their rows), selections in order; a
 // stand-in taken by one selection is the token's, so the next looks further. Returns the swaps made.

@@ -14,6 +14,7 @@
 #include "moe-hook.h"
 #include "path-predictor.h"
 #include "predictor.h"
+#include "residency-info.h"
 #include "prefetch-coordinator.h"
 #include "prefetch-strategy.h"
 #include "routing-recorder.h"
@@ -167,24 +168,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     }
     prefetch = std::make_unique<prefetch_strategies>(prefetch_env{ layout, options, rules, cache, coordinator, recorder, predictor.get() });
 
-    info.budget_bytes = budget.budget_bytes;
-    info.minimum_bytes = budget.minimum_bytes;
-    info.high_pool_bytes = pools->bytes(expert_precision::high);
-    info.low_pool_bytes = pools->bytes(expert_precision::low);
-    info.high_slots = pools->slots(expert_precision::high);
-    info.low_slots = pools->slots(expert_precision::low);
-    if (host) {
-        info.host_pool_bytes = host->bytes();
-        info.host_high_slots = host->pools.slots(expert_precision::high);
-        info.host_low_slots = host->pools.slots(expert_precision::low);
-    }
-    info.expert_bytes = layout.high_bytes, info.low_expert_bytes = layout.low_bytes;
-    info.n_expert = layout.n_expert, info.n_expert_used = layout.n_expert_used, info.n_layers = layout.n_layers;
-    info.max_ubatch_tokens = budget.max_ubatch_tokens;
-    info.io = reader.io();
-    info.mixed_precision = layout.has_low;
-    info.low_source = layout.low_source;
-    info.predictor_depth = needs.scored_depths;
+    describe_residency(info, layout, budget, *pools, host.get(), reader.io(), needs.scored_depths);
     uint32_t extra_nodes = 0;  // every wave's op and passes, in every layer
     for (const auto & [il, ops] : wave_ops) extra_nodes += passes.graph_nodes(ops.size());
     hook = std::make_unique<moe_hook_registration>(*this, hooked, extra_nodes);
@@ -501,20 +485,8 @@ void expert_residency::set_precision_map(const std::map<int, std::vector<int>> &
 }
 
 void expert_residency::set_stand_ins(const std::map<int, std::pair<std::vector<float>, double>> & layers) {
-    impl & r = *impl_;
-    const int n = r.layout.n_expert;
-    std::vector<stand_in_table> tables(r.layout.n_layers);
-    for (const auto & [il, table] : layers) {
-        if (il < 0 || il >= r.layout.n_layers || !r.layout.layer_at(il)) {
-            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has no experts");
-        }
-        if (table.first.size() != (size_t) n * n) {
-            throw std::invalid_argument("stand-ins: layer " + std::to_string(il) + " has " + std::to_string(table.first.size()) +
-                                        " costs, not " + std::to_string(n) + " x " + std::to_string(n));
-        }
-        tables[il] = { n, table.first, table.second };
-    }
-    r.rules.stand_ins = std::move(tables);
+    const expert_layout & l = impl_->layout;
+    impl_->rules.stand_ins = stand_in_tables(layers, l.moe_layers(), l.n_layers, l.n_expert);
 }
 
 void expert_residency::set_path_statistics(const std::vector<path_entry> & entries) {
