@@ -181,6 +181,8 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
                      f"decoding (a token keeps half its experts when its top probability reaches {gamma:g})")
     if experts["cache_routing"] > 0:
         precision += f", cache-aware routing (λ {experts['cache_routing']:g})"
+    if experts["stand_in"] > 0:
+        precision += f", cache-aware routing by calibrated stand-ins (q {experts['stand_in']:g})"
     prefetch_why = plan.reasons["prefetch"]
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "
