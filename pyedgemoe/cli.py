@@ -351,7 +351,8 @@ def calibrate_command(
                                    "each expert's output against every other's on the text's layer inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
     force: bool = typer.Option(False, "--force", help="replace the model's sidecar if it exists (EdgeMoE's precision "
-                               "map in it is kept unless --system edgemoe computes it again)"),
+                               "map, MoBiLE's gamma and the stand-ins in it are kept unless --system edgemoe, --system "
+                               "mobile or --stand-ins compute them again)"),
     engine_options: dict = None,
 ) -> None:
     """Choose T1/T2 and the cache policy's weights for a budget from the routing of a text, into a

@@ -145,3 +145,12 @@ def test_experts_that_are_not_gated_silu_ffns_are_refused():
     from pyedgemoe.calibration.stand_ins import stand_in_costs
     with pytest.raises(InvalidOptionError, match="gated SiLU FFNs, which gpt-oss's are not"):
         stand_in_costs(str(DEMO), "gpt-oss", {"inputs": np.zeros((1, 4))})
+
+
+def test_a_calibration_replacing_the_sidecar_keeps_its_stand_ins(calibrated_demo):
+    # as EdgeMoE's map and MoBiLE's gamma: another --force calibration does not drop them silently
+    model, stand_ins = calibrated_demo
+    text = (REPO / "docs" / "systems.md").read_text()
+    result = calibrate(model, text, budget="25%", max_tokens=256, n_ctx=128, n_threads=2, force=True)
+    assert result.data["stand_ins"] == stand_ins
+    assert "kept the stand-ins of the sidecar replaced (--stand-ins computes them again)" in result.notes

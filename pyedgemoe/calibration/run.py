@@ -237,6 +237,9 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         start = time.perf_counter()
         data["stand_ins"] = stand_in_stats.stand_in_costs(model_path, info.architecture, routing)
         data["seconds"]["stand_ins"] = time.perf_counter() - start
+    elif previous and previous.get("stand_ins"):
+        data["stand_ins"] = previous["stand_ins"]
+        notes.append("kept the stand-ins of the sidecar replaced (--stand-ins computes them again)")
     routing.pop("inputs", None)  # the trace file keeps the routing
     result = CalibrationResult(data, notes=notes)
     if write:
@@ -257,7 +260,8 @@ def _previous_calibration(sidecar: str, force: bool) -> dict | None:
         return None
     if not force:
         raise InvalidOptionError(f"{sidecar} exists: calibrate with --force (force=True from Python) to replace it "
-                                 "(EdgeMoE's precision map in it is kept unless --system edgemoe computes it again)")
+                                 "(EdgeMoE's precision map in it is kept unless --system edgemoe computes it again, "
+                                 "and so are its stand-ins unless --stand-ins does)")
     try:
         return read_sidecar(sidecar)
     except InvalidOptionError:
