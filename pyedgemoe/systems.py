@@ -34,7 +34,7 @@ CACHE_ROUTING, HOBBIT_CACHE_ROUTING = 0.05, 0.05
 # on top of any options, what makes their tokens the resident run's: every expert in HIGH and the
 # router's own choice (bench --against-min's run, measured against MIN, the lossless optimum)
 LOSSLESS_OVERRIDES = dict(low_precision=False, skip=False, static_precision=False, prefill_low_share=0.0,
-                          big_little=0.0, cache_routing=0.0)
+                          big_little=0.0, cache_routing=0.0, stand_in=0.0)
 
 SYSTEMS: dict[str, dict] = {
     "lossless": dict(low_precision=False, skip=False, cache_policy="lru", prefetch="none"),

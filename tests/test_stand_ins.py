@@ -154,3 +154,16 @@ def test_a_calibration_replacing_the_sidecar_keeps_its_stand_ins(calibrated_demo
     result = calibrate(model, text, budget="25%", max_tokens=256, n_ctx=128, n_threads=2, force=True)
     assert result.data["stand_ins"] == stand_ins
     assert "kept the stand-ins of the sidecar replaced (--stand-ins computes them again)" in result.notes
+
+
+def test_the_lossless_overrides_turn_every_lossy_option_off():
+    # bench --against-min measures a lossless run against MIN whatever options it was given
+    from pyedgemoe.systems import LOSSLESS_OVERRIDES
+    lossy = dict(low_precision=True, skip=True, cache_routing=0.1, stand_in=0.3)
+    for name, value in lossy.items():
+        o = _native.ExpertOptions()
+        setattr(o, name, value)
+        assert o.lossy, name
+        for key, off in LOSSLESS_OVERRIDES.items():
+            setattr(o, key, off)
+        assert not o.lossy, name
