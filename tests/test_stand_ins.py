@@ -167,3 +167,17 @@ def test_the_lossless_overrides_turn_every_lossy_option_off():
         for key, off in LOSSLESS_OVERRIDES.items():
             setattr(o, key, off)
         assert not o.lossy, name
+
+
+def test_the_presets_take_the_stand_ins_alone_and_with_hobbit(calibrated_demo, tmp_path):
+    from pyedgemoe.systems import HOBBIT_STAND_IN, STAND_IN, SYSTEMS
+    assert SYSTEMS["stand-ins"] == {**SYSTEMS["lossless"], "cache_policy": "decay", "stand_in": STAND_IN}
+    assert SYSTEMS["hobbit-stand-ins"] == {**SYSTEMS["hobbit"], "stand_in": HOBBIT_STAND_IN}
+    model, _ = calibrated_demo
+    with Engine(model, n_ctx=64, expert_cache="25%", system="hobbit-stand-ins") as eng:
+        experts = eng.stats()["experts"]
+    assert experts["stand_in"] == pytest.approx(HOBBIT_STAND_IN) and experts["low_precision"]
+    uncalibrated = tmp_path / "demo.gguf"
+    shutil.copyfile(DEMO, uncalibrated)
+    with pytest.raises(InvalidOptionError, match="stand_in needs the stand-ins of `pyedgemoe calibrate --stand-ins`"):
+        Engine(uncalibrated, n_ctx=64, expert_cache="25%", system="stand-ins")
