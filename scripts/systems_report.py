@@ -756,7 +756,12 @@ FINDINGS = """\
 - **Targets** (issue #41: decode mode, 25 % cache, both trained models; "Fidelity" above). Every
   lossy preset is within +1 % perplexity of HIGH only (-0.20 to +0.86 %), with fewer expert bytes
   than lossless (-2 to -70 %; mobile, whose little pass rarely meets the bounds, -2 to -9 %), at
-  >= 97 % top-1 agreement (97.3-99.6 %). In the run before (2026-11-26, 21:20 UTC, before decay
+  >= 97 % top-1 agreement (97.0-99.6 %), but one: hobbit-stand-ins with the demo's Q2_K LOW copies
+  reads +1.14 % (97.5 %, -59 % bytes; as shipped +0.33 % and +0.11 %). The stand-in presets (run
+  2026-11-27 16:29-16:40 UTC; the rows before it unchanged): stand-ins -41 % (demo, 97.0 %, on the
+  bound, +0.70 %) and -42 % (fine, 97.8 %, +0.16 %), the cache-aware routing target of 40 % met
+  alone; hobbit-stand-ins -46 % and -58 % at 98.4 % and 98.1 %, against hobbit-cache-routing's
+  -43 % and -56 % at 97.3 % and 97.8 %. In the run before (2026-11-26, 21:20 UTC, before decay
   counted its layer's distance) hobbit-cache-routing with the demo's Q2_K LOW copies had 96.9 %
   (now 97.8 %, within the spread of 2048 tokens). fate, lossless in decode, reads 4 %
   (demo) and 7 % (fine) less than lossless. Before this run (same measurements): EdgeMoE's maps were
