@@ -25,11 +25,11 @@ QUANTILE_POINTS = 101  # the swap costs' quantiles at 0, 0.01, ..., 1
 CHUNK_FLOATS = 1 << 24  # the distances of a chunk of records at once
 
 
-def _expert_weights(reader, il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Layer il's gate, up [E, f, d] and down [E, d, f] as float32 (the HIGH copies)."""
+def _expert_weights(tensors: dict, il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layer il's gate, up [E, f, d] and down [E, d, f] as float32 (the HIGH copies; tensors: the
+    GGUF's by name)."""
     from gguf.quants import dequantize
 
-    tensors = {t.name: t for t in reader.tensors}
     out = []
     for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
         t = tensors.get(f"blk.{il}.{name}.weight")
@@ -55,14 +55,14 @@ def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
         raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
     if "inputs" not in trace:
         raise InvalidOptionError("stand-ins need a trace recorded with the layers' inputs")
-    reader = gguf.GGUFReader(model_path)
+    tensors = {t.name: t for t in gguf.GGUFReader(model_path).tensors}
     layer, ids = np.asarray(trace["layer"]), np.asarray(trace["ids"])
     weights, inputs = np.asarray(trace["weights"], dtype=np.float32), np.asarray(trace["inputs"], dtype=np.float32)
+    norms = np.linalg.norm(inputs, axis=1)
     layers, used = {}, 0
     for il in (int(l) for l in np.unique(layer)):
-        gate, up, down = _expert_weights(reader, il)
+        gate, up, down = _expert_weights(tensors, il)
         n_expert, k = gate.shape[0], ids.shape[1]
-        norms = np.linalg.norm(inputs, axis=1)
         rows = np.flatnonzero((layer == il) & (norms > 0))
         total, count = np.zeros((n_expert, n_expert)), np.zeros(n_expert)
         chunk = max(1, CHUNK_FLOATS // (n_expert * k * inputs.shape[1]))
