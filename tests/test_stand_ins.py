@@ -181,3 +181,20 @@ def test_the_presets_take_the_stand_ins_alone_and_with_hobbit(calibrated_demo, t
     shutil.copyfile(DEMO, uncalibrated)
     with pytest.raises(InvalidOptionError, match="stand_in needs the stand-ins of `pyedgemoe calibrate --stand-ins`"):
         Engine(uncalibrated, n_ctx=64, expert_cache="25%", system="stand-ins")
+
+
+@pytest.mark.parametrize("cost, message", [
+    ("junk", "has an invalid stand_ins"),
+    ([[1.0, 2.0]], "has an invalid stand_ins"),  # not square
+    ([[0.0, 1.0], [1.0, 0.0]], "stand-ins: layer 0 has 4 costs, not 16 x 16"),  # another model's
+])
+def test_damaged_stand_ins_in_the_sidecar_are_one_clear_error(calibrated_demo, tmp_path, cost, message):
+    import json
+    model, _ = calibrated_demo
+    copy = tmp_path / "demo.gguf"
+    shutil.copyfile(model, copy)
+    data = json.loads(Path(f"{model}.calibration.json").read_text())
+    data["stand_ins"]["layers"]["0"]["cost"] = cost
+    Path(f"{copy}.calibration.json").write_text(json.dumps(data))
+    with pytest.raises(InvalidOptionError, match=message):
+        Engine(copy, n_ctx=64, expert_cache="25%", stand_in=0.2)

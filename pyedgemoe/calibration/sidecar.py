@@ -84,6 +84,12 @@ def _experts(x) -> bool:
     return isinstance(x, list) and all(_integer(e) for e in x)
 
 
+def _square(x) -> bool:
+    """A non-empty square matrix of numbers >= 0 (lists of lists)."""
+    return (isinstance(x, list) and len(x) > 0
+            and all(isinstance(row, list) and len(row) == len(x) and all(_number(v) for v in row) for row in x))
+
+
 def _path_row(row, n_expert: int) -> bool:
     """[prev2, prev1, n, [[expert, count], ...]] (calibration/paths.py)."""
     if not (isinstance(row, list) and len(row) == 4):
@@ -119,6 +125,13 @@ def _check_tables(data: dict, what: str) -> None:
             and all(_layer(k) and isinstance(rows, list) and all(_path_row(r, paths["n_expert"]) for r in rows)
                     for k, rows in paths["tables"].items())):
         raise invalid("path_statistics", "per layer, rows of [prev2, prev1, n, [[expert, count], ...]]")
+    stand_ins = data.get("stand_ins")
+    if stand_ins is not None and not (
+            isinstance(stand_ins, dict) and isinstance(stand_ins.get("layers"), dict)
+            and all(_layer(k) and isinstance(t, dict) and _square(t.get("cost"))
+                    and isinstance(t.get("swap_cost_quantiles"), list) and len(t["swap_cost_quantiles"]) > 1
+                    and all(_number(q) for q in t["swap_cost_quantiles"]) for k, t in stand_ins["layers"].items())):
+        raise invalid("stand_ins", "per layer, an n_expert x n_expert cost and its swap costs' quantiles")
 
 
 def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
