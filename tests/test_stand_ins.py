@@ -85,6 +85,40 @@ def test_calibration_measures_every_pair_and_the_quantiles_of_its_swaps(calibrat
     assert taus(stand_ins, 0.305)[2][1] == pytest.approx(np.mean(layer["swap_cost_quantiles"][30:32]))
 
 
+def test_the_costs_are_the_experts_own_ffns_in_any_chunking(monkeypatch):
+    # stand_in_costs reads and dequantizes one expert at a time with ggml, a chunk of records at a
+    # time; here against gguf-py's dequantizer on whole tensors, one chunk and one record a chunk
+    import gguf
+    from gguf.quants import dequantize
+
+    from pyedgemoe.calibration import stand_ins
+    from pyedgemoe.calibration.trace import record_trace
+
+    with Engine(DEMO, n_ctx=64, n_batch=1, n_logits=64, expert_cache="25%", trace_routing=True, n_threads=2) as eng:
+        trace = record_trace(eng, eng.tokenize(PROMPT * 3)[:40], 64, inputs=True)
+    costs = stand_ins.stand_in_costs(str(DEMO), "llama", trace)
+    monkeypatch.setattr(stand_ins, "CHUNK_FLOATS", 1)
+    one_by_one = stand_ins.stand_in_costs(str(DEMO), "llama", trace)
+    for il, layer in costs["layers"].items():  # BLAS rounds products of other shapes otherwise
+        np.testing.assert_allclose(one_by_one["layers"][il]["cost"], layer["cost"], atol=2e-6)
+        np.testing.assert_allclose(one_by_one["layers"][il]["swap_cost_quantiles"], layer["swap_cost_quantiles"], atol=2e-6)
+    tensors = {t.name: t for t in gguf.GGUFReader(DEMO).tensors}
+    gate, up, down = (dequantize(tensors[f"blk.3.{n}.weight"].data, tensors[f"blk.3.{n}.weight"].tensor_type)
+                      for n in stand_ins.EXPERT_TENSORS)
+    rows = np.flatnonzero(trace["layer"] == 3)
+    h, ids = trace["inputs"][rows].astype(np.float64), trace["ids"][rows]
+
+    def ffn(e, x):
+        g = x @ gate[e].T
+        return (g / (1 + np.exp(-g)) * (x @ up[e].T)) @ down[e].T
+
+    e = int(np.bincount(ids.ravel()).argmax())  # the layer's most chosen expert, and a stand-in for it
+    chose = (ids == e).any(axis=1)
+    for c in (e, (e + 1) % 16):
+        expected = np.mean(np.linalg.norm(ffn(c, h[chose]) - ffn(e, h[chose]), axis=1) / np.linalg.norm(h[chose], axis=1))
+        assert costs["layers"]["3"]["cost"][e][c] == pytest.approx(expected, abs=2e-6)
+
+
 def run(model, n_tokens, reference=None, **options):
     """Greedy tokens, or with a reference the teacher-forced top-1 agreement with it; and the bytes read."""
     with Engine(model, **SETTINGS, expert_cache="25%", system="lossless", cache_policy="decay", **options) as eng:

@@ -11,38 +11,45 @@ MoE layer:
   layer's bound tau (taus).
 
 The expert FFN here is the gated SiLU one, down(silu(gate h) * up h): what the architectures of
-GATED_SILU compute. Memory: one layer's expert weights (as float32) and a chunk of records at a time.
+GATED_SILU compute. Each expert is read from the file and dequantized on its own, twice per chunk of
+records (once for the chosen experts' outputs, once against them), so memory holds one expert (as
+float32), the records' inputs and a chunk's chosen outputs (CHUNK_FLOATS), never a layer's experts.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from pyedgemoe.convert.from_gguf import dequantized_rows, tensor_ne
 from pyedgemoe.errors import InvalidOptionError
 
 # llama.cpp architectures whose routed experts are gated SiLU FFNs without biases
 GATED_SILU = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "phimoe", "granitemoe")
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 QUANTILE_POINTS = 101  # the swap costs' quantiles at 0, 0.01, ..., 1
-CHUNK_FLOATS = 1 << 24  # the distances of a chunk of records at once
+CHUNK_FLOATS = 1 << 25  # the chosen experts' outputs of a chunk of records (128 MiB)
 
 
-def _expert_weights(tensors: dict, il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Layer il's gate, up [E, f, d] and down [E, d, f] as float32 (the HIGH copies; tensors: the
-    GGUF's by name)."""
-    from gguf.quants import dequantize
-
+def _layer_tensors(tensors: dict, il: int) -> list:
+    """Layer il's gate, up [E, f, d] and down [E, d, f] expert tensors (the HIGH copies; tensors:
+    the GGUF's by name)."""
     out = []
-    for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+    for name in EXPERT_TENSORS:
         t = tensors.get(f"blk.{il}.{name}.weight")
         if t is None:
             raise InvalidOptionError(f"stand-ins need separate gate, up and down experts: layer {il} has no {name}")
-        out.append(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
-    return out[0], out[1], out[2]
+        out.append(t)
+    return out
 
 
-def _outputs(gate: np.ndarray, up: np.ndarray, down: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """Every expert's output on each row of h [m, d]: [E, m, d]."""
-    g, u = np.einsum("efd,md->emf", gate, h), np.einsum("efd,md->emf", up, h)
-    return np.einsum("edf,emf->emd", down, g / (1 + np.exp(-g)) * u)
+def _expert_output(path: Path, layer: list, e: int, h: np.ndarray) -> np.ndarray:
+    """Expert e's output on each row of h [m, d]: [m, d]."""
+    gate, up, down = (dequantized_rows(path, t, e * tensor_ne(t)[1], (e + 1) * tensor_ne(t)[1]) for t in layer)
+    g = h @ gate.T
+    with np.errstate(over="ignore"):  # exp of a large -g is inf, and g / inf the 0 that SiLU gives there
+        a = g / (1 + np.exp(-g)) * (h @ up.T)
+    return a @ down.T
 
 
 def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
@@ -55,24 +62,31 @@ def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
         raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
     if "inputs" not in trace:
         raise InvalidOptionError("stand-ins need a trace recorded with the layers' inputs")
-    tensors = {t.name: t for t in gguf.GGUFReader(model_path).tensors}
+    path = Path(model_path)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     layer, ids = np.asarray(trace["layer"]), np.asarray(trace["ids"])
     weights, inputs = np.asarray(trace["weights"], dtype=np.float32), np.asarray(trace["inputs"], dtype=np.float32)
     norms = np.linalg.norm(inputs, axis=1)
+    n_embd, k = inputs.shape[1], ids.shape[1]
     layers, used = {}, 0
     for il in (int(l) for l in np.unique(layer)):
-        gate, up, down = _expert_weights(tensors, il)
-        n_expert, k = gate.shape[0], ids.shape[1]
+        experts = _layer_tensors(tensors, il)
+        n_expert = tensor_ne(experts[0])[2]
         rows = np.flatnonzero((layer == il) & (norms > 0))
         total, count = np.zeros((n_expert, n_expert)), np.zeros(n_expert)
-        chunk = max(1, CHUNK_FLOATS // (n_expert * k * inputs.shape[1]))
+        chunk = max(1, CHUNK_FLOATS // (k * n_embd))
         for start in range(0, len(rows), chunk):
             r = rows[start:start + chunk]
-            f = _outputs(gate, up, down, inputs[r])  # [E, m, d]
-            chosen = f[ids[r], np.arange(len(r))[:, None]]  # [m, k, d]: the chosen experts' outputs
-            dist = np.linalg.norm(f[:, :, None, :] - chosen[None], axis=-1) / norms[r][None, :, None]  # [E(c), m, k]
-            np.add.at(total, ids[r].ravel(), dist.transpose(1, 2, 0).reshape(-1, n_expert))
-            np.add.at(count, ids[r].ravel(), 1)
+            h, sel = inputs[r], ids[r]
+            chosen = np.empty((len(r), k, n_embd), dtype=np.float32)  # each record's chosen experts' outputs
+            for e in np.unique(sel):
+                at = np.nonzero(sel == e)
+                chosen[at] = _expert_output(path, experts, int(e), h[at[0]])
+            for c in range(n_expert):
+                f = _expert_output(path, experts, c, h)
+                dist = np.stack([np.linalg.norm(f - chosen[:, j], axis=1) for j in range(k)], axis=1) / norms[r][:, None]
+                total[:, c] += np.bincount(sel.ravel(), weights=dist.ravel(), minlength=n_expert)
+            count += np.bincount(sel.ravel(), minlength=n_expert)
         cost = total / np.maximum(count, 1)[:, None]
         # the calibration's own swap costs: each selection's cheapest stand-in among the unchosen
         sel = ids[rows]

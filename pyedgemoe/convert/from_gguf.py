@@ -144,26 +144,32 @@ def copy_chunks(path: Path, tensor, chunk_bytes: int = 4 * _CHUNK_ELEMENTS) -> I
         yield read_range(path, start + off, min(chunk_bytes, nbytes - off))
 
 
+def dequantized_rows(path: Path, tensor, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of a tensor (rows of ne[0] values) as float32 [r1 - r0, ne[0]]: read from the
+    file and dequantized with ggml (f32: as they are)."""
+    from pyedgemoe import _native
+
+    src_type, row_len = tensor_type_name(tensor), tensor_ne(tensor)[0]
+    src_row = tensor_nbytes(src_type, [row_len])
+    chunk = read_range(path, int(tensor.data_offset) + r0 * src_row, (r1 - r0) * src_row)
+    if src_type == "f32":
+        return chunk.view(np.float32).reshape(r1 - r0, row_len)
+    return _native.dequantize(chunk, src_type, r1 - r0, row_len)
+
+
 def requantize_chunks(path: Path, tensor, dst_type: str, n_threads: int) -> Iterator[np.ndarray]:
     """A tensor converted from its type to `dst_type`, a group of rows at a time: read the rows,
     dequantize them with ggml (f32: as they are), quantize them with ggml. ggml quantizes every
     row on its own, so the pieces are exactly the bytes of converting the whole tensor at once."""
     from pyedgemoe import _native
 
-    src_type, ne = tensor_type_name(tensor), tensor_ne(tensor)
-    row_len = ne[0]
-    n_rows = int(np.prod(ne[1:]))
-    src_row = tensor_nbytes(src_type, [row_len])
+    row_len = tensor_ne(tensor)[0]
+    n_rows = int(np.prod(tensor_ne(tensor)[1:]))
     dst_row = tensor_nbytes(dst_type, [row_len])
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // row_len)
     for r0 in range(0, n_rows, rows_per_chunk):
         r1 = min(n_rows, r0 + rows_per_chunk)
-        chunk = read_range(path, int(tensor.data_offset) + r0 * src_row, (r1 - r0) * src_row)
-        if src_type == "f32":
-            rows = chunk.view(np.float32).reshape(r1 - r0, row_len)
-        else:
-            rows = _native.dequantize(chunk, src_type, r1 - r0, row_len)
-        del chunk
+        rows = dequantized_rows(path, tensor, r0, r1)
         if dst_type == "f32":
             q = np.ascontiguousarray(rows, dtype=np.float32)
         else:
