@@ -43,7 +43,9 @@ struct expert_residency::impl : moe_pass_builder {
     struct wave_op {  // one wave's custom op in a layer's graph: its userdata
         impl * owner;
         int il, wave;
-        int inputs_src = -1;  // wave 0 of an engine that traces: the src holding the layer's input
+        // the srcs of wave 0 that some engines have (-1: none): the router's probabilities (cache
+        // routing), the predicted router logits (a predictor), the layer's input (tracing)
+        int probs_src = -1, predicted_src = -1, inputs_src = -1;
     };
     struct building_layer {  // a layer's graph while build_pass fills in its passes
         ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr;
@@ -179,12 +181,9 @@ void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     auto * op = (expert_residency::impl::wave_op *) userdata;
-    // wave 0: src[2] the router's probabilities, src[3] the predicted router logits (if any), the
-    // layer's input (tracing); later waves: src[2] the passes before
-    const bool first = op->wave == 0;
-    const ggml_tensor * predicted = first && op->inputs_src != 3 ? dst->src[3] : nullptr;
-    const ggml_tensor * inputs = op->inputs_src >= 0 ? dst->src[op->inputs_src] : nullptr;
-    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], first ? dst->src[2] : nullptr, predicted, inputs, dst);
+    const auto src = [dst](int i) -> const ggml_tensor * { return i >= 0 ? dst->src[i] : nullptr; };
+    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], src(op->probs_src), src(op->predicted_src),
+                             src(op->inputs_src), dst);
 }
 }  // namespace
 
@@ -205,21 +204,22 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
     ggml_tensor * ids = b.ids;
     if (index == 0) {
         // one op per wave writes the slot ids of all its passes; a later wave's op runs after the
-        // passes before it (previous), whose slots it may reuse
-        ggml_tensor * args[5] = { ids, weights, wave > 0 ? previous : p->probs, nullptr, nullptr };
-        int n_args = 3;
+        // passes before it (previous), whose slots it may reuse. On a device each src is one more
+        // copy to the host a layer, so wave 0 takes only what this engine reads.
+        wave_op & op = wave_ops[il][wave];
+        ggml_tensor * args[5] = { ids, weights, nullptr, nullptr, nullptr };
+        int n_args = 2;
+        const auto add = [&](ggml_tensor * t) { args[n_args] = t; return n_args++; };
         const auto inputs = [&] { return ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]); };
-        if (ggml_tensor * routers = wave == 0 && predictor ? predictor->stacked(il) : nullptr) {
-            // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
-            args[n_args++] = ggml_mul_mat(ctx, routers, inputs());
-        }
-        if (wave == 0 && trace_inputs) {  // the layer's input, for calibrate --stand-ins
-            wave_ops[il][0].inputs_src = n_args;
-            args[n_args++] = inputs();
-        }
+        if (wave > 0) add(previous);
+        op.probs_src = wave == 0 && rules.cache_routing > 0 ? add(p->probs) : -1;
+        // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
+        ggml_tensor * routers = wave == 0 && predictor ? predictor->stacked(il) : nullptr;
+        op.predicted_src = routers ? add(ggml_mul_mat(ctx, routers, inputs())) : -1;
+        op.inputs_src = wave == 0 && trace_inputs ? add(inputs()) : -1;  // the layer's input, for calibrate --stand-ins
         // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
         b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], passes.planes(), 1, args, n_args,
-                                    place_experts_op, 1, &wave_ops[il][wave]);
+                                    place_experts_op, 1, &op);
         ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
         b.masks = passes.masks(ctx, b.slot_ids, il, wave);
         b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, { &reader, &stats[il], &mutex });
@@ -241,7 +241,7 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
                                            ggml_tensor * dst) {
     const auto t0 = clock_type::now();
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
-    GGML_ASSERT(weights->type == GGML_TYPE_F32 && (wave > 0 || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs))));
+    GGML_ASSERT(weights->type == GGML_TYPE_F32 && (!probs || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs))));
     if (has_failed()) {  // a load failed earlier in this decode
         passes.write_unserved(dst);
         return;
@@ -296,7 +296,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     prefetch->on_routing(l, id, little_pass);
     const wave_shape & shape = wave_shapes[l.group];
     planned = plan_layer(id.data(), w.data(), n_tokens, k, layout.n_expert,
-                         rules.of(l.il, little_pass ? k / 2 : 0, (const float *) probs->data),
+                         rules.of(l.il, little_pass ? k / 2 : 0, probs ? (const float *) probs->data : nullptr),
                          shape.waves(n_tokens), shape.wave_size(n_tokens), [&](int e, expert_precision demand) {
             return cache.serving_tier(l.group, make_expert_key(l.il, e), demand) != expert_precision::skip;
         });

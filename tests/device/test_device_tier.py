@@ -431,3 +431,22 @@ def test_the_seed_systems_run_on_the_device(tiny_model, references, mode):
     # which asks for half the experts: fewer than the run that redid every step big
     assert stats["big_little"]["fallbacks"] == 0 and stats["big_little"]["little_tokens"] == N_GREEDY - 1
     assert stats["experts"]["total"]["requests"] < big["requests"]
+
+
+def test_cache_routing_and_the_traced_inputs_reach_the_op_on_the_device(tiny_model):
+    # the op takes the router's probabilities and the layer's input only where they are read (on a
+    # device each is one more copy to the host a layer): cache routing and tracing get them there too
+    from pyedgemoe.calibration.trace import record_trace
+
+    path = tiny_model("qwen2_moe")[0]
+    misses = {}
+    for routing in (0.0, 1.0):
+        _, tokens, stats = run(path, mode="gpu", expert_cache="25%", cache_routing=routing)
+        misses[routing] = stats["experts"]["total"]["misses"]
+    assert misses[1.0] < 0.5 * misses[0.0]
+    traces = {}
+    for mode in ("gpu", "cpu"):
+        with Engine(path, **SETTINGS, mode=mode, expert_cache="25%", trace_routing=True) as eng:
+            traces[mode] = record_trace(eng, IDS, 64, inputs=True)
+    assert np.array_equal(traces["gpu"]["ids"], traces["cpu"]["ids"])
+    np.testing.assert_allclose(traces["gpu"]["inputs"], traces["cpu"]["inputs"], rtol=1e-3, atol=1e-4)
