@@ -17,6 +17,7 @@ from pyedgemoe.calibration.run import calibrate
 from pyedgemoe.calibration.stand_ins import taus
 from pyedgemoe.errors import InvalidOptionError
 from test_cache_routing import the_one_error_line
+import tiny_moe
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
@@ -232,3 +233,24 @@ def test_damaged_stand_ins_in_the_sidecar_are_one_clear_error(calibrated_demo, t
     Path(f"{copy}.calibration.json").write_text(json.dumps(data))
     with pytest.raises(InvalidOptionError, match=message):
         Engine(copy, n_ctx=64, expert_cache="25%", stand_in=0.2)
+
+
+@pytest.mark.parametrize("arch", tiny_moe.MOE_ARCHITECTURES)
+def test_every_architecture_with_gated_silu_experts_calibrates_and_runs_them(tiny_model, tmp_path, arch):
+    # shared experts (qwen2_moe), a dense first layer (deepseek_v2), the weights' own scale: the
+    # routed experts' stand-ins all the same
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_model(arch)[0], model)
+    text = (REPO / "docs" / "systems.md").read_text()
+    stand_ins = calibrate(model, text, budget="25%", max_tokens=128, n_ctx=64, n_threads=2, stand_ins=True).data["stand_ins"]
+    for layer in stand_ins["layers"].values():
+        np.testing.assert_allclose(np.diag(layer["cost"]), 0, atol=1e-6)
+    misses = {}
+    for q in (0.0, 1.0):
+        with Engine(model, n_ctx=128, n_threads=2, expert_cache="25%", system="lossless", stand_in=q) as eng:
+            tokens = eng.time_generation(eng.tokenize(PROMPT), 16)["tokens"]
+            misses[q] = eng.stats()["experts"]["total"]["misses"]
+        if q == 0.0:
+            with Engine(model, n_ctx=128, n_threads=2) as eng:
+                assert eng.time_generation(eng.tokenize(PROMPT), 16)["tokens"] == tokens
+    assert misses[1.0] < misses[0.0]
