@@ -111,7 +111,7 @@ class LoadPlan:
     fill_ranking: Mapping  # per MoE layer, its experts most routed first (calibration)
     precision_map: Mapping | None  # EdgeMoE's static map, {layer: [LOW experts]} (static_precision)
     path_statistics: list | None  # EdgeMoE's path statistics as the native table takes them
-    stand_ins: Mapping | None  # the calibrated stand-ins for stand_in, {layer: (costs, tau)}
+    stand_ins: Mapping | None  # the calibrated stand-ins for stand_in, {layer: (costs, drop costs, tau)}
     big_little: float  # MoBiLE's gamma; 0: off
     n_ctx: int
     n_batch: int  # tokens a llama_decode takes

@@ -95,16 +95,20 @@ nb::tuple cache_routing(routing_ids ids, routing_weights weights, routing_weight
 }
 
 // The calibrated stand-ins of one layer (ids int32 [n, k], weights float32 [n, k], cost float32
-// [n_expert, n_expert]) with the experts `cached` held: (ids, swaps), as the runtime routes.
-nb::tuple stand_ins_of(routing_ids ids, routing_weights weights, routing_weights cost, double tau, const std::vector<int> & cached) {
+// [n_expert, n_expert], drop costs) with the experts `cached` held: (ids, dropped, changed), as the
+// runtime routes.
+nb::tuple stand_ins_of(routing_ids ids, routing_weights weights, routing_weights cost, double tau, const std::vector<int> & cached,
+                       const std::vector<float> & drop) {
     const size_t n = ids.shape(0), k = ids.shape(1), n_expert = cost.shape(0);
     if (weights.shape(0) != n || weights.shape(1) != k) throw nb::value_error("ids and weights differ in shape");
     if (cost.shape(1) != n_expert) throw nb::value_error("cost must be n_expert x n_expert");
     std::vector<int32_t> out_ids(ids.data(), ids.data() + n * k);
-    const stand_in_table table = { (int) n_expert, std::vector<float>(cost.data(), cost.data() + n_expert * n_expert), tau };
-    const int swaps = stand_in(out_ids.data(), weights.data(), (int64_t) n, (int) k, table,
-                               [&](int e) { return std::find(cached.begin(), cached.end(), e) != cached.end(); });
-    return nb::make_tuple(to_numpy(std::move(out_ids), { n, k }), swaps);
+    if (!drop.empty() && drop.size() != n_expert) throw nb::value_error("drop must have n_expert costs");
+    std::vector<uint8_t> dropped(n * k, 0);
+    const stand_in_table table = { (int) n_expert, std::vector<float>(cost.data(), cost.data() + n_expert * n_expert), drop, tau };
+    const int changed = stand_in(out_ids.data(), dropped.data(), weights.data(), (int64_t) n, (int) k, table,
+                                 [&](int e) { return std::find(cached.begin(), cached.end(), e) != cached.end(); });
+    return nb::make_tuple(to_numpy(std::move(out_ids), { n, k }), to_numpy(std::move(dropped), { n, k }), changed);
 }
 
 nb::list placements_to_python(const std::vector<expert_cache::placement> & placed) {
@@ -151,8 +155,10 @@ void register_policies(nb::module_ & m) {
           "MoBiLE's little pass (each token's heaviest selections kept; the others skip and are not wanted).");
 
     m.def("stand_in", &stand_ins_of, nb::arg("ids"), nb::arg("weights"), nb::arg("cost"), nb::arg("tau"), nb::arg("cached"),
+          nb::arg("drop") = std::vector<float>(),
           "Cache-aware routing by calibrated stand-ins of one layer: ids int32 [n, k], the graph's weights float32 [n, k], "
-          "cost float32 [n_expert, n_expert] and the bound tau, with the experts `cached` held. Returns (ids, swaps).");
+          "cost float32 [n_expert, n_expert] and the bound tau, with the experts `cached` held; drop: the drop costs "
+          "(n_expert; none: no selection is dropped). Returns (ids, dropped uint8 [n, k], selections changed).");
 
     m.def("route_to_cache", &cache_routing, nb::arg("ids"), nb::arg("weights"), nb::arg("probs"), nb::arg("cached"),
           nb::arg("cache_routing"), nb::arg("normalized") = true,

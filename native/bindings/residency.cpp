@@ -281,11 +281,12 @@ void add_residency_methods(nb::class_<Model> & cls) {
             }, nb::arg("low"),
             "EdgeMoE's static map: the experts listed ({layer: [expert, ...]}) only in LOW, the others only in HIGH "
             "(with the static_precision option). Empties the cache.")
-       .def("set_expert_stand_ins", [](Model & mm, const std::map<int, std::pair<std::vector<float>, double>> & layers) {
+       .def("set_expert_stand_ins", [](Model & mm, const std::map<int, stand_in_costs> & layers) {
                 live(mm);
                 mm.residency->set_stand_ins(layers);
             }, nb::arg("layers"),
-            "The calibrated stand-ins for stand_in: {layer: (costs, n_expert x n_expert row-major, tau)}.")
+            "The calibrated stand-ins for stand_in: {layer: (costs, n_expert x n_expert row-major, drop costs, n_expert "
+            "or none, tau)}.")
        .def("set_expert_path_statistics", [](Model & mm, const std::vector<expert_residency::path_entry> & entries) {
                 live(mm);
                 mm.residency->set_path_statistics(entries);

@@ -484,7 +484,7 @@ void expert_residency::set_precision_map(const std::map<int, std::vector<int>> &
     r.rules.fixed = std::move(fixed);
 }
 
-void expert_residency::set_stand_ins(const std::map<int, std::pair<std::vector<float>, double>> & layers) {
+void expert_residency::set_stand_ins(const std::map<int, stand_in_costs> & layers) {
     const expert_layout & l = impl_->layout;
     impl_->rules.stand_ins = stand_in_tables(layers, l.moe_layers(), l.n_layers, l.n_expert);
 }

@@ -16,6 +16,7 @@
 // changes only by fill and prefetch.
 #pragma once
 
+#include "cache-standin.h"
 #include "expert-options.h"
 #include "stats.h"
 
@@ -116,8 +117,8 @@ public:
     // in HIGH (used while options().static_precision). Empties the cache. Throws
     // std::invalid_argument without LOW copies or for an expert that does not exist.
     void set_precision_map(const std::map<int, std::vector<int>> & low);
-    // The calibrated stand-ins (cache-standin.h) per MoE layer: its n_expert x n_expert costs and its tau.
-    void set_stand_ins(const std::map<int, std::pair<std::vector<float>, double>> & layers);
+    // The calibrated stand-ins (cache-standin.h) per MoE layer: its costs, drop costs and tau.
+    void set_stand_ins(const std::map<int, stand_in_costs> & layers);
     // EdgeMoE's path statistics (prefetch edgemoe): (layer, prev2, prev1, probabilities) entries
     // of path-predictor.h. Throws std::invalid_argument for a row of the wrong length.
     using path_entry = std::tuple<int, std::vector<int>, std::vector<int>, std::vector<float>>;

@@ -30,15 +30,16 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
         rescaled = route_to_cache(plan.ids.data(), routed.data(), n_tokens, k, rules.probs, n_expert, rules.cache_routing,
                                   rules.weights_normalized, [&](int e) { return served(e, expert_precision::high); });
     }
+    plan.dropped.assign((size_t) n_tokens * k, 0);
     if (rules.stand_ins) {
-        stand_in(plan.ids.data(), routed.data(), n_tokens, k, *rules.stand_ins, [&](int e) { return served(e, expert_precision::high); });
+        stand_in(plan.ids.data(), plan.dropped.data(), routed.data(), n_tokens, k, *rules.stand_ins,
+                 [&](int e) { return served(e, expert_precision::high); });
     }
     ids = plan.ids.data();
     weights = routed.data();
     const precision_params & precision = rules.precision;
     const bool all_high = !precision.use_low && !precision.use_skip;
     plan.demand.assign((size_t) n_tokens * k, expert_precision::high);
-    plan.dropped.assign((size_t) n_tokens * k, 0);
     std::vector<expert_demand> wanted;
     std::vector<int64_t> uses;  // selections per wanted expert
     std::vector<int> index_of(std::max(n_expert, 0), -1);  // expert -> its place in wanted
@@ -57,7 +58,7 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
                 plan.error = "router chose expert " + std::to_string(e) + " out of " + std::to_string(n_expert);
                 return plan;
             }
-            if (plan.dropped[t * k + i]) continue;
+            if (plan.dropped[t * k + i]) { demand[i] = expert_precision::skip; continue; }
             if (rules.fixed) demand[i] = rules.fixed[e];
             if (index_of[e] < 0) { index_of[e] = (int) wanted.size(); wanted.emplace_back(e, demand[i]); uses.push_back(0); }
             else wanted[index_of[e]].second = std::max(wanted[index_of[e]].second, demand[i]);

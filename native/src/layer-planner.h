@@ -20,7 +20,7 @@ using expert_demand = std::pair<int, expert_precision>;  // (expert id, demand)
 struct layer_plan {
     std::vector<int32_t> ids;                      // per selection, [n_tokens][k]: its expert (cache routing may change it)
     std::vector<expert_precision> demand;          // per selection, [n_tokens][k]
-    std::vector<uint8_t> dropped;                  // per selection: left out by plan_rules::keep
+    std::vector<uint8_t> dropped;                  // per selection: left out by plan_rules::keep or a stand-in table
     std::vector<float> scale;                      // per selection: its output's scale over the graph's weight
     std::vector<std::vector<expert_demand>> waves;  // n_waves lists (later ones may be empty)
     std::string error;                              // an expert id out of range ("" if none)

@@ -90,6 +90,12 @@ def _square(x) -> bool:
             and all(isinstance(row, list) and len(row) == len(x) and all(_number(v) for v in row) for row in x))
 
 
+def _drop_costs(table: dict) -> bool:
+    """A stand-ins layer's drop costs: n_expert numbers >= 0, or none (a sidecar from before them)."""
+    drop = table.get("drop_cost", [])
+    return isinstance(drop, list) and (not drop or (len(drop) == len(table["cost"]) and all(_number(v) for v in drop)))
+
+
 def _path_row(row, n_expert: int) -> bool:
     """[prev2, prev1, n, [[expert, count], ...]] (calibration/paths.py)."""
     if not (isinstance(row, list) and len(row) == 4):
@@ -128,10 +134,10 @@ def _check_tables(data: dict, what: str) -> None:
     stand_ins = data.get("stand_ins")
     if stand_ins is not None and not (
             isinstance(stand_ins, dict) and isinstance(stand_ins.get("layers"), dict)
-            and all(_layer(k) and isinstance(t, dict) and _square(t.get("cost"))
+            and all(_layer(k) and isinstance(t, dict) and _square(t.get("cost")) and _drop_costs(t)
                     and isinstance(t.get("swap_cost_quantiles"), list) and len(t["swap_cost_quantiles"]) > 1
                     and all(_number(q) for q in t["swap_cost_quantiles"]) for k, t in stand_ins["layers"].items())):
-        raise invalid("stand_ins", "per layer, an n_expert x n_expert cost and its swap costs' quantiles")
+        raise invalid("stand_ins", "per layer, an n_expert x n_expert cost, n_expert drop costs and its swap costs' quantiles")
 
 
 def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:

@@ -6,9 +6,11 @@ MoE layer:
 - cost[e][c]: the mean of ||f_c(h) - f_e(h)|| / ||h|| over the records whose router chose e, f an
   expert's FFN computed from the GGUF's HIGH copies (records with h = 0, as a zero BOS embedding
   gives, are left out);
-- the quantiles of the calibration's own swap costs w_e * min_c cost[e][c] (w_e the selection's
-  routing weight, c among the experts the token did not choose), from which `--stand-in q` takes the
-  layer's bound tau (taus).
+- drop_cost[e]: the mean of ||f_e(h)|| / ||h|| over the same records, what leaving the selection
+  out costs;
+- the quantiles of the calibration's own swap costs w_e * min(drop_cost[e], min_c cost[e][c]) (w_e
+  the selection's routing weight, c among the experts the token did not choose), from which
+  `--stand-in q` takes the layer's bound tau (taus).
 
 The expert FFN here is the gated SiLU one, down(silu(gate h) * up h): what the architectures of
 GATED_SILU compute. Each expert is read from the file and dequantized on its own, twice per chunk of
@@ -53,7 +55,8 @@ def _expert_output(path: Path, layer: list, e: int, h: np.ndarray) -> np.ndarray
 
 
 def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
-    """{"layers": {il: {"cost": [E][E], "swap_cost_quantiles": [QUANTILE_POINTS]}}, "records": n}
+    """{"layers": {il: {"cost": [E][E], "drop_cost": [E], "swap_cost_quantiles": [QUANTILE_POINTS]}},
+    "records": n}
     from a trace with "inputs". InvalidOptionError for an architecture whose experts are not gated
     SiLU FFNs."""
     import gguf
@@ -73,7 +76,7 @@ def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
         experts = _layer_tensors(tensors, il)
         n_expert = tensor_ne(experts[0])[2]
         rows = np.flatnonzero((layer == il) & (norms > 0))
-        total, count = np.zeros((n_expert, n_expert)), np.zeros(n_expert)
+        total, count, dropping = np.zeros((n_expert, n_expert)), np.zeros(n_expert), np.zeros(n_expert)
         chunk = max(1, CHUNK_FLOATS // (k * n_embd))
         for start in range(0, len(rows), chunk):
             r = rows[start:start + chunk]
@@ -87,22 +90,28 @@ def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
                 dist = np.stack([np.linalg.norm(f - chosen[:, j], axis=1) for j in range(k)], axis=1) / norms[r][:, None]
                 total[:, c] += np.bincount(sel.ravel(), weights=dist.ravel(), minlength=n_expert)
             count += np.bincount(sel.ravel(), minlength=n_expert)
-        cost = total / np.maximum(count, 1)[:, None]
-        # the calibration's own swap costs: each selection's cheapest stand-in among the unchosen
+            dropping += np.bincount(sel.ravel(), weights=(np.linalg.norm(chosen, axis=2) / norms[r][:, None]).ravel(),
+                                    minlength=n_expert)
+        cost, drop = total / np.maximum(count, 1)[:, None], dropping / np.maximum(count, 1)
+        # the calibration's own swap costs: each selection's cheapest way out, a stand-in among the
+        # unchosen or none
         sel = ids[rows]
-        c = cost[sel] * weights[rows][:, :, None]  # [m, k, E]
+        c = np.concatenate([cost[sel], drop[sel][:, :, None]], axis=2) * weights[rows][:, :, None]  # [m, k, E + 1]
         np.put_along_axis(c, np.broadcast_to(sel[:, None, :], sel.shape + (k,)), np.inf, axis=2)
         swap = c.min(axis=2).ravel()
         swap = swap[np.isfinite(swap)]
         quantiles = np.quantile(swap, np.linspace(0, 1, QUANTILE_POINTS)) if len(swap) else np.zeros(QUANTILE_POINTS)
-        layers[str(il)] = {"cost": np.round(cost, 6).tolist(), "swap_cost_quantiles": np.round(quantiles, 6).tolist()}
+        layers[str(il)] = {"cost": np.round(cost, 6).tolist(), "drop_cost": np.round(drop, 6).tolist(),
+                           "swap_cost_quantiles": np.round(quantiles, 6).tolist()}
         used += len(rows)
     return {"layers": layers, "records": used}
 
 
-def taus(stand_ins: dict, q: float) -> dict[int, tuple[list[float], float]]:
-    """What the runtime takes for --stand-in q: {layer: (its costs row-major, tau = the q-quantile of
-    its calibration's swap costs)}."""
+def taus(stand_ins: dict, q: float) -> dict[int, tuple[list[float], list[float], float]]:
+    """What the runtime takes for --stand-in q: {layer: (its costs row-major, its drop costs (none in
+    a sidecar from before they were measured: nothing is dropped), tau = the q-quantile of its
+    calibration's swap costs)}."""
     points = np.linspace(0, 1, QUANTILE_POINTS)
-    return {int(il): ([float(x) for row in t["cost"] for x in row], float(np.interp(q, points, t["swap_cost_quantiles"])))
+    return {int(il): ([float(x) for row in t["cost"] for x in row], [float(x) for x in t.get("drop_cost", [])],
+                      float(np.interp(q, points, t["swap_cost_quantiles"])))
             for il, t in stand_ins["layers"].items()}
