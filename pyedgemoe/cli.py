@@ -348,7 +348,7 @@ def calibrate_command(
     size_budget: Optional[str] = typer.Option(None, "--size-budget", help="--system edgemoe: instead, the share of "
                                               "the all-HIGH expert bytes the map brings the experts to (e.g. 70%)"),
     stand_ins: bool = typer.Option(False, "--stand-ins", help="also the stand-ins that run's --stand-in routes by: "
-                                   "each expert's output against every other's on the text's layer inputs"),
+                                   "each expert's output against every other's and none on the text's layer inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the calibration as one JSON object"),
     force: bool = typer.Option(False, "--force", help="replace the model's sidecar if it exists (EdgeMoE's precision "
                                "map, MoBiLE's gamma and the stand-ins in it are kept unless --system edgemoe, --system "
@@ -425,7 +425,7 @@ def calibrate_command(
                    f"({g['little_agreement']:.1%} with the little pass alone)")
     if stand_ins:
         typer.echo(f"stand-ins: each expert's output against every other's on {d['stand_ins']['records']} layer "
-                   "inputs; run --stand-in q swaps within each layer's q-quantile of this text's swap costs")
+                   "inputs; run --stand-in q swaps (or drops) within each layer's q-quantile of this text's swap costs")
     typer.echo(f"wrote {result.sidecar} (run picks it up) and the trace {result.trace}")
 
 
