@@ -113,9 +113,9 @@ def test_the_costs_are_the_experts_own_ffns_in_any_chunking(monkeypatch):
 
     with Engine(DEMO, n_ctx=64, n_batch=1, n_logits=64, expert_cache="25%", trace_routing=True, n_threads=2) as eng:
         trace = record_trace(eng, eng.tokenize(PROMPT * 3)[:40], 64, inputs=True)
-    costs = stand_ins.stand_in_costs(str(DEMO), "llama", trace)
+    costs = stand_ins.stand_in_costs(str(DEMO), "qwen3moe", trace)
     monkeypatch.setattr(stand_ins, "CHUNK_FLOATS", 1)
-    one_by_one = stand_ins.stand_in_costs(str(DEMO), "llama", trace)
+    one_by_one = stand_ins.stand_in_costs(str(DEMO), "qwen3moe", trace)
     for il, layer in costs["layers"].items():  # BLAS rounds products of other shapes otherwise
         np.testing.assert_allclose(one_by_one["layers"][il]["cost"], layer["cost"], atol=2e-6)
         np.testing.assert_allclose(one_by_one["layers"][il]["swap_cost_quantiles"], layer["swap_cost_quantiles"], atol=2e-6)
