@@ -75,6 +75,10 @@ def print_stats(stats: dict) -> None:
                    f"{summary['high_fraction']:.1%} HIGH, {summary['low_fraction']:.1%} LOW, "
                    f"{summary['skip_fraction']:.1%} skipped; loads {t['loads_high']} HIGH + {t['loads_low']} LOW; "
                    f"miss penalty {summary['miss_penalty']:.1f}", err=True)
+    if experts["stand_in"] > 0:
+        t = experts["total"]
+        typer.echo(f"stand-ins: q {experts['stand_in']:g}; {t['stand_in_swaps']} missed selections served by a cached "
+                   f"stand-in, {t['stand_in_drops']} dropped", err=True)
     if experts["device"]:
         t = experts["total"]
         pools = ", ".join(f"{format_bytes(n)} on {name}" for name, n in experts["device_pool_bytes"].items())

@@ -175,14 +175,16 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
     share = experts["prefill_low_share"]
     precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
                  + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
+    lossy = []
     if experts["big_little"] > 0:
-        gamma = experts["big_little"]
-        precision = (("every expert in HIGH" if precision == "lossless" else precision) + ", lossy big-little "
-                     f"decoding (a token keeps half its experts when its top probability reaches {gamma:g})")
+        lossy.append(f"lossy big-little decoding (a token keeps half its experts when its top probability reaches "
+                     f"{experts['big_little']:g})")
     if experts["cache_routing"] > 0:
-        precision += f", cache-aware routing (λ {experts['cache_routing']:g})"
+        lossy.append(f"lossy cache-aware routing (λ {experts['cache_routing']:g})")
     if experts["stand_in"] > 0:
-        precision += f", cache-aware routing by calibrated stand-ins (q {experts['stand_in']:g})"
+        lossy.append(f"lossy cache-aware routing by calibrated stand-ins, a cached expert or none (q {experts['stand_in']:g})")
+    if lossy:
+        precision = ", ".join(["every expert in HIGH" if precision == "lossless" else precision, *lossy])
     prefetch_why = plan.reasons["prefetch"]
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "

@@ -764,7 +764,14 @@ and one token per step):
   fine at q 0.23 45 % (97.9 %, +0.02 %), 0.3 53 % (97.6 %, +0.35 %), 0.35 58 % (97.2 %, +0.50 %).
   Over 48 prompts the demo agrees on 98.0 % at q 0.22 (-40.1 %), where the stand-ins alone had
   96.7 % at q 0.28: the demo's margin moved from agreement (now 1 point, five standard errors) to
-  perplexity (+0.88 % of +1 %), and fine's bytes at equal agreement rose by 6-10 points. With
+  perplexity (+0.88 % of +1 %), and fine's bytes at equal agreement rose by 6-10 points. What the
+  rule then does is nearly all dropping: over 512 held-out tokens at q 0.22 it dropped 1019
+  missed selections and swapped 1 (demo; 17 % of the selections dropped) and dropped 4874 and
+  swapped 101 (fine; 15 %), and `hobbit-stand-ins` likewise (825 and 0, 4015 and 70; `--stats`
+  counts both). So on these models cache-aware routing earns its bytes by not computing a miss
+  whose output is small, chosen by its calibrated weighted output norm: a calibrated skip, on the
+  curve of HOBBIT's skip alone above, and a cached expert is almost never nearer to the missed
+  one's output than nothing. With
   HOBBIT at q 0.2: 48.5 % (98.0 %, +0.68 %) and 62 % (97.9 %, +0.16 %) fewer, where the stand-ins
   alone read 46 % and 58 %; with the demo's Q2_K LOW copies +1.58 % (q 0.1: +0.58 %, 97.2 %,
   -57 %). One tau for all layers (the q-quantile of every layer's swap costs pooled) instead of

@@ -137,7 +137,8 @@ def test_the_costs_are_the_experts_own_ffns_in_any_chunking(monkeypatch):
 
 
 def run(model, n_tokens, reference=None, **options):
-    """Greedy tokens, or with a reference the teacher-forced top-1 agreement with it; and the bytes read."""
+    """Greedy tokens, or with a reference the teacher-forced top-1 agreement with it; and the expert
+    cache's total counters."""
     with Engine(model, **SETTINGS, expert_cache="25%", system="lossless", cache_policy="decay", **options) as eng:
         prompt = eng.tokenize(PROMPT)
         if reference is None:
@@ -145,20 +146,23 @@ def run(model, n_tokens, reference=None, **options):
         else:
             picks = eng.logits(prompt + reference[:-1], one_token_per_step=True)[len(prompt) - 1:].argmax(axis=1)
             out = float((picks == np.array(reference)).mean())
-        return out, eng.stats()["experts"]["total"]["bytes_read"]
+        return out, eng.stats()["experts"]["total"]
 
 
 def test_q_zero_is_the_lossless_run_and_q_above_reads_fewer_bytes_close_to_the_text(calibrated_demo):
     model, _ = calibrated_demo
-    reference, lossless_bytes = run(model, 128)
-    assert run(model, 128, stand_in=0.0)[0] == reference
+    reference, lossless = run(model, 128)
+    tokens, off = run(model, 128, stand_in=0.0)
+    assert tokens == reference and off["stand_in_swaps"] == off["stand_in_drops"] == 0
     with Engine(model, **SETTINGS) as eng:  # everything resident
         assert eng.time_generation(eng.tokenize(PROMPT), 128)["tokens"] == reference
-    agreement, stand_in_bytes = run(model, 128, reference=reference, stand_in=0.2)
+    agreement, on = run(model, 128, reference=reference, stand_in=0.2)
     # measured here: 37 % fewer bytes than the same cache without stand-ins, 96.9 % agreement (124
     # of 128); calibrated on the training split and over 2048 held-out tokens, docs/systems.md
-    assert stand_in_bytes < 0.75 * lossless_bytes
+    assert on["bytes_read"] < 0.75 * lossless["bytes_read"]
     assert agreement >= 0.95
+    # on this model leaving a missed selection out is nearly always cheaper than a cached stand-in
+    assert on["stand_in_drops"] > 10 * on["stand_in_swaps"]
 
 
 def test_what_cannot_run_it_is_refused(calibrated_demo, tmp_path):
@@ -265,8 +269,8 @@ def test_stand_ins_from_before_the_drop_costs_still_run_and_drop_nothing(calibra
     assert all(drop == [] for _, drop, _ in taus(data["stand_ins"], 0.2).values())
     assert all(len(drop) == 16 for _, drop, _ in taus(stand_ins, 0.2).values())
     reference = run(copy, 32)[0]
-    agreement, _ = run(copy, 32, reference=reference, stand_in=0.2)
-    assert agreement > 0.5
+    _, total = run(copy, 32, reference=reference, stand_in=0.2)
+    assert total["stand_in_drops"] == 0 and total["stand_in_swaps"] > 0
 
 
 @pytest.mark.parametrize("arch", tiny_moe.MOE_ARCHITECTURES)

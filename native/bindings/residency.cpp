@@ -102,6 +102,8 @@ nb::dict counters(const expert_layer_stats & s) {
     d["upload_wait_ms"] = s.upload_wait_ms;
     d["cpu_pass_ms"] = s.cpu_pass_ms;
     d["cpu_experts"] = s.cpu_experts;
+    d["stand_in_swaps"] = s.stand_in_swaps;
+    d["stand_in_drops"] = s.stand_in_drops;
     return d;
 }
 

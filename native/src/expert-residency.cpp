@@ -304,6 +304,9 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
         fail("layer " + std::to_string(l.il) + ": " + planned.error, dst);
         return false;
     }
+    std::lock_guard<std::mutex> lock(mutex);
+    stats[l.il].stand_in_swaps += planned.stand_in_swaps;
+    stats[l.il].stand_in_drops += planned.stand_in_drops;
     return true;
 }
 

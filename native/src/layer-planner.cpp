@@ -32,8 +32,10 @@ layer_plan plan_layer(const int32_t * ids, const float * weights, int64_t n_toke
     }
     plan.dropped.assign((size_t) n_tokens * k, 0);
     if (rules.stand_ins) {
-        stand_in(plan.ids.data(), plan.dropped.data(), routed.data(), n_tokens, k, *rules.stand_ins,
-                 [&](int e) { return served(e, expert_precision::high); });
+        const int changed = stand_in(plan.ids.data(), plan.dropped.data(), routed.data(), n_tokens, k, *rules.stand_ins,
+                                     [&](int e) { return served(e, expert_precision::high); });
+        plan.stand_in_drops = (int) std::count(plan.dropped.begin(), plan.dropped.end(), 1);
+        plan.stand_in_swaps = changed - plan.stand_in_drops;
     }
     ids = plan.ids.data();
     weights = routed.data();

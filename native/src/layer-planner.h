@@ -24,6 +24,7 @@ struct layer_plan {
     std::vector<float> scale;                      // per selection: its output's scale over the graph's weight
     std::vector<std::vector<expert_demand>> waves;  // n_waves lists (later ones may be empty)
     std::string error;                              // an expert id out of range ("" if none)
+    int stand_in_swaps = 0, stand_in_drops = 0;     // selections a stand-in table gave another expert, or dropped
 };
 
 // Waves a ubatch of n_tokens needs at most: its distinct experts (at most min(n_expert, n_tokens * k))

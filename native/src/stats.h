@@ -27,6 +27,7 @@ struct expert_layer_stats {
     double   upload_wait_ms = 0;  // split: how long the device's passes waited for the queued uploads (after the CPU's pass, ms)
     double   cpu_pass_ms = 0;     // split: from the op's queuing of its uploads to that wait: the CPU's passes, the masks (ms)
     uint64_t cpu_experts = 0;
+    uint64_t stand_in_swaps = 0, stand_in_drops = 0;  // missed selections a cached stand-in served, or left out (stand_in)
 
     void add(const expert_layer_stats & o) {
         requests += o.requests; hits += o.hits; misses += o.misses; skipped += o.skipped;
@@ -36,6 +37,7 @@ struct expert_layer_stats {
         host_hits += o.host_hits; host_loads += o.host_loads;
         uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
         upload_wait_ms += o.upload_wait_ms; cpu_pass_ms += o.cpu_pass_ms;
+        stand_in_swaps += o.stand_in_swaps; stand_in_drops += o.stand_in_drops;
     }
 };
 

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -450,3 +451,35 @@ def test_cache_routing_and_the_traced_inputs_reach_the_op_on_the_device(tiny_mod
             traces[mode] = record_trace(eng, IDS, 64, inputs=True)
     assert np.array_equal(traces["gpu"]["ids"], traces["cpu"]["ids"])
     np.testing.assert_allclose(traces["gpu"]["inputs"], traces["cpu"]["inputs"], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
+def test_stand_ins_swap_and_drop_on_the_device(tiny_model, tmp_path, mode):
+    # a dropped selection is one that no pass adds (masked on the device, skipped on the host); a
+    # swapped one another expert's row, served like any other
+    import json
+    import shutil
+
+    from pyedgemoe.calibration.run import calibrate
+
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_model("qwen3_moe")[0], model)
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    calibrate(model, text, budget="25%", max_tokens=128, n_ctx=64, n_threads=2, stand_ins=True, mode="cpu")
+    extra = dict(mode=mode, expert_cache="25%", system="lossless", **(dict(link_share=0.5) if mode == "split" else {}))
+    off = run(model, stand_in=0.0, **extra)
+    assert off[1] == run(model, mode=mode)[1]
+    on = run(model, stand_in=1.0, **extra)
+    assert np.isfinite(on[0]).all()
+    assert on[2]["experts"]["total"]["misses"] < 0.5 * off[2]["experts"]["total"]["misses"]
+    assert on[2]["experts"]["total"]["stand_in_drops"] > 0
+    again = run(model, stand_in=1.0, **extra)
+    assert again[1] == on[1] and np.array_equal(again[0], on[0])
+    sidecar = Path(f"{model}.calibration.json")  # without drop costs every change is a swap
+    data = json.loads(sidecar.read_text())
+    for layer in data["stand_ins"]["layers"].values():
+        del layer["drop_cost"]
+    sidecar.write_text(json.dumps(data))
+    swapped = run(model, stand_in=1.0, **extra)[2]["experts"]["total"]
+    assert swapped["stand_in_swaps"] > 0 and swapped["stand_in_drops"] == 0
+    assert swapped["misses"] < off[2]["experts"]["total"]["misses"]
