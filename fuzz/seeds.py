@@ -6,8 +6,9 @@ pyedgemoe itself:
 
 - std: the standard llama.cpp GGUF, plus a calibration sidecar for `convert --calibration`;
 - mp: the multi-precision GGUF (`convert --high f32 --low f16`; row length 48 rules out the quants)
-  with its sidecar `model.gguf.calibration.json` from `calibrate --system edgemoe` (static precision
-  map, path statistics, expert usage: everything the runtime reads from a sidecar);
+  with its sidecar `model.gguf.calibration.json` from `calibrate --system edgemoe --stand-ins`
+  (static precision map, path statistics, expert usage, stand-ins: everything the runtime reads
+  from a sidecar);
 - mp-embedded: the same model with that calibration embedded as `edgemoe.calibration.*` and no sidecar;
 - hf: the Hugging Face checkpoint (config.json, safetensors, tokenizer files) plus a
   model.safetensors.index.json, for `convert` from HF.
@@ -34,7 +35,8 @@ RUN_VARIANTS = {
             ["--expert-cache", "50%", "--io", "buffered", "--cache-policy", "lfu", "--no-fill-cache"]],
     "mp": [[], ["--expert-cache", "50%"], ["--expert-cache", "50%", "--system", "edgemoe"],
            ["--expert-cache", "50%", "--system", "hobbit"], ["--expert-cache", "50%", "--static-precision"],
-           ["--expert-cache", "50%", "--prefetch", "edgemoe", "--io", "buffered"]],
+           ["--expert-cache", "50%", "--prefetch", "edgemoe", "--io", "buffered"],
+           ["--expert-cache", "50%", "--system", "stand-ins"], ["--expert-cache", "50%", "--system", "hobbit-stand-ins"]],
 }
 RUN_VARIANTS["mp-embedded"] = RUN_VARIANTS["mp"]
 CONVERT_ARGS = ["--high", "f32", "--low", "f16", "-t", "1"]
@@ -113,7 +115,7 @@ def _multi_precision(std: Path, work: Path) -> tuple[Path, Path, Path]:
             convert("std.gguf", "mp.gguf", high="f32", low="f16", force=True, progress=False, n_threads=1)
             text = " ".join(f"the {w} expert routes token {i}" for i, w in enumerate(["first", "second", "third"] * 40))
             calibrate("mp.gguf", text, budget="50%", n_ctx=64, max_tokens=256, system="edgemoe", n_threads=1,
-                      trace="mp.routing-trace.npz", text_name="fuzz seed text")
+                      trace="mp.routing-trace.npz", text_name="fuzz seed text", stand_ins=True)
             data = read_sidecar("mp.gguf.calibration.json")
             data["seconds"] = {k: 0.0 for k in data["seconds"]}  # the one thing that changes from run to run
             write_sidecar(data, "mp.gguf.calibration.json")
