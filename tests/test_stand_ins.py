@@ -103,19 +103,30 @@ def test_calibration_measures_every_pair_and_the_quantiles_of_its_swaps(calibrat
 
 
 def test_the_costs_are_the_experts_own_ffns_in_any_chunking(monkeypatch):
-    # stand_in_costs reads and dequantizes one expert at a time with ggml, a chunk of records at a
-    # time; here against gguf-py's dequantizer on whole tensors, one chunk and one record a chunk
+    # StandInCosts reads and dequantizes one expert at a time with ggml, a part of the trace and a
+    # chunk of records at a time; here against gguf-py's dequantizer on whole tensors, the trace in
+    # one part and one chunk, and in two parts of one record a chunk
     import gguf
     from gguf.quants import dequantize
 
     from pyedgemoe.calibration import stand_ins
     from pyedgemoe.calibration.trace import record_trace
 
+    parts = []
     with Engine(DEMO, n_ctx=64, n_batch=1, n_logits=64, expert_cache="25%", trace_routing=True, n_threads=2) as eng:
-        trace = record_trace(eng, eng.tokenize(PROMPT * 3)[:40], 64, inputs=True)
-    costs = stand_ins.stand_in_costs(str(DEMO), "qwen3moe", trace)
+        trace = record_trace(eng, eng.tokenize(PROMPT * 3)[:40], 64, on_inputs=parts.append)
+    assert "inputs" not in trace and len(parts) == 1
+    whole = stand_ins.StandInCosts(DEMO, "qwen3moe")
+    whole.add(parts[0])
+    costs = whole.result(trace)
     monkeypatch.setattr(stand_ins, "CHUNK_FLOATS", 1)
-    one_by_one = stand_ins.stand_in_costs(str(DEMO), "qwen3moe", trace)
+    halves = stand_ins.StandInCosts(DEMO, "qwen3moe")
+    half = len(trace["layer"]) // 2
+    for rows in (slice(0, half), slice(half, None)):
+        halves.add({key: value[rows] for key, value in parts[0].items()})
+    one_by_one = halves.result(trace)
+    assert one_by_one["records"] == costs["records"]
+    trace = parts[0]
     for il, layer in costs["layers"].items():  # BLAS rounds products of other shapes otherwise
         np.testing.assert_allclose(one_by_one["layers"][il]["cost"], layer["cost"], atol=2e-6)
         np.testing.assert_allclose(one_by_one["layers"][il]["swap_cost_quantiles"], layer["swap_cost_quantiles"], atol=2e-6)
@@ -197,9 +208,9 @@ def test_calibrate_and_run_from_the_command_line(tmp_path):
 
 
 def test_experts_that_are_not_gated_silu_ffns_are_refused():
-    from pyedgemoe.calibration.stand_ins import stand_in_costs
+    from pyedgemoe.calibration.stand_ins import StandInCosts
     with pytest.raises(InvalidOptionError, match="gated SiLU FFNs, which gpt-oss's are not"):
-        stand_in_costs(str(DEMO), "gpt-oss", {"inputs": np.zeros((1, 4))})
+        StandInCosts(DEMO, "gpt-oss")
 
 
 def test_a_calibration_replacing_the_sidecar_keeps_its_stand_ins(calibrated_demo):

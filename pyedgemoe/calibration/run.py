@@ -118,6 +118,8 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         raise InvalidOptionError(f"calibrate --system takes hobbit, edgemoe or mobile, got {system!r} (fate needs "
                                  "no calibration; lossless has nothing to calibrate)")
 
+    # refused before the model runs: an architecture whose experts the stand-ins cannot compute
+    stand_in_costs = stand_in_stats.StandInCosts(model_path, info.architecture) if stand_ins else None
     notes: list[str] = []
     start = time.perf_counter()
     # t1 = t2 = 1: every selection HIGH, so the routing recorded is the model's own (module doc);
@@ -131,12 +133,12 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
             raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
                                     f"the text has only {len(tokens)}")
         residency = dict(eng.expert_residency)
-        routing = record_trace(eng, tokens, n_ctx, inputs=stand_ins)
+        routing = record_trace(eng, tokens, n_ctx, on_inputs=stand_in_costs.add if stand_ins else None)
         # where the LOW copies came from, as the model's directory sees it: the sidecar travels with the model
         low_source = residency.get("low_source") or None
         if low_source:
             low_source = os.path.relpath(os.path.abspath(low_source), os.path.dirname(os.path.abspath(model_path)))
-    record_seconds = time.perf_counter() - start
+    record_seconds = time.perf_counter() - start - (stand_in_costs.seconds if stand_ins else 0.0)
 
     k = residency["n_expert_used"]
     split = default_split(k) if split is None else split
@@ -234,13 +236,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         notes.append(f"kept MoBiLE's gamma of the sidecar replaced ({previous['big_little']['gamma']:.3g}; "
                      "--system mobile computes it again)")
     if stand_ins:
-        start = time.perf_counter()
-        data["stand_ins"] = stand_in_stats.stand_in_costs(model_path, info.architecture, routing)
-        data["seconds"]["stand_ins"] = time.perf_counter() - start
+        data["stand_ins"] = stand_in_costs.result(routing)
+        data["seconds"]["stand_ins"] = stand_in_costs.seconds
     elif previous and previous.get("stand_ins"):
         data["stand_ins"] = previous["stand_ins"]
         notes.append("kept the stand-ins of the sidecar replaced (--stand-ins computes them again)")
-    routing.pop("inputs", None)  # the trace file keeps the routing
     result = CalibrationResult(data, notes=notes)
     if write:
         result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))

@@ -1,7 +1,6 @@
 """Calibrated stand-ins for cache-aware routing (`--stand-in q`, native/src/cache-standin.h).
 
-From a routing trace that holds each record's layer input h (record_trace(..., inputs=True)), per
-MoE layer:
+From each record's layer input h (record_trace's on_inputs, a sequence at a time), per MoE layer:
 
 - cost[e][c]: the mean of ||f_c(h) - f_e(h)|| / ||h|| over the records whose router chose e, f an
   expert's FFN computed from the GGUF's HIGH copies (records with h = 0, as a zero BOS embedding
@@ -15,10 +14,13 @@ MoE layer:
 The expert FFN here is the gated SiLU one, down(silu(gate h) * up h): what the architectures of
 GATED_SILU compute. Each expert is read from the file and dequantized on its own, twice per chunk of
 records (once for the chosen experts' outputs, once against them), so memory holds one expert (as
-float32), the records' inputs and a chunk's chosen outputs (CHUNK_FLOATS), never a layer's experts.
+float32), one sequence's layer inputs and a chunk's chosen outputs (CHUNK_FLOATS), never a layer's
+experts nor the whole text's inputs.
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,57 +56,76 @@ def _expert_output(path: Path, layer: list, e: int, h: np.ndarray) -> np.ndarray
     return a @ down.T
 
 
-def stand_in_costs(model_path: str, architecture: str, trace: dict) -> dict:
-    """{"layers": {il: {"cost": [E][E], "drop_cost": [E], "swap_cost_quantiles": [QUANTILE_POINTS]}},
-    "records": n}
-    from a trace with "inputs". InvalidOptionError for an architecture whose experts are not gated
-    SiLU FFNs."""
-    import gguf
+class StandInCosts:
+    """The stand-ins' sums over the records seen so far, one part of a trace at a time (record_trace's
+    on_inputs: one sequence's layer inputs in memory at once); result() the costs and quantiles.
+    InvalidOptionError for an architecture whose experts are not gated SiLU FFNs."""
 
-    if architecture not in GATED_SILU:
-        raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
-    if "inputs" not in trace:
-        raise InvalidOptionError("stand-ins need a trace recorded with the layers' inputs")
-    path = Path(model_path)
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    layer, ids = np.asarray(trace["layer"]), np.asarray(trace["ids"])
-    weights, inputs = np.asarray(trace["weights"], dtype=np.float32), np.asarray(trace["inputs"], dtype=np.float32)
-    norms = np.linalg.norm(inputs, axis=1)
-    n_embd, k = inputs.shape[1], ids.shape[1]
-    layers, used = {}, 0
-    for il in (int(l) for l in np.unique(layer)):
-        experts = _layer_tensors(tensors, il)
-        n_expert = tensor_ne(experts[0])[2]
-        rows = np.flatnonzero((layer == il) & (norms > 0))
-        total, count, dropping = np.zeros((n_expert, n_expert)), np.zeros(n_expert), np.zeros(n_expert)
-        chunk = max(1, CHUNK_FLOATS // (k * n_embd))
-        for start in range(0, len(rows), chunk):
-            r = rows[start:start + chunk]
-            h, sel = inputs[r], ids[r]
-            chosen = np.empty((len(r), k, n_embd), dtype=np.float32)  # each record's chosen experts' outputs
-            for e in np.unique(sel):
-                at = np.nonzero(sel == e)
-                chosen[at] = _expert_output(path, experts, int(e), h[at[0]])
-            for c in range(n_expert):
-                f = _expert_output(path, experts, c, h)
-                dist = np.stack([np.linalg.norm(f - chosen[:, j], axis=1) for j in range(k)], axis=1) / norms[r][:, None]
-                total[:, c] += np.bincount(sel.ravel(), weights=dist.ravel(), minlength=n_expert)
-            count += np.bincount(sel.ravel(), minlength=n_expert)
-            dropping += np.bincount(sel.ravel(), weights=(np.linalg.norm(chosen, axis=2) / norms[r][:, None]).ravel(),
-                                    minlength=n_expert)
-        cost, drop = total / np.maximum(count, 1)[:, None], dropping / np.maximum(count, 1)
-        # the calibration's own swap costs: each selection's cheapest way out, a stand-in among the
-        # unchosen or none
-        sel = ids[rows]
-        c = np.concatenate([cost[sel], drop[sel][:, :, None]], axis=2) * weights[rows][:, :, None]  # [m, k, E + 1]
-        np.put_along_axis(c, np.broadcast_to(sel[:, None, :], sel.shape + (k,)), np.inf, axis=2)
-        swap = c.min(axis=2).ravel()
-        swap = swap[np.isfinite(swap)]
-        quantiles = np.quantile(swap, np.linspace(0, 1, QUANTILE_POINTS)) if len(swap) else np.zeros(QUANTILE_POINTS)
-        layers[str(il)] = {"cost": np.round(cost, 6).tolist(), "drop_cost": np.round(drop, 6).tolist(),
-                           "swap_cost_quantiles": np.round(quantiles, 6).tolist()}
-        used += len(rows)
-    return {"layers": layers, "records": used}
+    def __init__(self, model_path: str | os.PathLike, architecture: str):
+        import gguf
+
+        if architecture not in GATED_SILU:
+            raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
+        self.path = Path(model_path)
+        self.tensors = {t.name: t for t in gguf.GGUFReader(self.path).tensors}
+        self.sums: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # il: (total [E, E], count, dropping [E])
+        self.measured: list[np.ndarray] = []  # per part, its records with a non-zero input
+        self.seconds = 0.0
+
+    def add(self, part: dict) -> None:
+        """Adds a part of a trace (layer, ids and its records' "inputs" [n, n_embd])."""
+        start = time.perf_counter()
+        layer, ids = np.asarray(part["layer"]), np.asarray(part["ids"])
+        inputs = np.asarray(part["inputs"], dtype=np.float32)
+        norms = np.linalg.norm(inputs, axis=1)
+        self.measured.append(norms > 0)
+        n_embd, k = inputs.shape[1], ids.shape[1]
+        for il in (int(l) for l in np.unique(layer)):
+            experts = _layer_tensors(self.tensors, il)
+            n_expert = tensor_ne(experts[0])[2]
+            total, count, dropping = self.sums.setdefault(
+                il, (np.zeros((n_expert, n_expert)), np.zeros(n_expert), np.zeros(n_expert)))
+            rows = np.flatnonzero((layer == il) & (norms > 0))
+            chunk = max(1, CHUNK_FLOATS // (k * n_embd))
+            for first in range(0, len(rows), chunk):
+                r = rows[first:first + chunk]
+                h, sel = inputs[r], ids[r]
+                chosen = np.empty((len(r), k, n_embd), dtype=np.float32)  # each record's chosen experts' outputs
+                for e in np.unique(sel):
+                    at = np.nonzero(sel == e)
+                    chosen[at] = _expert_output(self.path, experts, int(e), h[at[0]])
+                for c in range(n_expert):
+                    f = _expert_output(self.path, experts, c, h)
+                    dist = np.stack([np.linalg.norm(f - chosen[:, j], axis=1) for j in range(k)], axis=1) / norms[r][:, None]
+                    total[:, c] += np.bincount(sel.ravel(), weights=dist.ravel(), minlength=n_expert)
+                count += np.bincount(sel.ravel(), minlength=n_expert)
+                dropping += np.bincount(sel.ravel(), weights=(np.linalg.norm(chosen, axis=2) / norms[r][:, None]).ravel(),
+                                        minlength=n_expert)
+        self.seconds += time.perf_counter() - start
+
+    def result(self, trace: dict) -> dict:
+        """{"layers": {il: {"cost": [E][E], "drop_cost": [E], "swap_cost_quantiles": [QUANTILE_POINTS]}},
+        "records": n} from the sums and the whole trace's routing (the parts added, in order)."""
+        start = time.perf_counter()
+        layer, ids = np.asarray(trace["layer"]), np.asarray(trace["ids"])
+        weights, k = np.asarray(trace["weights"], dtype=np.float32), ids.shape[1]
+        measured = np.concatenate(self.measured) if self.measured else np.zeros(0, dtype=bool)
+        layers = {}
+        for il, (total, count, dropping) in sorted(self.sums.items()):
+            cost, drop = total / np.maximum(count, 1)[:, None], dropping / np.maximum(count, 1)
+            # the calibration's own swap costs: each selection's cheapest way out, a stand-in among
+            # the unchosen or none
+            rows = np.flatnonzero((layer == il) & measured)
+            sel = ids[rows]
+            c = np.concatenate([cost[sel], drop[sel][:, :, None]], axis=2) * weights[rows][:, :, None]  # [m, k, E + 1]
+            np.put_along_axis(c, np.broadcast_to(sel[:, None, :], sel.shape + (k,)), np.inf, axis=2)
+            swap = c.min(axis=2).ravel()
+            swap = swap[np.isfinite(swap)]
+            quantiles = np.quantile(swap, np.linspace(0, 1, QUANTILE_POINTS)) if len(swap) else np.zeros(QUANTILE_POINTS)
+            layers[str(il)] = {"cost": np.round(cost, 6).tolist(), "drop_cost": np.round(drop, 6).tolist(),
+                               "swap_cost_quantiles": np.round(quantiles, 6).tolist()}
+        self.seconds += time.perf_counter() - start
+        return {"layers": layers, "records": int(measured.sum())}
 
 
 def taus(stand_ins: dict, q: float) -> dict[int, tuple[list[float], list[float], float]]:

@@ -9,6 +9,7 @@ are kept in the trace; a runtime without a predictor records none.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -19,15 +20,16 @@ def trace_path(model_path: str | os.PathLike) -> str:
     return os.fspath(model_path) + TRACE_SUFFIX
 
 
-def record_trace(engine, tokens: list[int], n_ctx: int, inputs: bool = False) -> dict:
+def record_trace(engine, tokens: list[int], n_ctx: int, on_inputs: Callable[[dict], None] | None = None) -> dict:
     """The routing of `tokens` under engine (made with an expert cache and trace_routing=True) as
     decode sees it: consecutive sequences of n_ctx tokens, each on a fresh context, one token per
     llama_decode with its logits (llama.cpp computes the last layer only for tokens whose logits
     are wanted, so a prefill would skip the last MoE layer for all but its last token). Returns the
-    arrays of Engine.take_routing_trace plus "sequence" [n] (inputs: with each record's layer input,
-    "inputs" [n, n_embd])."""
+    arrays of Engine.take_routing_trace plus "sequence" [n]. on_inputs: called with each sequence's
+    arrays and its records' layer inputs ("inputs" [n, n_embd]), which the trace returned leaves out
+    (a text's inputs are n_layers x n_embd floats a token)."""
     parts = []
-    engine.record_routing(True, inputs=inputs)
+    engine.record_routing(True, inputs=on_inputs is not None)
     try:
         engine.take_routing_trace()  # whatever was recorded before
         for i, start in enumerate(range(0, len(tokens), n_ctx)):
@@ -35,7 +37,9 @@ def record_trace(engine, tokens: list[int], n_ctx: int, inputs: bool = False) ->
             engine.logits(tokens[start:start + n_ctx], one_token_per_step=True)
             part = engine.take_routing_trace()
             part["sequence"] = np.full(len(part["layer"]), i, dtype=np.int32)
-            parts.append(part)
+            if on_inputs is not None:
+                on_inputs(part)
+            parts.append({key: value for key, value in part.items() if key != "inputs"})
     finally:
         engine.record_routing(False)
     keys = parts[0].keys()
