@@ -177,8 +177,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
 }
 
 namespace {
-void place_experts_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) nth;
+void place_experts_op(ggml_tensor * dst, int ith, int /* nth */, void * userdata) {
     if (ith != 0) return;
     auto * op = (expert_residency::impl::wave_op *) userdata;
     const auto src = [dst](int i) -> const ggml_tensor * { return i >= 0 ? dst->src[i] : nullptr; };
@@ -304,9 +303,6 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
         fail("layer " + std::to_string(l.il) + ": " + planned.error, dst);
         return false;
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    stats[l.il].stand_in_swaps += planned.stand_in_swaps;
-    stats[l.il].stand_in_drops += planned.stand_in_drops;
     return true;
 }
 
@@ -338,6 +334,7 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
 
     expert_layer_stats st;
     st.requests = placed.size() + on_host.size();
+    if (wave == 0) st.stand_in_swaps = planned.stand_in_swaps, st.stand_in_drops = planned.stand_in_drops;
     std::vector<const expert_cache::placement *> loads;
     std::vector<std::shared_ptr<prefetch_job>> claimed;
     bool waited = false;  // for a prefetch read in flight
