@@ -16,14 +16,13 @@
 #include <functional>
 #include <map>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 struct stand_in_table {
     int n_expert = 0;
     std::vector<float> cost;  // [e][c], n_expert x n_expert
     std::vector<float> drop;  // [e], or empty: no selection is dropped
-    double tau = 0;           // a swap's largest cost
+    double tau = 0;           // the largest cost of a swap or a drop
 };
 
 // A layer's table as given: costs (n_expert x n_expert row-major), drop costs (n_expert, or none), tau.
