@@ -224,7 +224,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     budget, note = parse_expert_cache(
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
-        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=info.cold_embedding_bytes)
+        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=info.cold_embedding_bytes,
+        minimum_bytes=0 if device else info.minimum_cache_bytes)
     asked = str(options.expert_cache or "auto").strip().lower()
     if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
         budget, note = _addressable(budget, note, layer_devices, info)

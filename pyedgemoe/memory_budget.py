@@ -405,12 +405,15 @@ def _no_room_error(non_expert_bytes: int, context: int, available: int, where: s
 
 
 def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, available: Available = None,
-                      repacked_expert_bytes: int = 0, cold_bytes: int = 0) -> tuple[int | str | None, str]:
+                      repacked_expert_bytes: int = 0, cold_bytes: int = 0,
+                      minimum_bytes: int = 0) -> tuple[int | str | None, str]:
     """(budget bytes, None for every expert resident, or MAPPED; a sentence saying which and why).
     context: context_bytes() of the context the model will run in. available (Available): the memory the
     model runs in (a GPU's free memory), else available_memory(). repacked_expert_bytes: of the
     experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU). cold_bytes: of
-    the non-expert weights, those a run mostly never reads (ModelInfo.cold_embedding_bytes)."""
+    the non-expert weights, those a run mostly never reads (ModelInfo.cold_embedding_bytes).
+    minimum_bytes: the smallest cache the runtime takes (ModelInfo.minimum_cache_bytes; 0 on a GPU,
+    whose budget is checked there): below it the experts stay in the mapped file, as llama.cpp's."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     reserve = context + RUN_ALLOWANCE_BYTES
@@ -428,6 +431,11 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
                         f"fills, a cache {room / expert_bytes:.0%} ({available / gib:.2f} GiB available), and "
                         f"this near to a fit the page cache is faster")
     budget = room - room % AUTO_CACHE_STEP_BYTES if room >= AUTO_CACHE_STEP_BYTES else room  # tiny models: all of it
+    if budget < minimum_bytes:
+        return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
+                        f"what fits, as in llama.cpp: the room for a cache, {format_bytes(room)} "
+                        f"({available / gib:.2f} GiB available), is below its minimum of "
+                        f"{format_bytes(minimum_bytes)} (one layer's top-k experts)")
     return budget, (f"expert cache auto: {budget / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                     f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
                     f"and allowance)")
@@ -469,15 +477,17 @@ def _out_of_range(value, expert_bytes: int) -> InvalidOptionError:
 
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
                        context: int, available: Available = None, refuse: bool = True,
-                       repacked_expert_bytes: int = 0, cold_bytes: int = 0) -> tuple[int | str | None, str]:
+                       repacked_expert_bytes: int = 0, cold_bytes: int = 0,
+                       minimum_bytes: int = 0) -> tuple[int | str | None, str]:
     """(bytes of the expert cache, None = every expert resident, or MAPPED; a sentence for the user).
     value: None / "auto", "mmap" (MAPPED), bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the
     expert bytes; a size with a trailing "~" is that much or what fits, if less. context:
-    context_bytes(). available, repacked_expert_bytes, cold_bytes: as for auto_expert_cache. A size that does
+    context_bytes(). available, repacked_expert_bytes, cold_bytes, minimum_bytes: as for auto_expert_cache. A size that does
     not fit is refused (fit_expert_cache; refuse=False: the caller checks it); so is MAPPED when the
     non-expert weights and the context do not fit."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes)
+        return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes,
+                                 minimum_bytes)
     if isinstance(value, str) and value.strip().lower() == MAPPED:
         fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes, context, available)
         return MAPPED, (f"expert cache {MAPPED}: the experts stay in the mapped file, the page cache holds what fits "

@@ -76,6 +76,18 @@ class ModelInfo:
     def low_expert_bytes(self) -> int:
         return sum(self.low_expert_bytes_per_layer.values())
 
+    @property
+    def minimum_cache_bytes(self) -> int:
+        """The smallest expert cache the runtime takes (native/src/expert-budget.cpp): per pool of
+        layers with one expert shape, one layer's top-k experts in HIGH, and with LOW copies all but
+        one of them in LOW too."""
+        if not self.is_moe:
+            return 0
+        k, n = self.n_experts_used, self.n_experts
+        shapes = {(self.high_expert_bytes_per_layer.get(l, b), self.low_expert_bytes_per_layer.get(l, 0))
+                  for l, b in self.expert_bytes_per_layer.items()}
+        return sum(k * high // n + (k - 1) * low // n for high, low in shapes)
+
     def to_dict(self) -> dict:
         return {
             "path": self.path,

@@ -136,6 +136,29 @@ def test_auto_near_fit_choice_from_the_numbers():
     assert budget == cached - cached % memory_budget.AUTO_CACHE_STEP_BYTES, note
 
 
+def test_auto_maps_the_experts_where_the_room_is_below_the_caches_minimum(tiny_model, monkeypatch):
+    # stock llama.cpp runs from its mapped file in any memory that holds the rest; a cache needs one
+    # layer's top-k experts at once: below that, auto maps the experts instead of refusing
+    budget, note = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB,
+                                                    available=2 * GIB + RUN_ALLOWANCE_BYTES + GIB // 8,
+                                                    minimum_bytes=GIB // 4)
+    assert budget == MAPPED and "below its minimum of 256.00 MiB" in note, note
+    budget, _ = memory_budget.parse_expert_cache("auto", 4 * GIB, 1 * GIB, context=1 * GIB,
+                                                 available=2 * GIB + RUN_ALLOWANCE_BYTES + GIB // 2, minimum_bytes=GIB // 4)
+    assert budget == GIB // 2
+    path = tiny_model("mixtral", "f32")[0]
+    info = read_model_info(path)
+    assert info.minimum_cache_bytes == info.n_experts_used * max(info.expert_bytes_per_layer.values()) // info.n_experts
+    below = available_for_share(path, 0.9 * info.minimum_cache_bytes / info.high_expert_bytes, n_logits=len(IDS))
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: (below, "in this test"))
+    with Engine(path, **SETTINGS, n_logits=len(IDS)) as eng:
+        assert eng.experts_mapped and "below its minimum" in eng.expert_cache_note
+        mapped = eng.logits(IDS)
+    monkeypatch.undo()
+    with Engine(path, **SETTINGS, expert_cache="100%") as eng:  # every expert resident
+        np.testing.assert_array_equal(mapped, eng.logits(IDS))
+
+
 def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():
     with pytest.raises(InvalidOptionError, match="not enough memory"):
         memory_budget.parse_expert_cache("mmap", 4 * GIB, 1 * GIB, context=1 * GIB, available=1 * GIB)
