@@ -124,7 +124,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     start = time.perf_counter()
     # t1 = t2 = 1: every selection HIGH, so the routing recorded is the model's own (module doc);
     # an empty cache at the start, as in the replay
-    with Engine(model_path, n_ctx=n_ctx, n_batch=1, n_logits=n_ctx, expert_cache=budget, t1=1.0, t2=1.0,
+    with Engine(model_path, n_ctx=n_ctx, n_batch=1, expert_cache=budget, t1=1.0, t2=1.0,
                 fill_cache=False, trace_routing=True, **engine_options) as eng:
         tokens = eng.tokenize(text, add_bos=True, special=False)
         if max_tokens is not None:

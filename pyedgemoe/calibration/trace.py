@@ -24,7 +24,8 @@ def record_trace(engine, tokens: list[int], n_ctx: int, on_inputs: Callable[[dic
     """The routing of `tokens` under engine (made with an expert cache and trace_routing=True) as
     decode sees it: consecutive sequences of n_ctx tokens, each on a fresh context, one token per
     llama_decode with its logits (llama.cpp computes the last layer only for tokens whose logits
-    are wanted, so a prefill would skip the last MoE layer for all but its last token). Returns the
+    are wanted, so a prefill would skip the last MoE layer for all but its last token; none is kept,
+    so the engine needs room for one token's). Returns the
     arrays of Engine.take_routing_trace plus "sequence" [n]. on_inputs: called with each sequence's
     arrays and its records' layer inputs ("inputs" [n, n_embd]), which the trace returned leaves out
     (a text's inputs are n_layers x n_embd floats a token)."""
@@ -34,7 +35,9 @@ def record_trace(engine, tokens: list[int], n_ctx: int, on_inputs: Callable[[dic
         engine.take_routing_trace()  # whatever was recorded before
         for i, start in enumerate(range(0, len(tokens), n_ctx)):
             # a fresh sequence, as a new prompt starts one: the cache's records restart
-            engine.logits(tokens[start:start + n_ctx], one_token_per_step=True)
+            engine.reset()
+            for token in tokens[start:start + n_ctx]:
+                engine.eval([token])  # one llama_decode, its token's logits computed and not kept
             part = engine.take_routing_trace()
             part["sequence"] = np.full(len(part["layer"]), i, dtype=np.int32)
             if on_inputs is not None:
