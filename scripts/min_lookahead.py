@@ -31,7 +31,7 @@ N_CTX = 256  # the trained models' context
 
 
 def measure(model: str, budget: str, text: str, max_tokens: int) -> dict:
-    with Engine(model, n_ctx=N_CTX, n_batch=1, n_logits=N_CTX, expert_cache=budget, t1=1.0, t2=1.0,
+    with Engine(model, n_ctx=N_CTX, n_batch=1, expert_cache=budget, t1=1.0, t2=1.0,
                 fill_cache=False, trace_routing=True) as eng:
         tokens = eng.tokenize(text, add_bos=True, special=False)[:max_tokens]
         residency = dict(eng.expert_residency)
