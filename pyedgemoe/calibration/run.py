@@ -133,12 +133,12 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
             raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
                                     f"the text has only {len(tokens)}")
         residency = dict(eng.expert_residency)
-        routing = record_trace(eng, tokens, n_ctx, on_inputs=stand_in_costs.add if stand_ins else None)
+        routing = record_trace(eng, tokens, n_ctx, on_inputs=stand_in_costs.add if stand_in_costs else None)
         # where the LOW copies came from, as the model's directory sees it: the sidecar travels with the model
         low_source = residency.get("low_source") or None
         if low_source:
             low_source = os.path.relpath(os.path.abspath(low_source), os.path.dirname(os.path.abspath(model_path)))
-    record_seconds = time.perf_counter() - start - (stand_in_costs.seconds if stand_ins else 0.0)
+    record_seconds = time.perf_counter() - start - (stand_in_costs.seconds if stand_in_costs else 0.0)
 
     k = residency["n_expert_used"]
     split = default_split(k) if split is None else split
@@ -235,7 +235,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         data["big_little"] = previous["big_little"]
         notes.append(f"kept MoBiLE's gamma of the sidecar replaced ({previous['big_little']['gamma']:.3g}; "
                      "--system mobile computes it again)")
-    if stand_ins:
+    if stand_in_costs:
         data["stand_ins"] = stand_in_costs.result(routing)
         data["seconds"]["stand_ins"] = stand_in_costs.seconds
     elif previous and previous.get("stand_ins"):

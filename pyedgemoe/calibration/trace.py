@@ -25,10 +25,10 @@ def record_trace(engine, tokens: list[int], n_ctx: int, on_inputs: Callable[[dic
     decode sees it: consecutive sequences of n_ctx tokens, each on a fresh context, one token per
     llama_decode with its logits (llama.cpp computes the last layer only for tokens whose logits
     are wanted, so a prefill would skip the last MoE layer for all but its last token; none is kept,
-    so the engine needs room for one token's). Returns the
-    arrays of Engine.take_routing_trace plus "sequence" [n]. on_inputs: called with each sequence's
-    arrays and its records' layer inputs ("inputs" [n, n_embd]), which the trace returned leaves out
-    (a text's inputs are n_layers x n_embd floats a token)."""
+    so the engine needs room for one token's). Returns the arrays of Engine.take_routing_trace plus
+    "sequence" [n]. on_inputs: called with each sequence's arrays and its records' layer inputs
+    ("inputs" [n, n_embd]), which the trace returned leaves out (a text's inputs are n_layers x
+    n_embd floats a token)."""
     parts = []
     engine.record_routing(True, inputs=on_inputs is not None)
     try:
