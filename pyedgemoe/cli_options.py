@@ -37,7 +37,8 @@ _ENGINE_OPTIONS = (
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
                                        help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes, above 0 "
                                             "and at most 100%), auto, or mmap (no cache: the page cache holds the "
-                                            "mapped experts, as in llama.cpp --no-repack); a size that does not fit "
+                                            "mapped experts, as in llama.cpp --no-repack, the other weights in "
+                                            "memory); a size that does not fit "
                                             "is refused, a trailing ~ (60%~, 4GiB~) takes what fits if less; room "
                                             "for every expert (100%) holds every expert in HIGH, lossless, unless "
                                             "LOW copies are asked for, and a larger size is capped"),

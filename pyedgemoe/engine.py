@@ -81,7 +81,8 @@ class Engine:
         HIGH unless LOW copies are asked for (low_precision, skip, a lossy system), and a larger one
         is capped (expert_cache_note says so). A share outside (0%, 100%] is refused. "mmap": no
         expert cache, the experts are computed from the mapped file as llama.cpp does, without
-        repacked copies, and the page cache holds what fits.
+        repacked copies, and the page cache holds what fits; the other weights are read into
+        memory (but the input embedding's rows, where it is not also the output).
     expert_options: how the cache serves experts, one ExpertOptions; its options can also be
         keyword arguments of their own (`io="buffered", prefetch="hobbit"`), which go on top. The
         options (pyedgemoe.expert_options.OPTION_NAMES; `pyedgemoe run --help` lists them with
@@ -185,10 +186,15 @@ class Engine:
         expert cache (with the calibration's tables and its fill)."""
         try:
             # offloading: non-expert weights are read into memory (not mapped), so the file backs
-            # nothing but the expert reads, which report a changed file as an error
-            self._model = _native.Model(self.model_path, use_mmap=not plan.offload, experts_on_demand=plan.offload,
-                                        device=",".join(plan.layer_devices), repack=plan.repack,
-                                        tensor_split=list(plan.tensor_split))
+            # nothing but the expert reads, which report a changed file as an error. Mapped experts:
+            # the other weights are read into memory too, where the kernel cannot drop them to make
+            # room for an expert's pages (but the input embedding's rows, ModelInfo.cold_embedding_bytes)
+            mapped = plan.experts_mapped
+            self._model = _native.Model(self.model_path, use_mmap=not (plan.offload or mapped),
+                                        experts_on_demand=plan.offload, device=",".join(plan.layer_devices),
+                                        repack=plan.repack, tensor_split=list(plan.tensor_split),
+                                        experts_mapped=mapped,
+                                        embedding_mapped=mapped and self.info.cold_embedding_bytes > 0)
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
                                                     plan.host_cache_bytes, plan.auto_mode_threads)

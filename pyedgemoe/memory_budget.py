@@ -46,7 +46,8 @@ KV_CELL_MULTIPLE = 256  # llama.cpp pads n_ctx (and each sequence's share of it)
 CGROUP_V2 = Path("/sys/fs/cgroup")
 UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
-# does, without repacked copies (--no-repack), so the page cache holds what memory allows.
+# does, without repacked copies (--no-repack), so the page cache holds what memory allows; the
+# other weights are read into memory (Engine._load_model).
 MAPPED = "mmap"
 # "auto" near fit: when the page cache could hold the experts (of types the CPU repacks) beside the
 # non-expert weights it reads, MAPPED. The page cache gets the memory an expert cache would get,
@@ -57,8 +58,7 @@ MAPPED = "mmap"
 # "Near fit again" and "Near fit, the embedding's share"): with the page cache's share so counted
 # at 96-97.5 % a cache decoded 2.6x and 1.9x the mapped file; at 103 %, 0.6-0.8x. A page cache
 # even a little short of the experts a token sweeps through evicts each just before its next use.
-# Mapped, ours runs stock llama.cpp's own path. Experts of types not repacked (the OLMoE
-# geometry's Q8_0) cache faster: no mapping for them.
+# Experts of types not repacked (the OLMoE geometry's Q8_0) cache faster: no mapping for them.
 NEAR_FIT_MAPPED_SHARE = 1.0
 
 

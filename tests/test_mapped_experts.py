@@ -1,6 +1,7 @@
 """expert_cache "mmap": no expert cache, the experts are computed from the mapped file as llama.cpp
-does without repacked copies (--no-repack), so the page cache holds what memory allows; "auto"
-picks it near fit for experts the CPU repacks (memory_budget.NEAR_FIT_MAPPED_SHARE).
+does without repacked copies (--no-repack), so the page cache holds what memory allows, and the
+other weights are read into memory; "auto" picks it near fit for experts the CPU repacks
+(memory_budget.NEAR_FIT_MAPPED_SHARE).
 
 The logits equal stock llama.cpp's with --no-repack on a Q4_K model (which this CPU repacks) and
 the resident run's on an F32 one; the choice of "auto" follows the memory it sees. An expert cache
@@ -18,7 +19,7 @@ from pyedgemoe.convert.export import export
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.memory_budget import MAPPED, RUN_ALLOWANCE_BYTES
 from pyedgemoe.model_info import read_model_info
-from test_expert_residency import DEMO, IDS, SETTINGS
+from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars
 
 GIB = 1024**3
 
@@ -166,19 +167,49 @@ def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():
     assert budget == MAPPED and "page cache" in note
 
 
-def test_the_input_embedding_is_cold_unless_it_is_also_the_output(tiny_model, tmp_path):
-    """A run reads only the embedding rows of its tokens, so their page-cache room counts near fit; a
-    model whose output matrix is the embedding (no output.weight: tied) reads all of it each token."""
+def tied_copy(src, tmp_path):
+    """src without its output matrix: llama.cpp then uses the input embedding as the output (tied)."""
     from pyedgemoe.convert.from_gguf import copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
     from pyedgemoe.convert.gguf_out import GGUFOutput
-    src = tiny_model("qwen3_moe", "f32")[0]
     reader = open_gguf(src, "model")
-    embedding = next(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
-    assert read_model_info(src).cold_embedding_bytes == embedding > 0
     tied = GGUFOutput(tmp_path / "tied.gguf", arch=kv_value(reader, "general.architecture"), force=True)
     copy_kv(reader, tied.writer, skip=lambda key: False)
     for t in reader.tensors:
         if t.name != "output.weight":
             tied.add_tensor(t.name, tensor_ne(t), tensor_type_name(t), lambda s=t: copy_chunks(src, s))
-    info = read_model_info(tied.finish(progress=False))
+    return tied.finish(progress=False)
+
+
+def test_the_input_embedding_is_cold_unless_it_is_also_the_output(tiny_model, tmp_path):
+    """A run reads only the embedding rows of its tokens, so their page-cache room counts near fit; a
+    model whose output matrix is the embedding (no output.weight: tied) reads all of it each token."""
+    from pyedgemoe.convert.from_gguf import open_gguf
+    src = tiny_model("qwen3_moe", "f32")[0]
+    embedding = next(int(t.n_bytes) for t in open_gguf(src, "model").tensors if t.name == "token_embd.weight")
+    assert read_model_info(src).cold_embedding_bytes == embedding > 0
+    info = read_model_info(tied_copy(src, tmp_path))
     assert info.cold_embedding_bytes == 0 and info.non_expert_bytes == read_model_info(src).non_expert_bytes - embedding
+
+
+def test_mapped_experts_leave_only_the_experts_and_the_embedding_in_the_mapped_file(tiny_model, tmp_path):
+    """The other weights are read into memory at load, where under a memory cap the kernel cannot
+    drop them to make room for an expert's pages; the experts and the input embedding's rows are
+    computed from the mapping (the embedding read too where it is also the output), with the
+    resident run's logits."""
+    src = tiny_model("qwen3_moe", "f32")[0]
+    for path in (src, tied_copy(src, tmp_path)):
+        info = read_model_info(path)
+        before = _read_chars()
+        with Engine(path, **SETTINGS) as resident:  # everything mapped: the reads of loading it
+            resident_loaded = _read_chars() - before
+            expected = resident.logits(IDS)
+        before = _read_chars()
+        with Engine(path, expert_cache=MAPPED, **SETTINGS) as eng:
+            weights_read = _read_chars() - before - resident_loaded
+            np.testing.assert_array_equal(eng.logits(IDS), expected)
+            n_maps, rss = _mapping_rss_bytes(path)
+        assert n_maps >= 1 and rss > 0
+        # llama.cpp reads a small tensor through a 4 KiB buffer, so its reads exceed the bytes read
+        assert weights_read >= info.non_expert_bytes - info.cold_embedding_bytes, (path, weights_read)
+        if info.cold_embedding_bytes:
+            assert weights_read < info.non_expert_bytes, (path, weights_read)

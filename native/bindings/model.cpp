@@ -3,12 +3,17 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+#include "../src/expert-format.h"
 #include "../src/expert-residency.h"
+#include "llama-model.h"
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -23,6 +28,17 @@ Model::~Model() {
 
 namespace {
 
+// Mapped experts are computed a whole matrix at a time: llama.cpp advises its on-demand tensors
+// MADV_RANDOM (read by rows), which would fault them in a page at a time; readahead again.
+void advise_whole_reads(const llama_model * model) {
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
+        if (!is_expert_tensor_name(name)) continue;
+        const uintptr_t begin = (uintptr_t) t->data & ~(page - 1);
+        posix_madvise((void *) begin, (uintptr_t) t->data + ggml_nbytes(t) - begin, POSIX_MADV_NORMAL);
+    }
+}
+
 const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.model); }
 
 // experts_on_demand: the stacked expert tensors stay in the file (patch 0003: lazy mode ON maps
@@ -33,8 +49,16 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // memory, so a mapped model's weights stay in the page cache, where the kernel can drop them.
 // tensor_split: the layers' shares per device, in device order (llama.cpp's --tensor-split); empty: by
 // the devices' free memory.
+// experts_mapped: the CPU computes the experts from the mapped file (the page cache holds what fits)
+// and every other weight is read into memory, where the kernel cannot drop it between tokens under
+// a memory cap; embedding_mapped leaves the input embedding mapped too (a run reads the rows of the
+// tokens it sees; not where it is also the output).
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
-          bool repack, const std::vector<float> & tensor_split) {
+          bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped) {
+    if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
+        throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
+                              "experts_on_demand or a device");
+    if (embedding_mapped && !experts_mapped) throw nb::value_error("embedding_mapped goes with experts_mapped");
     llama_model_params params = llama_model_default_params();
     std::vector<float> split(llama_max_devices(), 0.0f);
     if (!tensor_split.empty()) {
@@ -56,7 +80,8 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     params.devices = devices.data();
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     params.use_extra_bufts = repack;
-    if (experts_on_demand) params.lazy_mode = LLAMA_LAZY_MODE_ON;
+    if (experts_on_demand || experts_mapped) params.lazy_mode = LLAMA_LAZY_MODE_ON;
+    params.lazy_token_embd = embedding_mapped;
     log_clear_recent();
     llama_model * model;
     {
@@ -70,6 +95,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         if (at != std::string::npos) throw std::runtime_error(log.substr(at, log.find('\n', at) - at));
         throw_with_log("failed to load model from " + path);
     }
+    if (experts_mapped) advise_whole_reads(model);
     new (self) Model();
     self->model = model;
     self->path = path;
@@ -226,7 +252,8 @@ void register_model(nb::module_ & m) {
     nb::class_<Model> cls(m, "Model");
     cls
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
-             nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>())
+             nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>(),
+             nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false)
         .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
