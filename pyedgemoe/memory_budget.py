@@ -49,6 +49,7 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows; the
 # other weights are read into memory (Engine._load_model).
 MAPPED = "mmap"
+MAPPED_NOTE = "the experts stay in the mapped file, the other weights in memory, and the page cache holds what fits"
 # "auto" near fit: when the page cache could hold the experts (of types the CPU repacks) beside the
 # non-expert weights it reads, MAPPED. The page cache gets the memory an expert cache would get,
 # plus the context's reserve (llama.cpp's KV cache and compute buffer take pages as they are
@@ -425,16 +426,14 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
         raise _no_room_error(non_expert_bytes, context, available, where)
     mapped_share = (room + context + cold_bytes) / expert_bytes  # the page cache's, until the context fills
     if mapped_share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
-        return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
-                        f"what fits, without repacked copies: it can hold {min(mapped_share, 1):.0%} of "
-                        f"{expert_bytes / gib:.2f} GiB of experts of a type this CPU repacks until the context "
-                        f"fills, a cache {room / expert_bytes:.0%} ({available / gib:.2f} GiB available), and "
-                        f"this near to a fit the page cache is faster")
+        return MAPPED, (f"expert cache auto: {MAPPED}, {MAPPED_NOTE}, without repacked copies: it can hold "
+                        f"{min(mapped_share, 1):.0%} of {expert_bytes / gib:.2f} GiB of experts of a type this CPU "
+                        f"repacks until the context fills, a cache {room / expert_bytes:.0%} "
+                        f"({available / gib:.2f} GiB available), and this near to a fit the page cache is faster")
     budget = room - room % AUTO_CACHE_STEP_BYTES if room >= AUTO_CACHE_STEP_BYTES else room  # tiny models: all of it
     if budget < minimum_bytes:
-        return MAPPED, (f"expert cache auto: {MAPPED}, the experts stay in the mapped file and the page cache holds "
-                        f"what fits, as in llama.cpp: the room for a cache, {format_bytes(room)} "
-                        f"({available / gib:.2f} GiB available), is below its minimum of "
+        return MAPPED, (f"expert cache auto: {MAPPED}, {MAPPED_NOTE}, as in llama.cpp: the room for a cache, "
+                        f"{format_bytes(room)} ({available / gib:.2f} GiB available), is below its minimum of "
                         f"{format_bytes(minimum_bytes)} (one layer's top-k experts)")
     return budget, (f"expert cache auto: {budget / gib:.2f} GiB for {expert_bytes / gib:.2f} GiB of experts "
                     f"({available / gib:.2f} GiB available, {reserve / gib:.2f} GiB reserved for the context "
@@ -490,8 +489,7 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
                                  minimum_bytes)
     if isinstance(value, str) and value.strip().lower() == MAPPED:
         fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes, context, available)
-        return MAPPED, (f"expert cache {MAPPED}: the experts stay in the mapped file, the page cache holds what fits "
-                        "(no repacked copies)")
+        return MAPPED, f"expert cache {MAPPED}: {MAPPED_NOTE} (no repacked copies)"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage, 'auto' or '{MAPPED}', "
                                  f"got {value!r}")
