@@ -31,9 +31,11 @@ MODELS_DIR = REPO / "tests" / ".models"  # tests/conftest.py's cache of the tiny
 # what `run` is given: -n 2 on a 64-token context, one thread, greedy; then one of these
 RUN_ARGS = ["-p", "Hello world", "-n", "2", "--temp", "0", "-c", "64", "-t", "1"]
 RUN_VARIANTS = {
-    "std": [[], ["--expert-cache", "mmap"], ["--expert-cache", "50%"], ["--expert-cache", "50%", "--prefetch", "hobbit"],
+    "std": [[], ["--expert-cache", "mmap"], ["--expert-cache", "50%"],
+            ["--expert-cache", "50%", "--prefetch", "hobbit"],
             ["--expert-cache", "50%", "--io", "buffered", "--cache-policy", "lfu", "--no-fill-cache"]],
-    "mp": [[], ["--expert-cache", "mmap"], ["--expert-cache", "50%"], ["--expert-cache", "50%", "--system", "edgemoe"],
+    "mp": [[], ["--expert-cache", "mmap"], ["--expert-cache", "50%"],
+           ["--expert-cache", "50%", "--system", "edgemoe"],
            ["--expert-cache", "50%", "--system", "hobbit"], ["--expert-cache", "50%", "--static-precision"],
            ["--expert-cache", "50%", "--prefetch", "edgemoe", "--io", "buffered"],
            ["--expert-cache", "50%", "--system", "stand-ins"], ["--expert-cache", "50%", "--system", "hobbit-stand-ins"]],
