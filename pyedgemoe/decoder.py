@@ -41,7 +41,8 @@ class Decoder:
         return self._ctx
 
     def close(self) -> None:
-        self._ctx = None
+        """Frees the context and, with it, this decoder's hold on the model (its memory and mapping)."""
+        self._ctx = self.model = None
 
     def decode(self, ids: list[int], pos0: int, sequence: KVSequence | None = None,
                all_logits: bool = False) -> np.ndarray:

@@ -154,9 +154,17 @@ def test_generation_stops_at_the_end_of_the_context(mixtral_gguf):
     assert out["choices"][0]["finish_reason"] == "length"
 
 
-def test_closed_engine_refuses_work(mixtral_gguf):
-    e = Engine(mixtral_gguf, n_ctx=64, n_threads=2)
+def test_closed_engine_refuses_work_and_holds_no_model(mixtral_gguf, tmp_path):
+    import shutil
+
+    from test_expert_residency import _mapping_rss_bytes
+
+    path = shutil.copyfile(mixtral_gguf, tmp_path / "model.gguf")  # a file no other test's Engine maps
+    e = Engine(path, n_ctx=64, n_threads=2)
+    assert _mapping_rss_bytes(path)[0] >= 1
     e.close()
+    # the model is freed with the context, not when the Engine object goes: no mapping of its file left
+    assert _mapping_rss_bytes(path) == (0, 0)
     with pytest.raises(RuntimeError):
         e.logits([1])
     for use in (lambda: e.tokenize("hi"), lambda: e.detokenize([1]), lambda: e.token_piece(1), lambda: e.n_vocab,
@@ -192,7 +200,8 @@ def test_an_auto_cache_leaves_room_for_the_predictors_stacked_routers(mixtral_gg
 
     info = read_model_info(mixtral_gguf)
     context = memory_budget.context_bytes(info.metadata, 256, 512, 2, None)
-    available = info.non_expert_bytes + context + memory_budget.RUN_ALLOWANCE_BYTES + info.high_expert_bytes // 2
+    available = (info.non_expert_bytes - info.cold_embedding_bytes  # the embedding's rows stay mapped
+                 + context + memory_budget.RUN_ALLOWANCE_BYTES + info.high_expert_bytes // 2)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "for this test"))
     budgets = {}
     for depth in (1, 3):
