@@ -185,16 +185,14 @@ class Engine:
         """The model, as the plan has it: its experts resident, mapped, or read on demand into an
         expert cache (with the calibration's tables and its fill)."""
         try:
-            # offloading: non-expert weights are read into memory (not mapped), so the file backs
-            # nothing but the expert reads, which report a changed file as an error. Mapped experts:
-            # the other weights are read into memory too, where the kernel cannot drop them to make
-            # room for an expert's pages (but the input embedding's rows, ModelInfo.cold_embedding_bytes)
+            # offloading or mapped experts: the other weights are read into memory (not mapped), where
+            # the kernel cannot drop them under a cap to make room for an expert's pages; the input
+            # embedding's rows stay mapped on the CPU (plan.embedding_mapped)
             mapped = plan.experts_mapped
             self._model = _native.Model(self.model_path, use_mmap=not (plan.offload or mapped),
                                         experts_on_demand=plan.offload, device=",".join(plan.layer_devices),
                                         repack=plan.repack, tensor_split=list(plan.tensor_split),
-                                        experts_mapped=mapped,
-                                        embedding_mapped=mapped and self.info.cold_embedding_bytes > 0)
+                                        experts_mapped=mapped, embedding_mapped=plan.embedding_mapped)
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
                                                     plan.host_cache_bytes, plan.auto_mode_threads)

@@ -103,6 +103,7 @@ class LoadPlan:
     expert_cache: int | str | None  # bytes of the expert cache; None: every expert resident; MAPPED
     offload: bool  # experts read into an expert cache when routed to
     experts_mapped: bool  # experts computed from the mapped file, the page cache holding them
+    embedding_mapped: bool  # the input embedding's rows read from the mapped file (ModelInfo.cold_embedding_bytes)
     host_cache_bytes: int  # the host tier (RAM between the file and the GPU)
     repack: bool  # repacked copies of the weights the CPU computes
     expert_options: ExpertOptions  # as given, with the system's preset, the mode and prefetch chosen here
@@ -221,10 +222,11 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
+    cold = info.cold_embedding_bytes if info.is_moe else 0  # mapped beside a CPU's expert cache or mapped experts
     budget, note = parse_expert_cache(
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
-        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=info.cold_embedding_bytes,
+        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=0 if device else cold,
         minimum_bytes=0 if device else info.minimum_cache_bytes)
     asked = str(options.expert_cache or "auto").strip().lower()
     if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
@@ -234,6 +236,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
                                  "runs with mode 'cpu'")
     offload = budget not in (None, MAPPED) and info.is_moe
+    embedding_mapped = (offload or experts_mapped) and not device and cold > 0
     if offload:
         budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:
@@ -272,7 +275,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     reasons["threads"] = threads.pop("why")
     return LoadPlan(
         mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), tensor_split=tensor_split,
-        expert_cache=budget, offload=offload, experts_mapped=experts_mapped,
+        expert_cache=budget, offload=offload, experts_mapped=experts_mapped, embedding_mapped=embedding_mapped,
         host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
@@ -282,8 +285,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         flash_attn=-1 if options.flash_attn is None else int(bool(options.flash_attn)),
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
-        spare_bytes=spare_bytes(budget if offload and not device else 0, info.non_expert_bytes, context,
-                                machine.memory),
+        spare_bytes=spare_bytes(budget if offload and not device else 0,
+                                info.non_expert_bytes - (cold if embedding_mapped else 0), context, machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
 

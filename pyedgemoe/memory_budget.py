@@ -51,15 +51,16 @@ UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 MAPPED = "mmap"
 MAPPED_NOTE = "the experts stay in the mapped file, the other weights in memory, and the page cache holds what fits"
 # "auto" near fit: when the page cache could hold the experts (of types the CPU repacks) beside the
-# non-expert weights it reads, MAPPED. The page cache gets the memory an expert cache would get,
-# plus the context's reserve (llama.cpp's KV cache and compute buffer take pages as they are
-# written, so until the context fills the page cache has those too), plus the input embedding's
-# rows no token reads (ModelInfo.cold_embedding_bytes). Measured on the Qwen3-30B-A3B geometry
-# (Q4_K experts), a cache against the mapped file under the same cgroup cap (docs/benchmarks.md,
-# "Near fit again" and "Near fit, the embedding's share"): with the page cache's share so counted
-# at 96-97.5 % a cache decoded 2.6x and 1.9x the mapped file; at 103 %, 0.6-0.8x. A page cache
-# even a little short of the experts a token sweeps through evicts each just before its next use.
-# Experts of types not repacked (the OLMoE geometry's Q8_0) cache faster: no mapping for them.
+# non-expert weights it reads, MAPPED. The page cache gets the memory an expert cache would get
+# (which has the input embedding's rows no token reads, ModelInfo.cold_embedding_bytes: they stay
+# mapped beside either), plus the context's reserve (llama.cpp's KV cache and compute buffer take
+# pages as they are written, so until the context fills the page cache has those too). Measured on
+# the Qwen3-30B-A3B geometry (Q4_K experts), a cache against the mapped file under the same cgroup
+# cap (docs/benchmarks.md, "Near fit again", "Near fit, the embedding's share" and "The embedding's
+# rows beside a cache"): with the page cache's share so counted at 96-97.5 % a cache decoded 2.6x
+# and 1.9x the mapped file; at 103 %, 0.6-0.8x. A page cache even a little short of the experts a
+# token sweeps through evicts each just before its next use. Experts of types not repacked (the
+# OLMoE geometry's Q8_0) cache faster: no mapping for them.
 NEAR_FIT_MAPPED_SHARE = 1.0
 
 
@@ -412,19 +413,22 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
     context: context_bytes() of the context the model will run in. available (Available): the memory the
     model runs in (a GPU's free memory), else available_memory(). repacked_expert_bytes: of the
     experts, those the CPU would repack (ModelInfo.repacked_expert_bytes; 0 on a GPU). cold_bytes: of
-    the non-expert weights, those a run mostly never reads (ModelInfo.cold_embedding_bytes).
+    the non-expert weights, those a run mostly never reads, which stay in the mapped file beside an
+    expert cache or mapped experts (ModelInfo.cold_embedding_bytes; 0 where they are read into memory).
     minimum_bytes: the smallest cache the runtime takes (ModelInfo.minimum_cache_bytes; 0 on a GPU,
     whose budget is checked there): below it the experts stay in the mapped file, as llama.cpp's."""
     available, where = _measured(available)
-    room = room_for_experts_bytes(non_expert_bytes, context, available)
     reserve = context + RUN_ALLOWANCE_BYTES
     gib = 1024**3
-    if expert_bytes <= room:
+    # every expert resident is llama.cpp's own mapped file, which it reads whole at load: the cold
+    # rows count there
+    if expert_bytes <= room_for_experts_bytes(non_expert_bytes, context, available):
         return None, (f"expert cache auto: all experts resident ({expert_bytes / gib:.2f} GiB of experts fit "
                       f"in {available / gib:.2f} GiB available)")
+    room = room_for_experts_bytes(non_expert_bytes - cold_bytes, context, available)  # the cold rows stay mapped
     if room <= 0:
-        raise _no_room_error(non_expert_bytes, context, available, where)
-    mapped_share = (room + context + cold_bytes) / expert_bytes  # the page cache's, until the context fills
+        raise _no_room_error(non_expert_bytes - cold_bytes, context, available, where)
+    mapped_share = (room + context) / expert_bytes  # the page cache's, until the context fills
     if mapped_share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
         return MAPPED, (f"expert cache auto: {MAPPED}, {MAPPED_NOTE}, without repacked copies: it can hold "
                         f"{min(mapped_share, 1):.0%} of {expert_bytes / gib:.2f} GiB of experts of a type this CPU "
@@ -488,7 +492,7 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
         return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes,
                                  minimum_bytes)
     if isinstance(value, str) and value.strip().lower() == MAPPED:
-        fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes, context, available)
+        fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes - cold_bytes, context, available)
         return MAPPED, f"expert cache {MAPPED}: {MAPPED_NOTE} (no repacked copies)"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage, 'auto' or '{MAPPED}', "
@@ -496,8 +500,8 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if isinstance(value, int):
         if value <= 0:
             raise _out_of_range(value, expert_bytes)
-        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes, context,
-                                        available, refuse)
+        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes - cold_bytes,
+                                        context, available, refuse)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
@@ -514,5 +518,6 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
             f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
-    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes, context, available, refuse)
+    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes - cold_bytes, context, available,
+                                    refuse)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"

@@ -295,12 +295,25 @@ def _read_chars() -> int:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
+def tied_copy(src, tmp_path):
+    """src without its output matrix: llama.cpp then uses the input embedding as the output (tied)."""
+    from pyedgemoe.convert.from_gguf import copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
+    from pyedgemoe.convert.gguf_out import GGUFOutput
+    reader = open_gguf(src, "model")
+    tied = GGUFOutput(tmp_path / "tied.gguf", arch=kv_value(reader, "general.architecture"), force=True)
+    copy_kv(reader, tied.writer, skip=lambda key: False)
+    for t in reader.tensors:
+        if t.name != "output.weight":
+            tied.add_tensor(t.name, tensor_ne(t), tensor_type_name(t), lambda s=t: copy_chunks(src, s))
+    return tied.finish(progress=False)
+
+
 def test_expert_pages_are_never_touched(tiny_model, tmp_path):
     """Loading (without filling the cache) reads only the non-expert bytes; the experts' mapping stays unfaulted even after
-    generating; all expert bytes come through the store's counters."""
+    generating; all expert bytes come through the store's counters. The model is tied, so its input
+    embedding is read into memory too (an untied one's rows stay mapped: test_mapped_experts)."""
     src, _ = tiny_model("mixtral")
-    path = tmp_path / "model.gguf"
-    shutil.copyfile(src, path)
+    path = tied_copy(src, tmp_path)
     info = read_model_info(path)
     before = _read_chars()
     with Engine(path, **SETTINGS, expert_cache="50%", io="buffered", fill_cache=False) as eng:
@@ -318,13 +331,24 @@ def test_expert_pages_are_never_touched(tiny_model, tmp_path):
 
 @pytest.mark.parametrize("io", IO_MODES)
 def test_truncated_file_while_running_is_a_clear_error(tiny_model, tmp_path, io):
+    # tied: the expert read finds it; untied, the input embedding's rows are read from the mapped
+    # file, so each decode checks the file first (a page past its end would be SIGBUS)
     src, _ = tiny_model("qwen3_moe")
-    path = tmp_path / "model.gguf"
-    shutil.copyfile(src, path)
+    path = tied_copy(src, tmp_path)
     with Engine(path, **SETTINGS, expert_cache=minimum_budget(path), io=io) as eng:
         eng.logits(IDS[:4])
         os.truncate(path, os.path.getsize(path) // 2)
         with pytest.raises(ExpertLoadError, match=r"expert \d+ of layer \d+ .*file offset \d+"):
+            eng.logits(IDS)
+        # the engine stays usable for a clear error again, not garbage
+        with pytest.raises(ExpertLoadError):
+            eng.logits(IDS)
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    with Engine(path, **SETTINGS, expert_cache=minimum_budget(path), io=io) as eng:
+        eng.logits(IDS[:4])
+        os.truncate(path, 4096)  # the embedding too
+        with pytest.raises(ExpertLoadError, match=r"model.gguf: the file was truncated while running \(\d+ -> 4096"):
             eng.logits(IDS)
         # the engine stays usable for a clear error again, not garbage
         with pytest.raises(ExpertLoadError):

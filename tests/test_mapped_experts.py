@@ -9,6 +9,9 @@ in host memory computes without repacked copies too (repack off by default), as 
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 import llama_cpp
 import numpy as np
 import pytest
@@ -16,10 +19,10 @@ import pytest
 from pyedgemoe import Engine, memory_budget
 from pyedgemoe.bench.worker import stock_without_repack
 from pyedgemoe.convert.export import export
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
 from pyedgemoe.memory_budget import MAPPED, RUN_ALLOWANCE_BYTES
 from pyedgemoe.model_info import read_model_info
-from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars
+from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars, tied_copy
 
 GIB = 1024**3
 
@@ -71,13 +74,16 @@ def test_mapped_experts_equal_the_resident_run_where_nothing_is_repacked(tiny_mo
         assert mapped.time_generation(IDS[:8], 16)["tokens"] == resident.time_generation(IDS[:8], 16)["tokens"]
 
 
-def available_for_share(path, share: float, n_logits: int = 0) -> int:
+def available_for_share(path, share: float, n_logits: int = 0, resident: bool = False) -> int:
     """The memory available at which "auto" would give a cache of `share` of the model's experts
-    (beside n_logits tokens' logits)."""
+    (beside n_logits tokens' logits); resident: where share >= 1 keeps every expert in llama.cpp's
+    own mapped file, which counts the whole input embedding."""
     info = read_model_info(path)
     context = memory_budget.context_bytes(info.metadata, SETTINGS["n_ctx"], 512, 4, SETTINGS["flash_attn"],
                                           n_logits=n_logits)
-    return int(info.non_expert_bytes + context + RUN_ALLOWANCE_BYTES + share * info.high_expert_bytes)
+    # the input embedding's rows stay in the mapped file beside a cache
+    cold = 0 if resident else info.cold_embedding_bytes
+    return int(info.non_expert_bytes - cold + context + RUN_ALLOWANCE_BYTES + share * info.high_expert_bytes)
 
 
 def test_auto_maps_repacked_experts_near_fit(q4_k_model, monkeypatch):
@@ -102,14 +108,14 @@ def test_auto_caches_experts_the_cpu_does_not_repack_even_near_fit(tiny_model, m
 def test_auto_leaves_repacking_off_where_the_copies_would_not_fit_beside_the_mapped_experts(q4_k_model, monkeypatch):
     assert read_model_info(q4_k_model).repacked_expert_bytes == read_model_info(q4_k_model).high_expert_bytes
     # every expert fits, resident; their repacked copies fit beside them from twice their bytes
-    tight = available_for_share(q4_k_model, 1.9)
+    tight = available_for_share(q4_k_model, 1.9, resident=True)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (tight, "in this test"))
     with Engine(q4_k_model, **SETTINGS) as eng:
         assert eng.expert_residency is None and not eng.experts_mapped and not eng.repack
         assert "repack off" in eng.expert_cache_note
         ours = eng.logits(IDS)
     assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
-    roomy = available_for_share(q4_k_model, 2.0)
+    roomy = available_for_share(q4_k_model, 2.0, resident=True)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (roomy, "in this test"))
     with Engine(q4_k_model, **SETTINGS) as eng:
         assert eng.repack and "repack off" not in eng.expert_cache_note
@@ -167,19 +173,6 @@ def test_mmap_is_refused_when_the_non_expert_weights_and_context_do_not_fit():
     assert budget == MAPPED and "page cache" in note
 
 
-def tied_copy(src, tmp_path):
-    """src without its output matrix: llama.cpp then uses the input embedding as the output (tied)."""
-    from pyedgemoe.convert.from_gguf import copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
-    from pyedgemoe.convert.gguf_out import GGUFOutput
-    reader = open_gguf(src, "model")
-    tied = GGUFOutput(tmp_path / "tied.gguf", arch=kv_value(reader, "general.architecture"), force=True)
-    copy_kv(reader, tied.writer, skip=lambda key: False)
-    for t in reader.tensors:
-        if t.name != "output.weight":
-            tied.add_tensor(t.name, tensor_ne(t), tensor_type_name(t), lambda s=t: copy_chunks(src, s))
-    return tied.finish(progress=False)
-
-
 def test_the_input_embedding_is_cold_unless_it_is_also_the_output(tiny_model, tmp_path):
     """A run reads only the embedding rows of its tokens, so their page-cache room counts near fit; a
     model whose output matrix is the embedding (no output.weight: tied) reads all of it each token."""
@@ -191,11 +184,12 @@ def test_the_input_embedding_is_cold_unless_it_is_also_the_output(tiny_model, tm
     assert info.cold_embedding_bytes == 0 and info.non_expert_bytes == read_model_info(src).non_expert_bytes - embedding
 
 
-def test_mapped_experts_leave_only_the_experts_and_the_embedding_in_the_mapped_file(tiny_model, tmp_path):
-    """The other weights are read into memory at load, where under a memory cap the kernel cannot
-    drop them to make room for an expert's pages; the experts and the input embedding's rows are
-    computed from the mapping (the embedding read too where it is also the output), with the
-    resident run's logits."""
+@pytest.mark.parametrize("expert_cache", [MAPPED, "50%"])
+def test_only_the_experts_and_the_embedding_stay_in_the_mapped_file(tiny_model, tmp_path, expert_cache):
+    """Mapped experts or an expert cache: the other weights are read into memory at load, where under
+    a memory cap the kernel cannot drop them to make room for an expert's pages; the input
+    embedding's rows are read from the mapping (the embedding is read too where it is also the
+    output), and so are mapped experts; the logits are the resident run's."""
     src = tiny_model("qwen3_moe", "f32")[0]
     for path in (src, tied_copy(src, tmp_path)):
         info = read_model_info(path)
@@ -204,12 +198,49 @@ def test_mapped_experts_leave_only_the_experts_and_the_embedding_in_the_mapped_f
             resident_loaded = _read_chars() - before
             expected = resident.logits(IDS)
         before = _read_chars()
-        with Engine(path, expert_cache=MAPPED, **SETTINGS) as eng:
+        with Engine(path, expert_cache=expert_cache, fill_cache=False, **SETTINGS) as eng:
             weights_read = _read_chars() - before - resident_loaded
             np.testing.assert_array_equal(eng.logits(IDS), expected)
             n_maps, rss = _mapping_rss_bytes(path)
-        assert n_maps >= 1 and rss > 0
+        # the mapping's pages: mapped experts', or the embedding rows of the tokens seen
+        assert n_maps >= 1 and (rss > 0) == (expert_cache == MAPPED or info.cold_embedding_bytes > 0), (path, rss)
         # llama.cpp reads a small tensor through a 4 KiB buffer, so its reads exceed the bytes read
         assert weights_read >= info.non_expert_bytes - info.cold_embedding_bytes, (path, weights_read)
         if info.cold_embedding_bytes:
             assert weights_read < info.non_expert_bytes, (path, weights_read)
+
+
+def test_a_mapped_file_changed_while_running_is_a_clear_error_not_sigbus_or_another_models_bytes(tiny_model, tmp_path):
+    """The experts are computed from the mapping: each decode first checks that the file is as
+    loaded. Written in place (`cp other.gguf model.gguf` keeps the inode), its pages would be another
+    model's weights; truncated, touching a page past its end kills the process (SIGBUS)."""
+    src = tiny_model("qwen3_moe", "f32")[0]
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(src, path)
+    info = read_model_info(path)
+    with Engine(path, expert_cache=MAPPED, **SETTINGS) as eng:
+        eng.logits(IDS[:4])
+        with open(path, "r+b") as f:
+            f.seek(info.file_bytes - info.expert_bytes // 2)
+            f.write(os.urandom(4096))
+        with pytest.raises(ExpertLoadError, match="model.gguf: the file was modified while running"):
+            eng.logits(IDS)
+    shutil.copyfile(src, path)
+    with Engine(path, expert_cache=MAPPED, **SETTINGS) as eng:
+        eng.logits(IDS[:4])
+        os.truncate(path, 4096)
+        for _ in range(2):  # and again, while it stays truncated
+            with pytest.raises(ExpertLoadError, match="model.gguf: the file was truncated while running"):
+                eng.logits(IDS)
+
+
+def test_a_resident_models_file_truncated_while_running_is_a_clear_error_not_sigbus(tiny_model, tmp_path):
+    """Every expert resident is llama.cpp's own mapping of the whole file, checked the same way."""
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_model("qwen3_moe", "f32")[0], path)
+    with Engine(path, **SETTINGS) as eng:
+        assert eng.expert_residency is None and not eng.experts_mapped
+        eng.logits(IDS[:4])
+        os.truncate(path, 4096)
+        with pytest.raises(ExpertLoadError, match="model.gguf: the file was truncated while running"):
+            eng.logits(IDS)

@@ -4,6 +4,7 @@
 #include "llama.h"
 #include "llama-ext.h"
 #include "../src/expert-residency.h"
+#include "../src/expert-store.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
@@ -76,6 +77,14 @@ void check_positions(const Context & self, int seq, int first, int last) {
 // One llama_decode (without the GIL): its status, and why an expert failed to load ("" when none did).
 std::pair<int32_t, std::string> run_decode(Context & self, const llama_batch & batch) {
     log_clear_recent();
+    if (self.model->mapped_file) {
+        try {
+            self.model->mapped_file->check_unchanged();
+        } catch (const std::runtime_error & e) {  // as a failed expert read: the KV cache is dropped
+            llama_memory_clear(llama_get_memory(self.ctx), true);
+            return { 0, self.model->path + ": " + e.what() };
+        }
+    }
     const int32_t status = llama_decode(self.ctx, batch);
     return { status, status == 0 ? take_residency_error(self) : std::string() };
 }

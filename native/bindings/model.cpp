@@ -5,6 +5,7 @@
 #include "llama.h"
 #include "../src/expert-format.h"
 #include "../src/expert-residency.h"
+#include "../src/expert-store.h"
 #include "llama-model.h"
 
 #include <nanobind/stl/map.h>
@@ -51,14 +52,15 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // the devices' free memory.
 // experts_mapped: the CPU computes the experts from the mapped file (the page cache holds what fits)
 // and every other weight is read into memory, where the kernel cannot drop it between tokens under
-// a memory cap; embedding_mapped leaves the input embedding mapped too (a run reads the rows of the
-// tokens it sees; not where it is also the output).
+// a memory cap; embedding_mapped leaves the input embedding mapped too, beside mapped experts or a
+// CPU's expert cache (a run reads the rows of the tokens it sees; not where it is also the output).
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
           bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped) {
     if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
         throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
                               "experts_on_demand or a device");
-    if (embedding_mapped && !experts_mapped) throw nb::value_error("embedding_mapped goes with experts_mapped");
+    if (embedding_mapped && !(experts_mapped || (experts_on_demand && device.empty())))
+        throw nb::value_error("embedding_mapped goes with experts_mapped or, on the CPU, experts_on_demand");
     llama_model_params params = llama_model_default_params();
     std::vector<float> split(llama_max_devices(), 0.0f);
     if (!tensor_split.empty()) {
@@ -98,6 +100,9 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     if (experts_mapped) advise_whole_reads(model);
     new (self) Model();
     self->model = model;
+    if (use_mmap || experts_mapped || embedding_mapped) {
+        self->mapped_file = std::make_unique<expert_store>(path, expert_io::buffered);
+    }
     self->path = path;
     self->experts_on_demand = experts_on_demand;
     self->devices = names;

@@ -12,6 +12,7 @@
 #include <vector>
 
 class expert_residency;
+class expert_store;
 
 struct llama_model;
 struct llama_context;
@@ -46,6 +47,10 @@ struct Model {
     std::vector<std::string> devices;               // the devices its layers are on, in order (none: the CPU)
     bool repack = true;                             // repacked copies of weights (not --no-repack)
     std::unique_ptr<expert_residency> residency;   // the expert cache, when offloading is on
+    // the file, where a run reads weights from its mapping (llama.cpp's, mapped experts, the input
+    // embedding's rows): checked unchanged before each decode, so that another file's bytes, or a
+    // page past a truncated end (SIGBUS), are an error instead
+    std::unique_ptr<expert_store> mapped_file;
     ~Model();
 };
 

@@ -28,6 +28,10 @@ public:
     expert_io io() const { return io_; }
     const std::string & path() const { return path_; }
 
+    // Throws std::runtime_error where the file was truncated or written in place since it was
+    // opened (read_range checks this after every read).
+    void check_unchanged() const;
+
     static constexpr uint64_t kDirectAlignment = 4096;
 
 private:
@@ -38,8 +42,6 @@ private:
     uint64_t    map_bytes_ = 0;
     uint64_t    size_at_open_ = 0;
     int64_t     mtime_ns_at_open_ = 0;
-
-    void check_unchanged() const;
 };
 
 struct ggml_tensor;
