@@ -355,6 +355,15 @@ def test_truncated_file_while_running_is_a_clear_error(tiny_model, tmp_path, io)
             eng.logits(IDS)
 
 
+def rewrite_in_place(path) -> None:
+    """4 KiB of other bytes over path's experts, its inode and size kept, as `cp other.gguf
+    model.gguf` would."""
+    info = read_model_info(path)
+    with open(path, "r+b") as f:
+        f.seek(info.file_bytes - info.expert_bytes // 2)
+        f.write(os.urandom(4096))
+
+
 @pytest.mark.parametrize("io", IO_MODES)
 def test_file_written_in_place_while_running_is_a_clear_error(tiny_model, tmp_path, io):
     # `cp other.gguf model.gguf` keeps the inode: the experts read afterwards would be another
@@ -362,12 +371,9 @@ def test_file_written_in_place_while_running_is_a_clear_error(tiny_model, tmp_pa
     src, _ = tiny_model("qwen3_moe")
     path = tmp_path / "model.gguf"
     shutil.copyfile(src, path)
-    info = read_model_info(path)
     with Engine(path, **SETTINGS, expert_cache=minimum_budget(path), io=io) as eng:
         eng.logits(IDS[:4])
-        with open(path, "r+b") as f:
-            f.seek(info.file_bytes - info.expert_bytes // 2)
-            f.write(os.urandom(4096))
+        rewrite_in_place(path)
         with pytest.raises(ExpertLoadError, match="modified while running"):
             eng.logits(IDS)
 

@@ -22,7 +22,7 @@ from pyedgemoe.convert.export import export
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
 from pyedgemoe.memory_budget import MAPPED, RUN_ALLOWANCE_BYTES
 from pyedgemoe.model_info import read_model_info
-from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars, tied_copy
+from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars, rewrite_in_place, tied_copy
 
 GIB = 1024**3
 
@@ -217,12 +217,9 @@ def test_a_mapped_file_changed_while_running_is_a_clear_error_not_sigbus_or_anot
     src = tiny_model("qwen3_moe", "f32")[0]
     path = tmp_path / "model.gguf"
     shutil.copyfile(src, path)
-    info = read_model_info(path)
     with Engine(path, expert_cache=MAPPED, **SETTINGS) as eng:
         eng.logits(IDS[:4])
-        with open(path, "r+b") as f:
-            f.seek(info.file_bytes - info.expert_bytes // 2)
-            f.write(os.urandom(4096))
+        rewrite_in_place(path)
         with pytest.raises(ExpertLoadError, match="model.gguf: the file was modified while running"):
             eng.logits(IDS)
     shutil.copyfile(src, path)
