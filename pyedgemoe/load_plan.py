@@ -222,11 +222,12 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
-    cold = info.cold_embedding_bytes if info.is_moe else 0  # mapped beside a CPU's expert cache or mapped experts
+    # the input embedding's rows, mapped beside a CPU's expert cache or mapped experts
+    cold = info.cold_embedding_bytes if info.is_moe and not device else 0
     budget, note = parse_expert_cache(
         options.expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
-        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=0 if device else cold,
+        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
         minimum_bytes=0 if device else info.minimum_cache_bytes)
     asked = str(options.expert_cache or "auto").strip().lower()
     if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
@@ -236,7 +237,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         raise InvalidOptionError(f"expert_cache {MAPPED!r} leaves the experts in the page cache, in host memory: it "
                                  "runs with mode 'cpu'")
     offload = budget not in (None, MAPPED) and info.is_moe
-    embedding_mapped = (offload or experts_mapped) and not device and cold > 0
+    embedding_mapped = (offload or experts_mapped) and cold > 0
     if offload:
         budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:

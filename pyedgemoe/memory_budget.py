@@ -425,9 +425,10 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
     if expert_bytes <= room_for_experts_bytes(non_expert_bytes, context, available):
         return None, (f"expert cache auto: all experts resident ({expert_bytes / gib:.2f} GiB of experts fit "
                       f"in {available / gib:.2f} GiB available)")
-    room = room_for_experts_bytes(non_expert_bytes - cold_bytes, context, available)  # the cold rows stay mapped
+    held = non_expert_bytes - cold_bytes  # the cold rows stay mapped
+    room = room_for_experts_bytes(held, context, available)
     if room <= 0:
-        raise _no_room_error(non_expert_bytes - cold_bytes, context, available, where)
+        raise _no_room_error(held, context, available, where)
     mapped_share = (room + context) / expert_bytes  # the page cache's, until the context fills
     if mapped_share >= NEAR_FIT_MAPPED_SHARE and 2 * repacked_expert_bytes >= expert_bytes:
         return MAPPED, (f"expert cache auto: {MAPPED}, {MAPPED_NOTE}, without repacked copies: it can hold "
@@ -491,8 +492,9 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes,
                                  minimum_bytes)
+    held = non_expert_bytes - cold_bytes  # beside a cache or mapped experts (the cold rows stay mapped)
     if isinstance(value, str) and value.strip().lower() == MAPPED:
-        fit_expert_cache(0, MAPPED, False, expert_bytes, non_expert_bytes - cold_bytes, context, available)
+        fit_expert_cache(0, MAPPED, False, expert_bytes, held, context, available)
         return MAPPED, f"expert cache {MAPPED}: {MAPPED_NOTE} (no repacked copies)"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InvalidOptionError(f"expert_cache must be bytes, a size like '4GiB', a percentage, 'auto' or '{MAPPED}', "
@@ -500,8 +502,7 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if isinstance(value, int):
         if value <= 0:
             raise _out_of_range(value, expert_bytes)
-        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, non_expert_bytes - cold_bytes,
-                                        context, available, refuse)
+        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, held, context, available, refuse)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
@@ -518,6 +519,5 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
             f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
-    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, non_expert_bytes - cold_bytes, context, available,
-                                    refuse)
+    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, held, context, available, refuse)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"
