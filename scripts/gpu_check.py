@@ -11,7 +11,8 @@
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
    against stock llama.cpp's llama-bench (`-ngl 99 -ot exps=CPU`, and `--n-cpu-moe N` with the
    experts of the same share of layers on the GPU), and last stock's with every expert on the GPU
-   (`-ngl 99`: a token's cost besides its misses). Time to first token (a 16-token prompt),
+   (`-ngl 99`: a token's cost besides its misses) and ours `gpu` with every expert in its device
+   cache (no misses: what our layer's hook costs a token beyond that). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart).
    A cell that would end past the deadline is not started; every result is written to OUTDIR as
    it comes.
@@ -37,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
 
 BUDGETS = ("25%", "50%")
-RESIDENT = "100%"  # the stock cell with every expert on the GPU
+RESIDENT = "100%"  # the cells with every expert on the GPU: stock's, and ours with every expert in its cache
 MODES = ("gpu", "coop", "split", "auto")
 # the correctness check's modes and their options: split with half the misses each way (the rates it
 # measures at load send a tiny model's all to the link)
@@ -134,8 +135,10 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
 
     n_decode = sizes["decode"]
     t0 = time.perf_counter()
+    # every expert in the device's cache: no miss, so no host tier
+    host_cache = 0 if budget == RESIDENT else "auto"
     with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
-                flash_attn=True, mode=mode, expert_cache=budget, host_cache="auto", io="buffered") as eng:
+                flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered") as eng:
         load_seconds = time.perf_counter() - t0
         rounds = []
         for r in range(sizes["repeats"] + 1):
@@ -315,8 +318,12 @@ class Check:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
                     self.cell(name, budget, label, flags, stock=True)
-            # every expert on the GPU: what a token costs besides its misses, at best
+            # every expert on the GPU: what a token costs besides its misses, at best; and ours with no
+            # miss: what the hook costs a token beyond that (the op, a CPU split and a wait a layer)
             self.cell(name, RESIDENT, "-ngl 99", [], stock=True)
+            if "gpu" in self.args.modes:
+                self.cell(name, RESIDENT, "gpu", ["--child", "measure", "--model", model["path"], "--mode", "gpu",
+                                                  "--budget", RESIDENT, "--threads", str(self.threads)])
 
     def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False) -> None:
         # a cell takes about as long as the slowest one so far; one that would not end in time is not begun
@@ -435,10 +442,17 @@ def report(result: dict) -> str:
                              + (f"; `auto` / our best = {auto['decode_tps'] / best['decode_tps']:.2f}" if auto else ""))
     for name in result.get("models", {}):
         resident = next((r for r in result["cells"] if r["model"] == name and r["budget"] == RESIDENT
-                         and "error" not in r), None)
+                         and r.get("engine") == "llama.cpp" and "error" not in r), None)
         if resident:
             lines.append(f"- {name}, every expert on the GPU (llama.cpp `-ngl 99`): {resident['decode_tps']:.1f} tok/s, "
                          f"{1e3 / resident['decode_tps']:.1f} ms a token: what a token costs besides its misses, at best")
+        cached = next((r for r in result["cells"] if r["model"] == name and r["budget"] == RESIDENT
+                       and r.get("engine") == "pyedgemoe" and "error" not in r), None)
+        if cached and resident:
+            ms, stock_ms = 1e3 / cached["decode_tps"], 1e3 / resident["decode_tps"]
+            lines.append(f"- {name}, every expert in our `gpu` cache (no miss): {cached['decode_tps']:.1f} tok/s, {ms:.1f} ms "
+                         f"a token, {ms - stock_ms:+.1f} ms beside `-ngl 99`: what our hook costs a token "
+                         f"(our op {cached['decode_per_token'].get('op_ms', 0):.1f} ms of it)")
     if result.get("skipped"):
         lines += ["", "not run (deadline): " + ", ".join(f"{r['model']} {r['budget']} {r['engine']}"
                                                           for r in result["skipped"])]

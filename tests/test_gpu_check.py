@@ -80,3 +80,35 @@ def test_a_kit_library_that_needs_what_the_machine_lacks(tmp_path):
                     f"-L{tmp_path}", "-lgone"], check=True)
     kit = make_kit(tmp_path / "kit.tar.xz", stamp(), {"libggml-x.so": tmp_path / "libggml-x.so"})
     assert_error(run(tmp_path, "--rehearse", GPU_KIT=str(kit)), "libgone.so => not found")
+
+
+def load_gpu_check():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_says_what_our_hook_costs_a_token_with_every_expert_cached():
+    # stock -ngl 99 at 250 tok/s (4.0 ms a token) and ours `gpu` at 100 % at 200 (5.0 ms): the hook
+    # costs 1.0 ms a token beyond it; the 25 % comparison leaves both 100 % cells out
+    check = load_gpu_check()
+
+    def cell(engine, label, budget, decode_tps, **extra):
+        return dict(model="qwen3", engine=engine, label=label, budget=budget, decode_tps=decode_tps, ttft_s=0.1,
+                    prefill_tps=1000.0, **extra)
+    ours = dict(hit_rate=1.0, chosen_mode="gpu", decode_per_token=dict(ms=5.0, op_ms=0.4, bytes_uploaded=0, upload_ms=0,
+                                                                       load_ms=0, stall_ms=0.4))
+    result = dict(device=dict(description="GPU", name="CUDA0"), sizes=dict(prefill=512, decode=64, repeats=3),
+                  rehearsal=False, date="today", threads=16, numa={}, correctness=None, skipped=[],
+                  models=dict(qwen3=dict(geometry="qwen3-30b-a3b", layers=48, type="q4_k", bytes=17e9)),
+                  cells=[cell("pyedgemoe", "gpu", "25%", 30.0, **{**ours, "hit_rate": 0.3}),
+                         cell("llama.cpp", "-ot exps=CPU", "25%", 40.0),
+                         cell("llama.cpp", "-ngl 99", "100%", 250.0),
+                         cell("pyedgemoe", "gpu", "100%", 200.0, **ours)])
+    text = check.report(result)
+    assert ("- qwen3, every expert in our `gpu` cache (no miss): 200.0 tok/s, 5.0 ms a token, +1.0 ms beside `-ngl 99`: "
+            "what our hook costs a token (our op 0.4 ms of it)") in text
+    assert "- qwen3 at 25%: our best decode (`gpu`) / stock's best (`-ot exps=CPU`) = 0.75x" in text
+    assert "every expert on the GPU (llama.cpp `-ngl 99`): 250.0 tok/s, 4.0 ms a token" in text
