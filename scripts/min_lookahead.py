@@ -5,7 +5,8 @@ records it: one token per step, lossless), per model and cache size, the lossles
 and decay (the runtime's own cache code, replayed) and of a policy that knows each expert's uses
 1, 2, 4, 8 and 16 tokens ahead and nothing further (calibration.belady.lookahead_loads), over
 MIN's. An online policy sees none of the next token's routing: it is chosen by a token not sampled
-yet.
+yet. Last, MIN allowed to bypass (calibration.belady.bypass_loads: a miss used again later than
+every evictable cached expert is not cached): what not caching some misses could gain at most.
 
     .venv/bin/python scripts/min_lookahead.py [--tokens 2048] [--budget 25% --budget 50%] MODEL ...
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from fidelity_report import corpus_texts  # noqa: E402
 from pyedgemoe import Engine  # noqa: E402
-from pyedgemoe.calibration.belady import lookahead_loads, min_loads  # noqa: E402
+from pyedgemoe.calibration.belady import bypass_loads, lookahead_loads, min_loads  # noqa: E402
 from pyedgemoe.calibration.replay import CacheSetup, replay, replay_steps  # noqa: E402
 from pyedgemoe.calibration.run import lossless_slots  # noqa: E402
 from pyedgemoe.calibration.trace import record_trace  # noqa: E402
@@ -48,6 +49,7 @@ def measure(model: str, budget: str, text: str, max_tokens: int) -> dict:
         row[policy] = replay(steps, setup, policy).loads_high / best
     for ahead in AHEAD_TOKENS:
         row[f"{ahead} ahead"] = lookahead_loads(steps, slots, ahead * n_layers) / best
+    row["MIN, bypass"] = bypass_loads(steps, slots) / best
     return row
 
 
@@ -58,7 +60,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=2048)
     a = p.parse_args()
     heldout, _ = corpus_texts()
-    columns = ["lru", "decay", *(f"{n} ahead" for n in AHEAD_TOKENS)]
+    columns = ["lru", "decay", *(f"{n} ahead" for n in AHEAD_TOKENS), "MIN, bypass"]
     print("| model | cache | MIN's loads (of requests) | " + " | ".join(columns) + " |")
     print("|---|---|---:|" + "---:|" * len(columns))
     for model in a.models:

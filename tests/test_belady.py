@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pyedgemoe.calibration.belady import lookahead_loads, min_loads
+from pyedgemoe.calibration.belady import bypass_loads, lookahead_loads, min_loads
 from pyedgemoe.calibration.replay import CacheSetup, ReplayStep, against_min, replay
 
 
@@ -133,3 +133,20 @@ def test_decay_counts_how_far_each_layer_is():
     assert replay(trace, setup, "lru").loads_high == 4 * tokens
     assert min_loads(trace, 3).loads == 3 + (4 * tokens - 3) // 3 == 42
     assert replay(trace, setup, "decay").loads_high == 43
+
+
+def test_bypass_keeps_the_cache_for_an_expert_used_sooner():
+    # 1 slot; A B A. MIN must cache B, evicting A, and loads A again: 3. Bypassing B (never used
+    # again, A's next use is sooner) keeps A: 2
+    A, B = 0, 1
+    trace = steps(*[(0, [e]) for e in (A, B, A)])
+    assert min_loads(trace, slots=1).loads == 3
+    assert bypass_loads(trace, slots=1) == 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bypass_never_loads_more_than_min(seed):
+    rng = random.Random(seed)
+    trace = steps(*[(t % 3, rng.sample(range(8), 2)) for t in range(300)])
+    for slots in (2, 5, 9):
+        assert bypass_loads(trace, slots) <= min_loads(trace, slots).loads

@@ -131,6 +131,42 @@ def lookahead_loads(steps, slots: int, lookahead: int) -> int:
     return loads
 
 
+def bypass_loads(steps, slots: int) -> int:
+    """The loads of MIN allowed to bypass: a miss whose next use is farther than every evictable
+    cached expert's is computed from room outside the slots (free here) and not cached; else it
+    evicts the farthest, as MIN. MIN must cache every miss (the runtime computes an expert from its
+    slot), so this bounds what not caching some misses could gain on the same slots (docs/benchmarks.md,
+    "What MIN knows")."""
+    needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
+    uses: dict[tuple, list[int]] = defaultdict(list)
+    for i, keys in enumerate(needs):
+        for key in keys:
+            uses[key].append(i)
+    seen: dict[tuple, int] = defaultdict(int)
+
+    def next_use(key) -> float:
+        k = seen[key]
+        return uses[key][k] if k < len(uses[key]) else NEVER
+
+    cached: set = set()
+    loads = 0
+    for keys in needs:
+        for key in keys:
+            seen[key] += 1
+        now = set(keys)
+        for key in keys:
+            if key in cached:
+                continue
+            loads += 1
+            evictable = [c for c in cached if c not in now]
+            if len(cached) < slots:
+                cached.add(key)
+            elif evictable and next_use(key) < next_use(victim := max(evictable, key=next_use)):
+                cached.discard(victim)
+                cached.add(key)
+    return loads
+
+
 def trace_against_min(trace: dict, slots: int, loads: int) -> dict:
     """A lossless run's `loads` (HIGH loads on demand and prefetched, from its stats) next to MIN's on the routing it recorded
     (Engine.take_routing_trace) with its `slots`: {"loads", "min_loads", "requests", "x_min",
