@@ -32,30 +32,41 @@ class MinResult:
         return 1 - self.loads / self.requests if self.requests else 0.0
 
 
+class _Future:
+    """A trace's demands step by step (needs: each step's (layer, expert) keys, skips left out) and
+    each expert's next use after the steps passed so far."""
+
+    def __init__(self, steps):
+        self.needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
+        self._uses: dict[tuple, list[int]] = defaultdict(list)  # each expert's steps, in order
+        for i, keys in enumerate(self.needs):
+            for key in keys:
+                self._uses[key].append(i)
+        self._seen: dict[tuple, int] = defaultdict(int)  # how many of its uses have passed
+
+    def pass_step(self, keys) -> None:
+        for key in keys:
+            self._seen[key] += 1
+
+    def next_use(self, key) -> float:
+        k, uses = self._seen[key], self._uses[key]
+        return uses[k] if k < len(uses) else NEVER
+
+
 def min_loads(steps, slots: int) -> MinResult:
     """MIN's loads for replay steps (ReplayStep: .layer, .wanted [(expert, demand)]) and `slots`."""
     if slots < 1:
         raise ValueError(f"MIN needs at least one slot, got {slots}")
-    needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
-    uses: dict[tuple, list[int]] = defaultdict(list)  # each expert's steps, in order
-    for i, keys in enumerate(needs):
-        for key in keys:
-            uses[key].append(i)
-    seen: dict[tuple, int] = defaultdict(int)  # how many of its uses have passed
-
-    def next_use(key) -> float:
-        k = seen[key]
-        return uses[key][k] if k < len(uses[key]) else NEVER
-
+    future = _Future(steps)
+    next_use = future.next_use
     result = MinResult()
     cached: set = set()
     farthest: list = []  # (-next use, key) of the cached, lazily corrected
-    for i, keys in enumerate(needs):
+    for keys in future.needs:
         result.requests += len(keys)
         if len(keys) > slots:
             result.failures += 1
-        for key in keys:
-            seen[key] += 1
+        future.pass_step(keys)
         now = set(keys)
         for key in keys:
             if key in cached:
@@ -137,22 +148,12 @@ def bypass_loads(steps, slots: int) -> int:
     evicts the farthest, as MIN. MIN must cache every miss (the runtime computes an expert from its
     slot), so this bounds what not caching some misses could gain on the same slots (docs/benchmarks.md,
     "What MIN knows")."""
-    needs = [[(s.layer, e) for e, demand in s.wanted if demand != "skip"] for s in steps]
-    uses: dict[tuple, list[int]] = defaultdict(list)
-    for i, keys in enumerate(needs):
-        for key in keys:
-            uses[key].append(i)
-    seen: dict[tuple, int] = defaultdict(int)
-
-    def next_use(key) -> float:
-        k = seen[key]
-        return uses[key][k] if k < len(uses[key]) else NEVER
-
+    future = _Future(steps)
+    next_use = future.next_use
     cached: set = set()
     loads = 0
-    for keys in needs:
-        for key in keys:
-            seen[key] += 1
+    for keys in future.needs:
+        future.pass_step(keys)
         now = set(keys)
         for key in keys:
             if key in cached:
