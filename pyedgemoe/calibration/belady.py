@@ -147,7 +147,7 @@ def bypass_loads(steps, slots: int) -> int:
     cached expert's is computed from room outside the slots (free here) and not cached; else it
     evicts the farthest, as MIN. MIN must cache every miss (the runtime computes an expert from its
     slot), so this bounds what not caching some misses could gain on the same slots (docs/benchmarks.md,
-    "What MIN knows")."""
+    "Not caching a miss")."""
     future = _Future(steps)
     next_use = future.next_use
     cached: set = set()
@@ -159,10 +159,11 @@ def bypass_loads(steps, slots: int) -> int:
             if key in cached:
                 continue
             loads += 1
-            evictable = [c for c in cached if c not in now]
             if len(cached) < slots:
                 cached.add(key)
-            elif evictable and next_use(key) < next_use(victim := max(evictable, key=next_use)):
+                continue
+            evictable = [c for c in cached if c not in now]
+            if evictable and next_use(key) < next_use(victim := max(evictable, key=next_use)):
                 cached.discard(victim)
                 cached.add(key)
     return loads
