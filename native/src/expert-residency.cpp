@@ -137,12 +137,12 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     const bool has_host = device && dc.host_bytes > 0;
     const bool split_repacked = host_layouts_of(compute_mode::split, dc.repack, layout, dc.host_bytes) == host_layouts::both;
     if (options.mode == compute_mode::automatic) {
-        const mode_choice choice = choose_mode(*pools->high[0], device, has_host, dc.repack, split_repacked, dc.n_threads);
+        const mode_choice choice = choose_mode(*pools->high[0], device, has_host ? dc.host_bytes : 0, dc.repack, split_repacked, dc.n_threads);
         options.mode = choice.mode, options.link_share = choice.link_share, info.mode_reason = choice.reason;
     }
     const bool coop = options.mode == compute_mode::coop || options.mode == compute_mode::split;  // split: coop's passes
     if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");
-    const double link_share = split_share(options, *pools->high[0], device, dc.n_threads, split_repacked, &info.mode_reason);
+    const double link_share = split_share(options, *pools->high[0], device, dc.host_bytes, dc.n_threads, split_repacked, &info.mode_reason);
     if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, host_layouts_of(options.mode, dc.repack, layout, dc.host_bytes), dc.repack);
     passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share);
     for (size_t g = 0; g < layout.groups.size(); g++) {

@@ -19,6 +19,9 @@ constexpr int kRepeats = 3;  // the best of these
 // split's two rates together must beat the faster alone by this: its own costs (a wait per layer
 // for the uploads, the host's memory shared by the CPU's pass and the link) are not in the rates
 constexpr double SPLIT_MARGIN = 1.2;
+constexpr int SLOTS_A_PASS = 4;  // the CPU's pass: about a layer's misses in a decode token (top-8 at 25-50 %)
+// written after the slots first timed: more than a CPU's last-level cache, so they are read from memory
+constexpr uint64_t COLD_BYTES = 256ull << 20;
 
 double best_seconds(const std::function<void()> & fn) {
     double best = 1e30;
@@ -50,15 +53,38 @@ double upload_gbps(const slot_pool & device, const slot_pool * pinned) {
     return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, source, 0, bytes); }) / 1e9;
 }
 
-// the CPU's pass over one expert as coop computes it: mul_mat_id over a pool laid out as coop's
-// host tier is (host-tier.h), a decode token's one row
-double cpu_gbps(const slot_pool & host, int n_threads) {
+// every slot of every projection written with zeros, slot by slot (a host pool's memory may be
+// anything, or pages never touched that all read one zero page; zeros time as weights do)
+void write_every_slot(const slot_pool & pool) {
+    for (int s = 0; s < pool.n_slots(); s++) {
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            if (!pool.shapes()[p].present) continue;
+            const auto proj = (expert_projection) p;
+            if (void * data = pool.slot_data(proj, s)) memset(data, 0, pool.shapes()[p].bytes);
+            else ggml_backend_tensor_set(pool.slot_view(proj, s), std::vector<char>(pool.shapes()[p].bytes, 0).data(), 0, pool.shapes()[p].bytes);
+        }
+    }
+}
+
+// the CPU's pass over a decode token's misses as coop computes them: mul_mat_id over a pool in a
+// host tier's layout (buft: null for host memory, repacked where repack), SLOTS_A_PASS experts a
+// pass, each pass over slots out of the CPU's caches, as a token's misses are (timed over one slot
+// kept hot, an OLMoE expert read 88 GB/s on an H200's host where stock's runs imply about 60).
+// The pool takes at most max_bytes (the host tier's budget, allocated after this): a smaller one
+// reuses its slots, hotter.
+double cpu_gbps(const expert_shapes & shapes, ggml_backend_buffer_type_t buft, bool repack, uint64_t max_bytes, int n_threads) {
+    const uint64_t expert_bytes = expert_bytes_of(shapes);
+    const uint64_t wanted = std::max<uint64_t>(COLD_BYTES / expert_bytes, (kRepeats + 1) * SLOTS_A_PASS);
+    const int n_slots = (int) std::max<uint64_t>(2, std::min(wanted, max_bytes / expert_bytes));
+    const slot_pool host(shapes, n_slots, buft, repack);
+    write_every_slot(host);  // in the order they are timed: the first are the longest out of the caches
     const int p = largest_projection(host);
     ggml_tensor * pool = host.tensor((expert_projection) p);
     ggml_init_params params = { ggml_tensor_overhead() * 4 + ggml_graph_overhead() + 1024, nullptr, /*no_alloc*/ true };
     ggml_context * ctx = ggml_init(params);
+    const int per_pass = std::min(SLOTS_A_PASS, n_slots);
     ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, pool->ne[0], 1, 1);
-    ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 1);  // slot 0
+    ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, per_pass, 1);
     ggml_tensor * y = ggml_mul_mat_id(ctx, pool, x, ids);
     ggml_cgraph * graph = ggml_new_graph(ctx);
     ggml_build_forward_expand(graph, y);
@@ -68,8 +94,13 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
     double gbps = 0;
     if (buffer) {
         ggml_backend_buffer_clear(buffer, 0);
-        ggml_backend_graph_compute(cpu, graph);  // warm-up
-        gbps = host.shapes()[p].bytes / best_seconds([&] { ggml_backend_graph_compute(cpu, graph); }) / 1e9;
+        int next = 0;  // the next slot: each pass takes slots not read before while there are any
+        auto pass = [&] {
+            for (int i = 0; i < per_pass; i++) ((int32_t *) ids->data)[i] = next++ % n_slots;
+            ggml_backend_graph_compute(cpu, graph);
+        };
+        pass();  // warm-up: the threads
+        gbps = per_pass * host.shapes()[p].bytes / best_seconds(pass) / 1e9;
         ggml_backend_buffer_free(buffer);
     }
     ggml_backend_free(cpu);
@@ -80,25 +111,14 @@ double cpu_gbps(const slot_pool & host, int n_threads) {
 // split's share of the misses uploaded: the link's and the CPU's end together
 double both_end_together(double upload_gbps, double cpu_gbps) { return upload_gbps / (upload_gbps + cpu_gbps); }
 
-// slot 0 of every projection zeroed (a host pool's memory may be anything; zeros time as weights do)
-void zero_slot0(const slot_pool & pool) {
-    for (int p = 0; p < PROJ_COUNT; p++) {
-        if (!pool.shapes()[p].present) continue;
-        const auto proj = (expert_projection) p;
-        const std::vector<char> zeros(pool.shapes()[p].bytes, 0);
-        if (void * data = pool.slot_data(proj, 0)) memcpy(data, zeros.data(), zeros.size());
-        else ggml_backend_tensor_set(pool.slot_view(proj, 0), zeros.data(), 0, zeros.size());
-    }
-}
-
 }  // namespace
 
-mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, bool split_repacked,
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, uint64_t host_bytes, bool repack, bool split_repacked,
                         int n_threads) {
     mode_choice c;
     // one expert in each mode's host tier layout (host-tier.h), for the two rates
     char line[256];
-    if (!has_host) {
+    if (host_bytes == 0) {
         c.upload_gbps = upload_gbps(device, nullptr);
         snprintf(line, sizeof(line), "--mode auto chose gpu: no host tier for the CPU to compute misses from (uploads %.2f GB/s)",
                  c.upload_gbps);
@@ -107,10 +127,8 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
     }
     const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
     c.upload_gbps = upload_gbps(device, &pinned);
-    const slot_pool cpu_layout(device.shapes(), 1, nullptr, repack);
-    zero_slot0(cpu_layout);
-    c.cpu_gbps = cpu_gbps(cpu_layout, n_threads);
-    c.cpu_split_gbps = repack && !split_repacked ? cpu_gbps(pinned, n_threads) : c.cpu_gbps;
+    c.cpu_gbps = cpu_gbps(device.shapes(), nullptr, repack, host_bytes, n_threads);
+    c.cpu_split_gbps = repack && !split_repacked ? cpu_gbps(device.shapes(), pinned_or_host(dev), false, host_bytes, n_threads) : c.cpu_gbps;
     const double alone = std::max(c.upload_gbps, c.cpu_gbps), together = c.upload_gbps + c.cpu_split_gbps;
     c.mode = together > SPLIT_MARGIN * alone ? compute_mode::split
            : c.cpu_gbps > c.upload_gbps ? compute_mode::coop : compute_mode::gpu;
@@ -125,14 +143,14 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
     return c;
 }
 
-double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
-                   bool split_repacked, std::string * reason) {
+double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, uint64_t host_bytes,
+                   int n_threads, bool split_repacked, std::string * reason) {
     if (options.mode != compute_mode::split) return 0.0;
     if (options.link_share >= 0) return options.link_share;
     const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
-    const slot_pool repacked(device.shapes(), 1, nullptr, split_repacked);
-    zero_slot0(repacked);
-    const double upload = upload_gbps(device, &pinned), cpu = cpu_gbps(split_repacked ? repacked : pinned, n_threads);
+    const double upload = upload_gbps(device, &pinned);
+    const double cpu = split_repacked ? cpu_gbps(device.shapes(), nullptr, true, host_bytes, n_threads)
+                                      : cpu_gbps(device.shapes(), pinned_or_host(dev), false, host_bytes, n_threads);
     const double share = both_end_together(upload, cpu);
     char line[256];
     snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%s)",

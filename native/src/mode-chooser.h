@@ -17,18 +17,19 @@ class slot_pool;
 struct mode_choice {
     compute_mode mode = compute_mode::gpu;
     double upload_gbps = 0;  // host (the host tier's pinned memory, if any) -> device, one expert projection at a time
-    double cpu_gbps = 0;     // the CPU's matrix-vector product over an expert projection in coop's layout (0: not measured)
+    double cpu_gbps = 0;     // the CPU's matrix-vector products over a layer's misses, from memory, in coop's layout (0: not measured)
     double cpu_split_gbps = 0;  // the same over the layout split's CPU computes from (0: not measured)
     double link_share = -1;  // split: the share of a decode token's misses uploaded (split_share's rule)
     std::string reason;      // one line for stderr
 };
 
 // device: the device pools of dev (their slot 0 is overwritten: call before the cache is filled);
-// has_host: a host tier is budgeted (else coop and split cannot run); repack: coop's host tier
-// would be repacked (the model's CPU weights are); split_repacked: split's host tier would keep
-// both layouts (host_layouts_of), its CPU computing from coop's. Each rate is timed from one expert
-// laid out as that mode's host tier would hold it, allocated here.
-mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool has_host, bool repack, bool split_repacked,
+// host_bytes: the host tier's budget (0: none, and coop and split cannot run); repack: coop's host
+// tier would be repacked (the model's CPU weights are); split_repacked: split's host tier would keep
+// both layouts (host_layouts_of), its CPU computing from coop's. Each rate is timed from experts laid
+// out as that mode's host tier would hold them, allocated here (the CPU's: up to 256 MiB, within
+// host_bytes, so that it reads them from memory).
+mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, uint64_t host_bytes, bool repack, bool split_repacked,
                         int n_threads);
 
 // --mode split: the share of a decode token's misses to upload, the rest computed by the CPU meanwhile from
@@ -36,5 +37,5 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, bool h
 // options.link_share where given (auto sets it when it chooses split), else so that both end
 // together: upload rate / (upload rate + the CPU's rate over its layout), timed as above, and
 // reason says so (one line for stderr). 0 in other modes.
-double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, int n_threads,
-                   bool split_repacked, std::string * reason);
+double split_share(const expert_options & options, const slot_pool & device, ggml_backend_dev_t dev, uint64_t host_bytes,
+                   int n_threads, bool split_repacked, std::string * reason);
