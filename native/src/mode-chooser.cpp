@@ -43,14 +43,33 @@ int largest_projection(const slot_pool & pool) {
 }
 
 // from where the GPU-centric mode uploads a miss: the host tier's pinned memory when there is one
-// (pageable memory goes through a bounce buffer, slower)
-double upload_gbps(const slot_pool & device, const slot_pool * pinned) {
-    const int p = largest_projection(device);
-    const uint64_t bytes = device.shapes()[p].bytes;
-    std::vector<char> zeros(pinned ? 0 : bytes, 0);
-    const void * source = pinned ? pinned->slot_data((expert_projection) p, 0) : zeros.data();
-    ggml_tensor * slot = device.slot_view((expert_projection) p, 0);
-    return bytes / best_seconds([&] { ggml_backend_tensor_set(slot, source, 0, bytes); }) / 1e9;
+// (from_pinned), a layer's misses (SLOTS_A_PASS experts, every projection) queued on the device's
+// own stream at once, as split queues them and as the loader threads keep several in flight (one
+// projection at a time, each copy's latency counted, read 36-39 GB/s on an H200 where gpu's
+// uploads ran at 45); else pageable memory, one projection at a time through a bounce buffer.
+// Overwrites the device pool's first slots.
+double upload_gbps(const slot_pool & device, ggml_backend_dev_t dev, bool from_pinned) {
+    ggml_backend_t stream = from_pinned ? ggml_backend_dev_init(dev, nullptr) : nullptr;
+    if (!stream) {
+        const int p = largest_projection(device);
+        const std::vector<char> zeros(device.shapes()[p].bytes, 0);
+        ggml_tensor * slot = device.slot_view((expert_projection) p, 0);
+        return zeros.size() / best_seconds([&] { ggml_backend_tensor_set(slot, zeros.data(), 0, zeros.size()); }) / 1e9;
+    }
+    const int n = std::min(SLOTS_A_PASS, device.n_slots());
+    const slot_pool pinned(device.shapes(), n, pinned_or_host(dev), /*repack*/ false);  // zeroed
+    const double seconds = best_seconds([&] {
+        for (int s = 0; s < n; s++) {
+            for (int p = 0; p < PROJ_COUNT; p++) {
+                if (!device.shapes()[p].present) continue;
+                const auto proj = (expert_projection) p;
+                ggml_backend_tensor_set_async(stream, device.slot_view(proj, s), pinned.slot_data(proj, s), 0, device.shapes()[p].bytes);
+            }
+        }
+        ggml_backend_synchronize(stream);
+    });
+    ggml_backend_free(stream);
+    return n * expert_bytes_of(device.shapes()) / seconds / 1e9;
 }
 
 // every slot of every projection written with zeros, slot by slot (a host pool's memory may be
@@ -119,14 +138,13 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, uint64
     // one expert in each mode's host tier layout (host-tier.h), for the two rates
     char line[256];
     if (host_bytes == 0) {
-        c.upload_gbps = upload_gbps(device, nullptr);
+        c.upload_gbps = upload_gbps(device, dev, /*from_pinned*/ false);
         snprintf(line, sizeof(line), "--mode auto chose gpu: no host tier for the CPU to compute misses from (uploads %.2f GB/s)",
                  c.upload_gbps);
         c.reason = line;
         return c;
     }
-    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
-    c.upload_gbps = upload_gbps(device, &pinned);
+    c.upload_gbps = upload_gbps(device, dev, /*from_pinned*/ true);
     c.cpu_gbps = cpu_gbps(device.shapes(), nullptr, repack, host_bytes, n_threads);
     c.cpu_split_gbps = repack && !split_repacked ? cpu_gbps(device.shapes(), pinned_or_host(dev), false, host_bytes, n_threads) : c.cpu_gbps;
     const double alone = std::max(c.upload_gbps, c.cpu_gbps), together = c.upload_gbps + c.cpu_split_gbps;
@@ -147,8 +165,7 @@ double split_share(const expert_options & options, const slot_pool & device, ggm
                    int n_threads, bool split_repacked, std::string * reason) {
     if (options.mode != compute_mode::split) return 0.0;
     if (options.link_share >= 0) return options.link_share;
-    const slot_pool pinned(device.shapes(), 1, pinned_or_host(dev), /*repack*/ false);  // zeroed
-    const double upload = upload_gbps(device, &pinned);
+    const double upload = upload_gbps(device, dev, /*from_pinned*/ true);
     const double cpu = split_repacked ? cpu_gbps(device.shapes(), nullptr, true, host_bytes, n_threads)
                                       : cpu_gbps(device.shapes(), pinned_or_host(dev), false, host_bytes, n_threads);
     const double share = both_end_together(upload, cpu);

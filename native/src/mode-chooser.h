@@ -16,14 +16,14 @@ class slot_pool;
 
 struct mode_choice {
     compute_mode mode = compute_mode::gpu;
-    double upload_gbps = 0;  // host (the host tier's pinned memory, if any) -> device, one expert projection at a time
+    double upload_gbps = 0;  // host (the host tier's pinned memory, if any: a layer's misses queued at once) -> device
     double cpu_gbps = 0;     // the CPU's matrix-vector products over a layer's misses, from memory, in coop's layout (0: not measured)
     double cpu_split_gbps = 0;  // the same over the layout split's CPU computes from (0: not measured)
     double link_share = -1;  // split: the share of a decode token's misses uploaded (split_share's rule)
     std::string reason;      // one line for stderr
 };
 
-// device: the device pools of dev (their slot 0 is overwritten: call before the cache is filled);
+// device: the device pools of dev (their first slots are overwritten: call before the cache is filled);
 // host_bytes: the host tier's budget (0: none, and coop and split cannot run); repack: coop's host
 // tier would be repacked (the model's CPU weights are); split_repacked: split's host tier would keep
 // both layouts (host_layouts_of), its CPU computing from coop's. Each rate is timed from experts laid
