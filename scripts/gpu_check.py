@@ -12,7 +12,8 @@
    against stock llama.cpp's llama-bench (`-ngl 99 -ot exps=CPU`, and `--n-cpu-moe N` with the
    experts of the same share of layers on the GPU), and last stock's with every expert on the GPU
    (`-ngl 99`: a token's cost besides its misses) and ours `gpu` with every expert in its device
-   cache (no misses: what our layer's hook costs a token beyond that). Time to first token (a 16-token prompt),
+   cache (no misses: what our layer's hook costs a token beyond that); with --link-shares, `split` also at
+   those fixed shares of uploads (is the share its rates give the best?). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart).
    A cell that would end past the deadline is not started; every result is written to OUTDIR as
    it comes.
@@ -124,7 +125,7 @@ PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms"
                       "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "cpu_pass_ms")
 
 
-def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> dict:
+def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link_share: float | None = None) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times
     after a first round of the three that the medians leave out (as llama-bench warms up): ours
@@ -137,8 +138,9 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int) -> d
     t0 = time.perf_counter()
     # every expert in the device's cache: no miss, so no host tier
     host_cache = 0 if budget == RESIDENT else "auto"
+    share = {} if link_share is None else dict(link_share=link_share)  # split: else the share the rates at load give
     with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
-                flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered") as eng:
+                flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered", **share) as eng:
         load_seconds = time.perf_counter() - t0
         rounds = []
         for r in range(sizes["repeats"] + 1):
@@ -314,6 +316,10 @@ class Check:
                 for mode in self.args.modes:
                     self.cell(name, budget, mode, ["--child", "measure", "--model", model["path"], "--mode", mode,
                                                    "--budget", budget, "--threads", str(self.threads)])
+                for s in self.args.link_shares:  # split at fixed shares: is the share its rates give the best?
+                    self.cell(name, budget, f"split {s:g}", ["--child", "measure", "--model", model["path"], "--mode", "split",
+                                                             "--budget", budget, "--threads", str(self.threads),
+                                                             "--link-share", str(s)])
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
@@ -470,18 +476,23 @@ def main() -> int:
     p.add_argument("--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS), help="its device budgets (default all)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="our modes measured (default all)")
     p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has cores)")
+    p.add_argument("--link-shares", nargs="+", type=float, default=[], metavar="S",
+                   help="also `split` uploading these shares of the misses (0-1), beside the share its rates give")
     p.add_argument("--bench-dir", default="/tmp/pyedgemoe-gpu-bench", help="where the benchmark files go")
     p.add_argument("--child", choices=("correctness", "measure"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--budget", help=argparse.SUPPRESS)
+    p.add_argument("--link-share", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if any(not 0 <= s <= 1 for s in args.link_shares):
+        p.error("--link-shares: each a share of the misses, from 0 to 1")
     if args.child == "correctness":
         print(json.dumps(correctness(Path(args.kit) / "models")))
         return 0
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
-        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads)))
+        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads, args.link_share)))
         return 0
     if not args.kit or not args.out:
         p.error("--kit and --out are required")

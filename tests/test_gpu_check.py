@@ -112,3 +112,25 @@ def test_the_report_says_what_our_hook_costs_a_token_with_every_expert_cached():
             "what our hook costs a token (our op 0.4 ms of it)") in text
     assert "- qwen3 at 25%: our best decode (`gpu`) / stock's best (`-ot exps=CPU`) = 0.75x" in text
     assert "every expert on the GPU (llama.cpp `-ngl 99`): 250.0 tok/s, 4.0 ms a token" in text
+
+
+def test_split_at_fixed_shares_is_measured_beside_the_share_its_rates_give(tmp_path, monkeypatch):
+    # `--link-shares 0.3 0.7` adds `split` cells at those shares; a share outside 0-1 is refused
+    check = load_gpu_check()
+    ran = []
+    monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
+
+    def bench_only(self):  # the benchmark's cells on a model already written, nothing run
+        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
+        self.bench()
+        return 0
+    monkeypatch.setattr(check.Check, "run", bench_only)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"),
+                                     "--models", "qwen3", "--budgets", "25%", "--modes", "split", "--link-shares", "0.3", "0.7"])
+    assert check.main() == 0
+    split = [(label, a[a.index("--link-share") + 1] if "--link-share" in a else None) for label, a in ran if "split" in label]
+    assert split == [("split", None), ("split 0.3", "0.3"), ("split 0.7", "0.7")]
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--link-shares", "1.5"])
+    with pytest.raises(SystemExit) as e:
+        check.main()
+    assert e.value.code == 2
