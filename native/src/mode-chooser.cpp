@@ -42,12 +42,12 @@ int largest_projection(const slot_pool & pool) {
     return best;
 }
 
-// from where the GPU-centric mode uploads a miss: the host tier's pinned memory when there is one
-// (from_pinned), a layer's misses (SLOTS_A_PASS experts, every projection) queued on the device's
-// own stream at once, as split queues them and as the loader threads keep several in flight (one
-// projection at a time, each copy's latency counted, read 36-39 GB/s on an H200 where gpu's
-// uploads ran at 45); else pageable memory, one projection at a time through a bounce buffer.
-// Overwrites the device pool's first slots.
+// the link's rate from where the GPU-centric mode uploads a miss. From the host tier's pinned
+// memory (from_pinned): a layer's misses, SLOTS_A_PASS experts with every projection, queued at once
+// on the device's own stream, as split queues them and as the loader threads keep several in flight
+// (one synchronous copy counted each copy's latency: 36-39 GB/s on an H200 where gpu's uploads ran
+// at 45). Else from pageable memory, one projection through a bounce buffer. Overwrites the device
+// pool's first slots.
 double upload_gbps(const slot_pool & device, ggml_backend_dev_t dev, bool from_pinned) {
     ggml_backend_t stream = from_pinned ? ggml_backend_dev_init(dev, nullptr) : nullptr;
     if (!stream) {
@@ -73,14 +73,17 @@ double upload_gbps(const slot_pool & device, ggml_backend_dev_t dev, bool from_p
 }
 
 // every slot of every projection written with zeros, slot by slot (a host pool's memory may be
-// anything, or pages never touched that all read one zero page; zeros time as weights do)
+// anything, or pages never touched that all read one zero page; zeros time as weights do). A pool
+// in a buffer type's memory was zeroed when allocated, but projection by projection: written again
+// slot by slot, the slots timed first are the longest out of the caches whichever projection is timed.
 void write_every_slot(const slot_pool & pool) {
+    const std::vector<char> zeros(pool.shapes()[largest_projection(pool)].bytes, 0);
     for (int s = 0; s < pool.n_slots(); s++) {
         for (int p = 0; p < PROJ_COUNT; p++) {
             if (!pool.shapes()[p].present) continue;
             const auto proj = (expert_projection) p;
             if (void * data = pool.slot_data(proj, s)) memset(data, 0, pool.shapes()[p].bytes);
-            else ggml_backend_tensor_set(pool.slot_view(proj, s), std::vector<char>(pool.shapes()[p].bytes, 0).data(), 0, pool.shapes()[p].bytes);
+            else ggml_backend_tensor_set(pool.slot_view(proj, s), zeros.data(), 0, pool.shapes()[p].bytes);
         }
     }
 }
@@ -135,7 +138,6 @@ double both_end_together(double upload_gbps, double cpu_gbps) { return upload_gb
 mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, uint64_t host_bytes, bool repack, bool split_repacked,
                         int n_threads) {
     mode_choice c;
-    // one expert in each mode's host tier layout (host-tier.h), for the two rates
     char line[256];
     if (host_bytes == 0) {
         c.upload_gbps = upload_gbps(device, dev, /*from_pinned*/ false);
