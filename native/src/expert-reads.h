@@ -35,7 +35,7 @@ public:
     // stream once the reads are done, and left in flight for wait_uploads (mode split: they cross
     // the link while the CPU computes its share of the misses).
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads = false);
-    // every queued upload has arrived; returns the ms since they were queued (0: none in flight)
+    // every queued upload has arrived; returns the ms from their queuing to this call, before it waits (0: none in flight)
     double wait_uploads();
     ~expert_reader();
 

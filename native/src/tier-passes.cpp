@@ -41,7 +41,7 @@ void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     {
         std::lock_guard<std::mutex> lock(*wait.mutex);
         wait.stats->upload_wait_ms += ms;
-        wait.stats->cpu_pass_ms += std::max(0.0, since_queued - ms);
+        wait.stats->cpu_pass_ms += since_queued;  // timed before the wait: the CPU's passes since the queuing
     }
     memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
 }
