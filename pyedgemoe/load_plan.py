@@ -439,7 +439,7 @@ def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: i
     keeps each copy twice where the budget holds them all so (host-tier.h): auto then asks for that."""
     if mode == "cpu":
         if value not in (None, "auto"):
-            raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop or auto")
+            raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop, split or auto")
         return 0, "--mode cpu has no host tier"
     twice = repacks and mode in ("split", "auto")
     host_bytes = host_cache_bytes(value, expert_bytes, available, layouts=2 if twice else 1)

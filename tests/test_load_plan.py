@@ -118,7 +118,7 @@ def test_the_host_tier_auto_holds_every_expert_copy_or_what_ram_has_free():
 def test_a_host_tier_given_is_its_size_and_cpu_mode_has_none():
     assert plan(gpus=(GPU,), mode="gpu", host_cache="50%").host_cache_bytes == EXPERT_BYTES // 2
     assert plan(gpus=(GPU,), mode="gpu", host_cache=0).host_cache_bytes == 0
-    with pytest.raises(InvalidOptionError, match="host tier of --mode gpu, coop or auto"):
+    with pytest.raises(InvalidOptionError, match="host tier of --mode gpu, coop, split or auto"):
         plan(host_cache="1GiB")
 
 
