@@ -122,7 +122,7 @@ def failed(row: dict) -> bool:
 
 # the expert counters whose change per decode token gpu-check.json records (decode_per_token)
 PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms", "bytes_read", "load_ms", "stall_ms",
-                      "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "cpu_pass_ms")
+                      "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "queue_ms", "cpu_pass_ms")
 
 
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link_share: float | None = None) -> dict:
@@ -427,7 +427,8 @@ def report(result: dict) -> str:
                           f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms, "
                           f"our op {t['op_ms']:.1f} ms")
                 if r.get("chosen_mode") == "split":  # the share each way, and how long the device waited for the link
-                    notes += (f"; {t['uploads']:.0f} uploaded, {t['cpu_experts']:.0f} on the CPU in "
+                    notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms of our op), "
+                              f"{t['cpu_experts']:.0f} on the CPU in "
                               f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")

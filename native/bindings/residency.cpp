@@ -100,6 +100,7 @@ nb::dict counters(const expert_layer_stats & s) {
     d["bytes_uploaded"] = s.bytes_uploaded;
     d["upload_ms"] = s.upload_ms;
     d["upload_wait_ms"] = s.upload_wait_ms;
+    d["queue_ms"] = s.queue_ms;
     d["cpu_pass_ms"] = s.cpu_pass_ms;
     d["cpu_experts"] = s.cpu_experts;
     d["stand_in_swaps"] = s.stand_in_swaps;

@@ -68,12 +68,15 @@ std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
     if (!r.error.empty()) return r.error;
+    const auto t0 = std::chrono::steady_clock::now();
     for (const auto & [stream, u] : uploads) {
         ggml_backend_tensor_set_async(stream, u.view, u.dst, 0, u.size);
         in_flight_.insert(stream);
         st.bytes_uploaded += u.size;
     }
-    if (!uploads.empty()) queued_at_ = std::chrono::steady_clock::now();
+    if (uploads.empty()) return "";
+    queued_at_ = std::chrono::steady_clock::now();
+    st.queue_ms += std::chrono::duration<double, std::milli>(queued_at_ - t0).count();
     return "";
 }
 

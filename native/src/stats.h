@@ -25,6 +25,7 @@ struct expert_layer_stats {
     uint64_t uploads = 0, bytes_uploaded = 0;
     double   upload_ms   = 0;  // summed over the uploads (several run at once)
     double   upload_wait_ms = 0;  // split: how long the device's passes waited for the queued uploads (after the CPU's pass, ms)
+    double   queue_ms    = 0;     // split: the op's time queuing its uploads on the device's stream (the driver's calls, ms)
     double   cpu_pass_ms = 0;     // split: from the op's queuing of its uploads to that wait: the CPU's passes, the masks (ms)
     uint64_t cpu_experts = 0;
     uint64_t stand_in_swaps = 0, stand_in_drops = 0;  // missed selections a cached stand-in served, or left out (stand_in)
@@ -36,7 +37,7 @@ struct expert_layer_stats {
         bytes_read += o.bytes_read; bytes_read_low += o.bytes_read_low; load_ms += o.load_ms; stall_ms += o.stall_ms; op_ms += o.op_ms;
         host_hits += o.host_hits; host_loads += o.host_loads;
         uploads += o.uploads; bytes_uploaded += o.bytes_uploaded; upload_ms += o.upload_ms; cpu_experts += o.cpu_experts;
-        upload_wait_ms += o.upload_wait_ms; cpu_pass_ms += o.cpu_pass_ms;
+        upload_wait_ms += o.upload_wait_ms; queue_ms += o.queue_ms; cpu_pass_ms += o.cpu_pass_ms;
         stand_in_swaps += o.stand_in_swaps; stand_in_drops += o.stand_in_drops;
     }
 };
