@@ -14,11 +14,14 @@
    (`-ngl 99`: a token's cost besides its misses) and ours `gpu` with every expert in its device
    cache (no misses: what our layer's hook costs a token beyond that); with --link-shares, `split` also at
    those fixed shares of uploads (is the share its rates give the best?). Time to first token (a 16-token prompt),
-   decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart).
+   decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
+   first model's cells at the first budget and with every expert cached then decode 16 tokens more under
+   PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile).
    A cell that would end past the deadline is not started; every result is written to OUTDIR as
    it comes.
 
-Writes OUTDIR/gpu-check.json (every result, with the device) and OUTDIR/gpu-check.md (the tables).
+Writes OUTDIR/gpu-check.json (every result, with the device) and OUTDIR/gpu-check.md (the tables), and
+OUTDIR/profile-*.json.gz (the profiled decodes' traces, for chrome://tracing or Perfetto).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from pyedgemoe.bench.device_profile import describe  # noqa: E402
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
 
 BUDGETS = ("25%", "50%")
@@ -45,6 +49,7 @@ MODES = ("gpu", "coop", "split", "auto")
 # measures at load send a tiny model's all to the link)
 CHECKED_MODES = {"gpu": {}, "coop": {}, "split": dict(link_share=0.5)}
 TTFT_PROMPT = 16
+PROFILE_TOKENS = 16  # decode tokens under the profiler: about 4000 device and driver events each (split, Qwen3)
 # What the device runs, and the rehearsal's tiny sizes (lavapipe computes on 2 CPU cores).
 SIZES = {
     False: dict(qwen3_layers=48, olmoe_layers=16, prefill=512, decode=64, repeats=3),
@@ -125,13 +130,16 @@ PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms"
                       "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "queue_ms", "cpu_pass_ms")
 
 
-def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link_share: float | None = None) -> dict:
+def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link_share: float | None = None,
+            profile_trace: Path | None = None) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times
     after a first round of the three that the medians leave out (as llama-bench warms up): ours
     decoded its first round 1.4-3.5x slower than the rounds after on an H200, where stock's first
     measured round was as fast as its others (docs/gpu.md). The first round is kept apart.
-    Reads are buffered: the file is in the page cache, as for stock llama.cpp's mmap."""
+    Reads are buffered: the file is in the page cache, as for stock llama.cpp's mmap.
+    With profile_trace, a last decode of PROFILE_TOKENS under CUPTI's profiler says where a token's
+    time goes on the device (pyedgemoe.bench.device_profile; its trace to profile_trace)."""
     from pyedgemoe import Engine
 
     n_decode = sizes["decode"]
@@ -161,18 +169,35 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link
         first, rounds = rounds[0], rounds[1:]
         prefill, ttft, decode = ([r[k] for r in rounds] for k in ("prefill_tps", "ttft_s", "decode_tps"))
         stats = eng.stats()
-        per_token = rounds[-1]["decode_per_token"]  # the last round's; the first round's is kept with it
-    experts = stats["experts"]
-    device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
-                       for m in stats["memory"] if m["buffer_type"] == stats["device"])
-    return dict(mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
-                load_seconds=load_seconds, prefill_tps=statistics.median(prefill), ttft_s=statistics.median(ttft),
-                decode_tps=statistics.median(decode), samples=dict(prefill_tps=prefill, ttft_s=ttft, decode_tps=decode),
-                pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
-                device_bytes=device_bytes + experts["pool_bytes"],
-                hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
-                uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
-                decode_per_token=per_token, first_round=first, mode_reason=experts.get("mode_reason") or None)
+        experts = stats["experts"]
+        device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
+                           for m in stats["memory"] if m["buffer_type"] == stats["device"])
+        result = dict(mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
+                      load_seconds=load_seconds, prefill_tps=statistics.median(prefill), ttft_s=statistics.median(ttft),
+                      decode_tps=statistics.median(decode), samples=dict(prefill_tps=prefill, ttft_s=ttft, decode_tps=decode),
+                      pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
+                      device_bytes=device_bytes + experts["pool_bytes"],
+                      hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
+                      uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
+                      # the last round's; the first round's is kept with it
+                      decode_per_token=rounds[-1]["decode_per_token"], first_round=first,
+                      mode_reason=experts.get("mode_reason") or None)
+        if profile_trace is not None:
+            # the numbers first: a profiler that takes the process down costs the profile alone (Check.child)
+            print(json.dumps(result), flush=True)
+            result["profile"] = device_profile(eng, profile_trace)
+    return result
+
+
+def device_profile(eng, trace: Path) -> dict:
+    """A decode under PyTorch's profiler (CUPTI): its summary, or why there is none (no PyTorch, or
+    the profiler failed: a diagnosis, whose failure must not cost the cell)."""
+    try:
+        from pyedgemoe.bench.device_profile import profile_decode
+        prompt = [100 + (i * 53) % 1000 for i in range(TTFT_PROMPT)]
+        return profile_decode(eng, prompt, fixed_decode_token_ids(PROFILE_TOKENS), trace)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +249,7 @@ class Check:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.result = dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), rehearsal=args.rehearse, sizes=self.sizes,
-                           threads=self.threads, host=platform.node(), numa=numa_nodes(), device=None, correctness=None,
+                           threads=self.threads, host=platform.node(), kernel=platform.release(), numa=numa_nodes(), device=None, correctness=None,
                            models={}, cells=[], skipped=[])
 
     def remaining(self) -> float:
@@ -244,6 +269,8 @@ class Check:
         if p.returncode != 0 or not lines:
             # the last lines: a CUDA error is printed (what, where) before the abort that reports it
             tail = " | ".join(p.stderr.strip().splitlines()[-4:]) or "(no output)"
+            if lines:  # a measurement's numbers came out before its profile took the process down
+                return dict(json.loads(lines[-1]), profile={"error": f"exit {p.returncode}: {tail}"})
             return {"error": f"exit {p.returncode}: {tail}"}
         return json.loads(lines[-1])
 
@@ -306,6 +333,15 @@ class Check:
             log(f"model {name}: {path} ({model['bytes'] / 1e9:.1f} GB, ready after {model['seconds']:.0f} s)")
         self.save()
 
+    def ours(self, name: str, mode: str, budget: str, extra: list[str] = ()) -> list[str]:
+        """A measure child's arguments; the first model's cells at the first budget and with every
+        expert cached (the ones a token's time is placed for) also profile a decode (--profile)."""
+        args = ["--child", "measure", "--model", self.result["models"][name]["path"], "--mode", mode,
+                "--budget", budget, "--threads", str(self.threads), *extra]
+        if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) and not extra:
+            args += ["--profile-trace", str(self.out / f"profile-{name}-{budget.rstrip('%')}-{mode}.json.gz")]
+        return args
+
     def bench(self) -> None:
         for name in self.args.models:
             model = self.result["models"][name]
@@ -314,12 +350,9 @@ class Check:
                 n_cpu_moe = round(model["layers"] * (1 - share))
                 stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
                 for mode in self.args.modes:
-                    self.cell(name, budget, mode, ["--child", "measure", "--model", model["path"], "--mode", mode,
-                                                   "--budget", budget, "--threads", str(self.threads)])
+                    self.cell(name, budget, mode, self.ours(name, mode, budget))
                 for s in self.args.link_shares:  # split at fixed shares: is the share its rates give the best?
-                    self.cell(name, budget, f"split {s:g}", ["--child", "measure", "--model", model["path"], "--mode", "split",
-                                                             "--budget", budget, "--threads", str(self.threads),
-                                                             "--link-share", str(s)])
+                    self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
@@ -328,8 +361,7 @@ class Check:
             # miss: what the hook costs a token beyond that (the op, a CPU split and a wait a layer)
             self.cell(name, RESIDENT, "-ngl 99", [], stock=True)
             if "gpu" in self.args.modes:
-                self.cell(name, RESIDENT, "gpu", ["--child", "measure", "--model", model["path"], "--mode", "gpu",
-                                                  "--budget", RESIDENT, "--threads", str(self.threads)])
+                self.cell(name, RESIDENT, "gpu", self.ours(name, "gpu", RESIDENT))
 
     def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False) -> None:
         # a cell takes about as long as the slowest one so far; one that would not end in time is not begun
@@ -377,6 +409,7 @@ def report(result: dict) -> str:
     s = result["sizes"]
     lines = [f"GPU check{' (rehearsal)' if result['rehearsal'] else ''}, {result['date']}: "
              f"{dev.get('description', '?')} ({dev.get('name', '?')}), {result['threads']} CPU threads"
+             + (f", kernel {result['kernel']}" if result.get("kernel") else "")
              + (f", NUMA nodes {result['numa']}" if result.get("numa") else ""), ""]
     c = result.get("correctness") or {}
     if "error" in c:
@@ -460,6 +493,14 @@ def report(result: dict) -> str:
             lines.append(f"- {name}, every expert in our `gpu` cache (no miss): {cached['decode_tps']:.1f} tok/s, {ms:.1f} ms "
                          f"a token, {ms - stock_ms:+.1f} ms beside `-ngl 99`: what our hook costs a token "
                          f"(our op {cached['decode_per_token'].get('op_ms', 0):.1f} ms of it)")
+    profiled = [r for r in result["cells"] if r.get("profile")]
+    if profiled:  # the device's side of a decode token (CUPTI), after the medians' rounds
+        lines += ["", f"Where a decode token goes on the device ({PROFILE_TOKENS} tokens under PyTorch's profiler, "
+                      "after the rounds above):", ""]
+        for r in profiled:
+            p = r["profile"]
+            lines.append(f"- {r['model']} `{r['label']}` at {r['budget']}: "
+                         + (f"not profiled ({p['error']})" if "error" in p else describe(p)))
     if result.get("skipped"):
         lines += ["", "not run (deadline): " + ", ".join(f"{r['model']} {r['budget']} {r['engine']}"
                                                           for r in result["skipped"])]
@@ -479,12 +520,16 @@ def main() -> int:
     p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has cores)")
     p.add_argument("--link-shares", nargs="+", type=float, default=[], metavar="S",
                    help="also `split` uploading these shares of the misses (0-1), beside the share its rates give")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile a decode of ours (CUPTI, through PyTorch) in the first model's cells at the first "
+                        "budget and with every expert cached: the device's time in a token (default on)")
     p.add_argument("--bench-dir", default="/tmp/pyedgemoe-gpu-bench", help="where the benchmark files go")
     p.add_argument("--child", choices=("correctness", "measure"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--budget", help=argparse.SUPPRESS)
     p.add_argument("--link-share", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--profile-trace", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if any(not 0 <= s <= 1 for s in args.link_shares):
         p.error("--link-shares: each a share of the misses, from 0 to 1")
@@ -493,7 +538,8 @@ def main() -> int:
         return 0
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
-        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads, args.link_share)))
+        print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads, args.link_share,
+                                 args.profile_trace)))
         return 0
     if not args.kit or not args.out:
         p.error("--kit and --out are required")
