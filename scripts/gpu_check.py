@@ -460,7 +460,7 @@ def report(result: dict) -> str:
                           f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms, "
                           f"our op {t['op_ms']:.1f} ms")
                 if r.get("chosen_mode") == "split":  # the share each way, and how long the device waited for the link
-                    notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms of our op), "
+                    notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms beside the CPU's passes), "
                               f"{t['cpu_experts']:.0f} on the CPU in "
                               f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "

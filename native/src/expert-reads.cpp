@@ -49,13 +49,13 @@ ggml_backend_t expert_reader::upload_stream(ggml_backend_dev_t device) {
 }
 
 std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads) {
-    std::vector<std::pair<ggml_backend_t, expert_read>> uploads;  // each on its device's stream
+    std::vector<upload_queue::upload> uploads;  // each on its device's stream
     for (expert_read & r : reads) {
         if (!queue_uploads || !r.uploads_from_dst()) continue;
         ggml_backend_t stream = upload_stream(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(r.view->buffer)));
         if (!stream) continue;
         r.queued = true;
-        uploads.emplace_back(stream, r);
+        uploads.push_back({ stream, r.view, r.dst, (size_t) r.size });
     }
     // a host-tier hit whose upload is queued below (or that needs none) leaves the loader threads
     // nothing to do: waking them for it cost split about 15 us a layer on an H200 (docs/gpu.md)
@@ -68,22 +68,19 @@ std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer
     st.upload_ms += r.moved.upload_ms;
     st.load_ms += r.ms;
     if (!r.error.empty()) return r.error;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const auto & [stream, u] : uploads) {
-        ggml_backend_tensor_set_async(stream, u.view, u.dst, 0, u.size);
-        in_flight_.insert(stream);
-        st.bytes_uploaded += u.size;
-    }
     if (uploads.empty()) return "";
-    queued_at_ = std::chrono::steady_clock::now();
-    st.queue_ms += std::chrono::duration<double, std::milli>(queued_at_ - t0).count();
+    for (const upload_queue::upload & u : uploads) st.bytes_uploaded += u.size;
+    uploads_.push(std::move(uploads));
+    in_flight_ = true;
+    handed_at_ = std::chrono::steady_clock::now();
     return "";
 }
 
-double expert_reader::wait_uploads() {
-    if (in_flight_.empty()) return 0;
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - queued_at_).count();
-    for (ggml_backend_t stream : in_flight_) ggml_backend_synchronize(stream);
-    in_flight_.clear();
-    return ms;
+expert_reader::uploads_arrived expert_reader::wait_uploads() {
+    if (!in_flight_) return {};
+    uploads_arrived r;
+    r.since_handed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed_at_).count();
+    r.queue_ms = uploads_.finish();
+    in_flight_ = false;
+    return r;
 }

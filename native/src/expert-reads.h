@@ -7,13 +7,13 @@
 #include "expert-store.h"
 #include "loader.h"
 #include "stats.h"
+#include "upload-queue.h"
 
 #include "ggml-backend.h"
 
 #include <chrono>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -31,12 +31,17 @@ public:
                                       int slot, const tier_pools * host = nullptr, int host_slot = -1, bool in_host = false,
                                       const tier_pools * host_cpu = nullptr) const;
     // Runs reads, several in flight, and counts them in st; returns the first error ("" if none).
-    // queue_uploads: the uploads from host slots (pinned memory) are queued on their device's own
-    // stream once the reads are done, and left in flight for wait_uploads (mode split: they cross
-    // the link while the CPU computes its share of the misses).
+    // queue_uploads: the uploads from host slots (pinned memory) are handed, once the reads are
+    // done, to a thread that queues them on their device's own stream (upload-queue.h), and left in
+    // flight for wait_uploads (mode split: they cross the link while the CPU computes its share of
+    // the misses).
     std::string read_all(std::vector<expert_read> reads, expert_layer_stats & st, bool queue_uploads = false);
-    // every queued upload has arrived; returns the ms from their queuing to this call, before it waits (0: none in flight)
-    double wait_uploads();
+    struct uploads_arrived {
+        double since_handed_ms = 0;  // from their handing over to the wait, before it waits
+        double queue_ms = 0;         // the thread's time queuing them (the driver's calls)
+    };
+    // every upload handed over has arrived (all zero: none in flight)
+    uploads_arrived wait_uploads();
     ~expert_reader();
 
 private:
@@ -44,8 +49,9 @@ private:
     std::unique_ptr<expert_store> low_store_;
     loader_threads loaders_;  // io_threads - 1 workers + the calling thread
     std::map<ggml_backend_dev_t, ggml_backend_t> upload_streams_;  // per device, made on first use (null: none)
-    std::set<ggml_backend_t> in_flight_;                           // streams with queued uploads
-    std::chrono::steady_clock::time_point queued_at_;              // when the last were queued
+    upload_queue uploads_;
+    bool in_flight_ = false;                                       // uploads handed over since the last wait
+    std::chrono::steady_clock::time_point handed_at_;              // when the last were handed over
 
     ggml_backend_t upload_stream(ggml_backend_dev_t device);
 };

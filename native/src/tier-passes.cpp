@@ -36,12 +36,13 @@ void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     if (ith != 0) return;
     const auto & wait = *(const tier_passes::upload_wait *) userdata;
     const auto t0 = std::chrono::steady_clock::now();
-    const double since_queued = wait.reader->wait_uploads();
+    const expert_reader::uploads_arrived arrived = wait.reader->wait_uploads();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
         std::lock_guard<std::mutex> lock(*wait.mutex);
         wait.stats->upload_wait_ms += ms;
-        wait.stats->cpu_pass_ms += since_queued;  // timed before the wait: the CPU's passes since the queuing
+        wait.stats->cpu_pass_ms += arrived.since_handed_ms;  // timed before the wait: the CPU's passes since the handing over
+        wait.stats->queue_ms += arrived.queue_ms;
     }
     memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
 }
