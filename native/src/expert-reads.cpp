@@ -39,6 +39,7 @@ std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int
 
 expert_reader::~expert_reader() {
     wait_uploads();
+    uploads_.close();
     for (auto & [device, stream] : upload_streams_) if (stream) ggml_backend_free(stream);
 }
 

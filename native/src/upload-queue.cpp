@@ -2,13 +2,17 @@
 
 #include <chrono>
 
-upload_queue::~upload_queue() {
+upload_queue::~upload_queue() { close(); }
+
+void upload_queue::close() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
     }
     wake_.notify_one();
     if (thread_.joinable()) thread_.join();
+    for (auto & [stream, event] : events_) if (event) ggml_backend_event_free(event);
+    events_.clear();
 }
 
 void upload_queue::push(std::vector<upload> batch) {
@@ -22,16 +26,21 @@ void upload_queue::push(std::vector<upload> batch) {
 }
 
 double upload_queue::finish() {
-    std::set<ggml_backend_t> streams;
+    std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> streams;
     double ms;
     {
         std::unique_lock<std::mutex> lock(mutex_);
         idle_.wait(lock, [this] { return pending_.empty() && !busy_; });
-        streams.swap(streams_);
+        for (ggml_backend_t stream : streams_) streams.emplace_back(stream, events_[stream]);
+        streams_.clear();
         ms = queue_ms_;
         queue_ms_ = 0;
     }
-    for (ggml_backend_t stream : streams) ggml_backend_synchronize(stream);
+    for (auto [stream, event] : streams) {
+        // the event first: ggml's Vulkan backend recycles an event's resources only there
+        if (event) ggml_backend_event_synchronize(event);
+        ggml_backend_synchronize(stream);
+    }
     return ms;
 }
 
@@ -45,10 +54,19 @@ void upload_queue::thread_main() {
         busy_ = true;
         lock.unlock();
         const auto t0 = std::chrono::steady_clock::now();
-        for (const upload & u : batch) ggml_backend_tensor_set_async(u.stream, u.view, u.src, 0, u.size);
+        std::set<ggml_backend_t> streams;
+        for (const upload & u : batch) {
+            ggml_backend_tensor_set_async(u.stream, u.view, u.src, 0, u.size);
+            streams.insert(u.stream);
+        }
+        for (ggml_backend_t stream : streams) {  // sets the copies going where the backend holds them (Vulkan)
+            auto it = events_.find(stream);
+            if (it == events_.end()) it = events_.emplace(stream, ggml_backend_event_new(ggml_backend_get_device(stream))).first;
+            if (it->second) ggml_backend_event_record(it->second, stream);
+        }
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         lock.lock();
-        for (const upload & u : batch) streams_.insert(u.stream);
+        streams_.insert(streams.begin(), streams.end());
         queue_ms_ += ms;
         busy_ = false;
         if (pending_.empty()) idle_.notify_all();
