@@ -16,7 +16,9 @@
    those fixed shares of uploads (is the share its rates give the best?). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
    first model's cells at the first budget and with every expert cached then decode 16 tokens more under
-   PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile).
+   PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile). With
+   --load N, N CPU-bound processes run beside each cell (a busy machine), each engine on its own
+   default threads (ours governed by the load), and a cell is stopped after LOADED_CELL_SECONDS.
    A cell that would end past the deadline is not started; every result is written to OUTDIR as
    it comes.
 
@@ -40,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from pyedgemoe.bench.device_profile import describe  # noqa: E402
+from pyedgemoe.bench.runner import cpu_load  # noqa: E402
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
 
 BUDGETS = ("25%", "50%")
@@ -50,6 +53,9 @@ MODES = ("gpu", "coop", "split", "auto")
 CHECKED_MODES = {"gpu": {}, "coop": {}, "split": dict(link_share=0.5)}
 TTFT_PROMPT = 16
 PROFILE_TOKENS = 16  # decode tokens under the profiler: about 4000 device and driver events each (split, Qwen3)
+# --load: a cell that has not ended by then is stopped (a run that collapses under load, as ggml's
+# OpenMP team can: docs/benchmarks.md, "A busy machine") and reported so
+LOADED_CELL_SECONDS = 120
 # What the device runs, and the rehearsal's tiny sizes (lavapipe computes on 2 CPU cores).
 SIZES = {
     False: dict(qwen3_layers=48, olmoe_layers=16, prefill=512, decode=64, repeats=3),
@@ -130,7 +136,7 @@ PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms"
                       "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "queue_ms", "cpu_pass_ms")
 
 
-def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int, link_share: float | None = None,
+def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | None, link_share: float | None = None,
             profile_trace: Path | None = None) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times
@@ -244,12 +250,14 @@ class Check:
     def __init__(self, args):
         self.args = args
         self.sizes = SIZES[args.rehearse]
-        self.threads = args.threads or len(os.sched_getaffinity(0))
+        # under --load each engine keeps its own default (ours: governed by the machine's load), as users run them
+        self.threads = args.threads or (None if args.load else len(os.sched_getaffinity(0)))
         self.t_end = time.monotonic() + args.deadline
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.result = dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), rehearsal=args.rehearse, sizes=self.sizes,
-                           threads=self.threads, host=platform.node(), kernel=platform.release(), numa=numa_nodes(), device=None, correctness=None,
+                           threads=self.threads, load=args.load, host=platform.node(), kernel=platform.release(),
+                           numa=numa_nodes(), device=None, correctness=None,
                            models={}, cells=[], skipped=[])
 
     def remaining(self) -> float:
@@ -336,8 +344,8 @@ class Check:
     def ours(self, name: str, mode: str, budget: str, extra: list[str] = ()) -> list[str]:
         """A measure child's arguments; the first model's cells at the first budget and with every
         expert cached (the ones a token's time is placed for) also profile a decode (--profile)."""
-        args = ["--child", "measure", "--model", self.result["models"][name]["path"], "--mode", mode,
-                "--budget", budget, "--threads", str(self.threads), *extra]
+        args = ["--child", "measure", "--model", self.result["models"][name]["path"], "--mode", mode, "--budget", budget,
+                *(["--threads", str(self.threads)] if self.threads else []), *extra]
         if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) and not extra:
             args += ["--profile-trace", str(self.out / f"profile-{name}-{budget.rstrip('%')}-{mode}.json.gz")]
         return args
@@ -371,8 +379,9 @@ class Check:
             log(f"skip {name} {budget} {label}: {self.remaining():.0f} s left")
             return
         t0 = time.monotonic()
-        with VramSampler() as vram:
-            r = self.stock(name, args) if stock else self.child(args, timeout=self.remaining())
+        timeout = min(self.remaining(), LOADED_CELL_SECONDS) if self.args.load else self.remaining()
+        with VramSampler() as vram, cpu_load(self.args.load):
+            r = self.stock(name, args, timeout) if stock else self.child(args, timeout=timeout)
         r.update(model=name, budget=budget, label=label, engine="llama.cpp" if stock else "pyedgemoe",
                  seconds=time.monotonic() - t0, vram_peak_mib=vram.peak)
         self.result["cells"].append(r)
@@ -381,15 +390,15 @@ class Check:
             f"TTFT {r['ttft_s'] * 1e3:.0f} ms, decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.0f} tok/s"
             f" ({r['seconds']:.0f} s)"))
 
-    def stock(self, name: str, flags: list[str]) -> dict:
+    def stock(self, name: str, flags: list[str], timeout: float) -> dict:
         s = self.sizes
         cmd = [str(Path(self.args.kit) / "bin" / "llama-bench"), "-m", self.result["models"][name]["path"],
-               "-ngl", "99", "-t", str(self.threads), "-fa", "1", "-b", "512", "-ub", "512",
+               "-ngl", "99", *(["-t", str(self.threads)] if self.threads else []), "-fa", "1", "-b", "512", "-ub", "512",
                "-p", f"{TTFT_PROMPT},{s['prefill']}", "-n", str(s["decode"]), "-r", str(s["repeats"]), "-o", "json", *flags]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.remaining())
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"error": "timed out"}
+            return {"error": f"timed out after {timeout:.0f} s"}
         if p.returncode != 0:
             return {"error": f"llama-bench exit {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1]}"}
         tests = json.loads(p.stdout)
@@ -408,7 +417,10 @@ def report(result: dict) -> str:
     dev = result.get("device") or {}
     s = result["sizes"]
     lines = [f"GPU check{' (rehearsal)' if result['rehearsal'] else ''}, {result['date']}: "
-             f"{dev.get('description', '?')} ({dev.get('name', '?')}), {result['threads']} CPU threads"
+             f"{dev.get('description', '?')} ({dev.get('name', '?')}), "
+             + (f"{result['threads']} CPU threads" if result["threads"] else "each engine's default CPU threads")
+             + (f", {result['load']} CPU-bound process{'es' if result['load'] > 1 else ''} beside each cell"
+                if result.get("load") else "")
              + (f", kernel {result['kernel']}" if result.get("kernel") else "")
              + (f", NUMA nodes {result['numa']}" if result.get("numa") else ""), ""]
     c = result.get("correctness") or {}
@@ -517,7 +529,10 @@ def main() -> int:
                    help="the benchmark's models (default both), for a short rerun")
     p.add_argument("--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS), help="its device budgets (default all)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="our modes measured (default all)")
-    p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has cores)")
+    p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has "
+                                               "cores; with --load each engine's own default)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N CPU-bound processes beside each benchmark cell, ours and stock's: a busy machine")
     p.add_argument("--link-shares", nargs="+", type=float, default=[], metavar="S",
                    help="also `split` uploading these shares of the misses (0-1), beside the share its rates give")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
