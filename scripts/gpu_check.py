@@ -287,14 +287,15 @@ class Check:
         self.result["device"] = gpu_devices()[0]
         log(f"device: {self.result['device']['description']} ({self.result['device']['name']})")
         writers = self.start_models()  # written while the correctness runs
-        self.correctness()
+        if self.args.correctness:
+            self.correctness()
         self.finish_models(writers)
         self.bench()
         self.save()
         log(f"done, {self.args.deadline - self.remaining():.0f} s; {self.out}/gpu-check.md:")
         print(report(self.result))
-        failures = [r for r in self.result["correctness"].get("rows", []) if failed(r)]
-        return 1 if "error" in self.result["correctness"] or failures else 0
+        c = self.result["correctness"] or {}
+        return 1 if "error" in c or any(failed(r) for r in c.get("rows", [])) else 0
 
     def correctness(self) -> None:
         log("correctness: tiny architectures, gpu, coop and split at 25 % and 50 % against all-resident")
@@ -531,6 +532,8 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="our modes measured (default all)")
     p.add_argument("--threads", type=int, help="CPU threads, ours and stock's (default as many as the machine has "
                                                "cores; with --load each engine's own default)")
+    p.add_argument("--correctness", action=argparse.BooleanOptionalAction, default=True,
+                   help="the correctness runs first (default; --no-correctness: a rerun on the same kit, a minute saved)")
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="N CPU-bound processes beside each benchmark cell, ours and stock's: a busy machine")
     p.add_argument("--link-shares", nargs="+", type=float, default=[], metavar="S",
