@@ -31,7 +31,7 @@ double upload_queue::finish() {
     {
         std::unique_lock<std::mutex> lock(mutex_);
         idle_.wait(lock, [this] { return pending_.empty() && !busy_; });
-        for (ggml_backend_t stream : streams_) streams.emplace_back(stream, events_[stream]);
+        for (ggml_backend_t stream : streams_) streams.emplace_back(stream, events_.at(stream));  // the thread's, idle now
         streams_.clear();
         ms = queue_ms_;
         queue_ms_ = 0;
