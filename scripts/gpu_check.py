@@ -56,6 +56,9 @@ PROFILE_TOKENS = 16  # decode tokens under the profiler: about 4000 device and d
 # --load: a cell that has not ended by then is stopped (a run that collapses under load, as ggml's
 # OpenMP team can: docs/benchmarks.md, "A busy machine") and reported so
 LOADED_CELL_SECONDS = 120
+# a profiled cell of ours (15-40 s on the H200 before the profile) is stopped by then: a profiler
+# that hangs costs no more, and the cell's numbers, printed before it, stay
+PROFILED_CELL_SECONDS = 150
 # What the device runs, and the rehearsal's tiny sizes (lavapipe computes on 2 CPU cores).
 SIZES = {
     False: dict(qwen3_layers=48, olmoe_layers=16, prefill=512, decode=64, repeats=3),
@@ -271,7 +274,10 @@ class Check:
         """Runs this script as a child; its one JSON line, or {"error": ...}."""
         try:
             p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
+            lines = (e.stdout or b"").decode(errors="replace").strip().splitlines()  # bytes, whatever text= says
+            if lines:  # a measurement's numbers came out before its profile
+                return dict(json.loads(lines[-1]), profile={"error": f"timed out after {timeout:.0f} s"})
             return {"error": f"timed out after {timeout:.0f} s"}
         lines = p.stdout.strip().splitlines()
         if p.returncode != 0 or not lines:
@@ -381,6 +387,8 @@ class Check:
             return
         t0 = time.monotonic()
         timeout = min(self.remaining(), LOADED_CELL_SECONDS) if self.args.load else self.remaining()
+        if "--profile-trace" in args:
+            timeout = min(timeout, PROFILED_CELL_SECONDS)
         with VramSampler() as vram, cpu_load(self.args.load):
             r = self.stock(name, args, timeout) if stock else self.child(args, timeout=timeout)
         r.update(model=name, budget=budget, label=label, engine="llama.cpp" if stock else "pyedgemoe",
