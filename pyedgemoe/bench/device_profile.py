@@ -97,18 +97,19 @@ def summarize(events: list[dict], n_tokens: int) -> dict:
         rows = sorted(table.items(), key=lambda kv: -kv[1][1])[:TOP]
         return [dict(name=name, count=n * per, ms=ms * per) for name, (n, ms) in rows]
     wall_ms = (w1 - w0) / 1e3
-    computing = merged(kernels)
+    computing, device_busy = merged(kernels), union_ms(device)
+    kernel_busy = sum(e - s for s, e in computing) / 1e3
     # the spells between kernels: the longer ones are the device waiting for the CPU (our op, the
     # CPU's pass, the graph's switch between backends), the shorter ones launch gaps
     gaps = sorted(b[0] - a[1] for a, b in zip(computing, computing[1:]))
     return dict(
         tokens=n_tokens, wall_ms=wall_ms * per, device_recorded=bool(device or calls),
-        device_busy_ms=union_ms(device) * per, device_idle_ms=(wall_ms - union_ms(device)) * per,
+        device_busy_ms=device_busy * per, device_idle_ms=(wall_ms - device_busy) * per,
         kernel_gaps=len(gaps) * per, kernel_gap_median_us=gaps[len(gaps) // 2] if gaps else 0.0,
         kernel_gaps_over_20us_ms=sum(g for g in gaps if g > 20) / 1e3 * per,
-        kernel_ms=union_ms(kernels) * per, kernels=len(kernels) * per,
+        kernel_ms=kernel_busy * per, kernels=len(kernels) * per,
         copies={d: dict(count=c["count"] * per, bytes=c["bytes"] * per, ms=union_ms(c["spans"]) * per,
-                        beside_no_kernel_ms=(union_ms(c["spans"] + kernels) - union_ms(kernels)) * per)
+                        beside_no_kernel_ms=(union_ms(c["spans"] + kernels) - kernel_busy) * per)
                 for d, c in sorted(copies.items())},
         sync_ms=sync_ms * per, syncs=syncs * per, calls=top(calls), top_kernels=top(kernel_time))
 
