@@ -390,3 +390,24 @@ def test_file_replaced_by_rename_keeps_serving_the_loaded_model(tiny_model, tmp_
         other.write_bytes(os.urandom(os.path.getsize(path)))
         os.replace(other, path)
         assert np.array_equal(eng.logits(IDS), before)
+
+
+def test_a_trace_switched_on_after_decoding_records_the_routing_weights(tiny_model):
+    """The layer's op takes the routing weights only while something reads them (on a GPU each
+    input of the op is one more copy to the host a layer). A trace switched on after a decode
+    reused graphs built without them: llama.cpp builds new ones, and the trace records the same
+    weights as a trace recorded from the start."""
+    path, _ = tiny_model("qwen3_moe")
+    traces = []
+    for late in (False, True):
+        with Engine(path, **SETTINGS, expert_cache="50%") as eng:
+            if late:
+                eng.logits(IDS[:4], one_token_per_step=True)  # one-token graphs, without the weights
+            eng.record_routing()
+            eng.logits(IDS[:8], one_token_per_step=True)
+            traces.append(eng.take_routing_trace())
+    early, late = traces
+    assert len(late["weights"]) == len(early["weights"]) > 0
+    assert (early["weights"] > 0).all()
+    np.testing.assert_array_equal(late["ids"], early["ids"])
+    np.testing.assert_array_equal(late["weights"], early["weights"])

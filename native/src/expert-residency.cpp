@@ -10,6 +10,7 @@
 #include "expert-reads.h"
 #include "host-tier.h"
 #include "layer-planner.h"
+#include "layer-routing.h"
 #include "mode-chooser.h"
 #include "moe-hook.h"
 #include "path-predictor.h"
@@ -33,22 +34,20 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-int32_t id_at(const ggml_tensor * ids, int64_t i, int64_t t) {
-    return *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
-}
-
 }  // namespace
 
 struct expert_residency::impl : moe_pass_builder {
     struct wave_op {  // one wave's custom op in a layer's graph: its userdata
         impl * owner;
         int il, wave;
-        // the srcs of wave 0 that some engines have (-1: none): the router's probabilities (cache
-        // routing), the predicted router logits (a predictor), the layer's input (tracing)
-        int probs_src = -1, predicted_src = -1, inputs_src = -1;
+        // the srcs of wave 0 that some engines have (-1: none): the routing weights (reads_weights),
+        // the router's probabilities (cache routing), the predicted router logits (a predictor), the
+        // layer's input (tracing)
+        int weights_src = -1, probs_src = -1, predicted_src = -1, inputs_src = -1;
     };
     struct building_layer {  // a layer's graph while build_pass fills in its passes
-        ggml_tensor * ids = nullptr, * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr;
+        ggml_tensor * ids = nullptr;
+        tier_passes::wave_inputs in;  // of the wave being built
         int waves = 0;
     };
 
@@ -181,7 +180,7 @@ void place_experts_op(ggml_tensor * dst, int ith, int /* nth */, void * userdata
     if (ith != 0) return;
     auto * op = (expert_residency::impl::wave_op *) userdata;
     const auto src = [dst](int i) -> const ggml_tensor * { return i >= 0 ? dst->src[i] : nullptr; };
-    op->owner->place_experts(op->il, op->wave, dst->src[0], dst->src[1], src(op->probs_src), src(op->predicted_src),
+    op->owner->place_experts(op->il, op->wave, dst->src[0], src(op->weights_src), src(op->probs_src), src(op->predicted_src),
                              src(op->inputs_src), dst);
 }
 }  // namespace
@@ -206,25 +205,26 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         // passes before it (previous), whose slots it may reuse. On a device each src is one more
         // copy to the host a layer, so wave 0 takes only what this engine reads.
         wave_op & op = wave_ops[il][wave];
-        ggml_tensor * args[5] = { ids, weights, nullptr, nullptr, nullptr };
-        int n_args = 2;
+        ggml_tensor * args[5] = { ids, nullptr, nullptr, nullptr, nullptr };
+        int n_args = 1;
         const auto add = [&](ggml_tensor * t) { args[n_args] = t; return n_args++; };
         const auto inputs = [&] { return ggml_reshape_2d(ctx, moe_input, moe_input->ne[0], ids->ne[1]); };
         if (wave > 0) add(previous);
+        op.weights_src = wave == 0 && reads_weights(rules, options.big_little > 0, recorder.tracing()) ? add(weights) : -1;
         op.probs_src = wave == 0 && rules.cache_routing > 0 ? add(p->probs) : -1;
         // HOBBIT's stacking computer: one matmul predicts the router logits of the layers ahead
         ggml_tensor * routers = wave == 0 && predictor ? predictor->stacked(il) : nullptr;
         op.predicted_src = routers ? add(ggml_mul_mat(ctx, routers, inputs())) : -1;
         op.inputs_src = wave == 0 && trace_inputs ? add(inputs()) : -1;  // the layer's input, for calibrate --stand-ins
         // one task: the op is bookkeeping plus I/O, the other threads have nothing to do in it
-        b.slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], passes.planes(), 1, args, n_args,
-                                    place_experts_op, 1, &op);
-        ggml_format_name(b.slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
-        b.masks = passes.masks(ctx, b.slot_ids, il, wave);
-        b.device_ids = passes.device_ids(ctx, b.slot_ids, il, wave, { &reader, &stats[il], &mutex });
+        ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], passes.planes(), 1, args, n_args,
+                                                place_experts_op, 1, &op);
+        ggml_format_name(slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
+        b.in = passes.inputs(ctx, slot_ids, il, wave, { &reader, &stats[il], &mutex });
     }
-    const pass_kind kind = passes[index];
-    passes.fill_in(ctx, index, (kind.host ? host->cpu_pools() : *pools).pool(l.group, kind.precision), l.stacked, kind.host ? b.slot_ids : b.device_ids, b.masks, p);
+    const int q = passes.pass_at(index);
+    const pass_kind kind = passes[q];
+    passes.fill_in(ctx, q, (kind.host ? host->cpu_pools() : *pools).pool(l.group, kind.precision), l.stacked, b.in, p);
     return true;
 }
 
@@ -239,8 +239,8 @@ void expert_residency::impl::place_experts(int il, int wave, const ggml_tensor *
                                            const ggml_tensor * probs, const ggml_tensor * predicted, const ggml_tensor * inputs,
                                            ggml_tensor * dst) {
     const auto t0 = clock_type::now();
-    GGML_ASSERT(ids->type == GGML_TYPE_I32 && dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
-    GGML_ASSERT(weights->type == GGML_TYPE_F32 && (!probs || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs))));
+    GGML_ASSERT(dst->type == GGML_TYPE_I32 && ggml_is_contiguous(dst));
+    GGML_ASSERT(!probs || (probs->type == GGML_TYPE_F32 && ggml_is_contiguous(probs)));
     if (has_failed()) {  // a load failed earlier in this decode
         passes.write_unserved(dst);
         return;
@@ -280,15 +280,7 @@ bool expert_residency::impl::begin_layer(const moe_layer_layout & l, const ggml_
     // predictions for this layer are settled: mispredicted experts may go
     coordinator.settle(l.il);
 
-    // the routing as [n_tokens][k] arrays (weights: [1, k, n_tokens])
-    std::vector<int32_t> id((size_t) n_tokens * k);
-    std::vector<float> w((size_t) n_tokens * k);
-    for (int64_t t = 0; t < n_tokens; t++) {
-        for (int i = 0; i < k; i++) {
-            id[t * k + i] = id_at(ids, i, t);
-            w[t * k + i] = *(const float *) ((const char *) weights->data + i * weights->nb[1] + t * weights->nb[2]);
-        }
-    }
+    auto [id, w] = read_routing(ids, weights);
     recorder.on_layer(l.il, ubatch_index, id.data(), w.data(), n_tokens, k);
     // MoBiLE's little pass: a decode token keeps its top-k/2
     const bool little_pass = little && n_tokens == 1;
@@ -473,7 +465,7 @@ void expert_residency::reset_stats() {
     impl_->recorder.reset_stats();
 }
 
-void expert_residency::set_tracing(bool on, bool inputs) { impl_->recorder.set_tracing(on, inputs); }
+void expert_residency::set_tracing(bool on, bool inputs) { impl_->recorder.set_tracing(on, inputs); moe_graph_changed(); }
 void expert_residency::set_precision_map(const std::map<int, std::vector<int>> & low) {
     impl & r = *impl_;
     if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
@@ -487,6 +479,7 @@ void expert_residency::set_precision_map(const std::map<int, std::vector<int>> &
 void expert_residency::set_stand_ins(const std::map<int, stand_in_costs> & layers) {
     const expert_layout & l = impl_->layout;
     impl_->rules.stand_ins = stand_in_tables(layers, l.moe_layers(), l.n_layers, l.n_expert);
+    moe_graph_changed();
 }
 
 void expert_residency::set_path_statistics(const std::vector<path_entry> & entries) {

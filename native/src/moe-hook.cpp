@@ -1,5 +1,6 @@
 #include "moe-hook.h"
 
+#include "llama-context.h"
 #include "llama-graph.h"
 
 #include <algorithm>
@@ -61,3 +62,5 @@ moe_hook_registration::~moe_hook_registration() {
     g_extra_nodes.erase(builder_);
     update_extra_nodes();
 }
+
+void moe_graph_changed() { llama_moe_expert_graph_epoch++; }

@@ -34,3 +34,7 @@ public:
 private:
     moe_pass_builder * builder_;
 };
+
+// What a builder puts in a graph changed (its op reads another tensor): llama.cpp builds the next
+// ubatch's graph anew rather than reuse one of the same shape (patch 0002's graph epoch).
+void moe_graph_changed();

@@ -31,6 +31,7 @@ public:
     std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
     void reset_stats();
     void set_tracing(bool on, bool inputs = false) { tracing_ = on; tracing_inputs_ = on && inputs; }
+    bool tracing() const { return tracing_; }
     routing_trace take_trace();
 
 private:

@@ -30,21 +30,36 @@ void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     memcpy(dst->data, (const int32_t *) ids->data + (ids->ne[2] - n_scaled) * n, n * n_scaled * sizeof(float));
 }
 
-// slot ids -> the same, once the uploads queued by the wave's op have arrived (mode split)
-void uploads_done_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+// A plane of the device's plan (a pass's slot ids or scales) starts a multiple of 256 bytes in: a
+// view the device's kernels read starts at an offset its storage buffers may take (Vulkan's
+// minStorageBufferOffsetAlignment is at most 256; CUDA asks for 128).
+constexpr int64_t PLAN_ALIGN = 256 / sizeof(float);
+
+// slot ids [n_used, n_tokens, n_passes + n_scaled] -> the device's plan [stride, 2 n_masked] (F32,
+// each plane's n_used * n_tokens values first): the device passes' slot ids, then their scales; in
+// mode split once the uploads queued by the wave's op have arrived
+void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
-    const auto & wait = *(const tier_passes::upload_wait *) userdata;
-    const auto t0 = std::chrono::steady_clock::now();
-    const expert_reader::uploads_arrived arrived = wait.reader->wait_uploads();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    {
-        std::lock_guard<std::mutex> lock(*wait.mutex);
-        wait.stats->upload_wait_ms += ms;
-        wait.stats->cpu_pass_ms += arrived.since_handed_ms;  // timed before the wait: the CPU's passes since the handing over
-        wait.stats->queue_ms += arrived.queue_ms;
+    const auto & plan = *(const tier_passes::device_plan *) userdata;
+    if (plan.waits) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const expert_reader::uploads_arrived arrived = plan.wait.reader->wait_uploads();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(*plan.wait.mutex);
+        plan.wait.stats->upload_wait_ms += ms;
+        plan.wait.stats->cpu_pass_ms += arrived.since_handed_ms;  // timed before the wait: the CPU's passes since the handing over
+        plan.wait.stats->queue_ms += arrived.queue_ms;
     }
-    memcpy(dst->data, dst->src[0]->data, ggml_nbytes(dst));
+    const ggml_tensor * ids = dst->src[0];
+    const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = dst->ne[1] / 2;
+    const int32_t * in = (const int32_t *) ids->data;
+    float * out = (float *) dst->data;
+    std::fill(out, out + ggml_nelements(dst), 0.0f);
+    for (int64_t q = 0; q < n_masked; q++) {
+        for (int64_t j = 0; j < n; j++) out[q * stride + j] = (float) in[q * n + j];  // exact: a pool has fewer than 2^24 slots
+        memcpy(out + (n_masked + q) * stride, in + (plan.n_passes + q) * n, n * sizeof(float));  // the scales (F32 bits)
+    }
 }
 
 }  // namespace
@@ -59,6 +74,8 @@ tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all
         if (has_low) passes_.push_back({ true, expert_precision::low });
     }
     n_scaled_ = scale_all ? size() : n_masked_;
+    for (int q = n_masked_; q < size(); q++) order_.push_back(q);  // the CPU's passes
+    for (int q = 0; q < n_masked_; q++) order_.push_back(q);
 }
 
 int tier_passes::serving(bool host, expert_precision precision) const {
@@ -108,40 +125,48 @@ void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::v
     for (size_t j = 0; j < wanted.size(); j++) (on_host[j] ? on_cpu : on_device).push_back(wanted[j]);
 }
 
-ggml_tensor * tier_passes::masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const {
-    if (n_scaled_ == 0) return nullptr;
-    ggml_tensor * m = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, slot_ids->ne[0], slot_ids->ne[1], n_scaled_, &slot_ids, 1,
-                                     masks_op, 1, nullptr);
-    ggml_format_name(m, "edgemoe_masks-%d-%d", il, wave);
-    return m;
+tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait) {
+    wave_inputs in;
+    in.slot_ids = slot_ids;
+    if (n_scaled_ > n_masked_) {  // a scaled CPU pass
+        in.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, slot_ids->ne[0], slot_ids->ne[1], n_scaled_, &slot_ids, 1, masks_op, 1, nullptr);
+        ggml_format_name(in.masks, "edgemoe_masks-%d-%d", il, wave);
+    }
+    if (n_masked_ == 0) return in;
+    device_plan * userdata = &(plans_[{ il, wave }] = { size(), queues_uploads(), wait });  // a map's entries stay where they are
+    const int64_t n_used = slot_ids->ne[0], n_tokens = slot_ids->ne[1];
+    const int64_t stride = (n_used * n_tokens + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    ggml_tensor * plan = ggml_custom_4d(ctx, GGML_TYPE_F32, stride, 2 * n_masked_, 1, 1, &slot_ids, 1, device_plan_op, 1, userdata);
+    ggml_format_name(plan, "edgemoe_device_plan-%d-%d", il, wave);
+    // on the device (the scheduler places a node without weights beside the passes that read it):
+    // a copy of the plan, and the slot ids cast from its first planes
+    ggml_tensor * copy = ggml_cont(ctx, plan);
+    ggml_tensor * ids = ggml_cast(ctx, ggml_view_2d(ctx, copy, stride, n_masked_, copy->nb[1], 0), GGML_TYPE_I32);
+    const size_t row = n_used * sizeof(float), plane = stride * sizeof(float);
+    in.device_ids = ggml_view_3d(ctx, ids, n_used, n_tokens, n_masked_, row, plane, 0);
+    in.device_masks = ggml_view_4d(ctx, copy, 1, n_used, n_tokens, n_masked_, sizeof(float), row, plane, n_masked_ * plane);
+    return in;
 }
 
 void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
-                          ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const {
+                          const wave_inputs & in, llama_moe_expert_pass * p) const {
     ggml_tensor * swapped[PROJ_COUNT] = {};
     for (int j = 0; j < PROJ_COUNT; j++) {
         if (stacked[j]) swapped[j] = pool.tensor((expert_projection) j);
     }
+    const bool on_device = q < n_masked_;
+    ggml_tensor * ids = on_device ? in.device_ids : in.slot_ids, * masks = on_device ? in.device_masks : in.masks;
     ggml_tensor * mask = q < n_scaled_ ? ggml_view_3d(ctx, masks, 1, masks->ne[1], masks->ne[2], masks->nb[1], masks->nb[2],
                                                        q * masks->nb[3]) : nullptr;
     *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
-           ggml_view_2d(ctx, slot_ids, slot_ids->ne[0], slot_ids->ne[1], slot_ids->nb[1], q * slot_ids->nb[2]), mask,
+           ggml_view_2d(ctx, ids, ids->ne[0], ids->ne[1], ids->nb[1], q * ids->nb[2]), mask,
            p->weights_normalized, p->probs };
-}
-
-ggml_tensor * tier_passes::device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait) {
-    if (!queues_uploads()) return slot_ids;
-    upload_wait * userdata = &(waits_[{ il, wave }] = wait);  // a map's entries stay where they are
-    ggml_tensor * ids = ggml_custom_4d(ctx, GGML_TYPE_I32, slot_ids->ne[0], slot_ids->ne[1], slot_ids->ne[2], 1, &slot_ids, 1,
-                                       uploads_done_op, 1, userdata);
-    ggml_format_name(ids, "edgemoe_uploaded-%d-%d", il, wave);
-    return ids;
 }
 
 uint32_t tier_passes::graph_nodes(int n_waves) const {
     // a generous count of a pass's nodes: views, the projections' mul_mat_id, activations, biases,
-    // the mask and the sum; and of a wave's: its op and the masks
-    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 5;
+    // the mask and the sum; and of a wave's: its op, the masks and the device's plan, copy, views and cast
+    constexpr uint32_t kNodesPerPass = 24, kNodesPerWave = 10;
     return n_waves * (passes_.size() * kNodesPerPass + kNodesPerWave);
 }
 

@@ -67,23 +67,38 @@ public:
                 std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu);
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
 
-    // The graph's side: a wave's masks [1, n_used, n_tokens, n_scaled] from its slot-id tensor (a
-    // custom op; null without scaled passes); pass q as the hook hands it to llama.cpp (patch
-    // 0002): pool's tensors for the layer's stacked ones, the pass's slot ids and mask; the graph
-    // nodes n_waves waves of passes add at most.
-    ggml_tensor * masks(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
-    void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
-                 ggml_tensor * slot_ids, ggml_tensor * masks, llama_moe_expert_pass * p) const;
-    // the slot ids the device's passes read: with queued uploads, a copy of slot_ids made once
-    // wait's reader's uploads have arrived (a custom op that patch 0002 orders after the CPU's
-    // passes, so the uploads cross the link while the CPU computes), the wait counted in wait's
-    // stats (upload_wait_ms, and cpu_pass_ms the time before it since the op queued them, under its mutex); else slot_ids
+    // The graph's side. The pass the hook hands llama.cpp as pass `index` of a wave (patch 0002):
+    // the CPU's passes first, so that a layer's CPU work enters the graph before the device's.
+    int pass_at(int index) const { return order_[index]; }
+    // What a wave's passes read besides the pools, from its slot-id tensor (the op's output):
+    //   the CPU's passes: its planes, and masks [1, n_used, n_tokens, n_scaled] (a custom op; null
+    //     without a scaled CPU pass);
+    //   the device's: one tensor, so one copy to the device a wave: a custom op writes their slot
+    //     ids (as F32) and scales, a plane each, and on the device a copy of it gives the masks
+    //     [1, n_used, n_tokens, n_masked] and a cast of that the slot ids [n_used, n_tokens,
+    //     n_masked] (views, their planes 256 bytes apart). With queued uploads (split) that op runs once wait's
+    //     reader's uploads have arrived, after the CPU's passes (their order above), so the
+    //     uploads cross the link while the CPU computes; the wait is counted in wait's stats
+    //     (upload_wait_ms, and cpu_pass_ms the time before it since the uploads were handed over,
+    //     under its mutex).
     struct upload_wait {
         expert_reader * reader;
         expert_layer_stats * stats;
         std::mutex * mutex;
     };
-    ggml_tensor * device_ids(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait);
+    struct device_plan {  // the device plan op's userdata
+        int n_passes;
+        bool waits;  // for wait's uploads
+        upload_wait wait;
+    };
+    struct wave_inputs {
+        ggml_tensor * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr, * device_masks = nullptr;
+    };
+    wave_inputs inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait);
+    // pass q: pool's tensors for the layer's stacked ones, the pass's slot ids and mask
+    void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
+                 const wave_inputs & in, llama_moe_expert_pass * p) const;
+    // the graph nodes n_waves waves of passes add at most
     uint32_t graph_nodes(int n_waves) const;
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
@@ -91,11 +106,12 @@ public:
 
 private:
     std::vector<pass_kind> passes_;  // device passes first
+    std::vector<int> order_;         // pass_at
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
     bool coop_ = false;
     double link_share_ = 0;
     double carried_ = 0;  // split: uploads owed to the share by the waves before (within +-1/2)
-    std::map<std::pair<int, int>, upload_wait> waits_;  // per (il, wave): the waiting ops' userdata
+    std::map<std::pair<int, int>, device_plan> plans_;  // per (il, wave): the device plan ops' userdata
 };
 
 // Writes one wave's slot-id tensor dst, selection by selection.

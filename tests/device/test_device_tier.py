@@ -484,3 +484,31 @@ def test_stand_ins_swap_and_drop_on_the_device(tiny_model, tmp_path, mode):
     swapped = run(model, stand_in=1.0, **extra)[2]["experts"]["total"]
     assert swapped["stand_in_swaps"] > 0 and swapped["stand_in_drops"] == 0
     assert swapped["misses"] < off[2]["experts"]["total"]["misses"]
+
+
+SPLIT_LINE = re.compile(r"## SPLIT #\d+: (\S+) # \d+ inputs:(.*)")
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
+def test_a_layer_copies_to_and_from_the_device_what_the_passes_read(tiny_model, mode):
+    # Each input of a split is one synchronous copy between the host and the device. A decode's
+    # MoE layer is one CPU split (the op; coop and split: the CPU's pass) whose inputs are the
+    # router's choices and, where the CPU computes, the layer's input (not the routing weights:
+    # nothing reads them here); then one device split whose only tensor of ours is the wave's plan
+    # (slot ids and masks in one), besides the CPU's output where the CPU computes.
+    share = ["--link-share", "0.5"] if mode == "split" else []
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", str(tiny_model("qwen3_moe")[0]), "--mode", mode,
+                        "--expert-cache", "25%", "--host-cache", "auto", "-p", "Hello", "-n", "2", "--verbose", *share],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "GGML_SCHED_DEBUG": "2"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    splits = [(m[1], re.findall(r"\[(\S+)", m[2])) for m in SPLIT_LINE.finditer(r.stdout + r.stderr)]
+    ours = [(i, inputs) for i, (backend, inputs) in enumerate(splits) if backend == "CPU" and
+            any(n.startswith("ffn_moe_topk") for n in inputs)]
+    assert ours
+    on_cpu = mode != "gpu"
+    for i, inputs in ours:
+        assert sorted(n.split("-")[0] for n in inputs) == (["ffn_moe_topk", "ffn_norm"] if on_cpu else ["ffn_moe_topk"])
+        backend, device_inputs = splits[i + 1]
+        assert backend == "Vulkan0"
+        assert [n.split("-")[0] for n in device_inputs if n.startswith(("edgemoe", "ffn_"))] == \
+            ["edgemoe_device_plan"] + (["ffn_moe_down"] if on_cpu else [])
