@@ -13,7 +13,8 @@
    experts of the same share of layers on the GPU), and last stock's with every expert on the GPU
    (`-ngl 99`: a token's cost besides its misses) and ours `gpu` with every expert in its device
    cache (no misses: what our layer's hook costs a token beyond that); with --link-shares, `split` also at
-   those fixed shares of uploads (is the share its rates give the best?). Time to first token (a 16-token prompt),
+   those fixed shares of uploads (is the share its rates give the best?), with --split-threads at those
+   CPU thread counts (does a core left to the thread that queues the uploads pay?). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
    first model's cells at the first budget and with every expert cached then decode 16 tokens more under
    PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile). With
@@ -368,6 +369,8 @@ class Check:
                     self.cell(name, budget, mode, self.ours(name, mode, budget))
                 for s in self.args.link_shares:  # split at fixed shares: is the share its rates give the best?
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
+                for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
+                    self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
@@ -546,6 +549,9 @@ def main() -> int:
                    help="N CPU-bound processes beside each benchmark cell, ours and stock's: a busy machine")
     p.add_argument("--link-shares", nargs="+", type=float, default=[], metavar="S",
                    help="also `split` uploading these shares of the misses (0-1), beside the share its rates give")
+    p.add_argument("--split-threads", nargs="+", type=int, default=[], metavar="N",
+                   help="also `split` with N CPU threads (the other cells' count stays): whether a core left to the "
+                        "thread that queues its uploads beside the CPU's passes pays")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a decode of ours (CUPTI, through PyTorch) in the first model's cells at the first "
                         "budget and with every expert cached: the device's time in a token (default on)")
@@ -559,6 +565,8 @@ def main() -> int:
     args = p.parse_args()
     if any(not 0 <= s <= 1 for s in args.link_shares):
         p.error("--link-shares: each a share of the misses, from 0 to 1")
+    if any(n < 1 for n in args.split_threads):
+        p.error("--split-threads: each a count of CPU threads, at least 1")
     if args.child == "correctness":
         print(json.dumps(correctness(Path(args.kit) / "models")))
         return 0

@@ -134,3 +134,26 @@ def test_split_at_fixed_shares_is_measured_beside_the_share_its_rates_give(tmp_p
     with pytest.raises(SystemExit) as e:
         check.main()
     assert e.value.code == 2
+
+
+def test_split_with_fewer_threads_is_measured_beside_it(tmp_path, monkeypatch):
+    # `--split-threads 15` adds a `split` cell whose own thread count (the last --threads a child
+    # gets) is 15, the others' stays; a count below 1 is refused
+    check = load_gpu_check()
+    ran = []
+    monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
+
+    def bench_only(self):
+        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
+        self.bench()
+        return 0
+    monkeypatch.setattr(check.Check, "run", bench_only)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"), "--threads", "16",
+                                     "--models", "qwen3", "--budgets", "25%", "--modes", "split", "--split-threads", "15"])
+    assert check.main() == 0
+    threads = {label: int(a[len(a) - 1 - a[::-1].index("--threads") + 1]) for label, a in ran if "split" in label}
+    assert threads == {"split": 16, "split, 15 threads": 15}
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--split-threads", "0"])
+    with pytest.raises(SystemExit) as e:
+        check.main()
+    assert e.value.code == 2
