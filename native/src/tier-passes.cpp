@@ -128,7 +128,7 @@ void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::v
 tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait) {
     wave_inputs in;
     in.slot_ids = slot_ids;
-    if (n_scaled_ > n_masked_) {  // a scaled CPU pass
+    if (n_scaled_ > n_masked_) {  // the CPU computes a scaled pass too
         in.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, slot_ids->ne[0], slot_ids->ne[1], n_scaled_, &slot_ids, 1, masks_op, 1, nullptr);
         ggml_format_name(in.masks, "edgemoe_masks-%d-%d", il, wave);
     }
