@@ -220,9 +220,12 @@ bool expert_residency::impl::build_pass(int il, ggml_context * ctx, int pass, gg
         ggml_tensor * slot_ids = ggml_custom_4d(ctx, GGML_TYPE_I32, ids->ne[0], ids->ne[1], passes.planes(), 1, args, n_args,
                                                 place_experts_op, 1, &op);
         ggml_format_name(slot_ids, "edgemoe_slot_ids-%d-%d", il, wave);
-        b.in = passes.inputs(ctx, slot_ids, il, wave, { &reader, &stats[il], &mutex });
+        b.in = passes.inputs(ctx, slot_ids, il, wave);
     }
     const int q = passes.pass_at(index);
+    if (q == 0 && passes.n_masked() > 0) {  // the first device pass, after its wave's CPU passes (their sum: wave 0's previous)
+        passes.device_inputs(ctx, b.in, wave == 0 && index > 0 ? previous : nullptr, il, wave, { &reader, &stats[il], &mutex });
+    }
     const pass_kind kind = passes[q];
     passes.fill_in(ctx, q, (kind.host ? host->cpu_pools() : *pools).pool(l.group, kind.precision), l.stacked, b.in, p);
     return true;

@@ -35,9 +35,10 @@ void masks_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 // minStorageBufferOffsetAlignment is at most 256; CUDA asks for 128).
 constexpr int64_t PLAN_ALIGN = 256 / sizeof(float);
 
-// slot ids [n_used, n_tokens, n_passes + n_scaled] -> the device's plan [stride, 2 n_masked] (F32,
-// each plane's n_used * n_tokens values first): the device passes' slot ids, then their scales; in
-// mode split once the uploads queued by the wave's op have arrived
+// slot ids [n_used, n_tokens, n_passes + n_scaled] (and the CPU's passes' sum) -> the device's plan
+// [stride, 2 n_masked + the sum's rows] (F32, each plane's n_used * n_tokens values first): the
+// device passes' slot ids, then their scales, then the sum; in mode split once the uploads queued
+// by the wave's op have arrived
 void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
@@ -52,14 +53,15 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         plan.wait.stats->queue_ms += arrived.queue_ms;
     }
     const ggml_tensor * ids = dst->src[0];
-    const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = dst->ne[1] / 2;
+    const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = plan.n_masked;
     const int32_t * in = (const int32_t *) ids->data;
     float * out = (float *) dst->data;
-    std::fill(out, out + ggml_nelements(dst), 0.0f);
+    std::fill(out, out + 2 * n_masked * stride, 0.0f);
     for (int64_t q = 0; q < n_masked; q++) {
         for (int64_t j = 0; j < n; j++) out[q * stride + j] = (float) in[q * n + j];  // exact: a pool has fewer than 2^24 slots
         memcpy(out + (n_masked + q) * stride, in + (plan.n_passes + q) * n, n * sizeof(float));  // the scales (F32 bits)
     }
+    if (const ggml_tensor * cpu_sum = dst->src[1]) memcpy(out + 2 * n_masked * stride, cpu_sum->data, ggml_nbytes(cpu_sum));
 }
 
 }  // namespace
@@ -125,18 +127,26 @@ void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::v
     for (size_t j = 0; j < wanted.size(); j++) (on_host[j] ? on_cpu : on_device).push_back(wanted[j]);
 }
 
-tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait) {
+tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const {
     wave_inputs in;
     in.slot_ids = slot_ids;
     if (n_scaled_ > n_masked_) {  // the CPU computes a scaled pass too
         in.masks = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, slot_ids->ne[0], slot_ids->ne[1], n_scaled_, &slot_ids, 1, masks_op, 1, nullptr);
         ggml_format_name(in.masks, "edgemoe_masks-%d-%d", il, wave);
     }
-    if (n_masked_ == 0) return in;
-    device_plan * userdata = &(plans_[{ il, wave }] = { size(), queues_uploads(), wait });  // a map's entries stay where they are
+    return in;
+}
+
+void tier_passes::device_inputs(ggml_context * ctx, wave_inputs & in, ggml_tensor * cpu_sum, int il, int wave, const upload_wait & wait) {
+    GGML_ASSERT(!cpu_sum || (cpu_sum->type == GGML_TYPE_F32 && ggml_is_contiguous(cpu_sum)));
+    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait });  // a map's entries stay where they are
+    ggml_tensor * slot_ids = in.slot_ids;
     const int64_t n_used = slot_ids->ne[0], n_tokens = slot_ids->ne[1];
     const int64_t stride = (n_used * n_tokens + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
-    ggml_tensor * plan = ggml_custom_4d(ctx, GGML_TYPE_F32, stride, 2 * n_masked_, 1, 1, &slot_ids, 1, device_plan_op, 1, userdata);
+    const int64_t sum_rows = cpu_sum ? (ggml_nelements(cpu_sum) + stride - 1) / stride : 0;
+    ggml_tensor * args[2] = { slot_ids, cpu_sum };
+    ggml_tensor * plan = ggml_custom_4d(ctx, GGML_TYPE_F32, stride, 2 * n_masked_ + sum_rows, 1, 1, args, cpu_sum ? 2 : 1,
+                                        device_plan_op, 1, userdata);
     ggml_format_name(plan, "edgemoe_device_plan-%d-%d", il, wave);
     // on the device (the scheduler places a node without weights beside the passes that read it):
     // a copy of the plan, and the slot ids cast from its first planes
@@ -145,7 +155,8 @@ tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * s
     const size_t row = n_used * sizeof(float), plane = stride * sizeof(float);
     in.device_ids = ggml_view_3d(ctx, ids, n_used, n_tokens, n_masked_, row, plane, 0);
     in.device_masks = ggml_view_4d(ctx, copy, 1, n_used, n_tokens, n_masked_, sizeof(float), row, plane, n_masked_ * plane);
-    return in;
+    in.device_cpu_sum = cpu_sum ? ggml_view_3d(ctx, copy, cpu_sum->ne[0], cpu_sum->ne[1], cpu_sum->ne[2], cpu_sum->nb[1],
+                                               cpu_sum->nb[2], 2 * n_masked_ * plane) : nullptr;
 }
 
 void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
@@ -160,7 +171,7 @@ void tier_passes::fill_in(ggml_context * ctx, int q, const slot_pool & pool, con
                                                        q * masks->nb[3]) : nullptr;
     *p = { swapped[PROJ_UP], swapped[PROJ_GATE], swapped[PROJ_DOWN], swapped[PROJ_GATE_UP],
            ggml_view_2d(ctx, ids, ids->ne[0], ids->ne[1], ids->nb[1], q * ids->nb[2]), mask,
-           p->weights_normalized, p->probs };
+           p->weights_normalized, p->probs, q == 0 ? in.device_cpu_sum : nullptr };
 }
 
 uint32_t tier_passes::graph_nodes(int n_waves) const {

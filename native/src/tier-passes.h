@@ -71,30 +71,34 @@ public:
     // the CPU's passes first, so that a layer's CPU work enters the graph before the device's.
     int pass_at(int index) const { return order_[index]; }
     // What a wave's passes read besides the pools, from its slot-id tensor (the op's output):
-    //   the CPU's passes: its planes, and masks [1, n_used, n_tokens, n_scaled] (a custom op; null
-    //     without a scaled CPU pass);
-    //   the device's: one tensor, so one copy to the device a wave: a custom op writes their slot
-    //     ids (as F32) and scales, a plane each, and on the device a copy of it gives the masks
-    //     [1, n_used, n_tokens, n_masked] and a cast of that the slot ids [n_used, n_tokens,
-    //     n_masked] (views, their planes 256 bytes apart). With queued uploads (split) that op runs once wait's
-    //     reader's uploads have arrived, after the CPU's passes (their order above), so the
-    //     uploads cross the link while the CPU computes; the wait is counted in wait's stats
-    //     (upload_wait_ms, and cpu_pass_ms the time before it since the uploads were handed over,
-    //     under its mutex).
+    //   the CPU's passes (inputs): its planes, and masks [1, n_used, n_tokens, n_scaled] (a custom
+    //     op; null without a scaled CPU pass);
+    //   the device's (device_inputs, for the first device pass, after the CPU's): one tensor, so one
+    //     copy to the device a wave: a custom op writes their slot ids (as F32) and scales, a plane
+    //     each, then cpu_sum (the CPU's passes' output, F32; or null), and on the device a copy of
+    //     it gives the masks [1, n_used, n_tokens, n_masked], a cast of that the slot ids [n_used,
+    //     n_tokens, n_masked] and cpu_sum's copy, for the first device pass to be added to
+    //     (llama_moe_expert_pass::previous; views, their planes 256 bytes apart). With queued
+    //     uploads (split) that op runs once wait's reader's uploads have arrived, after the CPU's
+    //     passes (their order above), so the uploads cross the link while the CPU computes; the
+    //     wait is counted in wait's stats (upload_wait_ms, and cpu_pass_ms the time before it since
+    //     the uploads were handed over, under its mutex).
     struct upload_wait {
         expert_reader * reader;
         expert_layer_stats * stats;
         std::mutex * mutex;
     };
     struct device_plan {  // the device plan op's userdata
-        int n_passes;
+        int n_passes, n_masked;
         bool waits;  // for wait's uploads
         upload_wait wait;
     };
     struct wave_inputs {
-        ggml_tensor * slot_ids = nullptr, * masks = nullptr, * device_ids = nullptr, * device_masks = nullptr;
+        ggml_tensor * slot_ids = nullptr, * masks = nullptr;
+        ggml_tensor * device_ids = nullptr, * device_masks = nullptr, * device_cpu_sum = nullptr;
     };
-    wave_inputs inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave, const upload_wait & wait);
+    wave_inputs inputs(ggml_context * ctx, ggml_tensor * slot_ids, int il, int wave) const;
+    void device_inputs(ggml_context * ctx, wave_inputs & in, ggml_tensor * cpu_sum, int il, int wave, const upload_wait & wait);
     // pass q: pool's tensors for the layer's stacked ones, the pass's slot ids and mask
     void fill_in(ggml_context * ctx, int q, const slot_pool & pool, const std::array<const ggml_tensor *, PROJ_COUNT> & stacked,
                  const wave_inputs & in, llama_moe_expert_pass * p) const;
