@@ -14,7 +14,8 @@
    (`-ngl 99`: a token's cost besides its misses) and ours `gpu` with every expert in its device
    cache (no misses: what our layer's hook costs a token beyond that); with --link-shares, `split` also at
    those fixed shares of uploads (is the share its rates give the best?), with --split-threads at those
-   CPU thread counts (does a core left to the thread that queues the uploads pay?). Time to first token (a 16-token prompt),
+   CPU thread counts (does a core left to the thread that queues the uploads pay?), with --prefetch each
+   mode also with that prefetcher (do the next layer's experts, uploaded while this layer computes, pay?). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
    first model's cells at the first budget and with every expert cached then decode 16 tokens more under
    PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile). With
@@ -45,10 +46,12 @@ sys.path.insert(0, str(REPO))
 from pyedgemoe.bench.device_profile import describe  # noqa: E402
 from pyedgemoe.bench.runner import cpu_load  # noqa: E402
 from pyedgemoe.bench.worker import fixed_decode_token_ids, prompt_token_ids  # noqa: E402
+from pyedgemoe.expert_options import choices  # noqa: E402
 
 BUDGETS = ("25%", "50%")
 RESIDENT = "100%"  # the cells with every expert on the GPU: stock's, and ours with every expert in its cache
 MODES = ("gpu", "coop", "split", "auto")
+PREFETCHERS = tuple(p for p in choices("prefetch") if p != "none")
 # the correctness check's modes and their options: split with half the misses each way (the rates it
 # measures at load send a tiny model's all to the link)
 CHECKED_MODES = {"gpu": {}, "coop": {}, "split": dict(link_share=0.5)}
@@ -141,7 +144,7 @@ PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms"
 
 
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | None, link_share: float | None = None,
-            profile_trace: Path | None = None) -> dict:
+            prefetch: str | None = None, profile_trace: Path | None = None) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times
     after a first round of the three that the medians leave out (as llama-bench warms up): ours
@@ -156,9 +159,11 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
     t0 = time.perf_counter()
     # every expert in the device's cache: no miss, so no host tier
     host_cache = 0 if budget == RESIDENT else "auto"
-    share = {} if link_share is None else dict(link_share=link_share)  # split: else the share the rates at load give
+    options = {} if link_share is None else dict(link_share=link_share)  # split: else the share the rates at load give
+    if prefetch is not None:  # else the default: none where the threads are given, as here
+        options.update(prefetch=prefetch)
     with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
-                flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered", **share) as eng:
+                flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered", **options) as eng:
         load_seconds = time.perf_counter() - t0
         rounds = []
         for r in range(sizes["repeats"] + 1):
@@ -191,7 +196,9 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
                       uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
                       # the last round's; the first round's is kept with it
                       decode_per_token=rounds[-1]["decode_per_token"], first_round=first,
-                      mode_reason=experts.get("mode_reason") or None)
+                      mode_reason=experts.get("mode_reason") or None,
+                      # the whole run's (every round's) prefetches: how many, used, and whether its trial stopped it
+                      prefetches={k: experts["prefetches"][k] for k in ("issued", "used", "stopped")} if prefetch else None)
         if profile_trace is not None:
             # the numbers first: a profiler that takes the process down costs the profile alone (Check.child)
             print(json.dumps(result), flush=True)
@@ -371,6 +378,9 @@ class Check:
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
+                for p in self.args.prefetch:  # the next layer's experts uploaded while this one computes
+                    for mode in self.args.modes:
+                        self.cell(name, budget, f"{mode}, prefetch {p}", self.ours(name, mode, budget, ["--prefetch", p]))
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
@@ -487,6 +497,9 @@ def report(result: dict) -> str:
                     notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms beside the CPU's passes), "
                               f"{t['cpu_experts']:.0f} on the CPU in "
                               f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
+            if r.get("prefetches"):
+                p = r["prefetches"]
+                notes += f"; prefetch: {p['issued']} read ahead, {p['used']} used" + (", stopped" if p["stopped"] else "")
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
         lines.append("")
@@ -552,6 +565,9 @@ def main() -> int:
     p.add_argument("--split-threads", nargs="+", type=int, default=[], metavar="N",
                    help="also `split` with N CPU threads (the other cells' count stays): whether a core left to the "
                         "thread that queues its uploads beside the CPU's passes pays")
+    p.add_argument("--prefetch", nargs="+", choices=PREFETCHERS, default=[], metavar="P",
+                   help=f"also each of --modes with prefetcher P ({', '.join(PREFETCHERS)}; the other cells: none, "
+                        "the default where the threads are given)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a decode of ours (CUPTI, through PyTorch) in the first model's cells at the first "
                         "budget and with every expert cached: the device's time in a token (default on)")
@@ -573,7 +589,7 @@ def main() -> int:
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
         print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads, args.link_share,
-                                 args.profile_trace)))
+                                 (args.prefetch or [None])[0], args.profile_trace)))
         return 0
     if not args.kit or not args.out:
         p.error("--kit and --out are required")

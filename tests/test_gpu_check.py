@@ -157,3 +157,27 @@ def test_split_with_fewer_threads_is_measured_beside_it(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         check.main()
     assert e.value.code == 2
+
+
+def test_each_mode_with_a_prefetcher_is_measured_beside_it(tmp_path, monkeypatch):
+    # `--prefetch hobbit` adds each of --modes with that prefetcher (the child's --prefetch), the
+    # other cells keep none; a prefetcher the runtime does not have is refused
+    check = load_gpu_check()
+    ran = []
+    monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
+
+    def bench_only(self):
+        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
+        self.bench()
+        return 0
+    monkeypatch.setattr(check.Check, "run", bench_only)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"),
+                                     "--models", "qwen3", "--budgets", "25%", "--modes", "gpu", "split", "--prefetch", "hobbit"])
+    assert check.main() == 0
+    prefetch = {label: a[a.index("--prefetch") + 1] if "--prefetch" in a else None
+                for label, a in ran if not label.startswith(("-", "--"))}
+    assert prefetch == {"gpu": None, "split": None, "gpu, prefetch hobbit": "hobbit", "split, prefetch hobbit": "hobbit"}
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--prefetch", "sometimes"])
+    with pytest.raises(SystemExit) as e:
+        check.main()
+    assert e.value.code == 2

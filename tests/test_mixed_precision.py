@@ -13,7 +13,9 @@ import gguf
 import numpy as np
 import pytest
 
+from conftest import tiny_moe
 from pyedgemoe import Engine, _native, expert_options
+from pyedgemoe.convert import convert
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.convert.export import export
 from pyedgemoe.convert.from_gguf import convert_gguf, copy_chunks, copy_kv, kv_value, open_gguf, tensor_ne, tensor_type_name
@@ -390,6 +392,19 @@ def test_prefetching_reads_predicted_experts_and_reports_what_became_of_them(mp_
     assert experts["prediction"][0] == {
         "depth": 1, "tokens": len(actual), "top1_accuracy": pytest.approx(np.mean(predicted[:, 0] == actual[:, 0])),
         "precision": pytest.approx(overlap / (k * len(actual))), "recall": pytest.approx(overlap / (k * len(actual)))}
+
+
+@pytest.mark.parametrize("prefetch", ["hobbit", "fate"])
+def test_a_model_of_one_moe_layer_has_nothing_to_prefetch_and_decodes_as_without(tmp_path, prefetch):
+    # the predictor stacks the routers of the MoE layers ahead (hobbit: two): with one there are
+    # none, and the load stopped on "cannot allocate the stacked routers"
+    hf = tiny_moe.build_hf_checkpoint("qwen3_moe", tmp_path / "hf", overrides={"num_hidden_layers": 1})
+    path = convert(hf, tmp_path / "one-layer.gguf", high="f32", low="q4_0", base="f32", progress=False)
+    with Engine(path, **SETTINGS, expert_cache="50%", low_precision=False) as eng:
+        expected = eng.time_generation(IDS[:6], N_GENERATED)["tokens"]
+    with Engine(path, **SETTINGS, expert_cache="50%", low_precision=False, prefetch=prefetch) as eng:
+        assert eng.time_generation(IDS[:6], N_GENERATED)["tokens"] == expected
+        assert eng.stats()["experts"]["prefetches"]["issued"] == 0
 
 
 def test_the_routing_trace_has_every_layer_of_every_token_and_the_predictors_guess(mp_models):

@@ -48,6 +48,7 @@ expert_predictor::expert_predictor(const llama_model * model, const std::vector<
         for (size_t j = i + 1; j < layers.size() && (int) (j - i) <= depth; j++) ahead_[layers[i]].push_back(layers[j]);
         n_tensors++;
     }
+    if (ahead_.empty()) return;  // one MoE layer: none ahead to predict (and nothing to allocate)
     if (depth == 1) {
         // one layer ahead: the next layer's own router, nothing to stack
         for (const auto & [il, next] : ahead_) stacked_[il] = const_cast<ggml_tensor *>(router_of(model, next[0], n_expert));
