@@ -100,7 +100,9 @@ def print_stats(stats: dict) -> None:
         why = experts["prefetch"] if experts["prefetch"] != "none" else "for big-little's fallbacks"
         typer.echo(f"prefetch ({why}): {p['issued']} experts read ahead, {p['used']} used ({p['late']} too late to start), "
                    f"{p['wasted']} evicted unused, {p['displaced']} misses of experts they evicted, "
-                   f"{p['declined']} not read (their rank cost more reads than it saved), {format_bytes(p['bytes_read'])}"
+                   f"{p['declined']} not read (their rank cost more reads than it saved), "
+                   + (f"{p['given_back']} not begun by their layer (misses there, for the CPU or the link), "
+                      if p["given_back"] else "") + format_bytes(p["bytes_read"])
                    + (" (stopped: it cost more than it saved)" if p["stopped"] else ""),
                    err=True)
     if stats.get("big_little"):

@@ -2,6 +2,8 @@
 cached in tests/.models so a second run does not rebuild them."""
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,3 +30,14 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def mixtral_gguf(tiny_model) -> Path:
     return tiny_model("mixtral")[0]
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory) -> Path:
+    """tests/faults/eio_shim.c built: an LD_PRELOAD that makes reads of one file fail or slow."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the fault shim")
+    out = tmp_path_factory.mktemp("shim") / "eio_shim.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(REPO / "tests" / "faults" / "eio_shim.c"),
+                    "-ldl"], check=True)
+    return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,16 +47,6 @@ except PyEdgeMoEError as e:
         out["second"] = [type(e).__name__, str(e)]
 print(json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler for the fault shim")
-    out = tmp_path_factory.mktemp("shim") / "eio_shim.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(REPO / "tests" / "faults" / "eio_shim.c"),
-                    "-ldl"], check=True)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,7 @@ nb::dict counters(const expert_layer_stats & s) {
 nb::dict prefetch_counters(const expert_prefetch_stats & p) {
     nb::dict d;
     d["issued"] = p.issued; d["used"] = p.used; d["wasted"] = p.wasted;
-    d["late"] = p.late; d["displaced"] = p.displaced; d["declined"] = p.declined;
+    d["late"] = p.late; d["displaced"] = p.displaced; d["declined"] = p.declined; d["given_back"] = p.given_back;
     d["bytes_read"] = p.bytes_read; d["bytes_read_low"] = p.bytes_read_low; d["load_ms"] = p.load_ms;
     d["bytes_uploaded"] = p.bytes_uploaded; d["upload_ms"] = p.upload_ms;
     return d;
@@ -135,6 +135,7 @@ nb::dict stats(const Model & m) {
         prefetch_layers[nb::str(std::to_string(il).c_str())] = prefetch_counters(p);
         prefetch_total.issued += p.issued; prefetch_total.used += p.used; prefetch_total.wasted += p.wasted;
         prefetch_total.late += p.late; prefetch_total.displaced += p.displaced; prefetch_total.declined += p.declined;
+        prefetch_total.given_back += p.given_back;
         prefetch_total.bytes_read += p.bytes_read; prefetch_total.bytes_read_low += p.bytes_read_low;
         prefetch_total.load_ms += p.load_ms;
         prefetch_total.bytes_uploaded += p.bytes_uploaded; prefetch_total.upload_ms += p.upload_ms;

@@ -308,6 +308,9 @@ bool expert_residency::impl::serve_wave(const moe_layer_layout & l, int wave, co
     const std::vector<expert_demand> none;
     const auto & wanted = wave < (int) planned.waves.size() ? planned.waves[wave] : none;
     std::vector<expert_demand> on_device, on_cpu;  // coop: the CPU computes the device's misses (split: some)
+    if (passes.cpu_computes_misses()) {  // a prefetch not begun is a miss to divide
+        for (const auto & d : wanted) coordinator.give_back({ make_expert_key(l.il, d.first), d.second });
+    }
     passes.divide(wanted, passes.queues_uploads() ? tokens_of(planned, wanted) : std::vector<int>(wanted.size(), 1), [&](const expert_demand & d) {
         return d.second == expert_precision::skip || cache.serving_tier(l.group, make_expert_key(l.il, d.first), d.second) != expert_precision::skip;
     }, on_device, on_cpu);

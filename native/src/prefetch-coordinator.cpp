@@ -25,6 +25,18 @@ std::shared_ptr<prefetch_job> prefetch_coordinator::claim(const cached_copy & c,
     return job;
 }
 
+bool prefetch_coordinator::give_back(const cached_copy & c) {
+    auto it = in_flight_.find(c);
+    std::shared_ptr<prefetch_job> job = it == in_flight_.end() || it->second->fill ? nullptr : prefetcher_->claim(it->second);
+    if (!job) return false;  // none, a fill's, or begun
+    finish(*job, false);
+    cache_.discard(group_of_[expert_key_layer(c.first)], c.first, c.second);
+    unused_.erase(c);
+    if (judged_unused_.erase(c) && ledger_) ledger_->cancelled(expert_key_layer(c.first), c.second);
+    stats_[expert_key_layer(c.first)].given_back++;
+    return true;
+}
+
 bool prefetch_coordinator::evicted(const cached_copy & c) {
     meter_.evicted();
     const bool wasted = unused_.erase(c);

@@ -79,6 +79,12 @@ public:
     // claimed_done) or waits for it (*waited = true; collect_finished() then takes it) and returns null.
     std::shared_ptr<prefetch_job> claim(const cached_copy & c, bool * waited);
     void claimed_done(const prefetch_job & job) { finish(job, true); }
+    // A wave wants `c`, and where the CPU computes misses (coop, split), a prefetch of it not begun
+    // by now is cancelled and its slot freed: the expert is a miss like the others, for the layer to
+    // divide between the CPU and the link, rather than an upload the device's pass waits for. So
+    // the link carries predicted experts from one layer's op to the next, and what it has not begun
+    // goes where the rates send it. True if c's prefetch was given back.
+    bool give_back(const cached_copy & c);
     // A placement evicted `c` from its tier: a prefetched copy never used was wasted (true).
     bool evicted(const cached_copy & c);
 

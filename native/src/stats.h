@@ -66,6 +66,7 @@ struct expert_prefetch_stats {
     uint64_t late = 0;       // of those used, not started when their layer came (it read them itself)
     uint64_t displaced = 0;  // on-demand misses of experts a prefetch had evicted (prefetch-meter.h)
     uint64_t declined = 0;   // predictions not read: their rank costs more reads than it saves
+    uint64_t given_back = 0; // not begun when their layer came, where the CPU computes misses (prefetch_coordinator::give_back)
     double   load_ms = 0;    // summed over the jobs (several run at once: see prefetcher::busy_ms)
     double   upload_ms = 0;  // of those, uploading to the device
 };

@@ -66,6 +66,7 @@ public:
                 const std::function<bool(const expert_demand &)> & held_on_device,
                 std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu);
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
+    bool cpu_computes_misses() const { return coop_; }  // coop, split
 
     // The graph's side. The pass the hook hands llama.cpp as pass `index` of a wave (patch 0002):
     // the CPU's passes first, so that a layer's CPU work enters the graph before the device's.

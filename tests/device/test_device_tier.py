@@ -9,6 +9,7 @@ what really happened (bytes uploaded, experts computed on the CPU), and the memo
 the pools allocate stays within the budgets."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -326,6 +327,36 @@ def test_prefetch_is_lossless_on_the_device(tiny_model, references, mode):
     p = stats["experts"]["prefetches"]
     # prefetches read from storage and upload on the prefetch threads
     assert p["issued"] > 0 and p["bytes_uploaded"] > 0
+
+
+# a run in a process of its own (under the fault shim): its greedy tokens and prefetch counters
+PREFETCH_RUN = """
+import json, sys
+from pyedgemoe import Engine
+with Engine(sys.argv[1], **json.loads(sys.argv[2])) as eng:
+    tokens = eng.time_generation(json.loads(sys.argv[3]), int(sys.argv[4]))["tokens"]
+    print(json.dumps(dict(tokens=tokens, prefetches=eng.stats()["experts"]["prefetches"])))
+"""
+
+
+@pytest.mark.parametrize("mode", ["coop", "split"])
+def test_a_prefetch_not_begun_by_its_layer_is_a_miss_there(tiny_model, references, shim, mode):
+    # where the CPU computes misses, a prefetch still queued when its layer comes is given back
+    # (cancelled, its slot freed) for the layer to divide, rather than read by the layer while the
+    # device waits. Slow storage (every read of the file 30 ms: the fault shim) and one read at a
+    # time queue them up; a host tier too small to hold every expert sends prefetches to the file.
+    path = tiny_model("mixtral")[0]
+    options = dict(SETTINGS, mode=mode, expert_cache="40%", host_cache="60%", prefetch="hobbit", io_threads=1,
+                   fill_cache=False, **(dict(link_share=0.5) if mode == "split" else {}))
+    env = dict(os.environ, LD_PRELOAD=str(shim), PYEDGEMOE_FAULT_PATH=str(path), PYEDGEMOE_FAULT_BEGIN="0",
+               PYEDGEMOE_FAULT_END=str(path.stat().st_size), PYEDGEMOE_FAULT_DELAY_MS="30")
+    r = subprocess.run([sys.executable, "-c", PREFETCH_RUN, str(path), json.dumps(options), json.dumps(IDS[:8]),
+                        str(N_GREEDY)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["tokens"] == references("mixtral")[0][1]
+    p = out["prefetches"]
+    assert p["given_back"] > 0 and p["used"] + p["wasted"] + p["given_back"] <= p["issued"]
 
 
 @pytest.mark.parametrize("mode", ["gpu", "split"])
