@@ -72,6 +72,7 @@ std::string expert_reader::read_all(std::vector<expert_read> reads, expert_layer
     if (uploads.empty()) return "";
     for (const upload_queue::upload & u : uploads) st.bytes_uploaded += u.size;
     uploads_.push(std::move(uploads));
+    if (!in_flight_ && hold_) hold_(true);
     in_flight_ = true;
     handed_at_ = std::chrono::steady_clock::now();
     return "";
@@ -83,5 +84,6 @@ expert_reader::uploads_arrived expert_reader::wait_uploads() {
     r.since_handed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed_at_).count();
     r.queue_ms = uploads_.finish();
     in_flight_ = false;
+    if (hold_) hold_(false);
     return r;
 }

@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,10 @@ public:
     };
     // every upload handed over has arrived (all zero: none in flight)
     uploads_arrived wait_uploads();
+    // hold(true) as uploads are handed over with none in flight, hold(false) once they have arrived:
+    // split's prefetcher waits meanwhile, so that the next layer's guesses do not slow the uploads
+    // the device's pass waits for
+    void on_uploads(std::function<void(bool)> hold) { hold_ = std::move(hold); }
     ~expert_reader();
 
 private:
@@ -52,6 +57,7 @@ private:
     upload_queue uploads_;
     bool in_flight_ = false;                                       // uploads handed over since the last wait
     std::chrono::steady_clock::time_point handed_at_;              // when the last were handed over
+    std::function<void(bool)> hold_;
 
     ggml_backend_t upload_stream(ggml_backend_dev_t device);
 };

@@ -30,11 +30,7 @@
 #include <mutex>
 #include <stdexcept>
 
-namespace {
-
 using clock_type = std::chrono::steady_clock;
-
-}  // namespace
 
 struct expert_residency::impl : moe_pass_builder {
     struct wave_op {  // one wave's custom op in a layer's graph: its userdata
@@ -168,6 +164,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         predictor = std::make_unique<expert_predictor>(model, layout.moe_layers(), needs.router_depth, layout.n_expert);
     }
     prefetch = std::make_unique<prefetch_strategies>(prefetch_env{ layout, options, rules, cache, coordinator, recorder, predictor.get() });
+    reader.on_uploads([this](bool held) { held ? coordinator.pause_for_loads() : coordinator.resume_after_loads(); });
 
     describe_residency(info, layout, budget, *pools, host.get(), reader.io(), needs.scored_depths);
     uint32_t extra_nodes = 0;  // every wave's op and passes, in every layer
@@ -476,7 +473,9 @@ void expert_residency::set_precision_map(const std::map<int, std::vector<int>> &
     impl & r = *impl_;
     if (!r.layout.has_low) throw std::invalid_argument("a static precision map needs LOW expert copies (a multi-precision GGUF or low_from)");
     auto fixed = static_precision_map(low, r.layout.moe_layers(), r.layout.n_layers, r.layout.n_expert);
-    // copies cached in another precision go: each expert is only ever in its own
+    // copies cached in another precision go: each expert is only ever in its own (uploads a stopped
+    // graph left in flight arrive first: the prefetcher waits for them, and drop_all for it)
+    r.reader.wait_uploads();
     r.coordinator.drop_all();
     r.forget_cache();
     r.rules.fixed = std::move(fixed);
