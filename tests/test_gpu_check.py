@@ -114,70 +114,53 @@ def test_the_report_says_what_our_hook_costs_a_token_with_every_expert_cached():
     assert "every expert on the GPU (llama.cpp `-ngl 99`): 250.0 tok/s, 4.0 ms a token" in text
 
 
-def test_split_at_fixed_shares_is_measured_beside_the_share_its_rates_give(tmp_path, monkeypatch):
-    # `--link-shares 0.3 0.7` adds `split` cells at those shares; a share outside 0-1 is refused
+def bench_cells(monkeypatch, tmp_path, *argv: str) -> list[tuple[str, list[str]]]:
+    """The benchmark's cells (label, a child's or llama-bench's arguments) that gpu_check.py with
+    argv would run on a 48-layer Qwen3 file already written; nothing is run."""
     check = load_gpu_check()
     ran = []
     monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
 
-    def bench_only(self):  # the benchmark's cells on a model already written, nothing run
+    def bench_only(self):
         self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
         self.bench()
         return 0
     monkeypatch.setattr(check.Check, "run", bench_only)
     monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"),
-                                     "--models", "qwen3", "--budgets", "25%", "--modes", "split", "--link-shares", "0.3", "0.7"])
+                                     "--models", "qwen3", "--budgets", "25%", *argv])
     assert check.main() == 0
+    return ran
+
+
+def assert_refused(monkeypatch, *argv: str) -> None:
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", *argv])
+    with pytest.raises(SystemExit) as e:
+        load_gpu_check().main()
+    assert e.value.code == 2
+
+
+def test_split_at_fixed_shares_is_measured_beside_the_share_its_rates_give(tmp_path, monkeypatch):
+    # `--link-shares 0.3 0.7` adds `split` cells at those shares; a share outside 0-1 is refused
+    ran = bench_cells(monkeypatch, tmp_path, "--modes", "split", "--link-shares", "0.3", "0.7")
     split = [(label, a[a.index("--link-share") + 1] if "--link-share" in a else None) for label, a in ran if "split" in label]
     assert split == [("split", None), ("split 0.3", "0.3"), ("split 0.7", "0.7")]
-    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--link-shares", "1.5"])
-    with pytest.raises(SystemExit) as e:
-        check.main()
-    assert e.value.code == 2
+    assert_refused(monkeypatch, "--link-shares", "1.5")
 
 
 def test_split_with_fewer_threads_is_measured_beside_it(tmp_path, monkeypatch):
     # `--split-threads 15` adds a `split` cell whose own thread count (the last --threads a child
     # gets) is 15, the others' stays; a count below 1 is refused
-    check = load_gpu_check()
-    ran = []
-    monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
-
-    def bench_only(self):
-        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
-        self.bench()
-        return 0
-    monkeypatch.setattr(check.Check, "run", bench_only)
-    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"), "--threads", "16",
-                                     "--models", "qwen3", "--budgets", "25%", "--modes", "split", "--split-threads", "15"])
-    assert check.main() == 0
+    ran = bench_cells(monkeypatch, tmp_path, "--threads", "16", "--modes", "split", "--split-threads", "15")
     threads = {label: int(a[len(a) - 1 - a[::-1].index("--threads") + 1]) for label, a in ran if "split" in label}
     assert threads == {"split": 16, "split, 15 threads": 15}
-    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--split-threads", "0"])
-    with pytest.raises(SystemExit) as e:
-        check.main()
-    assert e.value.code == 2
+    assert_refused(monkeypatch, "--split-threads", "0")
 
 
 def test_each_mode_with_a_prefetcher_is_measured_beside_it(tmp_path, monkeypatch):
     # `--prefetch hobbit` adds each of --modes with that prefetcher (the child's --prefetch), the
     # other cells keep none; a prefetcher the runtime does not have is refused
-    check = load_gpu_check()
-    ran = []
-    monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
-
-    def bench_only(self):
-        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
-        self.bench()
-        return 0
-    monkeypatch.setattr(check.Check, "run", bench_only)
-    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", str(tmp_path), "--out", str(tmp_path / "out"),
-                                     "--models", "qwen3", "--budgets", "25%", "--modes", "gpu", "split", "--prefetch", "hobbit"])
-    assert check.main() == 0
+    ran = bench_cells(monkeypatch, tmp_path, "--modes", "gpu", "split", "--prefetch", "hobbit")
     prefetch = {label: a[a.index("--prefetch") + 1] if "--prefetch" in a else None
-                for label, a in ran if not label.startswith(("-", "--"))}
+                for label, a in ran if not label.startswith("-")}
     assert prefetch == {"gpu": None, "split": None, "gpu, prefetch hobbit": "hobbit", "split, prefetch hobbit": "hobbit"}
-    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--kit", "k", "--out", "o", "--prefetch", "sometimes"])
-    with pytest.raises(SystemExit) as e:
-        check.main()
-    assert e.value.code == 2
+    assert_refused(monkeypatch, "--prefetch", "sometimes")
