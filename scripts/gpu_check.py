@@ -374,13 +374,13 @@ class Check:
                 stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
                 for mode in self.args.modes:
                     self.cell(name, budget, mode, self.ours(name, mode, budget))
+                for p in self.args.prefetch:  # the next layer's experts uploaded while this one computes
+                    for mode in self.args.modes:
+                        self.cell(name, budget, f"{mode}, prefetch {p}", self.ours(name, mode, budget, ["--prefetch", p]))
                 for s in self.args.link_shares:  # split at fixed shares: is the share its rates give the best?
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
-                for p in self.args.prefetch:  # the next layer's experts uploaded while this one computes
-                    for mode in self.args.modes:
-                        self.cell(name, budget, f"{mode}, prefetch {p}", self.ours(name, mode, budget, ["--prefetch", p]))
                 for label, flags in stock:
                     if label.startswith("-ot") and budget != self.args.budgets[0]:
                         continue  # no experts on the GPU: the same run at every budget
