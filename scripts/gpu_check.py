@@ -374,6 +374,11 @@ class Check:
                 stock = [(f"-ot exps=CPU", ["-ot", "exps=CPU"]), (f"--n-cpu-moe {n_cpu_moe}", ["-ncmoe", str(n_cpu_moe)])]
                 for mode in self.args.modes:
                     self.cell(name, budget, mode, self.ours(name, mode, budget))
+                # stock's before the variations of ours below: a ratio needs them, and a deadline cuts the last
+                for label, flags in stock:
+                    if label.startswith("-ot") and budget != self.args.budgets[0]:
+                        continue  # no experts on the GPU: the same run at every budget
+                    self.cell(name, budget, label, flags, stock=True)
                 for p in self.args.prefetch:  # the next layer's experts uploaded while this one computes
                     for mode in self.args.modes:
                         self.cell(name, budget, f"{mode}, prefetch {p}", self.ours(name, mode, budget, ["--prefetch", p]))
@@ -381,10 +386,6 @@ class Check:
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
-                for label, flags in stock:
-                    if label.startswith("-ot") and budget != self.args.budgets[0]:
-                        continue  # no experts on the GPU: the same run at every budget
-                    self.cell(name, budget, label, flags, stock=True)
             # every expert on the GPU: what a token costs besides its misses, at best; and ours with no
             # miss: what the hook costs a token beyond that (the op, a CPU split and a wait a layer)
             self.cell(name, RESIDENT, "-ngl 99", [], stock=True)
