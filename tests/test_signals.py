@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pyedgemoe import Engine
-from test_io_faults import DEMO, REPO, faulty_env, layer1, shim  # noqa: F401 - fixtures
+from test_io_faults import DEMO, REPO, faulty_env, layer1  # noqa: F401 - fixtures (shim: conftest)
 
 sys.path.insert(0, str(REPO / "scripts"))
 import tiny_moe  # noqa: E402
