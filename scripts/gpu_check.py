@@ -197,8 +197,10 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
                       # the last round's; the first round's is kept with it
                       decode_per_token=rounds[-1]["decode_per_token"], first_round=first,
                       mode_reason=experts.get("mode_reason") or None,
-                      # the whole run's (every round's) prefetches: how many, used, and whether its trial stopped it
-                      prefetches={k: experts["prefetches"][k] for k in ("issued", "used", "stopped")} if prefetch else None)
+                      # the whole run's (every round's) prefetches: how many, used, given back to their layer
+                      # (coop, split), and whether its trial stopped it
+                      prefetches={k: experts["prefetches"][k] for k in ("issued", "used", "given_back", "stopped")}
+                      if prefetch else None)
         if profile_trace is not None:
             # the numbers first: a profiler that takes the process down costs the profile alone (Check.child)
             print(json.dumps(result), flush=True)
@@ -500,7 +502,8 @@ def report(result: dict) -> str:
                               f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
             if r.get("prefetches"):
                 p = r["prefetches"]
-                notes += f"; prefetch: {p['issued']} read ahead, {p['used']} used" + (", stopped" if p["stopped"] else "")
+                notes += (f"; prefetch: {p['issued']} read ahead, {p['used']} used, {p['given_back']} not begun by their layer"
+                          + (", stopped" if p["stopped"] else ""))
             lines.append(f"| {r['budget']} | {engine} | {r['ttft_s'] * 1e3:.1f} | {r['decode_tps']:.1f} | "
                          f"{r['prefill_tps']:.0f} | {r.get('vram_peak_mib') or '-'} | {notes} |")
         lines.append("")

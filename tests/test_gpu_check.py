@@ -92,7 +92,8 @@ def load_gpu_check():
 
 def test_the_report_says_what_our_hook_costs_a_token_with_every_expert_cached():
     # stock -ngl 99 at 250 tok/s (4.0 ms a token) and ours `gpu` at 100 % at 200 (5.0 ms): the hook
-    # costs 1.0 ms a token beyond it; the 25 % comparison leaves both 100 % cells out
+    # costs 1.0 ms a token beyond it; the 25 % comparison leaves both 100 % cells out; a cell with a
+    # prefetcher says what became of its prefetches
     check = load_gpu_check()
 
     def cell(engine, label, budget, decode_tps, **extra):
@@ -106,11 +107,14 @@ def test_the_report_says_what_our_hook_costs_a_token_with_every_expert_cached():
                   cells=[cell("pyedgemoe", "gpu", "25%", 30.0, **{**ours, "hit_rate": 0.3}),
                          cell("llama.cpp", "-ot exps=CPU", "25%", 40.0),
                          cell("llama.cpp", "-ngl 99", "100%", 250.0),
-                         cell("pyedgemoe", "gpu", "100%", 200.0, **ours)])
+                         cell("pyedgemoe", "gpu", "100%", 200.0, **ours),
+                         cell("pyedgemoe", "gpu, prefetch hobbit", "25%", 31.0, **{**ours, "hit_rate": 0.4},
+                              prefetches=dict(issued=90, used=70, given_back=12, stopped=False))])
     text = check.report(result)
+    assert "prefetch: 90 read ahead, 70 used, 12 not begun by their layer |" in text
     assert ("- qwen3, every expert in our `gpu` cache (no miss): 200.0 tok/s, 5.0 ms a token, +1.0 ms beside `-ngl 99`: "
             "what our hook costs a token (our op 0.4 ms of it)") in text
-    assert "- qwen3 at 25%: our best decode (`gpu`) / stock's best (`-ot exps=CPU`) = 0.75x" in text
+    assert "- qwen3 at 25%: our best decode (`gpu, prefetch hobbit`) / stock's best (`-ot exps=CPU`) = 0.78x" in text
     assert "every expert on the GPU (llama.cpp `-ngl 99`): 250.0 tok/s, 4.0 ms a token" in text
 
 
