@@ -29,12 +29,16 @@ bool prefetch_coordinator::give_back(const cached_copy & c) {
     auto it = in_flight_.find(c);
     std::shared_ptr<prefetch_job> job = it == in_flight_.end() || it->second->fill ? nullptr : prefetcher_->claim(it->second);
     if (!job) return false;  // none, a fill's, or begun
-    finish(*job, false);
-    cache_.discard(group_of_[expert_key_layer(c.first)], c.first, c.second);
-    unused_.erase(c);
-    if (judged_unused_.erase(c) && ledger_) ledger_->cancelled(expert_key_layer(c.first), c.second);
+    cancelled(*job);
     stats_[expert_key_layer(c.first)].given_back++;
     return true;
+}
+
+void prefetch_coordinator::cancelled(const prefetch_job & job) {
+    finish(job, false);
+    cache_.discard(group_of_[expert_key_layer(job.key)], job.key, job.precision);
+    unused_.erase({ job.key, job.precision });
+    if (judged_unused_.erase({ job.key, job.precision }) && ledger_) ledger_->cancelled(expert_key_layer(job.key), job.precision);
 }
 
 bool prefetch_coordinator::evicted(const cached_copy & c) {
@@ -173,12 +177,7 @@ std::vector<expert_cache::placement> prefetch_coordinator::place(int group, int 
 
 void prefetch_coordinator::drop_all() {
     if (!prefetcher_) return;
-    for (const auto & job : prefetcher_->cancel_all()) {
-        finish(*job, false);
-        cache_.discard(group_of_[expert_key_layer(job->key)], job->key, job->precision);
-        unused_.erase({ job->key, job->precision });
-        if (judged_unused_.erase({ job->key, job->precision }) && ledger_) ledger_->cancelled(expert_key_layer(job->key), job->precision);
-    }
+    for (const auto & job : prefetcher_->cancel_all()) cancelled(*job);
     for (const auto & job : prefetcher_->take_finished()) finish(*job, true);
 }
 

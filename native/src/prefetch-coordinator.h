@@ -138,6 +138,8 @@ private:
     // the job's read is over (placed: its expert is cached, read by the prefetcher or claimed by
     // the compute; not: cancelled): no longer in flight, unpinned
     void finish(const prefetch_job & job, bool placed);
+    // the job was taken off the prefetcher's queue unread: finished, its slot freed, no longer unused
+    void cancelled(const prefetch_job & job);
 
     expert_cache & cache_;
     std::vector<int> group_of_;
