@@ -84,7 +84,8 @@ def print_stats(stats: dict) -> None:
         pools = ", ".join(f"{format_bytes(n)} on {name}" for name, n in experts["device_pool_bytes"].items())
         # split queues its uploads while the CPU computes: what they cost is the device's wait for them
         uploaded = (f", queued in {t['queue_ms'] / 1000:.3f} s; the device waited {t['upload_wait_ms'] / 1000:.3f} s "
-                    f"for them after {t['cpu_pass_ms'] / 1000:.3f} s of the CPU's passes" if experts["mode"] == "split"
+                    f"for them after {t['cpu_pass_ms'] / 1000:.3f} s of the CPU's passes; a decode token's share "
+                    f"uploaded now {experts['link_share']:.0%}" if experts["mode"] == "split"
                     else f" in {t['upload_ms'] / 1000:.3f} s")
         typer.echo(f"device {experts['device']} ({experts['mode']}): expert pools {pools}; "
                    f"host tier {format_bytes(experts['host_pool_bytes'])}, "

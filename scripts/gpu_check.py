@@ -197,6 +197,7 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
                       # the last round's; the first round's is kept with it
                       decode_per_token=rounds[-1]["decode_per_token"], first_round=first,
                       mode_reason=experts.get("mode_reason") or None,
+                      final_link_share=experts["link_share"] if experts["mode"] == "split" else None,  # refined by the layers
                       # the whole run's (every round's) prefetches: how many, used, given back to their layer
                       # (coop, split), and whether its trial stopped it
                       prefetches={k: experts["prefetches"][k] for k in ("issued", "used", "given_back", "stopped")}
@@ -499,7 +500,8 @@ def report(result: dict) -> str:
                 if r.get("chosen_mode") == "split":  # the share each way, and how long the device waited for the link
                     notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms beside the CPU's passes), "
                               f"{t['cpu_experts']:.0f} on the CPU in "
-                              f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads")
+                              f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads"
+                              + (f"; share at the end {r['final_link_share']:.0%}" if r.get("final_link_share") is not None else ""))
             if r.get("prefetches"):
                 p = r["prefetches"]
                 notes += (f"; prefetch: {p['issued']} read ahead, {p['used']} used, {p['given_back']} not begun by their layer"

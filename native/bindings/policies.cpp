@@ -1,6 +1,6 @@
 // The residency layer's pure policies, bound for calibration and tests: the precision rule, the
-// layer planner, cache-aware routing, the predictor's decisions, the expert cache's bookkeeping and
-// prefetching's meter and ledger (no memory, no I/O).
+// layer planner, cache-aware routing, the predictor's decisions, the expert cache's bookkeeping,
+// prefetching's meter and ledger, and split's link balance (no memory, no I/O).
 // Calibration replays routing traces through these, so it computes exactly what the runtime does.
 #include "native.h"
 
@@ -9,6 +9,7 @@
 #include "../src/expert-cache.h"
 #include "../src/expert-options.h"
 #include "../src/layer-planner.h"
+#include "../src/link-balance.h"
 #include "../src/predictor.h"
 #include "../src/prefetch-ledger.h"
 #include "../src/prefetch-meter.h"
@@ -231,6 +232,14 @@ void register_policies(nb::module_ & m) {
           }, nb::arg("n_slots"), nb::arg("layers"), nb::arg("n_expert"), nb::arg("n_shallow") = expert_options().fate_shallow,
           nb::arg("n_expert_used") = 0,
           "Fate's split of a tier's slots over its layers (shallow ones first): slots per layer.");
+
+    nb::class_<link_balance>(m, "LinkBalance",
+                             "Split's share of a decode token's misses uploaded, refined by each decode layer's times "
+                             "(native/src/link-balance.h).")
+        .def(nb::init<double, bool>(), nb::arg("share"), nb::arg("adapts"))
+        .def("divided", &link_balance::divided, nb::arg("uploaded"), nb::arg("on_cpu"))
+        .def("arrived", &link_balance::arrived, nb::arg("cpu_ms"), nb::arg("wait_ms"))
+        .def_prop_ro("share", &link_balance::share);
 
     nb::class_<prefetch_meter>(m, "PrefetchMeter",
                                "What decode prefetching saves and costs per rank, and whether a rank is worth reading "

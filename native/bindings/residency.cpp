@@ -128,6 +128,7 @@ nb::dict stats(const Model & m) {
     out["total"] = counters(total);
     out["layers"] = per_layer;
     out["resident_experts"] = r.resident_experts();
+    out["link_share"] = r.link_share();
     out["fill"] = fill_counters(r.fill_stats());
     nb::dict prefetch_layers;
     expert_prefetch_stats prefetch_total;

@@ -139,7 +139,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");
     const double link_share = split_share(options, *pools->high[0], device, dc.host_bytes, dc.n_threads, split_repacked, &info.mode_reason);
     if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, host_layouts_of(options.mode, dc.repack, layout, dc.host_bytes), dc.repack);
-    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share);
+    passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share,
+                         /*adapts*/ o.link_share < 0);  // the share the rates give, not one given
     for (size_t g = 0; g < layout.groups.size(); g++) {
         const int slots = pools->high[g]->n_slots();
         wave_shapes.push_back({ layout.n_expert, layout.n_expert_used, layout.has_expert_bias, layout.has_low, coop,
@@ -458,6 +459,7 @@ double expert_residency::prefetch_busy_ms() const { return impl_->coordinator.bu
 prefetch_phase expert_residency::decode_prefetch() const { return impl_->coordinator.phase(); }
 std::vector<expert_prediction_stats> expert_residency::prediction_stats() const { return impl_->recorder.prediction_stats(); }
 uint64_t expert_residency::resident_experts() const { return impl_->cache.resident_experts(); }
+double expert_residency::link_share() const { return impl_->passes.link_share(); }
 
 void expert_residency::reset_stats() {
     {

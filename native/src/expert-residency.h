@@ -107,6 +107,7 @@ public:
     double prefetch_busy_ms() const;  // wall time with prefetch reads in flight
     prefetch_phase decode_prefetch() const;  // reading, held or stopped for good (stats.h)
     std::vector<expert_prediction_stats> prediction_stats() const;  // per depth 1..p
+    double link_share() const;  // split: the share of a decode token's misses uploaded now (link-balance.h); else 0
     uint64_t resident_experts() const;
     void reset_stats();
 

@@ -51,6 +51,7 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         plan.wait.stats->upload_wait_ms += ms;
         plan.wait.stats->cpu_pass_ms += arrived.since_handed_ms;  // timed before the wait: the CPU's passes since the handing over
         plan.wait.stats->queue_ms += arrived.queue_ms;
+        plan.balance->arrived(arrived.since_handed_ms, ms);
     }
     const ggml_tensor * ids = dst->src[0];
     const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = plan.n_masked;
@@ -66,8 +67,9 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 }  // namespace
 
-tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share)
-    : fewest_slots_(fewest_slots), coop_(coop), link_share_(link_share) {
+tier_passes::tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share,
+                         bool adapts)
+    : fewest_slots_(fewest_slots), coop_(coop), link_share_(link_share), balance_(link_share, adapts && link_share > 0) {
     passes_.push_back({ false, expert_precision::high });
     if (has_low) passes_.push_back({ false, expert_precision::low });
     n_masked_ = on_device ? size() : 0;
@@ -119,9 +121,12 @@ void tier_passes::divide(const std::vector<expert_demand> & wanted, const std::v
     std::stable_sort(misses.begin(), misses.end(), [&](size_t a, size_t b) { return tokens[a] > tokens[b]; });
     std::vector<int> miss_tokens;
     for (size_t j : misses) miss_tokens.push_back(tokens[j]);
-    const double share = balanced_uploads(miss_tokens, link_share_);
+    const double share = balanced_uploads(miss_tokens, balance_.share());
     const long uploaded = std::clamp(std::lround(share + carried_), 0L, (long) misses.size());
     carried_ += share - uploaded;
+    if (std::all_of(miss_tokens.begin(), miss_tokens.end(), [](int k) { return k == 1; })) {
+        balance_.divided((int) uploaded, (int) (misses.size() - uploaded));  // a decode token's (as the share is)
+    }
     std::vector<uint8_t> on_host(wanted.size(), 0);
     for (size_t i = uploaded; i < misses.size(); i++) on_host[misses[i]] = 1;
     for (size_t j = 0; j < wanted.size(); j++) (on_host[j] ? on_cpu : on_device).push_back(wanted[j]);
@@ -139,7 +144,7 @@ tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * s
 
 void tier_passes::device_inputs(ggml_context * ctx, wave_inputs & in, ggml_tensor * cpu_sum, int il, int wave, const upload_wait & wait) {
     GGML_ASSERT(!cpu_sum || (cpu_sum->type == GGML_TYPE_F32 && ggml_is_contiguous(cpu_sum)));
-    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait });  // a map's entries stay where they are
+    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait, &balance_ });  // a map's entries stay where they are
     ggml_tensor * slot_ids = in.slot_ids;
     const int64_t n_used = slot_ids->ne[0], n_tokens = slot_ids->ne[1];
     const int64_t stride = (n_used * n_tokens + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;

@@ -13,6 +13,7 @@
 
 #include "expert-format.h"
 #include "layer-planner.h"
+#include "link-balance.h"
 #include "precision-policy.h"
 #include "stats.h"
 
@@ -41,8 +42,9 @@ public:
     // after the device's; scale_all: every pass carries a scale (MoBiLE's little pass).
     // fewest_slots: the fewest slots of a device pool (an unserved op's masked ids come from them).
     // link_share (mode split, with coop): the share of a wave's misses uploaded, queued while the
-    // CPU computes the others.
-    tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share = 0);
+    // CPU computes the others; refined as decode layers run where adapts (link-balance.h).
+    tier_passes(bool has_low, bool on_device, bool coop, bool scale_all, int fewest_slots, double link_share = 0,
+                bool adapts = false);
     tier_passes() = default;
 
     int size() const { return (int) passes_.size(); }
@@ -66,6 +68,7 @@ public:
                 const std::function<bool(const expert_demand &)> & held_on_device,
                 std::vector<expert_demand> & on_device, std::vector<expert_demand> & on_cpu);
     bool queues_uploads() const { return coop_ && link_share_ > 0; }
+    double link_share() const { return queues_uploads() ? balance_.share() : 0.0; }  // split's, now
     bool cpu_computes_misses() const { return coop_; }  // coop, split
 
     // The graph's side. The pass the hook hands llama.cpp as pass `index` of a wave (patch 0002):
@@ -83,7 +86,7 @@ public:
     //     uploads (split) that op runs once wait's reader's uploads have arrived, after the CPU's
     //     passes (their order above), so the uploads cross the link while the CPU computes; the
     //     wait is counted in wait's stats (upload_wait_ms, and cpu_pass_ms the time before it since
-    //     the uploads were handed over, under its mutex).
+    //     the uploads were handed over, under its mutex), and its times refine the share.
     struct upload_wait {
         expert_reader * reader;
         expert_layer_stats * stats;
@@ -93,6 +96,7 @@ public:
         int n_passes, n_masked;
         bool waits;  // for wait's uploads
         upload_wait wait;
+        link_balance * balance;
     };
     struct wave_inputs {
         ggml_tensor * slot_ids = nullptr, * masks = nullptr;
@@ -114,7 +118,8 @@ private:
     std::vector<int> order_;         // pass_at
     int n_masked_ = 0, n_scaled_ = 0, fewest_slots_ = 0;
     bool coop_ = false;
-    double link_share_ = 0;
+    double link_share_ = 0;  // at load: > 0 where split uploads
+    link_balance balance_;
     double carried_ = 0;  // split: uploads owed to the share by the waves before (within +-1/2)
     std::map<std::pair<int, int>, device_plan> plans_;  // per (il, wave): the device plan ops' userdata
 };

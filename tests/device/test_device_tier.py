@@ -198,6 +198,18 @@ def test_split_says_its_share(tiny_model, capfd):
     assert re.search(r"--mode split uploads \d+ % of the misses: uploads [\d.]+ GB/s", capfd.readouterr().err)
 
 
+def test_split_refines_the_share_its_rates_give_and_keeps_one_given(tiny_model, references):
+    # the share is what each decode layer took since (link-balance.h: tests/test_link_balance.py);
+    # within the bounds that keep both sides measured, and lossless whatever it is
+    path = tiny_model("olmoe")[0]
+    _, tokens, stats = run(path, mode="split", expert_cache="25%")
+    assert tokens == references("olmoe")[0][1]
+    t = stats["experts"]["total"]
+    assert t["uploads"] > 0 and t["cpu_experts"] > 0
+    assert 0.05 <= stats["experts"]["link_share"] <= 0.95
+    assert run(path, mode="split", expert_cache="25%", link_share=0.3)[2]["experts"]["link_share"] == 0.3
+
+
 @pytest.fixture(scope="module")
 def repacking_model(tmp_path_factory):
     """A tiny Qwen3-MoE whose HIGH experts are Q4_K, which the CPU backend repacks."""

@@ -1,0 +1,61 @@
+// Mode split: the share of a decode token's misses uploaded while the CPU computes the others
+// (tier_passes::divide), so that both end together: the link's rate over the sum of the two rates.
+// The rates timed at load (split_share, mode-chooser.h) give the first share. A running decode's
+// rates move with the machine's other work and the threads a request gets (pyedgemoe/threads.py),
+// so each decode layer refines them from what it took, in experts per ms, moving averages:
+//   the CPU's: its misses over the time from the uploads' handing over to the wait after its
+//     passes (its fixed costs in a layer counted in, as the balance needs them);
+//   the link's: where the device waited for the uploads (the link ended last), the uploads over
+//     that time and the wait; where it did not, the link took at most the CPU's time, so its rate
+//     is at least the uploads over it, and where that is more than the average it moves the average.
+// A share given (--link-share) stays as it is.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+class link_balance {
+public:
+    link_balance() = default;
+    // adapts: refine share (clamped to keep both sides measured) as above, else keep it
+    link_balance(double share, bool adapts)
+        : share_(adapts ? std::clamp(share, kLeast, 1 - kLeast) : share), adapts_(adapts) {}
+    link_balance(const link_balance & o) { *this = o; }
+    link_balance & operator=(const link_balance & o) {
+        share_ = o.share(), adapts_ = o.adapts_, pending_ = o.pending_, link_ = o.link_, cpu_ = o.cpu_;
+        return *this;
+    }
+
+    double share() const { return share_.load(std::memory_order_relaxed); }  // also read by stats()
+    // a decode wave's misses divided (one token each): uploaded, computed on the CPU
+    void divided(int uploaded, int on_cpu) {
+        if (adapts_) pending_ = { uploaded, on_cpu };
+    }
+    // that wave's uploads arrived: cpu_ms from their handing over to the wait, wait_ms the wait
+    void arrived(double cpu_ms, double wait_ms) {
+        const pending wave = pending_;
+        pending_ = {};
+        if (wave.uploaded <= 0 || wave.on_cpu == 0 || cpu_ms <= 0) return;  // one side idle: its rate unseen
+        average(cpu_, wave.on_cpu / cpu_ms);
+        const double s = share();
+        if (link_ < 0) link_ = cpu_ * s / (1 - s);  // the rates at load's ratio
+        const double at_least = wave.uploaded / cpu_ms;
+        if (wait_ms > kLateMs) average(link_, wave.uploaded / (cpu_ms + wait_ms));
+        else if (at_least > link_) average(link_, at_least);
+        share_ = std::clamp(link_ / (link_ + cpu_), kLeast, 1 - kLeast);
+    }
+
+private:
+    static constexpr double kWeight = 0.2;   // of a layer's rate in its average
+    static constexpr double kLateMs = 0.02;  // a shorter wait is the synchronization's own cost, not the link's
+    static constexpr double kLeast = 0.05;   // each side keeps a share, so that its rate stays measured
+    static void average(double & mean, double x) { mean = mean < 0 ? x : (1 - kWeight) * mean + kWeight * x; }
+
+    struct pending {
+        int uploaded = -1, on_cpu = 0;  // -1: no decode wave divided since the last arrival
+    };
+    std::atomic<double> share_{0};
+    bool adapts_ = false;
+    pending pending_;
+    double link_ = -1, cpu_ = -1;  // experts per ms (-1: not measured yet)
+};
