@@ -8,6 +8,9 @@
 //   the link's: where the device waited for the uploads (the link ended last), the uploads over
 //     that time and the wait; where it did not, the link took at most the CPU's time, so its rate
 //     is at least the uploads over it, and where that is more than the average it moves the average.
+// A wait is never shorter than the synchronization's own cost (the driver's calls, in a sandbox
+// too): the least wait seen, up to kMostSyncMs, is taken for that and not for the link's lateness,
+// which would otherwise send the share toward the CPU layer after layer.
 // A share given (--link-share) stays as it is.
 #pragma once
 
@@ -22,7 +25,7 @@ public:
         : share_(adapts ? std::clamp(share, kLeast, 1 - kLeast) : share), adapts_(adapts) {}
     link_balance(const link_balance & o) { *this = o; }
     link_balance & operator=(const link_balance & o) {
-        share_ = o.share(), adapts_ = o.adapts_, pending_ = o.pending_, link_ = o.link_, cpu_ = o.cpu_;
+        share_ = o.share(), adapts_ = o.adapts_, pending_ = o.pending_, link_ = o.link_, cpu_ = o.cpu_, sync_ms_ = o.sync_ms_;
         return *this;
     }
 
@@ -35,20 +38,23 @@ public:
     void arrived(double cpu_ms, double wait_ms) {
         const pending wave = pending_;
         pending_ = {};
-        if (wave.uploaded <= 0 || wave.on_cpu == 0 || cpu_ms <= 0) return;  // one side idle: its rate unseen
+        if (wave.uploaded <= 0) return;  // nothing waited for: no synchronization, the link unseen
+        sync_ms_ = std::min(sync_ms_, wait_ms);
+        if (wave.on_cpu == 0 || cpu_ms <= 0) return;  // the CPU idle: its rate unseen
         average(cpu_, wave.on_cpu / cpu_ms);
         const double s = share();
         if (link_ < 0) link_ = cpu_ * s / (1 - s);  // the rates at load's ratio
-        const double at_least = wave.uploaded / cpu_ms;
-        if (wait_ms > kLateMs) average(link_, wave.uploaded / (cpu_ms + wait_ms));
-        else if (at_least > link_) average(link_, at_least);
+        const double late_ms = wait_ms - std::min(sync_ms_, kMostSyncMs);
+        const double seen = wave.uploaded / (cpu_ms + std::max(0.0, late_ms));  // where it ended first: at least this
+        if (late_ms > kLateMs || seen > link_) average(link_, seen);
         share_ = std::clamp(link_ / (link_ + cpu_), kLeast, 1 - kLeast);
     }
 
 private:
-    static constexpr double kWeight = 0.2;   // of a layer's rate in its average
-    static constexpr double kLateMs = 0.02;  // a shorter wait is the synchronization's own cost, not the link's
-    static constexpr double kLeast = 0.05;   // each side keeps a share, so that its rate stays measured
+    static constexpr double kWeight = 0.2;       // of a layer's rate in its average
+    static constexpr double kLateMs = 0.02;      // lateness within this is a synchronization's jitter
+    static constexpr double kMostSyncMs = 0.05;  // the most a synchronization of arrived uploads is taken to cost
+    static constexpr double kLeast = 0.05;       // each side keeps a share, so that its rate stays measured
     static void average(double & mean, double x) { mean = mean < 0 ? x : (1 - kWeight) * mean + kWeight * x; }
 
     struct pending {
@@ -58,4 +64,5 @@ private:
     bool adapts_ = false;
     pending pending_;
     double link_ = -1, cpu_ = -1;  // experts per ms (-1: not measured yet)
+    double sync_ms_ = 1e9;         // the least wait seen
 };
