@@ -157,7 +157,7 @@ mode_choice choose_mode(const slot_pool & device, ggml_backend_dev_t dev, uint64
     c.reason = line;
     if (c.mode == compute_mode::split) {
         c.link_share = both_end_together(c.upload_gbps, c.cpu_split_gbps);
-        snprintf(line, sizeof(line), ", uploading %.0f %% of the misses", 100 * c.link_share);
+        snprintf(line, sizeof(line), ", uploading %.0f %% of the misses at first, then as each decode layer's times say", 100 * c.link_share);
         c.reason += line;
     }
     return c;
@@ -172,7 +172,8 @@ double split_share(const expert_options & options, const slot_pool & device, ggm
                                       : cpu_gbps(device.shapes(), pinned_or_host(dev), false, host_bytes, n_threads);
     const double share = both_end_together(upload, cpu);
     char line[256];
-    snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses: uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%s)",
+    snprintf(line, sizeof(line), "--mode split uploads %.0f %% of the misses at first, then as each decode layer's times say: "
+             "uploads %.2f GB/s, the CPU's expert math %.2f GB/s (%s)",
              100 * share, upload, cpu, split_repacked ? "repacked" : "pinned");
     *reason = line;
     return share;
