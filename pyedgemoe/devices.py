@@ -4,7 +4,8 @@ uses, and why, is the load plan's decision (load_plan).
 
 gpu: non-expert weights, the KV cache and a cache of experts in the GPU's memory; a missed
 expert is uploaded. coop: the same, but a missed expert is computed on the CPU from the host tier.
-split: the misses divided between the two at once, in the ratio of their rates measured at load.
+split: the misses divided between the two at once, in the ratio of their rates measured at load and
+then as the decode runs.
 auto (the default where a GPU exists): the residency layer measures the upload bandwidth and the
 CPU's expert throughput at load and picks one. cpu: everything on the CPU (the only mode of a
 CPU-only build).

@@ -28,7 +28,7 @@ void check_expert_options(const expert_options & o) {
     require(o.big_little == 0 || (o.big_little > 0 && o.big_little < 1),
             "big_little must be 0 (off) or a probability threshold between 0 and 1, got " + number(o.big_little));
     require(o.link_share == -1 || (o.link_share >= 0 && o.link_share <= 1),
-            "link_share must be between 0 and 1, or -1 (measured at load), got " + number(o.link_share));
+            "link_share must be between 0 and 1, or -1 (from the rates measured at load and as the decode runs), got " + number(o.link_share));
     require(o.cache_routing >= 0 && o.cache_routing <= 1,
             "cache_routing must be between 0 (off) and 1 (a cached expert always first), got " + number(o.cache_routing));
     require(o.stand_in >= 0 && o.stand_in <= 1,
