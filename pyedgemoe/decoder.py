@@ -33,6 +33,8 @@ class Decoder:
         self._governed = governed
         self.big_little = big_little  # MoBiLE's gamma; 0: off
         self.big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
+        # (seq, n): the last decode's last output is the logits after sequence seq's first n tokens
+        self.last_output: tuple[int, int] | None = None
 
     def live(self):
         """The native context; RuntimeError once closed."""
@@ -51,14 +53,19 @@ class Decoder:
         seq = 0 if sequence is None else sequence.seq
         with self._expert_errors(), self.lock:
             ctx = self.live()
+            self.last_output = None
             if self.big_little > 0 and len(ids) == 1:
-                return self._governed(1, lambda: self._decode_big_little(ctx, ids, pos0, all_logits))
-            return self._governed(1 if len(ids) == 1 else 0, lambda: ctx.decode(ids, pos0, all_logits, seq))
+                logits = self._governed(1, lambda: self._decode_big_little(ctx, ids, pos0, all_logits))
+            else:
+                logits = self._governed(1 if len(ids) == 1 else 0, lambda: ctx.decode(ids, pos0, all_logits, seq))
+            self.last_output = (seq, pos0 + len(ids))
+            return logits
 
     def decode_step(self, tokens: list[int], positions: list[int], sequences: list[KVSequence]) -> None:
         """One token for each of several sequences in one llama_decode (the i-th picked by sample(s, i))."""
         with self._expert_errors(), self.lock:
             ctx = self.live()
+            self.last_output = None
             self._governed(len(tokens), lambda: ctx.decode_step(tokens, positions, [s.seq for s in sequences]))
 
     def keep(self, sequence: KVSequence, n: int) -> int:
@@ -66,6 +73,7 @@ class Decoder:
         memory cannot drop a part)."""
         with self.lock:
             ctx = self.live()
+            self.last_output = None
             if n > 0 and not ctx.truncate(n, sequence.seq):
                 n = 0
             if n == 0 and len(self.sequences) == 1:
@@ -79,6 +87,7 @@ class Decoder:
         """Forgets every sequence."""
         with self.lock:
             self.live().clear()
+            self.last_output = None
         for s in self.sequences:
             s.tokens.clear()
 
@@ -102,6 +111,20 @@ class Decoder:
         """sampler's pick from output i of the last decode (-1: its last)."""
         with self.lock:
             return sampler.sample(self.live(), i)
+
+    def sample_next(self, sequence: KVSequence, sampler) -> int:
+        """sampler's pick of the token after what sequence holds: from the last decode's logits
+        where they are those, else after its last token is evaluated again."""
+        with self.lock:
+            n = len(sequence.tokens)
+            if n == 0:
+                raise InvalidOptionError("sample picks the token after those evaluated: eval some first")
+            if self.last_output != (sequence.seq, n):
+                tokens = list(sequence.tokens)
+                kept = self.keep(sequence, n - 1)
+                self.decode(tokens[kept:], kept, sequence)
+                sequence.tokens[:] = tokens
+            return self.sample(sampler)
 
     def output_logits(self, i: int = -1) -> np.ndarray:
         """The logits of output i of the last decode (-1: its last)."""

@@ -36,7 +36,7 @@ from pyedgemoe.completions import completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
-from pyedgemoe.generation import SequenceState, TokenLogprob, exposed_fields, token_logprob
+from pyedgemoe.generation import SamplingParams, SequenceState, TokenLogprob, exposed_fields, token_logprob
 from pyedgemoe.structured_output import schema_grammar
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
@@ -55,6 +55,11 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {
     "suffix": None, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
     "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
+}
+# those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
+UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {
+    "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
+    "stopping_criteria": None,
 }
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
     "functions": None, "function_call": None, "tools": None, "tool_choice": None, "tfs_z": 1.0, "mirostat_mode": 0,
@@ -275,6 +280,42 @@ class Llama:
         """Forgets the tokens the context holds."""
         self.engine.reset()
 
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None, grammar=None,
+               idx: int | None = None) -> int:
+        """The token sampled after those the context holds (eval's), with the seed (set_seed); idx,
+        where given, is the last token's position: other positions' logits are not kept."""
+        refuse_unsupported("sample", UNSUPPORTED_GENERATE_ARGS, dict(
+            tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+            logits_processor=logits_processor))
+        if idx is not None and idx != self.n_tokens - 1:
+            raise InvalidOptionError(f"sample: idx={idx} is not the last evaluated token's position "
+                                     f"({self.n_tokens - 1}): only its logits are kept")
+        temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
+        self.engine.seed = self._seed & 0xFFFFFFFF
+        return self.engine.sample(SamplingParams(**_sampling(locals())))
+
+    def generate(self, tokens: list[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor=None, stopping_criteria=None,
+                 grammar=None) -> Iterator[int]:
+        """llama-cpp-python's token generator: evaluates tokens (reset False: after those the context
+        holds; else after the longest prefix of them it holds), then yields a sampled token after
+        another, end-of-generation ones too, until the caller stops or the context is full. The
+        seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
+        refuse_unsupported("generate", UNSUPPORTED_GENERATE_ARGS, dict(
+            tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria))
+        temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
+        prompt = ([] if reset else self.engine.tokens) + [int(t) for t in tokens]
+        self.engine.seed = self._seed & 0xFFFFFFFF
+        return _refusing_sent(self.engine.generate_tokens(prompt, None, SamplingParams(**_sampling(locals())),
+                                                          ignore_eos=True))
+
     def save_state(self) -> "LlamaState":
         """What the context holds and the seed, for load_state."""
         return LlamaState(self.engine.save_state(), self._seed)
@@ -485,6 +526,14 @@ def _sampling(arguments: dict) -> dict:
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings
+
+
+def _refusing_sent(tokens: Iterator[int]) -> Iterator[int]:
+    """tokens, as a generator that refuses tokens sent into it (llama-cpp-python evaluates them)."""
+    for token in tokens:
+        if (yield token) is not None:
+            raise InvalidOptionError("generate: tokens sent into the generator are not supported: break, eval() "
+                                     "them and generate(..., reset=False) again")
 
 
 def _max_tokens(max_tokens: int | None) -> int | None:

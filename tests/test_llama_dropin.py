@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,8 @@ import pytest
 import pyedgemoe
 from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
-from pyedgemoe.llama import UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_INIT_ARGS
+from pyedgemoe.llama import (UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_GENERATE_ARGS,
+                             UNSUPPORTED_INIT_ARGS)
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
 PLANETS = "Q: Name the planets in the solar system? A: "
@@ -264,6 +266,16 @@ def test_signatures_are_llama_cpp_pythons():
         assert {n: d for n, d in theirs.items() if n != "stop"} == {n: d for n, d in ours.items() if n != "stop"}
 
 
+def test_generate_and_sample_take_llama_cpp_pythons_arguments():
+    llama_cpp = pytest.importorskip("llama_cpp")
+    for method in ("generate", "sample"):
+        theirs = inspect.signature(getattr(llama_cpp.Llama, method)).parameters
+        ours = inspect.signature(getattr(Llama, method)).parameters
+        assert list(theirs) == list(ours)  # positional calls mean the same
+        assert {n: p.default for n, p in theirs.items()} == {n: p.default for n, p in ours.items()}
+        assert all(theirs[n].default == d for n, d in UNSUPPORTED_GENERATE_ARGS.items() if n in theirs)
+
+
 def test_closed_llama_refuses_to_generate():
     with Llama(model_path=str(DEMO), **SMALL) as closed:
         pass
@@ -301,6 +313,74 @@ def test_eval_reset_n_tokens_and_input_ids_are_llama_cpp_pythons(both):
     for llm in (theirs, ours):
         llm.reset()
     assert ours.n_tokens == theirs.n_tokens == 0
+
+
+def test_generate_is_stock_llama_cpp_pythons(both):
+    # llama-cpp-python's docstring example: a token after another, end-of-generation ones too, until
+    # the caller stops; greedy, seeded (the Llama's seed, as there) and with penalties
+    theirs, ours = both(seed=7)
+    tokens = ours.tokenize(b"def fib(n):")
+    for sampling in (dict(temp=0), dict(temp=0.8), dict(temp=1.0, top_k=50, top_p=0.9, repeat_penalty=1.3),
+                     dict(temp=0.8, frequency_penalty=0.5, presence_penalty=0.5, typical_p=0.7)):
+        expected = list(islice(theirs.generate(tokens, **sampling), 24))
+        assert list(islice(ours.generate(tokens, **sampling), 24)) == expected, sampling
+    assert ours.n_tokens == len(tokens) + 23  # the last token yielded is not evaluated, as there
+    for llm in (theirs, ours):  # reset=False: after what the context holds
+        llm.reset()
+        llm.eval(tokens[:3])
+    expected = list(islice(theirs.generate(tokens[3:], reset=False, temp=0), 8))
+    assert list(islice(ours.generate(tokens[3:], reset=False, temp=0), 8)) == expected
+    assert list(islice(ours.generate(tokens, temp=0), 8)) == expected
+
+
+def test_generate_refuses_what_it_cannot_do_at_the_call(llm):
+    tokens = llm.tokenize(b"def fib(n):")
+    with pytest.raises(InvalidOptionError, match="mirostat_mode=2"):
+        llm.generate(tokens, mirostat_mode=2)
+    with pytest.raises(InvalidOptionError, match="stopping_criteria"):
+        llm.generate(tokens, stopping_criteria=[lambda ids, logits: False])
+    with pytest.raises(InvalidOptionError, match="top_p"):
+        llm.generate(tokens, top_p=0)
+    tokens_out = llm.generate(tokens, temp=0)
+    next(tokens_out)
+    with pytest.raises(InvalidOptionError, match="sent into the generator"):
+        tokens_out.send([1, 2])
+    assert llm(tokens, max_tokens=2, temperature=0)["choices"]  # the generator let go of the context
+
+
+def test_eval_then_sample_is_stock_llama_cpp_pythons(both):
+    theirs, ours = both(seed=7)
+    tokens = ours.tokenize(b"def fib(n):")
+    picks = {}
+    for name, llm in (("theirs", theirs), ("ours", ours)):
+        llm.eval(tokens)
+        picks[name] = [llm.sample(temp=0), llm.sample(temp=0.8, top_k=50), llm.sample(temp=1.0, top_k=0, top_p=1.0,
+                                                                                      min_p=0.0),
+                       llm.sample(temp=0.8, repeat_penalty=1.5, idx=len(tokens) - 1)]
+        llm.eval(picks[name][:1])
+        picks[name].append(llm.sample(temp=0))
+    assert picks["ours"] == picks["theirs"]
+    assert len(set(picks["ours"][:4])) > 1  # the settings took effect
+
+
+def test_sample_picks_after_the_tokens_held_whatever_ran_since(llm):
+    tokens = llm.tokenize(SOURCE.encode("utf-8"))
+    greedy = list(islice(llm.generate(tokens, temp=0), 2))
+    llm.reset()
+    llm.eval(tokens)
+    state = llm.save_state()
+    llm(llm.tokenize(b"import os"), max_tokens=4, temperature=0)  # other logits, another context
+    llm.load_state(state)
+    assert llm.sample(temp=0) == greedy[0]
+    llm.eval(greedy[:1])
+    assert llm.sample(temp=0) == greedy[1]
+    with pytest.raises(InvalidOptionError, match="only its logits are kept"):
+        llm.sample(idx=0)
+    with pytest.raises(InvalidOptionError, match="tfs_z=0.5"):
+        llm.sample(tfs_z=0.5)
+    llm.reset()
+    with pytest.raises(InvalidOptionError, match="eval some first"):
+        llm.sample()
 
 
 def test_seeded_sampling_is_stock_llama_cpp_pythons(both):
