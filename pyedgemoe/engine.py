@@ -273,12 +273,14 @@ class Engine:
         return self._live_model().metadata()
 
     def token_bos(self) -> int | None:
-        """The model's beginning-of-sequence token; None where it has none."""
+        """The model's beginning-of-sequence token; None where it has none (token_eos, token_nl alike)."""
         return self._live_model().bos
 
     def token_eos(self) -> int | None:
-        """The model's end-of-sequence token; None where it has none."""
         return self._live_model().eos
+
+    def token_nl(self) -> int | None:
+        return self._live_model().nl
 
     @property
     def add_bos(self) -> bool:
@@ -332,8 +334,7 @@ class Engine:
         return list(self._decoder.sequences[0].tokens)
 
     def eval(self, tokens: list[int]) -> None:
-        """Evaluates tokens after what the one sequence holds (Engine.tokens), as llama-cpp-python's
-        Llama.eval."""
+        """Evaluates tokens after what the one sequence holds (tokens), as llama-cpp-python's Llama.eval."""
         self._single_sequence("eval")
         ids = [int(t) for t in tokens]
         with self._sequence_turn():

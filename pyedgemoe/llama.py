@@ -234,6 +234,10 @@ class Llama:
         eos = self.engine.token_eos()
         return -1 if eos is None else eos
 
+    def token_nl(self) -> int:
+        nl = self.engine.token_nl()
+        return -1 if nl is None else nl
+
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of UTF-8 text; add_bos adds the model's BOS where it uses one, special parses
         special-token text such as <|im_start|>."""

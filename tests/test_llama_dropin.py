@@ -167,7 +167,7 @@ def test_tokens_are_stock_llama_cpp_pythons(stock):
     text = SOURCE.encode("utf-8")
     for add_bos in (True, False):
         assert ours.tokenize(text, add_bos=add_bos) == theirs.tokenize(text, add_bos=add_bos)
-    for fact in ("token_bos", "token_eos", "n_vocab"):
+    for fact in ("token_bos", "token_eos", "token_nl", "n_vocab"):
         assert getattr(ours, fact)() == getattr(theirs, fact)()
     # stock llama-cpp-python reads each piece into 32 bytes and returns b"" for the longer ones
     fits = [t for t in range(ours.n_vocab()) if len(ours.detokenize([t], special=True)) <= 32]

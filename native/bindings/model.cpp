@@ -279,6 +279,7 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("size_bytes", [](const Model & m) { return llama_model_size(m.model); })
         .def_prop_ro("bos", [](const Model & m) { return optional_token(llama_vocab_bos(vocab_of(m))); })
         .def_prop_ro("eos", [](const Model & m) { return optional_token(llama_vocab_eos(vocab_of(m))); })
+        .def_prop_ro("nl", [](const Model & m) { return optional_token(llama_vocab_nl(vocab_of(m))); })
         .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
         .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
     add_residency_methods(cls);
