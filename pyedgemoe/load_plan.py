@@ -270,7 +270,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
     notes = _context_notes(info, options.n_ctx, options.n_parallel) + \
-        _unused_low_from(expert_options, native, budget, info)
+        _unused_low_from(expert_options, native, budget, info) + \
+        _crowded_threads(options.n_threads, options.n_threads_batch, machine.cores)
     reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
     threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
     reasons["threads"] = threads.pop("why")
@@ -336,6 +337,16 @@ def _context_notes(info: ModelInfo, n_ctx: int, n_parallel: int) -> list[str]:
         notes.append(f"the context of {positions} positions{' a sequence' if n_parallel > 1 else ''} is "
                      f"longer than the model was trained for ({trained}): past {trained} tokens its output may degrade")
     return notes
+
+
+def _crowded_threads(n_threads: int | None, n_threads_batch: int | None, cores: ThreadCount) -> list[str]:
+    """Threads given beyond the CPUs this process may run on take turns on them, and ggml's threads
+    wait for each other at every op: llama.cpp runs them all the same, slowly, and says nothing."""
+    given = max(n_threads or 0, n_threads_batch or 0)
+    if not cores.cpus or given <= cores.cpus:
+        return []
+    return [f"{given} threads on the {cores.cpus} CPU{'s' if cores.cpus != 1 else ''} this process may use: "
+            f"they take turns there and each step waits for the last of them (the default: {cores.n})"]
 
 
 def _unused_low_from(expert_options: ExpertOptions, native: _native.ExpertOptions | None, budget,

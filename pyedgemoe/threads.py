@@ -31,6 +31,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 class ThreadCount:
     n: int
     why: str  # for --verbose
+    cpus: int = 0  # the logical CPUs this process may run on, within its cgroup's quota (0: not known)
 
 
 def physical_cores(cpus: set[int]) -> int:
@@ -99,7 +100,7 @@ def default_threads() -> ThreadCount:
     if quota is not None and quota < n:
         n = max(1, math.floor(quota))
         why += f", capped by the cgroup's CPU quota of {quota:g}"
-    return ThreadCount(n, why)
+    return ThreadCount(n, why, len(cpus) if quota is None else max(1, min(len(cpus), math.ceil(quota))))
 
 
 def _task_state(task: str) -> str:

@@ -33,8 +33,8 @@ def moe(multi_precision: bool = False) -> ModelInfo:
                      metadata=METADATA, high_expert_bytes_per_layer=dict(per_layer))
 
 
-def machine(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2) -> Machine:
-    return Machine((memory, "in this test"), gpus, ThreadCount(cores, f"{cores} cores in this test"))
+def machine(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, cpus: int = 4) -> Machine:
+    return Machine((memory, "in this test"), gpus, ThreadCount(cores, f"{cores} cores in this test", cpus))
 
 
 def plan(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, calibration: dict | None = None,
@@ -183,6 +183,16 @@ def test_threads_given_keep_their_core_and_prefetch_stays_off():
     assert p.expert_options["prefetch"] == "none" and not p.reads_core
     assert p.reasons["prefetch"] == "the decode's threads are given: no core of theirs goes to reads"
     assert (p.n_threads, p.n_threads_batch, p.governed, p.batch_governed) == (2, 2, False, False)
+
+
+def test_threads_given_beyond_the_cpus_are_run_and_noted():
+    # llama.cpp runs them too; at every op each thread waits for the last, which then waits its turn
+    crowded = [n for n in plan(n_threads=5).notes if "threads on the 4 CPUs" in n]
+    assert crowded == ["5 threads on the 4 CPUs this process may use: they take turns there and each step waits "
+                       "for the last of them (the default: 2)"]
+    assert plan(n_threads=5).n_threads == 5
+    assert any("6 threads on" in n for n in plan(n_threads=2, n_threads_batch=6).notes)
+    assert not [n for n in plan(n_threads=4).notes + plan().notes if "threads on" in n]
 
 
 def test_a_cache_of_half_the_experts_does_not_prefetch():
