@@ -344,11 +344,11 @@ class Engine:
                 self._decoder.decode(ids, len(sequence.tokens), sequence)
                 sequence.tokens += ids
 
-    def sample(self, sampling: SamplingParams | None = None) -> int:
+    def sample(self, **sampling) -> int:
         """The token sampled after what the one sequence holds (eval's), as llama-cpp-python's
-        Llama.sample; the seed: the sampling's, else the Engine's."""
+        Llama.sample; sampling: as for generate (the seed: its own, else the Engine's)."""
         self._single_sequence("sample")
-        (sampling := sampling or SamplingParams()).validate()
+        sampling = SamplingParams.of(sampling)
         with self._sequence_turn():
             sequence = self._decoder.sequences[0]
             return self._decoder.sample_next(sequence, sampling.sampler(self._live_model(), self.seed, sequence.tokens))

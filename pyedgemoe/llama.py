@@ -299,7 +299,7 @@ class Llama:
                                      f"({self.n_tokens - 1}): only its logits are kept")
         temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
         self.engine.seed = self._seed & 0xFFFFFFFF
-        return self.engine.sample(SamplingParams(**_sampling(locals())))
+        return self.engine.sample(**_sampling(locals()))
 
     def generate(self, tokens: list[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
@@ -317,7 +317,7 @@ class Llama:
         temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
         prompt = ([] if reset else self.engine.tokens) + [int(t) for t in tokens]
         self.engine.seed = self._seed & 0xFFFFFFFF
-        return _refusing_sent(self.engine.generate_tokens(prompt, None, SamplingParams(**_sampling(locals())),
+        return _refusing_sent(self.engine.generate_tokens(prompt, None, SamplingParams.of(_sampling(locals())),
                                                           ignore_eos=True))
 
     def save_state(self) -> "LlamaState":

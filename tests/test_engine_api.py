@@ -122,6 +122,21 @@ def test_a_seeded_generation_reuses_no_prefix_and_repeats_itself(eng):
     assert eng.last_timings.n_cached_prompt_tokens == 0
 
 
+def test_eval_then_sample_picks_the_next_token_after_those_held(eng):
+    prompt = eng.tokenize("hello world")
+    first, second = eng.time_generation(prompt, 2)["tokens"]
+    eng.reset()
+    eng.eval(prompt)
+    assert eng.sample(temperature=0) == first
+    eng.eval([first])
+    assert eng.sample(temperature=0) == second
+    assert eng.sample(temperature=0.8, seed=3) == eng.sample(temperature=0.8, seed=3)  # seeded: the same pick
+    with pytest.raises(InvalidOptionError, match="top_k"):
+        eng.sample(top_k=-1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temp'"):
+        eng.sample(temp=0)
+
+
 def test_logits_shape_and_dtype(eng):
     out = eng.logits([1, 2, 3])
     assert out.shape == (3, eng.n_vocab) and out.dtype == np.float32
