@@ -91,7 +91,9 @@ def print_stats(stats: dict) -> None:
                    f"host tier {format_bytes(experts['host_pool_bytes'])}, "
                    f"{t['host_hits']} host hits, {t['host_loads']} read into it; {t['uploads']} experts uploaded "
                    f"({format_bytes(t['bytes_uploaded'])}{uploaded}); "
-                   f"{t['cpu_experts']} computed on the CPU", err=True)
+                   f"{t['cpu_experts']} computed on the CPU"
+                   + (f" (its passes {t['cpu_pass_ms'] / 1000:.3f} s)" if experts["mode"] in ("coop", "split") else ""),
+                   err=True)
     prediction = ", ".join(f"{p['depth']} ahead {p['top1_accuracy']:.0%} top-1 / {p['recall']:.0%} of top-k"
                            for p in experts["prediction"] if p["tokens"])
     if prediction:

@@ -29,7 +29,6 @@ from pyedgemoe.embeddings import embed
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
-from pyedgemoe.model_info import ModelInfo
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 
 __all__ = ["Engine", "GenerationStats", "SamplingParams"]
@@ -143,14 +142,12 @@ class Engine:
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
                            expert_options=(expert_options or ExpertOptions()).with_keywords(options, Engine.__init__))
         self.model_path = os.fspath(model_path)
-        self.info: ModelInfo
-        self.plan: LoadPlan
-        self.info, self.plan = plan_for(self.model_path, load)
+        self.info, self.plan = plan_for(self.model_path, load)  # ModelInfo, LoadPlan
         _native.set_verbose(verbose)
         plan = self.plan
         self.system, self.seed, self.n_logits, self.n_parallel = system, plan.seed, plan.n_logits, plan.n_parallel
-        self.device, self.repack, self.experts_mapped = plan.device, plan.repack, plan.experts_mapped
-        self.big_little = plan.big_little
+        self.device, self.repack, self.experts_mapped, self.big_little = plan.device, plan.repack, plan.experts_mapped, \
+            plan.big_little
         self._load_model(plan)
         # --mode auto as the residency layer chose it; every expert resident on the GPU is the GPU-centric mode
         self.mode = plan.mode if plan.mode != "auto" else self.expert_residency["mode"] if self.expert_residency else "gpu"
@@ -474,26 +471,29 @@ class Engine:
     def time_generation(self, prompt_ids: list[int], n_tokens: int, feed_tokens: list[int] | None = None) -> dict:
         """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence;
         with feed_tokens, those are fed back instead of the picks (generate_tokens). With an expert
-        cache, decode_expert_bytes_read is what the decode steps read (on demand and prefetched),
-        without the prefill's reads."""
+        cache, decode_experts is what the decode steps moved of the expert counters (stats()'s
+        ["experts"]["total"], and prefetched_bytes_read), without the prefill's; decode_expert_bytes_read
+        their bytes read on demand and prefetched."""
         self._single_sequence("time_generation")
-        tokens, after_prefill = [], 0
+        tokens, after_prefill = [], {}
         run, generation = self._generation(prompt_ids, n_tokens, SamplingParams(temperature=0.0), True, feed_tokens,
                                            fresh=True)
         t = run.timings
         for token in generation:
             if not tokens:
-                after_prefill = self._expert_bytes_read()
+                after_prefill = self._expert_counters()
             tokens.append(token)
+        moved = {k: v - after_prefill.get(k, v) for k, v in self._expert_counters().items()}
         return {"prefill_seconds": t.prefill_seconds, "decode_seconds": t.decode_seconds,
-                "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens,
-                "decode_expert_bytes_read": self._expert_bytes_read() - after_prefill}
+                "n_prompt_tokens": t.n_prompt_tokens, "n_decoded": t.n_decoded, "tokens": tokens, "decode_experts": moved,
+                "decode_expert_bytes_read": moved.get("bytes_read", 0) + moved.get("prefetched_bytes_read", 0)}
 
-    def _expert_bytes_read(self) -> int:
+    def _expert_counters(self) -> dict:
         if self.expert_residency is None:
-            return 0
+            return {}
         stats = self._model.expert_stats()
-        return stats["total"]["bytes_read"] + stats["prefetches"]["bytes_read"]
+        return {**{k: v for k, v in stats["total"].items() if isinstance(v, (int, float))},
+                "prefetched_bytes_read": stats["prefetches"]["bytes_read"]}
 
     # -- text generation ------------------------------------------------------------------------
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:

@@ -173,11 +173,10 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
             prompt = [100 + (i * 37 + 11 * r) % 1000 for i in range(TTFT_PROMPT)]
             ttft_s = eng.time_generation(prompt, 1)["prefill_seconds"]
             # n_decode + 1 picks are n_decode forward passes, llama-bench's tg<n_decode>
-            before = eng.stats()["experts"]["total"]
             t = eng.time_generation(prompt[::-1], n_decode + 1, feed_tokens=fixed_decode_token_ids(n_decode + 1))
-            after = eng.stats()["experts"]["total"]
-            # where the decode's time went, per token: the counters it moved
-            per_token = {k: (after[k] - before[k]) / (n_decode + 1) for k in PER_TOKEN_COUNTERS if k in after}
+            # where the decode's time went, per token: the counters its steps moved (not the prompt's)
+            moved = t["decode_experts"]
+            per_token = {k: moved[k] / n_decode for k in PER_TOKEN_COUNTERS if k in moved}
             per_token["ms"] = t["decode_seconds"] * 1e3 / n_decode
             rounds.append(dict(prefill_tps=prefill_tps, ttft_s=ttft_s, decode_tps=n_decode / t["decode_seconds"],
                                decode_per_token=per_token))
@@ -497,6 +496,8 @@ def report(result: dict) -> str:
                 notes += (f"; a token {t['ms']:.1f} ms: {t['bytes_uploaded'] / 2**20:.0f} MiB uploaded in "
                           f"{t['upload_ms']:.1f} ms, loads {t['load_ms']:.1f} ms, stalls {t['stall_ms']:.1f} ms, "
                           f"our op {t['op_ms']:.1f} ms")
+                if r.get("chosen_mode") == "coop":  # the CPU's passes, the part of a token the device waits for them
+                    notes += f"; {t['cpu_experts']:.0f} on the CPU in {t.get('cpu_pass_ms', 0):.1f} ms"
                 if r.get("chosen_mode") == "split":  # the share each way, and how long the device waited for the link
                     notes += (f"; {t['uploads']:.0f} uploaded (queued in {t.get('queue_ms', 0):.1f} ms beside the CPU's passes), "
                               f"{t['cpu_experts']:.0f} on the CPU in "

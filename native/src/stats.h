@@ -26,7 +26,7 @@ struct expert_layer_stats {
     double   upload_ms   = 0;  // summed over the uploads (several run at once)
     double   upload_wait_ms = 0;  // split: how long the device's passes waited for the queued uploads (after the CPU's pass, ms)
     double   queue_ms    = 0;     // split: the time its uploads took to queue on the device's stream (the driver's calls, on a thread of their own beside the CPU's passes, ms)
-    double   cpu_pass_ms = 0;     // split: from the op's handing over its uploads to that wait: the CPU's passes, the masks (ms)
+    double   cpu_pass_ms = 0;     // coop, split: from the op's slot ids to the device's plan (before split's wait): the CPU's passes, the masks (ms)
     uint64_t cpu_experts = 0;
     uint64_t stand_in_swaps = 0, stand_in_drops = 0;  // missed selections a cached stand-in served, or left out (stand_in)
 

@@ -43,13 +43,16 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) return;
     const auto & plan = *(const tier_passes::device_plan *) userdata;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (plan.owner->cpu_computes_misses()) {  // the wave's CPU's passes ran since its op wrote the slot ids
+        std::lock_guard<std::mutex> lock(*plan.wait.mutex);
+        plan.wait.stats->cpu_pass_ms += std::chrono::duration<double, std::milli>(t0 - plan.owner->slots_written()).count();
+    }
     if (plan.waits) {
-        const auto t0 = std::chrono::steady_clock::now();
         const expert_reader::uploads_arrived arrived = plan.wait.reader->wait_uploads();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(*plan.wait.mutex);
         plan.wait.stats->upload_wait_ms += ms;
-        plan.wait.stats->cpu_pass_ms += arrived.since_handed_ms;  // timed before the wait: the CPU's passes since the handing over
         plan.wait.stats->queue_ms += arrived.queue_ms;
         plan.balance->arrived(arrived.since_handed_ms, ms);
     }
@@ -144,7 +147,7 @@ tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * s
 
 void tier_passes::device_inputs(ggml_context * ctx, wave_inputs & in, ggml_tensor * cpu_sum, int il, int wave, const upload_wait & wait) {
     GGML_ASSERT(!cpu_sum || (cpu_sum->type == GGML_TYPE_F32 && ggml_is_contiguous(cpu_sum)));
-    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait, &balance_ });  // a map's entries stay where they are
+    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait, &balance_, this });  // a map's entries stay where they are
     ggml_tensor * slot_ids = in.slot_ids;
     const int64_t n_used = slot_ids->ne[0], n_tokens = slot_ids->ne[1];
     const int64_t stride = (n_used * n_tokens + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;

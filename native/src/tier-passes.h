@@ -18,6 +18,7 @@
 #include "stats.h"
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -97,6 +98,7 @@ public:
         bool waits;  // for wait's uploads
         upload_wait wait;
         link_balance * balance;
+        const tier_passes * owner;  // its slots_written: where the CPU's passes began (coop, split)
     };
     struct wave_inputs {
         ggml_tensor * slot_ids = nullptr, * masks = nullptr;
@@ -112,6 +114,9 @@ public:
 
     // The op's side: nothing served (a failure), a well-defined output the graph ignores.
     void write_unserved(ggml_tensor * dst) const;
+    // when the last wave's slot ids were written (pass_writer's end): its CPU's passes follow them,
+    // counted to its device plan op as the wave's cpu_pass_ms
+    std::chrono::steady_clock::time_point slots_written() const { return slots_written_; }
 
 private:
     std::vector<pass_kind> passes_;  // device passes first
@@ -122,6 +127,8 @@ private:
     link_balance balance_;
     double carried_ = 0;  // split: uploads owed to the share by the waves before (within +-1/2)
     std::map<std::pair<int, int>, device_plan> plans_;  // per (il, wave): the device plan ops' userdata
+    mutable std::chrono::steady_clock::time_point slots_written_;
+    friend class pass_writer;
 };
 
 // Writes one wave's slot-id tensor dst, selection by selection.
@@ -129,6 +136,7 @@ class pass_writer {
 public:
     // dst: [n_used, n_tokens, passes.planes()], contiguous
     pass_writer(const tier_passes & passes, ggml_tensor * dst);
+    ~pass_writer() { passes_.slots_written_ = std::chrono::steady_clock::now(); }
     // selection i of token t is computed by pass `pass` (-1: by none) from `slot`, its output scaled
     void select(int64_t t, int64_t i, int pass, int32_t slot, float scale);
     // token t's selections are written: its masked rows get valid slots; n_slots[q]: pass q's pool's

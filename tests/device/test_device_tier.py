@@ -102,7 +102,7 @@ def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
         assert t["uploads"] + t["cpu_experts"] == t["misses"] and t["uploads"] > 0 and t["cpu_experts"] > 0
     # only split's device passes wait for uploads queued while the CPU computes (timed, so above 0)
     assert (t["upload_wait_ms"] > 0) == (mode == "split")
-    assert (t["cpu_pass_ms"] > 0) == (mode == "split")
+    assert (t["cpu_pass_ms"] > 0) == (mode != "gpu")  # the CPU's passes: coop's and split's
     assert (t["queue_ms"] > 0) == (mode == "split")  # the op's calls that queue them
     assert t["host_hits"] + t["host_loads"] == t["misses"]
 
