@@ -15,7 +15,9 @@
    cache (no misses: what our layer's hook costs a token beyond that); with --link-shares, `split` also at
    those fixed shares of uploads (is the share its rates give the best?), with --split-threads at those
    CPU thread counts (does a core left to the thread that queues the uploads pay?), with --prefetch each
-   mode also with that prefetcher (do the next layer's experts, uploaded while this layer computes, pay?). Time to first token (a 16-token prompt),
+   mode also with that prefetcher (do the next layer's experts, uploaded while this layer computes, pay?), with
+   --omp-wait each mode and stock's two also with that OMP_WAIT_POLICY (how ggml's OpenMP threads wait
+   between a layer's splits). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
    first model's cells at the first budget and with every expert cached then decode 16 tokens more under
    PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile). With
@@ -280,10 +282,12 @@ class Check:
         (self.out / "gpu-check.json").write_text(json.dumps(self.result, indent=1))
         (self.out / "gpu-check.md").write_text(report(self.result))
 
-    def child(self, args: list[str], timeout: float) -> dict:
-        """Runs this script as a child; its one JSON line, or {"error": ...}."""
+    def child(self, args: list[str], timeout: float, env: dict | None = None) -> dict:
+        """Runs this script as a child (env: variables added to its environment); its one JSON line,
+        or {"error": ...}."""
         try:
-            p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, **(env or {})})
         except subprocess.TimeoutExpired as e:
             lines = (e.stdout or b"").decode(errors="replace").strip().splitlines()  # bytes, whatever text= says
             if lines:  # a measurement's numbers came out before its profile
@@ -358,12 +362,14 @@ class Check:
             log(f"model {name}: {path} ({model['bytes'] / 1e9:.1f} GB, ready after {model['seconds']:.0f} s)")
         self.save()
 
-    def ours(self, name: str, mode: str, budget: str, extra: list[str] = ()) -> list[str]:
+    def ours(self, name: str, mode: str, budget: str, extra: list[str] = (), variant: bool = False) -> list[str]:
         """A measure child's arguments; the first model's cells at the first budget and with every
-        expert cached (the ones a token's time is placed for) also profile a decode (--profile)."""
+        expert cached (the ones a token's time is placed for) also profile a decode (--profile),
+        but for the variants (extra arguments, or another environment)."""
         args = ["--child", "measure", "--model", self.result["models"][name]["path"], "--mode", mode, "--budget", budget,
                 *(["--threads", str(self.threads)] if self.threads else []), *extra]
-        if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) and not extra:
+        variant = variant or bool(extra)
+        if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) and not variant:
             args += ["--profile-trace", str(self.out / f"profile-{name}-{budget.rstrip('%')}-{mode}.json.gz")]
         return args
 
@@ -388,13 +394,19 @@ class Check:
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
+                for policy in self.args.omp_wait:  # how ggml's OpenMP threads wait between two splits of a layer
+                    env = {"OMP_WAIT_POLICY": policy}
+                    for mode in self.args.modes:
+                        self.cell(name, budget, f"{mode}, OMP {policy}", self.ours(name, mode, budget, variant=True), env=env)
+                    for label, flags in stock:
+                        self.cell(name, budget, f"{label}, OMP {policy}", flags, stock=True, env=env)
             # every expert on the GPU: what a token costs besides its misses, at best; and ours with no
             # miss: what the hook costs a token beyond that (the op, a CPU split and a wait a layer)
             self.cell(name, RESIDENT, "-ngl 99", [], stock=True)
             if "gpu" in self.args.modes:
                 self.cell(name, RESIDENT, "gpu", self.ours(name, "gpu", RESIDENT))
 
-    def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False) -> None:
+    def cell(self, name: str, budget: str, label: str, args: list[str], stock: bool = False, env: dict | None = None) -> None:
         # a cell takes about as long as the slowest one so far; one that would not end in time is not begun
         longest = max([c["seconds"] for c in self.result["cells"]] or [30])
         if self.remaining() < longest * 1.2:
@@ -406,7 +418,7 @@ class Check:
         if "--profile-trace" in args:
             timeout = min(timeout, PROFILED_CELL_SECONDS)
         with VramSampler() as vram, cpu_load(self.args.load):
-            r = self.stock(name, args, timeout) if stock else self.child(args, timeout=timeout)
+            r = self.stock(name, args, timeout, env) if stock else self.child(args, timeout=timeout, env=env)
         r.update(model=name, budget=budget, label=label, engine="llama.cpp" if stock else "pyedgemoe",
                  seconds=time.monotonic() - t0, vram_peak_mib=vram.peak)
         self.result["cells"].append(r)
@@ -415,13 +427,13 @@ class Check:
             f"TTFT {r['ttft_s'] * 1e3:.0f} ms, decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.0f} tok/s"
             f" ({r['seconds']:.0f} s)"))
 
-    def stock(self, name: str, flags: list[str], timeout: float) -> dict:
+    def stock(self, name: str, flags: list[str], timeout: float, env: dict | None = None) -> dict:
         s = self.sizes
         cmd = [str(Path(self.args.kit) / "bin" / "llama-bench"), "-m", self.result["models"][name]["path"],
                "-ngl", "99", *(["-t", str(self.threads)] if self.threads else []), "-fa", "1", "-b", "512", "-ub", "512",
                "-p", f"{TTFT_PROMPT},{s['prefill']}", "-n", str(s["decode"]), "-r", str(s["repeats"]), "-o", "json", *flags]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
         if p.returncode != 0:
@@ -575,6 +587,10 @@ def main() -> int:
     p.add_argument("--prefetch", nargs="+", choices=PREFETCHERS, default=[], metavar="P",
                    help=f"also each of --modes with prefetcher P ({', '.join(PREFETCHERS)}; the other cells: none, "
                         "the default where the threads are given)")
+    p.add_argument("--omp-wait", nargs="+", choices=("PASSIVE", "ACTIVE"), default=[], metavar="POLICY",
+                   help="also each of --modes and stock's two with OMP_WAIT_POLICY=POLICY: how ggml's OpenMP threads "
+                        "wait between a layer's CPU and device splits (PASSIVE: asleep at once; ACTIVE: spinning; "
+                        "the other cells: libgomp's default, a spin then sleep)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a decode of ours (CUPTI, through PyTorch) in the first model's cells at the first "
                         "budget and with every expert cached: the device's time in a token (default on)")
