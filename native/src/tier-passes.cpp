@@ -48,7 +48,7 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         std::lock_guard<std::mutex> lock(*plan.wait.mutex);
         plan.wait.stats->cpu_pass_ms += std::chrono::duration<double, std::milli>(t0 - plan.owner->slots_written()).count();
     }
-    if (plan.waits) {
+    if (plan.owner->queues_uploads()) {
         const expert_reader::uploads_arrived arrived = plan.wait.reader->wait_uploads();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(*plan.wait.mutex);
@@ -57,13 +57,13 @@ void device_plan_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         plan.balance->arrived(arrived.since_handed_ms, ms);
     }
     const ggml_tensor * ids = dst->src[0];
-    const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = plan.n_masked;
+    const int64_t n = ids->ne[0] * ids->ne[1], stride = dst->ne[0], n_masked = plan.owner->n_masked();
     const int32_t * in = (const int32_t *) ids->data;
     float * out = (float *) dst->data;
     std::fill(out, out + 2 * n_masked * stride, 0.0f);
     for (int64_t q = 0; q < n_masked; q++) {
         for (int64_t j = 0; j < n; j++) out[q * stride + j] = (float) in[q * n + j];  // exact: a pool has fewer than 2^24 slots
-        memcpy(out + (n_masked + q) * stride, in + (plan.n_passes + q) * n, n * sizeof(float));  // the scales (F32 bits)
+        memcpy(out + (n_masked + q) * stride, in + (plan.owner->size() + q) * n, n * sizeof(float));  // the scales (F32 bits)
     }
     if (const ggml_tensor * cpu_sum = dst->src[1]) memcpy(out + 2 * n_masked * stride, cpu_sum->data, ggml_nbytes(cpu_sum));
 }
@@ -147,7 +147,7 @@ tier_passes::wave_inputs tier_passes::inputs(ggml_context * ctx, ggml_tensor * s
 
 void tier_passes::device_inputs(ggml_context * ctx, wave_inputs & in, ggml_tensor * cpu_sum, int il, int wave, const upload_wait & wait) {
     GGML_ASSERT(!cpu_sum || (cpu_sum->type == GGML_TYPE_F32 && ggml_is_contiguous(cpu_sum)));
-    device_plan * userdata = &(plans_[{ il, wave }] = { size(), n_masked_, queues_uploads(), wait, &balance_, this });  // a map's entries stay where they are
+    device_plan * userdata = &(plans_[{ il, wave }] = { wait, &balance_, this });  // a map's entries stay where they are
     ggml_tensor * slot_ids = in.slot_ids;
     const int64_t n_used = slot_ids->ne[0], n_tokens = slot_ids->ne[1];
     const int64_t stride = (n_used * n_tokens + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;

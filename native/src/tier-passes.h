@@ -94,11 +94,9 @@ public:
         std::mutex * mutex;
     };
     struct device_plan {  // the device plan op's userdata
-        int n_passes, n_masked;
-        bool waits;  // for wait's uploads
         upload_wait wait;
         link_balance * balance;
-        const tier_passes * owner;  // its slots_written: where the CPU's passes began (coop, split)
+        const tier_passes * owner;  // its passes, whether it waits for uploads, when the CPU's passes began
     };
     struct wave_inputs {
         ggml_tensor * slot_ids = nullptr, * masks = nullptr;
