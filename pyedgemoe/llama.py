@@ -291,15 +291,11 @@ class Llama:
                idx: int | None = None) -> int:
         """The token sampled after those the context holds (eval's), with the seed (set_seed); idx,
         where given, is the last token's position: other positions' logits are not kept."""
-        refuse_unsupported("sample", UNSUPPORTED_GENERATE_ARGS, dict(
-            tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-            logits_processor=logits_processor))
+        settings = self._token_sampling("sample", locals())
         if idx is not None and idx != self.n_tokens - 1:
             raise InvalidOptionError(f"sample: idx={idx} is not the last evaluated token's position "
                                      f"({self.n_tokens - 1}): only its logits are kept")
-        temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
-        self.engine.seed = self._seed & 0xFFFFFFFF
-        return self.engine.sample(**_sampling(locals()))
+        return self.engine.sample(**settings)
 
     def generate(self, tokens: list[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
@@ -311,14 +307,18 @@ class Llama:
         holds; else after the longest prefix of them it holds), then yields a sampled token after
         another, end-of-generation ones too, until the caller stops or the context is full. The
         seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
-        refuse_unsupported("generate", UNSUPPORTED_GENERATE_ARGS, dict(
-            tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-            logits_processor=logits_processor, stopping_criteria=stopping_criteria))
-        temperature = temp  # noqa: F841 - SamplingParams' name, taken by _sampling
+        sampling = SamplingParams.of(self._token_sampling("generate", locals()))
         prompt = ([] if reset else self.engine.tokens) + [int(t) for t in tokens]
+        return _refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True))
+
+    def _token_sampling(self, where: str, arguments: dict) -> dict:
+        """The sampling settings of generate's or sample's arguments (llama-cpp-python's temp is
+        temperature here), those without a counterpart refused; the Engine's seed is the Llama's, as
+        llama-cpp-python's sampler takes it there."""
+        refuse_unsupported(where, UNSUPPORTED_GENERATE_ARGS,
+                           {name: arguments[name] for name in UNSUPPORTED_GENERATE_ARGS if name in arguments})
         self.engine.seed = self._seed & 0xFFFFFFFF
-        return _refusing_sent(self.engine.generate_tokens(prompt, None, SamplingParams.of(_sampling(locals())),
-                                                          ignore_eos=True))
+        return _sampling({**arguments, "temperature": arguments["temp"]})
 
     def save_state(self) -> "LlamaState":
         """What the context holds and the seed, for load_state."""
