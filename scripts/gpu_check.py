@@ -283,11 +283,10 @@ class Check:
         (self.out / "gpu-check.md").write_text(report(self.result))
 
     def child(self, args: list[str], timeout: float, env: dict | None = None) -> dict:
-        """Runs this script as a child (env: variables added to its environment); its one JSON line,
+        """Runs this script as a child (env: its environment, None: this one's); its one JSON line,
         or {"error": ...}."""
         try:
-            p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, **(env or {})})
+            p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired as e:
             lines = (e.stdout or b"").decode(errors="replace").strip().splitlines()  # bytes, whatever text= says
             if lines:  # a measurement's numbers came out before its profile
@@ -368,8 +367,8 @@ class Check:
         but for the variants (extra arguments, or another environment)."""
         args = ["--child", "measure", "--model", self.result["models"][name]["path"], "--mode", mode, "--budget", budget,
                 *(["--threads", str(self.threads)] if self.threads else []), *extra]
-        variant = variant or bool(extra)
-        if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) and not variant:
+        if self.args.profile and name == self.args.models[0] and budget in (self.args.budgets[0], RESIDENT) \
+                and not (extra or variant):
             args += ["--profile-trace", str(self.out / f"profile-{name}-{budget.rstrip('%')}-{mode}.json.gz")]
         return args
 
@@ -395,7 +394,7 @@ class Check:
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
                 for policy in self.args.omp_wait:  # how ggml's OpenMP threads wait between two splits of a layer
-                    env = {"OMP_WAIT_POLICY": policy}
+                    env = {**os.environ, "OMP_WAIT_POLICY": policy}
                     for mode in self.args.modes:
                         self.cell(name, budget, f"{mode}, OMP {policy}", self.ours(name, mode, budget, variant=True), env=env)
                     for label, flags in stock:
@@ -433,7 +432,7 @@ class Check:
                "-ngl", "99", *(["-t", str(self.threads)] if self.threads else []), "-fa", "1", "-b", "512", "-ub", "512",
                "-p", f"{TTFT_PROMPT},{s['prefill']}", "-n", str(s["decode"]), "-r", str(s["repeats"]), "-o", "json", *flags]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
         if p.returncode != 0:
