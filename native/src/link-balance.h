@@ -22,32 +22,33 @@ public:
     link_balance() = default;
     // adapts: refine share (clamped to keep both sides measured) as above, else keep it
     link_balance(double share, bool adapts)
-        : share_(adapts ? std::clamp(share, kLeast, 1 - kLeast) : share), adapts_(adapts) {}
+        : share_(adapts ? std::clamp(share, kLeast, 1 - kLeast) : share), state_{ adapts } {}
     link_balance(const link_balance & o) { *this = o; }
-    link_balance & operator=(const link_balance & o) {
-        share_ = o.share(), adapts_ = o.adapts_, pending_ = o.pending_, link_ = o.link_, cpu_ = o.cpu_, sync_ms_ = o.sync_ms_;
+    link_balance & operator=(const link_balance & o) {  // the atomic share is not copyable by itself
+        share_ = o.share(), state_ = o.state_;
         return *this;
     }
 
     double share() const { return share_.load(std::memory_order_relaxed); }  // also read by stats()
     // a decode wave's misses divided (one token each): uploaded, computed on the CPU
     void divided(int uploaded, int on_cpu) {
-        if (adapts_) pending_ = { uploaded, on_cpu };
+        if (state_.adapts) state_.wave = { uploaded, on_cpu };
     }
     // that wave's uploads arrived: cpu_ms from their handing over to the wait, wait_ms the wait
     void arrived(double cpu_ms, double wait_ms) {
-        const pending wave = pending_;
-        pending_ = {};
+        auto & st = state_;
+        const pending wave = st.wave;
+        st.wave = {};
         if (wave.uploaded <= 0) return;  // nothing waited for: no synchronization, the link unseen
-        sync_ms_ = std::min(sync_ms_, wait_ms);
+        st.sync_ms = std::min(st.sync_ms, wait_ms);
         if (wave.on_cpu == 0 || cpu_ms <= 0) return;  // the CPU idle: its rate unseen
-        average(cpu_, wave.on_cpu / cpu_ms);
+        average(st.cpu, wave.on_cpu / cpu_ms);
         const double s = share();
-        if (link_ < 0) link_ = cpu_ * s / (1 - s);  // the rates at load's ratio
-        const double late_ms = wait_ms - std::min(sync_ms_, kMostSyncMs);
+        if (st.link < 0) st.link = st.cpu * s / (1 - s);  // the rates at load's ratio
+        const double late_ms = wait_ms - std::min(st.sync_ms, kMostSyncMs);
         const double seen = wave.uploaded / (cpu_ms + std::max(0.0, late_ms));  // where it ended first: at least this
-        if (late_ms > kLateMs || seen > link_) average(link_, seen);
-        share_ = std::clamp(link_ / (link_ + cpu_), kLeast, 1 - kLeast);
+        if (late_ms > kLateMs || seen > st.link) average(st.link, seen);
+        share_ = std::clamp(st.link / (st.link + st.cpu), kLeast, 1 - kLeast);
     }
 
 private:
@@ -61,8 +62,10 @@ private:
         int uploaded = -1, on_cpu = 0;  // -1: no decode wave divided since the last arrival
     };
     std::atomic<double> share_{0};
-    bool adapts_ = false;
-    pending pending_;
-    double link_ = -1, cpu_ = -1;  // experts per ms (-1: not measured yet)
-    double sync_ms_ = 1e9;         // the least wait seen
+    struct {
+        bool adapts = false;
+        pending wave;
+        double link = -1, cpu = -1;  // experts per ms (-1: not measured yet)
+        double sync_ms = 1e9;        // the least wait seen
+    } state_;
 };
