@@ -17,7 +17,9 @@
    CPU thread counts (does a core left to the thread that queues the uploads pay?), with --prefetch each
    mode also with that prefetcher (do the next layer's experts, uploaded while this layer computes, pay?), with
    --omp-wait each mode and stock's two also with that OMP_WAIT_POLICY (how ggml's OpenMP threads wait
-   between a layer's splits). Time to first token (a 16-token prompt),
+   between a layer's splits), with --low each mode also with HOBBIT's mixed precision (LOW copies from a
+   second file of the same weights in a lower type; lossy: its top-1 agreement with the mode's lossless
+   picks, and its ratio to stock's apart). Time to first token (a 16-token prompt),
    decode tok/s, prefill tok/s at 512 tokens: medians of 3 (ours after a first round kept apart). Ours in the
    first model's cells at the first budget and with every expert cached then decode 16 tokens more under
    PyTorch's profiler (CUPTI): the device's side of a token (pyedgemoe.bench.device_profile). With
@@ -73,6 +75,7 @@ SIZES = {
 CORRECTNESS_TOKENS = 32
 CORRECTNESS_IDS = [1, 17, 42, 99, 5, 230, 64, 7]
 ROW_POOL = 4096  # random rows written at disk speed (scripts/make_synthetic_gguf.py)
+LOW_TYPES = ("q2_k", "q3_k")  # --low: below the benchmark files' Q4_K and Q8_0
 
 
 def log(msg: str) -> None:
@@ -112,7 +115,7 @@ def correctness(models: Path) -> dict:
         tokens, _, stats = greedy(mixed, mode=mode, expert_cache="25%", low_precision=True)
         total = stats["experts"]["total"]
         rows.append(dict(model=mixed.stem, mode=mode, budget="25%", low_precision=True,
-                         top1_agreement=sum(a == b for a, b in zip(tokens, resident_tokens)) / len(tokens),
+                         top1_agreement=agreement(tokens, resident_tokens),
                          misses=total["misses"], low_loads=total.get("low_loads"), uploads=total["uploads"],
                          cpu_experts=total["cpu_experts"]))
     # split's host tier in both layouts (Q4_K experts, which the CPU repacks): with nothing uploaded
@@ -142,17 +145,20 @@ def failed(row: dict) -> bool:
 
 # the expert counters whose change per decode token gpu-check.json records (decode_per_token)
 PER_TOKEN_COUNTERS = ("hits", "misses", "uploads", "bytes_uploaded", "upload_ms", "bytes_read", "load_ms", "stall_ms",
-                      "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "queue_ms", "cpu_pass_ms")
+                      "op_ms", "host_hits", "host_loads", "cpu_experts", "upload_wait_ms", "queue_ms", "cpu_pass_ms",
+                      "selections_low", "skipped")
 
 
 def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | None, link_share: float | None = None,
-            prefetch: str | None = None, profile_trace: Path | None = None) -> dict:
+            prefetch: str | None = None, low_from: Path | None = None, profile_trace: Path | None = None) -> dict:
     """Ours in one configuration: prefill of `prefill` tokens (first, so that every expert has been
     read once, as llama-bench's warm-up reads the file), then TTFT and decode, each `repeats` times
     after a first round of the three that the medians leave out (as llama-bench warms up): ours
     decoded its first round 1.4-3.5x slower than the rounds after on an H200, where stock's first
     measured round was as fast as its others (docs/gpu.md). The first round is kept apart.
     Reads are buffered: the file is in the page cache, as for stock llama.cpp's mmap.
+    With low_from, LOW copies from that file and mixed precision on (its defaults: lossy). The last
+    round's picks over the fixed walk are kept: cells of one model compare them (top-1 agreement).
     With profile_trace, a last decode of PROFILE_TOKENS under CUPTI's profiler says where a token's
     time goes on the device (pyedgemoe.bench.device_profile; its trace to profile_trace)."""
     from pyedgemoe import Engine
@@ -164,6 +170,8 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
     options = {} if link_share is None else dict(link_share=link_share)  # split: else the share the rates at load give
     if prefetch is not None:  # else the default: none where the threads are given, as here
         options.update(prefetch=prefetch)
+    if low_from is not None:
+        options.update(low_from=str(low_from))
     with Engine(model, n_ctx=sizes["prefill"] + n_decode + 16, n_batch=512, n_threads=threads,
                 flash_attn=True, mode=mode, expert_cache=budget, host_cache=host_cache, io="buffered", **options) as eng:
         load_seconds = time.perf_counter() - t0
@@ -181,14 +189,17 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
             per_token = {k: moved[k] / n_decode for k in PER_TOKEN_COUNTERS if k in moved}
             per_token["ms"] = t["decode_seconds"] * 1e3 / n_decode
             rounds.append(dict(prefill_tps=prefill_tps, ttft_s=ttft_s, decode_tps=n_decode / t["decode_seconds"],
-                               decode_per_token=per_token))
+                               decode_per_token=per_token, picks=t["tokens"]))
         first, rounds = rounds[0], rounds[1:]
+        picks = rounds[-1]["picks"]  # the last round's, as its counters
+        for r in (first, *rounds):
+            del r["picks"]
         prefill, ttft, decode = ([r[k] for r in rounds] for k in ("prefill_tps", "ttft_s", "decode_tps"))
         stats = eng.stats()
         experts = stats["experts"]
         device_bytes = sum(m.get("model", 0) + m.get("context", 0) + m.get("compute", 0)
                            for m in stats["memory"] if m["buffer_type"] == stats["device"])
-        result = dict(mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads,
+        result = dict(mode=mode, chosen_mode=experts["mode"], budget=budget, threads=threads, lossy=low_from is not None,
                       load_seconds=load_seconds, prefill_tps=statistics.median(prefill), ttft_s=statistics.median(ttft),
                       decode_tps=statistics.median(decode), samples=dict(prefill_tps=prefill, ttft_s=ttft, decode_tps=decode),
                       pool_bytes=experts["pool_bytes"], host_pool_bytes=experts["host_pool_bytes"],
@@ -196,7 +207,7 @@ def measure(model: Path, mode: str, budget: str, sizes: dict, threads: int | Non
                       hit_rate=experts["total"]["hits"] / max(1, experts["total"]["requests"]),
                       uploads=experts["total"]["uploads"], cpu_experts=experts["total"]["cpu_experts"],
                       # the last round's; the first round's is kept with it
-                      decode_per_token=rounds[-1]["decode_per_token"], first_round=first,
+                      decode_per_token=rounds[-1]["decode_per_token"], picks=picks, first_round=first,
                       mode_reason=experts.get("mode_reason") or None,
                       final_link_share=experts["link_share"] if experts["mode"] == "split" else None,  # refined by the layers
                       # the whole run's (every round's) prefetches: how many, used, given back to their layer
@@ -330,7 +341,7 @@ class Check:
         log(f"correctness: {len(c['rows'])} runs in {c['seconds']:.0f} s, "
             f"{len(bad)} failed: {[(r['model'], r['mode'], r['budget']) for r in bad]}")
 
-    def start_models(self) -> list[tuple[str, dict, subprocess.Popen | None]]:
+    def start_models(self) -> list[tuple[str, dict, list[tuple[Path, subprocess.Popen | None]]]]:
         bench_dir = Path(self.args.bench_dir)
         bench_dir.mkdir(parents=True, exist_ok=True)
         vocab = Path(self.args.kit) / "vocab"
@@ -340,25 +351,33 @@ class Check:
                 ("olmoe", "olmoe-1b-7b", self.sizes["olmoe_layers"], "q8_0", "ggml-vocab-gpt-neox.gguf")):
             if name not in self.args.models:
                 continue
-            path = bench_dir / f"{geometry}-L{layers}-{qtype}.gguf"
-            model = dict(path=str(path), geometry=geometry, layers=layers, type=qtype, started=time.monotonic())
-            writer = None if path.exists() else subprocess.Popen(
-                [sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), "--geometry", geometry,
-                 "--layers", str(layers), "--type", qtype, "--row-pool", str(ROW_POOL),
-                 "--vocab", str(vocab / vocab_file), "-o", f"{path}.part"], stdout=subprocess.DEVNULL)
-            writers.append((name, model, writer))
+            model = dict(geometry=geometry, layers=layers, type=qtype, started=time.monotonic())
+            files = []
+            # with --low, a second file of the same seed and row pool in the LOW type: the same weights
+            for type_name in (qtype, *([self.args.low] if self.args.low else [])):
+                path = bench_dir / f"{geometry}-L{layers}-{type_name}.gguf"
+                files.append((path, None if path.exists() else subprocess.Popen(
+                    [sys.executable, str(REPO / "scripts" / "make_synthetic_gguf.py"), "--geometry", geometry,
+                     "--layers", str(layers), "--type", type_name, "--row-pool", str(ROW_POOL),
+                     "--vocab", str(vocab / vocab_file), "-o", f"{path}.part"], stdout=subprocess.DEVNULL)))
+            writers.append((name, model, files))
         return writers
 
-    def finish_models(self, writers: list[tuple[str, dict, subprocess.Popen | None]]) -> None:
-        for name, model, writer in writers:
-            path = Path(model["path"])
-            if writer is not None:
-                if writer.wait(timeout=max(1, self.remaining())) != 0:
-                    raise SystemExit(f"error: scripts/make_synthetic_gguf.py failed for {path}")
-                os.replace(f"{path}.part", path)
-            model.update(bytes=path.stat().st_size, seconds=time.monotonic() - model.pop("started"))
+    def finish_models(self, writers: list[tuple[str, dict, list[tuple[Path, subprocess.Popen | None]]]]) -> None:
+        for name, model, files in writers:
+            for path, writer in files:
+                if writer is not None:
+                    if writer.wait(timeout=max(1, self.remaining())) != 0:
+                        raise SystemExit(f"error: scripts/make_synthetic_gguf.py failed for {path}")
+                    os.replace(f"{path}.part", path)
+            (path, _), low = files[0], files[1:]
+            model.update(path=str(path), bytes=path.stat().st_size, seconds=time.monotonic() - model.pop("started"))
+            if low:
+                model.update(low_path=str(low[0][0]), low_type=self.args.low, low_bytes=low[0][0].stat().st_size)
             self.result["models"][name] = model
-            log(f"model {name}: {path} ({model['bytes'] / 1e9:.1f} GB, ready after {model['seconds']:.0f} s)")
+            log(f"model {name}: {path} ({model['bytes'] / 1e9:.1f} GB"
+                + (f", its {model['low_type']} copy {model['low_bytes'] / 1e9:.1f} GB" if low else "")
+                + f", ready after {model['seconds']:.0f} s)")
         self.save()
 
     def ours(self, name: str, mode: str, budget: str, extra: list[str] = (), variant: bool = False) -> list[str]:
@@ -393,6 +412,10 @@ class Check:
                     self.cell(name, budget, f"split {s:g}", self.ours(name, "split", budget, ["--link-share", str(s)]))
                 for n in self.args.split_threads:  # fewer CPU threads: a core for the thread that queues the uploads
                     self.cell(name, budget, f"split, {n} threads", self.ours(name, "split", budget, ["--threads", str(n)]))
+                if self.args.low:  # HOBBIT's mixed precision: LOW copies for unimportant misses (lossy)
+                    for mode in self.args.modes:
+                        self.cell(name, budget, f"{mode}, low {self.args.low}",
+                                  self.ours(name, mode, budget, ["--low-from", model["low_path"]]))
                 for policy in self.args.omp_wait:  # how ggml's OpenMP threads wait between two splits of a layer
                     env = {**os.environ, "OMP_WAIT_POLICY": policy}
                     for mode in self.args.modes:
@@ -447,6 +470,11 @@ class Check:
                     prefill_tps=statistics.median(samples(s["prefill"], 0)),
                     decode_tps=statistics.median(samples(0, s["decode"])),
                     samples=dict(ttft_s=ttft, prefill_tps=samples(s["prefill"], 0), decode_tps=samples(0, s["decode"])))
+
+
+def agreement(picks: list[int], reference: list[int]) -> float:
+    """Top-1 agreement: the share of greedy picks, step by step over the same input, that two runs share."""
+    return sum(a == b for a, b in zip(picks, reference)) / len(picks)
 
 
 def report(result: dict) -> str:
@@ -514,6 +542,10 @@ def report(result: dict) -> str:
                               f"{t['cpu_experts']:.0f} on the CPU in "
                               f"{t.get('cpu_pass_ms', 0):.1f} ms, then waited {t.get('upload_wait_ms', 0):.1f} ms for uploads"
                               + (f"; share at the end {r['final_link_share']:.0%}" if r.get("final_link_share") is not None else ""))
+            if r.get("lossy"):  # mixed precision: how much went LOW, and what it changed of the picks
+                same = next((c for c in cells if c["label"] == r["mode"] and c["budget"] == r["budget"] and c.get("picks")), None)
+                notes += (f"; a token {t.get('selections_low', 0):.0f} selections LOW, {t.get('skipped', 0):.0f} skipped"
+                          + (f"; top-1 agreement with `{same['label']}` {agreement(r['picks'], same['picks']):.0%}" if same else ""))
             if r.get("prefetches"):
                 p = r["prefetches"]
                 notes += (f"; prefetch: {p['issued']} read ahead, {p['used']} used, {p['given_back']} not begun by their layer"
@@ -525,16 +557,25 @@ def report(result: dict) -> str:
         lines += reasons + ([""] if reasons else [])  # the rates auto and split measured at load
     for budget in BUDGETS:
         for name in result.get("models", {}):
-            ours = [r for r in result["cells"] if r["model"] == name and r["budget"] == budget
-                    and r.get("engine") == "pyedgemoe" and "error" not in r]
+            measured = [r for r in result["cells"] if r["model"] == name and r["budget"] == budget
+                        and r.get("engine") == "pyedgemoe" and "error" not in r]
+            ours = [r for r in measured if not r.get("lossy")]
             stock = [r for r in result["cells"] if r["model"] == name and r.get("engine") == "llama.cpp"
                      and "error" not in r and (r["budget"] == budget or r["label"].startswith("-ot"))]
-            if ours and stock:
-                best, base = max(ours, key=lambda r: r["decode_tps"]), max(stock, key=lambda r: r["decode_tps"])
+            if not stock:
+                continue
+            base = max(stock, key=lambda r: r["decode_tps"])
+            if ours:
+                best = max(ours, key=lambda r: r["decode_tps"])
                 auto = next((r for r in ours if r["label"] == "auto"), None)
                 lines.append(f"- {name} at {budget}: our best decode (`{best['label']}`) / stock's best (`{base['label']}`)"
                              f" = {best['decode_tps'] / base['decode_tps']:.2f}x"
                              + (f"; `auto` / our best = {auto['decode_tps'] / best['decode_tps']:.2f}" if auto else ""))
+            lossy = [r for r in measured if r.get("lossy")]
+            if lossy:
+                best = max(lossy, key=lambda r: r["decode_tps"])
+                lines.append(f"- {name} at {budget}, mixed precision (lossy): `{best['label']}` / stock's best = "
+                             f"{best['decode_tps'] / base['decode_tps']:.2f}x")
     for name in result.get("models", {}):
         resident = next((r for r in result["cells"] if r["model"] == name and r["budget"] == RESIDENT
                          and r.get("engine") == "llama.cpp" and "error" not in r), None)
@@ -590,6 +631,10 @@ def main() -> int:
                    help="also each of --modes and stock's two with OMP_WAIT_POLICY=POLICY: how ggml's OpenMP threads "
                         "wait between a layer's CPU and device splits (PASSIVE: asleep at once; ACTIVE: spinning; "
                         "the other cells: libgomp's default, a spin then sleep)")
+    p.add_argument("--low", choices=LOW_TYPES, metavar="TYPE",
+                   help=f"also each of --modes with HOBBIT's mixed precision ({', '.join(LOW_TYPES)}): LOW copies in TYPE "
+                        "from a second benchmark file of the same random weights (--low-from), lossy, its top-1 "
+                        "agreement with the same mode's lossless picks over the decode's walk")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="profile a decode of ours (CUPTI, through PyTorch) in the first model's cells at the first "
                         "budget and with every expert cached: the device's time in a token (default on)")
@@ -599,6 +644,7 @@ def main() -> int:
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--budget", help=argparse.SUPPRESS)
     p.add_argument("--link-share", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--low-from", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--profile-trace", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if any(not 0 <= s <= 1 for s in args.link_shares):
@@ -611,7 +657,7 @@ def main() -> int:
     if args.child == "measure":
         sizes = SIZES[bool(os.environ.get("PYEDGEMOE_GPU_REHEARSE"))]
         print(json.dumps(measure(Path(args.model), args.mode, args.budget, sizes, args.threads, args.link_share,
-                                 (args.prefetch or [None])[0], args.profile_trace)))
+                                 (args.prefetch or [None])[0], args.low_from, args.profile_trace)))
         return 0
     if not args.kit or not args.out:
         p.error("--kit and --out are required")

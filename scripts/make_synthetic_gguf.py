@@ -23,9 +23,11 @@ tokens: the worst case for an expert cache, which is what the memory-capped benc
 stress (EMBEDDING_STD says why embeddings and output projections are not simply 0.02).
 
 Types: f32, f16, q8_0 and q4_0 are written with gguf-py's numpy quantizer; q4_k (the type a 30B
-model needs to fit in RAM, which gguf-py cannot write) goes through ggml's own quantizer in
-pyedgemoe._native, so it needs the built package (make setup). All weight matrices get the one
-type (like llama-quantize --pure); norms and routers stay f32.
+model needs to fit in RAM, which gguf-py cannot write), q3_k and q2_k go through ggml's own
+quantizer in pyedgemoe._native, so they need the built package (make setup). All weight matrices
+get the one type (like llama-quantize --pure); norms and routers stay f32. The random values
+depend on the seed, the geometry, the layers and the row pool alone, not on the type: two files
+that differ only in type are two quants of one model (a q2_k file is a `--low-from` for a q4_k one).
 """
 
 from __future__ import annotations
@@ -73,9 +75,13 @@ TYPES: dict[str, tuple[QType, gguf.LlamaFileType]] = {
     "q4_0": (QType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
     # No file type says "all q4_K"; Q4_K_S is the closest (llama-quantize mixes in a little q5_K).
     "q4_k": (QType.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
+    # LOW copies for --low-from (docs/mixed-precision.md): a file of the same seed and row pool holds
+    # the same random weights, so it is a lower quant of the same model
+    "q3_k": (QType.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_S),
+    "q2_k": (QType.Q2_K, gguf.LlamaFileType.MOSTLY_Q2_K),
 }
 # Types gguf-py cannot quantize: ggml's quantizer through our native module, by ggml type name.
-NATIVE_QUANTIZER_TYPES = {QType.Q4_K: "q4_K"}
+NATIVE_QUANTIZER_TYPES = {QType.Q4_K: "q4_K", QType.Q3_K: "q3_K", QType.Q2_K: "q2_K"}
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ GEOMETRIES: dict[str, Geometry] = {
         n_expert=64, n_expert_used=8, n_ff_exp=1024, n_ff=1024, write_expert_ff_length=False,
         qk_norm="full", context_length=4096, rope_theta=10000.0, rms_eps=1e-5,
         vocab_file="ggml-vocab-gpt-neox.gguf", tokenizer_pre="olmo",
-        types=("q8_0", "f16", "f32", "q4_0", "q4_k"),
+        types=("q8_0", "f16", "f32", "q4_0", "q4_k", "q3_k", "q2_k"),
     ),
     # Qwen/Qwen3-30B-A3B config.json. 48 layers: q4_k 17 GB (the usual benchmark file, needs
     # pyedgemoe._native), q4_0 17 GB, q8_0 32 GB, f16 61 GB; f32 (122 GB) is not offered.
@@ -122,7 +128,7 @@ GEOMETRIES: dict[str, Geometry] = {
         n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, write_expert_ff_length=True,
         qk_norm="head", context_length=40960, rope_theta=1000000.0, rms_eps=1e-6,
         vocab_file="ggml-vocab-qwen2.gguf", tokenizer_pre=None,
-        types=("q8_0", "f16", "q4_0", "q4_k"),
+        types=("q8_0", "f16", "q4_0", "q4_k", "q3_k", "q2_k"),
     ),
     # mistralai/Mixtral-8x7B-v0.1 config.json; llama.cpp runs it as arch "llama" with experts.
     # One layer's stacked experts are 1.4 G weights (1.5 GB at q8_0): use few layers.

@@ -126,7 +126,7 @@ def bench_cells(monkeypatch, tmp_path, *argv: str) -> list[tuple[str, list[str]]
     monkeypatch.setattr(check.Check, "cell", lambda self, name, budget, label, args, stock=False: ran.append((label, args)))
 
     def bench_only(self):
-        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48)
+        self.result["models"]["qwen3"] = dict(path="q.gguf", layers=48, low_path="q2.gguf")  # low_path: with --low
         self.bench()
         return 0
     monkeypatch.setattr(check.Check, "run", bench_only)
@@ -168,3 +168,32 @@ def test_each_mode_with_a_prefetcher_is_measured_beside_it(tmp_path, monkeypatch
                 for label, a in ran if not label.startswith("-")}
     assert prefetch == {"gpu": None, "split": None, "gpu, prefetch hobbit": "hobbit", "split, prefetch hobbit": "hobbit"}
     assert_refused(monkeypatch, "--prefetch", "sometimes")
+
+
+def test_each_mode_with_mixed_precision_is_measured_beside_it_and_kept_out_of_the_lossless_ratio(tmp_path, monkeypatch):
+    # `--low q2_k` adds each of --modes with LOW copies from the model's q2_k file (the child's
+    # --low-from); the report gives its LOW selections and top-1 agreement with the lossless cell of
+    # its mode, and its ratio to stock apart from the lossless one; a type not offered is refused
+    ran = bench_cells(monkeypatch, tmp_path, "--modes", "split", "--low", "q2_k")
+    low = {label: a[a.index("--low-from") + 1] if "--low-from" in a else None for label, a in ran if "split" in label}
+    assert low == {"split": None, "split, low q2_k": "q2.gguf"}
+    assert_refused(monkeypatch, "--low", "q8_0")
+
+    check = load_gpu_check()
+
+    def cell(label, decode_tps, picks, **extra):
+        return dict(model="qwen3", engine="pyedgemoe", label=label, mode="split", chosen_mode="split", budget="25%",
+                    decode_tps=decode_tps, ttft_s=0.1, prefill_tps=1000.0, hit_rate=0.3, picks=picks, **extra)
+    per_token = dict(ms=20.0, op_ms=1.0, bytes_uploaded=0, upload_ms=0, load_ms=0, stall_ms=0, uploads=0, cpu_experts=0)
+    result = dict(device=dict(description="GPU", name="CUDA0"), sizes=dict(prefill=512, decode=64, repeats=3),
+                  rehearsal=False, date="today", threads=16, numa={}, correctness=None, skipped=[],
+                  models=dict(qwen3=dict(geometry="qwen3-30b-a3b", layers=48, type="q4_k", bytes=17e9)),
+                  cells=[cell("split", 40.0, [1, 2, 3, 4], decode_per_token=per_token),
+                         dict(model="qwen3", engine="llama.cpp", label="-ot exps=CPU", budget="25%", decode_tps=50.0,
+                              ttft_s=0.1, prefill_tps=500.0),
+                         cell("split, low q2_k", 80.0, [1, 2, 9, 4], lossy=True,
+                              decode_per_token=dict(per_token, selections_low=120.0, skipped=30.0))])
+    text = check.report(result)
+    assert "a token 120 selections LOW, 30 skipped; top-1 agreement with `split` 75%" in text
+    assert "- qwen3 at 25%: our best decode (`split`) / stock's best (`-ot exps=CPU`) = 0.80x" in text
+    assert "- qwen3 at 25%, mixed precision (lossy): `split, low q2_k` / stock's best = 1.60x" in text
