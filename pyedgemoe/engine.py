@@ -24,6 +24,7 @@ from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_proba
 from pyedgemoe.errors import (ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError,
                               RemoteDeviceError)
 from pyedgemoe.expert_options import ExpertOptions
+from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.embeddings import embed
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState
@@ -32,23 +33,6 @@ from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 
 __all__ = ["Engine", "GenerationStats", "SamplingParams"]
-
-
-def _expert_summary(experts: dict) -> dict:
-    """HOBBIT's telemetry from the native counters: the share of token selections served in HIGH,
-    in LOW or skipped, and the miss penalty (a HIGH load costs 1, a LOW load LOW bytes / HIGH bytes)."""
-    t = experts["total"]
-    selections = t["selections_high"] + t["selections_low"] + t["selections_skip"]
-    low_cost = experts["low_expert_bytes"] / experts["expert_bytes"] if experts["expert_bytes"] else 0.0
-    share = (lambda n: n / selections if selections else 0.0)
-    return {
-        "high_fraction": share(t["selections_high"]),
-        "low_fraction": share(t["selections_low"]),
-        "skip_fraction": share(t["selections_skip"]),
-        "hit_rate": t["hits"] / t["requests"] if t["requests"] else 0.0,
-        "low_load_cost": low_cost,
-        "miss_penalty": t["loads_high"] + low_cost * t["loads_low"],
-    }
 
 
 def _close_parts(batcher: Batcher | None, decoder: Decoder) -> None:
@@ -330,16 +314,21 @@ class Engine:
         starts with them evaluates only the rest."""
         return list(self._decoder.sequences[0].tokens)
 
-    def eval(self, tokens: list[int]) -> None:
-        """Evaluates tokens after what the one sequence holds (tokens), as llama-cpp-python's Llama.eval."""
+    def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray | None:
+        """Evaluates tokens after what the one sequence holds (tokens), as llama-cpp-python's Llama.eval;
+        with all_logits, returns their logits (float32 [len(tokens), n_vocab]; their memory as logits()'s)."""
         self._single_sequence("eval")
         ids = [int(t) for t in tokens]
         with self._sequence_turn():
             sequence = self._decoder.sequences[0]
             self._check_fits(len(sequence.tokens) + len(ids), 0)
-            if ids:
-                self._decoder.decode(ids, len(sequence.tokens), sequence)
-                sequence.tokens += ids
+            if all_logits:
+                check_logits_fit(self.info.metadata, len(ids), self.n_logits, self.plan.spare_bytes, self.plan.ubatch_tokens)
+            if not ids:
+                return np.zeros((0, self.n_vocab()), np.float32) if all_logits else None
+            logits = self._decoder.decode(ids, len(sequence.tokens), sequence, all_logits)
+            sequence.tokens += ids
+        return logits if all_logits else None
 
     def sample(self, **sampling) -> int:
         """The token sampled after what the one sequence holds (eval's), as llama-cpp-python's
@@ -581,7 +570,7 @@ class Engine:
         out["system"] = self.system
         if self.expert_residency is not None:
             experts = {**self.expert_residency, **native_experts}
-            out["experts"] = {**experts, "summary": _expert_summary(experts)}
+            out["experts"] = {**experts, "summary": expert_summary(experts)}
         if self.big_little > 0:
             c = self._decoder.big_little_counts
             out["big_little"] = {"gamma": self.big_little, **c,

@@ -22,6 +22,7 @@ import random
 import socket
 import urllib.parse
 import urllib.request
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -116,8 +117,8 @@ class Llama:
     n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
     where the build has one, mode auto, else the CPU, as llama-cpp-python runs), embedding (True
-    lets embed / create_embedding run, as there), logits_all (accepted: logprobs need no
-    logits_all here) and chat_format (None, "chat_template.default" where the model has a
+    lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
+    eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and chat_format (None, "chat_template.default" where the model has a
     template, "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
@@ -159,6 +160,11 @@ class Llama:
         self.verbose = verbose
         self.embedding = embedding
         self.n_batch = self.engine.plan.n_batch
+        # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
+        # _scored (NaN: not computed by eval)
+        self._logits_all = logits_all
+        self._scores: np.ndarray | None = None
+        self._scored: list[int] = []
         try:
             self.chat_format = self._check_chat_format(chat_format)
         except InvalidOptionError:
@@ -277,8 +283,42 @@ class Llama:
         return ids
 
     def eval(self, tokens: list[int]) -> None:
-        """Evaluates tokens after those the context holds (n_tokens)."""
-        self.engine.eval(tokens)
+        """Evaluates tokens after those the context holds (n_tokens); with logits_all, their logits
+        go to scores."""
+        if not self._logits_all:
+            self.engine.eval(tokens)
+            return
+        n_past = len(self._held_scores())
+        logits = self.engine.eval(tokens, all_logits=True)
+        self._scores[n_past:n_past + len(logits)] = logits
+        self._scored += [int(t) for t in tokens]
+
+    @property
+    def scores(self) -> np.ndarray:
+        """With logits_all: float32 [n_ctx, n_vocab], row i the logits after the context's first
+        i + 1 tokens, where eval() computed them; NaN where it did not (a generation's tokens, rows
+        past n_tokens)."""
+        if not self._logits_all:
+            raise InvalidOptionError("scores holds the logits of eval()'s tokens with Llama(..., logits_all=True) alone")
+        self._held_scores()
+        return self._scores
+
+    @property
+    def eval_logits(self) -> "deque[list[float]]":
+        """With logits_all: the rows of scores of the tokens the context holds, as lists."""
+        return deque(self.scores[:self.n_tokens].tolist(), maxlen=self.n_ctx())
+
+    def _held_scores(self) -> list[int]:
+        """The tokens the context holds; the rows of scores computed for other tokens become NaN.
+        A row stays right while the tokens up to its own are the same: the logits of a position
+        depend on those alone."""
+        if self._scores is None:
+            self._scores = np.full((self.n_ctx(), self.n_vocab()), np.nan, np.float32)
+        held = self.engine.tokens
+        same = next((i for i, (a, b) in enumerate(zip(self._scored, held)) if a != b), min(len(self._scored), len(held)))
+        self._scores[same:len(self._scored)] = np.nan
+        self._scored = held
+        return held
 
     def reset(self) -> None:
         """Forgets the tokens the context holds."""
