@@ -325,7 +325,7 @@ class Engine:
             if all_logits:
                 check_logits_fit(self.info.metadata, len(ids), self.n_logits, self.plan.spare_bytes, self.plan.ubatch_tokens)
             if not ids:
-                return np.zeros((0, self.n_vocab()), np.float32) if all_logits else None
+                return np.zeros((0, self.n_vocab), np.float32) if all_logits else None
             logits = self._decoder.decode(ids, len(sequence.tokens), sequence, all_logits)
             sequence.tokens += ids
         return logits if all_logits else None

@@ -27,6 +27,15 @@ def test_tokenize_gives_the_checkpoints_ids_and_detokenize_round_trips(eng, tiny
     assert eng.detokenize(ids) == text
 
 
+@pytest.mark.parametrize("call", ["detokenize", "token_piece", "eval", "generate", "logits"])
+def test_a_token_id_outside_the_vocabulary_is_an_invalid_option(eng, call):
+    ids = [1, eng.n_vocab]
+    args = {"token_piece": (ids[1],), "generate": (ids, 2)}.get(call, (ids,))
+    with pytest.raises(InvalidOptionError, match=rf"token id {eng.n_vocab} out of range \[0, {eng.n_vocab}\)"):
+        getattr(eng, call)(*args)
+    assert eng.generate([1], 2, temperature=0)  # and the engine goes on
+
+
 def test_generate_stream_pieces_join_to_the_full_text(eng):
     full = eng.generate("hello", max_tokens=12, temperature=0)
     pieces = list(eng.generate("hello", max_tokens=12, temperature=0, stream=True))

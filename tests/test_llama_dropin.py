@@ -323,6 +323,7 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     for llm in (theirs, ours):
         llm.eval(tokens[:5])
         llm.eval(tokens[5:])
+    ours.eval([])  # nothing to evaluate, nothing changes
     n = len(tokens)
     assert ours.scores.shape == theirs.scores.shape == (512, ours.n_vocab())
     np.testing.assert_allclose(ours.scores[:n], theirs.scores[:n], rtol=0, atol=1e-4)

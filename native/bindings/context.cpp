@@ -53,15 +53,6 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     self->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
 }
 
-void check_tokens(const Context & self, const std::vector<llama_token> & tokens) {
-    for (llama_token t : tokens) {
-        if (t < 0 || t >= self.n_vocab) {
-            throw nb::value_error(("token id " + std::to_string(t) + " out of range [0, " +
-                                   std::to_string(self.n_vocab) + ")").c_str());
-        }
-    }
-}
-
 void check_positions(const Context & self, int seq, int first, int last) {
     const int n_ctx = (int) llama_n_ctx_seq(self.ctx);
     if (first < 0 || last >= n_ctx) {
@@ -114,7 +105,7 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
     const int n = (int) tokens.size();
     if (n == 0) throw nb::value_error("decode needs at least one token");
     check_positions(self, seq, pos0, pos0 + n - 1);
-    check_tokens(self, tokens);
+    check_token_ids(tokens, self.n_vocab);
     const int n_batch = (int) llama_n_batch(self.ctx);
     const size_t n_rows = all_logits ? n : 1;
     float * out = new float[n_rows * self.n_vocab];
@@ -154,7 +145,7 @@ void decode_step(Context & self, const std::vector<llama_token> & tokens, const 
         throw nb::value_error(("decode_step of " + std::to_string(n) + " tokens exceeds n_batch " +
                                std::to_string(llama_n_batch(self.ctx))).c_str());
     }
-    check_tokens(self, tokens);
+    check_token_ids(tokens, self.n_vocab);
     for (int i = 0; i < n; i++) check_positions(self, seqs[i], positions[i], positions[i]);
     std::pair<int32_t, std::string> result;
     {
@@ -185,7 +176,7 @@ Embeddings embed(Context & self, const std::vector<llama_token> & tokens, int se
                                std::to_string(llama_n_batch(self.ctx))).c_str());
     }
     check_positions(self, seq, 0, n - 1);
-    check_tokens(self, tokens);
+    check_token_ids(tokens, self.n_vocab);
     const bool pooled = llama_pooling_type(self.ctx) != LLAMA_POOLING_TYPE_NONE;
     const size_t n_embd = (size_t) llama_model_n_embd(self.model->model);
     const size_t n_rows = pooled ? 1 : n;

@@ -170,16 +170,23 @@ std::vector<llama_token> tokenize(const Model & m, const std::string & text, boo
     return tokens;
 }
 
-void check_token(const Model & m, llama_token token) {
-    int n_vocab = llama_vocab_n_tokens(vocab_of(m));
-    if (token < 0 || token >= n_vocab) {
-        throw nb::value_error(("token id " + std::to_string(token) + " out of range [0, " +
-                               std::to_string(n_vocab) + ")").c_str());
+} // namespace
+
+void check_token_ids(const std::vector<llama_token> & tokens, int n_vocab) {
+    for (llama_token t : tokens) {
+        if (t >= 0 && t < n_vocab) continue;
+        // pyedgemoe's typed error for bad input (a ValueError too), as the Python side raises it
+        nb::object error = nb::module_::import_("pyedgemoe.errors").attr("InvalidOptionError");
+        PyErr_SetString(error.ptr(), ("token id " + std::to_string(t) + " out of range [0, " +
+                                      std::to_string(n_vocab) + ")").c_str());
+        throw nb::python_error();
     }
 }
 
+namespace {
+
 nb::bytes token_to_piece(const Model & m, llama_token token, bool special) {
-    check_token(m, token);
+    check_token_ids({token}, llama_vocab_n_tokens(vocab_of(m)));
     char buf[256];
     int32_t n = llama_token_to_piece(vocab_of(m), token, buf, sizeof(buf), 0, special);
     if (n >= 0) return nb::bytes(buf, n);
@@ -189,7 +196,7 @@ nb::bytes token_to_piece(const Model & m, llama_token token, bool special) {
 }
 
 nb::bytes detokenize(const Model & m, const std::vector<llama_token> & tokens, bool remove_special, bool unparse_special) {
-    for (llama_token t : tokens) check_token(m, t);
+    check_token_ids(tokens, llama_vocab_n_tokens(vocab_of(m)));
     if (tokens.size() > (size_t) INT32_MAX / 16) throw nb::value_error("too many tokens to detokenize at once");
     std::string text;
     int32_t n;

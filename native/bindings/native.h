@@ -83,5 +83,7 @@ void add_residency_methods(nb::class_<Model> & cls);  // called by register_mode
 // After a llama_decode: "" or why an expert failed to load; then the KV cache was cleared (it holds
 // values computed without that expert).
 std::string take_residency_error(Context & c);
+// Raises pyedgemoe.errors.InvalidOptionError for the first id outside [0, n_vocab) (the GIL held).
+void check_token_ids(const std::vector<int32_t> & tokens, int n_vocab);  // llama_token ids
 // Raised to Python as pyedgemoe._native.ExpertLoadError (a RuntimeError).
 struct expert_load_error : std::runtime_error { using std::runtime_error::runtime_error; };
