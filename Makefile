@@ -105,7 +105,8 @@ test-fast: setup-test
 # 20 minutes on 2 cores; with ccache a rebuild after a change of ours takes a minute): build/gpu-kit.tar.xz,
 # carried to the device, where scripts/gpu_check.sh OUTDIR runs everything. gpu-rehearse: the same
 # command end to end here, with the Vulkan kit on lavapipe and tiny sizes (every cell: lavapipe on 2
-# cores needs far more than the device's deadline of 450 s).
+# cores needs far more than the device's deadline of 450 s); then a rerun with the variants the next
+# device session's second run adds (docs/gpu.md), on the files the first wrote.
 gpu-kit: setup-test $(CUBLAS)
 	scripts/gpu_kit.sh
 
@@ -117,6 +118,8 @@ REHEARSAL_DEPS := numpy==2.5.2 typer==0.29.1 jinja2==3.1.6 huggingface_hub==2.4.
 gpu-rehearse: gpu-kit-vulkan
 	build/kit-venv/bin/pip install --quiet $(REHEARSAL_DEPS)
 	scripts/gpu_check.sh build/gpu-rehearsal --rehearse --deadline 2400
+	scripts/gpu_check.sh build/gpu-rehearsal-variants --rehearse --deadline 1200 --no-correctness --models qwen3 \
+	  --budgets 25% --modes split --prefetch hobbit --link-shares 0.7 --low q2_k
 
 demo: setup
 	$(PY) scripts/demo.py

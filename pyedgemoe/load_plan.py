@@ -246,7 +246,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                                         machine.memory[0])
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
         note += f"; {reasons['repack']}"
-    host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, info.expert_bytes,
+    # every expert copy a run can load: with --low-from, its LOW copies are in the other file
+    copies = info.high_expert_bytes + _low_copy_bytes(info, expert_options)
+    host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, copies,
                                                     machine.memory[0], repack and info.repacked_expert_bytes > 0)
 
     # resolved (and checked: LOW copies asked for must exist) even when every expert is resident

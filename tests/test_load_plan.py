@@ -115,6 +115,18 @@ def test_the_host_tier_auto_holds_every_expert_copy_or_what_ram_has_free():
     assert tight.host_cache_bytes == 10 * MiB  # the runtime's own slack stays free
 
 
+def test_the_host_tier_auto_holds_the_low_copies_of_a_low_from_file_too(monkeypatch, tmp_path):
+    # the LOW copies of --low-from are in the other file, not in this one's expert bytes
+    per_layer = {layer: EXPERT_BYTES // 8 for layer in range(4)}
+    low = dataclasses.replace(moe(), path="low.gguf", expert_bytes_per_layer=per_layer,
+                              high_expert_bytes_per_layer=dict(per_layer))
+    for module in ("load_plan", "expert_options"):
+        monkeypatch.setattr(f"pyedgemoe.{module}.read_model_info", lambda path: low)
+    (tmp_path / "low.gguf").touch()  # its header: low, above
+    assert plan(gpus=(GPU,), mode="gpu", expert_cache="25%", low_from=str(tmp_path / "low.gguf")).host_cache_bytes == \
+        EXPERT_BYTES + EXPERT_BYTES // 2
+
+
 def test_a_host_tier_given_is_its_size_and_cpu_mode_has_none():
     assert plan(gpus=(GPU,), mode="gpu", host_cache="50%").host_cache_bytes == EXPERT_BYTES // 2
     assert plan(gpus=(GPU,), mode="gpu", host_cache=0).host_cache_bytes == 0
