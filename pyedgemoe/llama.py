@@ -296,8 +296,8 @@ class Llama:
     @property
     def scores(self) -> np.ndarray:
         """With logits_all: float32 [n_ctx, n_vocab], row i the logits after the context's first
-        i + 1 tokens, where eval() computed them; NaN where it did not (a generation's tokens, rows
-        past n_tokens)."""
+        i + 1 tokens, where eval() computed them, NaN where it did not (a generation's tokens); the
+        rows from n_tokens on hold nothing to read, as in llama-cpp-python."""
         if not self._logits_all:
             raise InvalidOptionError("scores holds the logits of eval()'s tokens with Llama(..., logits_all=True) alone")
         self._held_scores()
@@ -312,11 +312,11 @@ class Llama:
         """The tokens the context holds; the rows of scores computed for other tokens become NaN.
         A row stays right while the tokens up to its own are the same: the logits of a position
         depend on those alone."""
-        if self._scores is None:
-            self._scores = np.full((self.n_ctx(), self.n_vocab()), np.nan, np.float32)
+        if self._scores is None:  # memory is taken as rows are written: as the context fills
+            self._scores = np.empty((self.n_ctx(), self.n_vocab()), np.float32)
         held = self.engine.tokens
         same = next((i for i, (a, b) in enumerate(zip(self._scored, held)) if a != b), min(len(self._scored), len(held)))
-        self._scores[same:len(self._scored)] = np.nan
+        self._scores[same:max(len(self._scored), len(held))] = np.nan
         self._scored = held
         return held
 
