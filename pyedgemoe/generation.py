@@ -180,23 +180,33 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]
 
 
+def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+    """Log-softmax along axis in float32, as llama-cpp-python's Llama.logits_to_logprobs (where the
+    largest value is not finite, the values are not shifted)."""
+    maxs = np.amax(logits, axis=axis, keepdims=True)
+    shifted = np.subtract(logits, np.where(np.isfinite(maxs), maxs, 0), dtype=np.single)
+    with np.errstate(divide="ignore"):
+        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
-    """TokenLogprob of token from one row of logits: log-softmax in float32 as llama-cpp-python's
-    logits_to_logprobs; ties in the top n go to the larger token id, as its sort does."""
-    shifted = np.asarray(logits, dtype=np.float32) - np.float32(np.max(logits))
-    logprobs = shifted - np.log(np.sum(np.exp(shifted)))
+    """TokenLogprob of token from one row of logits (logits_to_logprobs); ties in the top n go to the
+    larger token id, as llama-cpp-python's sort does."""
+    logprobs = logits_to_logprobs(np.asarray(logits, dtype=np.float32))
     ids = np.argpartition(-logprobs, n)[:n + 1] if 0 < n < len(logprobs) else np.arange(len(logprobs) if n else 0)
     top = sorted(((float(logprobs[i]), int(i)) for i in ids), reverse=True)[:n]
     return TokenLogprob(int(token), float(logprobs[token]), tuple((i, lp) for lp, i in top))
 
 
+def longest_token_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b share from the start (llama-cpp-python's Llama.longest_token_prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def shared_prefix(held: list[int], prompt: list[int]) -> int:
     """How many of prompt's tokens a KV cache holding held can keep: their common prefix, short of
     prompt's last token (evaluated again, for its logits)."""
-    n, limit = 0, min(len(held), len(prompt) - 1)
-    while n < limit and held[n] == prompt[n]:
-        n += 1
-    return n
+    return longest_token_prefix(held, prompt[:-1])
 
 
 @dataclass

@@ -37,7 +37,8 @@ from pyedgemoe.completions import completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
-from pyedgemoe.generation import SamplingParams, SequenceState, TokenLogprob, exposed_fields, token_logprob
+from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, exposed_fields, logits_to_logprobs,
+                                  longest_token_prefix, token_logprob)
 from pyedgemoe.structured_output import schema_grammar
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
@@ -304,6 +305,14 @@ class Llama:
         return self._scores
 
     @property
+    def eval_tokens(self) -> "deque[int]":
+        """The tokens the context holds."""
+        return deque(self.engine.tokens, maxlen=self.n_ctx())
+
+    logits_to_logprobs = staticmethod(logits_to_logprobs)
+    longest_token_prefix = staticmethod(longest_token_prefix)
+
+    @property
     def eval_logits(self) -> "deque[list[float]]":
         """With logits_all: the rows of scores of the tokens the context holds, as lists."""
         return deque(self.scores[:self.n_tokens].tolist(), maxlen=self.n_ctx())
@@ -315,7 +324,7 @@ class Llama:
         if self._scores is None:  # memory is taken as rows are written: as the context fills
             self._scores = np.empty((self.n_ctx(), self.n_vocab()), np.float32)
         held = self.engine.tokens
-        same = next((i for i, (a, b) in enumerate(zip(self._scored, held)) if a != b), min(len(self._scored), len(held)))
+        same = longest_token_prefix(self._scored, held)
         self._scores[same:max(len(self._scored), len(held))] = np.nan
         self._scored = held
         return held

@@ -341,6 +341,24 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
         both()[1].scores
 
 
+def test_eval_tokens_and_the_static_helpers_are_stock_llama_cpp_pythons(both):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs, ours = both()
+    tokens = ours.tokenize(SOURCE.encode("utf-8"))
+    for llm in (theirs, ours):
+        llm.eval(tokens)
+    assert ours.eval_tokens == theirs.eval_tokens and ours.eval_tokens.maxlen == theirs.eval_tokens.maxlen
+    rows = np.random.default_rng(0).normal(0, 5, (3, 50)).astype(np.float32)
+    rows[1, :] = -np.inf  # a row with nothing finite, as llama-cpp-python leaves it
+    rows[2, 7] = np.inf
+    for axis in (-1, 0):
+        np.testing.assert_array_equal(Llama.logits_to_logprobs(rows, axis=axis),
+                                      llama_cpp.Llama.logits_to_logprobs(rows, axis=axis))
+    np.testing.assert_array_equal(Llama.logits_to_logprobs(list(rows[0])), llama_cpp.Llama.logits_to_logprobs(list(rows[0])))
+    for a, b in (([1, 2, 3], [1, 2, 4]), ([], [1]), ([5, 6], [5, 6, 7]), ([1], [2])):
+        assert Llama.longest_token_prefix(a, b) == llama_cpp.Llama.longest_token_prefix(a, b)
+
+
 def test_generate_is_stock_llama_cpp_pythons(both):
     # llama-cpp-python's docstring example: a token after another, end-of-generation ones too, until
     # the caller stops; greedy, seeded (the Llama's seed, as there) and with penalties
