@@ -370,8 +370,9 @@ class Llama:
         return _sampling({**arguments, "temperature": arguments["temp"]})
 
     def save_state(self) -> "LlamaState":
-        """What the context holds and the seed, for load_state."""
-        return LlamaState(self.engine.save_state(), self._seed)
+        """What the context holds and the seed (with logits_all, its rows of scores too), for load_state."""
+        return LlamaState(self.engine.save_state(), self._seed,
+                          self.scores[:self.n_tokens].copy() if self._logits_all else None)
 
     def load_state(self, state: "LlamaState") -> None:
         """The context holds what save_state gave, and its seed is back."""
@@ -379,6 +380,9 @@ class Llama:
             raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
         self.engine.load_state(state.sequence)
         self._seed = state.seed
+        if self._logits_all and state.scores is not None:
+            self._held_scores()  # the state's tokens: their rows are the state's
+            self._scores[:len(state.scores)] = state.scores
 
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
@@ -507,9 +511,11 @@ class Llama:
 
 @dataclass(frozen=True)
 class LlamaState:
-    """llama-cpp-python's LlamaState: what the context held (the Engine's SequenceState) and the seed."""
+    """llama-cpp-python's LlamaState: what the context held (the Engine's SequenceState), the seed,
+    and with logits_all the rows of scores of the tokens held."""
     sequence: SequenceState
     seed: int | None
+    scores: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:

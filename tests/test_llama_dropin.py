@@ -337,6 +337,12 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     next(generation), next(generation)  # the first pick evaluated by the generation: its logits are not eval's
     assert ours.n_tokens == 7 and np.isnan(ours.scores[6]).all()
     np.testing.assert_array_equal(ours.scores[:4], kept)
+    generation.close()
+    saved, rows = ours.save_state(), ours.scores[:7].copy()
+    ours.reset()
+    ours.eval(tokens[:2] + tokens[3:9])  # rows from the third on are another text's now
+    ours.load_state(saved)  # as in llama-cpp-python, the state brings its rows of scores back
+    np.testing.assert_array_equal(ours.scores[:7], rows)
     with pytest.raises(InvalidOptionError, match="logits_all=True"):
         both()[1].scores
 
