@@ -119,8 +119,9 @@ class Llama:
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
     where the build has one, mode auto, else the CPU, as llama-cpp-python runs), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
-    eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and chat_format (None, "chat_template.default" where the model has a
-    template, "chatml" where its template renders as ChatML). Any other keyword is pyedgemoe's own
+    eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
+    chat_format (None, "chat_template.default" where the model has a template, "chatml" where its
+    template renders as ChatML). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
