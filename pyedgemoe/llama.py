@@ -33,7 +33,7 @@ import numpy as np
 
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe import completions
-from pyedgemoe.completions import completion_logprobs
+from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
@@ -161,6 +161,7 @@ class Llama:
         self.model_path = self.engine.model_path
         self.verbose = verbose
         self.embedding = embedding
+        self.cache = None  # set_cache's
         self.n_batch = self.engine.plan.n_batch
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
         # _scored (NaN: not computed by eval)
@@ -385,6 +386,36 @@ class Llama:
             self._held_scores()  # the state's tokens: their rows are the state's
             self._scores[:len(state.scores)] = state.scores
 
+    def set_cache(self, cache) -> None:
+        """llama-cpp-python's prompt cache: one of its LlamaRAMCache or LlamaDiskCache (a mapping from
+        token sequences to save_state()'s states that finds the longest prefix), or None. A completion
+        whose prompt shares more with a cached state than with what the context holds starts from
+        that state, and each completion's state is saved in it."""
+        self.cache = cache
+
+    def _from_cache(self, prompt: list[int]) -> None:
+        if self.cache is None:
+            return
+        try:
+            state = self.cache[prompt]
+        except KeyError:
+            return
+        if longest_token_prefix(state.sequence.tokens, prompt) > longest_token_prefix(self.engine.tokens, prompt):
+            self.load_state(state)
+
+    def _saved(self, result):
+        """result (a completion, or its chunks), the state after it saved in the cache."""
+        if self.cache is None:
+            return result
+        if isinstance(result, dict):
+            self.cache[self.engine.tokens] = self.save_state()
+            return result
+
+        def chunks():
+            yield from result
+            self.cache[self.engine.tokens] = self.save_state()
+        return chunks()
+
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
         self._seed = seed
@@ -451,9 +482,10 @@ class Llama:
         else:
             tokens = [int(t) for t in prompt]
             prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
+        self._from_cache(tokens)
         self._take_seed(seed)
-        out = completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream, logprobs,
-                                            _sampling(locals()), prompt_length=len(prompt))
+        out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
+                                                        logprobs, _sampling(locals()), prompt_length=len(prompt)))
         if not stream:
             if echo:
                 choice = out["choices"][0]
@@ -503,10 +535,12 @@ class Llama:
             tfs_z=tfs_z, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
             logit_bias=logit_bias))
+        if self.cache is not None:
+            self._from_cache(chat_prompt_tokens(self.engine, messages))
         self._take_seed(seed)
-        out = self.engine.create_chat_completion(messages, _max_tokens(max_tokens), stop=stop, stream=stream,
-                                                 logprobs=logprobs, top_logprobs=top_logprobs,
-                                                 response_format=response_format, **_sampling(locals()))
+        out = self._saved(self.engine.create_chat_completion(
+            messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
+            response_format=response_format, **_sampling(locals())))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 

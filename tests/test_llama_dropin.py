@@ -365,6 +365,32 @@ def test_eval_tokens_and_the_static_helpers_are_stock_llama_cpp_pythons(both):
         assert Llama.longest_token_prefix(a, b) == llama_cpp.Llama.longest_token_prefix(a, b)
 
 
+def test_a_prompt_cache_of_llama_cpp_python_serves_completions_and_chats(llm):
+    # llama-cpp-python's own LlamaRAMCache: a prompt that continues a cached completion starts from
+    # its state (its tokens are not evaluated again) and completes as without the cache
+    llama_cpp = pytest.importorskip("llama_cpp")
+    with Llama(model_path=str(DEMO), **SMALL) as cached:
+        cached.set_cache(llama_cpp.LlamaRAMCache())
+        first = cached(PLANETS, max_tokens=8, temperature=0)["choices"][0]["text"]
+        cached("Something else entirely", max_tokens=2, temperature=0)
+        follow = PLANETS + first + " And the moons?"
+        again = cached(follow, max_tokens=8, temperature=0)["choices"][0]["text"]
+        assert cached.engine.last_timings.n_cached_prompt_tokens >= len(cached.tokenize(PLANETS.encode()))
+        assert again == llm(follow, max_tokens=8, temperature=0)["choices"][0]["text"]
+        chat = [{"role": "user", "content": "Name a planet."}]
+        reply = cached.create_chat_completion(chat, max_tokens=6, temperature=0, stream=True)
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in reply)
+        cached("Something else entirely", max_tokens=2, temperature=0)
+        longer = chat + [{"role": "assistant", "content": text}, {"role": "user", "content": "Another?"}]
+        out = cached.create_chat_completion(longer, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        assert cached.engine.last_timings.n_cached_prompt_tokens > 5  # the streamed chat's state, saved at its end
+        assert out == llm.create_chat_completion(longer, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        cached.set_cache(None)
+        cached("Something else entirely", max_tokens=2, temperature=0)
+        cached(follow, max_tokens=2, temperature=0)
+        assert cached.engine.last_timings.n_cached_prompt_tokens == 1  # the BOS the two prompts share
+
+
 def test_generate_is_stock_llama_cpp_pythons(both):
     # llama-cpp-python's docstring example: a token after another, end-of-generation ones too, until
     # the caller stops; greedy, seeded (the Llama's seed, as there) and with penalties
