@@ -407,13 +407,16 @@ class Llama:
         """result (a completion, or its chunks), the state after it saved in the cache."""
         if self.cache is None:
             return result
-        if isinstance(result, dict):
+
+        def save() -> None:
             self.cache[self.engine.tokens] = self.save_state()
+        if isinstance(result, dict):
+            save()
             return result
 
         def chunks():
             yield from result
-            self.cache[self.engine.tokens] = self.save_state()
+            save()
         return chunks()
 
     def set_seed(self, seed: int) -> None:
