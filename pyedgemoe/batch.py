@@ -154,7 +154,12 @@ class Batcher:
         self._decoder.decode_step([token for token, _ in inputs], [pos for _, pos in inputs],
                                   [r.sequence for r in stepping])
         for i, r in enumerate(stepping):
-            self._emit(r, r.generation.picked(r.generation.sample(i)))
+            try:
+                token = r.generation.picked(i)
+            except Exception as e:  # noqa: BLE001 - a sampler's Python hook failed: its generation alone ends
+                self._end(r, e)
+                continue
+            self._emit(r, token)
 
     def _emit(self, r: _Request, token: int | None) -> None:
         """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""

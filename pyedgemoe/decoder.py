@@ -107,10 +107,11 @@ class Decoder:
                 raise InvalidOptionError(f"load_state: {e}") from None
             sequence.tokens[:] = state.tokens
 
-    def sample(self, sampler, i: int = -1) -> int:
-        """sampler's pick from output i of the last decode (-1: its last)."""
+    def sample(self, sampler, ids: list[int], i: int = -1) -> int:
+        """sampler's (a TokenSampler's) pick after ids, the tokens evaluated, from output i of the
+        last decode (-1: its last)."""
         with self.lock:
-            return sampler.sample(self.live(), i)
+            return sampler.pick(self.live(), i, ids)
 
     def sample_next(self, sequence: KVSequence, sampler) -> int:
         """sampler's pick of the token after what sequence holds: from the last decode's logits
@@ -124,7 +125,7 @@ class Decoder:
                 kept = self.keep(sequence, n - 1)
                 self.decode(tokens[kept:], kept, sequence)
                 sequence.tokens[:] = tokens
-            return self.sample(sampler)
+            return self.sample(sampler, sequence.tokens)
 
     def output_logits(self, i: int = -1) -> np.ndarray:
         """The logits of output i of the last decode (-1: its last)."""

@@ -6,7 +6,7 @@
   the text (structured_output.py).
 - Generation: one generation on one sequence of the KV cache, from its prompt to its finish:
   prefill (reusing the prefix the sequence holds, unless fresh), the next token's input, the stop
-  rules (end-of-generation tokens, the budget), the finish reason, the timings and, when asked, each
+  rules (end-of-generation tokens, the budget, stopping criteria), the finish reason, the timings and, when asked, each
   generated token's log-probability and the most likely alternatives (TokenLogprob). The Engine steps
   one on the caller's thread (Engine._one_sequence), the Batcher several in one llama_decode
   (batch.py); both decode through the Decoder (decoder.py).
@@ -23,6 +23,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
+from pyedgemoe.token_sampler import TokenSampler
 
 RANDOM_SEED = -1  # llama.cpp's seed for a random one (its CLI's and server's default)
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
@@ -54,6 +55,18 @@ class SamplingParams:
         "--frequency-penalty", "subtract this times its count in the recent tokens from a token's logit (0: off)"))
     presence_penalty: float = field(default=0.0, metadata=_flag(
         "--presence-penalty", "subtract this from the logit of a token among the recent ones (0: off)"))
+    mirostat_mode: int = field(default=0, metadata=_flag(
+        "--mirostat", "Mirostat sampling, 1: Mirostat, 2: Mirostat 2.0 (0: off); after the temperature, in place "
+                      "of top-k, typical, top-p and min-p, as llama.cpp's"))
+    mirostat_tau: float = field(default=5.0, metadata=_flag("--mirostat-ent", "Mirostat's target entropy (tau)"))
+    mirostat_eta: float = field(default=0.1, metadata=_flag("--mirostat-lr", "Mirostat's learning rate (eta)"))
+    # {token id: bias added to its logit} (-inf: never that token); given as a dict, kept as pairs
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_flag(None))
+    # llama-cpp-python's Python hooks (token_sampler.TokenSampler): f(input_ids, logits) -> logits
+    # (or a list of such), ahead of the chain; f(input_ids, logits) -> bool, true to end the
+    # generation before a pick
+    logits_processor: object = field(default=None, metadata=_flag(None))
+    stopping_criteria: object = field(default=None, metadata=_flag(None))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
     # the penalties count the prompt's tokens too, as llama.cpp's CLI and server do (llama-cpp-python's
     # Llama counts the generated ones only)
@@ -74,6 +87,8 @@ class SamplingParams:
         keywords.update(response_format_keywords(keywords.pop("response_format", None)))
         if keywords.get("json_schema") is not None:
             keywords["json_schema"] = schema_text(keywords["json_schema"])
+        if keywords.get("logit_bias") is not None:
+            keywords["logit_bias"] = bias_pairs(keywords["logit_bias"])
         given = {name: value for name, value in {**defaults, **keywords}.items() if value is not None}
         unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
@@ -99,6 +114,15 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not np.isfinite(getattr(self, name)):
                 raise InvalidOptionError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.mirostat_mode not in (0, 1, 2):
+            raise InvalidOptionError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
+        for name in ("mirostat_tau", "mirostat_eta"):
+            if not (np.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
+                raise InvalidOptionError(f"{name} must be a number >= 0, got {getattr(self, name)}")
+        processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
+        for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria])):
+            if not all(hook is None or callable(hook) for hook in hooks):
+                raise InvalidOptionError(f"{name} must be callable (f(input_ids, logits)), got {getattr(self, name)!r}")
         if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
         for name in ("grammar", "json_schema"):
@@ -111,20 +135,43 @@ class SamplingParams:
         """The GBNF that constrains the text: the grammar, or the JSON schema's; "" for none."""
         return schema_grammar(self.json_schema) if self.json_schema is not None else self.grammar or ""
 
-    def sampler(self, model, default_seed: int | None, prompt: list[int]):
-        """A native sampler chain of these settings (the seed: its own, else default_seed, else a
-        random one) that has seen the prompt's last penalty_last_n tokens (with penalize_prompt)."""
+    def sampler(self, model, default_seed: int | None, prompt: list[int]) -> TokenSampler:
+        """A sampler of these settings (the seed: its own, else default_seed, else a random one)
+        whose native chain has seen the prompt's last penalty_last_n tokens (with penalize_prompt)."""
         seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:
-            sampler = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
-                                      self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
-                                      self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar)
+            chain = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
+                                    self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
+                                    self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar,
+                                    bias_pairs(self.logit_bias), self.mirostat_mode, self.mirostat_tau, self.mirostat_eta)
+        except InvalidOptionError as e:
+            raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
         for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 and self.penalize_prompt else []:
-            sampler.accept_prompt(t)
-        return sampler
+            chain.accept_prompt(t)
+        return TokenSampler(chain, self.logits_processor, self.stopping_criteria)
+
+
+def bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs of a logit_bias mapping (or pairs), by token id; keys may be the ids'
+    text, as OpenAI's JSON and llama-cpp-python take them."""
+    try:
+        items = logit_bias.items() if isinstance(logit_bias, dict) else iter(logit_bias)
+        pairs = sorted((_bias_token(token), float(bias)) for token, bias in items)
+    except (TypeError, ValueError) as e:
+        raise InvalidOptionError(f"logit_bias must map token ids to numbers: {e}") from None
+    nan = next((token for token, bias in pairs if np.isnan(bias)), None)
+    if nan is not None:
+        raise InvalidOptionError(f"logit_bias: the bias of token {nan} is not a number")
+    return tuple(pairs)
+
+
+def _bias_token(token) -> int:
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer, str)):
+        raise TypeError(f"{token!r} is not a token id")
+    return int(token)
 
 
 def exposed_fields() -> list[dataclasses.Field]:
@@ -227,7 +274,7 @@ class SequenceState:
 
 class Generation:
     """One generation on one KVSequence: prefill() evaluates the prompt and picks the first token;
-    then, while more() is true, the model evaluates next_input() and picked() takes the next pick.
+    then, while more() is true, the model evaluates next_input() and picked() picks the next token.
     A pick is None when the generation ends there (timings.finish_reason says why).
 
     budget: tokens to generate at most. fresh: reuse no prefix of what the sequence holds.
@@ -266,7 +313,7 @@ class Generation:
         self.timings.n_cached_prompt_tokens = reuse
         self.timings.prefill_seconds = time.perf_counter() - start
         self._decode_start = time.perf_counter()
-        return self._take(self.sample())
+        return self._take(self._sample())
 
     def more(self) -> bool:
         """Whether the budget allows another token after the last pick."""
@@ -277,19 +324,19 @@ class Generation:
         self._fed = self._last if self.feed_tokens is None else self.feed_tokens[self.timings.n_decoded - 1]
         return self._fed, len(self.sequence.tokens)
 
-    def sample(self, i: int = -1) -> int:
-        """The sampler's pick from output i of the last decode (-1: its last), its TokenLogprob
-        noted with n_probs."""
-        token = self.decoder.sample(self.sampler, i)
+    def _sample(self, i: int = -1) -> int:
+        """The sampler's pick after the tokens the sequence holds, from output i of the last decode
+        (-1: its last), its TokenLogprob noted with n_probs."""
+        token = self.decoder.sample(self.sampler, self.sequence.tokens, i)
         if self.n_probs is not None:
             self._pick_logprob = token_logprob(self.decoder.output_logits(i), token, self.n_probs)
         return token
 
-    def picked(self, token: int) -> int | None:
-        """After the model evaluated next_input() (now in the sequence), the token it picked next
-        (sample())."""
+    def picked(self, i: int = -1) -> int | None:
+        """After the model evaluated next_input() (now in the sequence), the token picked from its
+        output i (-1: the last decode's last)."""
         self.sequence.tokens.append(self._fed)
-        return self._take(token)
+        return self._take(self._sample(i))
 
     def step(self) -> int | None:
         """One sequence alone: the next pick, or None at the end. Time spent by the consumer between
@@ -299,13 +346,14 @@ class Generation:
             return self._finish("length")
         token, pos = self.next_input()
         self.decoder.decode([token], pos, self.sequence)
-        return self.picked(self.sample())
+        return self.picked()
 
     def _take(self, token: int) -> int | None:
-        """The stop rules: the budget spent (before the pick: max_tokens 0), an end-of-generation token."""
+        """The stop rules: the budget spent (before the pick: max_tokens 0), an end-of-generation token,
+        the sampler's stopping criteria."""
         if not self.more():
             return self._finish("length")
-        if not self.ignore_eos and self.decoder.is_eog(token):
+        if (not self.ignore_eos and self.decoder.is_eog(token)) or self.sampler.stopped:
             return self._finish("stop")
         self.timings.n_decoded += 1
         self.timings.decode_seconds = time.perf_counter() - self._decode_start

@@ -54,19 +54,15 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
-UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {
-    "suffix": None, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-    "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
-}
+# (tail-free sampling, tfs_z, left llama.cpp; llama-cpp-python takes the argument and ignores it)
+UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"suffix": None, "tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
-UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {
-    "tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None,
-    "stopping_criteria": None,
-}
+UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
-    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "tfs_z": 1.0, "mirostat_mode": 0,
-    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "logits_processor": None, "logit_bias": None,
+    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "tfs_z": 1.0,
 }
+# the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
+_PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
 # itself retries an unreachable Hub for ~23 s)
 HUB_CONNECT_SECONDS = 3.0
@@ -475,10 +471,7 @@ class Llama:
         generates until the context is full, echo puts the prompt before the text (and, not
         streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
         LlamaGrammar."""
-        refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(
-            suffix=suffix, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta, stopping_criteria=stopping_criteria, logits_processor=logits_processor,
-            logit_bias=logit_bias))
+        refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(suffix=suffix, tfs_z=tfs_z))
         if isinstance(prompt, str):
             prompt_text = prompt
             tokens = self.engine.tokenize(prompt, add_bos=True, special=True)
@@ -534,10 +527,7 @@ class Llama:
         response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
-            functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice,
-            tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
-            logit_bias=logit_bias))
+            functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice, tfs_z=tfs_z))
         if self.cache is not None:
             self._from_cache(chat_prompt_tokens(self.engine, messages))
         self._take_seed(seed)
@@ -618,7 +608,8 @@ def _sampling(arguments: dict) -> dict:
     """The sampling settings among a method's arguments (SamplingParams' fields, by the same names,
     but the seed: the Engine's, _take_seed); a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as
     its GBNF text. As llama-cpp-python's, the penalties count the generated tokens only."""
-    settings = {f.name: arguments[f.name] for f in exposed_fields() if f.name in arguments and f.name != "seed"}
+    names = [f.name for f in exposed_fields() if f.name != "seed"] + list(_PYTHON_SAMPLING)
+    settings = {name: arguments[name] for name in names if name in arguments}
     settings["penalize_prompt"] = False
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])

@@ -76,6 +76,14 @@ def test_llama_clis_spellings_of_the_seed_and_the_context(mixtral_gguf):
     assert json.loads(runs[0].stdout)["tokens"] != json.loads(runs[1].stdout)["tokens"]
 
 
+def test_llama_clis_mirostat(mixtral_gguf):
+    args = ("run", mixtral_gguf, "-p", "abc", "-n", "16", "--temp", "1.0", "--seed", "7", "--json")
+    plain = json.loads(cli(*args).stdout)["tokens"]
+    mirostat = cli(*args, "--mirostat", "2", "--mirostat-ent", "1", "--mirostat-lr", "0.5")
+    assert mirostat.returncode == 0, mirostat.stderr
+    assert json.loads(mirostat.stdout)["tokens"] != plain
+
+
 @pytest.mark.parametrize("value, shown", [("on", "enabled"), ("off", "disabled")])
 def test_flash_attention_as_llama_clis_fa(mixtral_gguf, value, shown):
     r = cli("run", mixtral_gguf, "-p", "abc", "-n", "2", "--temp", "0", "-fa", value, "--verbose")
@@ -168,6 +176,8 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("--seed", "-2"), "seed"),
     (("--presence-penalty", "nan"), "presence_penalty"),
     (("--typical", "1.5"), "typical_p"),
+    (("--mirostat", "3"), "mirostat_mode"),
+    (("--mirostat-ent", "-1"), "mirostat_tau"),
     (("-fa", "yes please"), "--flash-attn takes on, off or auto"),
 ])
 def test_invalid_option_values(mixtral_gguf, args, fragment):

@@ -203,8 +203,8 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
 
 
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
-    with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5.*mirostat_mode=2"):
-        llm(PLANETS, tfs_z=0.5, mirostat_mode=2)
+    with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5"):  # tail-free sampling left llama.cpp
+        llm(PLANETS, tfs_z=0.5)
     with pytest.raises(InvalidOptionError, match="tools="):
         llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}],
                                    tools=[{"type": "function", "function": {"name": "f"}}])
@@ -411,10 +411,14 @@ def test_generate_is_stock_llama_cpp_pythons(both):
 
 def test_generate_refuses_what_it_cannot_do_at_the_call(llm):
     tokens = llm.tokenize(b"def fib(n):")
-    with pytest.raises(InvalidOptionError, match="mirostat_mode=2"):
-        llm.generate(tokens, mirostat_mode=2)
-    with pytest.raises(InvalidOptionError, match="stopping_criteria"):
-        llm.generate(tokens, stopping_criteria=[lambda ids, logits: False])
+    with pytest.raises(InvalidOptionError, match="tfs_z=0.5"):
+        llm.generate(tokens, tfs_z=0.5)
+    with pytest.raises(InvalidOptionError, match="stopping_criteria must be callable"):
+        llm.generate(tokens, stopping_criteria=[lambda ids, logits: False])  # llama-cpp-python calls it too
+    with pytest.raises(InvalidOptionError, match="logits_processor must be callable"):
+        llm.generate(tokens, logits_processor=[np.zeros(3)])
+    with pytest.raises(InvalidOptionError, match="mirostat_mode must be 0"):
+        llm.generate(tokens, mirostat_mode=3)
     with pytest.raises(InvalidOptionError, match="top_p"):
         llm.generate(tokens, top_p=0)
     tokens_out = llm.generate(tokens, temp=0)
@@ -481,6 +485,94 @@ def test_penalties_are_stock_llama_cpp_pythons(both):
         out = ours(tokens, max_tokens=48, temperature=0, **penalties)["choices"]
         assert out == theirs(tokens, max_tokens=48, temperature=0, **penalties)["choices"]
         assert out[0]["text"] != plain, penalties  # the penalty changed the greedy text
+
+
+def test_mirostat_is_stock_llama_cpp_pythons_at_temperature_1(both):
+    # llama-cpp-python's chain leaves the temperature out of Mirostat's; llama.cpp's common sampler,
+    # and so ours, applies it first: the same picks at temperature 1
+    theirs, ours = both()
+    tokens = ours.tokenize(b"def fib(n):")
+    plain = ours(tokens, max_tokens=32, temperature=1.0, seed=1337)["choices"]
+    for mirostat in (dict(mirostat_mode=1), dict(mirostat_mode=2, mirostat_tau=3.0, mirostat_eta=0.2)):
+        kwargs = dict(max_tokens=32, temperature=1.0, seed=1337, **mirostat)
+        out = ours(tokens, **kwargs)["choices"]
+        assert out == theirs(tokens, **kwargs)["choices"]
+        assert out != plain, mirostat
+        assert ours(tokens, **{**kwargs, "temperature": 0.3})["choices"] != out  # the temperature counts
+    assert list(islice(ours.generate(tokens, temp=1.0, mirostat_mode=2), 16)) == \
+        list(islice(theirs.generate(tokens, temp=1.0, mirostat_mode=2), 16))
+
+
+def test_logit_bias_is_stock_llama_cpp_pythons(both):
+    theirs, ours = both()
+    tokens = ours.tokenize(b"def fib(n):")
+    greedy = list(islice(ours.generate(tokens, temp=0), 2))
+    plain = ours(tokens, max_tokens=24, temperature=0)["choices"]
+    for bias in ({greedy[0]: -100.0}, {str(greedy[1]): -5.0, 13: 2.5}):  # ids as text too, as OpenAI's JSON keys
+        out = ours(tokens, max_tokens=24, temperature=0, logit_bias=bias)["choices"]
+        assert out == theirs(tokens, max_tokens=24, temperature=0, logit_bias=bias)["choices"]
+        assert out != plain, bias
+    forced = ours.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0.8,
+                                         logit_bias={greedy[0]: 100.0})
+    assert forced["choices"][0]["message"]["content"] == ours.detokenize([greedy[0]] * 6).decode()
+    with pytest.raises(InvalidOptionError, match="logit_bias: token id 99999 out of range"):
+        ours(tokens, max_tokens=2, logit_bias={99999: 1.0})
+    with pytest.raises(InvalidOptionError, match="logit_bias must map token ids to numbers"):
+        ours(tokens, max_tokens=2, logit_bias={"the": 1.0})
+
+
+def test_logits_processors_are_stock_llama_cpp_pythons(both):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs, ours = both()
+    tokens = ours.tokenize(b"def fib(n):")
+    first = next(ours.generate(tokens, temp=0))
+    seen = []
+
+    def ban_first(input_ids, scores):  # llama-cpp-python's LogitsProcessor
+        seen.append(input_ids.tolist())
+        scores[first] = -np.inf
+        return scores
+    for processors in (llama_cpp.LogitsProcessorList([ban_first]), [ban_first]):  # a plain list too, as there
+        seen.clear()
+        out = ours(tokens, max_tokens=8, temperature=0, logits_processor=processors)
+        assert seen[0] == tokens and len(seen) == 8  # the tokens evaluated before each pick
+        assert seen[-1] == tokens + ours.tokenize(out["choices"][0]["text"].encode(), add_bos=False)[:7]
+        assert out["choices"] == theirs(tokens, max_tokens=8, temperature=0, logits_processor=processors)["choices"]
+        assert ours.tokenize(out["choices"][0]["text"].encode(), add_bos=False)[0] != first
+    min_tokens = llama_cpp.MinTokensLogitsProcessor(12, ours.token_eos())
+    kwargs = dict(temp=0.8, logits_processor=llama_cpp.LogitsProcessorList([min_tokens]))
+    assert list(islice(ours.generate(tokens, **kwargs), 16)) == list(islice(theirs.generate(tokens, **kwargs), 16))
+    ours.reset()
+    ours.eval(tokens)
+    banned = ours.engine.logits(tokens)[-1]
+    banned[first] = -np.inf
+    # (llama-cpp-python's own sample() leaves the processor out here: it picks `first`)
+    assert ours.sample(temp=0, logits_processor=ban_first) == int(np.argmax(banned))
+    with pytest.raises(InvalidOptionError, match="logits_processor returned logits of shape"):
+        ours(tokens, max_tokens=2, logits_processor=lambda ids, scores: scores[:10])
+
+
+def test_stopping_criteria_end_the_generation_as_in_llama_cpp_python(both):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs, ours = both()
+    tokens = ours.tokenize(b"def fib(n):")
+    argmax = []
+
+    def after_five(input_ids, logits):  # asked after each pick: true drops that pick and ends the generation
+        argmax.append(int(np.argmax(logits)))
+        return len(input_ids) >= len(tokens) + 5
+    for criteria in (llama_cpp.StoppingCriteriaList([after_five]), after_five):
+        argmax.clear()
+        out = ours(tokens, max_tokens=24, temperature=0, stopping_criteria=criteria)
+        assert out["choices"] == theirs(tokens, max_tokens=24, temperature=0, stopping_criteria=criteria)["choices"]
+        assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 5
+        # the logits each pick came from (llama-cpp-python hands a row of its scores that is not theirs)
+        assert argmax[:5] == ours.tokenize(out["choices"][0]["text"].encode(), add_bos=False)[:5]
+    streamed = list(ours(tokens, max_tokens=24, temperature=0, stopping_criteria=after_five, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == out["choices"][0]["text"]
+    assert streamed[-1]["choices"][0]["finish_reason"] == "stop"
+    assert list(islice(ours.generate(tokens, temp=0, stopping_criteria=after_five), 24)) == \
+        list(islice(theirs.generate(tokens, temp=0, stopping_criteria=after_five), 24))
 
 
 def test_the_engine_counts_the_prompt_in_its_penalties_as_llama_cpp_does(eng):

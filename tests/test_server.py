@@ -194,6 +194,20 @@ def test_openais_penalties_and_llama_servers_typical_p_change_the_text(client):
     assert client.completions.create(**typical).choices[0].text != client.completions.create(**sampled).choices[0].text
 
 
+def test_openais_logit_bias_and_llama_cpp_pythons_mirostat_are_the_engines(client, reference):
+    kwargs = dict(model=MODEL_ID, prompt="def fib(n):", max_tokens=16, temperature=0)
+    plain = client.completions.create(**kwargs).choices[0].text
+    first = reference.tokenize(plain.encode(), add_bos=False)[0]
+    biased = client.completions.create(**kwargs, logit_bias={str(first): -100}).choices[0].text
+    assert biased == reference.create_completion("def fib(n):", max_tokens=16, temperature=0,
+                                                 logit_bias={first: -100})["choices"][0]["text"] != plain
+    sampled = dict(kwargs, temperature=1.0, seed=7)
+    mirostat = client.completions.create(**sampled, extra_body={"mirostat_mode": 2, "mirostat_tau": 3.0}).choices[0]
+    assert mirostat.text == reference.create_completion("def fib(n):", max_tokens=16, temperature=1.0, seed=7,
+                                                        mirostat_mode=2, mirostat_tau=3.0)["choices"][0]["text"]
+    assert mirostat.text != client.completions.create(**sampled).choices[0].text
+
+
 def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
     kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
                   extra_body={"top_k": 0, "min_p": 0.0})

@@ -81,6 +81,13 @@ def assert_error(status: int, out: dict, expected_status: int, param: str | None
     ({"prompt": [-1]}, "prompt"),
     ({"prompt": "x", "stop": ["s"] * 100_000}, "stop"),
     ({"prompt": "x", "stop": "s" * 10_000}, "stop"),
+    ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias[1]"),
+    ({"prompt": "x", "logit_bias": {"the": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [1, 2]}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(2000)}}, "logit_bias"),
+    ({"prompt": "x", "mirostat_mode": 3}, "mirostat_mode"),
+    ({"prompt": "x", "mirostat_tau": -1}, "mirostat_tau"),
 ])
 def test_a_parameter_out_of_range_is_400_naming_it(server, body, param):
     assert_error(*post_raw(server, json.dumps(body).encode()), 400, param)
@@ -90,6 +97,9 @@ def test_a_token_id_outside_the_vocabulary_says_the_vocabulary(server):
     status, out = post_raw(server, json.dumps({"prompt": [1, 99999]}).encode())
     assert_error(status, out, 400, "prompt")
     assert "99999" in out["error"]["message"] and "vocabulary" in out["error"]["message"]
+    status, out = post_raw(server, json.dumps({"prompt": "x", "logit_bias": {"99999": 1}}).encode())
+    assert_error(status, out, 400)
+    assert "logit_bias: token id 99999 out of range" in out["error"]["message"]
 
 
 @pytest.mark.parametrize("raw, param, path", [

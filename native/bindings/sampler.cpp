@@ -1,10 +1,14 @@
 // Sampler: llama.cpp's sampler chain, in the order llama.cpp's own tools use
-// (penalties -> grammar -> top-k -> top-p -> min-p -> temperature -> dist; greedy when
-// temperature <= 0). The grammar (GBNF, llama.cpp's grammar sampler) comes right after the
-// penalties, as in llama-cpp-python's chain: only tokens it allows reach the others.
+// (logit bias -> penalties -> grammar -> top-k -> typical -> top-p -> min-p -> temperature -> dist;
+// greedy when temperature <= 0; with Mirostat, temperature -> mirostat in place of the truncations
+// and dist, as llama.cpp's common sampler). The grammar (GBNF, llama.cpp's grammar sampler) comes
+// right after the penalties, as in llama-cpp-python's chain: only tokens it allows reach the others.
 #include "native.h"
 
 #include "llama.h"
+
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdio>
 #include <functional>
@@ -53,15 +57,25 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & g
 
 void create(Sampler * self, const Model & model, float temperature, int top_k, float top_p, float min_p,
             float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
-            int penalty_last_n, uint32_t seed, const std::string & grammar) {
+            int penalty_last_n, uint32_t seed, const std::string & grammar,
+            const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat, float mirostat_tau,
+            float mirostat_eta) {
+    const llama_vocab * vocab = llama_model_get_vocab(model.model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    std::vector<llama_logit_bias> biases;
+    for (const auto & [token, bias] : logit_bias) biases.push_back({token, bias});
+    std::vector<llama_token> biased;
+    for (const auto & b : biases) biased.push_back(b.token);
+    check_token_ids(biased, n_vocab);
+    if (mirostat < 0 || mirostat > 2) throw nb::value_error("mirostat must be 0, 1 or 2");
     llama_sampler_chain_params params = llama_sampler_chain_default_params();
     params.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(params);
-    const llama_vocab * vocab = llama_model_get_vocab(model.model);
+    if (!biases.empty()) llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, (int32_t) biases.size(), biases.data()));
     llama_sampler * penalties = nullptr;
     if ((repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f) && penalty_last_n != 0) {
-        penalties = llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), penalty_last_n, repeat_penalty,
-                                                 frequency_penalty, presence_penalty);
+        penalties = llama_sampler_init_penalties(n_vocab, penalty_last_n, repeat_penalty, frequency_penalty,
+                                                 presence_penalty);
         llama_sampler_chain_add(chain, penalties);
     }
     if (!grammar.empty()) {
@@ -74,6 +88,11 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     }
     if (temperature <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    } else if (mirostat != 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(temperature));
+        llama_sampler_chain_add(chain, mirostat == 1
+            ? llama_sampler_init_mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)  // m = 100: llama.cpp's
+            : llama_sampler_init_mirostat_v2(seed, mirostat_tau, mirostat_eta));
     } else {
         if (top_k > 0) llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typical_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_typical(typical_p, 1));
@@ -87,6 +106,24 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     self->penalties = penalties;
 }
 
+// Samples from logits given (llama-cpp-python's logits processors changed them) as
+// llama_sampler_sample does from a context's, and records the pick.
+llama_token sample_logits(Sampler & s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits,
+                          int n_vocab) {
+    if ((int) logits.shape(0) != n_vocab) {
+        throw nb::value_error(("the logits have " + std::to_string(logits.shape(0)) + " values, the vocabulary " +
+                               std::to_string(n_vocab) + " tokens").c_str());
+    }
+    std::vector<llama_token_data> candidates(n_vocab);
+    for (int t = 0; t < n_vocab; ++t) candidates[t] = {t, logits(t), 0.0f};
+    llama_token_data_array array = {candidates.data(), candidates.size(), -1, false};
+    llama_sampler_apply(s.chain, &array);
+    if (array.selected < 0 || array.selected >= (int64_t) array.size) throw nb::value_error("no token left to sample");
+    const llama_token token = array.data[array.selected].id;
+    llama_sampler_accept(s.chain, token);
+    return token;
+}
+
 }  // namespace
 
 void register_sampler(nb::module_ & m) {
@@ -94,11 +131,15 @@ void register_sampler(nb::module_ & m) {
         .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
              nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"),
              nb::arg("frequency_penalty"), nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
-             nb::arg("seed"), nb::arg("grammar") = "")
+             nb::arg("seed"), nb::arg("grammar") = "", nb::arg("logit_bias") = std::vector<std::pair<llama_token, float>>(),
+             nb::arg("mirostat") = 0, nb::arg("mirostat_tau") = 5.0f, nb::arg("mirostat_eta") = 0.1f)
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },
              nb::arg("context"), nb::arg("i") = -1)
+        .def("sample_logits", [](Sampler & s, Context & c, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits) {
+                 return sample_logits(s, logits, c.n_vocab);
+             }, nb::arg("context"), nb::arg("logits"))
         // A token of the prompt, for the penalties only: the grammar constrains the generated text.
         .def("accept_prompt", [](Sampler & s, llama_token t) { if (s.penalties) llama_sampler_accept(s.penalties, t); },
              nb::arg("token"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
 from pyedgemoe.generation import RANDOM_SEED, SamplingParams, exposed_fields
-from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_STOP_CHARS, MAX_STOP_STRINGS,
+from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS,
                                      MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
 
@@ -78,6 +78,19 @@ def _response_format(name: str, value) -> dict:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise _invalid(name, 'an object with a "type"', value)
     return value
+
+
+def _logit_bias(name: str, value) -> dict[int, float]:
+    """OpenAI's logit_bias: {token id (its text, as JSON's keys are): bias in [-100, 100]}; each id
+    in the vocabulary (the Engine checks)."""
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise _invalid(name, f"an object of at most {MAX_LOGIT_BIAS} token ids and their biases", value)
+    out = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
+            raise _invalid(name, "an object whose keys are token ids", value)
+        out[int(key)] = _in_range(_number, -100, 100)(f"{name}[{key}]", bias)
+    return out
 
 
 _logprobs_count = _in_range(_integer, 0, MAX_TOP_LOGPROBS)
@@ -147,7 +160,9 @@ _RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer,
            "top_p": _in_range(_number, 0, 1, low_open=True),
            "typical_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
            "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX),
-           "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2)}
+           "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2),
+           "mirostat_mode": _in_range(_integer, 0, 2), "mirostat_tau": _in_range(_number, 0, 1e6),
+           "mirostat_eta": _in_range(_number, 0, 1e6)}
 
 
 def _field_check(name: str):
@@ -159,7 +174,8 @@ def _field_check(name: str):
     return _BY_TYPE[next(t for t in get_args(hint) if t is not type(None)) if get_args(hint) else hint]
 
 
-_SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop}
+_SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop,
+             "logit_bias": _logit_bias}
 # max_tokens and its other names (chat's newer one; llama-server's)
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
@@ -169,8 +185,7 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
             "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
-_NEUTRAL = {"n": (1,), "logit_bias": (None, {}),
-            "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
+_NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
 # switch with top_logprobs the count (OpenAI's chat)
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}

@@ -1,0 +1,59 @@
+"""One generation's sampler: llama.cpp's sampler chain (the native Sampler that
+generation.SamplingParams.sampler makes) and llama-cpp-python's two Python hooks around it.
+
+- logits_processor(input_ids, logits) -> logits: changes a step's logits before the chain sees them
+  (llama-cpp-python's LogitsProcessorList, any such callable, or a list of them, applied in
+  turn, as llama-cpp-python applies a plain list too); input_ids are the tokens
+  evaluated so far (prompt and generated), int32, logits the step's, float32 [n_vocab], a copy the
+  processor may change in place.
+- stopping_criteria(input_ids, logits) -> bool: asked after each pick with the same input_ids and
+  the logits the pick came from (before the processor); true ends the generation with that pick
+  dropped, finish reason "stop", as llama-cpp-python's generate does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pyedgemoe.errors import InvalidOptionError
+
+
+class TokenSampler:
+    """Picks a generation's tokens: pick() after each decode; `stopped` after a pick the stopping
+    criteria ended the generation at."""
+
+    def __init__(self, chain, logits_processor=None, stopping_criteria=None):
+        self.chain = chain
+        self.logits_processor = _in_turn(logits_processor) if isinstance(logits_processor, (list, tuple)) \
+            else logits_processor
+        self.stopping_criteria = stopping_criteria
+        self.stopped = False
+
+    def accept_prompt(self, token: int) -> None:
+        """A prompt's token, for the chain's penalties."""
+        self.chain.accept_prompt(token)
+
+    def pick(self, context, i: int, ids: list[int]) -> int:
+        """The token after ids (the tokens evaluated), from output i of context's last decode."""
+        if self.logits_processor is None and self.stopping_criteria is None:
+            return self.chain.sample(context, i)
+        logits = context.output_logits(i)
+        if self.logits_processor is None:
+            token = self.chain.sample(context, i)
+        else:
+            changed = np.asarray(self.logits_processor(np.array(ids, dtype=np.intc), logits.copy()), dtype=np.float32)
+            if changed.shape != logits.shape:
+                raise InvalidOptionError(f"logits_processor returned logits of shape {changed.shape}, not "
+                                         f"{logits.shape}")
+            token = self.chain.sample_logits(context, np.ascontiguousarray(changed))
+        if self.stopping_criteria is not None:
+            self.stopped = bool(self.stopping_criteria(np.array(ids, dtype=np.intc), logits))
+        return token
+
+
+def _in_turn(processors):
+    """One logits processor of several, each given the logits the one before returned."""
+    def apply(ids, logits):
+        for processor in processors:
+            logits = processor(ids, logits)
+        return logits
+    return apply
