@@ -114,7 +114,7 @@ class Batcher:
             try:
                 with self._decoder.lock:
                     for r in admitted:
-                        self._emit(r, r.generation.prefill(r.sequence))
+                        self._emit_own(r, lambda: r.generation.prefill(r.sequence))
                     if stepping:
                         self._step(stepping)
             except ExpertLoadError as e:
@@ -154,12 +154,18 @@ class Batcher:
         self._decoder.decode_step([token for token, _ in inputs], [pos for _, pos in inputs],
                                   [r.sequence for r in stepping])
         for i, r in enumerate(stepping):
-            try:
-                token = r.generation.picked(i)
-            except Exception as e:  # noqa: BLE001 - a sampler's Python hook failed: its generation alone ends
-                self._end(r, e)
-                continue
-            self._emit(r, token)
+            self._emit_own(r, lambda: r.generation.picked(i))
+
+    def _emit_own(self, r: _Request, pick) -> None:
+        """_emit of pick()'s token; an error of r's own (its sampler's Python hooks) ends r alone."""
+        try:
+            token = pick()
+        except ExpertLoadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
+            self._end(r, e)
+            return
+        self._emit(r, token)
 
     def _emit(self, r: _Request, token: int | None) -> None:
         """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""

@@ -44,6 +44,9 @@ class TokenSampler:
             if changed.shape != logits.shape:
                 raise InvalidOptionError(f"logits_processor returned logits of shape {changed.shape}, not "
                                          f"{logits.shape}")
+            if np.isnan(changed).any() or not (changed > -np.inf).any():  # the chain would pick garbage
+                raise InvalidOptionError("logits_processor returned logits with NaN, or with no token left "
+                                         "(every logit -inf)")
             token = self.chain.sample_logits(context, np.ascontiguousarray(changed))
         if self.stopping_criteria is not None:
             self.stopped = bool(self.stopping_criteria(np.array(ids, dtype=np.intc), logits))

@@ -70,6 +70,28 @@ def test_streamed_generations_interleave_and_closing_one_frees_its_sequence(batc
         assert first + "".join(s) == alone[p]
 
 
+def test_a_logits_processor_that_fails_ends_its_generation_alone(batched, alone):
+    # a sampler's Python hook runs on the batcher's thread: its error reaches its caller, not the others
+    errors: list[Exception] = []
+
+    def failing(ids, logits):
+        raise ZeroDivisionError("the caller's own bug")
+
+    def run_failing() -> None:
+        try:
+            batched.generate(PROMPTS[0], 32, temperature=0, logits_processor=failing)
+        except ZeroDivisionError as e:
+            errors.append(e)
+    failing_thread = threading.Thread(target=run_failing)
+    failing_thread.start()
+    assert run_together(batched, PROMPTS[1:3]) == [alone[p] for p in PROMPTS[1:3]]
+    failing_thread.join(timeout=120)
+    assert len(errors) == 1
+    banned = batched.generate(PROMPTS[0], 8, temperature=0, ignore_eos=True,
+                              logits_processor=lambda ids, logits: logits - 1.0)  # the same order: the same text
+    assert banned == batched.generate(PROMPTS[0], 8, temperature=0, ignore_eos=True)
+
+
 def test_a_seeded_generation_reuses_no_prefix_and_repeats_itself(batched):
     kwargs = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1, seed=7)
     first = batched.generate(PROMPTS[1], 16, **kwargs)

@@ -550,6 +550,9 @@ def test_logits_processors_are_stock_llama_cpp_pythons(both):
     assert ours.sample(temp=0, logits_processor=ban_first) == int(np.argmax(banned))
     with pytest.raises(InvalidOptionError, match="logits_processor returned logits of shape"):
         ours(tokens, max_tokens=2, logits_processor=lambda ids, scores: scores[:10])
+    for left in (np.nan, -np.inf):
+        with pytest.raises(InvalidOptionError, match="no token left"):
+            ours(tokens, max_tokens=2, logits_processor=lambda ids, scores: np.full_like(scores, left))
 
 
 def test_stopping_criteria_end_the_generation_as_in_llama_cpp_python(both):
