@@ -1,16 +1,21 @@
 """Formatting chat messages with the model's template, the way llama-cpp-python does:
-the GGUF's Jinja template (tokenizer.chat_template) rendered in a sandbox, falling back to
-llama.cpp's built-in template matcher, then to ChatML when the model has no template."""
+the GGUF's Jinja template (tokenizer.chat_template) rendered in a sandbox with what Transformers
+gives templates, falling back to llama.cpp's built-in template matcher, then to ChatML when the
+model has no template."""
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyedgemoe.errors import InvalidOptionError
 
 TEMPLATE_KEY = "tokenizer.chat_template"  # the GGUF key of a model's Jinja template
 CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -19,21 +24,47 @@ def _raise(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
 
+class _GenerationTags(jinja2.ext.Extension):
+    """Transformers' {% generation %} ... {% endgeneration %} (marks the assistant's text for
+    training): its body, as if the tags were not there."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(x, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """Transformers' tojson: plain JSON, not Jinja's HTML-safe one (a tool's "<" stays "<")."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The sandbox a model's template renders in, with what Transformers (and llama-cpp-python) give
+    templates: loop controls, the generation tags, their tojson and strftime_now."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTags, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
+    return env
+
+
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str, eos_token: str,
-                native_fallback=None) -> str:
+                native_fallback=None, tools: list[dict] | None = None, tool_choice=None) -> str:
     """messages: [{"role": ..., "content": ...}]; returns the prompt text up to the assistant's turn.
-    A template that refuses the messages (and no fallback that takes them) is InvalidOptionError."""
+    tools and tool_choice (OpenAI's) go to the template, as llama-cpp-python hands them (ChatML and
+    llama.cpp's built-in templates show no tools). A template that refuses the messages (and no
+    fallback that takes them) is InvalidOptionError."""
     if template:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
         try:
-            return env.from_string(template).render(
+            return _environment().from_string(template).render(
                 messages=messages, add_generation_prompt=True,
-                bos_token=bos_token, eos_token=eos_token,
+                bos_token=bos_token, eos_token=eos_token, tools=tools, tool_choice=tool_choice,
             )
         except jinja2.exceptions.TemplateError as e:
             if native_fallback is not None:
-                text = native_fallback([(m["role"], m["content"]) for m in messages])
+                text = native_fallback([(m["role"], m.get("content") or "") for m in messages])
                 if text is not None:
                     return text
             raise InvalidOptionError(f"the model's chat template refuses these messages: {e}") from None

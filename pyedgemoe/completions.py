@@ -7,7 +7,8 @@
   alternatives when asked (logprobs; recorded by generation.Generation): a completion's as
   llama-cpp-python returns them (OpenAI's completions shape: tokens, text_offset, token_logprobs,
   top_logprobs), a chat completion's in OpenAI's chat shape (content: token, logprob, bytes,
-  top_logprobs). A streamed chunk carries those of the tokens its text came from.
+  top_logprobs). A streamed chunk carries those of the tokens its text came from. A chat's tools
+  go to the template; a forced tool call is the answer (pyedgemoe.tool_calls).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Iterator
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
+from pyedgemoe.tool_calls import call_delta, call_message, check_tools, forced_tool
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -134,12 +136,14 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
     return chunks()
 
 
-def chat_prompt_tokens(engine, messages: list[dict]) -> list[int]:
-    """The tokens of messages formatted with the model's template (Engine.format_chat)."""
+def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
+    """The tokens of messages (and the tools, for the template) formatted with the model's template
+    (Engine.format_chat)."""
     for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise InvalidOptionError(f"each message needs 'role' and 'content', got {m!r}")
-    text = engine.format_chat(messages)
+        if not isinstance(m, dict) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
+            raise InvalidOptionError(f"each message needs 'role' and 'content' (or, the assistant's, 'tool_calls'), "
+                                     f"got {m!r}")
+    text = engine.format_chat(messages, tools, tool_choice)
     bos = engine.token_bos()
     bos_text = engine.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else None
     starts_with_bos = bos_text is not None and text.startswith(bos_text)
@@ -147,15 +151,28 @@ def chat_prompt_tokens(engine, messages: list[dict]) -> list[int]:
 
 
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
-                           stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict):
-    """Engine.create_chat_completion's result (or chunks)."""
+                           stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict,
+                           tools: list[dict] | None = None, tool_choice=None):
+    """Engine.create_chat_completion's result (or chunks); a tool choice that forces a call answers
+    with it (pyedgemoe.tool_calls)."""
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
+    function = forced_tool(check_tools(tools), tool_choice)
+    if function is not None:
+        if any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
+            raise InvalidOptionError("a forced tool call constrains the answer to the tool's arguments: give no "
+                                     "grammar, json_schema or response_format with it")
+        sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
     sampling = SamplingParams.of(sampling, temperature=CHAT_TEMPERATURE)
-    run = TextRun(engine, chat_prompt_tokens(engine, messages), max_tokens, sampling, stop_list(stop),
-                  n_probs=(top_logprobs or 0) if logprobs else None)
-    head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": engine.model_path}
+    run = TextRun(engine, chat_prompt_tokens(engine, messages, tools, tool_choice), max_tokens, sampling,
+                  stop_list(stop), n_probs=(top_logprobs or 0) if logprobs else None)
+    uid = uuid.uuid4()
+    head = {"id": f"chatcmpl-{uid}", "created": int(time.time()), "model": engine.model_path}
+    call_id = f"call__0_{function['name']}_cmpl-{uid}" if function is not None else None
+
+    def finish_reason() -> str:
+        return "tool_calls" if function is not None and run.finish_reason != "length" else run.finish_reason
 
     def shaped(start: int) -> dict | None:
         """The logprobs of the tokens taken since start."""
@@ -164,21 +181,24 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         return chat_logprobs(engine, run.generation.logprobs[start:run.n_tokens])
 
     if not stream:
-        content = "".join(run.pieces())
+        text = "".join(run.pieces())
+        message = call_message(function["name"], text, call_id) if function is not None \
+            else {"role": "assistant", "content": text}
         return {**head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "logprobs": shaped(0), "finish_reason": run.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": shaped(0), "finish_reason": finish_reason()}],
                 "usage": run.usage()}
 
     def chunks():
         chunk = {**head, "object": "chat.completion.chunk"}
-        yield {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                     "finish_reason": None}]}
+        first = {"role": "assistant"} if function is None else \
+            {"role": "assistant", "content": None, "function_call": None, "tool_calls": None}
+        yield {**chunk, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}]}
         done = 0
         for piece in run.pieces():
-            yield {**chunk, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": shaped(done),
-                                         "finish_reason": None}]}
+            delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
+            yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done), "finish_reason": None}]}
             done = run.n_tokens
-        yield {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": shaped(done),
-                                     "finish_reason": run.finish_reason}], "usage": run.usage()}
+        last = {} if function is None else {"role": None, "content": None, "function_call": None, "tool_calls": None}
+        yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
+                                     "finish_reason": finish_reason()}], "usage": run.usage()}
     return chunks()

@@ -508,25 +508,25 @@ class Engine:
         llama-cpp-python's; pyedgemoe.completions). sampling: as for generate."""
         return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling)
 
-    def format_chat(self, messages: list[dict]) -> str:
-        """The prompt text for messages, using the model's chat template."""
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> str:
+        """The prompt text for messages (and OpenAI's tools, for the template), using the model's chat template."""
         bos, eos = self.token_bos(), self.token_eos()
         return render_chat(
             self._model.chat_template, messages,
             bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
             eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
-            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
-        )
+            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True), tools=tools, tool_choice=tool_choice)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
                                stop: str | list[str] | None = None, stream: bool = False,
-                               logprobs: bool | None = None, top_logprobs: int | None = None, **sampling):
+                               logprobs: bool | None = None, top_logprobs: int | None = None,
+                               tools: list[dict] | None = None, tool_choice=None, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each generated token's log-probability, with the top_logprobs most likely
-        tokens' (OpenAI's chat shape). sampling: as for generate (temperature defaults to
-        CHAT_TEMPERATURE, llama-cpp-python's)."""
+        tokens' (OpenAI's chat shape). tools, tool_choice: OpenAI's (pyedgemoe.tool_calls). sampling:
+        as for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
-                                                  sampling)
+                                                  sampling, tools, tool_choice)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

@@ -58,9 +58,7 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"suffix": None, "tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
 UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
-UNSUPPORTED_CHAT_ARGS: dict[str, object] = {
-    "functions": None, "function_call": None, "tools": None, "tool_choice": None, "tfs_z": 1.0,
-}
+UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"functions": None, "function_call": None, "tfs_z": 1.0}
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
@@ -525,15 +523,16 @@ class Llama:
         """Chat completion with the model's template: Engine.create_chat_completion's OpenAI-style
         dict (or, stream=True, its chunks: the role, the content pieces, the finish reason).
         response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
-        schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
+        tool_choice as llama-cpp-python takes them with a model's template (pyedgemoe.tool_calls)."""
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
-            functions=functions, function_call=function_call, tools=tools, tool_choice=tool_choice, tfs_z=tfs_z))
+            functions=functions, function_call=function_call, tfs_z=tfs_z))
         if self.cache is not None:
-            self._from_cache(chat_prompt_tokens(self.engine, messages))
+            self._from_cache(chat_prompt_tokens(self.engine, messages, tools, tool_choice))
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
-            response_format=response_format, **_sampling(locals())))
+            tools=tools, tool_choice=tool_choice, response_format=response_format, **_sampling(locals())))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 

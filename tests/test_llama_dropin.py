@@ -205,9 +205,8 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
     with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5"):  # tail-free sampling left llama.cpp
         llm(PLANETS, tfs_z=0.5)
-    with pytest.raises(InvalidOptionError, match="tools="):
-        llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}],
-                                   tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(InvalidOptionError, match="functions="):  # the legacy spelling of tools
+        llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], functions=[{"name": "f"}])
 
 
 def test_pyedgemoe_keywords_reach_the_engine():
@@ -753,6 +752,99 @@ def test_readme_json_schema_mode_gives_json_of_the_schema(llm):
     out = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=64,
                                      response_format={"type": "json_object", "schema": schema})["choices"][0]
     assert out["finish_reason"] == "stop" and isinstance(json.loads(out["message"]["content"])["team_name"], str)
+
+
+# -- tools ------------------------------------------------------------------------------------
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather of a city <in a few days>",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}}
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+ASKED = [{"role": "user", "content": "What is the weather in Paris?"}]
+# a Hermes-style template (Qwen's way): tools as JSON in the system turn, calls and answers in tags
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}"
+    "</tool_response><|im_end|>\n{% elif m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}"
+    "<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}</tool_call>"
+    "{% break %}{% endfor %}<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{% generation %}{{ m.content }}"
+    "{% endgeneration %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{{ strftime_now('%Y') | length }}{% endif %}")
+
+
+def keys(value):
+    """value's shape: its dicts' keys, all the way down."""
+    if isinstance(value, dict):
+        return {k: keys(v) for k, v in value.items() if k not in ("logprobs", "usage")}
+    return [keys(v) for v in value] if isinstance(value, list) else None
+
+
+def test_tools_reach_the_models_template_as_in_llama_cpp_python():
+    from pyedgemoe.chat_template import render_chat
+    llama_chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
+    called = [*ASKED, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny <and warm>"}]
+    for messages, tools in ((ASKED, [WEATHER]), (called, [WEATHER]), (ASKED, None)):
+        expected = llama_chat_format.Jinja2ChatFormatter(TOOLS_TEMPLATE, "</s>", "<s>")(messages=messages, tools=tools)
+        assert render_chat(TOOLS_TEMPLATE, messages, bos_token="<s>", eos_token="</s>", tools=tools) == expected.prompt
+    assert "<in a few days>" in render_chat(TOOLS_TEMPLATE, ASKED, bos_token="", eos_token="", tools=[WEATHER])
+
+
+def test_a_forced_tool_call_answers_in_llama_cpp_pythons_shape(both):
+    theirs, ours = both()
+    kwargs = dict(tools=[WEATHER], tool_choice=FORCED, max_tokens=96, temperature=0)
+    out = ours.create_chat_completion(ASKED, **kwargs)
+    assert keys(out) == keys(theirs.create_chat_completion(ASKED, **kwargs))
+    choice, = out["choices"]
+    message, call = choice["message"], choice["message"]["tool_calls"][0]
+    assert choice["finish_reason"] == "tool_calls" and message["content"] is None
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])  # the function's parameters, by its schema
+    assert isinstance(arguments["city"], str) and isinstance(arguments["days"], int)
+    assert message["function_call"] == call["function"]  # llama-cpp-python's legacy field too
+    chunks = list(ours.create_chat_completion(ASKED, stream=True, **kwargs))
+    expected = list(theirs.create_chat_completion(ASKED, stream=True, **kwargs))
+    assert [keys(c) for c in (chunks[0], chunks[1], chunks[-1])] == [keys(c) for c in (expected[0], expected[1],
+                                                                                        expected[-1])]
+    pieces = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks[1:-1]]
+    assert "".join(p["function"]["arguments"] for p in pieces) == call["function"]["arguments"]
+    assert {p["id"] for p in pieces} == {pieces[0]["id"]} and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # "required" with one tool forces it; a call cut by max_tokens says so
+    required = ours.create_chat_completion(ASKED, **{**kwargs, "tool_choice": "required"})["choices"][0]
+    assert required["message"]["tool_calls"][0]["function"]["arguments"] == call["function"]["arguments"]
+    cut = ours.create_chat_completion(ASKED, **{**kwargs, "max_tokens": 3})["choices"][0]
+    assert cut["finish_reason"] == "length"
+
+
+def test_tools_not_forced_leave_the_answer_text_and_a_conversation_goes_on_after_a_call(llm):
+    auto = llm.create_chat_completion(ASKED, tools=[WEATHER], tool_choice="auto", max_tokens=8, temperature=0)
+    assert auto["choices"][0]["message"]["content"] == \
+        llm.create_chat_completion(ASKED, max_tokens=8, temperature=0)["choices"][0]["message"]["content"]
+    called = [*ASKED, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    assert "sunny" in llm.engine.format_chat(called)  # ChatML: the tool's answer, the call's empty content
+    assert llm.create_chat_completion(called, tools=[WEATHER], max_tokens=4, temperature=0)["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("tools, tool_choice, fragment", [
+    ([WEATHER, {**WEATHER, "function": {**WEATHER["function"], "name": "other"}}], "required",
+     '"required" forces a call of the one tool'),
+    ([WEATHER], {"type": "function", "function": {"name": "nowhere"}}, "'nowhere', which is not among the tools"),
+    ([WEATHER], "sometimes", "tool_choice must be one of"),
+    ({"get_weather": WEATHER}, None, "tools must be a list"),
+    ([{"type": "function", "function": {"description": "no name"}}], None, r"tools\[0\] must be"),
+])
+def test_bad_tools_are_refused_by_name(llm, tools, tool_choice, fragment):
+    with pytest.raises(InvalidOptionError, match=fragment):
+        llm.create_chat_completion(ASKED, tools=tools, tool_choice=tool_choice, max_tokens=2)
+
+
+def test_a_forced_tool_call_takes_no_other_constraint(llm):
+    with pytest.raises(InvalidOptionError, match="give no grammar, json_schema or response_format"):
+        llm.create_chat_completion(ASKED, tools=[WEATHER], tool_choice=FORCED, response_format={"type": "json_object"})
 
 
 # -- from_pretrained --------------------------------------------------------------------------

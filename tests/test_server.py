@@ -208,6 +208,43 @@ def test_openais_logit_bias_and_llama_cpp_pythons_mirostat_are_the_engines(clien
     assert mirostat.text != client.completions.create(**sampled).choices[0].text
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_a_forced_tool_call_is_openais_tool_call_and_the_conversation_goes_on(client):
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = dict(model=MODEL_ID, messages=asked, tools=[WEATHER], max_tokens=48, temperature=0)
+    r = client.chat.completions.create(**kwargs, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+    pieces = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
+    assert "".join(p.function.arguments for p in pieces) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    answered = [*asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=answered, tools=[WEATHER], max_tokens=4,
+                                       temperature=0, parallel_tool_calls=False)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": {"get_weather": WEATHER}}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": 3}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, None),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": 1}]}]},
+     "messages[0].tool_calls"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+])
+def test_bad_tools_are_400(server, extra, param):
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+    status, out = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400, out
+    assert out["error"]["param"] == param, out
+
+
 def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
     kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
                   extra_body={"top_k": 0, "min_p": 0.0})

@@ -29,6 +29,7 @@ from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
+from pyedgemoe.tool_calls import call_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/", "/experts", "/props", "/slots"}
@@ -42,7 +43,9 @@ def _event(data: dict) -> str:
 def _has_output(chunk: dict) -> bool:
     """A chunk the Engine produced after evaluating the prompt: text, or the end."""
     choice = chunk["choices"][0]
-    return bool(choice.get("text") or choice.get("delta", {}).get("content")) or choice["finish_reason"] is not None
+    delta = choice.get("delta", {})
+    return bool(choice.get("text") or delta.get("content") or delta.get("tool_calls")) or \
+        choice["finish_reason"] is not None
 
 
 def _joined_logprobs(chunks: list[dict], keys: tuple[str, ...], empty: dict) -> dict | None:
@@ -64,10 +67,14 @@ def _joined_completion(chunks: list[dict]) -> dict:
 
 def _joined_chat_completion(chunks: list[dict]) -> dict:
     last = chunks[-1]
-    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    calls = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]  # a forced tool call's pieces
+    message = call_message(calls[0]["function"]["name"], "".join(c["function"]["arguments"] for c in calls),
+                           calls[0]["id"]) if calls else \
+        {"role": "assistant", "content": "".join(d.get("content") or "" for d in deltas)}
     logprobs = _joined_logprobs(chunks, ("content",), {"refusal": None})
     return {"id": last["id"], "object": "chat.completion", "created": last["created"], "model": last["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
             "usage": last.get("usage")}
 
@@ -152,8 +159,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         if isinstance(parsed.prompt, list):
             prompt_bound.check_tokens(parsed.prompt)
         else:
-            prompt_bound.check_text(sum(len(m["content"].encode()) for m in parsed.messages or ())
-                                    + len((parsed.prompt or "").encode()))
+            prompt_bound.check_text(parsed.text_bytes())
         return parsed
 
     async def request_body(request: Request, parameters: dict, required: str) -> GenerationRequest:

@@ -129,7 +129,7 @@ def _content(i: int, value) -> str:
     raise _invalid(f"messages[{i}].content", "a string or a list of text parts", value)
 
 
-_MESSAGE_KEYS = {"role", "content", "name"}
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 
 def _messages(name: str, value) -> list[dict]:
@@ -145,11 +145,39 @@ def _messages(name: str, value) -> list[dict]:
                            "unknown_parameter", f"messages[{i}]")
         if not isinstance(m.get("role"), str) or not m["role"]:
             raise _invalid(f"messages[{i}].role", "a string", m.get("role"))
-        if "content" not in m:
+        calls = m.get("tool_calls")
+        if calls is not None:  # the assistant's earlier calls: its content may be null
+            if not (isinstance(calls, list) and all(_is_tool_call(c) for c in calls)):
+                raise _invalid(f"messages[{i}].tool_calls", 'a list of {"id": ..., "type": "function", "function": '
+                               '{"name": ..., "arguments": "..."}}', calls)
+        elif "content" not in m:
             raise APIError(400, f"messages[{i}] has no 'content'", "missing_required_parameter",
                            f"messages[{i}].content")
-        out.append({"role": m["role"], "content": _content(i, m["content"])})
+        if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+            raise _invalid(f"messages[{i}].tool_call_id", "a string", m["tool_call_id"])
+        message = {k: v for k, v in m.items() if k in ("role", "tool_calls", "tool_call_id")}
+        content = m.get("content")
+        out.append({**message, "content": None if content is None and calls is not None else _content(i, content)})
     return out
+
+
+def _is_tool_call(call) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return (isinstance(function, dict) and call.get("type", "function") == "function"
+            and isinstance(function.get("name"), str) and isinstance(function.get("arguments", ""), str))
+
+
+def _tools(name: str, value) -> list:
+    """OpenAI's tools: a list (each checked by the Engine, pyedgemoe.tool_calls)."""
+    if not isinstance(value, list):
+        raise _invalid(name, "a list of tools", value)
+    return value
+
+
+def _tool_choice(name: str, value) -> str | dict:
+    if not isinstance(value, (str, dict)):
+        raise _invalid(name, '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}', value)
+    return value
 
 
 # name -> check (returns the value the Engine gets), for what both endpoints take: the sampling
@@ -181,16 +209,19 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
 # sends (its streaming and timing options, how it shows a reasoning model's thoughts), and
-# chat_template_kwargs, which this server does not pass to the template (docs/server.md).
+# chat_template_kwargs, which this server does not pass to the template (docs/server.md), and
+# parallel_tool_calls (an answer here holds one tool call at most).
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
+            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs",
+            "parallel_tool_calls"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
-_NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,), "tools": (None, [])}
+_NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
 # switch with top_logprobs the count (OpenAI's chat)
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
-                   "top_logprobs": _logprobs_count, "response_format": _response_format}
+                   "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
+                   "tool_choice": _tool_choice}
 
 
 @dataclass
@@ -202,6 +233,14 @@ class GenerationRequest:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     engine_kwargs: dict = field(default_factory=dict)
+
+    def text_bytes(self) -> int:
+        """The bytes of the text the prompt is made of: the prompt, or the messages' contents, their
+        tool calls and the tools (the template shows them all)."""
+        shown = [m["content"] or "" for m in self.messages or ()] + [self.prompt or ""]
+        shown += [json.dumps(m["tool_calls"]) for m in self.messages or () if m.get("tool_calls")]
+        shown += [json.dumps(self.engine_kwargs["tools"])] if self.engine_kwargs.get("tools") else []
+        return sum(len(text.encode()) for text in shown)
 
 
 def parse_body(raw: bytes) -> dict:

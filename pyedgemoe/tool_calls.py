@@ -1,0 +1,70 @@
+"""OpenAI's tools in a chat, as llama-cpp-python's chat formats of a model's own template take them.
+
+- The tools and the tool choice go to the template (a model's template says how it shows them),
+  and the conversation may hold the assistant's earlier tool calls and the tools' answers.
+- A tool choice that names a function ({"type": "function", "function": {"name": ...}}, or
+  "required" with one tool) forces a call of it: the answer is constrained to a JSON object of the
+  function's parameters (its JSON schema, llama.cpp's converter) and comes back as that tool call
+  (finish reason "tool_calls"), streamed as pieces of its arguments, in llama-cpp-python's shapes.
+- Otherwise ("auto", "none", or none given) the answer is the model's text, as there: a call the
+  model writes in its own words is not parsed out of it.
+"""
+from __future__ import annotations
+
+from pyedgemoe.errors import InvalidOptionError
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def check_tools(tools) -> list[dict] | None:
+    """tools as given, each an OpenAI function tool with a name (InvalidOptionError otherwise)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidOptionError(f"tools must be a list of tools, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
+                and isinstance(function.get("name"), str) and function["name"]):
+            raise InvalidOptionError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
+                                     f'"parameters": {{...}}}}}}, got {tool!r}'[:300])
+        if not isinstance(function.get("parameters", {}), dict):
+            raise InvalidOptionError(f"tools[{i}].function.parameters must be a JSON schema (an object)")
+    return tools
+
+
+def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:
+    """The function a tool choice forces a call of, or None."""
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return None
+    if tool_choice == "required":
+        if tools is None or len(tools) != 1:
+            raise InvalidOptionError('tool_choice "required" forces a call of the one tool given: with several, '
+                                     'name one ({"type": "function", "function": {"name": ...}})')
+        return tools[0]["function"]
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str):
+        raise InvalidOptionError(f'tool_choice must be one of {", ".join(TOOL_CHOICES)} or {{"type": "function", '
+                                 f'"function": {{"name": ...}}}}, got {tool_choice!r}'[:300])
+    function = next((t["function"] for t in tools or [] if t["function"]["name"] == name), None)
+    if function is None:
+        raise InvalidOptionError(f"tool_choice names {name!r}, which is not among the tools")
+    return function
+
+
+def tool_call(name: str, arguments: str, call_id: str, index: int | None = None) -> dict:
+    """One entry of a message's (or, with index, a stream delta's) tool_calls."""
+    return {**({} if index is None else {"index": index}), "id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def call_message(name: str, arguments: str, call_id: str) -> dict:
+    """The assistant's message of a forced call (llama-cpp-python's: its legacy function_call too)."""
+    return {"role": "assistant", "content": None, "function_call": {"name": name, "arguments": arguments},
+            "tool_calls": [tool_call(name, arguments, call_id)]}
+
+
+def call_delta(name: str, arguments: str, call_id: str) -> dict:
+    """A stream chunk's delta of a forced call's next piece of arguments."""
+    return {"role": None, "content": None, "function_call": {"name": name, "arguments": arguments},
+            "tool_calls": [tool_call(name, arguments, call_id, index=0)]}
