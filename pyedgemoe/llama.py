@@ -536,6 +536,18 @@ class Llama:
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 
+    def create_chat_completion_openai_v1(self, *args, **kwargs):
+        """create_chat_completion's result as the openai package's types (ChatCompletion, or with
+        stream=True ChatCompletionChunk objects), as llama-cpp-python's; needs `pip install openai`."""
+        try:
+            from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        except ImportError:
+            raise InvalidOptionError("create_chat_completion_openai_v1 needs the openai package: pip install openai") \
+                from None
+        out = self.create_chat_completion(*args, **kwargs)
+        return (ChatCompletionChunk(**chunk) for chunk in out) if kwargs.get("stream") else ChatCompletion(**out)
+
+
 @dataclass(frozen=True)
 class LlamaState:
     """llama-cpp-python's LlamaState: what the context held (the Engine's SequenceState), the seed,

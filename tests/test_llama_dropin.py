@@ -829,6 +829,18 @@ def test_tools_not_forced_leave_the_answer_text_and_a_conversation_goes_on_after
     assert llm.create_chat_completion(called, tools=[WEATHER], max_tokens=4, temperature=0)["choices"][0]["message"]
 
 
+def test_openai_v1_chat_completions_are_the_openai_packages_types(llm):
+    openai_chat = pytest.importorskip("openai.types.chat")
+    out = llm.create_chat_completion_openai_v1(ASKED, tools=[WEATHER], tool_choice=FORCED, max_tokens=96,
+                                               temperature=0)
+    assert isinstance(out, openai_chat.ChatCompletion)
+    assert out.choices[0].message.tool_calls[0].function.name == "get_weather"
+    chunks = list(llm.create_chat_completion_openai_v1(messages=ASKED, max_tokens=4, temperature=0, stream=True))
+    assert all(isinstance(c, openai_chat.ChatCompletionChunk) for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        llm.create_chat_completion(ASKED, max_tokens=4, temperature=0)["choices"][0]["message"]["content"]
+
+
 @pytest.mark.parametrize("tools, tool_choice, fragment", [
     ([WEATHER, {**WEATHER, "function": {**WEATHER["function"], "name": "other"}}], "required",
      '"required" forces a call of the one tool'),
