@@ -130,7 +130,7 @@ AUTOMATIC = {
                     "LOW copies); hobbit when n_parallel > 1; else adaptive (lru or decay, whichever shadow "
                     "caches of each say hits more lately)",
     "policy_weights": "calibrated, else equal",
-    "low_precision": "on when LOW copies exist",
+    "low_precision": "on when LOW copies exist, unless the experts have biases (GPT-OSS)",
     "skip": "with low precision",
     "prefill_low_share": f"{PREFILL_LOW_SHARE} with low precision, else 0",
     "t1": f"calibrated, else {default('t1')}",
@@ -297,7 +297,11 @@ class ExpertOptions:
                                      "(pyedgemoe convert) or --low-from OTHER.gguf")
         if "low_from" in given:
             _check_low_from(info, given["low_from"])
-        low_precision = given.get("low_precision", has_low_source)
+        # expert biases are added by expert id, once per pass: a pass per precision would add them twice
+        low_precision = given.get("low_precision", has_low_source and not info.expert_biases)
+        if low_precision and info.expert_biases:
+            raise InvalidOptionError("low precision (mixed-precision experts) does not support models with expert "
+                                     "biases (GPT-OSS): run with low precision off (--no-low-precision)")
         # A step of several sequences needs more experts than one token: when a step's experts over
         # every layer outnumber the cache's slots, LRU evicts each layer's experts just before the
         # next step needs them (0-2 % hits on the demo at 25 %); HOBBIT's priority, with its

@@ -14,8 +14,9 @@ import re
 EXPERT_PROJECTIONS = ("up", "gate", "down", "gate_up")
 _EXPERT_STACK = r"blk\.(\d+)\.ffn_(" + "|".join(EXPERT_PROJECTIONS) + r")_exps"
 _EXPERT_TENSOR = re.compile(_EXPERT_STACK + r"\.weight")
-# any tensor of an expert stack: its weights, their LOW copy, a bias...
-_EXPERT_STACK_TENSOR = re.compile(_EXPERT_STACK + r"(\.[a-z_]+)*")
+# the copies of an expert stack the cache holds: its weights and their LOW copy (a stack's bias,
+# GPT-OSS's, stays resident: the FFN adds it by expert id, docs/expert-residency.md)
+_EXPERT_STACK_TENSOR = re.compile(_EXPERT_STACK + r"\.(weight|lowbit)")
 
 # The LOW copy of `blk.N.ffn_up_exps.weight` is `blk.N.ffn_up_exps.lowbit`: this suffix in place
 # of `.weight`. Our patched llama.cpp loader skips tensors named so.
@@ -47,9 +48,9 @@ def is_expert_tensor(name: str) -> bool:
 
 
 def expert_stack_layer(name: str) -> int | None:
-    """The layer of any tensor of an expert stack (`blk.3.ffn_up_exps.weight`, its LOW copy
-    `blk.3.ffn_up_exps.lowbit`, a bias `blk.3.ffn_up_exps.bias` -> 3); None for other tensors."""
-    match = _EXPERT_STACK_TENSOR.fullmatch(name.removesuffix(".weight"))
+    """The layer of an expert stack's cached copies (`blk.3.ffn_up_exps.weight`, its LOW copy
+    `blk.3.ffn_up_exps.lowbit` -> 3); None for other tensors (a stack's bias among them)."""
+    match = _EXPERT_STACK_TENSOR.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

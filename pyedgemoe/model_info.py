@@ -59,6 +59,8 @@ class ModelInfo:
     # the largest stacked HIGH expert tensor's share of its layer's HIGH expert bytes: of an expert
     # cache, the share its largest pool takes (one tensor per projection)
     largest_projection_share: float = 0.0
+    # biases of the expert stacks (GPT-OSS's): resident, added by expert id, so no mixed precision
+    expert_biases: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -206,6 +208,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         repacked_expert_bytes=repacked,
         cold_embedding_bytes=cold_embedding,
         largest_projection_share=largest_share,
+        expert_biases=any(t["name"].endswith("_exps.bias") for t in info["tensors"]),
     )
 
 

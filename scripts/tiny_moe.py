@@ -31,6 +31,11 @@ CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 GGUF_PY = LLAMA_CPP / "gguf-py"
 
 ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "llama")
+# Families pyedgemoe's own HF converter does not take (pyedgemoe/convert), built here the same way
+# (llama.cpp's converter): the runtime is tested on them from llama.cpp's GGUF. GPT-OSS: experts
+# with biases and the clamped SwiGLU, attention sinks, sliding-window layers; DeepSeek-V3: sigmoid
+# routing with a score-correction bias and group-limited top-k.
+LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3")
 # Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
 # sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
 # llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
@@ -43,6 +48,8 @@ GGUF_ARCH: dict[str, str] = {
     "olmoe": "olmoe",
     "deepseek_v2": "deepseek2",
     "llama": "llama",
+    "gpt_oss": "gpt-oss",
+    "deepseek_v3": "deepseek2",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -123,6 +130,29 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         routed_scaling_factor=2.0, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
     )),
+    "gpt_oss": ("GptOssConfig", dict(
+        # gpt-oss-20b's layout: alternating sliding-window and full attention, YaRN over a 4096
+        # context (truncate: llama.cpp's YaRN is the truncated one; the released config says false,
+        # with which transformers' logits part from llama.cpp's by about 2e-2 here)
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=131072,
+        layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": True},
+    )),
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        # as deepseek_v2's, with DeepSeek-V3's router: sigmoid scores plus a correction bias, the top
+        # group of two, the top-k renormalised and scaled. scoring_func / topk_method are the
+        # released config's keys, which llama.cpp's converter reads (transformers' class does not
+        # write them: without them the converter writes softmax routing)
+        num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=64,
+        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        scoring_func="sigmoid", topk_method="noaux_tc", rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -131,8 +161,9 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
 
 
 def _check_arch(arch: str) -> None:
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHITECTURES)}")
+    known = ARCHITECTURES + LLAMA_CPP_ONLY
+    if arch not in known:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(known)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +274,7 @@ def _randomise_(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "shared_expert_gate.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
             elif p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
@@ -385,7 +416,7 @@ def repacking_gguf(out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("arch", choices=ARCHITECTURES)
+    parser.add_argument("arch", choices=ARCHITECTURES + LLAMA_CPP_ONLY)
     parser.add_argument("--out", type=Path, required=True, help="cache directory (the model goes in OUT/ARCH/)")
     parser.add_argument("--outtype", choices=OUTTYPES, default="f32")
     parser.add_argument("--seed", type=int, default=0)

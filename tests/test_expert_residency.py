@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MOE_ARCHITECTURES
+from conftest import MOE_ARCHITECTURES, tiny_moe
 from pyedgemoe import Engine
 from pyedgemoe.convert.export import export
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
@@ -27,7 +27,7 @@ DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 N_GREEDY = 32
-MODELS = [(arch, "f32") for arch in MOE_ARCHITECTURES] + [("qwen3_moe", "q8_0")]
+MODELS = [(arch, "f32") for arch in [*MOE_ARCHITECTURES, *tiny_moe.LLAMA_CPP_ONLY]] + [("qwen3_moe", "q8_0")]
 IO_MODES = ["direct", "buffered", "mmap"]
 
 

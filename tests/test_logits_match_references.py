@@ -1,6 +1,6 @@
 """Our build of llama.cpp computes what stock llama.cpp and transformers compute.
 
-For each architecture, on the same F32 GGUF: Engine.logits equals stock llama-cpp-python's
+For each architecture (GPT-OSS and DeepSeek-V3 too, from llama.cpp's converter), on the same F32 GGUF: Engine.logits equals stock llama-cpp-python's
 (same kernels: max abs diff <= 1e-4), is within 1e-3 of transformers' logits for the HF
 checkpoint, and greedy generation gives the same 32 tokens as stock llama-cpp-python.
 Both engines run with the same settings: no flash attention (llama-cpp-python's default)
@@ -17,7 +17,7 @@ from pyedgemoe import Engine
 
 SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
-ARCHS = MOE_ARCHITECTURES + ["llama"]
+ARCHS = MOE_ARCHITECTURES + list(tiny_moe.LLAMA_CPP_ONLY) + ["llama"]
 
 
 def stock_llama(path, n_ctx=256):

@@ -289,6 +289,28 @@ def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
     assert served == {layer: experts["n_expert_used"] * n for layer, n in tokens.items()}
 
 
+def test_deepseek_v3s_multi_precision_file_runs_mixed(tiny_model, tmp_path):
+    # sigmoid routing with a correction bias: HOBBIT's rule takes the routing weights as they come
+    path = convert_gguf(tiny_model("deepseek_v3")[0], tmp_path / "ds3.gguf", high="q8_0", low="q4_0", progress=False)
+    logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%")
+    assert stats["experts"]["mixed_precision"] and stats["experts"]["total"]["loads_low"] > 0
+    lossless = evaluate(path, expert_cache="50%", low_precision=False, skip=False)
+    assert lossless[1] == resident(path, lossless[3])[1]
+    assert np.isfinite(logits).all() and not np.array_equal(logits, lossless[0])  # lossy: LOW copies, skips
+
+
+def test_gpt_oss_runs_lossless_by_default_and_refuses_low_precision(tiny_model, tmp_path):
+    # its expert biases are added by expert id, once a pass: a pass per precision would add them twice
+    path = convert_gguf(tiny_model("gpt_oss")[0], tmp_path / "oss.gguf", high="q8_0", low="q4_0", progress=False)
+    logits, tokens, stats, n_ubatch = evaluate(path, expert_cache="50%")
+    assert not stats["experts"]["mixed_precision"] and stats["experts"]["total"]["misses"] > 0
+    ref_logits, ref_tokens, _, _ = resident(path, n_ubatch)
+    assert np.array_equal(logits, ref_logits) and tokens == ref_tokens
+    for options in (dict(low_precision=True), dict(system="hobbit")):
+        with pytest.raises(InvalidOptionError, match="does not support models with expert biases"):
+            Engine(path, **SETTINGS, expert_cache="50%", **options)
+
+
 def test_low_copies_identical_to_high_give_the_resident_logits_exactly(mp_models):
     # LOW = HIGH bytes and nothing skipped: the two passes (HIGH pool, LOW pool) must sum to the
     # one-pass result bit for bit, whatever each selection's precision

@@ -62,12 +62,12 @@ def gguf_tensors(path: Path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
 
 
-@pytest.fixture(scope="session", params=tiny_moe.ARCHITECTURES)
+@pytest.fixture(scope="session", params=tiny_moe.ARCHITECTURES + tiny_moe.LLAMA_CPP_ONLY)
 def tiny(request, tiny_model) -> TinyModel:
     return TinyModel(request.param, tiny_model(request.param)[0])
 
 
-@pytest.fixture(scope="session", params=tiny_moe.MOE_ARCHITECTURES)
+@pytest.fixture(scope="session", params=tiny_moe.MOE_ARCHITECTURES + tiny_moe.LLAMA_CPP_ONLY)
 def tiny_moe_model(request, tiny_model) -> TinyModel:
     return TinyModel(request.param, tiny_model(request.param)[0])
 
@@ -136,7 +136,7 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
         return hook
 
     for name, module in model.named_modules():
-        if name.endswith(".mlp.gate"):
+        if name.endswith((".mlp.gate", ".mlp.router")):  # gpt-oss names its router
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(torch.tensor([TOKEN_IDS]))
