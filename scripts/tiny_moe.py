@@ -34,8 +34,13 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # Families pyedgemoe's own HF converter does not take (pyedgemoe/convert), built here the same way
 # (llama.cpp's converter): the runtime is tested on them from llama.cpp's GGUF. GPT-OSS: experts
 # with biases and the clamped SwiGLU, attention sinks, sliding-window layers; DeepSeek-V3: sigmoid
-# routing with a score-correction bias and group-limited top-k.
-LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3")
+# routing with a score-correction bias and group-limited top-k; Qwen3-Next: linear-attention
+# (gated delta net) layers between full-attention ones, a gated shared expert; LFM2-MoE (an edge
+# MoE): short-convolution layers, a dense first layer, tied embeddings.
+LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe")
+# the converter's arguments a family needs: Qwen3-Next's config names no multi-token-prediction
+# layers, which the converter then asks for unless told there are none
+CONVERTER_ARGS: dict[str, list[str]] = {"qwen3_next": ["--no-mtp"]}
 # Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
 # sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
 # llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
@@ -50,6 +55,8 @@ GGUF_ARCH: dict[str, str] = {
     "llama": "llama",
     "gpt_oss": "gpt-oss",
     "deepseek_v3": "deepseek2",
+    "qwen3_next": "qwen3next",
+    "lfm2_moe": "lfm2moe",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -152,6 +159,20 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
         scoring_func="sigmoid", topk_method="noaux_tc", rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+    "qwen3_next": ("Qwen3NextConfig", dict(
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], full_attention_interval=2,
+        num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, intermediate_size=64,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+    )),
+    "lfm2_moe": ("Lfm2MoeConfig", dict(
+        num_hidden_layers=2, layer_types=["conv", "full_attention"], num_dense_layers=1,
+        num_key_value_heads=2, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, tie_word_embeddings=True, norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
     )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
@@ -274,7 +295,8 @@ def _randomise_(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "shared_expert_gate.weight")):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight",
+                              "shared_expert_gate.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
             elif p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
@@ -349,6 +371,7 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32", model_na
     ]
     if model_name:
         cmd += ["--model-name", model_name]
+    cmd += CONVERTER_ARGS.get(json.loads((Path(hf_dir) / "config.json").read_text())["model_type"], [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out_path.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}):\n{proc.stderr}")

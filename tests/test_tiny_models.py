@@ -136,7 +136,7 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
         return hook
 
     for name, module in model.named_modules():
-        if name.endswith((".mlp.gate", ".mlp.router")):  # gpt-oss names its router
+        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate")):  # gpt-oss's, lfm2's names
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(torch.tensor([TOKEN_IDS]))

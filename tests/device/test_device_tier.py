@@ -32,6 +32,9 @@ if not gpu_devices() and os.environ.get("PYEDGEMOE_REQUIRE_GPU") != "1":
     pytest.skip("no GPU device in this build (make test runs these with the Vulkan variant)", allow_module_level=True)
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
+# stock llama.cpp's Vulkan backend on lavapipe against its CPU backend, all resident: within 2e-2 on
+# most tiny models (docs/gpu.md); Qwen3-Next's gated delta net layers 4.5e-2
+BACKEND_GAP = {"qwen3_next": 6e-2}
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 N_GREEDY = 32
 
@@ -81,7 +84,7 @@ def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
     # how far the device backend's own arithmetic is from the CPU's in the resident run (stock
     # llama.cpp on lavapipe: up to 1.4e-2 on these models, docs/gpu.md)
     backend = np.abs(resident_logits - cpu_logits).max()
-    assert backend < 2e-2
+    assert backend < BACKEND_GAP.get(arch, 2e-2)
     if mode == "gpu":  # the same kernels over the same bytes, masked rows removed exactly
         assert np.array_equal(logits, resident_logits)
     else:  # the misses' rows by the CPU's kernels, the rest by the device's: a mix of the two
