@@ -5,7 +5,8 @@
 
 1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`,
    `coop` and `split` (half the misses each way) at device budgets of 25 % and 50 % against the run with every expert resident on the
-   device (greedy tokens; `gpu` also bit-identical logits), and mixed precision on a tiny one;
+   device (greedy tokens; `gpu` also bit-identical logits), on the newer families (GPT-OSS, DeepSeek-V3,
+   Qwen3-Next, LFM2-MoE) `gpu` at 25 %, and mixed precision on a tiny one;
 2. the benchmark files (synthetic Qwen3-30B-A3B and OLMoE-1B-7B geometry, random weights);
 3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `split`, `auto`, a child process
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,
@@ -97,10 +98,13 @@ def correctness(models: Path) -> dict:
             return tokens, logits, eng.stats()
 
     rows = []
-    for path in sorted(models.glob("tiny-*.gguf")):
+    # the newer families in one mode and budget alone: the whole step stays within a minute
+    runs = [(path, CHECKED_MODES, BUDGETS) for path in sorted(models.glob("tiny-*.gguf"))] + \
+        [(path, {"gpu": {}}, BUDGETS[:1]) for path in sorted(models.glob("more-*.gguf"))]
+    for path, modes, budgets in runs:
         resident_tokens, resident_logits, _ = greedy(path, mode="gpu")
-        for mode, options in CHECKED_MODES.items():
-            for budget in BUDGETS:
+        for mode, options in modes.items():
+            for budget in budgets:
                 tokens, logits, stats = greedy(path, mode=mode, expert_cache=budget, **options)
                 same = next((i for i, (a, b) in enumerate(zip(tokens, resident_tokens)) if a != b), None)
                 total = stats["experts"]["total"]
