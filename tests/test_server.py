@@ -245,6 +245,26 @@ def test_bad_tools_are_400(server, extra, param):
     assert out["error"]["param"] == param, out
 
 
+def test_tokenize_and_detokenize_are_llama_servers(server, reference):
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        return request("POST", server + path, json.dumps(body).encode())
+    text = "def fib(n): héllo ✓"
+    ids = reference.tokenize(text, add_bos=False, special=True)
+    assert post("/tokenize", {"content": text}) == (200, {"tokens": ids})
+    assert post("/tokenize", {"content": text, "add_special": True})[1]["tokens"] == \
+        reference.tokenize(text, add_bos=True, special=True)
+    status, out = post("/tokenize", {"content": text, "with_pieces": True})
+    assert [p["id"] for p in out["tokens"]] == ids
+    assert b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                    for p in out["tokens"]).decode() == text  # a split character's pieces as its bytes
+    assert post("/detokenize", {"tokens": ids}) == (200, {"content": text})
+    for path, body, param in (("/tokenize", {"text": text}, "text"), ("/tokenize", {}, "content"),
+                              ("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": [1.5]}, "tokens"),
+                              ("/detokenize", {"tokens": [99999]}, None)):
+        status, out = post(path, body)
+        assert status == 400 and out["error"]["param"] == param, (path, body, out)
+
+
 def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
     kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
                   extra_body={"top_k": 0, "min_p": 0.0})

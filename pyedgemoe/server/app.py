@@ -28,11 +28,12 @@ from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine
 from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
+from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
-         "/v1/chat/completions", "/", "/experts", "/props", "/slots"}
+         "/v1/chat/completions", "/tokenize", "/detokenize", "/", "/experts", "/props", "/slots"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -200,6 +201,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
+    add_token_routes(app, engine)
     web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)

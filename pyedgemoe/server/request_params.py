@@ -106,6 +106,12 @@ def _stop(name: str, value) -> list[str]:
     return stops
 
 
+def _is_token_ids(value) -> bool:
+    """A list of integers that llama.cpp's token ids (int32, not negative) can be."""
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX
+                                           for t in value)
+
+
 def _prompt(name: str, value) -> str | list[int]:
     """A string, a list of token ids, or a list of one of either (OpenAI's batch of prompts,
     of which this server takes one)."""
@@ -113,8 +119,7 @@ def _prompt(name: str, value) -> str | list[int]:
         value = value[0]
     if isinstance(value, str) and value:
         return value
-    if (isinstance(value, list) and value
-            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in value)):
+    if value and _is_token_ids(value):
         return value  # each in the vocabulary: PromptBound.check_tokens
     raise _invalid(name, f"a non-empty string or list of token ids in [0, {INT32_MAX}] (one prompt)", value)
 
@@ -222,6 +227,32 @@ COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_cou
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
                    "tool_choice": _tool_choice}
+
+
+def _token_ids(name: str, value) -> list[int]:
+    if not _is_token_ids(value):
+        raise _invalid(name, f"a list of token ids in [0, {INT32_MAX}]", value)
+    return value  # each in the vocabulary: the Engine checks
+
+
+# llama-server's /tokenize and /detokenize (token_routes.py): field -> (check, default; ... required)
+TOKENIZE_PARAMETERS = {"content": (_text, ...), "add_special": (_boolean, False), "parse_special": (_boolean, True),
+                       "with_pieces": (_boolean, False)}
+DETOKENIZE_PARAMETERS = {"tokens": (_token_ids, ...)}
+
+
+def parse_fields(raw: bytes, fields: dict) -> dict:
+    """A body's fields checked against fields ({name: (check, default)}), the defaults filled in."""
+    body = parse_body(raw)
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+    out = {}
+    for name, (check, default) in fields.items():
+        if name not in body and default is ...:
+            raise APIError(400, f"'{name}' is required", "missing_required_parameter", name)
+        out[name] = check(name, body[name]) if name in body else default
+    return out
 
 
 @dataclass

@@ -1,0 +1,52 @@
+"""llama-server's /tokenize and /detokenize, as its clients call them (to count a prompt's tokens,
+to read ids back):
+
+    POST /tokenize   {"content": "...", "add_special": false, "parse_special": true, "with_pieces": false}
+                  -> {"tokens": [ids]}, or with_pieces: {"tokens": [{"id": id, "piece": "text"}]} (a
+                     piece that is not UTF-8 by itself: its bytes, as a list of numbers)
+    POST /detokenize {"tokens": [ids]} -> {"content": "..."}
+
+A body is checked as the generation endpoints check theirs (unknown fields, wrong types and ids
+outside the vocabulary are 400s naming the field); the tokenizer runs on a thread, the native side
+without the GIL, so a large content does not hold the other requests.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+
+from pyedgemoe.server.openai_errors import from_engine_error
+from pyedgemoe.server.request_params import DETOKENIZE_PARAMETERS, TOKENIZE_PARAMETERS, parse_fields
+
+def _piece(engine, token: int) -> str | list[int]:
+    piece = engine.token_piece(token, special=True)
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def add_token_routes(app: FastAPI, engine) -> None:
+    def tokenize(raw: bytes) -> dict:
+        q = parse_fields(raw, TOKENIZE_PARAMETERS)
+        tokens = engine.tokenize(q["content"], add_bos=q["add_special"], special=q["parse_special"])
+        return {"tokens": [{"id": t, "piece": _piece(engine, t)} for t in tokens] if q["with_pieces"] else tokens}
+
+    def detokenize(raw: bytes) -> dict:
+        return {"content": engine.detokenize(parse_fields(raw, DETOKENIZE_PARAMETERS)["tokens"], special=True)}
+
+    async def answer(request: Request, work) -> dict:
+        raw = await request.body()
+        try:
+            return await asyncio.to_thread(work, raw)
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error (a bug: a 500 without its text)
+            raise from_engine_error(e) from None
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict:
+        return await answer(request, tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict:
+        return await answer(request, detokenize)
