@@ -6,7 +6,7 @@
 1. correctness (one child process, about a minute): on each tiny architecture of the kit, `gpu`,
    `coop` and `split` (half the misses each way) at device budgets of 25 % and 50 % against the run with every expert resident on the
    device (greedy tokens; `gpu` also bit-identical logits), on the newer families (GPT-OSS, DeepSeek-V3,
-   Qwen3-Next, LFM2-MoE) `gpu` at 25 %, and mixed precision on a tiny one;
+   Qwen3-Next, LFM2-MoE, GLM-4.5) `gpu` at 25 %, and mixed precision on a tiny one;
 2. the benchmark files (synthetic Qwen3-30B-A3B and OLMoE-1B-7B geometry, random weights);
 3. the benchmark, cell by cell, most important first: ours (`gpu`, `coop`, `split`, `auto`, a child process
    each) at device budgets of 25 % and 50 % of the expert bytes, the host tier holding every expert,

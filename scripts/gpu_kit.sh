@@ -77,7 +77,7 @@ for arch in mixtral qwen2_moe qwen3_moe olmoe deepseek_v2; do
     cp "$(.venv/bin/python scripts/tiny_moe.py $arch --out $WORK/tiny | tail -1)" $KIT/models/tiny-$arch.gguf
 done
 # the families from llama.cpp's converter (tiny_moe.LLAMA_CPP_ONLY): their correctness is `gpu` at 25 % alone
-for arch in gpt_oss deepseek_v3 qwen3_next lfm2_moe; do
+for arch in gpt_oss deepseek_v3 qwen3_next lfm2_moe glm4_moe; do
     cp "$(.venv/bin/python scripts/tiny_moe.py $arch --out $WORK/tiny | tail -1)" $KIT/models/more-$arch.gguf
 done
 # for mixed precision: a LOW copy of every expert

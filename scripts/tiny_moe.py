@@ -36,11 +36,15 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # with biases and the clamped SwiGLU, attention sinks, sliding-window layers; DeepSeek-V3: sigmoid
 # routing with a score-correction bias and group-limited top-k; Qwen3-Next: linear-attention
 # (gated delta net) layers between full-attention ones, a gated shared expert; LFM2-MoE (an edge
-# MoE): short-convolution layers, a dense first layer, tied embeddings.
-LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe")
+# MoE): short-convolution layers, a dense first layer, tied embeddings; GLM-4.5: partial rotary,
+# q/k norms, sigmoid routing, a dense first layer.
+LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe")
 # the converter's arguments a family needs: Qwen3-Next's config names no multi-token-prediction
 # layers, which the converter then asks for unless told there are none
 CONVERTER_ARGS: dict[str, list[str]] = {"qwen3_next": ["--no-mtp"]}
+# the special tokens a family's vocabulary must have for the converter (GLM's: its BOS, end of turn
+# and end of message), added after the trained ones
+EXTRA_SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
 # Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
 # sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
 # llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
@@ -57,6 +61,7 @@ GGUF_ARCH: dict[str, str] = {
     "deepseek_v3": "deepseek2",
     "qwen3_next": "qwen3next",
     "lfm2_moe": "lfm2moe",
+    "glm4_moe": "glm4moe",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -174,6 +179,14 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         num_experts_per_tok=2, tie_word_embeddings=True, norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
     )),
+    "glm4_moe": ("Glm4MoeConfig", dict(
+        # GLM-4.5's layout (its multi-token-prediction layer left out, as transformers' class has none)
+        num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=2, head_dim=16,
+        partial_rotary_factor=0.5, use_qk_norm=True, intermediate_size=64, moe_intermediate_size=32,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=2.5, num_nextn_predict_layers=0, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -249,8 +262,9 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE):
     return tokenizer
 
 
-def save_tokenizer(out_dir: Path) -> int:
-    """Write tokenizer.json + tokenizer_config.json into out_dir; returns the vocabulary size."""
+def save_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> int:
+    """Write tokenizer.json + tokenizer_config.json into out_dir (extra_special: special tokens after
+    the trained ones); returns the vocabulary size."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
@@ -258,7 +272,7 @@ def save_tokenizer(out_dir: Path) -> int:
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=BOS_TOKEN,
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS_TOKEN, EOS_TOKEN)],
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS_TOKEN, EOS_TOKEN)] + list(extra_special),
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
     )
@@ -315,7 +329,7 @@ def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_size = save_tokenizer(out_dir)
+    vocab_size = save_tokenizer(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()))
     config = make_config(arch, vocab_size, overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
