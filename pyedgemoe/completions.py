@@ -19,7 +19,7 @@ from typing import Iterator
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
-from pyedgemoe.tool_calls import call_delta, call_message, check_tools, forced_tool
+from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tools, forced_tool
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -190,15 +190,14 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
 
     def chunks():
         chunk = {**head, "object": "chat.completion.chunk"}
-        first = {"role": "assistant"} if function is None else \
-            {"role": "assistant", "content": None, "function_call": None, "tool_calls": None}
+        first = {"role": "assistant"} if function is None else {**EMPTY_DELTA, "role": "assistant"}
         yield {**chunk, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}]}
         done = 0
         for piece in run.pieces():
             delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
             yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done), "finish_reason": None}]}
             done = run.n_tokens
-        last = {} if function is None else {"role": None, "content": None, "function_call": None, "tool_calls": None}
+        last = {} if function is None else EMPTY_DELTA
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
                                      "finish_reason": finish_reason()}], "usage": run.usage()}
     return chunks()

@@ -79,6 +79,9 @@ class SamplingParams:
         "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
         "value", file_flag="--json-schema-file"))
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # a mapping given: its pairs
+
     @classmethod
     def of(cls, keywords: dict, **defaults) -> "SamplingParams":
         """The settings from keyword arguments (None: the default), over `defaults`; checked. A
@@ -87,8 +90,6 @@ class SamplingParams:
         keywords.update(response_format_keywords(keywords.pop("response_format", None)))
         if keywords.get("json_schema") is not None:
             keywords["json_schema"] = schema_text(keywords["json_schema"])
-        if keywords.get("logit_bias") is not None:
-            keywords["logit_bias"] = bias_pairs(keywords["logit_bias"])
         given = {name: value for name, value in {**defaults, **keywords}.items() if value is not None}
         unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
@@ -144,7 +145,7 @@ class SamplingParams:
             chain = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
                                     self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
                                     self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar,
-                                    bias_pairs(self.logit_bias), self.mirostat_mode, self.mirostat_tau, self.mirostat_eta)
+                                    self.logit_bias, self.mirostat_mode, self.mirostat_tau, self.mirostat_eta)
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:
@@ -154,7 +155,7 @@ class SamplingParams:
         return TokenSampler(chain, self.logits_processor, self.stopping_criteria)
 
 
-def bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:
+def _bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:
     """(token id, bias) pairs of a logit_bias mapping (or pairs), by token id; keys may be the ids'
     text, as OpenAI's JSON and llama-cpp-python take them."""
     try:

@@ -36,11 +36,12 @@ class TokenSampler:
         """The token after ids (the tokens evaluated), from output i of context's last decode."""
         if self.logits_processor is None and self.stopping_criteria is None:
             return self.chain.sample(context, i)
-        logits = context.output_logits(i)
+        logits, input_ids = context.output_logits(i), np.array(ids, dtype=np.intc)
         if self.logits_processor is None:
             token = self.chain.sample(context, i)
-        else:
-            changed = np.asarray(self.logits_processor(np.array(ids, dtype=np.intc), logits.copy()), dtype=np.float32)
+        else:  # the processor may change its logits in place: the stopping criteria's are the pick's own
+            mine = logits.copy() if self.stopping_criteria is not None else logits
+            changed = np.asarray(self.logits_processor(input_ids, mine), dtype=np.float32)
             if changed.shape != logits.shape:
                 raise InvalidOptionError(f"logits_processor returned logits of shape {changed.shape}, not "
                                          f"{logits.shape}")
@@ -49,7 +50,7 @@ class TokenSampler:
                                          "(every logit -inf)")
             token = self.chain.sample_logits(context, np.ascontiguousarray(changed))
         if self.stopping_criteria is not None:
-            self.stopped = bool(self.stopping_criteria(np.array(ids, dtype=np.intc), logits))
+            self.stopped = bool(self.stopping_criteria(input_ids, logits))
         return token
 
 

@@ -64,7 +64,11 @@ def call_message(name: str, arguments: str, call_id: str) -> dict:
             "tool_calls": [tool_call(name, arguments, call_id)]}
 
 
+# a forced call's stream delta with nothing in it (llama-cpp-python's: every field null)
+EMPTY_DELTA = {"role": None, "content": None, "function_call": None, "tool_calls": None}
+
+
 def call_delta(name: str, arguments: str, call_id: str) -> dict:
     """A stream chunk's delta of a forced call's next piece of arguments."""
-    return {"role": None, "content": None, "function_call": {"name": name, "arguments": arguments},
+    return {**EMPTY_DELTA, "function_call": {"name": name, "arguments": arguments},
             "tool_calls": [tool_call(name, arguments, call_id, index=0)]}

@@ -66,7 +66,9 @@ def references(tiny_model):
             ubatch = {"n_ubatch": n_ubatch} if n_ubatch else {}
             resident = run(path, mode="gpu", **ubatch)
             assert "experts" not in resident[2]  # all resident: no expert cache
-            cache[arch, n_ubatch] = (resident, run(path, mode="cpu", **ubatch)[0])
+            # under the size asked for and the size it ran with (None: the default)
+            cache[arch, n_ubatch] = cache[arch, resident[2]["n_ubatch"]] = \
+                (resident, run(path, mode="cpu", **ubatch)[0])
         return cache[arch, n_ubatch]
     return get
 
