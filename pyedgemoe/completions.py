@@ -20,6 +20,7 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tools, forced_tool
+from pyedgemoe.tool_formats import ToolTurn, parses
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -41,8 +42,10 @@ class TextRun:
     n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs)."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
-                 stop: list[str], ignore_eos: bool = False, n_probs: int | None = None):
+                 stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
+                 special_tokens: frozenset[int] = frozenset()):
         self._engine = engine
+        self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
         self.generation, self._tokens = engine._generation(prompt_tokens, max_tokens, sampling, ignore_eos,
                                                            n_probs=n_probs)
@@ -53,7 +56,7 @@ class TextRun:
     def pieces(self) -> Iterator[str]:
         for token in self._tokens:
             self.n_tokens += 1
-            piece = self._text.push(self._engine.token_piece(token))
+            piece = self._text.push(self._engine.token_piece(token, special=token in self._special))
             if piece:
                 yield piece
             if self._text.stopped:
@@ -136,14 +139,22 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
     return chunks()
 
 
-def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
-    """The tokens of messages (and the tools, for the template) formatted with the model's template
-    (Engine.format_chat)."""
+def check_messages(messages: list[dict]) -> None:
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
             raise InvalidOptionError(f"each message needs 'role' and 'content' (or, the assistant's, 'tool_calls'), "
                                      f"got {m!r}")
-    text = engine.format_chat(messages, tools, tool_choice)
+
+
+def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
+    """The tokens of messages (and the tools, for the template) formatted with the model's template
+    (Engine.format_chat)."""
+    check_messages(messages)
+    return chat_text_tokens(engine, engine.format_chat(messages, tools, tool_choice))
+
+
+def chat_text_tokens(engine, text: str) -> list[int]:
+    """The tokens of a chat's prompt text: special tokens as such, a BOS ahead unless it has one."""
     bos = engine.token_bos()
     bos_text = engine.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else None
     starts_with_bos = bos_text is not None and text.startswith(bos_text)
@@ -152,21 +163,33 @@ def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = 
 
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
                            stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict,
-                           tools: list[dict] | None = None, tool_choice=None):
-    """Engine.create_chat_completion's result (or chunks); a tool choice that forces a call answers
-    with it (pyedgemoe.tool_calls)."""
+                           tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
+                           parse_tool_calls: bool = True):
+    """Engine.create_chat_completion's result (or chunks): the tool calls the model writes parsed
+    (pyedgemoe.tool_formats), or a tool choice that forces a call answered with it (pyedgemoe.tool_calls)."""
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
-    function = forced_tool(check_tools(tools), tool_choice)
+    tools = check_tools(tools)
+    check_messages(messages)
+    turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls) \
+        if parses(tools, tool_choice, parse_tool_calls) else None
+    function = forced_tool(tools, tool_choice) if turn is None else None
+    if (function is not None or turn is not None) and \
+            any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
+        raise InvalidOptionError("tool calls have a grammar of their own: give no grammar, json_schema or "
+                                 "response_format with tools")
+    if turn is not None and stream and logprobs:
+        raise InvalidOptionError("logprobs are not given with tools in a stream (as llama-server)")
     if function is not None:
-        if any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
-            raise InvalidOptionError("a forced tool call constrains the answer to the tool's arguments: give no "
-                                     "grammar, json_schema or response_format with it")
         sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
-    sampling = SamplingParams.of(sampling, temperature=CHAT_TEMPERATURE)
-    run = TextRun(engine, chat_prompt_tokens(engine, messages, tools, tool_choice), max_tokens, sampling,
-                  stop_list(stop), n_probs=(top_logprobs or 0) if logprobs else None)
+    sampling = SamplingParams.of({**sampling, **(turn.sampling() if turn else {})}, temperature=CHAT_TEMPERATURE)
+    prompt = chat_text_tokens(engine, turn.prompt) if turn else chat_prompt_tokens(engine, messages, tools, tool_choice)
+    run = TextRun(engine, prompt, max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
+                  n_probs=(top_logprobs or 0) if logprobs else None,
+                  special_tokens=turn.special_tokens if turn else frozenset())
+    if turn is not None:
+        return _parsed_chat(engine, run, turn, stream, logprobs)
     uid = uuid.uuid4()
     head = {"id": f"chatcmpl-{uid}", "created": int(time.time()), "model": engine.model_path}
     call_id = f"call__0_{function['name']}_cmpl-{uid}" if function is not None else None
@@ -200,4 +223,38 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         last = {} if function is None else EMPTY_DELTA
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
                                      "finish_reason": finish_reason()}], "usage": run.usage()}
+    return chunks()
+
+
+def _parsed_chat(engine, run: TextRun, turn: ToolTurn, stream: bool, logprobs: bool | None):
+    """A chat whose text is parsed for the model's tool calls: its message, or its chunks (a delta a
+    chunk), as llama-server gives them."""
+    head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": engine.model_path}
+
+    def finish_reason(calls: bool) -> str:
+        return "tool_calls" if calls and run.finish_reason == "stop" else run.finish_reason
+
+    if not stream:
+        message = turn.message("".join(run.pieces()))
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason("tool_calls" in message),
+                             "logprobs": chat_logprobs(engine, run.generation.logprobs) if logprobs else None}],
+                "usage": run.usage()}
+
+    def chunks():
+        chunk = {**head, "object": "chat.completion.chunk"}
+
+        def delta_chunk(delta: dict, finish: str | None = None) -> dict:
+            return {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        yield delta_chunk({"role": "assistant"})
+        text, calls = "", False
+        for piece in run.pieces():
+            text += piece
+            for delta in turn.deltas(text, done=False):
+                calls = calls or "tool_calls" in delta
+                yield delta_chunk(delta)
+        for delta in turn.deltas(text, done=True):
+            calls = calls or "tool_calls" in delta
+            yield delta_chunk(delta)
+        yield {**delta_chunk({}, finish_reason(calls)), "usage": run.usage()}
     return chunks()

@@ -161,6 +161,7 @@ class Engine:
         self._closer = weakref.finalize(self, _close_parts, self._batcher, self._decoder)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
+        self._chat_format = None  # chat_format()'s, made at its first use
 
     def _load_model(self, plan: LoadPlan) -> None:
         """The model, as the plan has it: its experts resident, mapped, or read on demand into an
@@ -517,16 +518,26 @@ class Engine:
             eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
             native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True), tools=tools, tool_choice=tool_choice)
 
+    def chat_format(self) -> "_native.ChatFormat":
+        """llama.cpp's chat formats over the model's template (pyedgemoe.tool_formats)."""
+        if self._chat_format is None:
+            self._chat_format = _native.ChatFormat(self._model)
+        return self._chat_format
+
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
                                stop: str | list[str] | None = None, stream: bool = False,
                                logprobs: bool | None = None, top_logprobs: int | None = None,
-                               tools: list[dict] | None = None, tool_choice=None, **sampling):
+                               tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
+                               parse_tool_calls: bool = True, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each generated token's log-probability, with the top_logprobs most likely
-        tokens' (OpenAI's chat shape). tools, tool_choice: OpenAI's (pyedgemoe.tool_calls). sampling:
-        as for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
+        tokens' (OpenAI's chat shape). tools, tool_choice, parallel_tool_calls (default: where the
+        template shows several calls): OpenAI's; the calls the model writes are parsed as llama-server
+        parses them (pyedgemoe.tool_formats), or with parse_tool_calls=False left text, as
+        llama-cpp-python (pyedgemoe.tool_calls). sampling: as for generate (temperature defaults to
+        CHAT_TEMPERATURE, llama-cpp-python's)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
-                                                  sampling, tools, tool_choice)
+                                                  sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

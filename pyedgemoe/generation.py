@@ -78,6 +78,10 @@ class SamplingParams:
     json_schema: str | None = field(default=None, metadata=_flag(
         "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
         "value", file_flag="--json-schema-file"))
+    # a tool-call format's grammar (tool_formats.ToolTurn): lazy, from the first of these (patterns the
+    # text matches, token ids) on; and the text it has seen before the first generated token
+    grammar_triggers: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, metadata=_flag(None))
+    grammar_prefill: str = field(default="", metadata=_flag(None))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # a mapping given: its pairs
@@ -145,7 +149,9 @@ class SamplingParams:
             chain = _native.Sampler(model, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
                                     self.repeat_penalty, self.frequency_penalty, self.presence_penalty,
                                     self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar,
-                                    self.logit_bias, self.mirostat_mode, self.mirostat_tau, self.mirostat_eta)
+                                    self.logit_bias, self.mirostat_mode, self.mirostat_tau, self.mirostat_eta,
+                                    self.grammar_triggers is not None, *(self.grammar_triggers or ((), ())),
+                                    self.grammar_prefill)
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:

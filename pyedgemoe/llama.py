@@ -532,7 +532,8 @@ class Llama:
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
-            tools=tools, tool_choice=tool_choice, response_format=response_format, **_sampling(locals())))
+            tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
+            **_sampling(locals())))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +26,28 @@ def tiny_model():
         gguf = tiny_moe.tiny_gguf(arch, MODELS_DIR, outtype=outtype)
         return gguf, MODELS_DIR / arch / "hf"
     return build
+
+
+def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str | None = None,
+                 chat_template: str | None = None) -> Path:
+    """A copy of `src` with another architecture name, with tensor `shrink` cut to half its experts,
+    or with another chat template."""
+    import gguf
+    from pyedgemoe.convert.from_gguf import copy_kv, open_gguf, tensor_bytes, tensor_ne
+    from pyedgemoe.convert.gguf_out import GGUFOutput
+    reader = open_gguf(src)
+    o = GGUFOutput(out, arch=arch or reader.get_field("general.architecture").contents())
+    copy_kv(reader, o.writer, skip=lambda k: chat_template is not None and k == gguf.Keys.Tokenizer.CHAT_TEMPLATE)
+    if chat_template is not None:
+        o.writer.add_chat_template(chat_template)
+    for t in reader.tensors:
+        ne = tensor_ne(t)
+        data = tensor_bytes(reader, t)
+        if t.name == shrink:
+            data = data[: len(data) // 2]
+            ne = ne[:2] + [ne[2] // 2]
+        o.add_tensor(t.name, ne, gguf.GGMLQuantizationType(t.tensor_type).name, lambda d=data: np.array(d))
+    return o.finish(progress=False)
 
 
 @pytest.fixture(scope="session")

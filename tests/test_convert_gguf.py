@@ -18,8 +18,9 @@ import gguf
 import numpy as np
 import pytest
 
+from conftest import rewrite_gguf
 from pyedgemoe import Engine
-from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf, tensor_bytes, tensor_ne
+from pyedgemoe.convert.from_gguf import convert_gguf, open_gguf, tensor_bytes, tensor_ne
 from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import (
@@ -207,25 +208,9 @@ def test_low_from_takes_the_low_copies_from_the_second_file(tiny_model, tmp_path
     assert np.array_equal(logits(out), logits(src))
 
 
-def rewrite(src: Path, out: Path, *, arch: str | None = None, shrink: str | None = None) -> Path:
-    """A copy of `src` with another architecture name, or with tensor `shrink` cut to half its experts."""
-    reader = open_gguf(src)
-    arch = arch or reader.get_field("general.architecture").contents()
-    o = GGUFOutput(out, arch=arch)
-    copy_kv(reader, o.writer, skip=lambda k: False)
-    for t in reader.tensors:
-        ne = tensor_ne(t)
-        data = tensor_bytes(reader, t)
-        if t.name == shrink:
-            data = data[: len(data) // 2]
-            ne = ne[:2] + [ne[2] // 2]
-        o.add_tensor(t.name, ne, gguf.GGMLQuantizationType(t.tensor_type).name, lambda d=data: np.array(d))
-    return o.finish(progress=False)
-
-
 def test_low_from_with_a_different_shape_is_refused_and_writes_nothing(tiny_model, tmp_path):
     src, _ = tiny_model("qwen3_moe")
-    bad = rewrite(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "bad.gguf", shrink="blk.1.ffn_up_exps.weight")
+    bad = rewrite_gguf(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "bad.gguf", shrink="blk.1.ffn_up_exps.weight")
     with pytest.raises(ConversionError, match=r"blk\.1\.ffn_up_exps\.weight has shape \[64, 32, 4\]"):
         convert_gguf(src, tmp_path / "mp.gguf", high="f32", low_from=bad, progress=False)
     assert files_in(tmp_path) == ["bad.gguf"]
@@ -233,7 +218,7 @@ def test_low_from_with_a_different_shape_is_refused_and_writes_nothing(tiny_mode
 
 def test_low_from_of_another_architecture_is_refused(tiny_model, tmp_path):
     src, _ = tiny_model("qwen3_moe")
-    other = rewrite(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "other.gguf", arch="olmoe")
+    other = rewrite_gguf(tiny_model("qwen3_moe", "q8_0")[0], tmp_path / "other.gguf", arch="olmoe")
     with pytest.raises(ConversionError, match="'olmoe' model, the source is 'qwen3moe'"):
         convert_gguf(src, tmp_path / "mp.gguf", high="f32", low_from=other, progress=False)
     assert files_in(tmp_path) == ["other.gguf"]

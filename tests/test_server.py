@@ -34,9 +34,9 @@ SERVER_ARGS = ["--expert-cache", "25%", "--system", "lossless", "-t", "1", "-c",
 PROMPTS = ["def add(a, b):", "class Node(object):", "import os\n", "# Copyright"]
 
 
-def start_server(log_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+def start_server(log_path: Path, *args: str, model: Path = DEMO) -> tuple[subprocess.Popen, str]:
     """Starts `pyedgemoe serve` on a free port; returns the process and its base URL once /health answers."""
-    proc, url = start(DEMO, log_path, list(args))
+    proc, url = start(model, log_path, list(args))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

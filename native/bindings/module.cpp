@@ -17,6 +17,7 @@ NB_MODULE(_native, m) {
     register_context(m);
     register_sampler(m);
     register_grammar(m);
+    register_chat(m);
     register_gguf_info(m);
     register_quantize(m);
     register_residency(m);

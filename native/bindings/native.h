@@ -74,6 +74,7 @@ void register_model(nb::module_ & m);
 void register_context(nb::module_ & m);
 void register_sampler(nb::module_ & m);
 void register_grammar(nb::module_ & m);
+void register_chat(nb::module_ & m);
 void register_gguf_info(nb::module_ & m);
 void register_quantize(nb::module_ & m);
 void register_residency(nb::module_ & m);

@@ -10,6 +10,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <unistd.h>
@@ -43,11 +44,48 @@ std::string stderr_of(const std::function<void()> & f) {
     return text;
 }
 
+// A grammar's start, for llama.cpp's tool call formats (chat.cpp's ChatTurn): lazy, it constrains the
+// text from the first trigger (a pattern the text matches, or a token) on; prefill, text the grammar
+// has seen already (the generation prompt, which the template put in the prompt).
+struct GrammarStart {
+    bool lazy = false;
+    std::vector<std::string> patterns;
+    std::vector<llama_token> tokens;
+    std::string prefill;
+};
+
+// prefill's tokens as common/sampling.cpp gives them to a tool call grammar (a space some tokenizers
+// put before a first special token left out).
+std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> tokens(text.size() + 2);
+    const int n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(),
+                                 false, true);
+    tokens.resize(n < 0 ? 0 : n);
+    if (!tokens.empty() && !text.empty() && !std::isspace((unsigned char) text[0])) {
+        char piece[8];
+        const int len = llama_token_to_piece(vocab, tokens[0], piece, sizeof(piece), 0, true);
+        if (len > 0 && std::isspace((unsigned char) piece[0])) tokens.erase(tokens.begin());
+    }
+    return tokens;
+}
+
 // The grammar sampler of GBNF text; ValueError saying why it does not parse.
-llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & grammar) {
+llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & grammar, const GrammarStart & start) {
     log_clear_recent();
     llama_sampler * sampler = nullptr;
-    std::string why = stderr_of([&] { sampler = llama_sampler_init_grammar(vocab, grammar.c_str(), "root"); });
+    std::string why = stderr_of([&] {
+        if (!start.lazy) {
+            sampler = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
+            return;
+        }
+        std::vector<const char *> patterns;
+        for (const auto & p : start.patterns) patterns.push_back(p.c_str());
+        sampler = llama_sampler_init_grammar_lazy_patterns(vocab, grammar.c_str(), "root", patterns.data(),
+                                                           patterns.size(), start.tokens.data(), start.tokens.size());
+    });
+    if (sampler && !start.lazy) {
+        for (llama_token t : prefill_tokens(vocab, start.prefill)) llama_sampler_accept(sampler, t);
+    }
     if (sampler) return sampler;
     why = why.substr(0, why.find('\n'));  // "parse: error parsing grammar: ...", then the grammar
     why = why.substr(why.find(": ") == std::string::npos ? 0 : why.find(": ") + 2);
@@ -59,7 +97,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
             int penalty_last_n, uint32_t seed, const std::string & grammar,
             const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat, float mirostat_tau,
-            float mirostat_eta) {
+            float mirostat_eta, const GrammarStart & start) {
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     std::vector<llama_logit_bias> biases;
@@ -80,7 +118,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     }
     if (!grammar.empty()) {
         try {
-            llama_sampler_chain_add(chain, grammar_sampler(vocab, grammar));
+            llama_sampler_chain_add(chain, grammar_sampler(vocab, grammar, start));
         } catch (...) {
             llama_sampler_free(chain);
             throw;
@@ -128,11 +166,23 @@ llama_token sample_logits(Sampler & s, nb::ndarray<const float, nb::ndim<1>, nb:
 
 void register_sampler(nb::module_ & m) {
     nb::class_<Sampler>(m, "Sampler")
-        .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
+        .def("__init__", [](Sampler * self, const Model & model, float temperature, int top_k, float top_p,
+                            float min_p, float typical_p, float repeat_penalty, float frequency_penalty,
+                            float presence_penalty, int penalty_last_n, uint32_t seed, const std::string & grammar,
+                            const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat,
+                            float mirostat_tau, float mirostat_eta, bool grammar_lazy,
+                            const std::vector<std::string> & trigger_patterns,
+                            const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill) {
+                 create(self, model, temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+                        presence_penalty, penalty_last_n, seed, grammar, logit_bias, mirostat, mirostat_tau,
+                        mirostat_eta, GrammarStart{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill});
+             }, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
              nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"),
              nb::arg("frequency_penalty"), nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
              nb::arg("seed"), nb::arg("grammar") = "", nb::arg("logit_bias") = std::vector<std::pair<llama_token, float>>(),
-             nb::arg("mirostat") = 0, nb::arg("mirostat_tau") = 5.0f, nb::arg("mirostat_eta") = 0.1f)
+             nb::arg("mirostat") = 0, nb::arg("mirostat_tau") = 5.0f, nb::arg("mirostat_eta") = 0.1f,
+             nb::arg("grammar_lazy") = false, nb::arg("trigger_patterns") = std::vector<std::string>(),
+             nb::arg("trigger_tokens") = std::vector<llama_token>(), nb::arg("grammar_prefill") = "")
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },

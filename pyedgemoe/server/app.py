@@ -31,6 +31,7 @@ from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMET
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
+from pyedgemoe.tool_formats import joined_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/tokenize", "/detokenize", "/", "/experts", "/props", "/slots"}
@@ -69,10 +70,9 @@ def _joined_completion(chunks: list[dict]) -> dict:
 def _joined_chat_completion(chunks: list[dict]) -> dict:
     last = chunks[-1]
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    calls = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]  # a forced tool call's pieces
-    message = call_message(calls[0]["function"]["name"], "".join(c["function"]["arguments"] for c in calls),
-                           calls[0]["id"]) if calls else \
-        {"role": "assistant", "content": "".join(d.get("content") or "" for d in deltas)}
+    forced = [d["tool_calls"][0] for d in deltas if d.get("function_call")]  # a forced call's pieces
+    message = call_message(forced[0]["function"]["name"], "".join(c["function"]["arguments"] for c in forced),
+                           forced[0]["id"]) if forced else joined_message(deltas)
     logprobs = _joined_logprobs(chunks, ("content",), {"refusal": None})
     return {"id": last["id"], "object": "chat.completion", "created": last["created"], "model": last["model"],
             "choices": [{"index": 0, "message": message, "logprobs": logprobs,

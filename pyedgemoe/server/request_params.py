@@ -214,11 +214,9 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
 # sends (its streaming and timing options, how it shows a reasoning model's thoughts), and
-# chat_template_kwargs, which this server does not pass to the template (docs/server.md), and
-# parallel_tool_calls (an answer here holds one tool call at most).
+# and chat_template_kwargs, which this server does not pass to the template (docs/server.md).
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs",
-            "parallel_tool_calls"}
+            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
@@ -226,7 +224,7 @@ _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
-                   "tool_choice": _tool_choice}
+                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean}
 
 
 def _token_ids(name: str, value) -> list[int]:

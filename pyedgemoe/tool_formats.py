@@ -1,0 +1,97 @@
+"""Tool calls in the model's own format, found as llama-server finds them (llama.cpp's chat
+formats: the native ChatFormat, bindings/chat.cpp).
+
+With tools and a tool choice of "auto" (or none) or "required", the Engine's chat renders the
+conversation with llama.cpp's template engine, which knows how each model family writes a call
+(Qwen's and Hermes' <tool_call> tags, Llama 3.x's JSON, Mistral's [TOOL_CALLS], GPT-OSS's
+channels, ...); a grammar keeps a call well formed, from the moment the model starts one ("auto":
+llama.cpp's lazy grammar, from the format's triggers) or from the first token ("required"). The
+text is then parsed into content and tool calls, each with an id (finish reason "tool_calls"),
+streamed as OpenAI's deltas: a call's id and name, then pieces of its arguments.
+
+llama-cpp-python's Llama answers "auto" with the model's text and forces "required" with one tool
+in its own shape (pyedgemoe.tool_calls): the drop-in keeps that (parse_tool_calls=False).
+"""
+from __future__ import annotations
+
+import json
+
+from pyedgemoe.errors import InvalidOptionError
+
+PARSED_CHOICES = (None, "auto", "required")
+
+
+def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool) -> bool:
+    """Whether a chat's answer is parsed for tool calls (else pyedgemoe.tool_calls' ways)."""
+    return parse_tool_calls and bool(tools) and (tool_choice is None or tool_choice in PARSED_CHOICES)
+
+
+class ToolTurn:
+    """One chat's prompt, constraints and parser in the model's tool-call format."""
+
+    def __init__(self, engine, messages: list[dict], tools: list[dict], tool_choice: str | None,
+                 parallel_tool_calls: bool | None):
+        chat_format = engine.chat_format()
+        parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
+        try:
+            self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools), tool_choice or "auto", parallel)
+        except ValueError as e:
+            raise InvalidOptionError(f"the chat template with tools: {e}") from None
+        self.prompt = self._turn.prompt
+        self.stops = list(self._turn.additional_stops)
+        # tokens shown as their text (a format's tags, which are often special tokens)
+        ids = (engine.tokenize(text, add_bos=False, special=True) for text in self._turn.preserved_tokens)
+        self.special_tokens = frozenset(one[0] for one in ids if len(one) == 1)
+
+    def sampling(self) -> dict:
+        """The SamplingParams keywords of the call's grammar (none where the format has none)."""
+        if not self._turn.grammar:
+            return {}
+        t = self._turn
+        return {"grammar": t.grammar, "grammar_triggers": (tuple(t.trigger_patterns), tuple(t.trigger_tokens))
+                if t.grammar_lazy else None, "grammar_prefill": t.generation_prompt}
+
+    def message(self, text: str) -> dict:
+        """The assistant's message the whole text parses to (a text the format does not take,
+        as a call cut by max_tokens: what it parses to so far)."""
+        try:
+            parsed = json.loads(self._turn.parse(text, False))
+        except ValueError:
+            parsed = json.loads(self._turn.parse(text, True))
+        calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                 for c in parsed["tool_calls"]]
+        return assistant_message(parsed["content"], parsed["reasoning_content"], calls)
+
+    def deltas(self, text: str, done: bool) -> list[dict]:
+        """OpenAI's stream deltas of what text adds since the last call (done: the whole text)."""
+        if done:
+            try:
+                return json.loads(self._turn.deltas(text, False))
+            except ValueError:
+                pass
+        return json.loads(self._turn.deltas(text, True))
+
+
+def assistant_message(content: str, reasoning_content: str, calls: list[dict]) -> dict:
+    """The assistant's message: content (null when empty beside calls, as OpenAI's), the calls, and
+    the model's reasoning where the format separates it."""
+    message = {"role": "assistant", "content": content or (None if calls else "")}
+    if reasoning_content:
+        message["reasoning_content"] = reasoning_content
+    return {**message, "tool_calls": calls} if calls else message
+
+
+def joined_message(deltas: list[dict]) -> dict:
+    """The message stream deltas make (a call's id and name come once, its arguments in pieces)."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for call in d.get("tool_calls") or ():
+            joined = calls.setdefault(call["index"], {"id": "", "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+            joined["id"] = call.get("id") or joined["id"]
+            function = call.get("function", {})
+            joined["function"]["name"] = function.get("name") or joined["function"]["name"]
+            joined["function"]["arguments"] += function.get("arguments", "")
+    return assistant_message("".join(d.get("content") or "" for d in deltas),
+                             "".join(d.get("reasoning_content") or "" for d in deltas),
+                             [calls[i] for i in sorted(calls)])

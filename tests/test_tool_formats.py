@@ -1,0 +1,153 @@
+"""Tool calls in the model's own format, found as llama-server finds them (pyedgemoe.tool_formats):
+a tiny Qwen3-MoE carrying Qwen3's released chat template (from llama.cpp's tree), so that
+llama.cpp's chat formats know its calls: `<tool_call>` tags around a JSON object.
+
+A random model does not write calls by itself: a logits processor (llama-cpp-python's hook) lifts
+the tokens of a scripted answer, and the grammar, the parser and the stream do the rest, as they
+would for a trained model's own answer."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import REPO, rewrite_gguf
+from pyedgemoe import Engine
+from pyedgemoe.completions import chat_text_tokens
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.tool_formats import ToolTurn, joined_message
+from test_server import start_server, stop_server
+
+QWEN3_TEMPLATE = REPO / "native" / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "the time in a zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+TOOLS = [WEATHER, TIME]
+ASKED = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+SECOND = '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model, tmp_path_factory) -> Path:
+    return rewrite_gguf(tiny_model("qwen3_moe")[0], tmp_path_factory.mktemp("tools") / "qwen3-tools.gguf",
+                        chat_template=QWEN3_TEMPLATE.read_text())
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    with Engine(str(model), n_ctx=1024, verbose=False) as e:
+        yield e
+
+
+def writes(engine, text: str):
+    """A logits processor that makes the model write text (its tokens lifted one after another),
+    then leaves the model to itself."""
+    script = engine.tokenize(text, add_bos=False, special=True)
+    start = []
+
+    def lift(input_ids, logits):
+        start.append(len(input_ids)) if not start else None
+        i = len(input_ids) - start[0]
+        if i < len(script):
+            logits = logits.copy()
+            logits[script[i]] += 1000.0
+        return logits
+    return lift
+
+
+def chat(engine, answer: str | None = None, **kwargs):
+    kwargs = {"tools": TOOLS, "max_tokens": 96, "temperature": 0, **kwargs}
+    if answer is not None:
+        kwargs["logits_processor"] = writes(engine, answer)
+    return engine.create_chat_completion(ASKED, **kwargs)
+
+
+def test_the_prompt_is_the_template_with_the_tools_as_our_renderer_gives_it(engine):
+    assert ToolTurn(engine, ASKED, TOOLS, None, None).prompt == engine.format_chat(ASKED, TOOLS)
+
+
+def test_a_call_the_model_writes_comes_back_as_tool_calls(engine):
+    choice, = chat(engine, "Let me look. " + CALL)["choices"]
+    message = choice["message"]
+    assert message["content"] == "Let me look. "
+    call, = message["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
+    assert re.fullmatch(r"[A-Za-z0-9]{32}", call["id"])  # llama-server's ids
+
+
+def test_a_streamed_call_gives_its_id_and_name_once_then_its_arguments_in_pieces(engine):
+    whole = chat(engine, "Let me look. " + CALL)["choices"][0]["message"]
+    chunks = list(chat(engine, "Let me look. " + CALL, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    deltas = [c["choices"][0]["delta"] for c in chunks[1:-1]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert len(calls) > 3 and all(c["index"] == 0 for c in calls)
+    assert set(calls[0]) == {"index", "id", "type", "function"} and calls[0]["function"]["name"] == "get_weather"
+    assert all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in calls[1:])
+    joined = joined_message(deltas)  # as the server joins a stream for a request without one
+    assert joined["content"] == whole["content"]
+    assert [c["function"] for c in joined["tool_calls"]] == [c["function"] for c in whole["tool_calls"]]
+
+
+def test_required_makes_the_answer_end_with_its_calls(engine):
+    choice, = chat(engine, CALL, tool_choice="required")["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    choice, = chat(engine, CALL + SECOND, tool_choice="required", max_tokens=160)["choices"]
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather", "get_time"]
+
+
+def test_the_grammar_keeps_a_call_to_the_tools_and_their_parameters(engine):
+    # the model starts a call of a misspelled function with a wrong parameter: from the trigger
+    # on, the grammar lets through only the tools' names and a parameters object of their schema
+    bad = '<tool_call>\n{"name": "get_wether", "arguments": {"town": "Paris"}}\n</tool_call>'
+    message = chat(engine, bad, max_tokens=160)["choices"][0]["message"]
+    names = [c["function"]["name"] for c in message["tool_calls"]]
+    assert names and set(names) <= {"get_weather", "get_time"}
+    assert all(not c["function"]["arguments"].startswith('{"town"') for c in message["tool_calls"])
+
+
+def test_an_answer_without_a_call_is_the_models_text(engine):
+    parsed = chat(engine, max_tokens=12)["choices"][0]
+    text = chat(engine, max_tokens=12, parse_tool_calls=False)["choices"][0]  # llama-cpp-python's way: text
+    assert "tool_calls" not in parsed["message"]
+    # the same tokens; llama.cpp's parser leaves out the whitespace that opens the answer
+    assert parsed["message"]["content"] == text["message"]["content"].lstrip()
+    assert parsed["finish_reason"] == text["finish_reason"]
+
+
+def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_take(engine):
+    with pytest.raises(InvalidOptionError, match="grammar of their own"):
+        chat(engine, grammar='root ::= "yes"')
+    with pytest.raises(InvalidOptionError, match="logprobs"):
+        chat(engine, stream=True, logprobs=True)
+    with pytest.raises(InvalidOptionError, match="chat template with tools"):
+        engine.create_chat_completion([{"role": "user", "content": {"text": "hi"}}], tools=TOOLS)
+
+
+def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(model, engine, tmp_path):
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "1024", model=model)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        kwargs = dict(model="qwen3-tools.gguf", messages=ASKED, tools=TOOLS, max_tokens=16, temperature=0)
+        whole = client.chat.completions.create(**kwargs, tool_choice="required", parallel_tool_calls=False)
+        streamed = list(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+        own = chat(engine, tool_choice="required", max_tokens=16)
+        assert whole.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in streamed) \
+            == own["choices"][0]["message"]["content"]
+        prompt = chat_text_tokens(engine, ToolTurn(engine, ASKED, TOOLS, "required", False).prompt)
+        assert whole.usage.prompt_tokens == len(prompt)
+        for bad, field in ((dict(parallel_tool_calls="yes"), "parallel_tool_calls"),
+                           (dict(extra_body={"grammar": 'root ::= "x"'}), "grammar")):
+            with pytest.raises(openai.BadRequestError, match=field):
+                client.chat.completions.create(**kwargs, **bad)
+    finally:
+        stop_server(proc)
