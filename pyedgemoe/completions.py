@@ -8,7 +8,8 @@
   llama-cpp-python returns them (OpenAI's completions shape: tokens, text_offset, token_logprobs,
   top_logprobs), a chat completion's in OpenAI's chat shape (content: token, logprob, bytes,
   top_logprobs). A streamed chunk carries those of the tokens its text came from. A chat's tools
-  go to the template; a forced tool call is the answer (pyedgemoe.tool_calls).
+  go to the template; the calls the model writes are parsed (pyedgemoe.tool_formats), or a forced
+  tool call is the answer (pyedgemoe.tool_calls).
 """
 from __future__ import annotations
 

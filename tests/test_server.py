@@ -215,11 +215,12 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def test_a_forced_tool_call_is_openais_tool_call_and_the_conversation_goes_on(client):
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
     kwargs = dict(model=MODEL_ID, messages=asked, tools=[WEATHER], max_tokens=48, temperature=0)
-    r = client.chat.completions.create(**kwargs, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(**kwargs, tool_choice=forced)
     call = r.choices[0].message.tool_calls[0]
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
-    chunks = list(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice=forced, stream=True))
     pieces = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
     assert "".join(p.function.arguments for p in pieces) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
