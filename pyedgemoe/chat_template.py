@@ -51,17 +51,18 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str, eos_token: str,
-                native_fallback=None, tools: list[dict] | None = None, tool_choice=None) -> str:
+                native_fallback=None, tools: list[dict] | None = None, tool_choice=None,
+                template_kwargs: dict | None = None) -> str:
     """messages: [{"role": ..., "content": ...}]; returns the prompt text up to the assistant's turn.
     tools and tool_choice (OpenAI's) go to the template, as llama-cpp-python hands them (ChatML and
-    llama.cpp's built-in templates show no tools). A template that refuses the messages (and no
-    fallback that takes them) is InvalidOptionError."""
+    llama.cpp's built-in templates show no tools); template_kwargs are more of its variables
+    (llama-server's chat_template_kwargs: {"enable_thinking": false}), over those. A template that
+    refuses the messages (and no fallback that takes them) is InvalidOptionError."""
     if template:
         try:
-            return _environment().from_string(template).render(
-                messages=messages, add_generation_prompt=True,
-                bos_token=bos_token, eos_token=eos_token, tools=tools, tool_choice=tool_choice,
-            )
+            return _environment().from_string(template).render({
+                "messages": messages, "add_generation_prompt": True, "bos_token": bos_token, "eos_token": eos_token,
+                "tools": tools, "tool_choice": tool_choice, **(template_kwargs or {})})
         except (jinja2.exceptions.TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
             # a template's own code fails on messages it does not expect (Qwen3's tests `in` on a
             # content that is null: TypeError)

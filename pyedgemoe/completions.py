@@ -147,11 +147,12 @@ def check_messages(messages: list[dict]) -> None:
                                      f"got {m!r}")
 
 
-def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
+def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
+                       template_kwargs: dict | None = None) -> list[int]:
     """The tokens of messages (and the tools, for the template) formatted with the model's template
     (Engine.format_chat)."""
     check_messages(messages)
-    return chat_text_tokens(engine, engine.format_chat(messages, tools, tool_choice))
+    return chat_text_tokens(engine, engine.format_chat(messages, tools, tool_choice, template_kwargs))
 
 
 def chat_text_tokens(engine, text: str) -> list[int]:
@@ -165,7 +166,7 @@ def chat_text_tokens(engine, text: str) -> list[int]:
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
                            stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict,
                            tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
-                           parse_tool_calls: bool = True):
+                           parse_tool_calls: bool = True, template_kwargs: dict | None = None):
     """Engine.create_chat_completion's result (or chunks): the tool calls the model writes parsed
     (pyedgemoe.tool_formats), or a tool choice that forces a call answered with it (pyedgemoe.tool_calls)."""
     check_n_probs("top_logprobs", top_logprobs)
@@ -173,7 +174,10 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         raise InvalidOptionError("top_logprobs needs logprobs=True")
     tools = check_tools(tools)
     check_messages(messages)
-    turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls) \
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
+                                 f"{template_kwargs!r}"[:200])
+    turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs) \
         if parses(tools, tool_choice, parse_tool_calls) else None
     function = forced_tool(tools, tool_choice) if turn is None else None
     if (function is not None or turn is not None) and \
@@ -185,7 +189,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     if function is not None:
         sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
     sampling = SamplingParams.of({**sampling, **(turn.sampling() if turn else {})}, temperature=CHAT_TEMPERATURE)
-    prompt = chat_text_tokens(engine, turn.prompt) if turn else chat_prompt_tokens(engine, messages, tools, tool_choice)
+    prompt = chat_text_tokens(engine, turn.prompt) if turn else \
+        chat_prompt_tokens(engine, messages, tools, tool_choice, template_kwargs)
     run = TextRun(engine, prompt, max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset())

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -161,7 +162,6 @@ class Engine:
         self._closer = weakref.finalize(self, _close_parts, self._batcher, self._decoder)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
-        self._chat_format = None  # chat_format()'s, made at its first use
 
     def _load_model(self, plan: LoadPlan) -> None:
         """The model, as the plan has it: its experts resident, mapped, or read on demand into an
@@ -274,8 +274,7 @@ class Engine:
         return self._live_model().is_eog(token)
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text; add_bos adds the model's BOS (if it uses one), special parses
-        special-token text such as <|im_start|>."""
+        """Token ids of text; add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
         if isinstance(text, str):
             text = text.encode("utf-8")
         return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
@@ -504,40 +503,41 @@ class Engine:
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
                           stop: str | list[str] | None = None, stream: bool = False, logprobs: int | None = None,
                           **sampling):
-        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result.
-        logprobs: each generated token's log-probability and the logprobs most likely tokens' (as
-        llama-cpp-python's; pyedgemoe.completions). sampling: as for generate."""
+        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result. logprobs:
+        each token's log-probability and the logprobs most likely tokens'. sampling: as for generate."""
         return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling)
 
-    def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> str:
-        """The prompt text for messages (and OpenAI's tools, for the template), using the model's chat template."""
-        bos, eos = self.token_bos(), self.token_eos()
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
+                    template_kwargs: dict | None = None) -> str:
+        """The prompt text for messages (and OpenAI's tools, for the template), using the model's chat
+        template (template_kwargs: more of its variables)."""
+        bos, eos = (self.token_piece(t, special=True).decode("utf-8", "replace") if t is not None else ""
+                    for t in (self.token_bos(), self.token_eos()))
         return render_chat(
-            self._model.chat_template, messages,
-            bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
-            eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
-            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True), tools=tools, tool_choice=tool_choice)
+            self._model.chat_template, messages, bos_token=bos, eos_token=eos,
+            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True), tools=tools, tool_choice=tool_choice,
+            template_kwargs=template_kwargs)
 
+    @functools.cached_property
     def chat_format(self) -> "_native.ChatFormat":
         """llama.cpp's chat formats over the model's template (pyedgemoe.tool_formats)."""
-        if self._chat_format is None:
-            self._chat_format = _native.ChatFormat(self._model)
-        return self._chat_format
+        return _native.ChatFormat(self._model)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
                                stop: str | list[str] | None = None, stream: bool = False,
                                logprobs: bool | None = None, top_logprobs: int | None = None,
                                tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
-                               parse_tool_calls: bool = True, **sampling):
+                               parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
-        logprobs=True: each generated token's log-probability, with the top_logprobs most likely
-        tokens' (OpenAI's chat shape). tools, tool_choice, parallel_tool_calls (default: where the
-        template shows several calls): OpenAI's; the calls the model writes are parsed as llama-server
-        parses them (pyedgemoe.tool_formats), or with parse_tool_calls=False left text, as
-        llama-cpp-python (pyedgemoe.tool_calls). sampling: as for generate (temperature defaults to
-        CHAT_TEMPERATURE, llama-cpp-python's)."""
+        logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
+        tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
+        the calls the model writes parsed as llama-server parses them (pyedgemoe.tool_formats), or
+        with parse_tool_calls=False left text, as llama-cpp-python. chat_template_kwargs: more of the
+        template's variables ({"enable_thinking": False}), as llama-server takes them. sampling: as
+        for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
-                                                  sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls)
+                                                  sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
+                                                  chat_template_kwargs)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

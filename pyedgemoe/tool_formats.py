@@ -30,11 +30,12 @@ class ToolTurn:
     """One chat's prompt, constraints and parser in the model's tool-call format."""
 
     def __init__(self, engine, messages: list[dict], tools: list[dict], tool_choice: str | None,
-                 parallel_tool_calls: bool | None):
-        chat_format = engine.chat_format()
+                 parallel_tool_calls: bool | None, template_kwargs: dict | None = None):
+        chat_format = engine.chat_format
         parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
         try:
-            self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools), tool_choice or "auto", parallel)
+            self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools), tool_choice or "auto", parallel,
+                                           json.dumps(template_kwargs or {}))
         except ValueError as e:
             raise InvalidOptionError(f"the chat template with tools: {e}") from None
         self.prompt = self._turn.prompt

@@ -74,6 +74,17 @@ def test_the_prompt_is_the_template_with_the_tools_as_our_renderer_gives_it(engi
     assert ToolTurn(engine, ASKED, TOOLS, None, None).prompt == engine.format_chat(ASKED, TOOLS)
 
 
+def test_chat_template_kwargs_are_the_templates_variables_in_both_renderers(engine):
+    no_thinking = {"enable_thinking": False}  # Qwen3's switch: an empty thought opens the answer
+    ours = engine.format_chat(ASKED, TOOLS, None, no_thinking)
+    assert ours.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert ToolTurn(engine, ASKED, TOOLS, None, None, no_thinking).prompt == ours
+    plain = chat(engine, tools=None, max_tokens=1)["usage"]["prompt_tokens"]
+    assert chat(engine, tools=None, max_tokens=1, chat_template_kwargs=no_thinking)["usage"]["prompt_tokens"] > plain
+    with pytest.raises(InvalidOptionError, match="chat_template_kwargs"):
+        chat(engine, chat_template_kwargs="enable_thinking")
+
+
 def test_a_call_the_model_writes_comes_back_as_tool_calls(engine):
     choice, = chat(engine, "Let me look. " + CALL)["choices"]
     message = choice["message"]
@@ -145,7 +156,10 @@ def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(mode
             == own["choices"][0]["message"]["content"]
         prompt = chat_text_tokens(engine, ToolTurn(engine, ASKED, TOOLS, "required", False).prompt)
         assert whole.usage.prompt_tokens == len(prompt)
+        thinking = client.chat.completions.create(**kwargs, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert thinking.usage.prompt_tokens > whole.usage.prompt_tokens
         for bad, field in ((dict(parallel_tool_calls="yes"), "parallel_tool_calls"),
+                           (dict(extra_body={"chat_template_kwargs": ["enable_thinking"]}), "chat_template_kwargs"),
                            (dict(extra_body={"grammar": 'root ::= "x"'}), "grammar")):
             with pytest.raises(openai.BadRequestError, match=field):
                 client.chat.completions.create(**kwargs, **bad)

@@ -45,9 +45,11 @@ std::string random_call_id() {
     return id;
 }
 
-// messages and tools: OpenAI's JSON; ValueError for what llama.cpp's parsers or the template refuse.
+// messages and tools: OpenAI's JSON; template_kwargs: a JSON object of the template's variables
+// (llama-server's chat_template_kwargs, enable_thinking among them); ValueError for what llama.cpp's
+// parsers or the template refuse.
 ChatTurn * apply(const ChatFormat & format, const std::string & messages, const std::string & tools,
-                 const std::string & tool_choice, bool parallel_tool_calls) {
+                 const std::string & tool_choice, bool parallel_tool_calls, const std::string & template_kwargs) {
     auto turn = std::make_unique<ChatTurn>();
     try {
         common_chat_templates_inputs inputs;
@@ -55,6 +57,11 @@ ChatTurn * apply(const ChatFormat & format, const std::string & messages, const 
         inputs.tools = common_chat_tools_parse_oaicompat(common_json::parse(tools));
         inputs.tool_choice = common_chat_tool_choice_parse_oaicompat(tool_choice);
         inputs.parallel_tool_calls = parallel_tool_calls;
+        const common_json kwargs = common_json::parse(template_kwargs);
+        for (const auto & [key, value] : kwargs.items()) inputs.chat_template_kwargs[key] = value.dump();
+        if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean()) {
+            inputs.enable_thinking = kwargs["enable_thinking"].get<bool>();  // as llama-server reads it
+        }
         turn->params = common_chat_templates_apply(format.templates.get(), inputs);
         turn->parser = common_chat_parser_params(turn->params);
         if (!turn->params.parser.empty()) turn->parser.parser.load(turn->params.parser);
@@ -150,7 +157,7 @@ void register_chat(nb::module_ & m) {
                  return common_chat_templates_get_caps(f.templates.get())["supports_parallel_tool_calls"];
              })
         .def("apply", &apply, nb::arg("messages"), nb::arg("tools"), nb::arg("tool_choice"),
-             nb::arg("parallel_tool_calls"), nb::rv_policy::take_ownership);
+             nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::rv_policy::take_ownership);
     nb::class_<ChatTurn>(m, "ChatTurn")
         .def_prop_ro("prompt", [](const ChatTurn & t) { return t.params.prompt; })
         .def_prop_ro("format", [](const ChatTurn & t) { return std::string(common_chat_format_name(t.params.format)); })

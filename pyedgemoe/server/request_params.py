@@ -179,6 +179,12 @@ def _tools(name: str, value) -> list:
     return value
 
 
+def _object(name: str, value) -> dict:
+    if not isinstance(value, dict):
+        raise _invalid(name, "an object", value)
+    return value
+
+
 def _tool_choice(name: str, value) -> str | dict:
     if not isinstance(value, (str, dict)):
         raise _invalid(name, '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}', value)
@@ -213,10 +219,9 @@ _SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_s
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
-# sends (its streaming and timing options, how it shows a reasoning model's thoughts), and
-# and chat_template_kwargs, which this server does not pass to the template (docs/server.md).
+# sends (its streaming and timing options, how it shows a reasoning model's thoughts)
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_format", "reasoning_control", "backend_sampling", "chat_template_kwargs"}
+            "reasoning_format", "reasoning_control", "backend_sampling"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
@@ -224,7 +229,7 @@ _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
-                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean}
+                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object}
 
 
 def _token_ids(name: str, value) -> list[int]:
@@ -265,10 +270,10 @@ class GenerationRequest:
 
     def text_bytes(self) -> int:
         """The bytes of the text the prompt is made of: the prompt, or the messages' contents, their
-        tool calls and the tools (the template shows them all)."""
+        tool calls, the tools and the template's variables (the template may show them all)."""
         shown = [m["content"] or "" for m in self.messages or ()] + [self.prompt or ""]
         shown += [json.dumps(m["tool_calls"]) for m in self.messages or () if m.get("tool_calls")]
-        shown += [json.dumps(self.engine_kwargs["tools"])] if self.engine_kwargs.get("tools") else []
+        shown += [json.dumps(self.engine_kwargs[k]) for k in ("tools", "chat_template_kwargs") if self.engine_kwargs.get(k)]
         return sum(len(text.encode()) for text in shown)
 
 
