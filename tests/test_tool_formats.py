@@ -135,6 +135,20 @@ def test_an_answer_without_a_call_is_the_models_text(engine):
     assert parsed["finish_reason"] == text["finish_reason"]
 
 
+def test_a_conversation_with_a_call_is_answered_with_or_without_the_tools(engine):
+    called = [*ASKED, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    # with the tools, llama.cpp renders it (the call, the answer in <tool_response>)
+    turn = ToolTurn(engine, called, TOOLS, None, None)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}' in turn.prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in turn.prompt
+    # without, Qwen3's template fails on the null content (a TypeError in its own code) and
+    # llama.cpp's built-in template takes the messages, as for any template that refuses them
+    assert chat(engine, tools=None, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+    assert engine.create_chat_completion(called, max_tokens=2)["choices"][0]["finish_reason"] == "length"
+
+
 def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_take(engine):
     with pytest.raises(InvalidOptionError, match="grammar of their own"):
         chat(engine, grammar='root ::= "yes"')
