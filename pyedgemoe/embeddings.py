@@ -11,6 +11,8 @@ import numpy as np
 
 from pyedgemoe.errors import InvalidOptionError
 
+POOLING_NONE = 0  # llama.cpp's LLAMA_POOLING_TYPE_NONE: a vector per token
+
 
 def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool = True) -> np.ndarray:
     """float32 embeddings of text (tokenized with BOS) or token ids, on the Engine's one sequence,
@@ -33,4 +35,4 @@ def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool
     if normalize:
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         rows = np.divide(rows, norms, out=rows.copy(), where=norms > 0)
-    return rows[0] if engine._live().pooled else rows
+    return rows[0] if engine._live().pooling_type != POOLING_NONE else rows

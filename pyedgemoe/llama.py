@@ -229,6 +229,10 @@ class Llama:
     def n_vocab(self) -> int:
         return self.engine.n_vocab
 
+    def pooling_type(self) -> int:
+        """llama.cpp's pooling type of the embeddings (0: none, a vector per token), as llama-cpp-python's."""
+        return self.engine._live().pooling_type
+
     def token_bos(self) -> int:
         bos = self.engine.token_bos()
         return -1 if bos is None else bos

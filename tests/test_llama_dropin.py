@@ -650,6 +650,7 @@ def test_readme_embeddings_are_stock_llama_cpp_pythons(both):
     vectors, expected_vectors = np.array(out["data"][0]["embedding"]), np.array(expected["data"][0]["embedding"])
     assert vectors.shape == expected_vectors.shape == (len(ours.tokenize(b"Hello, world!")), ours.n_embd())
     np.testing.assert_allclose(vectors, expected_vectors, atol=1e-4)  # a generative model: a vector per token
+    assert ours.pooling_type() == theirs.pooling_type() == 0
     pair = ours.embed(["Hello, world!", "Goodbye, world!"], normalize=True)
     assert len(pair) == 2
     for text, vectors in zip(["Hello, world!", "Goodbye, world!"], pair):  # stock reads a list's second wrong

@@ -246,8 +246,8 @@ void register_context(nb::module_ & m) {
                  return to_numpy(std::vector<float>(logits, logits + c.n_vocab), { (size_t) c.n_vocab });
              }, nb::arg("i") = -1, "The logits of output i of the last llama_decode (-1: its last), [n_vocab].")
         .def("embed", &embed, nb::arg("tokens"), nb::arg("seq") = 0)
-        .def_prop_ro("pooled", [](const Context & c) { return llama_pooling_type(c.ctx) != LLAMA_POOLING_TYPE_NONE; },
-                     "Whether embed() pools a sequence into one row (the model's pooling type).")
+        .def_prop_ro("pooling_type", [](const Context & c) { return (int) llama_pooling_type(c.ctx); },
+                     "llama.cpp's pooling type of embed()'s rows (0: none, a row per token; the model's).")
         .def("sequence_state", &sequence_state, nb::arg("seq") = 0)
         .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"))
         .def("clear", [](Context & c) {
