@@ -147,12 +147,26 @@ def check_messages(messages: list[dict]) -> None:
                                      f"got {m!r}")
 
 
-def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
-                       template_kwargs: dict | None = None) -> list[int]:
-    """The tokens of messages (and the tools, for the template) formatted with the model's template
-    (Engine.format_chat)."""
+def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
+              template_kwargs: dict | None = None, parallel_tool_calls: bool | None = None,
+              parse_tool_calls: bool = True) -> tuple[str, ToolTurn | None]:
+    """A chat's prompt text, and where the answer is parsed for tool calls the ToolTurn it is the text
+    of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it."""
     check_messages(messages)
-    return chat_text_tokens(engine, engine.format_chat(messages, tools, tool_choice, template_kwargs))
+    tools = check_tools(tools)
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
+                                 f"{template_kwargs!r}"[:200])
+    if parses(tools, tool_choice, parse_tool_calls):
+        turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs)
+        return turn.prompt, turn
+    return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
+
+
+def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
+    """The tokens of messages (and the tools, for the template) formatted with the model's template,
+    as llama-cpp-python does (no tool calls parsed)."""
+    return chat_text_tokens(engine, chat_text(engine, messages, tools, tool_choice, parse_tool_calls=False)[0])
 
 
 def chat_text_tokens(engine, text: str) -> list[int]:
@@ -172,13 +186,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
-    tools = check_tools(tools)
-    check_messages(messages)
-    if template_kwargs is not None and not isinstance(template_kwargs, dict):
-        raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
-                                 f"{template_kwargs!r}"[:200])
-    turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs) \
-        if parses(tools, tool_choice, parse_tool_calls) else None
+    text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls)
     function = forced_tool(tools, tool_choice) if turn is None else None
     if (function is not None or turn is not None) and \
             any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
@@ -189,9 +197,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     if function is not None:
         sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
     sampling = SamplingParams.of({**sampling, **(turn.sampling() if turn else {})}, temperature=CHAT_TEMPERATURE)
-    prompt = chat_text_tokens(engine, turn.prompt) if turn else \
-        chat_prompt_tokens(engine, messages, tools, tool_choice, template_kwargs)
-    run = TextRun(engine, prompt, max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
+    run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset())
     if turn is not None:

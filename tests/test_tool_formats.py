@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -170,6 +171,13 @@ def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(mode
             == own["choices"][0]["message"]["content"]
         prompt = chat_text_tokens(engine, ToolTurn(engine, ASKED, TOOLS, "required", False).prompt)
         assert whole.usage.prompt_tokens == len(prompt)
+        for body, expected in (({"tools": TOOLS}, ToolTurn(engine, ASKED, TOOLS, None, None).prompt),
+                               ({"chat_template_kwargs": {"enable_thinking": False}},
+                                engine.format_chat(ASKED, None, None, {"enable_thinking": False}))):
+            applied = json.loads(urllib.request.urlopen(urllib.request.Request(
+                url + "/apply-template", json.dumps({"messages": ASKED, **body}).encode(),
+                {"Content-Type": "application/json"})).read())
+            assert applied == {"prompt": expected}
         thinking = client.chat.completions.create(**kwargs, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert thinking.usage.prompt_tokens > whole.usage.prompt_tokens
         for bad, field in ((dict(parallel_tool_calls="yes"), "parallel_tool_calls"),

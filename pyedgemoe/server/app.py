@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from pyedgemoe.completions import chat_text
 from pyedgemoe.server import metrics
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
@@ -34,7 +35,7 @@ from pyedgemoe.tool_calls import call_message
 from pyedgemoe.tool_formats import joined_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
-         "/v1/chat/completions", "/tokenize", "/detokenize", "/", "/experts", "/props", "/slots"}
+         "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template", "/", "/experts", "/props", "/slots"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -200,6 +201,18 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         r = await request_body(request, CHAT_PARAMETERS, "messages")
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        """llama-server's: the prompt text a chat request makes (its messages, tools and template's variables)."""
+        r = await request_body(request, CHAT_PARAMETERS, "messages")
+        given = r.engine_kwargs
+        try:
+            text, _ = await asyncio.to_thread(chat_text, engine, r.messages, given.get("tools"), given.get("tool_choice"),
+                                              given.get("chat_template_kwargs"), given.get("parallel_tool_calls"))
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+            raise from_engine_error(e) from None
+        return {"prompt": text}
 
     add_token_routes(app, engine)
     web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
