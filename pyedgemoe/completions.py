@@ -8,8 +8,8 @@
   llama-cpp-python returns them (OpenAI's completions shape: tokens, text_offset, token_logprobs,
   top_logprobs), a chat completion's in OpenAI's chat shape (content: token, logprob, bytes,
   top_logprobs). A streamed chunk carries those of the tokens its text came from. A chat's tools
-  go to the template; the calls the model writes are parsed (pyedgemoe.tool_formats), or a forced
-  tool call is the answer (pyedgemoe.tool_calls).
+  go to the template; the calls (and thoughts) the model writes are parsed (pyedgemoe.chat_formats),
+  or a forced tool call is the answer (pyedgemoe.tool_calls).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tools, forced_tool
-from pyedgemoe.tool_formats import ToolTurn, parses
+from pyedgemoe.chat_formats import ChatTurn, parses
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -149,16 +149,17 @@ def check_messages(messages: list[dict]) -> None:
 
 def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
               template_kwargs: dict | None = None, parallel_tool_calls: bool | None = None,
-              parse_tool_calls: bool = True) -> tuple[str, ToolTurn | None]:
-    """A chat's prompt text, and where the answer is parsed for tool calls the ToolTurn it is the text
-    of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it."""
+              parse_tool_calls: bool = True, reasoning_format: str | None = None) -> tuple[str, ChatTurn | None]:
+    """A chat's prompt text, and where the answer is parsed in the model's format (tool calls,
+    thoughts) the ChatTurn it is the text of (llama.cpp's rendering); else the model's template as
+    Engine.format_chat renders it."""
     check_messages(messages)
     tools = check_tools(tools)
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
                                  f"{template_kwargs!r}"[:200])
-    if parses(tools, tool_choice, parse_tool_calls):
-        turn = ToolTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs)
+    if parses(tools, tool_choice, parse_tool_calls, reasoning_format):
+        turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format)
         return turn.prompt, turn
     return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
 
@@ -180,15 +181,18 @@ def chat_text_tokens(engine, text: str) -> list[int]:
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
                            stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict,
                            tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
-                           parse_tool_calls: bool = True, template_kwargs: dict | None = None):
-    """Engine.create_chat_completion's result (or chunks): the tool calls the model writes parsed
-    (pyedgemoe.tool_formats), or a tool choice that forces a call answered with it (pyedgemoe.tool_calls)."""
+                           parse_tool_calls: bool = True, template_kwargs: dict | None = None,
+                           reasoning_format: str | None = None):
+    """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
+    writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
+    (pyedgemoe.tool_calls)."""
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
-    text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls)
+    text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,
+                           reasoning_format)
     function = forced_tool(tools, tool_choice) if turn is None else None
-    if (function is not None or turn is not None) and \
+    if (function is not None or tools and turn is not None) and \
             any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
         raise InvalidOptionError("tool calls have a grammar of their own: give no grammar, json_schema or "
                                  "response_format with tools")
@@ -238,7 +242,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     return chunks()
 
 
-def _parsed_chat(engine, run: TextRun, turn: ToolTurn, stream: bool, logprobs: bool | None):
+def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: bool | None):
     """A chat whose text is parsed for the model's tool calls: its message, or its chunks (a delta a
     chunk), as llama-server gives them."""
     head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": engine.model_path}

@@ -394,11 +394,9 @@ class Engine:
 
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
-            raise ContextOverflowError(
-                f"prompt of {n_prompt} tokens does not fit the context of {self.n_ctx} tokens"
-                + (f" with room for {n_more} generated" if n_more else "")
-                + " (raise n_ctx / --ctx)"
-            )
+            room = f" with room for {n_more} generated" if n_more else ""
+            raise ContextOverflowError(f"prompt of {n_prompt} tokens does not fit the context of {self.n_ctx} "
+                                       f"tokens{room} (raise n_ctx / --ctx)")
 
     def generate_tokens(self, prompt_tokens: list[int], max_tokens: int | None,
                         sampling: SamplingParams, *, ignore_eos: bool = False,
@@ -520,24 +518,25 @@ class Engine:
 
     @functools.cached_property
     def chat_format(self) -> "_native.ChatFormat":
-        """llama.cpp's chat formats over the model's template (pyedgemoe.tool_formats)."""
+        """llama.cpp's chat formats over the model's template (pyedgemoe.chat_formats)."""
         return _native.ChatFormat(self._model)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
                                stop: str | list[str] | None = None, stream: bool = False,
                                logprobs: bool | None = None, top_logprobs: int | None = None,
                                tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
-                               parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None, **sampling):
+                               parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
+                               reasoning_format: str | None = None, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
-        the calls the model writes parsed as llama-server parses them (pyedgemoe.tool_formats), or
-        with parse_tool_calls=False left text, as llama-cpp-python. chat_template_kwargs: more of the
-        template's variables ({"enable_thinking": False}), as llama-server takes them. sampling: as
-        for generate (temperature defaults to CHAT_TEMPERATURE, llama-cpp-python's)."""
+        the calls the model writes parsed as llama-server parses them (pyedgemoe.chat_formats), or
+        with parse_tool_calls=False left text, as llama-cpp-python; reasoning_format "auto": its
+        thoughts as reasoning_content. chat_template_kwargs: more of the template's variables
+        ({"enable_thinking": False}). sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
-                                                  chat_template_kwargs)
+                                                  chat_template_kwargs, reasoning_format)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

@@ -78,7 +78,7 @@ class SamplingParams:
     json_schema: str | None = field(default=None, metadata=_flag(
         "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
         "value", file_flag="--json-schema-file"))
-    # a tool-call format's grammar (tool_formats.ToolTurn): lazy, from the first of these (patterns the
+    # a tool-call format's grammar (chat_formats.ChatTurn): lazy, from the first of these (patterns the
     # text matches, token ids) on; and the text it has seen before the first generated token
     grammar_triggers: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, metadata=_flag(None))
     grammar_prefill: str = field(default="", metadata=_flag(None))

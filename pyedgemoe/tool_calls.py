@@ -1,6 +1,6 @@
 """OpenAI's tools in a chat, as llama-cpp-python's chat formats of a model's own template take them
 (the drop-in Llama's way; the Engine's chat and the server parse the calls the model writes, as
-llama-server does: pyedgemoe.tool_formats, which leaves a tool choice naming a function to this).
+llama-server does: pyedgemoe.chat_formats, which leaves a tool choice naming a function to this).
 
 - The tools and the tool choice go to the template (a model's template says how it shows them),
   and the conversation may hold the assistant's earlier tool calls and the tools' answers.

@@ -1,8 +1,9 @@
-// Tool calls the way llama-server takes them: llama.cpp's chat formats (common/chat.cpp). From a
-// model's template, the conversation and the tools, common_chat_templates_apply gives the prompt,
-// the grammar a call must follow (lazy: from a trigger the model writes on, or from the first token
-// where a call is required), the stops and the parser of the model's text; ChatTurn holds them and
-// parses the text into content and tool calls, whole or, while it streams, as OpenAI's deltas.
+// Tool calls and thoughts the way llama-server takes them: llama.cpp's chat formats (common/chat.cpp).
+// From a model's template, the conversation and the tools, common_chat_templates_apply gives the
+// prompt, the grammar a call must follow (lazy: from a trigger the model writes on, or from the first
+// token where a call is required), the stops and the parser of the model's text; ChatTurn holds them
+// and parses the text into content, reasoning and tool calls, whole or, while it streams, as OpenAI's
+// deltas.
 #include "native.h"
 
 #include "chat.h"
@@ -46,10 +47,12 @@ std::string random_call_id() {
 }
 
 // messages and tools: OpenAI's JSON; template_kwargs: a JSON object of the template's variables
-// (llama-server's chat_template_kwargs, enable_thinking among them); ValueError for what llama.cpp's
-// parsers or the template refuse.
+// (llama-server's chat_template_kwargs, enable_thinking among them); reasoning_format: llama-server's
+// ("none": the thoughts stay in the content; "auto", "deepseek": they are parsed out of it). ValueError
+// for what llama.cpp's parsers or the template refuse.
 ChatTurn * apply(const ChatFormat & format, const std::string & messages, const std::string & tools,
-                 const std::string & tool_choice, bool parallel_tool_calls, const std::string & template_kwargs) {
+                 const std::string & tool_choice, bool parallel_tool_calls, const std::string & template_kwargs,
+                 const std::string & reasoning_format) {
     auto turn = std::make_unique<ChatTurn>();
     try {
         common_chat_templates_inputs inputs;
@@ -62,8 +65,10 @@ ChatTurn * apply(const ChatFormat & format, const std::string & messages, const 
         if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean()) {
             inputs.enable_thinking = kwargs["enable_thinking"].get<bool>();  // as llama-server reads it
         }
+        inputs.reasoning_format = common_reasoning_format_from_name(reasoning_format);
         turn->params = common_chat_templates_apply(format.templates.get(), inputs);
         turn->parser = common_chat_parser_params(turn->params);
+        turn->parser.reasoning_format = inputs.reasoning_format;
         if (!turn->params.parser.empty()) turn->parser.parser.load(turn->params.parser);
     } catch (const std::exception & e) {
         throw nb::value_error(e.what());
@@ -157,7 +162,8 @@ void register_chat(nb::module_ & m) {
                  return common_chat_templates_get_caps(f.templates.get())["supports_parallel_tool_calls"];
              })
         .def("apply", &apply, nb::arg("messages"), nb::arg("tools"), nb::arg("tool_choice"),
-             nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::rv_policy::take_ownership);
+             nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::arg("reasoning_format") = "none",
+             nb::rv_policy::take_ownership);
     nb::class_<ChatTurn>(m, "ChatTurn")
         .def_prop_ro("prompt", [](const ChatTurn & t) { return t.params.prompt; })
         .def_prop_ro("format", [](const ChatTurn & t) { return std::string(common_chat_format_name(t.params.format)); })

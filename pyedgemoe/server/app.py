@@ -32,7 +32,7 @@ from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMET
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
-from pyedgemoe.tool_formats import joined_message
+from pyedgemoe.chat_formats import joined_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template", "/", "/experts", "/props", "/slots"}
@@ -47,7 +47,8 @@ def _has_output(chunk: dict) -> bool:
     """A chunk the Engine produced after evaluating the prompt: text, or the end."""
     choice = chunk["choices"][0]
     delta = choice.get("delta", {})
-    return bool(choice.get("text") or delta.get("content") or delta.get("tool_calls")) or \
+    return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content") or
+                delta.get("tool_calls")) or \
         choice["finish_reason"] is not None
 
 
@@ -209,7 +210,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         given = r.engine_kwargs
         try:
             text, _ = await asyncio.to_thread(chat_text, engine, r.messages, given.get("tools"), given.get("tool_choice"),
-                                              given.get("chat_template_kwargs"), given.get("parallel_tool_calls"))
+                                              given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
+                                              reasoning_format=given.get("reasoning_format"))
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             raise from_engine_error(e) from None
         return {"prompt": text}

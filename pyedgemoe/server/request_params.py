@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
+from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.generation import RANDOM_SEED, SamplingParams, exposed_fields
 from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS,
                                      MAX_TOP_LOGPROBS)
@@ -49,6 +50,14 @@ def _in_range(check, low: float, high: float, low_open: bool = False):
         value = check(name, value)
         if value > high or value < low or (low_open and value == low):
             raise _invalid(name, f"in {'(' if low_open else '['}{low:g}, {high:g}]", value)
+        return value
+    return checked
+
+
+def _one_of(choices: tuple[str, ...]):
+    def checked(name: str, value) -> str:
+        if value not in choices:
+            raise _invalid(name, "one of " + ", ".join(f'"{c}"' for c in choices), value)
         return value
     return checked
 
@@ -221,7 +230,7 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
 # sends (its streaming and timing options, how it shows a reasoning model's thoughts)
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_format", "reasoning_control", "backend_sampling"}
+            "reasoning_control", "backend_sampling"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
@@ -229,7 +238,8 @@ _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
-                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object}
+                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
+                   "reasoning_format": _one_of(REASONING_FORMATS)}
 
 
 def _token_ids(name: str, value) -> list[int]:

@@ -1,4 +1,4 @@
-"""Tool calls in the model's own format, found as llama-server finds them (pyedgemoe.tool_formats):
+"""Tool calls and thoughts in the model's own format, found as llama-server finds them (pyedgemoe.chat_formats):
 a tiny Qwen3-MoE carrying Qwen3's released chat template (from llama.cpp's tree), so that
 llama.cpp's chat formats know its calls: `<tool_call>` tags around a JSON object.
 
@@ -19,7 +19,7 @@ from conftest import REPO, rewrite_gguf
 from pyedgemoe import Engine
 from pyedgemoe.completions import chat_text_tokens
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.tool_formats import ToolTurn, joined_message
+from pyedgemoe.chat_formats import ChatTurn, joined_message
 from test_server import start_server, stop_server
 
 QWEN3_TEMPLATE = REPO / "native" / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
@@ -72,14 +72,14 @@ def chat(engine, answer: str | None = None, **kwargs):
 
 
 def test_the_prompt_is_the_template_with_the_tools_as_our_renderer_gives_it(engine):
-    assert ToolTurn(engine, ASKED, TOOLS, None, None).prompt == engine.format_chat(ASKED, TOOLS)
+    assert ChatTurn(engine, ASKED, TOOLS, None, None).prompt == engine.format_chat(ASKED, TOOLS)
 
 
 def test_chat_template_kwargs_are_the_templates_variables_in_both_renderers(engine):
     no_thinking = {"enable_thinking": False}  # Qwen3's switch: an empty thought opens the answer
     ours = engine.format_chat(ASKED, TOOLS, None, no_thinking)
     assert ours.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert ToolTurn(engine, ASKED, TOOLS, None, None, no_thinking).prompt == ours
+    assert ChatTurn(engine, ASKED, TOOLS, None, None, no_thinking).prompt == ours
     plain = chat(engine, tools=None, max_tokens=1)["usage"]["prompt_tokens"]
     assert chat(engine, tools=None, max_tokens=1, chat_template_kwargs=no_thinking)["usage"]["prompt_tokens"] > plain
     with pytest.raises(InvalidOptionError, match="chat_template_kwargs"):
@@ -141,7 +141,7 @@ def test_a_conversation_with_a_call_is_answered_with_or_without_the_tools(engine
               "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     # with the tools, llama.cpp renders it (the call, the answer in <tool_response>)
-    turn = ToolTurn(engine, called, TOOLS, None, None)
+    turn = ChatTurn(engine, called, TOOLS, None, None)
     assert '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}' in turn.prompt
     assert "<tool_response>\nsunny\n</tool_response>" in turn.prompt
     # without, Qwen3's template fails on the null content (a TypeError in its own code) and
@@ -150,12 +150,31 @@ def test_a_conversation_with_a_call_is_answered_with_or_without_the_tools(engine
     assert engine.create_chat_completion(called, max_tokens=2)["choices"][0]["finish_reason"] == "length"
 
 
+def test_reasoning_format_gives_the_thoughts_apart_as_llama_server_does(engine):
+    answer = "<think>\nI should look it up.\n</think>\n\nIt is sunny."
+    inline = chat(engine, answer, tools=None, max_tokens=40)["choices"][0]["message"]
+    assert inline["content"].startswith(answer) and "reasoning_content" not in inline  # the default: none
+    apart = chat(engine, answer, tools=None, max_tokens=40, reasoning_format="auto")["choices"][0]["message"]
+    assert apart["reasoning_content"] == "I should look it up.\n"
+    assert apart["content"] == inline["content"][len(answer) - len("It is sunny."):]
+    chunks = list(chat(engine, answer, tools=None, max_tokens=40, reasoning_format="auto", stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks[1:-1]]
+    assert "reasoning_content" in deltas[0] and joined_message(deltas) == apart
+    # before a call too
+    message = chat(engine, "<think>\nCall it.\n</think>\n\n" + CALL, max_tokens=160, tool_choice="required",
+                   reasoning_format="deepseek")["choices"][0]["message"]
+    assert message["reasoning_content"] == "Call it.\n" and message["content"] is None
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
+    with pytest.raises(InvalidOptionError, match="reasoning_format"):
+        chat(engine, tools=None, reasoning_format="thoughts")
+
+
 def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_take(engine):
     with pytest.raises(InvalidOptionError, match="grammar of their own"):
         chat(engine, grammar='root ::= "yes"')
     with pytest.raises(InvalidOptionError, match="logprobs"):
         chat(engine, stream=True, logprobs=True)
-    with pytest.raises(InvalidOptionError, match="chat template with tools"):
+    with pytest.raises(InvalidOptionError, match="chat format of the template"):
         engine.create_chat_completion([{"role": "user", "content": {"text": "hi"}}], tools=TOOLS)
 
 
@@ -169,9 +188,9 @@ def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(mode
         own = chat(engine, tool_choice="required", max_tokens=16)
         assert whole.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in streamed) \
             == own["choices"][0]["message"]["content"]
-        prompt = chat_text_tokens(engine, ToolTurn(engine, ASKED, TOOLS, "required", False).prompt)
+        prompt = chat_text_tokens(engine, ChatTurn(engine, ASKED, TOOLS, "required", False).prompt)
         assert whole.usage.prompt_tokens == len(prompt)
-        for body, expected in (({"tools": TOOLS}, ToolTurn(engine, ASKED, TOOLS, None, None).prompt),
+        for body, expected in (({"tools": TOOLS}, ChatTurn(engine, ASKED, TOOLS, None, None).prompt),
                                ({"chat_template_kwargs": {"enable_thinking": False}},
                                 engine.format_chat(ASKED, None, None, {"enable_thinking": False}))):
             applied = json.loads(urllib.request.urlopen(urllib.request.Request(
@@ -182,6 +201,7 @@ def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(mode
         assert thinking.usage.prompt_tokens > whole.usage.prompt_tokens
         for bad, field in ((dict(parallel_tool_calls="yes"), "parallel_tool_calls"),
                            (dict(extra_body={"chat_template_kwargs": ["enable_thinking"]}), "chat_template_kwargs"),
+                           (dict(extra_body={"reasoning_format": "thoughts"}), "reasoning_format"),
                            (dict(extra_body={"grammar": 'root ::= "x"'}), "grammar")):
             with pytest.raises(openai.BadRequestError, match=field):
                 client.chat.completions.create(**kwargs, **bad)

@@ -1,13 +1,15 @@
-"""Tool calls in the model's own format, found as llama-server finds them (llama.cpp's chat
-formats: the native ChatFormat, bindings/chat.cpp).
+"""The tool calls and thoughts a model writes in its own format, found as llama-server finds them
+(llama.cpp's chat formats: the native ChatFormat, bindings/chat.cpp).
 
-With tools and a tool choice of "auto" (or none) or "required", the Engine's chat renders the
-conversation with llama.cpp's template engine, which knows how each model family writes a call
-(Qwen's and Hermes' <tool_call> tags, Llama 3.x's JSON, Mistral's [TOOL_CALLS], GPT-OSS's
-channels, ...); a grammar keeps a call well formed, from the moment the model starts one ("auto":
-llama.cpp's lazy grammar, from the format's triggers) or from the first token ("required"). The
-text is then parsed into content and tool calls, each with an id (finish reason "tool_calls"),
-streamed as OpenAI's deltas: a call's id and name, then pieces of its arguments.
+With tools and a tool choice of "auto" (or none) or "required", or a reasoning format asked for,
+the Engine's chat renders the conversation with llama.cpp's template engine, which knows how each
+model family writes a call (Qwen's and Hermes' <tool_call> tags, Llama 3.x's JSON, Mistral's
+[TOOL_CALLS], GPT-OSS's channels, ...) and its thoughts (<think>...); a grammar keeps a call well
+formed, from the moment the model starts one ("auto": llama.cpp's lazy grammar, from the format's
+triggers) or from the first token ("required"). The text is then parsed into content, tool calls
+(each with an id; finish reason "tool_calls") and, with reasoning_format "auto" or "deepseek", the
+thoughts (reasoning_content); streamed as OpenAI's deltas: a call's id and name, then pieces of its
+arguments.
 
 llama-cpp-python's Llama answers "auto" with the model's text and forces "required" with one tool
 in its own shape (pyedgemoe.tool_calls): the drop-in keeps that (parse_tool_calls=False).
@@ -18,26 +20,34 @@ import json
 
 from pyedgemoe.errors import InvalidOptionError
 
-PARSED_CHOICES = (None, "auto", "required")
+# llama-server's reasoning formats: "none" leaves the thoughts in the content; "auto" and "deepseek"
+# give them as reasoning_content ("deepseek-legacy" too, streamed or not)
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
-def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool) -> bool:
-    """Whether a chat's answer is parsed for tool calls (else pyedgemoe.tool_calls' ways)."""
-    return parse_tool_calls and bool(tools) and (tool_choice is None or tool_choice in PARSED_CHOICES)
+def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool, reasoning_format: str | None) -> bool:
+    """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways)."""
+    if not parse_tool_calls or isinstance(tool_choice, dict):  # a function named: tool_calls' forced call
+        return False
+    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none")
 
 
-class ToolTurn:
-    """One chat's prompt, constraints and parser in the model's tool-call format."""
+class ChatTurn:
+    """One chat's prompt, constraints and parser in the model's format."""
 
-    def __init__(self, engine, messages: list[dict], tools: list[dict], tool_choice: str | None,
-                 parallel_tool_calls: bool | None, template_kwargs: dict | None = None):
+    def __init__(self, engine, messages: list[dict], tools: list[dict] | None, tool_choice: str | None,
+                 parallel_tool_calls: bool | None, template_kwargs: dict | None = None,
+                 reasoning_format: str | None = None):
+        if reasoning_format not in (None, *REASONING_FORMATS):
+            raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                                     f"{reasoning_format!r}"[:200])
         chat_format = engine.chat_format
         parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
         try:
-            self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools), tool_choice or "auto", parallel,
-                                           json.dumps(template_kwargs or {}))
+            self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools or []), tool_choice or "auto",
+                                           parallel, json.dumps(template_kwargs or {}), reasoning_format or "none")
         except ValueError as e:
-            raise InvalidOptionError(f"the chat template with tools: {e}") from None
+            raise InvalidOptionError(f"llama.cpp's chat format of the template: {e}") from None
         self.prompt = self._turn.prompt
         self.stops = list(self._turn.additional_stops)
         # tokens shown as their text (a format's tags, which are often special tokens)
