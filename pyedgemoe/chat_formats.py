@@ -63,24 +63,27 @@ class ChatTurn:
                 if t.grammar_lazy else None, "grammar_prefill": t.generation_prompt}
 
     def message(self, text: str) -> dict:
-        """The assistant's message the whole text parses to (a text the format does not take,
-        as a call cut by max_tokens: what it parses to so far)."""
-        try:
-            parsed = json.loads(self._turn.parse(text, False))
-        except ValueError:
-            parsed = json.loads(self._turn.parse(text, True))
+        """The assistant's message the whole text parses to (a text the format does not take, as a
+        call cut by max_tokens: what it parses to so far; where nothing does, the text as content)."""
+        parsed = {"content": text, "reasoning_content": "", "tool_calls": []}
+        for is_partial in (False, True):
+            try:
+                parsed = json.loads(self._turn.parse(text, is_partial))
+                break
+            except ValueError:
+                continue
         calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                  for c in parsed["tool_calls"]]
         return assistant_message(parsed["content"], parsed["reasoning_content"], calls)
 
     def deltas(self, text: str, done: bool) -> list[dict]:
         """OpenAI's stream deltas of what text adds since the last call (done: the whole text)."""
-        if done:
+        for is_partial in ((False, True) if done else (True,)):
             try:
-                return json.loads(self._turn.deltas(text, False))
+                return json.loads(self._turn.deltas(text, is_partial))
             except ValueError:
-                pass
-        return json.loads(self._turn.deltas(text, True))
+                continue
+        return []  # the text does not parse (yet): its deltas come with more of it
 
 
 def assistant_message(content: str, reasoning_content: str, calls: list[dict]) -> dict:
