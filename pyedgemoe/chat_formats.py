@@ -41,9 +41,9 @@ class ChatTurn:
         if reasoning_format not in (None, *REASONING_FORMATS):
             raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                                      f"{reasoning_format!r}"[:200])
-        chat_format = engine.chat_format
-        parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
         try:
+            chat_format = engine.chat_format
+            parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
             self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools or []), tool_choice or "auto",
                                            parallel, json.dumps(template_kwargs or {}), reasoning_format or "none")
         except ValueError as e:

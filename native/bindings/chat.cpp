@@ -70,10 +70,10 @@ ChatTurn * apply(const ChatFormat & format, const std::string & messages, const 
         turn->parser = common_chat_parser_params(turn->params);
         turn->parser.reasoning_format = inputs.reasoning_format;
         if (!turn->params.parser.empty()) turn->parser.parser.load(turn->params.parser);
+        turn->last = common_chat_parse("", true, turn->parser);
     } catch (const std::exception & e) {
         throw nb::value_error(e.what());
     }
-    turn->last = common_chat_parse("", true, turn->parser);
     return turn.release();
 }
 

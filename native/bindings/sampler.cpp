@@ -44,7 +44,7 @@ std::string stderr_of(const std::function<void()> & f) {
     return text;
 }
 
-// A grammar's start, for llama.cpp's tool call formats (chat.cpp's ChatTurn): lazy, it constrains the
+// Where a grammar starts, for llama.cpp's tool call formats (chat.cpp's ChatTurn): lazy, it constrains the
 // text from the first trigger (a pattern the text matches, or a token) on; prefill, text the grammar
 // has seen already (the generation prompt, which the template put in the prompt).
 struct GrammarStart {
@@ -62,7 +62,7 @@ std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::st
                                  false, true);
     tokens.resize(n < 0 ? 0 : n);
     if (!tokens.empty() && !text.empty() && !std::isspace((unsigned char) text[0])) {
-        char piece[8];
+        char piece[256];
         const int len = llama_token_to_piece(vocab, tokens[0], piece, sizeof(piece), 0, true);
         if (len > 0 && std::isspace((unsigned char) piece[0])) tokens.erase(tokens.begin());
     }
@@ -84,7 +84,12 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const std::string & g
                                                            patterns.size(), start.tokens.data(), start.tokens.size());
     });
     if (sampler && !start.lazy) {
-        for (llama_token t : prefill_tokens(vocab, start.prefill)) llama_sampler_accept(sampler, t);
+        try {
+            for (llama_token t : prefill_tokens(vocab, start.prefill)) llama_sampler_accept(sampler, t);
+        } catch (const std::exception & e) {
+            llama_sampler_free(sampler);
+            throw nb::value_error((std::string("the grammar does not take the generation prompt: ") + e.what()).c_str());
+        }
     }
     if (sampler) return sampler;
     why = why.substr(0, why.find('\n'));  // "parse: error parsing grammar: ...", then the grammar
@@ -97,7 +102,9 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             float typical_p, float repeat_penalty, float frequency_penalty, float presence_penalty,
             int penalty_last_n, uint32_t seed, const std::string & grammar,
             const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat, float mirostat_tau,
-            float mirostat_eta, const GrammarStart & start) {
+            float mirostat_eta, bool grammar_lazy, const std::vector<std::string> & trigger_patterns,
+            const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill) {
+    const GrammarStart start{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill};
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     std::vector<llama_logit_bias> biases;
@@ -166,17 +173,7 @@ llama_token sample_logits(Sampler & s, nb::ndarray<const float, nb::ndim<1>, nb:
 
 void register_sampler(nb::module_ & m) {
     nb::class_<Sampler>(m, "Sampler")
-        .def("__init__", [](Sampler * self, const Model & model, float temperature, int top_k, float top_p,
-                            float min_p, float typical_p, float repeat_penalty, float frequency_penalty,
-                            float presence_penalty, int penalty_last_n, uint32_t seed, const std::string & grammar,
-                            const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat,
-                            float mirostat_tau, float mirostat_eta, bool grammar_lazy,
-                            const std::vector<std::string> & trigger_patterns,
-                            const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill) {
-                 create(self, model, temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
-                        presence_penalty, penalty_last_n, seed, grammar, logit_bias, mirostat, mirostat_tau,
-                        mirostat_eta, GrammarStart{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill});
-             }, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
+        .def("__init__", &create, nb::arg("model"), nb::arg("temperature"), nb::arg("top_k"),
              nb::arg("top_p"), nb::arg("min_p"), nb::arg("typical_p"), nb::arg("repeat_penalty"),
              nb::arg("frequency_penalty"), nb::arg("presence_penalty"), nb::arg("penalty_last_n"),
              nb::arg("seed"), nb::arg("grammar") = "", nb::arg("logit_bias") = std::vector<std::pair<llama_token, float>>(),
