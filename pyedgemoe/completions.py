@@ -197,7 +197,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         raise InvalidOptionError("tool calls have a grammar of their own: give no grammar, json_schema or "
                                  "response_format with tools")
     if turn is not None and stream and logprobs:
-        raise InvalidOptionError("logprobs are not given with tools in a stream (as llama-server)")
+        raise InvalidOptionError("logprobs are not given in a stream parsed for tool calls or thoughts (tools, "
+                                 "reasoning_format), as llama-server")
     if function is not None:
         sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
     sampling = SamplingParams.of({**sampling, **(turn.sampling() if turn else {})}, temperature=CHAT_TEMPERATURE)

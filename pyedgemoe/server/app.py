@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from pyedgemoe.chat_formats import joined_message
 from pyedgemoe.completions import chat_text
 from pyedgemoe.server import metrics
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
@@ -32,7 +33,6 @@ from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMET
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
-from pyedgemoe.chat_formats import joined_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template", "/", "/experts", "/props", "/slots"}

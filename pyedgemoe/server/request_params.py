@@ -62,16 +62,19 @@ def _one_of(choices: tuple[str, ...]):
     return checked
 
 
-def _boolean(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(name, "true or false", value)
-    return value
+def _of_type(kind: type, what: str):
+    """The check that a value is a kind (what: its name in the error)."""
+    def checked(name: str, value):
+        if not isinstance(value, kind):
+            raise _invalid(name, what, value)
+        return value
+    return checked
 
 
-def _text(name: str, value) -> str:
-    if not isinstance(value, str):
-        raise _invalid(name, "a string", value)
-    return value
+_boolean = _of_type(bool, "true or false")
+_text = _of_type(str, "a string")
+_object = _of_type(dict, "an object")
+_tools = _of_type(list, "a list of tools")  # each tool checked by the Engine (pyedgemoe.tool_calls)
 
 
 def _schema(name: str, value) -> str | dict | bool:
@@ -179,19 +182,6 @@ def _is_tool_call(call) -> bool:
     function = call.get("function") if isinstance(call, dict) else None
     return (isinstance(function, dict) and call.get("type", "function") == "function"
             and isinstance(function.get("name"), str) and isinstance(function.get("arguments", ""), str))
-
-
-def _tools(name: str, value) -> list:
-    """OpenAI's tools: a list (each checked by the Engine, pyedgemoe.tool_calls)."""
-    if not isinstance(value, list):
-        raise _invalid(name, "a list of tools", value)
-    return value
-
-
-def _object(name: str, value) -> dict:
-    if not isinstance(value, dict):
-        raise _invalid(name, "an object", value)
-    return value
 
 
 def _tool_choice(name: str, value) -> str | dict:
