@@ -20,7 +20,7 @@ from typing import Iterator
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
-from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tools, forced_tool
+from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
 from pyedgemoe.chat_formats import ChatTurn, parses
 
 
@@ -155,6 +155,7 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
     Engine.format_chat renders it."""
     check_messages(messages)
     tools = check_tools(tools)
+    check_tool_choice(tool_choice)
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
                                  f"{template_kwargs!r}"[:200])

@@ -35,8 +35,18 @@ def check_tools(tools) -> list[dict] | None:
     return tools
 
 
+def check_tool_choice(tool_choice) -> None:
+    """tool_choice as OpenAI takes it: one of TOOL_CHOICES or a function named (InvalidOptionError otherwise)."""
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    if not (tool_choice is None or tool_choice in TOOL_CHOICES or
+            isinstance(function, dict) and isinstance(function.get("name"), str)):
+        raise InvalidOptionError(f'tool_choice must be one of {", ".join(TOOL_CHOICES)} or {{"type": "function", '
+                                 f'"function": {{"name": ...}}}}, got {tool_choice!r}'[:300])
+
+
 def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:
     """The function a tool choice forces a call of, or None."""
+    check_tool_choice(tool_choice)
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
     if tool_choice == "required":
@@ -44,10 +54,7 @@ def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:
             raise InvalidOptionError('tool_choice "required" forces a call of the one tool given: with several, '
                                      'name one ({"type": "function", "function": {"name": ...}})')
         return tools[0]["function"]
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
-    if not isinstance(name, str):
-        raise InvalidOptionError(f'tool_choice must be one of {", ".join(TOOL_CHOICES)} or {{"type": "function", '
-                                 f'"function": {{"name": ...}}}}, got {tool_choice!r}'[:300])
+    name = tool_choice["function"]["name"]
     function = next((t["function"] for t in tools or [] if t["function"]["name"] == name), None)
     if function is None:
         raise InvalidOptionError(f"tool_choice names {name!r}, which is not among the tools")

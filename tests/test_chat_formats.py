@@ -172,6 +172,8 @@ def test_reasoning_format_gives_the_thoughts_apart_as_llama_server_does(engine):
 def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_take(engine):
     with pytest.raises(InvalidOptionError, match="grammar of their own"):
         chat(engine, grammar='root ::= "yes"')
+    with pytest.raises(InvalidOptionError, match="tool_choice must be one of none, auto, required"):
+        chat(engine, tool_choice="sometimes")
     with pytest.raises(InvalidOptionError, match="logprobs"):
         chat(engine, stream=True, logprobs=True)
     with pytest.raises(InvalidOptionError, match="chat format of the template"):
