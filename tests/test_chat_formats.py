@@ -1,5 +1,5 @@
-"""Tool calls and thoughts in the model's own format, found as llama-server finds them (pyedgemoe.chat_formats):
-a tiny Qwen3-MoE carrying Qwen3's released chat template (from llama.cpp's tree), so that
+"""Tool calls and thoughts in the model's own format, found as llama-server finds them
+(pyedgemoe.chat_formats): a tiny Qwen3-MoE carrying Qwen3's released chat template (from llama.cpp's tree), so that
 llama.cpp's chat formats know its calls: `<tool_call>` tags around a JSON object.
 
 A random model does not write calls by itself: a logits processor (llama-cpp-python's hook) lifts
@@ -17,9 +17,9 @@ import pytest
 
 from conftest import REPO, rewrite_gguf
 from pyedgemoe import Engine
+from pyedgemoe.chat_formats import ChatTurn, joined_message
 from pyedgemoe.completions import chat_text_tokens
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.chat_formats import ChatTurn, joined_message
 from test_server import start_server, stop_server
 
 QWEN3_TEMPLATE = REPO / "native" / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
