@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -178,6 +180,25 @@ def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_tak
         chat(engine, stream=True, logprobs=True)
     with pytest.raises(InvalidOptionError, match="chat format of the template"):
         engine.create_chat_completion([{"role": "user", "content": {"text": "hi"}}], tools=TOOLS)
+
+
+def test_llama_cpps_rendering_leaves_the_gil_to_other_threads(engine):
+    # a server renders a long conversation or many tools on the Engine's thread: meanwhile /health
+    # and the others' requests run (a 10 ms tick on this thread goes on)
+    tools = [{"type": "function", "function": {"name": f"f{i}", "description": "d" * 200, "parameters": {
+        "type": "object", "properties": {f"p{j}": {"type": "string"} for j in range(20)}}}} for i in range(1000)]
+    engine.chat_format  # made before the clock starts
+    done, ticks = threading.Event(), []
+    render = threading.Thread(target=lambda: (ChatTurn(engine, ASKED, tools, None, None), done.set()))
+    start = time.perf_counter()
+    render.start()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.01)
+    render.join()
+    took = time.perf_counter() - start
+    gaps = [b - a for a, b in zip([start, *ticks], [*ticks, time.perf_counter()])]
+    assert took > 0.2 and max(gaps) < took / 2, (took, max(gaps))
 
 
 def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(model, engine, tmp_path):

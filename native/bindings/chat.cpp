@@ -161,9 +161,10 @@ void register_chat(nb::module_ & m) {
         .def_prop_ro("supports_parallel_tool_calls", [](const ChatFormat & f) {
                  return common_chat_templates_get_caps(f.templates.get())["supports_parallel_tool_calls"];
              })
+        // without the GIL: a long conversation or many tools take llama.cpp's template engine a while
         .def("apply", &apply, nb::arg("messages"), nb::arg("tools"), nb::arg("tool_choice"),
              nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::arg("reasoning_format") = "none",
-             nb::rv_policy::take_ownership);
+             nb::rv_policy::take_ownership, nb::call_guard<nb::gil_scoped_release>());
     nb::class_<ChatTurn>(m, "ChatTurn")
         .def_prop_ro("prompt", [](const ChatTurn & t) { return t.params.prompt; })
         .def_prop_ro("format", [](const ChatTurn & t) { return std::string(common_chat_format_name(t.params.format)); })
@@ -177,9 +178,9 @@ void register_chat(nb::module_ & m) {
         // {"content", "reasoning_content", "tool_calls": [{"id", "name", "arguments"}]} as JSON text
         .def("parse", [](ChatTurn & t, const std::string & text, bool is_partial) {
                  return message_json(parse(t, text, is_partial)).dump();
-             }, nb::arg("text"), nb::arg("is_partial"))
+             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<nb::gil_scoped_release>())
         // a JSON list of OpenAI's chat stream deltas
         .def("deltas", [](ChatTurn & t, const std::string & text, bool is_partial) {
                  return deltas(t, text, is_partial).dump();
-             }, nb::arg("text"), nb::arg("is_partial"));
+             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<nb::gil_scoped_release>());
 }
