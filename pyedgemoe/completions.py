@@ -193,16 +193,16 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,
                            reasoning_format)
     function = forced_tool(tools, tool_choice) if turn is None else None
-    if (function is not None or tools and turn is not None) and \
-            any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
+    # the grammar of a call (a forced one's arguments, a format's calls), which no other may join
+    calls_grammar = {"json_schema": function.get("parameters", {"type": "object"})} if function is not None \
+        else turn.sampling() if turn is not None else {}
+    if calls_grammar and any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
         raise InvalidOptionError("tool calls have a grammar of their own: give no grammar, json_schema or "
                                  "response_format with tools")
     if turn is not None and stream and logprobs:
         raise InvalidOptionError("logprobs are not given in a stream parsed for tool calls or thoughts (tools, "
                                  "reasoning_format), as llama-server")
-    if function is not None:
-        sampling = {**sampling, "json_schema": function.get("parameters", {"type": "object"})}
-    sampling = SamplingParams.of({**sampling, **(turn.sampling() if turn else {})}, temperature=CHAT_TEMPERATURE)
+    sampling = SamplingParams.of({**sampling, **calls_grammar}, temperature=CHAT_TEMPERATURE)
     run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset())
