@@ -32,7 +32,7 @@ import jinja2
 import numpy as np
 
 from pyedgemoe.chat_template import render_chat
-from pyedgemoe import completions
+from pyedgemoe import chatml_function_calling, completions
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
@@ -59,6 +59,10 @@ UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"suffix": None, "tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
 UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"functions": None, "function_call": None, "tfs_z": 1.0}
+# what chat_format="chatml-function-calling" hands each of its completions, as llama-cpp-python's
+_FUNCTION_CALLING_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
+    "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model", "logits_processor", "logit_bias")
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
@@ -115,7 +119,7 @@ class Llama:
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None, "chat_template.default" where the model has a template, "chatml" where its
-    template renders as ChatML). Any other keyword is pyedgemoe's own
+    template renders as ChatML, "chatml-function-calling": pyedgemoe.chatml_function_calling). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
@@ -176,14 +180,15 @@ class Llama:
                 None, _PROBE_CHAT, bos_token="", eos_token="")
         except jinja2.TemplateError:  # a template that refuses the probe (no system role, ...) is not ChatML
             renders_chatml = False
-        accepted = (["chat_template.default"] if has_template else []) + (["chatml"] if renders_chatml else [])
+        accepted = (["chat_template.default"] if has_template else []) + (["chatml"] if renders_chatml else []) \
+            + [chatml_function_calling.NAME]
         if chat_format is None:
             return accepted[0]
         if chat_format not in accepted:
             raise InvalidOptionError(
                 f"chat_format {chat_format!r} is not supported: pyedgemoe formats chats with the model's own "
-                f"template (its tokenizer.chat_template, else ChatML); give chat_format=None"
-                + (f" or {' or '.join(repr(a) for a in accepted)}" if accepted else ""))
+                f"template (its tokenizer.chat_template, else ChatML); give chat_format=None or "
+                + " or ".join(repr(a) for a in accepted))
         return chat_format
 
     @classmethod
@@ -529,6 +534,13 @@ class Llama:
         response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
         tool_choice as llama-cpp-python takes them with a model's template (pyedgemoe.tool_calls)."""
+        if self.chat_format == chatml_function_calling.NAME:
+            sampling = {name: value for name, value in locals().items() if name in _FUNCTION_CALLING_SAMPLING}
+            return chatml_function_calling.create_chat_completion(
+                self, messages, functions=functions, function_call=function_call, tools=tools,
+                tool_choice=tool_choice, stream=stream, stop=stop, response_format=response_format,
+                max_tokens=max_tokens, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar, seed=seed,
+                **sampling)
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tfs_z=tfs_z))
         if self.cache is not None:
