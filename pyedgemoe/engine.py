@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pyedgemoe import _native, completions
+from pyedgemoe import _native, completions, kv_overrides
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
@@ -174,7 +174,8 @@ class Engine:
             self._model = _native.Model(self.model_path, use_mmap=not (plan.offload or mapped),
                                         experts_on_demand=plan.offload, device=",".join(plan.layer_devices),
                                         repack=plan.repack, tensor_split=list(plan.tensor_split),
-                                        experts_mapped=mapped, embedding_mapped=plan.embedding_mapped)
+                                        experts_mapped=mapped, embedding_mapped=plan.embedding_mapped,
+                                        kv_overrides=kv_overrides.items(plan.expert_options["override_kv"]))
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
                                                     plan.host_cache_bytes, plan.auto_mode_threads)

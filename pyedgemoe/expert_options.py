@@ -23,7 +23,7 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from pyedgemoe import _native, rpc
+from pyedgemoe import _native, kv_overrides, rpc
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -56,6 +56,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
                                "--tensor-split)", "by the devices' free memory"),
     "rpc": LoadOption(str, "other machines' devices: HOST:PORT[,HOST:PORT...] of `pyedgemoe rpc-server`s "
                       "(llama.cpp's --rpc); they are RPC0, RPC1, ... for --device", "none"),
+    "override_kv": LoadOption(str, "model metadata replaced at load, KEY=TYPE:VALUE[,...] with TYPE int, float, bool "
+                              "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
+                              "token (lossy)", "none"),
 }
 NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
 OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
@@ -225,6 +228,8 @@ def _load_option(name: str, value):
         if not isinstance(value, str):
             raise InvalidOptionError(f"rpc must be HOST:PORT[,HOST:PORT...] or a list of them, got {value!r}")
         rpc.parse_servers(value)
+    elif name == "override_kv":  # llama.cpp's text, or a dict as Llama(kv_overrides={...}) takes it
+        value = kv_overrides.canonical(value)
     elif name == "host_cache":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")

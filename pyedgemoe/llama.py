@@ -46,7 +46,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "vocab_only": False, "use_mmap": True,
-    "use_mlock": False, "kv_overrides": None, "rope_scaling_type": -1, "pooling_type": -1,
+    "use_mlock": False, "rope_scaling_type": -1, "pooling_type": -1,
     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
@@ -115,7 +115,8 @@ class Llama:
     (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch),
     n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
-    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), embedding (True
+    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), kv_overrides (the
+    model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None, "chat_template.default" where the model has a template, "chatml" where its
@@ -125,6 +126,7 @@ class Llama:
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, tensor_split: list | None = None,
+                 kv_overrides: dict[str, bool | int | float | str] | None = None,
                  seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
@@ -143,6 +145,8 @@ class Llama:
             engine_kwargs["n_gpu_layers"] = n_gpu_layers
         if tensor_split is not None:
             engine_kwargs["tensor_split"] = tensor_split
+        if kv_overrides is not None:
+            engine_kwargs["override_kv"] = kv_overrides
         kv_type = _kv_type(type_k, type_v)
         if kv_type is not None:
             if "kv_type" in kwargs:

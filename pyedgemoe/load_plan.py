@@ -151,6 +151,8 @@ class LoadPlan:
         ]
         if self.offload:
             rows.append(("experts", serving_text(self._planned_serving(), self), self.reasons["fill"]))
+        if self.expert_options["override_kv"]:
+            rows.append(("metadata", self.expert_options["override_kv"], "--override-kv"))
         rows += [
             ("context", f"{self.n_ctx or 'training'} positions, {self.n_parallel} sequence"
                         f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch} in ubatches of "
@@ -194,7 +196,7 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
 
 def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:
     """The model's header, and the plan of loading it here (reads the calibration, measures the machine)."""
-    info = read_model_info(model_path)
+    info = read_model_info(model_path, options.expert_options["override_kv"])
     calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])

@@ -15,7 +15,7 @@ import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from pyedgemoe import _native
+from pyedgemoe import _native, kv_overrides
 from pyedgemoe.errors import ModelLoadError
 from pyedgemoe.gguf_format import (
     FORMAT_VERSION,
@@ -119,8 +119,9 @@ class ModelInfo:
         }
 
 
-def read_model_info(path: str | os.PathLike) -> ModelInfo:
-    """Parse a GGUF header; ModelLoadError if the file is missing, not a GGUF, or truncated."""
+def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> ModelInfo:
+    """Parse a GGUF header; ModelLoadError if the file is missing, not a GGUF, or truncated.
+    overrides: --override-kv's text (kv_overrides.canonical), applied to the metadata."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: {path}")
@@ -155,7 +156,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             raise ModelLoadError(f"tensor {t['name']!r} in {path} has type {t['type']}: model weights are float or "
                                  "quantized types, which llama.cpp computes with")
 
-    kv = info["kv"]
+    kv = kv_overrides.applied(info["kv"], overrides)
     arch = str(kv.get("general.architecture", "unknown"))
 
     _check_hyperparameters(path, kv, arch)

@@ -1,6 +1,7 @@
 // Model: loading (mmap), vocabulary, chat template and metadata.
 #include "native.h"
 
+#include "common.h"
 #include "ggml-backend.h"
 #include "llama.h"
 #include "../src/expert-format.h"
@@ -54,8 +55,10 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // and every other weight is read into memory, where the kernel cannot drop it between tokens under
 // a memory cap; embedding_mapped leaves the input embedding mapped too, beside mapped experts or a
 // CPU's expert cache (a run reads the rows of the tokens it sees; not where it is also the output).
+// kv_overrides: llama.cpp's --override-kv items, KEY=TYPE:VALUE (checked by pyedgemoe.kv_overrides).
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
-          bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped) {
+          bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped,
+          const std::vector<std::string> & kv_overrides) {
     if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
         throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
                               "experts_on_demand or a device");
@@ -80,6 +83,16 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     }
     devices.push_back(nullptr);
     params.devices = devices.data();
+    std::vector<llama_model_kv_override> overrides;
+    for (const auto & item : kv_overrides) {
+        if (!string_parse_kv_override(item.c_str(), overrides))
+            throw nb::value_error(("malformed metadata override '" + item + "'").c_str());
+    }
+    if (!overrides.empty()) {
+        overrides.emplace_back();
+        overrides.back().key[0] = 0;  // the list's end
+        params.kv_overrides = overrides.data();
+    }
     params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     params.use_extra_bufts = repack;
     if (experts_on_demand || experts_mapped) params.lazy_mode = LLAMA_LAZY_MODE_ON;
@@ -265,7 +278,8 @@ void register_model(nb::module_ & m) {
     cls
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
              nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>(),
-             nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false)
+             nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false,
+             nb::arg("kv_overrides") = std::vector<std::string>())
         .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))

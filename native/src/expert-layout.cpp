@@ -5,7 +5,6 @@
 #include "llama-model.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <stdexcept>
 
@@ -74,9 +73,9 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
     if (by_layer.empty()) throw std::runtime_error("the model has no stacked expert tensors: nothing to offload");
 
     const std::string arch = meta_string(model, "general.architecture");
-    n_expert_used = atoi(meta_string(model, arch + ".expert_used_count").c_str());
+    n_expert_used = (int) model->hparams.n_expert_used_max();  // llama.cpp's: a metadata override counts
     if (n_expert_used <= 0 || n_expert_used > n_expert) {
-        throw std::runtime_error("cannot read " + arch + ".expert_used_count from the model");
+        throw std::runtime_error("the model's " + arch + ".expert_used_count is not within 1.." + std::to_string(n_expert));
     }
     if (has_expert_bias) fixed_routing = "expert biases (*_exps.bias), which the FFN adds by expert id";
     if (arch == "llama4") fixed_routing = "llama4 applies its routing weights before the experts, not to their outputs";
