@@ -51,6 +51,11 @@ def items(value: str | None) -> list[str]:
     return [text for row in csv.reader([value]) for text in row] if value else []
 
 
+def as_dict(value: str | None) -> dict:
+    """canonical()'s text as llama-cpp-python's kv_overrides (each value's type its own)."""
+    return {key: v for key, _, v in map(parse, items(value))}
+
+
 def parse(text: str) -> tuple[str, str, int | float | bool | str]:
     """An item's key, type and value; InvalidOptionError naming what is wrong with it."""
     key, sep, typed = text.partition("=")

@@ -84,3 +84,12 @@ def test_the_cli_runs_with_an_override_as_the_engine_does(qwen3):
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("The experts" + expected)
+
+
+def test_the_benchmark_runs_stock_with_the_same_override(qwen3):
+    pytest.importorskip("llama_cpp")
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "bench", qwen3, "--override-kv", f"{USED}=int:1",
+                        "--repeats", "1", "--warmup", "0", "--output-tokens", "8", "--prompt-tokens", "16"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1].endswith("| yes |")  # the same tokens: one expert a token in both

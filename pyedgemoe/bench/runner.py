@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
 from pyedgemoe.errors import PyEdgeMoEError
+from pyedgemoe.kv_overrides import as_dict
 from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 from pyedgemoe.threads import default_threads
 
@@ -220,8 +221,10 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     if mem_cap_bytes is None:
         read_whole_file(model)
 
-    options = {e: (dict(ours_options or {}) if e == OURS else {} if stock_repack else {"repack": False})
-               for e in engines}
+    # stock runs with the same metadata overrides (the same experts a token), as llama-cpp-python takes them
+    overrides = as_dict((ours_options or {}).get("override_kv"))
+    stock = ({} if stock_repack else {"repack": False}) | ({"kv_overrides": overrides} if overrides else {})
+    options = {e: dict(ours_options or {}) if e == OURS else stock for e in engines}
 
     def run(engine: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         engine_options = {**options[engine], **(extra or {})}
