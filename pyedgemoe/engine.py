@@ -167,14 +167,11 @@ class Engine:
         """The model, as the plan has it: its experts resident, mapped, or read on demand into an
         expert cache (with the calibration's tables and its fill)."""
         try:
-            # offloading or mapped experts: the other weights are read into memory (not mapped), where
-            # the kernel cannot drop them under a cap to make room for an expert's pages; the input
-            # embedding's rows stay mapped on the CPU (plan.embedding_mapped)
-            mapped = plan.experts_mapped
-            self._model = _native.Model(self.model_path, use_mmap=not (plan.offload or mapped),
+            # the input embedding's rows stay mapped on the CPU beside an expert cache (plan.embedding_mapped)
+            self._model = _native.Model(self.model_path, use_mmap=plan.use_mmap, mlock=plan.expert_options["mlock"],
                                         experts_on_demand=plan.offload, device=",".join(plan.layer_devices),
                                         repack=plan.repack, tensor_split=list(plan.tensor_split),
-                                        experts_mapped=mapped, embedding_mapped=plan.embedding_mapped,
+                                        experts_mapped=plan.experts_mapped, embedding_mapped=plan.embedding_mapped,
                                         kv_overrides=kv_overrides.items(plan.expert_options["override_kv"]))
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,

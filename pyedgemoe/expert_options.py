@@ -56,6 +56,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
                                "--tensor-split)", "by the devices' free memory"),
     "rpc": LoadOption(str, "other machines' devices: HOST:PORT[,HOST:PORT...] of `pyedgemoe rpc-server`s "
                       "(llama.cpp's --rpc); they are RPC0, RPC1, ... for --device", "none"),
+    "mmap": LoadOption(bool, "map the model file, as llama.cpp does (--no-mmap: read the weights into memory)",
+                       "on where every weight is resident; off beside an expert cache or mapped experts (the other "
+                       "weights read into memory)"),
     "override_kv": LoadOption(str, "model metadata replaced at load, KEY=TYPE:VALUE[,...] with TYPE int, float, bool "
                               "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
                               "token (lossy)", "none"),
@@ -208,9 +211,9 @@ def _converted(name: str, value):
 
 
 def _load_option(name: str, value):
-    if name == "repack":
+    if name in ("repack", "mmap"):
         if not isinstance(value, bool):
-            raise InvalidOptionError(f"repack must be True or False, got {value!r}")
+            raise InvalidOptionError(f"{name} must be True or False, got {value!r}")
     elif name == "device":
         if not isinstance(value, str):
             raise InvalidOptionError(f"device must be a device's name, got {value!r}")

@@ -45,8 +45,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
-    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "use_mmap": True,
-    "use_mlock": False, "rope_scaling_type": -1, "pooling_type": -1,
+    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "rope_scaling_type": -1, "pooling_type": -1,
     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
@@ -115,8 +114,9 @@ class Llama:
     (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch),
     n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
-    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), kv_overrides (the
-    model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
+    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), use_mmap (False:
+    the weights read into memory), use_mlock (the weights and the expert cache locked in memory),
+    kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None, "chat_template.default" where the model has a template, "chatml" where its
@@ -126,6 +126,7 @@ class Llama:
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, tensor_split: list | None = None,
+                 use_mmap: bool = True, use_mlock: bool = False,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
                  seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
@@ -147,6 +148,10 @@ class Llama:
             engine_kwargs["tensor_split"] = tensor_split
         if kv_overrides is not None:
             engine_kwargs["override_kv"] = kv_overrides
+        if not use_mmap:  # True, llama.cpp's default, leaves it to the load plan (beside an expert cache: read)
+            engine_kwargs["mmap"] = False
+        if use_mlock:
+            engine_kwargs["mlock"] = True
         kv_type = _kv_type(type_k, type_v)
         if kv_type is not None:
             if "kv_type" in kwargs:

@@ -106,6 +106,7 @@ class LoadPlan:
     embedding_mapped: bool  # the input embedding's rows read from the mapped file (ModelInfo.cold_embedding_bytes)
     host_cache_bytes: int  # the host tier (RAM between the file and the GPU)
     repack: bool  # repacked copies of the weights the CPU computes
+    use_mmap: bool  # the weights mapped from the file (else read into memory)
     expert_options: ExpertOptions  # as given, with the system's preset, the mode and prefetch chosen here
     native_options: _native.ExpertOptions | None  # completed for the model and calibration (None: dense)
     fill: str  # the expert cache's fill: "none", "at load" or "in the background"
@@ -148,6 +149,8 @@ class LoadPlan:
             ("expert cache", cache, self.expert_cache_note),
             ("host cache", format_bytes(self.host_cache_bytes), self.reasons["host_cache"]),
             ("repack", "on" if self.repack else "off", self.reasons["repack"]),
+            ("weights", ("mapped" if self.use_mmap else "read into memory") + (", locked" if self.expert_options["mlock"]
+                                                                              else ""), self.reasons["mmap"]),
         ]
         if self.offload:
             rows.append(("experts", serving_text(self._planned_serving(), self), self.reasons["fill"]))
@@ -244,6 +247,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:
         check_fits_device(budget, devices_free)
+    use_mmap, reasons["mmap"] = _mmap(expert_options, offload, experts_mapped)
     repack, reasons["repack"] = _repack(expert_options["repack"], info, experts_mapped, offload, device, context,
                                         machine.memory[0])
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
@@ -282,7 +286,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     return LoadPlan(
         mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), tensor_split=tensor_split,
         expert_cache=budget, offload=offload, experts_mapped=experts_mapped, embedding_mapped=embedding_mapped,
-        host_cache_bytes=host_bytes, repack=repack, expert_options=expert_options, native_options=native,
+        host_cache_bytes=host_bytes, repack=repack, use_mmap=use_mmap, expert_options=expert_options, native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
@@ -295,6 +299,19 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                                 info.non_expert_bytes - (cold if embedding_mapped else 0), context, machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
+
+
+def _mmap(expert_options: ExpertOptions, offload: bool, experts_mapped: bool) -> tuple[bool, str]:
+    """Whether llama.cpp maps the weights, and why."""
+    if expert_options["mmap"] is False and (experts_mapped or offload and expert_options["io"] == "mmap"):
+        raise InvalidOptionError("--no-mmap: " + ("--expert-cache mmap computes the experts from the mapped file"
+                                                  if experts_mapped else "--io mmap reads the experts through a mapping"))
+    if offload or experts_mapped:  # the kernel could drop their pages under a cap to make room for an expert's
+        return False, "the other weights read into memory beside " + ("the mapped experts" if experts_mapped else
+                                                                     "an expert cache")
+    if expert_options["mmap"] is False:
+        return False, "--no-mmap"
+    return True, "every weight resident, mapped from the file as llama.cpp does"
 
 
 def _held_experts(budget: int, note: str, asked, expert_options: ExpertOptions,

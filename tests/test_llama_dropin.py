@@ -190,8 +190,8 @@ def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
 
 # -- arguments --------------------------------------------------------------------------------
 def test_unsupported_constructor_arguments_are_refused_by_name():
-    with pytest.raises(InvalidOptionError, match=r"vocab_only=True.*use_mlock=True"):
-        Llama(model_path=str(DEMO), vocab_only=True, use_mlock=True, lora_path=None, verbose=False)
+    with pytest.raises(InvalidOptionError, match=r"vocab_only=True.*numa=True"):
+        Llama(model_path=str(DEMO), vocab_only=True, numa=True, lora_path=None, verbose=False)
     with pytest.raises(InvalidOptionError, match="n_thread"):
         Llama(model_path=str(DEMO), n_thread=2, verbose=False)
 

@@ -251,7 +251,8 @@ def test_the_plan_is_frozen_and_explains_each_decision():
         p.mode = "gpu"
     lines = p.describe()
     names = [line.split("  ")[0].strip() for line in lines]
-    assert names == ["mode", "device", "expert cache", "host cache", "repack", "experts", "context", "threads"]
+    assert names == ["mode", "device", "expert cache", "host cache", "repack", "weights", "experts", "context",
+                     "threads"]
     assert "prefetch fate (its reads on 1 of 2 cores" in lines[names.index("experts")]
     assert "(the default of a build without a GPU)" in lines[0]
 

@@ -56,9 +56,10 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // a memory cap; embedding_mapped leaves the input embedding mapped too, beside mapped experts or a
 // CPU's expert cache (a run reads the rows of the tokens it sees; not where it is also the output).
 // kv_overrides: llama.cpp's --override-kv items, KEY=TYPE:VALUE (checked by pyedgemoe.kv_overrides).
+// mlock: llama.cpp's --mlock, its weights' host memory locked (an expert cache's: its own option).
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
           bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped,
-          const std::vector<std::string> & kv_overrides) {
+          const std::vector<std::string> & kv_overrides, bool mlock) {
     if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
         throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
                               "experts_on_demand or a device");
@@ -93,7 +94,8 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         overrides.back().key[0] = 0;  // the list's end
         params.kv_overrides = overrides.data();
     }
-    params.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    params.load_mode = use_mmap ? (mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MMAP)
+                                : (mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
     params.use_extra_bufts = repack;
     if (experts_on_demand || experts_mapped) params.lazy_mode = LLAMA_LAZY_MODE_ON;
     params.lazy_token_embd = embedding_mapped;
@@ -109,6 +111,11 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         const size_t at = log.find("RPC server ");
         if (at != std::string::npos) throw std::runtime_error(log.substr(at, log.find('\n', at) - at));
         throw_with_log("failed to load model from " + path);
+    }
+    const std::string log = log_recent_errors();
+    if (const size_t at = log.find("failed to mlock"); mlock && at != std::string::npos) {
+        llama_model_free(model);  // llama.cpp warns and goes on unlocked: asked for, that is an error here
+        throw std::runtime_error("--mlock: " + log.substr(at, log.find('\n', at) - at) + " (the limit: ulimit -l)");
     }
     if (experts_mapped) advise_whole_reads(model);
     new (self) Model();
@@ -279,7 +286,7 @@ void register_model(nb::module_ & m) {
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
              nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>(),
              nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false,
-             nb::arg("kv_overrides") = std::vector<std::string>())
+             nb::arg("kv_overrides") = std::vector<std::string>(), nb::arg("mlock") = false)
         .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))

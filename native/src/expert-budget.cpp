@@ -85,6 +85,12 @@ tier_pools::tier_pools(const expert_layout & layout, const expert_budget & budge
     }
 }
 
+void tier_pools::lock_in_memory() {
+    for (auto * pools : { &high, &low }) {
+        for (auto & pool : *pools) pool->lock_in_memory();
+    }
+}
+
 uint64_t tier_pools::group_bytes(int group) const {
     return high[group]->bytes() + (low.empty() ? 0 : low[group]->bytes());
 }

@@ -42,6 +42,7 @@ struct tier_pools {
     int slots(expert_precision p) const;       // summed over the groups
     int fewest_slots() const;                  // of any one pool
     uint64_t group_bytes(int group) const;     // a group's pools, both tiers
+    void lock_in_memory();                     // every pool's host memory (slot_pool::lock_in_memory)
 
     std::vector<std::unique_ptr<slot_pool>> high, low;  // per group (low: empty without LOW copies)
 };

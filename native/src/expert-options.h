@@ -70,6 +70,7 @@ inline constexpr hobbit_weights kEqualHobbitWeights = { 0.25f, 0.25f, 0.25f, 0.2
     X(double,            cache_routing,   0.0,                    "cache-aware routing: a cached expert takes an uncached one's place when its router logit is within this share of the token's logit spread (0: off, 1: always)") \
     X(double,            stand_in,        0.0,                    "cache-aware routing by calibrated stand-ins: a cached expert takes an uncached one's place, or none does, when that came near enough to its output on the calibration text, within this quantile of the calibration's own swap costs (0: off; needs calibrate --stand-ins)") \
     X(compute_mode,      mode,            compute_mode::cpu,      "where expert math runs: cpu, gpu (misses uploaded), coop (misses on the CPU), split (misses uploaded and on the CPU at once) or auto") \
+    X(bool,              mlock,           false,                  "keep the weights and the expert cache in RAM, never swapped out (llama.cpp's --mlock; mapped experts and embedding rows stay in the page cache)") \
     X(double,            link_share,      -1.0,                   "mode split: the share of a decode token's misses uploaded, the others computed on the CPU meanwhile (more of a prefill's; -1: the ratio of the two rates measured at load, then of those each decode layer takes)")
 
 struct expert_options {

@@ -139,6 +139,8 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
     if (coop && !has_host) throw std::invalid_argument(std::string("--mode ") + name_of(options.mode) + " computes the device's misses from the host tier: give it a --host-cache");
     const double link_share = split_share(options, *pools->high[0], device, dc.host_bytes, dc.n_threads, split_repacked, &info.mode_reason);
     if (has_host) host = std::make_unique<host_tier>(layout, dc.host_bytes, o.low_cache, device, host_layouts_of(options.mode, dc.repack, layout, dc.host_bytes), dc.repack);
+    if (options.mlock) pools->lock_in_memory();
+    if (options.mlock && host) host->lock_in_memory();
     passes = tier_passes(layout.has_low, device != nullptr, coop, options.big_little > 0 || options.cache_routing > 0, pools->fewest_slots(), link_share,
                          /*adapts*/ o.link_share < 0);  // the share the rates give, not one given
     for (size_t g = 0; g < layout.groups.size(); g++) {
@@ -161,9 +163,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
         for (int w = 0; w < (layout.n_expert + slots - 1) / slots; w++) wave_ops[l.il].push_back({ this, l.il, w });
     }
     const prediction_needs needs = predictions_needed(o, trace_routing, layout.has_low);
-    if (needs.router_depth > 0) {
-        predictor = std::make_unique<expert_predictor>(model, layout.moe_layers(), needs.router_depth, layout.n_expert);
-    }
+    if (needs.router_depth > 0) predictor = std::make_unique<expert_predictor>(model, layout.moe_layers(), needs.router_depth, layout.n_expert);
     prefetch = std::make_unique<prefetch_strategies>(prefetch_env{ layout, options, rules, cache, coordinator, recorder, predictor.get() });
     reader.on_uploads([this](bool held) { held ? coordinator.pause_for_loads() : coordinator.resume_after_loads(); });
 

@@ -39,6 +39,10 @@ struct host_tier {
     // the copies the CPU computes from: the second layout where there is one
     const tier_pools & cpu_pools() const { return cpu_copies ? *cpu_copies : pools; }
     uint64_t bytes() const;
+    void lock_in_memory() {
+        pools.lock_in_memory();
+        if (cpu_copies) cpu_copies->lock_in_memory();
+    }
     // The copies of the device's loads (in their order) that serve them from here, pinned: a load
     // found here or read into a slot reserved for it (load true); slot -1 where none (the host
     // tier has too few slots for the wave, or only a HIGH copy for a LOW load): read it directly.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -173,7 +174,23 @@ slot_pool::slot_pool(const expert_shapes & shapes, int n_slots, ggml_backend_buf
     }
 }
 
+void slot_pool::lock_in_memory() {
+    std::vector<ggml_backend_buffer_t> buffers = repack_buffers_;
+    if (buffer_ && ggml_backend_buffer_is_host(buffer_)) buffers.push_back(buffer_);
+    for (ggml_backend_buffer_t b : buffers) {
+        void * base = ggml_backend_buffer_get_base(b);
+        const size_t size = ggml_backend_buffer_get_size(b);
+        if (mlock(base, size) != 0) {
+            throw std::runtime_error("--mlock: cannot lock " + std::to_string(size >> 20) + " MiB of the expert cache in "
+                                     "memory: " + strerror(errno) + " (the limit: ulimit -l)");
+        }
+        locked_.emplace_back(base, size);
+    }
+}
+
 void slot_pool::free_all() {
+    for (const auto & [base, size] : locked_) munlock(base, size);
+    locked_.clear();
     for (ggml_backend_buffer_t b : repack_buffers_) ggml_backend_buffer_free(b);
     repack_buffers_.clear();
     if (buffer_) ggml_backend_buffer_free(buffer_);  // does not own host_ (buft null)

@@ -65,6 +65,8 @@ public:
     // for a plain host projection
     ggml_tensor * slot_view(expert_projection p, int slot) const;
     bool on_device() const { return on_device_; }  // in memory the CPU cannot address
+    // mlock the pools' host memory (--mlock); throws std::runtime_error where the kernel refuses
+    void lock_in_memory();
 
 private:
     expert_shapes shapes_;
@@ -73,6 +75,7 @@ private:
     void * host_ = nullptr;  // the plain pools' memory, wrapped by buffer_ (buft null)
     ggml_backend_buffer_t buffer_ = nullptr;  // the plain pools
     std::vector<ggml_backend_buffer_t> repack_buffers_;  // one per repacked projection
+    std::vector<std::pair<void *, size_t>> locked_;  // by lock_in_memory, unlocked when freed
     std::array<std::vector<ggml_tensor *>, PROJ_COUNT> slot_views_;
     bool on_device_ = false;
 
