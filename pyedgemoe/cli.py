@@ -567,7 +567,7 @@ def export_command(
 
 
 @app.command()
-@model_options(without=("flash_attn", "batch_size", "ubatch_size"))
+@model_options(without=("flash_attn", "batch_size", "ubatch_size", "cache_type_k", "cache_type_v"))
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),

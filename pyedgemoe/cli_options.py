@@ -58,6 +58,25 @@ _ENGINE_OPTIONS = (
     ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
      "verbose"),
 )
+# llama.cpp's -ctk and -ctv: the Engine's kv_type, one type for both
+_KV_TYPES = (
+    ("cache_type_k", Optional[str], typer.Option(None, "-ctk", "--cache-type-k",
+                                                 help="KV cache type for K: f16 (the default), q8_0, q4_0, bf16, "
+                                                      "f32, ... as llama.cpp's -ctk; give -ctv the same")),
+    ("cache_type_v", Optional[str], typer.Option(None, "-ctv", "--cache-type-v",
+                                                 help="KV cache type for V, as llama.cpp's -ctv (a quantized one "
+                                                      "needs flash attention); give -ctk the same")),
+)
+# llama.cpp's flags whose work pyedgemoe does otherwise: the way here, or None where taken as given
+_MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or layer: --expert-cache SIZE (with a "
+                  "GPU: its memory, --host-cache the RAM behind it, --mode where the misses are computed; docs/gpu.md)")
+_LLAMA_CPP_FLAGS = (
+    ("jinja", bool, typer.Option(False, "--jinja", help="llama.cpp's: chats with the model's Jinja template, which "
+                                 "pyedgemoe always does"), None),
+    ("override_tensor", Optional[str], typer.Option(None, "-ot", "--override-tensor", hidden=True), _MOE_PLACEMENT),
+    ("cpu_moe", bool, typer.Option(False, "-cmoe", "--cpu-moe", hidden=True), _MOE_PLACEMENT),
+    ("n_cpu_moe", Optional[str], typer.Option(None, "-ncmoe", "--n-cpu-moe", hidden=True), _MOE_PLACEMENT),
+)
 # llama.cpp's words for -fa (common/arg.cpp): the Engine's flash_attn
 FLASH_ATTN = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False, "false": False,
               "0": False, "auto": None}
@@ -84,10 +103,21 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
+    added += [o for o in _KV_TYPES if o[0] not in without]
+    added += [(name, annotation, option) for name, annotation, option, _ in _LLAMA_CPP_FLAGS]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
     def collect(params: dict) -> dict:
+        for name, _, option, refusal in _LLAMA_CPP_FLAGS:
+            if params.pop(name) not in (None, False) and refusal:
+                raise InvalidOptionError(f"{option.param_decls[-1]}: {refusal}")
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        k, v = (params.pop(name, None) for name, _, _ in _KV_TYPES)
+        if k is not None or v is not None:
+            if k != v:
+                raise InvalidOptionError(f"-ctk {k or 'f16'} -ctv {v or 'f16'}: pyedgemoe's KV cache takes one type for "
+                                         "K and V (f16 where not given, as in llama.cpp): give both the same")
+            engine_options["kv_type"] = k
         if engine_options.get("flash_attn") is not None:
             fa = engine_options["flash_attn"]
             if fa.lower() not in FLASH_ATTN:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import gguf
 import pytest
@@ -272,3 +273,27 @@ def test_ngl_is_llama_cpps_habit_for_the_mode(mixtral_gguf):
                           (["-ngl", "99", "--mode", "cpu"], "error: -ngl 99 asks for the GPU and --mode cpu")):
         r = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", *args)
         assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(message)
+
+
+def test_kv_cache_types_are_llama_cpps_ctk_and_ctv():
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"  # heads of 64: q8_0's blocks of 32 fit
+    r = cli("run", demo, "-p", "def f(x):", "-n", "8", "--temp", "0", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0",
+            "--no-display-prompt")
+    assert r.returncode == 0, r.stderr
+    with Engine(demo, n_threads=2, kv_type="q8_0") as eng:
+        assert r.stdout == eng.generate("def f(x):", 8, temperature=0) + "\n"
+    assert_one_line_error(cli("run", demo, "-p", "hi", "-ctk", "q8_0"),
+                          "-ctk q8_0 -ctv f16: pyedgemoe's KV cache takes one type for K and V")
+
+
+@pytest.mark.parametrize("flag", [["-ot", "exps=CPU"], ["--override-tensor", "exps=CPU"], ["-cmoe"], ["--cpu-moe"],
+                                  ["-ncmoe", "4"], ["--n-cpu-moe", "4"]])
+def test_llama_cpps_expert_placement_flags_answer_with_the_way_here(mixtral_gguf, flag):
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hi", *flag), "pyedgemoe places experts by a byte budget",
+                          "--expert-cache SIZE")
+
+
+def test_jinja_is_taken_as_llama_cpps_command_lines_give_it(mixtral_gguf):
+    r = cli("run", mixtral_gguf, "-p", "hello world", "-n", "4", "--temp", "0", "-t", "2", "--jinja")
+    assert r.returncode == 0 and r.stdout == cli("run", mixtral_gguf, "-p", "hello world", "-n", "4", "--temp", "0",
+                                                  "-t", "2").stdout
