@@ -16,6 +16,7 @@ import typer
 # typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_options import model_options, sampling_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
@@ -239,6 +240,16 @@ def serve(
                                       help="comma-separated names the server may be reached by besides IP "
                                       "addresses and localhost (e.g. behind a proxy; * for any): web pages of "
                                       "other sites cannot reach it by another name (docs/server.md)"),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="the model's name in the API (/v1/models, "
+                                        "requests' model; default: the file's name), as llama-server's"),
+    reasoning_format: str = typer.Option("none", "--reasoning-format",
+                                         help=f"a chat's thoughts where a request gives no reasoning_format: "
+                                         f"{', '.join(REASONING_FORMATS)} (none: in the content, as "
+                                         "llama-cpp-python; auto: apart, in reasoning_content, as llama-server)"),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
+                                                       help="the template's variables where a request gives none "
+                                                       "of that name, a JSON object, e.g. '{\"enable_thinking\": "
+                                                       "false}' (llama-server's)"),
     engine_options: dict = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
@@ -257,6 +268,16 @@ def serve(
         fail(f"--timeout must be a positive number of seconds, got {timeout}")
     if max_connections < 1:
         fail(f"--max-connections must be >= 1, got {max_connections}")
+    if reasoning_format not in REASONING_FORMATS:
+        fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    chat_defaults = {"reasoning_format": reasoning_format}
+    if chat_template_kwargs is not None:
+        try:
+            chat_defaults["chat_template_kwargs"] = json.loads(chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            fail(f"--chat-template-kwargs is not JSON: {e}")
+        if not isinstance(chat_defaults["chat_template_kwargs"], dict):
+            fail("--chat-template-kwargs must be a JSON object")
     try:
         from pyedgemoe.server.serve import bind_socket, serve as serve_engine
     except ImportError as e:
@@ -270,7 +291,8 @@ def serve(
     try:
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
-            serve_engine(eng, sock, model_id=model.name, model_aliases=(str(model),), api_key=api_key, limits=limits,
+            serve_engine(eng, sock, model_id=alias or model.name, model_aliases=(model.name, str(model)),
+                         api_key=api_key, limits=limits, chat_defaults=chat_defaults,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
     except PyEdgeMoEError as e:
         fail(str(e))

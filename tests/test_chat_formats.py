@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -230,3 +232,36 @@ def test_the_server_answers_with_the_calls_and_the_prompt_llama_cpp_renders(mode
                 client.chat.completions.create(**kwargs, **bad)
     finally:
         stop_server(proc)
+
+
+def test_the_servers_own_defaults_are_llama_servers_flags(model, engine, tmp_path):
+    """serve -a NAME --reasoning-format F --chat-template-kwargs JSON: what a request gives wins,
+    the template's variables merged by name."""
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "1024", "-a", "qwen3", "--reasoning-format",
+                             "auto", "--chat-template-kwargs", '{"enable_thinking": false}', model=model)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        assert [m.id for m in client.models.list()] == ["qwen3"]
+        for name in ("qwen3", "qwen3-tools.gguf"):  # the alias, and the file's name still
+            assert client.chat.completions.create(model=name, messages=ASKED, max_tokens=2).choices[0].message
+
+        def applied(body: dict) -> str:
+            return json.loads(urllib.request.urlopen(urllib.request.Request(
+                url + "/apply-template", json.dumps({"messages": ASKED, **body}).encode(),
+                {"Content-Type": "application/json"})).read())["prompt"]
+        assert applied({}) == engine.format_chat(ASKED, None, None, {"enable_thinking": False})
+        assert applied({"chat_template_kwargs": {"enable_thinking": True}}) == engine.format_chat(ASKED)
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.parametrize("flag, fragment", [
+    (["--reasoning-format", "thoughts"], "--reasoning-format takes none, auto, deepseek, deepseek-legacy"),
+    (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object"),
+    (["--chat-template-kwargs", "{"], "--chat-template-kwargs is not JSON"),
+])
+def test_bad_server_defaults_are_one_error_line(model, flag, fragment):
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "serve", str(model), "--port", "0", *flag],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == r.stderr.strip().splitlines()[0]
+    assert r.stderr.startswith(f"error: {fragment}")

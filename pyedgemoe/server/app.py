@@ -13,7 +13,9 @@ import functools
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -82,15 +84,25 @@ def _joined_chat_completion(chunks: list[dict]) -> dict:
             "usage": last.get("usage")}
 
 
+def _with_defaults(given: dict, defaults: Mapping) -> dict:
+    """A chat request's Engine keywords over the server's defaults; the template's variables merged
+    by name, as llama-server merges its --chat-template-kwargs with a request's."""
+    merged = {**defaults, **given}
+    if defaults.get("chat_template_kwargs") and given.get("chat_template_kwargs"):
+        merged["chat_template_kwargs"] = {**defaults["chat_template_kwargs"], **given["chat_template_kwargs"]}
+    return merged
+
+
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None,
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
-               ui_dir: Path | None = BUILT_UI) -> FastAPI:
+               chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
     and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
-    UI, served at / when there (web_ui.py).
+    UI, served at / when there (web_ui.py); chat_defaults: a chat request's Engine keywords where it
+    gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
@@ -200,14 +212,15 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         r = await request_body(request, CHAT_PARAMETERS, "messages")
-        start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **r.engine_kwargs)
+        kwargs = _with_defaults(r.engine_kwargs, chat_defaults)
+        start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict:
         """llama-server's: the prompt text a chat request makes (its messages, tools and template's variables)."""
         r = await request_body(request, CHAT_PARAMETERS, "messages")
-        given = r.engine_kwargs
+        given = _with_defaults(r.engine_kwargs, chat_defaults)
         try:
             text, _ = await asyncio.to_thread(chat_text, engine, r.messages, given.get("tools"), given.get("tool_choice"),
                                               given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
