@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pyedgemoe import Engine, InvalidOptionError, Llama
+from pyedgemoe import Engine, InvalidOptionError, Llama, ModelLoadError
 from pyedgemoe.kv_overrides import canonical, items
 
 USED = "qwen3moe.expert_used_count"
@@ -93,3 +93,14 @@ def test_the_benchmark_runs_stock_with_the_same_override(qwen3):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1].endswith("| yes |")  # the same tokens: one expert a token in both
+
+
+@pytest.mark.parametrize("override", ["qwen3moe.block_count=int:1", "qwen3moe.attention.head_count=int:0",
+                                      "general.architecture=str:llama"])
+def test_an_override_llama_cpp_cannot_load_with_is_its_load_error_on_one_line(qwen3, override):
+    with pytest.raises(ModelLoadError, match="failed to load model"):
+        Engine(qwen3, override_kv=override, **SMALL)
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", qwen3, "--override-kv", override, "-p", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: failed to load model") and \
+        len(r.stderr.strip().splitlines()) == 1, r.stderr

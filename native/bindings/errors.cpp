@@ -102,6 +102,7 @@ void log_clear_recent() {
 
 void throw_with_log(const std::string & what) {
     std::string detail = log_recent_errors();
+    for (size_t at; (at = detail.find('\n')) != std::string::npos;) detail.replace(at, 1, "; ");  // one error line
     throw std::runtime_error(detail.empty() ? what : what + ": " + detail);
 }
 
