@@ -97,8 +97,10 @@ def run(
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
     color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
-    chat: bool = typer.Option(False, "--chat", help="interactive chat with the model's template (ChatML if it has "
-                              "none); Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit end the session"),
+    chat: bool = typer.Option(False, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
+                              help="interactive chat with the model's template (ChatML if it has none), as "
+                              "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit end the "
+                              "session"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming (not with --chat)"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end (of the session, "
                                "with --chat)"),

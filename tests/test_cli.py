@@ -118,6 +118,8 @@ def test_chat_answers_each_line_with_the_whole_history_until_eof(mixtral_gguf):
             messages.append({"role": "assistant", "content": reply})
             expected += f"> {reply}\n"
     assert r.stdout == expected + "> \n"  # a prompt for each line, and one more that reads the EOF
+    for flag in ("-cnv", "--conversation"):  # llama-cli's spellings
+        assert cli("run", mixtral_gguf, flag, "-n", "4", "--temp", "0", input_text="hi\nhow are you\n").stdout == r.stdout
 
 
 def test_inspect_reports_experts(mixtral_gguf):
