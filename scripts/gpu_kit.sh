@@ -19,6 +19,8 @@ PY312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3}   # the device's Python
 VENV=build/kit-venv
 CUBLAS=$ROOT/build/cuda-deps/nvidia/cu13        # the Makefile's $(CUBLAS): nvidia-cublas from PyPI
 CUDA_ARCH=${CUDA_ARCH:-90-real}                 # H100 and H200
+# the sources as the build starts: a file edited while it runs is not in the kit, so must not be in its stamp
+STAMP=$(scripts/native_stamp.sh)
 
 [ -x $VENV/bin/cmake ] || { $PY312 -m venv $VENV && $VENV/bin/pip install -q nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2; }
 CMAKE=$ROOT/$VENV/bin/cmake
@@ -88,6 +90,6 @@ cp "$(.venv/bin/python -c "import sys; from pathlib import Path; sys.path.insert
 print(tiny_moe.repacking_gguf(Path('$WORK/q4k')))" | tail -1)" $KIT/models/q4k-qwen3_moe.gguf
 cp native/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf native/vendor/llama.cpp/models/ggml-vocab-gpt-neox.gguf $KIT/vocab/
 python3 -m pip download -q --no-deps --only-binary=:all: gguf==0.19.0 -d $KIT/wheels
-scripts/native_stamp.sh > $KIT/STAMP
+echo $STAMP > $KIT/STAMP
 tar -cf - -C $KIT . | xz -T2 -6 > $OUT.part && mv $OUT.part $OUT
 echo "gpu-kit: $OUT, $(du -b $OUT | cut -f1 | numfmt --to=iec) ($(du -sb $KIT | cut -f1 | numfmt --to=iec) unpacked), stamp $(cat $KIT/STAMP)"
