@@ -31,6 +31,7 @@ from pyedgemoe.embeddings import embed
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
+from pyedgemoe.text_stream import utf8
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 
 __all__ = ["Engine", "GenerationStats", "SamplingParams"]
@@ -273,8 +274,7 @@ class Engine:
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of text; add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
-        if isinstance(text, str):
-            text = text.encode("utf-8")
+        text = utf8(text) if isinstance(text, str) else text
         return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
+from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
 
 RANDOM_SEED = -1  # llama.cpp's seed for a random one (its CLI's and server's default)
@@ -133,6 +134,10 @@ class SamplingParams:
         for name in ("grammar", "json_schema"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidOptionError(f"{name} must be text, got {getattr(self, name)!r}")
+            try:
+                utf8(getattr(self, name) or "")
+            except InvalidOptionError as e:
+                raise InvalidOptionError(f"{name}: {e}") from None
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidOptionError("give either a grammar or a json_schema (response_format), not both")
 

@@ -48,6 +48,8 @@ def canonical(value) -> str:
 
 def items(value: str | None) -> list[str]:
     """A comma list's KEY=TYPE:VALUE items (none for None), as llama.cpp splits them."""
+    if any(c in (value or "") for c in "\0\r\n"):
+        raise InvalidOptionError("--override-kv: an item holds no NUL and no line break")
     return [text for row in csv.reader([value]) for text in row] if value else []
 
 
@@ -62,8 +64,9 @@ def parse(text: str) -> tuple[str, str, int | float | bool | str]:
     kind, colon, raw = typed.partition(":")
     if not sep or not key or not colon or kind not in TYPES:
         raise InvalidOptionError(f"--override-kv {text!r}: give KEY=TYPE:VALUE, TYPE one of {', '.join(TYPES)}")
-    if len(key.encode()) > 127 or "\0" in text:
-        raise InvalidOptionError(f"--override-kv {text[:60]!r}: a key is at most 127 bytes, with no NUL in the item")
+    if len(key.encode()) > 127 or any(c in text for c in "\0\r\n"):
+        raise InvalidOptionError(f"--override-kv {text[:60]!r}: a key is at most 127 bytes, and an item holds no NUL "
+                                 "and no line break")
     try:
         value = {"int": int, "float": float, "str": str}[kind](raw) if kind != "bool" else \
             {"true": True, "false": False}[raw]

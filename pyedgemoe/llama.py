@@ -40,6 +40,7 @@ from pyedgemoe.expert_options import OPTION_NAMES
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, exposed_fields, logits_to_logprobs,
                                   longest_token_prefix, token_logprob)
 from pyedgemoe.structured_output import schema_grammar
+from pyedgemoe.text_stream import utf8
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
@@ -262,8 +263,7 @@ class Llama:
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of UTF-8 text; add_bos adds the model's BOS where it uses one, special parses
         special-token text such as <|im_start|>."""
-        if isinstance(text, str):
-            text = text.encode("utf-8")
+        text = utf8(text) if isinstance(text, str) else text
         try:
             text.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -457,7 +457,7 @@ class Llama:
             raise InvalidOptionError("embed needs Llama(..., embedding=True), as in llama-cpp-python")
         data, n_tokens = [], 0
         for text in [input] if isinstance(input, str) else input:
-            tokens = self.tokenize(text.encode("utf-8"))
+            tokens = self.tokenize(utf8(text))
             tokens = tokens[:self.n_batch] if truncate else tokens
             data.append(self.engine.embed(tokens, normalize=normalize, truncate=truncate).tolist())
             n_tokens += len(tokens)

@@ -7,6 +7,17 @@ from __future__ import annotations
 
 import codecs
 
+from pyedgemoe.errors import InvalidOptionError
+
+
+def utf8(text: str) -> bytes:
+    """text as UTF-8; InvalidOptionError where it cannot be (a lone surrogate, which JSON's and
+    Python's escapes can write)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidOptionError(f"the text cannot be UTF-8: {e.reason} at character {e.start}") from None
+
 
 class TextStream:
     def __init__(self, stop: list[str]):

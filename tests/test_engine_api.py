@@ -36,6 +36,20 @@ def test_a_token_id_outside_the_vocabulary_is_an_invalid_option(eng, call):
     assert eng.generate([1], 2, temperature=0)  # and the engine goes on
 
 
+@pytest.mark.parametrize("call", [
+    lambda eng: eng.tokenize("a\ud800b"),
+    lambda eng: eng.generate("a\ud800b", 2),
+    lambda eng: eng.create_chat_completion([{"role": "user", "content": "a\udfff"}], max_tokens=2),
+    lambda eng: eng.create_completion("hi", max_tokens=2, grammar='root ::= "\ud800"'),
+    lambda eng: eng.create_completion("hi", max_tokens=2, json_schema='{"const": "\ud800"}'),
+], ids=["tokenize", "prompt", "chat", "grammar", "json_schema"])
+def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
+    # a lone surrogate, which Python's and JSON's escapes can write (before: UnicodeEncodeError, or
+    # a TypeError naming the native signature)
+    with pytest.raises(InvalidOptionError, match="cannot be UTF-8: surrogates not allowed"):
+        call(eng)
+
+
 def test_generate_stream_pieces_join_to_the_full_text(eng):
     full = eng.generate("hello", max_tokens=12, temperature=0)
     pieces = list(eng.generate("hello", max_tokens=12, temperature=0, stream=True))
