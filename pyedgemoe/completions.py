@@ -25,7 +25,10 @@ from pyedgemoe.chat_formats import ChatTurn, parses
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
-    return [stop] if isinstance(stop, str) else list(stop or [])
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise InvalidOptionError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
+    return list(stops)
 
 
 def usage(n_prompt: int, n_completion: int) -> dict:
@@ -141,6 +144,8 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
 
 
 def check_messages(messages: list[dict]) -> None:
+    if not isinstance(messages, (list, tuple)):
+        raise InvalidOptionError(f"messages must be a list of messages, got {messages!r}"[:200])
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
             raise InvalidOptionError(f"each message needs 'role' and 'content' (or, the assistant's, 'tool_calls'), "

@@ -28,7 +28,7 @@ from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.embeddings import embed
-from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState
+from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.text_stream import utf8
@@ -279,7 +279,7 @@ class Engine:
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
-        return self._live_model().detokenize(list(tokens), False, special).decode("utf-8", errors="ignore")
+        return self._live_model().detokenize(as_token_ids(tokens), False, special).decode("utf-8", errors="ignore")
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
@@ -291,7 +291,7 @@ class Engine:
         one_token_per_step: evaluate the tokens one llama_decode at a time, as generation does
         (with an expert cache, each step then routes, loads and prefetches like a decode step)."""
         self._single_sequence("logits")
-        ids = [int(t) for t in token_ids]
+        ids = as_token_ids(token_ids)
         if not ids:
             raise InvalidOptionError("logits needs at least one token")
         self._check_fits(len(ids), 0)
@@ -316,7 +316,7 @@ class Engine:
         """Evaluates tokens after what the one sequence holds (tokens), as llama-cpp-python's Llama.eval;
         with all_logits, returns their logits (float32 [len(tokens), n_vocab]; their memory as logits()'s)."""
         self._single_sequence("eval")
-        ids = [int(t) for t in tokens]
+        ids = as_token_ids(tokens)
         with self._sequence_turn():
             sequence = self._decoder.sequences[0]
             self._check_fits(len(sequence.tokens) + len(ids), 0)
@@ -416,15 +416,15 @@ class Engine:
         tokens in a smaller batch, whose sums the CPU kernels may round differently, and the same
         seeded call must give the same tokens."""
         sampling.validate()
-        prompt = [int(t) for t in prompt_tokens]
+        prompt = as_token_ids(prompt_tokens, "prompt")
         if not prompt:
             raise InvalidOptionError("the prompt is empty (no tokens)")
-        if max_tokens is not None and max_tokens < 0:
-            raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
+            raise InvalidOptionError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         if feed_tokens is not None:
             if self._batcher is not None:
                 raise InvalidOptionError("feed_tokens needs n_parallel=1")
-            feed_tokens = [int(t) for t in feed_tokens]
+            feed_tokens = as_token_ids(feed_tokens, "feed_tokens")
             if max_tokens is None or len(feed_tokens) < max_tokens - 1:
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
                                          f"for max_tokens {max_tokens}")
@@ -484,7 +484,7 @@ class Engine:
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize(prompt, add_bos=True, special=False)
-        return [int(t) for t in prompt]
+        return as_token_ids(prompt, "prompt")
 
     def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, stop: str | list[str] | None = None,
                  stream: bool = False, ignore_eos: bool = False, **sampling) -> str | Iterator[str]:

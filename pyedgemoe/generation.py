@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import random
 import time
 from dataclasses import dataclass, field
@@ -105,6 +106,14 @@ class SamplingParams:
         return params
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):  # the annotations are text (postponed); the seed's range: below
+            kind, bound = {"float": (numbers.Real, None), "int": (numbers.Integral, 2**31),
+                           "int | None": (numbers.Integral, None)}.get(f.type, (None, None))
+            value = getattr(self, f.name)
+            if kind is not None and value is not None and (isinstance(value, bool) or not isinstance(value, kind)
+                                                           or bound is not None and abs(value) >= bound):
+                raise InvalidOptionError(f"{f.name} must be {'a number' if kind is numbers.Real else 'an integer'}"
+                                         f"{f' within 32 bits' if bound else ''}, got {value!r}"[:200])
         if not np.isfinite(self.temperature):
             raise InvalidOptionError(f"temperature must be a finite number, got {self.temperature}")
         if self.top_k < 0:
@@ -255,6 +264,17 @@ def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
     ids = np.argpartition(-logprobs, n)[:n + 1] if 0 < n < len(logprobs) else np.arange(len(logprobs) if n else 0)
     top = sorted(((float(logprobs[i]), int(i)) for i in ids), reverse=True)[:n]
     return TokenLogprob(int(token), float(logprobs[token]), tuple((i, lp) for lp, i in top))
+
+
+def as_token_ids(value, name: str = "tokens") -> list[int]:
+    """value, a sequence of token ids, as a list of ints; InvalidOptionError for anything else (an id
+    outside the vocabulary is the native side's to refuse, naming the vocabulary's size)."""
+    ids = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if ids is None or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+        raise InvalidOptionError(f"{name} must be text or a list of token ids, got {value!r}"[:200])
+    if any(not -2**31 <= t < 2**31 for t in ids):
+        raise InvalidOptionError(f"{name}: a token id is beyond 32 bits: {max(ids, key=abs)}")
+    return [int(t) for t in ids]
 
 
 def longest_token_prefix(a: list[int], b: list[int]) -> int:

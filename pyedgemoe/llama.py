@@ -37,8 +37,8 @@ from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import OPTION_NAMES
-from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, exposed_fields, logits_to_logprobs,
-                                  longest_token_prefix, token_logprob)
+from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
+                                  logits_to_logprobs, longest_token_prefix, token_logprob)
 from pyedgemoe.structured_output import schema_grammar
 from pyedgemoe.text_stream import utf8
 
@@ -277,7 +277,7 @@ class Llama:
         if prev_tokens is not None:
             before = self.detokenize(prev_tokens, special=special)
             return self.detokenize([*prev_tokens, *tokens], special=special)[len(before):]
-        tokens = [int(t) for t in tokens]
+        tokens = as_token_ids(tokens)
         text = b"".join(self.engine.token_piece(t, special) for t in tokens)
         if tokens and tokens[0] == self.token_bos() and text.startswith(b" "):
             return text[1:]
@@ -371,7 +371,7 @@ class Llama:
         another, end-of-generation ones too, until the caller stops or the context is full. The
         seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
         sampling = SamplingParams.of(self._token_sampling("generate", locals()))
-        prompt = ([] if reset else self.engine.tokens) + [int(t) for t in tokens]
+        prompt = ([] if reset else self.engine.tokens) + as_token_ids(tokens)
         return _refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True))
 
     def _token_sampling(self, where: str, arguments: dict) -> dict:
@@ -438,6 +438,8 @@ class Llama:
     def _take_seed(self, seed: int | None) -> None:
         """A generation's seed, as llama-cpp-python picks it: the one given, else the next of the
         sequence the last one starts; it becomes the Engine's seed of the generation and the last one."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
         self._seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
         self.engine.seed = self._seed & 0xFFFFFFFF  # as the uint32 llama.cpp's sampler takes
 
@@ -492,7 +494,7 @@ class Llama:
             prompt_text = prompt
             tokens = self.engine.tokenize(prompt, add_bos=True, special=True)
         else:
-            tokens = [int(t) for t in prompt]
+            tokens = as_token_ids(prompt, "prompt")
             prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
         self._from_cache(tokens)
         self._take_seed(seed)
@@ -663,6 +665,8 @@ def _refusing_sent(tokens: Iterator[int]) -> Iterator[int]:
 
 def _max_tokens(max_tokens: int | None) -> int | None:
     """llama-cpp-python's max_tokens None or <= 0: until the context is full (the Engine's None)."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        raise InvalidOptionError(f"max_tokens must be an integer, got {max_tokens!r}")
     return None if max_tokens is None or max_tokens <= 0 else max_tokens
 
 

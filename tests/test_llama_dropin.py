@@ -202,6 +202,27 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
         assert out["choices"] == llm(PLANETS, max_tokens=4, temperature=0)["choices"]
 
 
+@pytest.mark.parametrize("call, fragment", [
+    (lambda llm: llm("hi", max_tokens="8"), "max_tokens must be an integer"),
+    (lambda llm: llm("hi", max_tokens=2, temperature="hot"), "temperature must be a number"),
+    (lambda llm: llm("hi", max_tokens=2, temperature=[1]), "temperature must be a number"),
+    (lambda llm: llm("hi", max_tokens=2, top_k=2**40), "top_k must be an integer within 32 bits"),
+    (lambda llm: llm("hi", max_tokens=2, stop=1), "stop must be a string or a list of strings"),
+    (lambda llm: llm("hi", max_tokens=2, stop=[1]), "stop must be a string or a list of strings"),
+    (lambda llm: llm("hi", max_tokens=2, seed="x"), "seed must be an integer"),
+    (lambda llm: llm(None, max_tokens=2), "prompt must be text or a list of token ids"),
+    (lambda llm: llm(["a"], max_tokens=2), "prompt must be text or a list of token ids"),
+    (lambda llm: llm([2**40], max_tokens=2), "a token id is beyond 32 bits"),
+    (lambda llm: llm.create_chat_completion(None, max_tokens=2), "messages must be a list of messages"),
+])
+def test_arguments_of_the_wrong_type_are_invalid_options_and_the_llama_goes_on(llm, call, fragment):
+    # found by calling every argument with values of other types: TypeErrors from deep inside, one
+    # naming the native signature, and a bad seed that stayed the Llama's and broke later calls
+    with pytest.raises(InvalidOptionError, match=fragment):
+        call(llm)
+    assert llm("hi", max_tokens=2, temperature=0)["choices"][0]["text"] is not None
+
+
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
     with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5"):  # tail-free sampling left llama.cpp
         llm(PLANETS, tfs_z=0.5)
