@@ -127,9 +127,9 @@ class Engine:
                            n_ubatch=n_ubatch, n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
                            expert_options=(expert_options or ExpertOptions()).with_keywords(options, Engine.__init__))
-        self.model_path = os.fspath(model_path)
-        self.info, self.plan = plan_for(self.model_path, load)  # ModelInfo, LoadPlan
-        _native.set_verbose(verbose)
+        self.info, self.plan = plan_for(model_path, load)  # ModelInfo, LoadPlan
+        self.model_path = self.info.path
+        _native.set_verbose(bool(verbose))
         plan = self.plan
         self.system, self.seed, self.n_logits, self.n_parallel = system, plan.seed, plan.n_logits, plan.n_parallel
         self.device, self.repack, self.experts_mapped, self.big_little = plan.device, plan.repack, plan.experts_mapped, \

@@ -167,9 +167,8 @@ def auto_prefetch(cache_share: float, expert_bytes: int, cores: int, threads_giv
 
 def parse_policy_weights(value) -> tuple[float, float, float, float]:
     """"a,b,c,d" or four numbers (lru, lfu, lhu, fld), non-negative, normalized to sum 1."""
-    parts = value.split(",") if isinstance(value, str) else list(value)
     try:
-        weights = [float(p) for p in parts]
+        weights = [float(p) for p in (value.split(",") if isinstance(value, str) else value)]
     except (TypeError, ValueError):
         raise InvalidOptionError(f"policy weights must be four numbers a,b,c,d, got {value!r}") from None
     if len(weights) != 4 or any(w < 0 for w in weights) or sum(weights) <= 0:
@@ -194,6 +193,8 @@ def _converted(name: str, value):
     if name == "policy_weights":
         return parse_policy_weights(value)
     if name == "low_from":
+        if not isinstance(value, (str, os.PathLike)):
+            raise InvalidOptionError(f"low_from must be a file's path, got {value!r}")
         if not os.path.isfile(value):
             raise InvalidOptionError(f"--low-from file not found: {os.fspath(value)}")
         return os.fspath(value)
@@ -202,8 +203,8 @@ def _converted(name: str, value):
             raise InvalidOptionError(f"{name} must be True or False, got {value!r}")
         return value
     if isinstance(kind, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOptionError(f"{name} must be an integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+            raise InvalidOptionError(f"{name} must be an integer within 32 bits, got {value!r}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidOptionError(f"{name} must be a number, got {value!r}")

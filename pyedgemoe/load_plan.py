@@ -66,8 +66,11 @@ class LoadOptions:
                 raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
         for name in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_parallel"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if (value is not None or name not in ("n_threads", "n_threads_batch")) and \
+                    (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31):
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        if self.system is not None and not isinstance(self.system, str):
+            raise InvalidOptionError(f"system must be a system's name, got {self.system!r}")
         SamplingParams(seed=self.seed).validate()
         kv_type_id(self.kv_type)
 

@@ -122,6 +122,8 @@ class ModelInfo:
 def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> ModelInfo:
     """Parse a GGUF header; ModelLoadError if the file is missing, not a GGUF, or truncated.
     overrides: --override-kv's text (kv_overrides.canonical), applied to the metadata."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ModelLoadError(f"the model must be a file's path, got {path!r}")
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: {path}")

@@ -50,6 +50,26 @@ def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
         call(eng)
 
 
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(n_threads=2**40), "n_threads must be a positive integer"),
+    (dict(n_batch=None), "n_batch must be a positive integer"),
+    (dict(n_parallel=None), "n_parallel must be a positive integer"),
+    (dict(system=[]), "system must be a system's name"),
+    (dict(io_threads=2**40), "io_threads must be an integer within 32 bits"),
+    (dict(policy_weights=-1), "policy weights must be four numbers"),
+    (dict(low_from=-1), "low_from must be a file's path"),
+])
+def test_load_arguments_of_the_wrong_type_are_invalid_options(mixtral_gguf, kwargs, fragment):
+    # found by calling each with values of other types: TypeErrors (two naming a native signature)
+    with pytest.raises(InvalidOptionError, match=fragment):
+        Engine(mixtral_gguf, **kwargs)
+
+
+def test_a_model_that_is_no_path_is_a_model_load_error():
+    with pytest.raises(ModelLoadError, match="the model must be a file's path, got None"):
+        Engine(None)
+
+
 def test_generate_stream_pieces_join_to_the_full_text(eng):
     full = eng.generate("hello", max_tokens=12, temperature=0)
     pieces = list(eng.generate("hello", max_tokens=12, temperature=0, stream=True))
