@@ -274,8 +274,7 @@ class Engine:
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of text; add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
-        text = utf8(text) if isinstance(text, str) else text
-        return self._live_model().tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
+        return self._live_model().tokenize(utf8(text).decode("utf-8", errors="replace"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
@@ -283,7 +282,7 @@ class Engine:
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
-        return self._live_model().token_to_piece(token, special)
+        return self._live_model().token_to_piece(as_token_ids([token], "a token")[0], special)
 
     # -- evaluation --------------------------------------------------------------------------
     def logits(self, token_ids: list[int], *, one_token_per_step: bool = False) -> np.ndarray:
@@ -507,6 +506,7 @@ class Engine:
                     template_kwargs: dict | None = None) -> str:
         """The prompt text for messages (and OpenAI's tools, for the template), using the model's chat
         template (template_kwargs: more of its variables)."""
+        completions.check_messages(messages)
         bos, eos = (self.token_piece(t, special=True).decode("utf-8", "replace") if t is not None else ""
                     for t in (self.token_bos(), self.token_eos()))
         return render_chat(

@@ -271,7 +271,8 @@ def as_token_ids(value, name: str = "tokens") -> list[int]:
     outside the vocabulary is the native side's to refuse, naming the vocabulary's size)."""
     ids = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
     if ids is None or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
-        raise InvalidOptionError(f"{name} must be text or a list of token ids, got {value!r}"[:200])
+        raise InvalidOptionError(f"{name} must be {'text or ' if name == 'prompt' else ''}token ids (integers), got "
+                                 f"{value!r}"[:200])
     if any(not -2**31 <= t < 2**31 for t in ids):
         raise InvalidOptionError(f"{name}: a token id is beyond 32 bits: {max(ids, key=abs)}")
     return [int(t) for t in ids]

@@ -263,7 +263,7 @@ class Llama:
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of UTF-8 text; add_bos adds the model's BOS where it uses one, special parses
         special-token text such as <|im_start|>."""
-        text = utf8(text) if isinstance(text, str) else text
+        text = utf8(text)
         try:
             text.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -433,6 +433,8 @@ class Llama:
 
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
         self._seed = seed
 
     def _take_seed(self, seed: int | None) -> None:
@@ -458,6 +460,8 @@ class Llama:
         if not self.embedding:
             raise InvalidOptionError("embed needs Llama(..., embedding=True), as in llama-cpp-python")
         data, n_tokens = [], 0
+        if not (isinstance(input, str) or isinstance(input, (list, tuple)) and all(isinstance(t, str) for t in input)):
+            raise InvalidOptionError(f"input must be a text or a list of texts, got {input!r}"[:200])
         for text in [input] if isinstance(input, str) else input:
             tokens = self.tokenize(utf8(text))
             tokens = tokens[:self.n_batch] if truncate else tokens

@@ -10,9 +10,13 @@ import codecs
 from pyedgemoe.errors import InvalidOptionError
 
 
-def utf8(text: str) -> bytes:
-    """text as UTF-8; InvalidOptionError where it cannot be (a lone surrogate, which JSON's and
-    Python's escapes can write)."""
+def utf8(text: str | bytes) -> bytes:
+    """text as UTF-8 (bytes: as they are); InvalidOptionError where it cannot be (a lone surrogate,
+    which JSON's and Python's escapes can write, or no text at all)."""
+    if isinstance(text, bytes):
+        return text
+    if not isinstance(text, str):
+        raise InvalidOptionError(f"text must be a string (or UTF-8 bytes), got {text!r}"[:200])
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:

@@ -65,6 +65,16 @@ def test_load_arguments_of_the_wrong_type_are_invalid_options(mixtral_gguf, kwar
         Engine(mixtral_gguf, **kwargs)
 
 
+@pytest.mark.parametrize("call, fragment", [
+    (lambda eng: eng.tokenize(None), "text must be a string"),
+    (lambda eng: eng.token_piece(None), r"a token must be token ids \(integers\), got \[None\]"),
+    (lambda eng: eng.format_chat(None), "messages must be a list of messages"),
+])
+def test_methods_given_the_wrong_type_are_invalid_options(eng, call, fragment):
+    with pytest.raises(InvalidOptionError, match=fragment):
+        call(eng)
+
+
 def test_a_model_that_is_no_path_is_a_model_load_error():
     with pytest.raises(ModelLoadError, match="the model must be a file's path, got None"):
         Engine(None)

@@ -210,10 +210,12 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
     (lambda llm: llm("hi", max_tokens=2, stop=1), "stop must be a string or a list of strings"),
     (lambda llm: llm("hi", max_tokens=2, stop=[1]), "stop must be a string or a list of strings"),
     (lambda llm: llm("hi", max_tokens=2, seed="x"), "seed must be an integer"),
-    (lambda llm: llm(None, max_tokens=2), "prompt must be text or a list of token ids"),
-    (lambda llm: llm(["a"], max_tokens=2), "prompt must be text or a list of token ids"),
+    (lambda llm: llm(None, max_tokens=2), r"prompt must be text or token ids \(integers\)"),
+    (lambda llm: llm(["a"], max_tokens=2), r"prompt must be text or token ids \(integers\)"),
     (lambda llm: llm([2**40], max_tokens=2), "a token id is beyond 32 bits"),
     (lambda llm: llm.create_chat_completion(None, max_tokens=2), "messages must be a list of messages"),
+    (lambda llm: llm.tokenize(None), "text must be a string"),
+    (lambda llm: llm.set_seed((1, 2)), "seed must be an integer"),  # it stayed, and broke the next call
 ])
 def test_arguments_of_the_wrong_type_are_invalid_options_and_the_llama_goes_on(llm, call, fragment):
     # found by calling every argument with values of other types: TypeErrors from deep inside, one
