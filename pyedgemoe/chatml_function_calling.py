@@ -16,16 +16,16 @@ first step. Unlike there, a seed given is the first step's (there: ignored) and 
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, json_grammar
 from pyedgemoe.completions import stop_list
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.structured_output import JSON_GRAMMAR, schema_grammar
-from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools
+from pyedgemoe.structured_output import JSON_GRAMMAR
+from pyedgemoe.tool_calls import check_tool_choice, check_tools
 
 NAME = "chatml-function-calling"
 END = "<|im_end|>"
@@ -108,8 +108,8 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
 
     if tool_choice in (None, "none") or not tools:
         if response_format is not None and response_format.get("type") == "json_object":
-            grammar = _json_grammar(response_format["schema"]) if "schema" in response_format else JSON_GRAMMAR
-        return _chat(complete(_prompt(messages, []), stream=stream, stop=stop, max_tokens=max_tokens,
+            grammar = json_grammar(response_format["schema"]) if "schema" in response_format else JSON_GRAMMAR
+        return as_chat(complete(_prompt(messages, []), stream=stream, stop=stop, max_tokens=max_tokens,
                               grammar=grammar, logprobs=top_logprobs if logprobs else None), stream)
 
     prompt = _prompt(messages, tools)
@@ -119,8 +119,8 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
         if tool is None:
             raise InvalidOptionError(f"Tool with name '{name}' not found in tools")
         called = complete(prompt + f"functions.{name}:\n", stream=stream, stop=stop, max_tokens=max_tokens,
-                          grammar=_arguments_grammar(tool))
-        return _call_stream(name, called) if stream else _call(name, called)
+                          grammar=arguments_grammar(tool))
+        return as_call(name, called, stream)
 
     names = " | ".join(f'"functions.{tool["function"]["name"]}:"' for tool in tools)
     follow_up = f'root   ::= functions | "{END}"\nfunctions ::= {names}\n'
@@ -128,7 +128,7 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
                      grammar=f'root   ::= functions | "message:"\nfunctions ::= {names}\n')
     text = first["choices"][0]["text"]
     if "message" in text:
-        return _chat(complete(prompt + "message:\n", stream=stream, stop=[END], max_tokens=None, grammar=follow_up,
+        return as_chat(complete(prompt + "message:\n", stream=stream, stop=[END], max_tokens=None, grammar=follow_up,
                               logprobs=top_logprobs if logprobs else None), stream)
     if stream:
         raise InvalidOptionError(f"chat_format {NAME!r}: a call chosen by tool_choice \"auto\" is not streamed "
@@ -138,7 +138,7 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
     tool = _tool(tools, name)
     while tool is not None:
         prompt += f"functions.{name}:\n"
-        called = complete(prompt, stream=False, stop=stop, max_tokens=None, grammar=_arguments_grammar(tool))
+        called = complete(prompt, stream=False, stop=stop, max_tokens=None, grammar=arguments_grammar(tool))
         calls.append((name, called))
         prompt += called["choices"][0]["text"] + "\n"
         # the next step's text ends in ":" (stop is not ":" there), which no tool's name does: one call
@@ -168,77 +168,3 @@ def _prompt(messages: list[dict], tools: list[dict]) -> str:
 
 def _tool(tools: list[dict], name: str) -> dict | None:
     return next((tool for tool in tools if tool["function"]["name"] == name), None)
-
-
-def _json_grammar(schema) -> str:
-    """The grammar of a schema, any JSON where llama.cpp's converter cannot convert it (as there)."""
-    try:
-        return schema_grammar(json.dumps(schema))
-    except (InvalidOptionError, TypeError):
-        return JSON_GRAMMAR
-
-
-def _arguments_grammar(tool: dict) -> str:
-    return _json_grammar(tool["function"].get("parameters"))
-
-
-def _chat_logprobs(logprobs: dict | None) -> dict | None:
-    """A completion's logprobs in the chat's shape, as there (the tokens' bytes not given)."""
-    if logprobs is None:
-        return None
-    return {"content": [{"token": token, "bytes": None, "logprob": logprob,
-                         "top_logprobs": [{"token": t, "logprob": p, "bytes": None} for t, p in top.items()]}
-                        for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"],
-                                                       logprobs["top_logprobs"])],
-            "refusal": None}
-
-
-def _chat(completion, stream: bool):
-    """A text completion (or its chunks) as the assistant's message."""
-    if stream:
-        return _chat_chunks(completion)
-    choice = completion["choices"][0]
-    return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
-            "model": completion["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": choice["text"]},
-                         "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": choice["finish_reason"]}],
-            "usage": completion["usage"]}
-
-
-def _chunk(chunk: dict, delta: dict, finish_reason, logprobs) -> dict:
-    return {"id": "chat" + chunk["id"], "model": chunk["model"], "created": chunk["created"],
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
-
-
-def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
-    for i, chunk in enumerate(chunks):
-        choice = chunk["choices"][0]
-        if i == 0:
-            yield _chunk(chunk, {"role": "assistant"}, None, None)
-        yield _chunk(chunk, {"content": choice["text"]} if choice["finish_reason"] is None else {},
-                     choice["finish_reason"], _chat_logprobs(choice["logprobs"]))
-
-
-def _call(name: str, completion: dict) -> dict:
-    choice = completion["choices"][0]
-    return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
-            "model": completion["model"],
-            "choices": [{"index": 0, "message": call_message(name, choice["text"], f"call__0_{name}_{completion['id']}"),
-                         "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": "tool_calls"}],
-            "usage": completion["usage"]}
-
-
-def _call_stream(name: str, chunks: Iterator[dict]) -> Iterator[dict]:
-    """Every chunk's text as a piece of the call's arguments (the last, empty one too), after an
-    empty delta, then the finish reason: llama-cpp-python's stream of a named function's call."""
-    last = None
-    for chunk in chunks:
-        if last is None:
-            yield _chunk(chunk, {**EMPTY_DELTA, "role": "assistant"}, None, None)
-        last = chunk
-        call_id = f"call__0_{name}_{chunk['id']}"
-        yield _chunk(chunk, call_delta(name, chunk["choices"][0]["text"], call_id), None,
-                     _chat_logprobs(chunk["choices"][0]["logprobs"]))
-    if last is not None:
-        yield _chunk(last, EMPTY_DELTA, "tool_calls", None)

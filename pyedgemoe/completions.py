@@ -24,6 +24,9 @@ from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_to
 from pyedgemoe.chat_formats import ChatTurn, parses
 
 
+CHARACTER_TAIL = 16  # tokens a cut character may take past max_tokens (a UTF-8 one has 4 bytes at most)
+
+
 def stop_list(stop: str | list[str] | None) -> list[str]:
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
@@ -43,7 +46,9 @@ def check_n_probs(name: str, n: int | None) -> None:
 
 class TextRun:
     """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it;
-    n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs)."""
+    n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs). A
+    character cut by max_tokens is finished first, as llama-cpp-python's completions do (their
+    count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
@@ -51,8 +56,9 @@ class TextRun:
         self._engine = engine
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
-        self.generation, self._tokens = engine._generation(prompt_tokens, max_tokens, sampling, ignore_eos,
-                                                           n_probs=n_probs)
+        self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
+        allowed = max_tokens + CHARACTER_TAIL if max_tokens else max_tokens
+        self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs)
         self._text = TextStream(stop)
         self.n_tokens = 0
         self.finish_reason = "length"
@@ -60,20 +66,39 @@ class TextRun:
     def pieces(self) -> Iterator[str]:
         for token in self._tokens:
             self.n_tokens += 1
-            piece = self._text.push(self._engine.token_piece(token, special=token in self._special))
+            raw = self._engine.token_piece(token, special=token in self._special)
+            self._bytes, self._missing = self._bytes[-3:] + raw, _bytes_missing(self._bytes[-3:] + raw, self._missing)
+            piece = self._text.push(raw)
             if piece:
                 yield piece
             if self._text.stopped:
                 self._tokens.close()
                 self.finish_reason = "stop"
                 return
-        self.finish_reason = self.generation.timings.finish_reason
+            if self._missing > 0:
+                self._missing -= 1
+            elif self._max_tokens is not None and self.n_tokens >= self._max_tokens:
+                self._tokens.close()
+                break
+        else:
+            self.finish_reason = self.generation.timings.finish_reason
         tail = self._text.flush()
         if tail:
             yield tail
 
     def usage(self) -> dict:
         return usage(len(self.prompt_tokens), self.n_tokens)
+
+
+def _bytes_missing(text: bytes, missing: int) -> int:
+    """llama-cpp-python's count of the bytes a character at the end of a completion's text still
+    lacks, as its _create_completion checks it after each token (its last three bytes, read
+    from the first; a completion of fewer bytes read as if they were the last three)."""
+    for k, byte in enumerate(text[-3:]):
+        for num, pattern in ((2, 192), (3, 224), (4, 240)):
+            if num > 3 - k and pattern & byte == pattern:
+                missing = num - (3 - k)
+    return missing
 
 
 def _text(piece: bytes) -> str:

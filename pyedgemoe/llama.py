@@ -16,6 +16,7 @@ for is refused with InvalidOptionError when given a value other than its default
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 import os
 import random
@@ -25,14 +26,12 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gguf
-import jinja2
 import numpy as np
 
-from pyedgemoe.chat_template import render_chat
-from pyedgemoe import chatml_function_calling, completions
+from pyedgemoe import chatml_function_calling, completions, named_chat_formats
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
@@ -59,10 +58,6 @@ UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"suffix": None, "tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
 UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"functions": None, "function_call": None, "tfs_z": 1.0}
-# what chat_format="chatml-function-calling" hands each of its completions, as llama-cpp-python's
-_FUNCTION_CALLING_SAMPLING = (
-    "temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
-    "tfs_z", "mirostat_mode", "mirostat_tau", "mirostat_eta", "model", "logits_processor", "logit_bias")
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 # how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
@@ -72,10 +67,6 @@ HUB_CONNECT_SECONDS = 3.0
 # what Llama passes on to the Engine: its keywords and the expert options
 _ENGINE_KEYWORDS = (set(inspect.signature(Engine.__init__).parameters) - {"self", "model_path", "options"}) \
     | set(OPTION_NAMES)
-
-# a conversation with every role, to tell whether the model's template renders as ChatML does
-_PROBE_CHAT = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-               {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}]
 
 
 def refuse_unsupported(where: str, defaults: dict[str, object], given: dict[str, object]) -> None:
@@ -177,29 +168,27 @@ class Llama:
         self._scores: np.ndarray | None = None
         self._scored: list[int] = []
         try:
-            self.chat_format = self._check_chat_format(chat_format)
+            self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
         except InvalidOptionError:
             self.close()
             raise
 
-    def _check_chat_format(self, chat_format: str | None) -> str:
-        """The chat format the Engine's formatting amounts to; a different one asked for is refused."""
+    def _check_chat_format(self, chat_format: str | None) -> tuple[str, Callable | None]:
+        """The chat format, and the handler of one llama-cpp-python's formats (None: the Engine's
+        formatting, the model's template or ChatML); a format neither is refused."""
+        if chat_format == chatml_function_calling.NAME:
+            return chat_format, chatml_function_calling.create_chat_completion
+        if chat_format in named_chat_formats.FORMATTERS:
+            return chat_format, functools.partial(named_chat_formats.create_chat_completion, chat_format=chat_format)
         has_template = "tokenizer.chat_template" in self.engine.metadata
-        try:
-            renders_chatml = self.engine.format_chat(_PROBE_CHAT) == render_chat(
-                None, _PROBE_CHAT, bos_token="", eos_token="")
-        except jinja2.TemplateError:  # a template that refuses the probe (no system role, ...) is not ChatML
-            renders_chatml = False
-        accepted = (["chat_template.default"] if has_template else []) + (["chatml"] if renders_chatml else []) \
-            + [chatml_function_calling.NAME]
-        if chat_format is None:
-            return accepted[0]
-        if chat_format not in accepted:
-            raise InvalidOptionError(
-                f"chat_format {chat_format!r} is not supported: pyedgemoe formats chats with the model's own "
-                f"template (its tokenizer.chat_template, else ChatML); give chat_format=None or "
-                + " or ".join(repr(a) for a in accepted))
-        return chat_format
+        if chat_format is None:  # as the Engine formats chats: the model's template, else ChatML
+            return ("chat_template.default" if has_template else "chatml"), None
+        if chat_format == "chat_template.default" and has_template:
+            return chat_format, None
+        raise InvalidOptionError(
+            f"chat_format {chat_format!r} is not supported: give chat_format=None (the model's own template, else "
+            f"ChatML){', chat_template.default' if has_template else ''}, one of llama-cpp-python's "
+            f"{', '.join(named_chat_formats.FORMATTERS)} or {chatml_function_calling.NAME}")
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, additional_files: list[str] | None = None,
@@ -548,14 +537,11 @@ class Llama:
         dict (or, stream=True, its chunks: the role, the content pieces, the finish reason).
         response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
-        tool_choice as llama-cpp-python takes them with a model's template (pyedgemoe.tool_calls)."""
-        if self.chat_format == chatml_function_calling.NAME:
-            sampling = {name: value for name, value in locals().items() if name in _FUNCTION_CALLING_SAMPLING}
-            return chatml_function_calling.create_chat_completion(
-                self, messages, functions=functions, function_call=function_call, tools=tools,
-                tool_choice=tool_choice, stream=stream, stop=stop, response_format=response_format,
-                max_tokens=max_tokens, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar, seed=seed,
-                **sampling)
+        tool_choice as llama-cpp-python takes them with a model's template (pyedgemoe.tool_calls); with
+        one of llama-cpp-python's chat formats, its handler's answer."""
+        if self._chat_handler is not None:
+            arguments = {name: value for name, value in locals().items() if name not in ("self", "messages")}
+            return self._chat_handler(self, messages, **arguments)
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tfs_z=tfs_z))
         if self.cache is not None:

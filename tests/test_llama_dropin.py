@@ -260,13 +260,15 @@ def test_n_gpu_layers_on_a_cpu_only_build_runs_on_the_cpu_as_llama_cpp_python_do
 
 def test_chat_format_is_the_models_template_or_chatml(llm, tiny_model):
     assert llm.chat_format == "chatml"  # the demo model has no template: the Engine uses ChatML
-    with pytest.raises(InvalidOptionError, match="chat_format 'llama-2' is not supported"):
-        Llama(model_path=str(DEMO), chat_format="llama-2", verbose=False)
+    with pytest.raises(InvalidOptionError, match="chat_format 'chat_template.default' is not supported"):
+        Llama(model_path=str(DEMO), chat_format="chat_template.default", verbose=False)
+    with pytest.raises(InvalidOptionError, match="chat_format 'llama2' is not supported: .* llama-2, llama-3"):
+        Llama(model_path=str(DEMO), chat_format="llama2", verbose=False)
     mixtral = str(tiny_model("mixtral")[0])  # its template renders ChatML
     with Llama(model_path=mixtral, n_ctx=64, verbose=False) as templated:
         assert templated.chat_format == "chat_template.default"
-    with Llama(model_path=mixtral, n_ctx=64, chat_format="chatml", verbose=False) as templated:
-        assert templated.chat_format == "chatml"
+    with Llama(model_path=mixtral, n_ctx=64, chat_format="chatml", verbose=False) as named:
+        assert named.chat_format == "chatml"  # llama-cpp-python's formatter (tests/test_named_chat_formats.py)
 
 
 def test_signatures_are_llama_cpp_pythons():
@@ -659,11 +661,19 @@ def test_tokenizer_is_llama_cpp_pythons(stock):
     assert ours.tokenizer().decode(tokens) == theirs.tokenizer().decode(tokens) == SOURCE
 
 
-def test_a_character_cut_by_max_tokens_is_dropped_as_in_llama_cpp_pythons_test_utf8(llm):
-    # the grammar makes the model spell 😀 in its four byte tokens
-    prompt = llm.tokenize(b"x = ")
-    assert llm(prompt, max_tokens=1, temperature=0, grammar='root ::= "😀"')["choices"][0]["text"] == ""
-    assert llm(prompt, max_tokens=4, temperature=0, grammar='root ::= "😀"')["choices"][0]["text"] == "😀"
+def test_a_character_cut_by_max_tokens_is_finished_as_llama_cpp_python_finishes_it(both):
+    # the grammar makes the model spell 😀 in its four byte tokens: llama-cpp-python's completions
+    # take tokens past max_tokens while the text ends in a character's first bytes (its count of the
+    # bytes it lacks); its test_utf8, on a mocked model, expects "" for max_tokens=1
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs, ours = both()
+    prompt = ours.tokenize(b"x = ")
+    for n in (1, 2, 4):
+        out = ours(prompt, max_tokens=n, temperature=0, grammar='root ::= "😀"')
+        expected = theirs(prompt, max_tokens=n, temperature=0, grammar=llama_cpp.LlamaGrammar.from_string(
+            'root ::= "😀"', verbose=False))
+        assert out["choices"][0]["text"] == expected["choices"][0]["text"] == "😀"
+        assert out["usage"] == expected["usage"] and out["usage"]["completion_tokens"] == 4
 
 
 def test_readme_embeddings_are_stock_llama_cpp_pythons(both):
