@@ -21,11 +21,9 @@ from typing import Iterator
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, json_grammar
+from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar, tools_of
 from pyedgemoe.completions import stop_list
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.structured_output import JSON_GRAMMAR
-from pyedgemoe.tool_calls import check_tool_choice, check_tools
 
 NAME = "chatml-function-calling"
 END = "<|im_end|>"
@@ -88,15 +86,7 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
                            **sampling) -> dict | Iterator[dict]:
     """The handler's answer; `sampling` goes to every create_completion (temperature, top_p, ...,
     model, logits_processor, logit_bias)."""
-    if functions is not None:
-        tools = [{"type": "function", "function": function} for function in functions]
-    if function_call is not None:
-        if function_call in ("none", "auto"):
-            tool_choice = function_call
-        if isinstance(function_call, dict) and "name" in function_call:
-            tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
-    check_tools(tools)
-    check_tool_choice(tool_choice)
+    tools, tool_choice = tools_of(functions, function_call, tools, tool_choice)
     if tool_choice == "required":
         raise InvalidOptionError(f'tool_choice "required": chat_format {NAME!r} takes "none", "auto" or a function '
                                  'named')
@@ -107,10 +97,8 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
         return llama.create_completion(prompt=prompt, **{**sampling, "seed": next(seeds, None), **overrides})
 
     if tool_choice in (None, "none") or not tools:
-        if response_format is not None and response_format.get("type") == "json_object":
-            grammar = json_grammar(response_format["schema"]) if "schema" in response_format else JSON_GRAMMAR
         return as_chat(complete(_prompt(messages, []), stream=stream, stop=stop, max_tokens=max_tokens,
-                              grammar=grammar, logprobs=top_logprobs if logprobs else None), stream)
+                              grammar=response_grammar(response_format, grammar), logprobs=top_logprobs if logprobs else None), stream)
 
     prompt = _prompt(messages, tools)
     if isinstance(tool_choice, dict):

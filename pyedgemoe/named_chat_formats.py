@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, json_grammar
+from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar, tools_of
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.structured_output import JSON_GRAMMAR
-from pyedgemoe.tool_calls import check_tool_choice, check_tools
 
 
 @dataclass(frozen=True)
@@ -259,16 +257,8 @@ def create_chat_completion(llama, messages: list[dict], *, chat_format: str, fun
     tokens = llama.tokenize(result.prompt.encode("utf-8"), add_bos=True, special=True)
     if result.stop is not None:
         stop = ([] if stop is None else [stop] if isinstance(stop, str) else stop) + [result.stop]
-    if response_format is not None and response_format.get("type") == "json_object":
-        grammar = json_grammar(response_format["schema"]) if "schema" in response_format else JSON_GRAMMAR
-    if functions is not None:
-        tools = [{"type": "function", "function": function} for function in functions]
-    if function_call in ("none", "auto"):
-        tool_choice = function_call
-    elif isinstance(function_call, dict) and "name" in function_call:
-        tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
-    check_tools(tools)
-    check_tool_choice(tool_choice)
+    grammar = response_grammar(response_format, grammar)
+    tools, tool_choice = tools_of(functions, function_call, tools, tool_choice)
     tool = None
     if isinstance(tool_choice, dict) and tools is not None:
         name = tool_choice["function"]["name"]

@@ -64,3 +64,17 @@ def shim(tmp_path_factory) -> Path:
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(REPO / "tests" / "faults" / "eio_shim.c"),
                     "-ldl"], check=True)
     return out
+
+
+def recording_completions(llm):
+    """llm (ours or llama-cpp-python's Llama), its create_completion calls recorded in llm.calls (a
+    grammar as its GBNF text, stripped): what a chat handler made of a chat."""
+    llm.calls = []
+    create_completion = llm.create_completion
+
+    def recorded(**kwargs):
+        grammar = kwargs.get("grammar")
+        llm.calls.append({**kwargs, "grammar": grammar and getattr(grammar, "_grammar", grammar).strip()})
+        return create_completion(**kwargs)
+    llm.create_completion = recorded
+    return llm

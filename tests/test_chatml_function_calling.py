@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from conftest import recording_completions
 from pyedgemoe import InvalidOptionError, Llama
 from pyedgemoe.chatml_function_calling import TEMPLATE
 
@@ -35,7 +36,7 @@ def pair(tiny_model):
         if arch not in made:
             path = str(tiny_model(arch)[0])
             kwargs = dict(n_ctx=2048, n_threads=2, verbose=False, chat_format=FORMAT)
-            made[arch] = tuple(_recording(llm) for llm in (llama_cpp.Llama(model_path=path, **kwargs),
+            made[arch] = tuple(recording_completions(llm) for llm in (llama_cpp.Llama(model_path=path, **kwargs),
                                                            Llama(model_path=path, **kwargs)))
         for llm in made[arch]:
             llm.calls.clear()
@@ -44,19 +45,6 @@ def pair(tiny_model):
     for theirs, ours in made.values():
         theirs.close()
         ours.close()
-
-
-def _recording(llm):
-    """llm, its create_completion calls recorded in llm.calls (the grammar as its GBNF text, stripped)."""
-    llm.calls = []
-    create_completion = llm.create_completion
-
-    def recorded(**kwargs):
-        grammar = kwargs.get("grammar")
-        llm.calls.append({**kwargs, "grammar": grammar and getattr(grammar, "_grammar", grammar).strip()})
-        return create_completion(**kwargs)
-    llm.create_completion = recorded
-    return llm
 
 
 def _same_calls(theirs, ours, *, schema_step: int | None = None) -> None:

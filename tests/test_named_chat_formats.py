@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from conftest import recording_completions
 from pyedgemoe import InvalidOptionError, Llama
 from pyedgemoe.named_chat_formats import FORMATTERS, Formatted, formatted
 
@@ -74,23 +75,11 @@ def _given(call: dict) -> dict:
     return {k: v for k, v in call.items() if v is not None and v != []}
 
 
-def _recorded(llm):
-    """llm with its create_completion calls recorded in llm.calls (the grammar as its GBNF text)."""
-    llm.calls, create_completion = [], llm.create_completion
-
-    def recorded(**kwargs):
-        grammar = kwargs.get("grammar")
-        llm.calls.append({**kwargs, "grammar": grammar and getattr(grammar, "_grammar", grammar).strip()})
-        return create_completion(**kwargs)
-    llm.create_completion = recorded
-    return llm
-
-
 @pytest.mark.parametrize("chat_format", ["llama-2", "mistral-instruct", "zephyr", "chatml", "gemma", "vicuna"])
 def test_a_chat_in_a_named_format_is_stock_llama_cpp_pythons(pair, chat_format):
     for kwargs in (dict(max_tokens=8), dict(max_tokens=8, temperature=0.9, seed=7, stop=["\n"]),
                    dict(max_tokens=8, logprobs=True, top_logprobs=2, temperature=0)):
-        theirs, ours = (_recorded(llm) for llm in pair(chat_format, logits_all="logprobs" in kwargs))
+        theirs, ours = (recording_completions(llm) for llm in pair(chat_format, logits_all="logprobs" in kwargs))
         out = ours.create_chat_completion(CONVERSATIONS[2], **kwargs)
         expected = theirs.create_chat_completion(CONVERSATIONS[2], **kwargs)
         # the same completion: prompt tokens, stops, sampling, seed (there, stop [] and stopping_criteria None)
