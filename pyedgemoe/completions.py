@@ -67,7 +67,8 @@ class TextRun:
         for token in self._tokens:
             self.n_tokens += 1
             raw = self._engine.token_piece(token, special=token in self._special)
-            self._bytes, self._missing = self._bytes[-3:] + raw, _bytes_missing(self._bytes[-3:] + raw, self._missing)
+            self._bytes = self._bytes[-3:] + raw  # the text's last bytes: what _bytes_missing reads
+            self._missing = _bytes_missing(self._bytes, self._missing)
             piece = self._text.push(raw)
             if piece:
                 yield piece

@@ -111,8 +111,9 @@ class Llama:
     kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
-    chat_format (None, "chat_template.default" where the model has a template, "chatml" where its
-    template renders as ChatML, "chatml-function-calling": pyedgemoe.chatml_function_calling). Any other keyword is pyedgemoe's own
+    chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
+    llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
+    pyedgemoe.chatml_function_calling). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
@@ -422,16 +423,12 @@ class Llama:
 
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
-        self._seed = seed
+        self._seed = _checked_seed(seed)
 
     def _take_seed(self, seed: int | None) -> None:
         """A generation's seed, as llama-cpp-python picks it: the one given, else the next of the
         sequence the last one starts; it becomes the Engine's seed of the generation and the last one."""
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
-        self._seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
+        self._seed = _checked_seed(seed) if seed is not None else random.Random(self._seed).randint(0, 2**32)
         self.engine.seed = self._seed & 0xFFFFFFFF  # as the uint32 llama.cpp's sampler takes
 
     def n_embd(self) -> int:
@@ -452,7 +449,7 @@ class Llama:
         if not (isinstance(input, str) or isinstance(input, (list, tuple)) and all(isinstance(t, str) for t in input)):
             raise InvalidOptionError(f"input must be a text or a list of texts, got {input!r}"[:200])
         for text in [input] if isinstance(input, str) else input:
-            tokens = self.tokenize(utf8(text))
+            tokens = self.tokenize(text)
             tokens = tokens[:self.n_batch] if truncate else tokens
             data.append(self.engine.embed(tokens, normalize=normalize, truncate=truncate).tolist())
             n_tokens += len(tokens)
@@ -651,6 +648,12 @@ def _refusing_sent(tokens: Iterator[int]) -> Iterator[int]:
         if (yield token) is not None:
             raise InvalidOptionError("generate: tokens sent into the generator are not supported: break, eval() "
                                      "them and generate(..., reset=False) again")
+
+
+def _checked_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
+    return seed
 
 
 def _max_tokens(max_tokens: int | None) -> int | None:
