@@ -2,8 +2,8 @@
 
 Every option is declared once: the expert cache's in native/src/expert-options.h (type, name,
 default, help), bound as `_native.ExpertOptions`, whose names, defaults, choices and help come from
-there; those of where the model runs that the native layer does not take (device, host_cache,
-repack, n_gpu_layers) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
+there; those of where and how the model is loaded that the native layer does not take (device,
+host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
 (mode's depends on the build: default_mode). The CLI's flags, Engine's keywords and Llama's are
 made from them. This module adds what only the model and its calibration know, for options a
 caller leaves unset:
