@@ -110,7 +110,7 @@ class Llama:
     the weights read into memory), use_mlock (the weights and the expert cache locked in memory),
     kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
-    eval() evaluates, in scores and eval_logits, as there; logprobs need no logits_all here) and
+    evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
     pyedgemoe.chatml_function_calling). Any other keyword is pyedgemoe's own
@@ -164,7 +164,7 @@ class Llama:
         self.cache = None  # set_cache's
         self.n_batch = self.engine.plan.n_batch
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
-        # _scored (NaN: not computed by eval)
+        # _scored (NaN: not computed)
         self._logits_all = logits_all
         self._scores: np.ndarray | None = None
         self._scored: list[int] = []
@@ -301,8 +301,8 @@ class Llama:
     @property
     def scores(self) -> np.ndarray:
         """With logits_all: float32 [n_ctx, n_vocab], row i the logits after the context's first
-        i + 1 tokens, where eval() computed them, NaN where it did not (a generation's tokens); the
-        rows from n_tokens on hold nothing to read, as in llama-cpp-python."""
+        i + 1 tokens, where eval() or a generation computed them (NaN where they were computed for
+        tokens since replaced); the rows from n_tokens on hold nothing to read, as in llama-cpp-python."""
         if not self._logits_all:
             raise InvalidOptionError("scores holds the logits of eval()'s tokens with Llama(..., logits_all=True) alone")
         self._held_scores()
@@ -360,9 +360,27 @@ class Llama:
         holds; else after the longest prefix of them it holds), then yields a sampled token after
         another, end-of-generation ones too, until the caller stops or the context is full. The
         seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
-        sampling = SamplingParams.of(self._token_sampling("generate", locals()))
         prompt = ([] if reset else self.engine.tokens) + as_token_ids(tokens)
+        sampling = SamplingParams.of(self._scoring(prompt, self._token_sampling("generate", locals())))
         return _refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True))
+
+    def _scoring(self, prompt: list[int], sampling: dict) -> dict:
+        """sampling, filling scores as llama-cpp-python's generations do with logits_all: the prompt's
+        rows evaluated first (past what the context holds of it), each pick's row recorded by a
+        logits processor ahead of the caller's (the logits as the model gave them)."""
+        if not self._logits_all:
+            return sampling
+        if longest_token_prefix(self.engine.tokens, prompt) < self.n_tokens:
+            self.reset()
+        self.eval(prompt[self.n_tokens:])
+
+        def record(input_ids, logits):
+            self._scores[len(input_ids) - 1] = logits
+            self._scored = [int(t) for t in input_ids]
+            return logits
+        given = sampling.get("logits_processor")
+        given = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
+        return {**sampling, "logits_processor": [record, *given]}
 
     def _token_sampling(self, where: str, arguments: dict) -> dict:
         """The sampling settings of generate's or sample's arguments (llama-cpp-python's temp is
@@ -396,7 +414,7 @@ class Llama:
         self.cache = cache
 
     def _from_cache(self, prompt: list[int]) -> None:
-        if self.cache is None:
+        if self.cache is None or not prompt:
             return
         try:
             state = self.cache[prompt]
@@ -489,7 +507,8 @@ class Llama:
         self._from_cache(tokens)
         self._take_seed(seed)
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
-                                                        logprobs, _sampling(locals()), prompt_length=len(prompt)))
+                                                        logprobs, self._scoring(tokens, _sampling(locals())),
+                                                        prompt_length=len(prompt)))
         if not stream:
             if echo:
                 choice = out["choices"][0]
@@ -541,13 +560,14 @@ class Llama:
             return self._chat_handler(self, messages, **arguments)
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
             functions=functions, function_call=function_call, tfs_z=tfs_z))
-        if self.cache is not None:
-            self._from_cache(chat_prompt_tokens(self.engine, messages, tools, tool_choice))
+        prompt = chat_prompt_tokens(self.engine, messages, tools, tool_choice) \
+            if self.cache is not None or self._logits_all else []
+        self._from_cache(prompt)
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
-            **_sampling(locals())))
+            **self._scoring(prompt, _sampling(locals()))))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 

@@ -341,7 +341,7 @@ def test_eval_reset_n_tokens_and_input_ids_are_llama_cpp_pythons(both):
 
 def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     # llama-cpp-python's scoring idiom: Llama(logits_all=True), eval(), then scores / eval_logits.
-    # Rows eval did not compute (a generation's, or of tokens since replaced) are NaN
+    # Rows not computed (of tokens since replaced) are NaN
     theirs, ours = both(logits_all=True)
     tokens = ours.tokenize(SOURCE.encode("utf-8"))
     for llm in (theirs, ours):
@@ -358,8 +358,8 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     np.testing.assert_array_equal(ours.scores[:4], kept)
     assert not np.allclose(ours.scores[4], theirs.scores[4]) and np.isnan(ours.scores[6:n]).all()
     generation = ours.generate(ours.engine.tokens, temp=0)
-    next(generation), next(generation)  # the first pick evaluated by the generation: its logits are not eval's
-    assert ours.n_tokens == 7 and np.isnan(ours.scores[6]).all()
+    next(generation), next(generation)  # a generation's rows too: the last token's, evaluated again
+    assert not np.isnan(ours.scores[6]).any()
     np.testing.assert_array_equal(ours.scores[:4], kept)
     generation.close()
     saved, rows = ours.save_state(), ours.scores[:7].copy()
@@ -369,6 +369,21 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     np.testing.assert_array_equal(ours.scores[:7], rows)
     with pytest.raises(InvalidOptionError, match="logits_all=True"):
         both()[1].scores
+
+
+def test_completions_chats_and_generate_fill_scores_as_stock_llama_cpp_python(both, tiny_model):
+    # there every token a generation evaluates is eval()'s: the prompt's rows, then each pick's
+    theirs, ours = both(path=tiny_model("mixtral")[0], n_ctx=256, logits_all=True)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a planet."}]
+    runs = (lambda llm: llm(llm.tokenize(b"def fib(n):"), max_tokens=8, temperature=0)["choices"][0]["text"],
+            lambda llm: llm(llm.tokenize(b"def fib(n):"), max_tokens=8, temperature=0.8, seed=3)["choices"][0]["text"],
+            lambda llm: llm.create_chat_completion(messages, max_tokens=6, temperature=0)["choices"][0]["message"],
+            lambda llm: [t for t, _ in zip(llm.generate(llm.tokenize(b"hello"), temp=0), range(4))])
+    for run in runs:
+        assert run(ours) == run(theirs)
+        n = theirs.n_tokens
+        assert ours.n_tokens == n and not np.isnan(ours.scores[:n]).any()
+        np.testing.assert_allclose(ours.scores[:n], theirs.scores[:n], rtol=0, atol=1e-4)
 
 
 def test_eval_tokens_and_the_static_helpers_are_stock_llama_cpp_pythons(both):
