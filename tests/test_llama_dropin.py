@@ -358,7 +358,7 @@ def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     np.testing.assert_array_equal(ours.scores[:4], kept)
     assert not np.allclose(ours.scores[4], theirs.scores[4]) and np.isnan(ours.scores[6:n]).all()
     generation = ours.generate(ours.engine.tokens, temp=0)
-    next(generation), next(generation)  # a generation's rows too: the last token's, evaluated again
+    next(generation), next(generation)  # a generation's rows too: the first pick's, evaluated for the second
     assert not np.isnan(ours.scores[6]).any()
     np.testing.assert_array_equal(ours.scores[:4], kept)
     generation.close()
