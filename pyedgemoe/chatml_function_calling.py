@@ -98,7 +98,8 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
 
     if tool_choice in (None, "none") or not tools:
         return as_chat(complete(_prompt(messages, []), stream=stream, stop=stop, max_tokens=max_tokens,
-                              grammar=response_grammar(response_format, grammar), logprobs=top_logprobs if logprobs else None), stream)
+                                grammar=response_grammar(response_format, grammar),
+                                logprobs=top_logprobs if logprobs else None), stream)
 
     prompt = _prompt(messages, tools)
     if isinstance(tool_choice, dict):

@@ -93,7 +93,8 @@ def _call(name: str, completion: dict) -> dict:
     choice = completion["choices"][0]
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
-            "choices": [{"index": 0, "message": call_message(name, choice["text"], f"call__0_{name}_{completion['id']}"),
+            "choices": [{"index": 0,
+                         "message": call_message(name, choice["text"], f"call__0_{name}_{completion['id']}"),
                          "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": "tool_calls"}],
             "usage": completion["usage"]}
 

@@ -129,6 +129,8 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not np.isfinite(getattr(self, name)):
                 raise InvalidOptionError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.penalty_last_n < 0:
+            raise InvalidOptionError(f"penalty_last_n (the penalties' window) must be >= 0, got {self.penalty_last_n}")
         if self.mirostat_mode not in (0, 1, 2):
             raise InvalidOptionError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
         for name in ("mirostat_tau", "mirostat_eta"):

@@ -98,9 +98,9 @@ def applied(metadata: dict, value: str | None) -> dict:
                                      + (f"; did you mean {close[0]}?" if close else ""))
         out[key] = new
     used = f"{arch}.expert_used_count"
-    if used in out and out[used] != metadata.get(used) and not 1 <= out[used] <= out.get(f"{arch}.expert_count", 0):
-        raise InvalidOptionError(f"--override-kv {used}: {out[used]} is not within 1..{out.get(f'{arch}.expert_count', 0)}"
-                                 " (the model's experts)")
+    n_expert = out.get(f"{arch}.expert_count", 0)
+    if used in out and out[used] != metadata.get(used) and not 1 <= out[used] <= n_expert:
+        raise InvalidOptionError(f"--override-kv {used}: {out[used]} is not within 1..{n_expert} (the model's experts)")
     return out
 
 

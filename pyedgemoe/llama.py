@@ -49,7 +49,7 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
-    "no_perf": False, "last_n_tokens_size": 64, "lora_base": None, "lora_scale": 1.0, "lora_path": None,
+    "no_perf": False, "lora_base": None, "lora_scale": 1.0, "lora_path": None,
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
@@ -106,7 +106,8 @@ class Llama:
     (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch),
     n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
-    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), use_mmap (False:
+    where the build has one, mode auto, else the CPU, as llama-cpp-python runs), last_n_tokens_size
+    (the penalties' window over the generated tokens), use_mmap (False:
     the weights read into memory), use_mlock (the weights and the expert cache locked in memory),
     kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
@@ -119,13 +120,14 @@ class Llama:
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, tensor_split: list | None = None,
-                 use_mmap: bool = True, use_mlock: bool = False,
+                 use_mmap: bool = True, use_mlock: bool = False, last_n_tokens_size: int = 64,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
                  seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  flash_attn: bool = False, chat_format: str | None = None, type_k: int | None = None,
                  type_v: int | None = None, verbose: bool = True, **kwargs):
+        SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
         unknown = sorted(set(kwargs) - _ENGINE_KEYWORDS)
@@ -162,6 +164,7 @@ class Llama:
         self.verbose = verbose
         self.embedding = embedding
         self.cache = None  # set_cache's
+        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
         self.n_batch = self.engine.plan.n_batch
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
         # _scored (NaN: not computed)
@@ -389,7 +392,7 @@ class Llama:
         refuse_unsupported(where, UNSUPPORTED_GENERATE_ARGS,
                            {name: arguments[name] for name in UNSUPPORTED_GENERATE_ARGS if name in arguments})
         self.engine.seed = self._seed & 0xFFFFFFFF
-        return _sampling({**arguments, "temperature": arguments["temp"]})
+        return _sampling({**arguments, "temperature": arguments["temp"]}, self.last_n_tokens_size)
 
     def save_state(self) -> "LlamaState":
         """What the context holds and the seed (with logits_all, its rows of scores too), for load_state."""
@@ -506,9 +509,9 @@ class Llama:
             prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
         self._from_cache(tokens)
         self._take_seed(seed)
+        sampling = self._scoring(tokens, _sampling(locals(), self.last_n_tokens_size))
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
-                                                        logprobs, self._scoring(tokens, _sampling(locals())),
-                                                        prompt_length=len(prompt)))
+                                                        logprobs, sampling, prompt_length=len(prompt)))
         if not stream:
             if echo:
                 choice = out["choices"][0]
@@ -567,7 +570,7 @@ class Llama:
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
-            **self._scoring(prompt, _sampling(locals()))))
+            **self._scoring(prompt, _sampling(locals(), self.last_n_tokens_size))))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 
@@ -650,13 +653,14 @@ class LlamaTokenizer:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
 
 
-def _sampling(arguments: dict) -> dict:
+def _sampling(arguments: dict, penalty_last_n: int) -> dict:
     """The sampling settings among a method's arguments (SamplingParams' fields, by the same names,
     but the seed: the Engine's, _take_seed); a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as
-    its GBNF text. As llama-cpp-python's, the penalties count the generated tokens only."""
+    its GBNF text. As llama-cpp-python's, the penalties count the generated tokens only, the last
+    penalty_last_n of them (its last_n_tokens_size)."""
     names = [f.name for f in exposed_fields() if f.name != "seed"] + list(_PYTHON_SAMPLING)
     settings = {name: arguments[name] for name in names if name in arguments}
-    settings["penalize_prompt"] = False
+    settings["penalize_prompt"], settings["penalty_last_n"] = False, penalty_last_n
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings

@@ -526,6 +526,19 @@ def test_penalties_are_stock_llama_cpp_pythons(both):
         assert out[0]["text"] != plain, penalties  # the penalty changed the greedy text
 
 
+def test_the_penalties_window_is_last_n_tokens_size_as_in_llama_cpp_python(both):
+    texts = []
+    for size in (64, 4):
+        theirs, ours = both(last_n_tokens_size=size)
+        tokens = ours.tokenize(b"def fib(n):")
+        out = ours(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"]
+        assert out == theirs(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"]
+        texts.append(out[0]["text"])
+    assert texts[0] != texts[1]  # a window of 4 tokens penalizes less
+    with pytest.raises(InvalidOptionError, match="penalty_last_n .* must be >= 0"):
+        Llama(model_path=str(DEMO), last_n_tokens_size=-1, verbose=False)
+
+
 def test_mirostat_is_stock_llama_cpp_pythons_at_temperature_1(both):
     # llama-cpp-python's chain leaves the temperature out of Mirostat's; llama.cpp's common sampler,
     # and so ours, applies it first: the same picks at temperature 1
