@@ -1,8 +1,8 @@
 """The options of the CLI's commands, declared once elsewhere and made into flags here.
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
-`--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`
-and one flag per option of the schema
+`--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`,
+`-ctk`/`-ctv`, `--rope-scale` and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from pathlib import Path
 from typing import Optional, get_args, get_type_hints
 
@@ -67,6 +68,10 @@ _KV_TYPES = (
                                                  help="KV cache type for V, as llama.cpp's -ctv (a quantized one "
                                                       "needs flash attention); give -ctk the same")),
 )
+# llama.cpp's --rope-scale N: --rope-freq-scale 1/N
+_ROPE_SCALE = ("rope_scale", Optional[float], typer.Option(None, "--rope-scale", help="RoPE context scaling: N times "
+                                                           "the positions the model was trained with, as llama.cpp's "
+                                                           "--rope-scale (--rope-freq-scale 1/N)"))
 # llama.cpp's flags whose work pyedgemoe does otherwise: the way here, or None where taken as given
 _MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or layer: --expert-cache SIZE (with a "
                   "GPU: its memory, --host-cache the RAM behind it, --mode where the misses are computed; docs/gpu.md)")
@@ -103,7 +108,7 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
-    added += [o for o in _KV_TYPES if o[0] not in without]
+    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE]
     added += [(name, annotation, option) for name, annotation, option, _ in _LLAMA_CPP_FLAGS]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
@@ -123,6 +128,14 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
             if fa.lower() not in FLASH_ATTN:
                 raise InvalidOptionError(f"--flash-attn takes on, off or auto, got {fa!r}")
             engine_options["flash_attn"] = FLASH_ATTN[fa.lower()]
+        scale = params.pop(_ROPE_SCALE[0])
+        if scale is not None:
+            if not 0 < scale < math.inf:
+                raise InvalidOptionError(f"--rope-scale must be a positive number, got {scale:g}")
+            if params["rope_freq_scale"] not in (None, 1 / scale):
+                raise InvalidOptionError(f"--rope-scale {scale:g} is --rope-freq-scale {1 / scale:g}, not "
+                                         f"{params['rope_freq_scale']:g}: give one of them")
+            params["rope_freq_scale"] = 1 / scale
         engine_options["expert_options"] = ExpertOptions(**{name: params.pop(name) for name in OPTION_NAMES})
         return engine_options
     return _with_options(command, "engine_options", added, collect)

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pyedgemoe import _native, completions, kv_overrides
+from pyedgemoe import _native, completions, kv_overrides, rope_scaling
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
@@ -150,7 +150,8 @@ class Engine:
         try:
             ctx = _native.Context(self._model, n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=self.n_ubatch,
                                   n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch,
-                                  flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel)
+                                  flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel,
+                                  **rope_scaling.context_keywords(plan.expert_options))
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive

@@ -3,7 +3,8 @@
 Every option is declared once: the expert cache's in native/src/expert-options.h (type, name,
 default, help), bound as `_native.ExpertOptions`, whose names, defaults, choices and help come from
 there; those of where and how the model is loaded that the native layer does not take (device,
-host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
+host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv, and RoPE scaling's,
+pyedgemoe.rope_scaling) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
 (mode's depends on the build: default_mode). The CLI's flags, Engine's keywords and Llama's are
 made from them. This module adds what only the model and its calibration know, for options a
 caller leaves unset:
@@ -23,7 +24,7 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from pyedgemoe import _native, kv_overrides, rpc
+from pyedgemoe import _native, kv_overrides, rope_scaling, rpc
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -62,6 +63,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "override_kv": LoadOption(str, "model metadata replaced at load, KEY=TYPE:VALUE[,...] with TYPE int, float, bool "
                               "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
                               "token (lossy)", "none"),
+    **{name: LoadOption(kind, help, rope_scaling.AUTOMATIC) for name, (kind, help) in rope_scaling.OPTIONS.items()},
 }
 NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
 OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
@@ -234,6 +236,8 @@ def _load_option(name: str, value):
         rpc.parse_servers(value)
     elif name == "override_kv":  # llama.cpp's text, or a dict as Llama(kv_overrides={...}) takes it
         value = kv_overrides.canonical(value)
+    elif name in rope_scaling.OPTIONS:
+        value = rope_scaling.checked(name, value)
     elif name == "host_cache":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")

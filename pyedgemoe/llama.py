@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import gguf
 import numpy as np
 
-from pyedgemoe import chatml_function_calling, completions, named_chat_formats
+from pyedgemoe import chatml_function_calling, completions, named_chat_formats, rope_scaling
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
@@ -45,9 +45,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
-    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "rope_scaling_type": -1, "pooling_type": -1,
-    "attention_type": -1, "rope_freq_base": 0.0, "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0,
-    "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
+    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "pooling_type": -1, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None, "lora_scale": 1.0, "lora_path": None,
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
@@ -109,7 +107,8 @@ class Llama:
     where the build has one, mode auto, else the CPU, as llama-cpp-python runs), last_n_tokens_size
     (the penalties' window over the generated tokens), use_mmap (False:
     the weights read into memory), use_mlock (the weights and the expert cache locked in memory),
-    kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), embedding (True
+    kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), rope_scaling_type,
+    rope_freq_base, rope_freq_scale and yarn_* (RoPE scaling: pyedgemoe.rope_scaling), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
@@ -130,11 +129,13 @@ class Llama:
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
+        rope = rope_scaling.from_llama_cpp_python({name: kwargs.pop(name) for name in list(kwargs)
+                                                   if name in rope_scaling.LLAMA_CPP_PYTHON_DEFAULTS})
         unknown = sorted(set(kwargs) - _ENGINE_KEYWORDS)
         if unknown:
             raise InvalidOptionError(f"Llama: unknown argument {unknown[0]!r} (neither llama-cpp-python's nor "
                                      "pyedgemoe.Engine's)")
-        engine_kwargs = dict(kwargs)
+        engine_kwargs = {**kwargs, **rope}
         options = kwargs.get("expert_options")
         mode_given = kwargs.get("mode") is not None or (options is not None and "mode" in options.given)
         if not (n_gpu_layers == 0 and mode_given):  # llama-cpp-python's default of 0 gives way to a mode given

@@ -22,7 +22,7 @@ from typing import Mapping
 
 import gguf
 
-from pyedgemoe import _native, rpc
+from pyedgemoe import _native, rope_scaling, rpc
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
@@ -159,6 +159,8 @@ class LoadPlan:
             rows.append(("experts", serving_text(self._planned_serving(), self), self.reasons["fill"]))
         if self.expert_options["override_kv"]:
             rows.append(("metadata", self.expert_options["override_kv"], "--override-kv"))
+        if rope_scaling.described(self.expert_options):
+            rows.append(("rope", rope_scaling.described(self.expert_options), "the model's, where not given"))
         rows += [
             ("context", f"{self.n_ctx or 'training'} positions, {self.n_parallel} sequence"
                         f"{'s' if self.n_parallel > 1 else ''}, batches of {self.n_batch} in ubatches of "
@@ -280,7 +282,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                                  "n_parallel=1")
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
-    notes = _context_notes(info, options.n_ctx, options.n_parallel) + \
+    notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + \
         _unused_low_from(expert_options, native, budget, info) + \
         _crowded_threads(options.n_threads, options.n_threads_batch, machine.cores)
     reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
@@ -348,18 +350,22 @@ def _low_copy_bytes(info: ModelInfo, expert_options: ExpertOptions) -> int:
     return info.low_expert_bytes
 
 
-def _context_notes(info: ModelInfo, n_ctx: int, n_parallel: int) -> list[str]:
+def _context_notes(info: ModelInfo, n_ctx: int, n_parallel: int, expert_options: ExpertOptions) -> list[str]:
     """What the context's size needs saying: llama.cpp pads a sequence's positions to a multiple of
-    KV_CELL_MULTIPLE; past the training context a model's output may degrade (llama.cpp warns too)."""
+    KV_CELL_MULTIPLE; past the training context (stretched by RoPE scaling) a model's output may
+    degrade (llama.cpp warns too)."""
     notes = []
     positions, trained = context_positions(info.metadata, n_ctx, n_parallel), training_context(info.metadata)
     asked = (n_ctx or trained) // n_parallel
     if positions != asked and n_ctx:
         notes.append(f"context: {asked} positions{' a sequence' if n_parallel > 1 else ''} rounded up to {positions}, "
                      f"as llama.cpp allocates them in multiples of {KV_CELL_MULTIPLE}")
-    if trained and positions > trained:
+    covered = rope_scaling.positions_trained(trained, expert_options)
+    if trained and positions > covered:
+        scaled = f", {covered} with its RoPE scaled" if covered != trained else ""
         notes.append(f"the context of {positions} positions{' a sequence' if n_parallel > 1 else ''} is "
-                     f"longer than the model was trained for ({trained}): past {trained} tokens its output may degrade")
+                     f"longer than the model was trained for ({trained}{scaled}): past {covered} tokens its output "
+                     "may degrade" + ("" if scaled else " (RoPE scaling stretches it: --rope-scaling yarn --rope-scale N)"))
     return notes
 
 

@@ -22,6 +22,7 @@ import pytest
 import pyedgemoe
 from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
+from pyedgemoe.rope_scaling import LLAMA_CPP_PYTHON_DEFAULTS
 from pyedgemoe.llama import (UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_GENERATE_ARGS,
                              UNSUPPORTED_INIT_ARGS)
 
@@ -279,9 +280,10 @@ def test_signatures_are_llama_cpp_pythons():
                 if n not in ("self", "kwargs")}
 
     theirs, ours = params(llama_cpp.Llama.__init__), params(Llama.__init__)
-    assert set(theirs) == set(ours) | set(UNSUPPORTED_INIT_ARGS)
+    assert set(theirs) == set(ours) | set(UNSUPPORTED_INIT_ARGS) | set(LLAMA_CPP_PYTHON_DEFAULTS)
     assert {n: theirs[n] for n in ours if n != "seed"} == {n: d for n, d in ours.items() if n != "seed"}
     assert {n: theirs[n] for n in UNSUPPORTED_INIT_ARGS} == UNSUPPORTED_INIT_ARGS
+    assert {n: theirs[n] for n in LLAMA_CPP_PYTHON_DEFAULTS} == LLAMA_CPP_PYTHON_DEFAULTS  # RoPE's, taken in kwargs
     for method, unsupported in (("create_completion", UNSUPPORTED_COMPLETION_ARGS),
                                 ("create_chat_completion", UNSUPPORTED_CHAT_ARGS)):
         theirs, ours = params(getattr(llama_cpp.Llama, method)), params(getattr(Llama, method))

@@ -7,9 +7,11 @@
 #include "../src/expert-store.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -22,10 +24,26 @@ namespace {
 
 using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 using Embeddings = Logits;
+using Given = std::optional<float>;  // a RoPE parameter; unset: llama.cpp's default (the model's)
+
+void set_if_given(float & field, const Given & value) {
+    if (value) field = *value;
+}
 
 void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-            int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max) {
+            int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max,
+            std::optional<int> rope_scaling_type, Given rope_freq_base, Given rope_freq_scale,
+            std::optional<uint32_t> yarn_orig_ctx, Given yarn_ext_factor, Given yarn_attn_factor,
+            Given yarn_beta_fast, Given yarn_beta_slow) {
     llama_context_params params = llama_context_default_params();
+    if (rope_scaling_type) params.rope_scaling_type = (llama_rope_scaling_type) *rope_scaling_type;
+    if (yarn_orig_ctx) params.yarn_orig_ctx = *yarn_orig_ctx;
+    set_if_given(params.rope_freq_base, rope_freq_base);
+    set_if_given(params.rope_freq_scale, rope_freq_scale);
+    set_if_given(params.yarn_ext_factor, yarn_ext_factor);
+    set_if_given(params.yarn_attn_factor, yarn_attn_factor);
+    set_if_given(params.yarn_beta_fast, yarn_beta_fast);
+    set_if_given(params.yarn_beta_slow, yarn_beta_slow);
     params.n_ctx = n_ctx;
     // n_seq_max sequences, each with a KV cache of its own of n_ctx / n_seq_max cells (llama-server's -np)
     params.n_seq_max = n_seq_max;
@@ -237,7 +255,11 @@ void register_context(nb::module_ & m) {
         .def("__init__", &create, nb::arg("model"), nb::arg("n_ctx"), nb::arg("n_batch") = 512,
              nb::arg("n_ubatch") = 512, nb::arg("n_threads") = 4, nb::arg("n_threads_batch") = 4,
              nb::arg("flash_attn") = (int) LLAMA_FLASH_ATTN_TYPE_AUTO, nb::arg("kv_type") = (int) GGML_TYPE_F16,
-             nb::arg("n_seq_max") = 1, nb::keep_alive<1, 2>())
+             nb::arg("n_seq_max") = 1, nb::arg("rope_scaling_type") = nb::none(),
+             nb::arg("rope_freq_base") = nb::none(), nb::arg("rope_freq_scale") = nb::none(),
+             nb::arg("yarn_orig_ctx") = nb::none(), nb::arg("yarn_ext_factor") = nb::none(),
+             nb::arg("yarn_attn_factor") = nb::none(), nb::arg("yarn_beta_fast") = nb::none(),
+             nb::arg("yarn_beta_slow") = nb::none(), nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
         .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
         .def("output_logits", [](Context & c, int i) {

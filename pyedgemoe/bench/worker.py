@@ -101,14 +101,12 @@ def _run_llama_cpp(model: str, prompt: list[int], n_out: int, threads: int, flas
     except ImportError as e:
         raise EngineUnavailable(f"llama_cpp (llama-cpp-python) is not importable: {e}") from e
 
-    unknown = set(options) - {"repack", "kv_overrides"}
-    if unknown:
-        raise ValueError(f"llama_cpp takes only the options repack and kv_overrides, got {sorted(unknown)}")
+    arguments = {name: value for name, value in options.items() if name != "repack"}  # Llama's (the runner's)
     t0 = time.perf_counter()
     with stock_without_repack() if options.get("repack") is False else nullcontext():
         llm = llama_cpp.Llama(model, n_ctx=n_ctx_for(len(prompt), n_out), n_threads=threads,
                               n_threads_batch=threads, n_batch=512, flash_attn=flash_attn, verbose=False,
-                              kv_overrides=options.get("kv_overrides"))
+                              **arguments)
     load_seconds = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
 
