@@ -22,8 +22,7 @@ from pyedgemoe import _native, completions, kv_overrides, rope_scaling
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
-from pyedgemoe.errors import (ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError,
-                              RemoteDeviceError)
+from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError, RemoteDeviceError
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
@@ -108,8 +107,7 @@ class Engine:
     n_logits: tokens whose logits one call of logits() (perplexity: a chunk) returns: their memory
         is counted at load beside the expert cache (auto leaves room for them; an explicit size must
         fit beside them). logits() of more tokens is refused (InvalidOptionError) when they exceed
-        what the budget left beside the expert cache at load or the memory available then, rather
-        than outgrow a memory limit.
+        what the budget left beside the expert cache at load or the memory available then.
     verbose: forward llama.cpp's log to stderr.
 
     Every decision of the load is made by a pure plan (pyedgemoe.load_plan, `plan`, each with its
@@ -263,6 +261,10 @@ class Engine:
 
     def token_nl(self) -> int | None:
         return self._live_model().nl
+
+    def fim_tokens(self) -> dict[str, int | None]:
+        """The fill-in-the-middle tokens by role: pre, suf, mid, rep and sep (llama-server's /infill)."""
+        return self._live_model().fim_tokens
 
     @property
     def add_bos(self) -> bool:

@@ -309,6 +309,16 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("eos", [](const Model & m) { return optional_token(llama_vocab_eos(vocab_of(m))); })
         .def_prop_ro("nl", [](const Model & m) { return optional_token(llama_vocab_nl(vocab_of(m))); })
         .def_prop_ro("add_bos", [](const Model & m) { return llama_vocab_get_add_bos(vocab_of(m)); })
+        .def_prop_ro("fim_tokens", [](const Model & m) {
+                 const llama_vocab * v = vocab_of(m);
+                 nb::dict tokens;
+                 tokens["pre"] = optional_token(llama_vocab_fim_pre(v));
+                 tokens["suf"] = optional_token(llama_vocab_fim_suf(v));
+                 tokens["mid"] = optional_token(llama_vocab_fim_mid(v));
+                 tokens["rep"] = optional_token(llama_vocab_fim_rep(v));
+                 tokens["sep"] = optional_token(llama_vocab_fim_sep(v));
+                 return tokens;
+             }, "The fill-in-the-middle tokens by role (pre, suf, mid, rep, sep), None where the model has none.")
         .def("is_eog", [](const Model & m, llama_token t) { return llama_vocab_is_eog(vocab_of(m), t); }, nb::arg("token"));
     add_residency_methods(cls);
     m.def("devices", &devices, "The ggml devices of this build (name, description, type, free_bytes, total_bytes, "

@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over
-one Engine, plus /health, /metrics and /metrics/experts (the expert cache in JSON), and the web pages
-(web_ui.py) (docs/server.md).
+one Engine, llama-server's own /completion and /infill (llama_server_api.py), plus /health,
+/metrics and /metrics/experts (the expert cache in JSON), and the web pages (web_ui.py)
+(docs/server.md).
 
 Generations are produced by the EngineQueue (engine_queue.py), one at a time; a streamed one is
 sent as server-sent events (`data: {chunk}` ... `data: [DONE]`), a non-streamed one is the same
@@ -30,14 +31,17 @@ from pyedgemoe.server.limits import Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
 from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
 from pyedgemoe.server.request_guards import JSONBody, SameSite
-from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, GenerationRequest,
+from pyedgemoe.server import llama_server_api
+from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
+                                             NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
-         "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template", "/", "/experts", "/props", "/slots"}
+         "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
+         "/apply-template", "/", "/experts", "/props", "/slots"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -134,52 +138,62 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             raise APIError(404, f"the model {name!r} does not exist: this server serves {model_id!r}",
                            "model_not_found", "model")
 
-    async def generate(request: Request, start, stream: bool, join) -> Response:
+    def named(chunk: dict) -> dict:
+        return {**chunk, "model": model_id}
+
+    async def generate(request: Request, start, stream: bool, join, openai: bool = True) -> Response:
         """Queues start (an Engine call that streams chunks) and answers with its chunks: as events
         when streamed, else joined into one object. An error before the first token (the prompt
-        does not fit, a bad option) is an error response; one while streaming is an error event."""
+        does not fit, a bad option) is an error response; one while streaming is an error event.
+        openai: OpenAI's chunks, each named by the model, the events ending in [DONE]; else
+        llama-server's, as they come (its last one named) and the last one the end."""
         generation = queue.generate(start, request.is_disconnected)
+        name = named if openai else lambda chunk: chunk
         chunks: list[dict] = []  # streamed: those up to the first text, sent once the prompt is known to fit
         try:
             while (chunk := await generation.next()) is not None:
-                chunks.append({**chunk, "model": model_id})
-                if stream and _has_output(chunk):
+                chunks.append(name(chunk))
+                if stream and (_has_output(chunk) if openai else chunk["content"] or chunk["stop"]):
                     break
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             generation.abandon()
             raise from_engine_error(e) from None
         if stream:
-            return StreamingResponse(_events(generation, chunks), media_type="text/event-stream",
-                                     headers=_SSE_HEADERS)
+            return StreamingResponse(_events(generation, chunks, name, "data: [DONE]\n\n" if openai else ""),
+                                     media_type="text/event-stream", headers=_SSE_HEADERS)
         if not chunks:  # the client left before its turn
             raise APIError(499, "the client closed the request")
         return JSONResponse(join(chunks))
 
-    async def _events(generation: Generation, first: list[dict]):
+    async def _events(generation: Generation, first: list[dict], name, done: str):
         try:
             for chunk in first:
                 yield _event(chunk)
             while (chunk := await generation.next()) is not None:
-                yield _event({**chunk, "model": model_id})
-            yield "data: [DONE]\n\n"
+                yield _event(name(chunk))
+            if done:
+                yield done
         except Exception as e:  # noqa: BLE001 - the stream has started: the error is an event
             yield _event(from_engine_error(e).body())
         finally:
             generation.abandon()  # the client left (cancelled) or the stream ended: the engine moves on
 
-    def checked(raw: bytes, parameters: dict, required: str) -> GenerationRequest:
-        """The request checked, its prompt's size too: all before the Engine sees it."""
-        parsed = parse_generation(parse_body(raw), parameters, required)
+    def checked(raw: bytes, parameters: dict, required: str, neutral: dict | None) -> GenerationRequest:
+        """The request checked, its prompt's size too: all before the Engine sees it (an /infill's
+        text around the gap is cut to fit, as llama-server cuts it)."""
+        parsed = parse_generation(parse_body(raw), parameters, required, neutral)
         check_model(parsed.model)
-        if isinstance(parsed.prompt, list):
-            prompt_bound.check_tokens(parsed.prompt)
+        if isinstance(parsed.prompt, list):  # token ids, or llama-server's text and token ids
+            prompt_bound.check_tokens([p for p in parsed.prompt if isinstance(p, int)])
+            prompt_bound.check_text(sum(len(p.encode()) for p in parsed.prompt if isinstance(p, str)))
         else:
             prompt_bound.check_text(parsed.text_bytes())
         return parsed
 
-    async def request_body(request: Request, parameters: dict, required: str) -> GenerationRequest:
+    async def request_body(request: Request, parameters: dict, required: str,
+                           neutral: dict | None = None) -> GenerationRequest:
         # on a thread of its own: the checks of a large body leave the event loop free for others
-        return await asyncio.to_thread(checked, await request.body(), parameters, required)
+        return await asyncio.to_thread(checked, await request.body(), parameters, required, neutral)
 
     @app.get("/health")
     async def health() -> dict:
@@ -215,6 +229,30 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         kwargs = _with_defaults(r.engine_kwargs, chat_defaults)
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def native_completion(request: Request) -> Response:
+        """llama-server's own completion (llama_server_api.py)."""
+        r = await request_body(request, NATIVE_COMPLETION_PARAMETERS, "prompt", NATIVE_NEUTRAL)
+
+        def start():
+            tokens = llama_server_api.prompt_tokens(engine, r.prompt)
+            return llama_server_api.completion_chunks(engine, tokens, r.engine_kwargs, r.stream, model_id)
+        return await generate(request, start, r.stream, lambda chunks: chunks[-1], openai=False)
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Response:
+        """llama-server's fill in the middle: the text between input_prefix and input_suffix."""
+        r = await request_body(request, INFILL_PARAMETERS, "input_prefix", NATIVE_NEUTRAL)
+        fields, options = llama_server_api.split_infill(r.engine_kwargs)
+        if "input_suffix" not in fields:
+            raise APIError(400, "'input_suffix' is required", "missing_required_parameter", "input_suffix")
+
+        def start():
+            tokens = llama_server_api.infill_tokens(engine, fields, r.prompt or "", engine.plan.n_batch)
+            return llama_server_api.completion_chunks(engine, tokens, options, r.stream, model_id)
+        return await generate(request, start, r.stream, lambda chunks: chunks[-1], openai=False)
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict:

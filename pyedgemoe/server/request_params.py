@@ -232,6 +232,61 @@ CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _m
                    "reasoning_format": _one_of(REASONING_FORMATS)}
 
 
+def _native_prompt(name: str, value) -> str | list[int | str]:
+    """llama-server's prompt: a string, token ids, or a list mixing strings and token ids (one
+    prompt; a list of one such list is taken as it)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+        value = value[0]
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(p, str) or _is_token_ids([p]) for p in value):
+        return value
+    raise _invalid(name, f"a non-empty string, or a list of strings and token ids in [0, {INT32_MAX}] (one "
+                   "prompt)", value)
+
+
+def _native_logit_bias(name: str, value) -> list[tuple[int | str, float]]:
+    """llama-server's logit_bias: [[token, bias], ...] or {token: bias}, a token an id or a text (each
+    of its tokens biased), a bias a number or false (never)."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    what = f"[[token, bias], ...] or {{token: bias}} of at most {MAX_LOGIT_BIAS} tokens (an id or a text; a bias a " \
+           "number or false)"
+    if not isinstance(pairs, list) or len(pairs) > MAX_LOGIT_BIAS or \
+            not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise _invalid(name, what, value)
+    out = []
+    for key, bias in pairs:
+        key = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+        if not (isinstance(key, str) or _is_token_ids([key])):
+            raise _invalid(name, what, value)
+        out.append((key, -math.inf if bias is False else _number(f"{name}[{key}]", bias)))
+    return out
+
+
+def _extra_context(name: str, value) -> list[dict]:
+    """llama-server's input_extra: [{"text": ..., "filename": ...}, ...] (a filename optional)."""
+    if not isinstance(value, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("text"), str) and isinstance(c.get("filename", ""), str)
+            and set(c) <= {"text", "filename"} for c in value):
+        raise _invalid(name, 'a list of {"text": string, "filename": string}', value)
+    return value
+
+
+# llama-server's own /completion: its names (mirostat, repeat_last_n, n_probs or logprobs) besides
+# the sampling settings, and a prompt that may mix text and token ids; /infill adds the text around
+# the gap (input_prefix, input_suffix), other files (input_extra) and the gap's start (prompt)
+NATIVE_COMPLETION_PARAMETERS = {
+    **_COMMON, "max_completion_tokens": _max_tokens, "prompt": _native_prompt, "logit_bias": _native_logit_bias,
+    "n_probs": _logprobs_count, "logprobs": _logprobs_count, "ignore_eos": _boolean, "return_tokens": _boolean,
+    "repeat_last_n": _in_range(_integer, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"]}
+INFILL_PARAMETERS = {**NATIVE_COMPLETION_PARAMETERS, "prompt": _text, "input_prefix": _text, "input_suffix": _text,
+                     "input_extra": _extra_context}
+# llama-server's settings accepted at the values that leave them off (its defaults)
+NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "n_indent": (0,), "t_max_predict_ms": (0,),
+                  "dynatemp_range": (0,), "xtc_probability": (0,), "dry_multiplier": (0,), "top_n_sigma": (-1,),
+                  "post_sampling_probs": (False,), "n_cmpl": (1,), "response_fields": ([],), "lora": ([],)}
+
+
 def _token_ids(name: str, value) -> list[int]:
     if not _is_token_ids(value):
         raise _invalid(name, f"a list of token ids in [0, {INT32_MAX}]", value)
@@ -330,17 +385,19 @@ def _path(where) -> str:
     return "".join(reversed(parts)).lstrip(".")
 
 
-def parse_generation(body: dict, parameters: dict, required: str) -> GenerationRequest:
-    """Checks body against parameters (COMPLETION_PARAMETERS or CHAT_PARAMETERS); required is the
-    one that must be there ("prompt" or "messages")."""
-    unknown = sorted(k for k in body if k not in parameters and k not in _IGNORED and k not in _NEUTRAL)
+def parse_generation(body: dict, parameters: dict, required: str, neutral_values: dict | None = None) -> GenerationRequest:
+    """Checks body against parameters (COMPLETION_PARAMETERS, CHAT_PARAMETERS, ...); required is the
+    one that must be there ("prompt" or "messages"); neutral_values: the parameters taken only at
+    these values (OpenAI's by default)."""
+    neutral_values = _NEUTRAL if neutral_values is None else neutral_values
+    unknown = sorted(k for k in body if k not in parameters and k not in _IGNORED and k not in neutral_values)
     if unknown:
         raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
-    for name, neutral in _NEUTRAL.items():
+    for name, neutral in neutral_values.items():
         if name in body and body[name] not in neutral:
             raise APIError(400, f"'{name}' = {_shown(body[name])} is not supported (only "
                            f"{' or '.join(json.dumps(v) for v in neutral)})", "unsupported_parameter", name)
-    if required not in body:
+    if body.get(required) is None:
         raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -365,8 +422,6 @@ def parse_generation(body: dict, parameters: dict, required: str) -> GenerationR
             request.engine_kwargs["max_tokens"] = None if value == -1 else value
         else:
             request.engine_kwargs[name] = value
-    if request.prompt is None and request.messages is None:
-        raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
     return request
 
 

@@ -1,0 +1,162 @@
+"""llama-server's own completion API beside OpenAI's: POST /completion (and /completions) and POST
+/infill (fill in the middle, as code editors' plugins ask for it), their bodies and answers as the
+pinned llama-server's (tools/server/README.md there): `content`, `stop`, `stop_type`,
+`stopping_word`, `tokens`, `tokens_predicted`, `tokens_evaluated`, `timings`, ... and with n_probs
+`completion_probabilities`; streamed, `data:` events each with the text of new tokens, the last with
+`stop: true` and the totals, and no OpenAI `[DONE]`. It runs on the server's engine thread
+(EngineQueue): the prompt's tokens are made there, and the generation is a TextRun."""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from pyedgemoe.completions import TextRun
+from pyedgemoe.generation import RANDOM_SEED, SamplingParams
+from pyedgemoe.server.openai_errors import APIError
+
+# llama-server's names of SamplingParams' settings
+_SAMPLING_NAMES = {"mirostat": "mirostat_mode", "repeat_last_n": "penalty_last_n"}
+# what an /infill prompt holds that its body gives, besides the sampling
+_INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra")
+
+
+def prompt_tokens(engine, prompt: str | list[int | str]) -> list[int]:
+    """llama-server's tokens of a prompt (its tokenize_mixed): each text with its special tokens
+    parsed, the model's BOS before the first part where that is text; token ids as they are."""
+    parts = [prompt] if isinstance(prompt, str) else prompt
+    tokens: list[int] = []
+    for i, part in enumerate(parts):
+        tokens += engine.tokenize(part, add_bos=i == 0, special=True) if isinstance(part, str) else [part]
+    return tokens
+
+
+def infill_tokens(engine, fields: dict, prompt: str, n_batch: int) -> list[int]:
+    """llama-server's /infill prompt (its format_prompt_infill, the repository-level pattern of
+    Qwen2.5-Coder): the other files (input_extra) as far as the context leaves room, then
+    [FIM_PRE] prefix prompt [FIM_SUF] suffix [FIM_MID], the prefix's last 3/4 of a batch and the
+    suffix's first 1/4 taken."""
+    fim = engine.fim_tokens()
+    missing = [role for role in ("pre", "suf", "mid") if fim[role] is None]
+    if missing:
+        raise APIError(400, f"infill is not supported by this model: it has no fill-in-the-middle {', '.join(missing)} "
+                       "token (a code model's GGUF has them)", "not_supported")
+
+    def text(t: str, special: bool = False) -> list[int]:
+        return engine.tokenize(t, add_bos=False, special=special)
+
+    extra = [fim["rep"], *text("myproject\n")] if fim["rep"] is not None else []
+    for chunk in fields.get("input_extra") or []:
+        if fim["sep"] is not None:
+            extra += [fim["sep"], *text(chunk.get("filename", "tmp") + "\n")]
+        else:
+            extra += text("\n\n--- snippet ---\n\n")
+        extra += text(chunk["text"])
+    if fim["sep"] is not None:
+        extra += [fim["sep"], *text("filename\n")]
+    prefix, suffix, middle = text(fields["input_prefix"]), text(fields["input_suffix"]), text(prompt, special=True)
+    n_prefix = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(middle))))
+    n_extra = min(max(0, engine.n_ctx - n_batch + 2), len(extra))  # llama-server's n_predict: -1
+    bos = [engine.token_bos()] if engine.add_bos and engine.token_bos() is not None else []
+    return (extra[len(extra) - n_extra:] + bos + [fim["pre"], *prefix[len(prefix) - n_prefix:], *middle]
+            + [fim["suf"], *suffix[:n_suffix]] + [fim["mid"]])
+
+
+def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, model_id: str) -> Iterator[dict]:
+    """The answer to a /completion (or /infill) of tokens, options its body's settings as
+    request_params checked them: streamed, a chunk for each piece of text and a last one with the
+    totals; else that one with the whole text. Bad settings raise here, before the first chunk."""
+    options = dict(options)
+    max_tokens = options.pop("max_tokens", None)
+    stop = options.pop("stop", [])
+    n_probs = options.pop("n_probs", options.pop("logprobs", 0))
+    options.pop("logprobs", None)
+    ignore_eos = options.pop("ignore_eos", False)
+    return_tokens = options.pop("return_tokens", False)
+    for theirs, ours in _SAMPLING_NAMES.items():
+        if theirs in options:
+            options[ours] = options.pop(theirs)
+    if options.get("penalty_last_n") == -1:  # llama-server's: the context's size
+        options["penalty_last_n"] = engine.n_ctx
+    if "logit_bias" in options:
+        options["logit_bias"] = _token_biases(engine, options["logit_bias"])
+    sampling = SamplingParams.of(options)
+    run = TextRun(engine, tokens, max_tokens, sampling, stop, ignore_eos, n_probs=n_probs or None,
+                  exact_length=True)
+    settings = _settings(sampling, max_tokens, stop, n_probs, ignore_eos, stream)
+    return _chunks(engine, run, stream, return_tokens, n_probs, settings, model_id)
+
+
+def _chunks(engine, run: TextRun, stream: bool, return_tokens: bool, n_probs: int, settings: dict,
+            model_id: str) -> Iterator[dict]:
+    n_prompt = len(run.prompt_tokens)
+    text, sent = "", 0
+    for piece in run.pieces():
+        text += piece
+        if stream:
+            chunk = {"index": 0, "content": piece, "tokens": run.tokens[sent:], "stop": False, "id_slot": 0,
+                     "tokens_predicted": run.n_tokens, "tokens_evaluated": n_prompt}
+            if n_probs:
+                chunk["completion_probabilities"] = _probabilities(engine, run, sent)
+            sent = run.n_tokens
+            yield chunk
+    timings = run.generation.timings
+    stop_type = "word" if run.stop_word is not None else {"stop": "eos", "length": "limit"}.get(run.finish_reason, "none")
+    last = {"index": 0, "content": "" if stream else text,
+            "tokens": run.tokens if return_tokens and not stream else [], "id_slot": 0, "stop": True,
+            "model": model_id, "tokens_predicted": run.n_tokens, "tokens_evaluated": n_prompt,
+            "generation_settings": settings, "prompt": engine.detokenize(run.prompt_tokens, special=True),
+            "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
+            "stopping_word": run.stop_word or "", "tokens_cached": n_prompt + run.n_tokens,
+            "timings": _timings(timings)}
+    if n_probs and not stream:
+        last["completion_probabilities"] = _probabilities(engine, run, 0)
+    yield last
+
+
+def _token_biases(engine, pairs: list[tuple[int | str, float]]) -> list[tuple[int, float]]:
+    """logit_bias's pairs by token id: a text's bias on each of its tokens, as llama-server's."""
+    return [(token, bias) for key, bias in pairs
+            for token in (engine.tokenize(key, add_bos=False) if isinstance(key, str) else [key])]
+
+
+def _probabilities(engine, run: TextRun, start: int) -> list[dict]:
+    """llama-server's completion_probabilities of the tokens taken from start: each one's id, text,
+    bytes, log-probability and the n_probs most likely tokens' (top_logprobs)."""
+    def entry(token: int, logprob: float) -> dict:
+        piece = engine.token_piece(token)
+        return {"id": token, "token": piece.decode("utf-8", "ignore"), "bytes": list(piece),
+                "logprob": logprob if logprob > -math.inf else -3.4028234663852886e38}  # JSON has no -inf
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+            for t in run.generation.logprobs[start:run.n_tokens]]
+
+
+def _timings(t) -> dict:
+    """llama-server's timings of a GenerationStats."""
+    prompt_n, prompt_ms, predicted_ms = t.n_prompt_tokens - t.n_cached_prompt_tokens, t.prefill_seconds * 1e3, \
+        t.decode_seconds * 1e3
+    return {"cache_n": t.n_cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": t.prefill_tokens_per_second, "predicted_n": t.n_decoded,
+            "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / t.n_decoded if t.n_decoded else 0.0,
+            "predicted_per_second": t.decode_tokens_per_second}
+
+
+def _settings(sampling: SamplingParams, max_tokens: int | None, stop: list[str], n_probs: int, ignore_eos: bool,
+              stream: bool) -> dict:
+    """llama-server's generation_settings: the settings the generation ran with."""
+    n_predict = -1 if max_tokens is None else max_tokens
+    return {"seed": RANDOM_SEED if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
+            "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p, "typical_p": sampling.typical_p,
+            "repeat_last_n": sampling.penalty_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+            "mirostat": sampling.mirostat_mode, "mirostat_tau": sampling.mirostat_tau,
+            "mirostat_eta": sampling.mirostat_eta, "max_tokens": n_predict, "n_predict": n_predict,
+            "ignore_eos": ignore_eos, "stream": stream, "n_probs": n_probs, "stop": stop,
+            "grammar": sampling.grammar or ""}
+
+
+def split_infill(options: dict) -> tuple[dict, dict]:
+    """An /infill body's settings apart: (its input_* fields, the rest)."""
+    return {k: options[k] for k in _INFILL_FIELDS if k in options}, \
+        {k: v for k, v in options.items() if k not in _INFILL_FIELDS}

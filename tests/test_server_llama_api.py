@@ -1,0 +1,196 @@
+"""llama-server's own API on `pyedgemoe serve`: POST /completion (llama-server's README's first
+example) and POST /infill (code editors' fill in the middle), the real server in a subprocess, a
+tiny Qwen3-MoE behind it whose fill-in-the-middle tokens are given by --override-kv (a code model's
+GGUF has them). Answers are checked against an in-process Engine's greedy tokens and against
+llama-server's format_prompt_infill, written out here."""
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlparse
+
+import pytest
+
+from pyedgemoe import Engine
+from pyedgemoe.generation import SamplingParams
+from test_server import request, start_server, stop_server
+
+FIM = {"pre": 3, "suf": 4, "mid": 5}
+FIM_OVERRIDES = ",".join(f"tokenizer.ggml.fim_{role}_token_id=int:{token}" for role, token in FIM.items())
+N_CTX, N_BATCH = 512, 64
+ARGS = ["-t", "1", "-c", str(N_CTX), "-b", str(N_BATCH), "-ub", str(N_BATCH), "--expert-cache", "50%"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return str(tiny_model("qwen3_moe")[0])
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("llama-api") / "server.log", *ARGS, "--override-kv",
+                             FIM_OVERRIDES, model=model)
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    with Engine(model, n_ctx=N_CTX, n_threads=1, override_kv=FIM_OVERRIDES) as eng:
+        yield eng
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    return request("POST", url + path, json.dumps(body).encode(), key=None)
+
+
+def events(url: str, path: str, body: dict) -> list[str]:
+    """The raw `data:` payloads of a streamed answer, in order."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.request("POST", path, body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    text = response.read().decode()
+    conn.close()
+    assert all(block.startswith("data: ") for block in text.split("\n\n") if block)
+    return [block.removeprefix("data: ") for block in text.split("\n\n") if block]
+
+
+def greedy(engine, tokens: list[int], n: int) -> tuple[str, list[int]]:
+    ids = list(engine.generate_tokens(tokens, n, SamplingParams(temperature=0.0)))
+    return engine.detokenize(ids), ids
+
+
+def test_a_completion_is_the_models_greedy_text_with_llama_servers_fields(server, engine):
+    status, body = post(server, "/completion", {"prompt": "Building a website can be done in", "n_predict": 12,
+                                                "temperature": 0, "return_tokens": True})
+    assert status == 200, body
+    tokens = engine.tokenize("Building a website can be done in", add_bos=True, special=True)
+    text, ids = greedy(engine, tokens, 12)
+    assert body["content"] == text and body["tokens"] == ids
+    assert body["stop"] is True and body["stop_type"] == "limit" and body["stopping_word"] == ""
+    assert body["tokens_predicted"] == 12 and body["tokens_evaluated"] == len(tokens)
+    assert body["prompt"] == engine.detokenize(tokens, special=True) and body["truncated"] is False
+    assert body["has_new_line"] == ("\n" in text) and body["model"] == "qwen3_moe-f32.gguf"
+    assert body["generation_settings"]["n_predict"] == 12 and body["generation_settings"]["temperature"] == 0
+    timings = body["timings"]
+    assert timings["predicted_n"] == 12 and timings["prompt_n"] + timings["cache_n"] == len(tokens)
+    assert all(timings[k] >= 0 for k in ("prompt_ms", "predicted_ms", "predicted_per_second"))
+    status, again = post(server, "/completions", {"prompt": "Building a website can be done in", "n_predict": 12,
+                                                  "temperature": 0})
+    assert again["content"] == text and again["tokens"] == []  # tokens only with return_tokens
+
+
+def test_a_streamed_completion_sends_the_same_text_and_ends_with_the_totals(server):
+    body = {"prompt": "The experts of a token", "n_predict": 16, "temperature": 0}
+    whole = post(server, "/completion", body)[1]
+    payloads = events(server, "/completion", body)
+    assert "[DONE]" not in payloads  # llama-server's own stream has no OpenAI end marker
+    chunks = [json.loads(p) for p in payloads]
+    assert all(c["stop"] is False for c in chunks[:-1]) and chunks[-1]["stop"] is True
+    assert "".join(c["content"] for c in chunks) == whole["content"]
+    assert sum(len(c["tokens"]) for c in chunks[:-1]) <= 16 and chunks[-1]["tokens_predicted"] == 16
+    assert {k: chunks[-1][k] for k in ("stop_type", "tokens_evaluated", "prompt")} == \
+        {k: whole[k] for k in ("stop_type", "tokens_evaluated", "prompt")}
+
+
+def test_a_stop_word_ends_it_and_is_named(server, engine):
+    tokens = engine.tokenize("x = ", add_bos=True, special=True)
+    text, _ = greedy(engine, tokens, 24)
+    word = next(text[i:i + 2] for i in range(2, len(text) - 2) if text[i:i + 2].strip())
+    status, body = post(server, "/completion", {"prompt": "x = ", "n_predict": 24, "temperature": 0, "stop": [word]})
+    assert status == 200 and body["stop_type"] == "word" and body["stopping_word"] == word
+    assert body["content"] == text[:text.index(word)]
+
+
+def test_n_probs_gives_each_tokens_likeliest(server):
+    status, body = post(server, "/completion", {"prompt": "abc", "n_predict": 3, "temperature": 0, "n_probs": 3})
+    probabilities = body["completion_probabilities"]
+    assert status == 200 and len(probabilities) == 3
+    for p in probabilities:
+        assert len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]  # greedy: the likeliest
+        assert p["logprob"] == pytest.approx(max(t["logprob"] for t in p["top_logprobs"]))
+        assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
+
+
+def test_a_prompt_may_mix_text_and_token_ids(server, engine):
+    head, tail = engine.tokenize("one", add_bos=True, special=True), engine.tokenize(" three", add_bos=False)
+    ids = engine.tokenize(" two", add_bos=False)
+    status, body = post(server, "/completion", {"prompt": ["one", *ids, " three"], "n_predict": 6, "temperature": 0})
+    assert status == 200 and body["tokens_evaluated"] == len(head + ids + tail)
+    assert body["content"] == greedy(engine, head + ids + tail, 6)[0]
+
+
+def infill_expected(engine, prefix: str, suffix: str, middle: str) -> list[int]:
+    """llama-server's format_prompt_infill with no other files and no repository tokens:
+    [BOS] [FIM_PRE] prefix middle [FIM_SUF] suffix [FIM_MID], the prefix's last 3/4 of a batch, the
+    suffix's first quarter less the middle and two."""
+    pre, suf = engine.tokenize(prefix, add_bos=False), engine.tokenize(suffix, add_bos=False)
+    mid = engine.tokenize(middle, add_bos=False, special=True)
+    pre, suf = pre[len(pre) - min(len(pre), 3 * (N_BATCH // 4)):], suf[:max(0, N_BATCH // 4 - 2 - len(mid))]
+    bos = [engine.token_bos()] if engine.add_bos else []
+    return bos + [FIM["pre"], *pre, *mid, FIM["suf"], *suf, FIM["mid"]]
+
+
+@pytest.mark.parametrize("prefix, suffix, middle", [
+    ("def add(a, b):\n    ", "\n    return c\n", ""),
+    ("x" * 400, "y" * 400, "z"),  # both longer than their shares of a batch: cut as llama-server cuts them
+])
+def test_infill_fills_the_middle_with_llama_servers_prompt(server, engine, prefix, suffix, middle):
+    expected = infill_expected(engine, prefix, suffix, middle)
+    status, body = post(server, "/infill", {"input_prefix": prefix, "input_suffix": suffix, "prompt": middle,
+                                            "n_predict": 8, "temperature": 0})
+    assert status == 200, body
+    assert body["tokens_evaluated"] == len(expected) and body["prompt"] == engine.detokenize(expected, special=True)
+    assert body["content"] == greedy(engine, expected, 8)[0]
+
+
+def test_infill_takes_other_files_where_the_context_leaves_room(server, engine):
+    extra = [{"filename": "util.py", "text": "def helper():\n    pass\n"}]
+    status, body = post(server, "/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": extra,
+                                            "n_predict": 2, "temperature": 0})
+    plain = post(server, "/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 2, "temperature": 0})[1]
+    snippet = engine.tokenize("\n\n--- snippet ---\n\n", add_bos=False) + engine.tokenize(extra[0]["text"],
+                                                                                        add_bos=False)
+    assert status == 200 and body["tokens_evaluated"] == plain["tokens_evaluated"] + len(snippet)
+    assert body["prompt"].startswith(engine.detokenize(snippet, special=True))
+
+
+def test_infill_needs_the_models_fill_in_the_middle_tokens(model, tmp_path):
+    proc, url = start_server(tmp_path / "server.log", *ARGS, model=model)
+    try:
+        status, body = post(url, "/infill", {"input_prefix": "a", "input_suffix": "b"})
+        assert status == 400 and "no fill-in-the-middle pre, suf, mid token" in body["error"]["message"]
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "unknown parameter(s): samplers"),
+    ("/completion", {"prompt": "x", "n_keep": 4}, "'n_keep' = 4 is not supported"),
+    ("/completion", {"prompt": "x", "n_predict": 4, "max_tokens": 5}, "disagree"),
+    ("/completion", {"prompt": [1, {"x": 1}]}, "'prompt' must be a non-empty string, or a list of strings"),
+    ("/completion", {"prompt": "x", "logit_bias": [["ab"]]}, "'logit_bias' must be [[token, bias], ...]"),
+    ("/completion", {"prompt": "x", "logit_bias": {"5": True}}, "'logit_bias[5]' must be a number"),
+    ("/completion", {"prompt": "x", "repeat_last_n": -2}, "'repeat_last_n' must be in [-1,"),
+    ("/completion", {}, "'prompt' is required"),
+    ("/infill", {"input_prefix": "a"}, "'input_suffix' is required"),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": 1}]}, "'input_extra' must be"),
+])
+def test_a_bad_request_is_a_400_naming_what(server, path, body, message):
+    status, answer = post(server, path, body)
+    assert status == 400 and message in answer["error"]["message"], answer
+
+
+def test_llama_servers_settings_at_their_defaults_and_its_own_names_are_taken(server, engine):
+    status, body = post(server, "/completion", {
+        "prompt": "abc", "n_predict": 4, "temperature": 0, "cache_prompt": True, "id_slot": -1, "n_keep": 0,
+        "min_keep": 0, "dynatemp_range": 0, "post_sampling_probs": False, "repeat_last_n": -1, "mirostat": 0,
+        "logit_bias": [["zz", False], [7, -1.5]], "ignore_eos": True})
+    assert status == 200, body
+    assert body["generation_settings"]["repeat_last_n"] == engine.n_ctx and body["tokens_predicted"] == 4
+    banned = set(engine.tokenize("zz", add_bos=False))
+    assert not banned & set(post(server, "/completion", {"prompt": "zz zz zz", "n_predict": 8, "return_tokens": True,
+                                                        "logit_bias": [["zz", False]], "seed": 3})[1]["tokens"])
