@@ -18,6 +18,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
+from pyedgemoe.cli_escapes import process_escapes
 from pyedgemoe.cli_options import model_options, sampling_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
@@ -101,6 +102,15 @@ def run(
                               help="interactive chat with the model's template (ChatML if it has none), as "
                               "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit end the "
                               "session"),
+    single_turn: bool = typer.Option(False, "-st", "--single-turn", help="with --chat: one reply (to -p, else to "
+                                     "the line read), then exit, as llama-cli's -st"),
+    reverse_prompt: Optional[list[str]] = typer.Option(None, "-r", "--reverse-prompt",
+                                                       help="stop generating where this text comes (the output ends "
+                                                            "before it; with --chat, the reply); as llama.cpp's -r, "
+                                                            "can be given several times"),
+    escape: bool = typer.Option(True, "--escape/--no-escape", "-e",
+                                help=r"process escapes (\n, \r, \t, \', \", \\, \xHH) in -p, -f and -r, as "
+                                     "llama.cpp does by default"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming (not with --chat)"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end (of the session, "
                                "with --chat)"),
@@ -118,6 +128,10 @@ def run(
         fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
     if system_prompt is not None and not chat:
         fail("--system-prompt is the system message of a --chat session: give --chat too, or put it in the prompt")
+    if single_turn and not chat:
+        fail("--single-turn is one turn of a --chat session: give --chat too")
+    if reverse_prompt and as_json:
+        fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
     ctx = context_size(model, ctx)
     if dry_run:
         print_plan(model, ctx, sampling.seed, engine_options)
@@ -131,6 +145,9 @@ def run(
             fail(f"cannot read prompt file: {e}")
     if prompt is None and not chat:
         fail("no prompt: give -p TEXT, -f FILE or --chat")
+    stop = list(reverse_prompt or [])
+    if escape:  # as llama.cpp reads them (its -e, on by default)
+        prompt, stop = prompt if prompt is None else process_escapes(prompt), [process_escapes(s) for s in stop]
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
@@ -138,7 +155,7 @@ def run(
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             if chat:
-                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling)
+                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn)
             elif as_json:
                 tokens = eng.tokenize(prompt)
                 ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
@@ -152,7 +169,7 @@ def run(
                 }))
                 return
             else:
-                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color)
+                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop)
             if stats:
                 print_stats(eng.stats())
             if not ended:
@@ -181,10 +198,11 @@ def context_size(model: Path, ctx: int | None) -> int:
 
 
 def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingParams, ignore_eos: bool,
-                display_prompt: bool, color: bool) -> bool:
-    """The prompt and its continuation on stdout as they come, then the timings (and why it stopped,
-    when the context ran out) on stderr; False when Ctrl-C stopped it."""
-    pieces = eng.generate(prompt, max_tokens, stream=True, ignore_eos=ignore_eos, **dataclasses.asdict(sampling))
+                display_prompt: bool, color: bool, stop: list[str]) -> bool:
+    """The prompt and its continuation (up to a stop string) on stdout as they come, then the
+    timings (and why it stopped, when the context ran out) on stderr; False when Ctrl-C stopped it."""
+    pieces = eng.generate(prompt, max_tokens, stop=stop, stream=True, ignore_eos=ignore_eos,
+                          **dataclasses.asdict(sampling))
     if display_prompt:
         sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
     interrupted = False

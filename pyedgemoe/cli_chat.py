@@ -18,8 +18,9 @@ EXIT_COMMANDS = ("/exit", "/quit")
 
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
-             sampling: SamplingParams) -> bool:
-    """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit."""
+             sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False) -> bool:
+    """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit, or after the
+    first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r)."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -41,13 +42,16 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling)})
+        messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling, stop)})
+        if single_turn:
+            return True
 
 
-def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams) -> str:
+def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str]) -> str:
     """The assistant's reply to messages, streamed to stdout; Ctrl-C stops it where it is."""
     reply, interrupted = [], False
-    chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stream=True, **dataclasses.asdict(sampling))
+    chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
+                                        **dataclasses.asdict(sampling))
     try:
         for chunk in chunks:
             piece = chunk["choices"][0]["delta"].get("content", "")

@@ -78,6 +78,8 @@ _MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or l
 _LLAMA_CPP_FLAGS = (
     ("jinja", bool, typer.Option(False, "--jinja", help="llama.cpp's: chats with the model's Jinja template, which "
                                  "pyedgemoe always does"), None),
+    ("no_warmup", bool, typer.Option(False, "--no-warmup", help="llama.cpp's: no warm-up run at load, which "
+                                     "pyedgemoe never makes"), None),
     ("override_tensor", Optional[str], typer.Option(None, "-ot", "--override-tensor", hidden=True), _MOE_PLACEMENT),
     ("cpu_moe", bool, typer.Option(False, "-cmoe", "--cpu-moe", hidden=True), _MOE_PLACEMENT),
     ("n_cpu_moe", Optional[str], typer.Option(None, "-ncmoe", "--n-cpu-moe", hidden=True), _MOE_PLACEMENT),

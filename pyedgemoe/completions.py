@@ -84,7 +84,7 @@ class TextRun:
                 yield piece
             if self._text.stopped:
                 self._tokens.close()
-                self.finish_reason = "stop"
+                self.finish_reason = self.generation.timings.finish_reason = "stop"  # the Engine's last_timings too
                 return
             if self._missing > 0:
                 self._missing -= 1

@@ -1,0 +1,87 @@
+"""What llama-cli users type, as llama-cli reads it: escapes in -p, -f and -r (its -e, on by
+default), -r/--reverse-prompt ending the text, -st/--single-turn, --no-warmup."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyedgemoe import Engine
+from pyedgemoe.cli_escapes import process_escapes
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+GREEDY = ["--temp", "0", "-t", "1", "--no-display-prompt"]
+
+
+def run(*arguments: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", str(DEMO), *arguments], capture_output=True,
+                          text=True, timeout=180, input=stdin)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(DEMO, n_ctx=256, n_threads=1) as eng:
+        yield eng
+
+
+def greedy(engine, prompt: str, n: int, stop: list[str] | None = None) -> str:
+    return engine.generate(prompt, n, stop=stop, temperature=0.0)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"a\nb", "a\nb"), (r"tab\there", "tab\there"), (r"quote\"s\'", "quote\"s'"), (r"back\\n", "back\\n"),
+    (r"\x41\xe2\x82\xac", "A€"), (r"C:\dir\q", r"C:\dir\q"), ("end\\", "end\\"), (r"\x4", r"\x4"),
+])
+def test_escapes_are_llama_cpps(text, expected):
+    assert process_escapes(text) == expected
+
+
+def test_a_prompts_escapes_are_processed_unless_told_not(engine, tmp_path):
+    prompt = r"def add(a, b):\n   "
+    escaped, verbatim = run("-p", prompt, "-n", "12", *GREEDY), run("-p", prompt, "-n", "12", "--no-escape", *GREEDY)
+    assert escaped.returncode == verbatim.returncode == 0, escaped.stderr
+    assert escaped.stdout == greedy(engine, "def add(a, b):\n   ", 12) + "\n"
+    assert verbatim.stdout == greedy(engine, prompt, 12) + "\n" != escaped.stdout
+    file = tmp_path / "prompt.txt"
+    file.write_text(prompt)  # as llama.cpp: a file's text too
+    assert run("-f", str(file), "-n", "12", *GREEDY).stdout == escaped.stdout
+
+
+def test_a_reverse_prompt_ends_the_text_before_it(engine):
+    text = greedy(engine, "def add(a, b):\n   ", 32)
+    word = text.split()[3]
+    r = run("-p", r"def add(a, b):\n   ", "-n", "32", "-r", "zzz", "-r", word, *GREEDY)
+    assert r.returncode == 0 and r.stdout == text[:text.index(word)] + "\n"
+    assert "context" not in r.stderr  # a stop, not a full context
+
+
+def test_a_reverse_prompts_escapes_are_processed(engine):
+    text = greedy(engine, "def add(a, b):\n   ", 32)
+    line = text.split("\n")[1][:4]  # the start of the second line, after a line break
+    r = run("-p", r"def add(a, b):\n   ", "-n", "32", "-r", r"\n" + line, *GREEDY)
+    assert r.stdout == text[:text.index("\n" + line)] + "\n"
+
+
+def test_single_turn_answers_once_and_ends(engine):
+    r = run("-cnv", "-p", "hello", "-st", "-n", "8", "--temp", "0", "-t", "1", stdin="never read\n")
+    reply = engine.create_chat_completion([{"role": "user", "content": "hello"}], max_tokens=8, temperature=0.0)
+    assert r.returncode == 0 and r.stdout == f"> hello\n{reply['choices'][0]['message']['content']}\n"
+    read = run("-cnv", "-st", "-n", "8", "--temp", "0", "-t", "1", stdin="hello\nsecond\n")
+    assert read.returncode == 0 and read.stdout == "> " + r.stdout.removeprefix("> hello\n")  # one line read
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["-p", "x", "-st"], "--single-turn is one turn of a --chat session"),
+    (["-p", "x", "-r", "y", "--json"], "--reverse-prompt ends streamed text"),
+])
+def test_a_flag_without_its_mode_is_one_error_line(arguments, message):
+    r = run(*arguments)
+    assert r.returncode != 0 and r.stderr.startswith("error: ") and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_no_warmup_is_taken(engine):
+    r = run("-p", "x", "-n", "4", "--no-warmup", *GREEDY)
+    assert r.returncode == 0 and r.stdout == greedy(engine, "x", 4) + "\n"
