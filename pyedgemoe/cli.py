@@ -18,7 +18,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
-from pyedgemoe.cli_escapes import process_escapes
+from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
 from pyedgemoe.cli_options import model_options, sampling_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
@@ -108,9 +108,7 @@ def run(
                                                        help="stop generating where this text comes (the output ends "
                                                             "before it; with --chat, the reply); as llama.cpp's -r, "
                                                             "can be given several times"),
-    escape: bool = typer.Option(True, "--escape/--no-escape", "-e",
-                                help=r"process escapes (\n, \r, \t, \', \", \\, \xHH) in -p, -f and -r, as "
-                                     "llama.cpp does by default"),
+    escape: bool = escape_option("-p, -f and -r"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming (not with --chat)"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end (of the session, "
                                "with --chat)"),
@@ -140,14 +138,14 @@ def run(
         fail(f"--n-predict must be >= -1, got {n_predict}")
     if file is not None:
         try:
-            prompt = file.read_text(encoding="utf-8")
+            prompt = read_text_file(file, escape)
         except OSError as e:
             fail(f"cannot read prompt file: {e}")
+    elif prompt is not None and escape:  # as llama.cpp reads them (its -e, on by default)
+        prompt = process_escapes(prompt)
     if prompt is None and not chat:
         fail("no prompt: give -p TEXT, -f FILE or --chat")
-    stop = list(reverse_prompt or [])
-    if escape:  # as llama.cpp reads them (its -e, on by default)
-        prompt, stop = prompt if prompt is None else process_escapes(prompt), [process_escapes(s) for s in stop]
+    stop = [process_escapes(s) if escape else s for s in reverse_prompt or []]
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
@@ -330,6 +328,7 @@ def perplexity_command(
     decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
                                      "an expert cache, loaded) as generation does"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    escape: bool = escape_option("the text"),
     engine_options: dict = None,
 ) -> None:
     """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
@@ -341,7 +340,7 @@ def perplexity_command(
     if chunks is not None and chunks <= 0:
         fail(f"--chunks must be a positive number of chunks, got {chunks}")
     try:
-        text = file.read_text(encoding="utf-8", errors="replace")
+        text = read_text_file(file, escape)
     except OSError as e:
         fail(f"cannot read text file: {e}")
 
@@ -404,7 +403,7 @@ def calibrate_command(
     from pyedgemoe.calibration.run import calibrate
 
     try:
-        text = file.read_text(encoding="utf-8", errors="replace")
+        text = read_text_file(file, escape=False)
     except OSError as e:
         fail(f"cannot read text file: {e}")
     try:

@@ -85,3 +85,13 @@ def test_a_flag_without_its_mode_is_one_error_line(arguments, message):
 def test_no_warmup_is_taken(engine):
     r = run("-p", "x", "-n", "4", "--no-warmup", *GREEDY)
     assert r.returncode == 0 and r.stdout == greedy(engine, "x", 4) + "\n"
+
+
+def test_a_prompt_file_is_read_as_llama_cpp_reads_it(engine, tmp_path):
+    """One trailing line break dropped; bytes that are not UTF-8 do not stop it."""
+    file = tmp_path / "prompt.txt"
+    file.write_text("def add(a, b):\n")
+    assert run("-f", str(file), "-n", "8", *GREEDY).stdout == greedy(engine, "def add(a, b):", 8) + "\n"
+    file.write_bytes(b"abc\xff def")
+    r = run("-f", str(file), "-n", "4", *GREEDY)
+    assert r.returncode == 0 and r.stdout == greedy(engine, "abc\ufffd def", 4) + "\n"

@@ -216,3 +216,18 @@ def test_cli_usage_errors_exit_2(olmoe, text_file, args, fragment):
     r = cli("perplexity", olmoe, "-f", text_file, *args)
     assert r.returncode == 2
     assert_one_line_error(r, fragment)
+
+
+def test_cli_reads_its_file_as_llama_perplexity(olmoe, tmp_path):
+    """llama-perplexity's -f: one trailing line break dropped, escapes processed (its -e, on by default)."""
+    words = TEXT.split(" ")
+    escaped = " ".join(w + (r"\n" if i % 7 == 0 else "") for i, w in enumerate(words))
+    path = tmp_path / "escaped.txt"
+    path.write_text(escaped + "\n")
+    with Engine(olmoe, n_ctx=N_CTX, n_threads=2) as eng:
+        as_read = perplexity(eng, escaped.replace(r"\n", "\n"), n_ctx=N_CTX, n_chunks=N_CHUNKS)
+        verbatim = perplexity(eng, escaped, n_ctx=N_CTX, n_chunks=N_CHUNKS)
+    out, kept = (json.loads(cli("perplexity", olmoe, "-f", path, "--ctx", N_CTX, "--chunks", N_CHUNKS, "-t", 2,
+                                "--json", *flags).stdout) for flags in ([], ["--no-escape"]))
+    assert out["ppl"] == pytest.approx(as_read.ppl, rel=1e-12) and out["n_tokens"] == as_read.n_tokens
+    assert kept["ppl"] == pytest.approx(verbatim.ppl, rel=1e-12) != as_read.ppl
