@@ -46,39 +46,29 @@ def check_n_probs(name: str, n: int | None) -> None:
 
 class TextRun:
     """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it;
-    tokens are those taken so far (n_tokens their count), generation.logprobs their TokenLogprobs
-    (n_probs); stop_word the stop string met (None: none). A character cut by max_tokens is
-    finished first, as llama-cpp-python's completions do (their count of the bytes it lacks,
-    _bytes_missing): at most CHARACTER_TAIL tokens more; with exact_length, as llama-server's
-    /completion, not (the cut character's bytes are dropped)."""
+    n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs). A
+    character cut by max_tokens is finished first, as llama-cpp-python's completions do (their
+    count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
-                 special_tokens: frozenset[int] = frozenset(), exact_length: bool = False):
+                 special_tokens: frozenset[int] = frozenset()):
         self._engine = engine
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
-        self._max_tokens, self._bytes, self._missing, self._exact = max_tokens, b"", 0, exact_length
-        allowed = max_tokens + CHARACTER_TAIL if max_tokens and not exact_length else max_tokens
+        self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
+        allowed = max_tokens + CHARACTER_TAIL if max_tokens else max_tokens
         self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs)
         self._text = TextStream(stop)
-        self.tokens: list[int] = []
+        self.n_tokens = 0
         self.finish_reason = "length"
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def stop_word(self) -> str | None:
-        return self._text.stop_word
 
     def pieces(self) -> Iterator[str]:
         for token in self._tokens:
-            self.tokens.append(token)
+            self.n_tokens += 1
             raw = self._engine.token_piece(token, special=token in self._special)
             self._bytes = self._bytes[-3:] + raw  # the text's last bytes: what _bytes_missing reads
-            self._missing = 0 if self._exact else _bytes_missing(self._bytes, self._missing)
+            self._missing = _bytes_missing(self._bytes, self._missing)
             piece = self._text.push(raw)
             if piece:
                 yield piece

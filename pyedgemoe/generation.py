@@ -330,6 +330,7 @@ class Generation:
         self.feed_tokens = feed_tokens
         self.n_probs = n_probs
         self.logprobs: list[TokenLogprob] = []  # of each generated token, with n_probs
+        self.end: tuple[int, TokenLogprob | None] | None = None  # the end-of-generation token picked, not yielded
         self._pick_logprob: TokenLogprob | None = None  # the last pick's, until it is taken
         self.sequence: KVSequence | None = None
         self._last = -1  # the token picked last
@@ -388,7 +389,10 @@ class Generation:
         the sampler's stopping criteria."""
         if not self.more():
             return self._finish("length")
-        if (not self.ignore_eos and self.decoder.is_eog(token)) or self.sampler.stopped:
+        if not self.ignore_eos and self.decoder.is_eog(token):
+            self.end = (token, self._pick_logprob)
+            return self._finish("stop")
+        if self.sampler.stopped:
             return self._finish("stop")
         self.timings.n_decoded += 1
         self.timings.decode_seconds = time.perf_counter() - self._decode_start

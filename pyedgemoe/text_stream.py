@@ -30,7 +30,6 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self._pending = ""
         self.stopped = False  # a stop string was met; nothing after it is emitted
-        self.stop_word: str | None = None  # the one met
 
     def push(self, piece: bytes) -> str:
         """Adds a token's bytes; returns the text that is now safe to emit."""
@@ -38,7 +37,7 @@ class TextStream:
         for s in self.stop:
             at = self._pending.find(s)
             if at >= 0:
-                out, self._pending, self.stopped, self.stop_word = self._pending[:at], "", True, s
+                out, self._pending, self.stopped = self._pending[:at], "", True
                 return out
         keep = self._longest_stop_prefix_suffix()
         cut = len(self._pending) - keep

@@ -59,8 +59,10 @@ def events(url: str, path: str, body: dict) -> list[str]:
 
 
 def greedy(engine, tokens: list[int], n: int) -> tuple[str, list[int]]:
+    """The greedy continuation's text as llama-server shows it (bytes that are not UTF-8 as U+FFFD,
+    which a tiny model's single-byte tokens often are), and its tokens."""
     ids = list(engine.generate_tokens(tokens, n, SamplingParams(temperature=0.0)))
-    return engine.detokenize(ids), ids
+    return b"".join(engine.token_piece(t) for t in ids).decode("utf-8", "replace"), ids
 
 
 def test_a_completion_is_the_models_greedy_text_with_llama_servers_fields(server, engine):
@@ -78,6 +80,7 @@ def test_a_completion_is_the_models_greedy_text_with_llama_servers_fields(server
     timings = body["timings"]
     assert timings["predicted_n"] == 12 and timings["prompt_n"] + timings["cache_n"] == len(tokens)
     assert all(timings[k] >= 0 for k in ("prompt_ms", "predicted_ms", "predicted_per_second"))
+    assert body["tokens_cached"] == len(tokens) + 11  # in the KV cache: the last token is not evaluated
     status, again = post(server, "/completions", {"prompt": "Building a website can be done in", "n_predict": 12,
                                                   "temperature": 0})
     assert again["content"] == text and again["tokens"] == []  # tokens only with return_tokens
@@ -99,7 +102,7 @@ def test_a_streamed_completion_sends_the_same_text_and_ends_with_the_totals(serv
 def test_a_stop_word_ends_it_and_is_named(server, engine):
     tokens = engine.tokenize("x = ", add_bos=True, special=True)
     text, _ = greedy(engine, tokens, 24)
-    word = next(text[i:i + 2] for i in range(2, len(text) - 2) if text[i:i + 2].strip())
+    word = next(text[i:i + 2] for i in range(2, len(text) - 2) if text[i:i + 2].isascii() and text[i:i + 2].isalpha())
     status, body = post(server, "/completion", {"prompt": "x = ", "n_predict": 24, "temperature": 0, "stop": [word]})
     assert status == 200 and body["stop_type"] == "word" and body["stopping_word"] == word
     assert body["content"] == text[:text.index(word)]
@@ -112,7 +115,7 @@ def test_n_probs_gives_each_tokens_likeliest(server):
     for p in probabilities:
         assert len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]  # greedy: the likeliest
         assert p["logprob"] == pytest.approx(max(t["logprob"] for t in p["top_logprobs"]))
-        assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
+        assert bytes(p["bytes"]).decode("utf-8", "replace") == p["token"]
 
 
 def test_a_prompt_may_mix_text_and_token_ids(server, engine):
@@ -194,3 +197,15 @@ def test_llama_servers_settings_at_their_defaults_and_its_own_names_are_taken(se
     banned = set(engine.tokenize("zz", add_bos=False))
     assert not banned & set(post(server, "/completion", {"prompt": "zz zz zz", "n_predict": 8, "return_tokens": True,
                                                         "logit_bias": [["zz", False]], "seed": 3})[1]["tokens"])
+
+
+def test_the_end_of_generation_token_is_counted_as_llama_server_counts_it(server, engine):
+    eos = engine.token_eos()
+    status, body = post(server, "/completion", {"prompt": "abc", "n_predict": 8, "logit_bias": {str(eos): 100},
+                                                "return_tokens": True, "n_probs": 1})
+    assert status == 200 and body["stop_type"] == "eos" and body["content"] == ""
+    assert body["tokens"] == [eos] and body["tokens_predicted"] == 1
+    assert [p["id"] for p in body["completion_probabilities"]] == [eos]
+    chunks = [json.loads(p) for p in events(server, "/completion", {"prompt": "abc", "n_predict": 8,
+                                                                    "logit_bias": {str(eos): 100}})]
+    assert [(c["content"], c["tokens"], c["stop"]) for c in chunks] == [("", [eos], False), ("", [], True)]

@@ -1,0 +1,95 @@
+"""pyedgemoe serve's /completion and /infill against stock llama-server's, the same requests to both.
+
+    python scripts/llama_server_parity.py --theirs http://127.0.0.1:8392 --ours http://127.0.0.1:8391
+
+Both serve the same file with the same context and batch (`-c`, `-b`, `-ub`, one sequence) and,
+for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server").
+Each request's answer is compared field by field (the text, the tokens, why it stopped, the counts,
+the prompt as the model saw it, the probabilities), and each streamed one event by event; prints
+what differs and exits 1 where anything does.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+from urllib.parse import urlparse
+
+CASES = [
+    ("/completion", {"prompt": "Building a website can be done in", "n_predict": 12, "temperature": 0}),
+    ("/completion", {"prompt": ["one", 263, 272, " three"], "n_predict": 6, "temperature": 0, "return_tokens": True}),
+    ("/completion", {"prompt": "x = ", "n_predict": 24, "temperature": 0, "stop": ["al"]}),
+    ("/completion", {"prompt": "abc", "n_predict": 3, "temperature": 0, "n_probs": 2}),
+    ("/completion", {"prompt": "x", "logit_bias": [["ab", False], [5, 2.5]], "n_predict": 3, "temperature": 0}),
+    ("/completion", {"prompt": "hello", "n_predict": 5, "temperature": 0, "repeat_last_n": 32, "repeat_penalty": 1.3}),
+    ("/completion", {"prompt": "a", "n_predict": 48, "seed": 3, "top_k": 3}),  # sampled, to the end of generation
+    ("/completion", {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "n_predict": 48, "seed": 0,
+                     "top_k": 3, "n_probs": 2}),
+    ("/completion", {"prompt": "x = ", "n_predict": 3, "temperature": 0, "stop": ["j ret", "rs"]}),
+    ("/infill", {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n    return c\n", "n_predict": 8,
+                 "temperature": 0}),
+    ("/infill", {"input_prefix": "x" * 400, "input_suffix": "y" * 400, "prompt": "z", "n_predict": 8,
+                 "temperature": 0}),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 4, "temperature": 0,
+                 "input_extra": [{"filename": "u.py", "text": "def h():\n  pass\n"}]}),
+]
+FIELDS = ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "prompt",
+          "has_new_line", "truncated", "tokens_cached")
+
+
+def post(base: str, path: str, body: dict) -> tuple[int, str]:
+    u = urlparse(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    return response.status, text
+
+
+def answers(base: str, path: str, body: dict) -> list[dict]:
+    """The answer, or a streamed answer's events."""
+    status, text = post(base, path, body)
+    if status != 200:
+        return [{"status": status}]
+    if not body.get("stream"):
+        return [json.loads(text)]
+    return [json.loads(block.removeprefix("data: ")) for block in text.split("\n\n") if block.startswith("data: ")]
+
+
+def differences(theirs: list[dict], ours: list[dict]) -> list[str]:
+    if len(theirs) != len(ours):
+        return [f"{len(theirs)} answers or events against {len(ours)}"]
+    out = []
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        for field in FIELDS + ("status",):
+            if a.get(field) != b.get(field):
+                out.append(f"[{i}] {field}: {a.get(field)!r} against {b.get(field)!r}")
+        for p, q in zip(a.get("completion_probabilities", []), b.get("completion_probabilities", [])):
+            if [t["id"] for t in p["top_logprobs"]] != [t["id"] for t in q["top_logprobs"]] or \
+                    abs(p["logprob"] - q["logprob"]) > 1e-4 or p["token"] != q["token"]:
+                out.append(f"[{i}] probabilities: {p} against {q}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--theirs", required=True, help="stock llama-server's URL")
+    p.add_argument("--ours", required=True, help="pyedgemoe serve's URL")
+    args = p.parse_args(argv)
+    failed = 0
+    for path, body in CASES:
+        for streamed in (False, True):
+            request = {**body, "stream": streamed}
+            found = differences(answers(args.theirs, path, request), answers(args.ours, path, request))
+            failed += bool(found)
+            print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
+            for line in found:
+                print(f"    {line}")
+    print(f"{len(CASES) * 2 - failed} of {len(CASES) * 2} the same")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
