@@ -271,7 +271,7 @@ def serve(
     engine_options: dict = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
-    /v1/chat/completions, /health, /metrics (docs/server.md)."""
+    /v1/chat/completions, /health, /metrics; and llama-server's /completion and /infill (docs/server.md)."""
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if parallel < 1:
