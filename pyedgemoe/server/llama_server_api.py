@@ -139,11 +139,13 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
                 chunk["completion_probabilities"] = probabilities[-1:]
             yield chunk
 
-    for token in picks:
-        yield from event(token)
-        if slot.stopping_word is not None:
-            picks.close()
-            break
+    try:
+        for token in picks:
+            yield from event(token)
+            if slot.stopping_word is not None:
+                break
+    finally:  # a stop string, or the client gone: the Engine's sequence is free at once
+        picks.close()
     if generation.end is not None:
         yield from event(generation.end[0], is_eog=True)
     if stream and slot.sent < len(slot.text):  # what a stop string might have begun, once it cannot
@@ -156,7 +158,8 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
             "tokens_evaluated": n_prompt, "generation_settings": settings,
             "prompt": engine.detokenize(generation.prompt, special=True), "has_new_line": "\n" in text,
             "truncated": False, "stop_type": stop_type, "stopping_word": _text(slot.stopping_word or b""),
-            "tokens_cached": n_prompt + max(len(slot.tokens) - 1, 0), "timings": _timings(generation.timings)}
+            "tokens_cached": n_prompt + max(len(slot.tokens) - 1, 0),
+            "timings": _timings(generation.timings, len(slot.tokens))}
     if n_probs and not stream:
         # as llama-server: without a stop string's tokens, as many as its text makes
         cut = len(engine.tokenize(last["stopping_word"], add_bos=False)) if slot.stopping_word else 0
@@ -217,15 +220,16 @@ def _probability(engine, t, sent: bytes) -> dict:
             "top_logprobs": [entry(i, lp, engine.token_piece(i)) for i, lp in t.top]}
 
 
-def _timings(t) -> dict:
-    """llama-server's timings of a GenerationStats."""
+def _timings(t, predicted: int) -> dict:
+    """llama-server's timings of a GenerationStats whose generation picked `predicted` tokens (the
+    end-of-generation one counted)."""
     prompt_n, prompt_ms, predicted_ms = t.n_prompt_tokens - t.n_cached_prompt_tokens, t.prefill_seconds * 1e3, \
         t.decode_seconds * 1e3
     return {"cache_n": t.n_cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": t.prefill_tokens_per_second, "predicted_n": t.n_decoded,
-            "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / t.n_decoded if t.n_decoded else 0.0,
-            "predicted_per_second": t.decode_tokens_per_second}
+            "prompt_per_second": t.prefill_tokens_per_second, "predicted_n": predicted, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+            "predicted_per_second": predicted / t.decode_seconds if t.decode_seconds > 0 else 0.0}
 
 
 def _settings(sampling: SamplingParams, max_tokens: int | None, stop: list[str], n_probs: int, ignore_eos: bool,
