@@ -210,14 +210,3 @@ def test_the_end_of_generation_token_is_counted_as_llama_server_counts_it(server
                                                                     "logit_bias": {str(eos): 100}})]
     assert [(c["content"], c["tokens"], c["stop"]) for c in chunks] == [("", [eos], False), ("", [], True)]
 
-
-def test_a_client_that_leaves_a_stream_frees_the_engine(server):
-    u = urlparse(server)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    conn.request("POST", "/completion", body=json.dumps({"prompt": "abc", "n_predict": -1, "ignore_eos": True,
-                                                         "stream": True}), headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")
-    conn.close()  # mid-generation: the context holds 512 positions, far from its end
-    status, body = post(server, "/completion", {"prompt": "abc", "n_predict": 4, "temperature": 0})
-    assert status == 200 and body["tokens_predicted"] == 4
