@@ -62,6 +62,30 @@ class SamplingParams:
                       "of top-k, typical, top-p and min-p, as llama.cpp's"))
     mirostat_tau: float = field(default=5.0, metadata=_flag("--mirostat-ent", "Mirostat's target entropy (tau)"))
     mirostat_eta: float = field(default=0.1, metadata=_flag("--mirostat-lr", "Mirostat's learning rate (eta)"))
+    # llama.cpp's samplers beyond llama-cpp-python's (llama-server's names)
+    dry_multiplier: float = field(default=0.0, metadata=_flag(
+        "--dry-multiplier", "DRY (don't repeat yourself): a token that extends a repetition of the recent text "
+                            "longer than --dry-allowed-length loses this times --dry-base ^ (its length - the "
+                            "allowed length) of its logit (0: off)"))
+    dry_base: float = field(default=1.75, metadata=_flag("--dry-base", "DRY's base"))
+    dry_allowed_length: int = field(default=2, metadata=_flag("--dry-allowed-length", "DRY: the repetitions "
+                                                                                      "longer than this are penalized"))
+    dry_penalty_last_n: int = field(default=64, metadata=_flag("--dry-penalty-last-n", "DRY: the recent tokens "
+                                                                                       "searched (0: off)"))
+    # the text that ends a repetition for DRY
+    dry_sequence_breakers: tuple[str, ...] = field(default=("\n", ":", '"', "*"), metadata=_flag(None))
+    xtc_probability: float = field(default=0.0, metadata=_flag(
+        "--xtc-probability", "XTC (exclude top choices): the chance of removing every token but the least likely "
+                             "of those above --xtc-threshold (0: off)"))
+    xtc_threshold: float = field(default=0.1, metadata=_flag("--xtc-threshold", "XTC's probability threshold "
+                                                                                "(above 0.5: off)"))
+    top_n_sigma: float = field(default=-1.0, metadata=_flag(
+        "--top-nsigma", "keep the tokens within this many standard deviations of the largest logit (<= 0: off)"))
+    dynatemp_range: float = field(default=0.0, metadata=_flag(
+        "--dynatemp-range", "dynamic temperature: the temperature moves within --temp +/- this, by the "
+                            "distribution's entropy (0: off)"))
+    dynatemp_exponent: float = field(default=1.0, metadata=_flag("--dynatemp-exp", "dynamic temperature's "
+                                                                                  "exponent"))
     # {token id: bias added to its logit} (-inf: never that token); given as a dict, kept as pairs
     logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_flag(None))
     # llama-cpp-python's Python hooks (token_sampler.TokenSampler): f(input_ids, logits) -> logits
@@ -87,6 +111,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # a mapping given: its pairs
+        if isinstance(self.dry_sequence_breakers, list):  # as a JSON request gives them
+            object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
 
     @classmethod
     def of(cls, keywords: dict, **defaults) -> "SamplingParams":
@@ -133,9 +159,16 @@ class SamplingParams:
             raise InvalidOptionError(f"penalty_last_n (the penalties' window) must be >= 0, got {self.penalty_last_n}")
         if self.mirostat_mode not in (0, 1, 2):
             raise InvalidOptionError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
-        for name in ("mirostat_tau", "mirostat_eta"):
+        for name in ("mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold",
+                     "dynatemp_range", "dynatemp_exponent", "dry_allowed_length", "dry_penalty_last_n"):
             if not (np.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
                 raise InvalidOptionError(f"{name} must be a number >= 0, got {getattr(self, name)}")
+        if not np.isfinite(self.top_n_sigma):
+            raise InvalidOptionError(f"top_n_sigma must be a finite number, got {self.top_n_sigma}")
+        if not (isinstance(self.dry_sequence_breakers, (list, tuple))
+                and all(isinstance(b, str) and b for b in self.dry_sequence_breakers)):
+            raise InvalidOptionError(f"dry_sequence_breakers must be a list of non-empty strings, got "
+                                     f"{self.dry_sequence_breakers!r}"[:200])
         processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
         for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria])):
             if not all(hook is None or callable(hook) for hook in hooks):
@@ -167,12 +200,15 @@ class SamplingParams:
                                     self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar,
                                     self.logit_bias, self.mirostat_mode, self.mirostat_tau, self.mirostat_eta,
                                     self.grammar_triggers is not None, *(self.grammar_triggers or ((), ())),
-                                    self.grammar_prefill)
+                                    self.grammar_prefill, self.dry_multiplier, self.dry_base, self.dry_allowed_length,
+                                    self.dry_penalty_last_n, list(self.dry_sequence_breakers), self.xtc_probability,
+                                    self.xtc_threshold, self.top_n_sigma, self.dynatemp_range, self.dynatemp_exponent)
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:
             raise InvalidOptionError(f"{'json_schema' if self.json_schema is not None else 'grammar'}: {e}") from None
-        for t in prompt[-self.penalty_last_n:] if self.penalty_last_n > 0 and self.penalize_prompt else []:
+        seen = max(self.penalty_last_n, self.dry_penalty_last_n)  # what the penalties and DRY keep of the prompt
+        for t in prompt[-seen:] if seen > 0 and self.penalize_prompt else []:
             chain.accept_prompt(t)
         return TokenSampler(chain, self.logits_processor, self.stopping_criteria)
 

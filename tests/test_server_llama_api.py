@@ -210,3 +210,15 @@ def test_the_end_of_generation_token_is_counted_as_llama_server_counts_it(server
                                                                     "logit_bias": {str(eos): 100}})]
     assert [(c["content"], c["tokens"], c["stop"]) for c in chunks] == [("", [eos], False), ("", [], True)]
 
+
+
+def test_llama_servers_samplers_beyond_llama_cpp_pythons(server, engine):
+    body = {"prompt": "x = ", "n_predict": 32, "temperature": 0}
+    dry = {"dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 1, "dry_sequence_breakers": ["\n"]}
+    plain, repeated_less = post(server, "/completion", body)[1], post(server, "/completion", {**body, **dry})[1]
+    ids = list(engine.generate_tokens(engine.tokenize("x = ", add_bos=True, special=True), 32,
+                                      SamplingParams(temperature=0.0, **dry)))
+    assert repeated_less["content"] == b"".join(engine.token_piece(t) for t in ids).decode("utf-8", "replace")
+    assert repeated_less["content"] != plain["content"]
+    status, answer = post(server, "/completion", {**body, "dry_sequence_breakers": [""]})
+    assert status == 400 and "'dry_sequence_breakers' must be a list" in answer["error"]["message"]

@@ -65,7 +65,8 @@ struct Context {
 // Owns a llama_sampler chain.
 struct Sampler {
     llama_sampler * chain = nullptr;
-    llama_sampler * penalties = nullptr;  // in the chain, or none: the prompt's tokens go to it alone
+    llama_sampler * penalties = nullptr;  // in the chain, or none: the prompt's tokens go to it and DRY alone
+    llama_sampler * repetition = nullptr;  // DRY, in the chain, or none
     ~Sampler();
 };
 

@@ -1,13 +1,16 @@
 // Sampler: llama.cpp's sampler chain, in the order llama.cpp's own tools use
-// (logit bias -> penalties -> grammar -> top-k -> typical -> top-p -> min-p -> temperature -> dist;
-// greedy when temperature <= 0; with Mirostat, temperature -> mirostat in place of the truncations
-// and dist, as llama.cpp's common sampler). The grammar (GBNF, llama.cpp's grammar sampler) comes
-// right after the penalties, as in llama-cpp-python's chain: only tokens it allows reach the others.
+// (logit bias -> penalties -> grammar -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
+// XTC -> temperature (dynamic with a range) -> dist; greedy after DRY and XTC when temperature <= 0;
+// with Mirostat, temperature -> mirostat in place of the truncations and dist, as llama.cpp's common
+// sampler). A sampler left at its "off" value is not in the chain. The grammar (GBNF, llama.cpp's
+// grammar sampler) comes right after the penalties, as in llama-cpp-python's chain: only tokens it
+// allows reach the others.
 #include "native.h"
 
 #include "llama.h"
 
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cctype>
@@ -103,7 +106,10 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             int penalty_last_n, uint32_t seed, const std::string & grammar,
             const std::vector<std::pair<llama_token, float>> & logit_bias, int mirostat, float mirostat_tau,
             float mirostat_eta, bool grammar_lazy, const std::vector<std::string> & trigger_patterns,
-            const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill) {
+            const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill,
+            float dry_multiplier, float dry_base, int dry_allowed_length, int dry_penalty_last_n,
+            const std::vector<std::string> & dry_sequence_breakers, float xtc_probability, float xtc_threshold,
+            float top_n_sigma, float dynatemp_range, float dynatemp_exponent) {
     const GrammarStart start{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill};
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -131,7 +137,22 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             throw;
         }
     }
+    // DRY ("don't repeat yourself"): a token extending a repetition of the recent text longer than
+    // allowed_length is penalized multiplier * base ^ (length - allowed_length); breakers end one
+    llama_sampler * repetition = nullptr;
+    if (mirostat == 0 && dry_multiplier != 0.0f && dry_base >= 1.0f && dry_penalty_last_n != 0) {
+        std::vector<const char *> breakers;
+        for (const auto & b : dry_sequence_breakers) breakers.push_back(b.c_str());
+        repetition = llama_sampler_init_dry(vocab, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+                                            breakers.data(), breakers.size());
+        llama_sampler_chain_add(chain, repetition);
+    }
+    // XTC draws with its own generator, seeded as the distribution's (llama.cpp's common sampler)
+    auto add_xtc = [&] {
+        if (xtc_probability > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_xtc(xtc_probability, xtc_threshold, 1, seed));
+    };
     if (temperature <= 0.0f) {
+        add_xtc();
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else if (mirostat != 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_temp(temperature));
@@ -139,16 +160,19 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             ? llama_sampler_init_mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)  // m = 100: llama.cpp's
             : llama_sampler_init_mirostat_v2(seed, mirostat_tau, mirostat_eta));
     } else {
+        if (top_n_sigma > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_n_sigma(top_n_sigma));
         if (top_k > 0) llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
         if (typical_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_typical(typical_p, 1));
         if (top_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
         if (min_p > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
-        llama_sampler_chain_add(chain, llama_sampler_init_temp(temperature));
+        add_xtc();
+        llama_sampler_chain_add(chain, llama_sampler_init_temp_ext(temperature, dynatemp_range, dynatemp_exponent));
         llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
     }
     new (self) Sampler();
     self->chain = chain;
     self->penalties = penalties;
+    self->repetition = repetition;
 }
 
 // Samples from logits given (llama-cpp-python's logits processors changed them) as
@@ -179,7 +203,11 @@ void register_sampler(nb::module_ & m) {
              nb::arg("seed"), nb::arg("grammar") = "", nb::arg("logit_bias") = std::vector<std::pair<llama_token, float>>(),
              nb::arg("mirostat") = 0, nb::arg("mirostat_tau") = 5.0f, nb::arg("mirostat_eta") = 0.1f,
              nb::arg("grammar_lazy") = false, nb::arg("trigger_patterns") = std::vector<std::string>(),
-             nb::arg("trigger_tokens") = std::vector<llama_token>(), nb::arg("grammar_prefill") = "")
+             nb::arg("trigger_tokens") = std::vector<llama_token>(), nb::arg("grammar_prefill") = "",
+             nb::arg("dry_multiplier") = 0.0f, nb::arg("dry_base") = 1.75f, nb::arg("dry_allowed_length") = 2,
+             nb::arg("dry_penalty_last_n") = 64, nb::arg("dry_sequence_breakers") = std::vector<std::string>(),
+             nb::arg("xtc_probability") = 0.0f, nb::arg("xtc_threshold") = 0.1f, nb::arg("top_n_sigma") = -1.0f,
+             nb::arg("dynatemp_range") = 0.0f, nb::arg("dynatemp_exponent") = 1.0f)
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },
@@ -187,8 +215,9 @@ void register_sampler(nb::module_ & m) {
         .def("sample_logits", [](Sampler & s, Context & c, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits) {
                  return sample_logits(s, logits, c.n_vocab);
              }, nb::arg("context"), nb::arg("logits"))
-        // A token of the prompt, for the penalties only: the grammar constrains the generated text.
-        .def("accept_prompt", [](Sampler & s, llama_token t) { if (s.penalties) llama_sampler_accept(s.penalties, t); },
-             nb::arg("token"))
+        // A token of the prompt, for the penalties and DRY only: the grammar constrains the generated text.
+        .def("accept_prompt", [](Sampler & s, llama_token t) {
+                 for (llama_sampler * seen : {s.penalties, s.repetition}) if (seen) llama_sampler_accept(seen, t);
+             }, nb::arg("token"))
         .def("reset", [](Sampler & s) { llama_sampler_reset(s.chain); });
 }

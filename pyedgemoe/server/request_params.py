@@ -212,8 +212,17 @@ def _field_check(name: str):
     return _BY_TYPE[next(t for t in get_args(hint) if t is not type(None)) if get_args(hint) else hint]
 
 
+def _breakers(name: str, value) -> list[str]:
+    """DRY's sequence breakers: at most MAX_STOP_STRINGS strings of at most MAX_STOP_CHARS characters."""
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or \
+            len(value) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in value):
+        raise _invalid(name, f"a list of at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} "
+                       "characters", value)
+    return value
+
+
 _SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop,
-             "logit_bias": _logit_bias}
+             "logit_bias": _logit_bias, "dry_sequence_breakers": _breakers}
 # max_tokens and its other names (chat's newer one; llama-server's)
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
@@ -283,7 +292,6 @@ INFILL_PARAMETERS = {**NATIVE_COMPLETION_PARAMETERS, "prompt": _text, "input_pre
                      "input_extra": _extra_context}
 # llama-server's settings accepted at the values that leave them off (its defaults)
 NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "n_indent": (0,), "t_max_predict_ms": (0,),
-                  "dynatemp_range": (0,), "xtc_probability": (0,), "dry_multiplier": (0,), "top_n_sigma": (-1,),
                   "post_sampling_probs": (False,), "n_cmpl": (1,), "response_fields": ([],), "lora": ([],)}
 
 
