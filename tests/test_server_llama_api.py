@@ -171,7 +171,7 @@ def test_infill_needs_the_models_fill_in_the_middle_tokens(model, tmp_path):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "unknown parameter(s): samplers"),
+    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "'samplers' = [\"top_k\"] is not supported"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "'n_keep' = 4 is not supported"),
     ("/completion", {"prompt": "x", "n_predict": 4, "max_tokens": 5}, "disagree"),
     ("/completion", {"prompt": [1, {"x": 1}]}, "'prompt' must be a non-empty string, or a list of strings"),
@@ -191,6 +191,7 @@ def test_llama_servers_settings_at_their_defaults_and_its_own_names_are_taken(se
     status, body = post(server, "/completion", {
         "prompt": "abc", "n_predict": 4, "temperature": 0, "cache_prompt": True, "id_slot": -1, "n_keep": 0,
         "min_keep": 0, "dynatemp_range": 0, "post_sampling_probs": False, "repeat_last_n": -1, "mirostat": 0,
+        "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
         "logit_bias": [["zz", False], [7, -1.5]], "ignore_eos": True})
     assert status == 200, body
     assert body["generation_settings"]["repeat_last_n"] == engine.n_ctx and body["tokens_predicted"] == 4

@@ -290,9 +290,12 @@ NATIVE_COMPLETION_PARAMETERS = {
     "repeat_last_n": _in_range(_integer, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"]}
 INFILL_PARAMETERS = {**NATIVE_COMPLETION_PARAMETERS, "prompt": _text, "input_prefix": _text, "input_suffix": _text,
                      "input_extra": _extra_context}
-# llama-server's settings accepted at the values that leave them off (its defaults)
+# llama-server's settings accepted at the values that leave them off (its defaults); samplers: its
+# default order, by name or letter, which is the chain's here
+LLAMA_SERVER_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "n_indent": (0,), "t_max_predict_ms": (0,),
-                  "post_sampling_probs": (False,), "n_cmpl": (1,), "response_fields": ([],), "lora": ([],)}
+                  "post_sampling_probs": (False,), "n_cmpl": (1,), "response_fields": ([],), "lora": ([],),
+                  "samplers": (LLAMA_SERVER_SAMPLERS, "edskypmxt")}
 
 
 def _token_ids(name: str, value) -> list[int]:
