@@ -608,13 +608,17 @@ def export_command(
 
 
 @app.command()
-@model_options(without=("flash_attn", "batch_size", "ubatch_size", "cache_type_k", "cache_type_v"))
+@model_options(without=("flash_attn", "batch_size", "ubatch_size", "cache_type_k", "cache_type_v", "no_warmup"))
 def bench(
     model: Path = typer.Argument(..., help="GGUF model file"),
-    prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", help="repeatable: 16 and 128 is HOBBIT's grid"),
-    output_tokens: list[int] = typer.Option([32], "--output-tokens", help="repeatable: 32 and 128 is HOBBIT's grid"),
-    repeats: int = typer.Option(3, "--repeats", help="runs per engine and cell; medians are reported"),
+    prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", "-p", "--n-prompt",
+                                            help="repeatable: 16 and 128 is HOBBIT's grid (llama-bench's -p)"),
+    output_tokens: list[int] = typer.Option([32], "--output-tokens", "-n", "--n-gen",
+                                            help="repeatable: 32 and 128 is HOBBIT's grid (llama-bench's -n)"),
+    repeats: int = typer.Option(3, "--repeats", "-r", "--repetitions",
+                                help="runs per engine and cell; medians are reported"),
     warmup: int = typer.Option(1, "--warmup", help="runs of the first engine before each cell's, not kept"),
+    no_warmup: bool = typer.Option(False, "--no-warmup", help="no warm-up runs (--warmup 0), as llama-bench's"),
     load: int = typer.Option(0, "--load", min=0, help="CPU-bound processes running beside every measurement "
                                                       "(a busy machine: one per core)"),
     vs_llama_cpp: bool = typer.Option(True, "--vs-llama-cpp/--ours-only",
@@ -667,7 +671,8 @@ def bench(
         cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
-                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=warmup, load=load,
+                 decode_input=decode_input, stock_repack=not stock_no_repack, warmup=0 if no_warmup else warmup,
+                 load=load,
                  against_min=against_min)
     except PyEdgeMoEError as e:
         fail(str(e))

@@ -105,17 +105,18 @@ def _expert_option(name: str) -> tuple[object, object]:
 def model_options(command=None, *, without: tuple[str, ...] = ()):
     """Adds the model-loading options to a typer command, which gets them as `engine_options`, but
     those named in `without` (a command that sizes the cache itself has no --expert-cache, one with
-    a flag of its own for flash attention no -fa)."""
+    a flag of its own for flash attention no -fa, bench's warm-up runs no --no-warmup)."""
     if command is None:
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
     added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE]
-    added += [(name, annotation, option) for name, annotation, option, _ in _LLAMA_CPP_FLAGS]
+    llama_cpp_flags = [o for o in _LLAMA_CPP_FLAGS if o[0] not in without]
+    added += [(name, annotation, option) for name, annotation, option, _ in llama_cpp_flags]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
     def collect(params: dict) -> dict:
-        for name, _, option, refusal in _LLAMA_CPP_FLAGS:
+        for name, _, option, refusal in llama_cpp_flags:
             if params.pop(name) not in (None, False) and refusal:
                 raise InvalidOptionError(f"{option.param_decls[-1]}: {refusal}")
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}

@@ -1,5 +1,6 @@
-"""What llama-cli users type, as llama-cli reads it: escapes in -p, -f and -r (its -e, on by
-default), -r/--reverse-prompt ending the text, -st/--single-turn, --no-warmup."""
+"""What llama-cli and llama-bench users type, as those read it: escapes in -p, -f and -r (llama.cpp's
+-e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, --no-warmup; bench's
+-p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
 import subprocess
@@ -95,3 +96,18 @@ def test_a_prompt_file_is_read_as_llama_cpp_reads_it(engine, tmp_path):
     file.write_bytes(b"abc\xff def")
     r = run("-f", str(file), "-n", "4", *GREEDY)
     assert r.returncode == 0 and r.stdout == greedy(engine, "abc\ufffd def", 4) + "\n"
+
+
+def test_bench_takes_llama_benchs_flags(monkeypatch):
+    """-p, -n, -r and --no-warmup mean what they mean to llama-bench."""
+    from typer.testing import CliRunner
+
+    import pyedgemoe.bench.runner
+    from pyedgemoe.cli import app
+    given = {}
+    monkeypatch.setattr(pyedgemoe.bench.runner, "cli_main", lambda model, **kwargs: given.update(kwargs))
+    r = CliRunner().invoke(app, ["bench", str(DEMO), "-p", "512", "-p", "16", "-n", "128", "-r", "5", "--no-warmup"])
+    assert r.exit_code == 0, r.output
+    assert (given["prompt_tokens"], given["output_tokens"], given["repeats"], given["warmup"]) == ([512, 16], [128], 5, 0)
+    CliRunner().invoke(app, ["bench", str(DEMO)])
+    assert (given["prompt_tokens"], given["output_tokens"], given["repeats"], given["warmup"]) == ([16], [32], 3, 1)
