@@ -20,6 +20,7 @@ from typing import Optional, get_args, get_type_hints
 
 import typer
 
+from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
@@ -68,6 +69,16 @@ _KV_TYPES = (
                                                  help="KV cache type for V, as llama.cpp's -ctv (a quantized one "
                                                       "needs flash attention); give -ctk the same")),
 )
+def _list_devices(value: bool) -> None:
+    if value:
+        print_devices()
+        raise typer.Exit()
+
+
+# llama.cpp's --list-devices: the devices, then exit (before anything else is read, as --help)
+_LIST_DEVICES = ("list_devices", bool, typer.Option(False, "--list-devices", is_eager=True, callback=_list_devices,
+                                                    help="print the devices (GPUs, RPC workers) and exit, as "
+                                                         "llama.cpp's --list-devices"))
 # llama.cpp's --rope-scale N: --rope-freq-scale 1/N
 _ROPE_SCALE = ("rope_scale", Optional[float], typer.Option(None, "--rope-scale", help="RoPE context scaling: N times "
                                                            "the positions the model was trained with, as llama.cpp's "
@@ -110,7 +121,7 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
-    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE]
+    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE, _LIST_DEVICES]
     llama_cpp_flags = [o for o in _LLAMA_CPP_FLAGS if o[0] not in without]
     added += [(name, annotation, option) for name, annotation, option, _ in llama_cpp_flags]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
@@ -131,6 +142,7 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
             if fa.lower() not in FLASH_ATTN:
                 raise InvalidOptionError(f"--flash-attn takes on, off or auto, got {fa!r}")
             engine_options["flash_attn"] = FLASH_ATTN[fa.lower()]
+        params.pop(_LIST_DEVICES[0])
         scale = params.pop(_ROPE_SCALE[0])
         if scale is not None:
             if not 0 < scale < math.inf:

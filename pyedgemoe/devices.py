@@ -27,6 +27,16 @@ def gpu_devices() -> list[dict]:
     return [d for d in _native.devices() if d["type"] in GPU_TYPES]
 
 
+def print_devices() -> None:
+    """llama.cpp's --list-devices: every device but the CPU, its memory in MiB."""
+    print("Available devices:")
+    devices = [d for d in _native.devices() if d["type"] != "cpu"]
+    for d in devices:
+        print(f"  {d['name']}: {d['description']} ({d['total_bytes'] >> 20} MiB, {d['free_bytes'] >> 20} MiB free)")
+    if not devices:
+        print("  (none)")
+
+
 def check_fits_device(budget: int, device: dict) -> None:
     """A device expert cache larger than the device's free memory is refused before anything loads."""
     if budget > device["free_bytes"]:

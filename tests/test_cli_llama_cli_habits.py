@@ -111,3 +111,11 @@ def test_bench_takes_llama_benchs_flags(monkeypatch):
     assert (given["prompt_tokens"], given["output_tokens"], given["repeats"], given["warmup"]) == ([512, 16], [128], 5, 0)
     CliRunner().invoke(app, ["bench", str(DEMO)])
     assert (given["prompt_tokens"], given["output_tokens"], given["repeats"], given["warmup"]) == ([16], [32], 3, 1)
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "perplexity"])
+def test_list_devices_needs_no_model(command):
+    """As llama.cpp's --list-devices: the devices (none but the CPU in a CPU build), then exit."""
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", command, "--list-devices"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("Available devices:\n"), r.stderr

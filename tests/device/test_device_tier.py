@@ -564,3 +564,11 @@ def test_a_layer_copies_to_and_from_the_device_what_the_passes_read(tiny_model, 
         backend, device_inputs = splits[i + 1]
         assert backend == "Vulkan0"
         assert [n.split("-")[0] for n in device_inputs if n.startswith(("edgemoe", "ffn_"))] == ["edgemoe_device_plan"]
+
+
+def test_list_devices_shows_the_gpu_as_llama_cpp_does():
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", "--list-devices"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "Available devices:" and re.fullmatch(r"  Vulkan0: .+ \(\d+ MiB, \d+ MiB free\)", lines[1])
