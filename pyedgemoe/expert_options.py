@@ -3,8 +3,8 @@
 Every option is declared once: the expert cache's in native/src/expert-options.h (type, name,
 default, help), bound as `_native.ExpertOptions`, whose names, defaults, choices and help come from
 there; those of where and how the model is loaded that the native layer does not take (device,
-host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv, and RoPE scaling's,
-pyedgemoe.rope_scaling) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
+host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv, RoPE scaling's,
+pyedgemoe.rope_scaling, and LoRA adapters, pyedgemoe.lora) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
 (mode's depends on the build: default_mode). The CLI's flags, Engine's keywords and Llama's are
 made from them. This module adds what only the model and its calibration know, for options a
 caller leaves unset:
@@ -24,7 +24,7 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from pyedgemoe import _native, kv_overrides, rope_scaling, rpc
+from pyedgemoe import _native, kv_overrides, lora, rope_scaling, rpc
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -64,6 +64,10 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
                               "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
                               "token (lossy)", "none"),
     **{name: LoadOption(kind, help, rope_scaling.AUTOMATIC) for name, (kind, help) in rope_scaling.OPTIONS.items()},
+    "lora": LoadOption(str, "LoRA adapters, FNAME[,FNAME...] (GGUF; llama.cpp's --lora): with an adapter that "
+                       "changes the experts, every expert resident", "none"),
+    "lora_scaled": LoadOption(str, "LoRA adapters with their scales, FNAME:SCALE[,FNAME:SCALE...] (llama.cpp's "
+                              "--lora-scaled)", "none"),
 }
 NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
 OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
@@ -238,6 +242,9 @@ def _load_option(name: str, value):
         value = kv_overrides.canonical(value)
     elif name in rope_scaling.OPTIONS:
         value = rope_scaling.checked(name, value)
+    elif name in ("lora", "lora_scaled"):
+        lora.adapters(*(value, None) if name == "lora" else (None, value))
+        value = tuple(map(tuple, value)) if isinstance(value, (list, tuple)) else value  # pairs from Python
     elif name == "host_cache":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")

@@ -47,7 +47,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "vocab_only": False, "pooling_type": -1, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
-    "no_perf": False, "lora_base": None, "lora_scale": 1.0, "lora_path": None,
+    "no_perf": False, "lora_base": None,
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
@@ -108,7 +108,8 @@ class Llama:
     (the penalties' window over the generated tokens), use_mmap (False:
     the weights read into memory), use_mlock (the weights and the expert cache locked in memory),
     kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), rope_scaling_type,
-    rope_freq_base, rope_freq_scale and yarn_* (RoPE scaling: pyedgemoe.rope_scaling), embedding (True
+    rope_freq_base, rope_freq_scale and yarn_* (RoPE scaling: pyedgemoe.rope_scaling), lora_path and
+    lora_scale (a LoRA adapter: pyedgemoe.lora), embedding (True
     lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
     evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
@@ -121,6 +122,7 @@ class Llama:
     def __init__(self, model_path: str | os.PathLike, *, n_gpu_layers: int = 0, tensor_split: list | None = None,
                  use_mmap: bool = True, use_mlock: bool = False, last_n_tokens_size: int = 64,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
+                 lora_path: str | None = None, lora_scale: float = 1.0,
                  seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
@@ -144,6 +146,8 @@ class Llama:
             engine_kwargs["tensor_split"] = tensor_split
         if kv_overrides is not None:
             engine_kwargs["override_kv"] = kv_overrides
+        if lora_path is not None:  # llama.cpp's --lora-scaled FNAME:SCALE
+            engine_kwargs["lora_scaled"] = [(lora_path, lora_scale)]
         if not use_mmap:  # True, llama.cpp's default, leaves it to the load plan (beside an expert cache: read)
             engine_kwargs["mmap"] = False
         if use_mlock:

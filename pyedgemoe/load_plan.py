@@ -22,7 +22,7 @@ from typing import Mapping
 
 import gguf
 
-from pyedgemoe import _native, rope_scaling, rpc
+from pyedgemoe import _native, lora, rope_scaling, rpc
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
@@ -110,6 +110,7 @@ class LoadPlan:
     host_cache_bytes: int  # the host tier (RAM between the file and the GPU)
     repack: bool  # repacked copies of the weights the CPU computes
     use_mmap: bool  # the weights mapped from the file (else read into memory)
+    loras: tuple[tuple[str, float], ...]  # LoRA adapters (path, scale), checked for the model (pyedgemoe.lora)
     expert_options: ExpertOptions  # as given, with the system's preset, the mode and prefetch chosen here
     native_options: _native.ExpertOptions | None  # completed for the model and calibration (None: dense)
     fill: str  # the expert cache's fill: "none", "at load" or "in the background"
@@ -159,6 +160,9 @@ class LoadPlan:
             rows.append(("experts", serving_text(self._planned_serving(), self), self.reasons["fill"]))
         if self.expert_options["override_kv"]:
             rows.append(("metadata", self.expert_options["override_kv"], "--override-kv"))
+        if self.loras:
+            rows.append(("lora", ", ".join(f"{path} (scale {scale:g})" for path, scale in self.loras),
+                         "--lora, --lora-scaled"))
         if rope_scaling.described(self.expert_options):
             rows.append(("rope", rope_scaling.described(self.expert_options), "the model's, where not given"))
         rows += [
@@ -252,6 +256,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
     if offload and device:
         check_fits_device(budget, devices_free)
+    loras = _loras(expert_options, info, offload)
     use_mmap, reasons["mmap"] = _mmap(expert_options, offload, experts_mapped)
     repack, reasons["repack"] = _repack(expert_options["repack"], info, experts_mapped, offload, device, context,
                                         machine.memory[0])
@@ -291,7 +296,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     return LoadPlan(
         mode=mode, device=device, layer_devices=tuple(d["name"] for d in layer_devices), tensor_split=tensor_split,
         expert_cache=budget, offload=offload, experts_mapped=experts_mapped, embedding_mapped=embedding_mapped,
-        host_cache_bytes=host_bytes, repack=repack, use_mmap=use_mmap, expert_options=expert_options, native_options=native,
+        host_cache_bytes=host_bytes, repack=repack, use_mmap=use_mmap, loras=loras, expert_options=expert_options,
+        native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
@@ -304,6 +310,19 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
                                 info.non_expert_bytes - (cold if embedding_mapped else 0), context, machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
+
+
+def _loras(expert_options: ExpertOptions, info: ModelInfo, offload: bool) -> tuple[tuple[str, float], ...]:
+    """The LoRA adapters asked for, each checked for the model; one that changes the routed experts
+    needs llama.cpp's own graph for them, every expert resident or mapped (pyedgemoe.lora)."""
+    adapters = tuple(lora.adapters(expert_options["lora"], expert_options["lora_scaled"]))
+    for path, _ in adapters:
+        experts = lora.expert_matrices(lora.check(path, info.architecture))
+        if experts and offload:
+            raise InvalidOptionError(f"the LoRA adapter {path} changes the routed experts ({experts[0]}, ...), which "
+                                     "the expert cache computes itself: run with every expert resident or mapped "
+                                     "(--expert-cache auto where the model fits, or mmap)")
+    return adapters
 
 
 def _mmap(expert_options: ExpertOptions, offload: bool, experts_mapped: bool) -> tuple[bool, str]:

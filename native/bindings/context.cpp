@@ -8,6 +8,8 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -34,7 +36,7 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
             int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max,
             std::optional<int> rope_scaling_type, Given rope_freq_base, Given rope_freq_scale,
             std::optional<uint32_t> yarn_orig_ctx, Given yarn_ext_factor, Given yarn_attn_factor,
-            Given yarn_beta_fast, Given yarn_beta_slow) {
+            Given yarn_beta_fast, Given yarn_beta_slow, const std::vector<std::pair<std::string, float>> & loras) {
     llama_context_params params = llama_context_default_params();
     if (rope_scaling_type) params.rope_scaling_type = (llama_rope_scaling_type) *rope_scaling_type;
     if (yarn_orig_ctx) params.yarn_orig_ctx = *yarn_orig_ctx;
@@ -65,6 +67,23 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
         ctx = llama_init_from_model(model.model, params);
     }
     if (!ctx) throw_with_log("failed to create a context");
+    // LoRA adapters: loaded into the model (freed with it), applied by the context at their scales
+    std::vector<llama_adapter_lora *> adapters;
+    std::vector<float> scales;
+    for (const auto & [path, scale] : loras) {
+        log_clear_recent();
+        llama_adapter_lora * adapter = llama_adapter_lora_init(model.model, path.c_str());
+        if (!adapter) {
+            llama_free(ctx);
+            throw_with_log("failed to load the LoRA adapter " + path);
+        }
+        adapters.push_back(adapter);
+        scales.push_back(scale);
+    }
+    if (!adapters.empty() && llama_set_adapters_lora(ctx, adapters.data(), adapters.size(), scales.data()) != 0) {
+        llama_free(ctx);
+        throw_with_log("failed to apply the LoRA adapters");
+    }
     new (self) Context();
     self->ctx = ctx;
     self->model = &model;
@@ -259,7 +278,8 @@ void register_context(nb::module_ & m) {
              nb::arg("rope_freq_base") = nb::none(), nb::arg("rope_freq_scale") = nb::none(),
              nb::arg("yarn_orig_ctx") = nb::none(), nb::arg("yarn_ext_factor") = nb::none(),
              nb::arg("yarn_attn_factor") = nb::none(), nb::arg("yarn_beta_fast") = nb::none(),
-             nb::arg("yarn_beta_slow") = nb::none(), nb::keep_alive<1, 2>())
+             nb::arg("yarn_beta_slow") = nb::none(),
+             nb::arg("loras") = std::vector<std::pair<std::string, float>>(), nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
         .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
         .def("output_logits", [](Context & c, int i) {

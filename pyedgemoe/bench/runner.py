@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from pyedgemoe import rope_scaling
+from pyedgemoe import lora, rope_scaling
 from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.kv_overrides import as_dict
@@ -222,11 +222,11 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
     if mem_cap_bytes is None:
         read_whole_file(model)
 
-    # stock runs with the same metadata overrides (the same experts a token) and RoPE scaling, as
-    # llama-cpp-python takes them
+    # stock runs with the same metadata overrides (the same experts a token), RoPE scaling and LoRA
+    # adapter, as llama-cpp-python takes them
     overrides = as_dict((ours_options or {}).get("override_kv"))
     stock = ({} if stock_repack else {"repack": False}) | ({"kv_overrides": overrides} if overrides else {}) | \
-        rope_scaling.as_llama_cpp_python(ours_options or {})
+        rope_scaling.as_llama_cpp_python(ours_options or {}) | lora.as_llama_cpp_python(ours_options or {})
     options = {e: dict(ours_options or {}) if e == OURS else stock for e in engines}
 
     def run(engine: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:

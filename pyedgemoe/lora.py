@@ -1,0 +1,86 @@
+"""LoRA adapters, as llama.cpp loads them (`--lora FNAME[,FNAME...]`, `--lora-scaled FNAME:SCALE,...`;
+llama-cpp-python's `Llama(lora_path=..., lora_scale=...)`): GGUF adapters (llama.cpp's
+convert_lora_to_gguf.py writes them) applied by llama.cpp at every matrix they change. Checked here
+before the load: the file is an adapter for the model's architecture. An adapter that changes the
+routed experts' matrices needs them computed by llama.cpp's own graph, every expert resident (or
+mapped): the expert cache computes them itself (its pools), and would leave the adapter out."""
+from __future__ import annotations
+
+import math
+import os
+
+import gguf
+
+from pyedgemoe.errors import InvalidOptionError
+
+EXPERT_TENSOR_MARK = "_exps."  # a routed experts' matrix: blk.N.ffn_up_exps.weight
+
+
+def adapters(lora: str | None, lora_scaled: str | list | None) -> list[tuple[str, float]]:
+    """(path, scale) of each adapter of --lora (scale 1) and --lora-scaled (its text, or from Python
+    a list of (path, scale) pairs), in that order."""
+    out = [(path, 1.0) for path in _items(lora, "lora")]
+    if isinstance(lora_scaled, (list, tuple)):
+        for pair in lora_scaled:
+            path, scale = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
+            if not isinstance(path, (str, os.PathLike)) or isinstance(scale, bool) or \
+                    not isinstance(scale, (int, float)) or not math.isfinite(scale):
+                raise InvalidOptionError(f"a LoRA adapter is a path and a finite scale, got {pair!r}")
+            out.append((os.fspath(path), float(scale)))
+        return out
+    for item in _items(lora_scaled, "lora_scaled"):
+        path, _, scale = item.rpartition(":")
+        try:
+            value = float(scale)
+        except ValueError:
+            value = math.nan
+        if not path or not math.isfinite(value):
+            raise InvalidOptionError(f"--lora-scaled takes FNAME:SCALE[,FNAME:SCALE...], got {item!r}")
+        out.append((path, value))
+    return out
+
+
+def _items(text: str | None, name: str) -> list[str]:
+    if text is None:
+        return []
+    if not isinstance(text, str):
+        raise InvalidOptionError(f"{name} must be a path (or several, comma-separated), got {text!r}")
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise InvalidOptionError(f"--{name.replace('_', '-')}: an empty path in {text!r}")
+    return items
+
+
+def check(path: str, architecture: str) -> list[str]:
+    """The names of the model's matrices the adapter at path changes; InvalidOptionError where it is
+    no LoRA adapter for this architecture (llama.cpp would refuse it at load, after the model)."""
+    if not os.path.isfile(path):
+        raise InvalidOptionError(f"LoRA adapter not found: {path}")
+    try:
+        reader = gguf.GGUFReader(path)
+        fields = {key: reader.fields[key].contents() for key in ("general.type", "general.architecture",
+                                                                  "adapter.type") if key in reader.fields}
+        names = [t.name for t in reader.tensors]
+    except (ValueError, OSError, KeyError, IndexError) as e:
+        raise InvalidOptionError(f"{path} is not a GGUF LoRA adapter: {e}") from None
+    if fields.get("general.type") != "adapter" or fields.get("adapter.type") != "lora":
+        raise InvalidOptionError(f"{path} is not a LoRA adapter (its general.type is {fields.get('general.type')!r}, "
+                                 f"adapter.type {fields.get('adapter.type')!r}): llama.cpp's convert_lora_to_gguf.py "
+                                 "makes one")
+    if fields.get("general.architecture") != architecture:
+        raise InvalidOptionError(f"{path} is a LoRA adapter for {fields.get('general.architecture')!r}, the model is "
+                                 f"{architecture!r}")
+    return sorted({name.rsplit(".lora_", 1)[0] for name in names if ".lora_" in name})
+
+
+def expert_matrices(changed: list[str]) -> list[str]:
+    """Those of changed that are routed experts' matrices."""
+    return [name for name in changed if EXPERT_TENSOR_MARK in name]
+
+
+def as_llama_cpp_python(options: dict) -> dict:
+    """llama-cpp-python's Llama arguments of the adapters in `options` (by name, as given): it takes one."""
+    given = adapters(options.get("lora"), options.get("lora_scaled"))
+    if len(given) > 1:
+        raise InvalidOptionError(f"stock llama-cpp-python takes one LoRA adapter, {len(given)} are given")
+    return {"lora_path": given[0][0], "lora_scale": given[0][1]} if given else {}
