@@ -28,6 +28,13 @@ from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
 
 RANDOM_SEED = -1  # llama.cpp's seed for a random one (its CLI's and server's default)
+# llama.cpp's sampler names (common_sampler_types_from_names) and letters (llama-server's "edskypmxt"),
+# in its default order, then the infill sampler; their other names
+SAMPLER_NAMES = {"penalties": "e", "dry": "d", "top_n_sigma": "s", "top_k": "k", "typ_p": "y", "top_p": "p",
+                 "min_p": "m", "xtc": "x", "temperature": "t", "infill": "i"}
+_SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "typical-p": "typ_p", "typical": "typ_p",
+                    "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
+                    "top-n-sigma": "top_n_sigma"}
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
 
 
@@ -86,6 +93,9 @@ class SamplingParams:
                             "distribution's entropy (0: off)"))
     dynatemp_exponent: float = field(default=1.0, metadata=_flag("--dynatemp-exp", "dynamic temperature's "
                                                                                   "exponent"))
+    samplers: str | None = field(default=None, metadata=_flag(
+        "--samplers", "the samplers in this order, separated by ';' (llama.cpp's --samplers; without Mirostat): "
+                      + ", ".join(SAMPLER_NAMES) + " (default: llama.cpp's order, all but infill)"))
     # {token id: bias added to its logit} (-inf: never that token); given as a dict, kept as pairs
     logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_flag(None))
     # llama-cpp-python's Python hooks (token_sampler.TokenSampler): f(input_ids, logits) -> logits
@@ -113,6 +123,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # a mapping given: its pairs
         if isinstance(self.dry_sequence_breakers, list):  # as a JSON request gives them
             object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
+        if self.samplers is not None:
+            object.__setattr__(self, "samplers", sampler_order(self.samplers))
 
     @classmethod
     def of(cls, keywords: dict, **defaults) -> "SamplingParams":
@@ -202,7 +214,8 @@ class SamplingParams:
                                     self.grammar_triggers is not None, *(self.grammar_triggers or ((), ())),
                                     self.grammar_prefill, self.dry_multiplier, self.dry_base, self.dry_allowed_length,
                                     self.dry_penalty_last_n, list(self.dry_sequence_breakers), self.xtc_probability,
-                                    self.xtc_threshold, self.top_n_sigma, self.dynatemp_range, self.dynatemp_exponent)
+                                    self.xtc_threshold, self.top_n_sigma, self.dynatemp_range, self.dynatemp_exponent,
+                                    self.samplers.split(";") if self.samplers else [])
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:
@@ -211,6 +224,24 @@ class SamplingParams:
         for t in prompt[-seen:] if seen > 0 and self.penalize_prompt else []:
             chain.accept_prompt(t)
         return TokenSampler(chain, self.logits_processor, self.stopping_criteria)
+
+
+def sampler_order(value) -> str:
+    """An order of samplers as llama.cpp takes it (names separated by ';', a list of names, or
+    llama-server's letters, "kpt"), as its names separated by ';'; each once."""
+    if isinstance(value, str):
+        letters = {letter: name for name, letter in SAMPLER_NAMES.items()}
+        parts = [letters.get(c) for c in value] if ";" not in value and value and all(c in letters for c in value) \
+            else value.split(";")
+    else:
+        parts = list(value) if isinstance(value, (list, tuple)) else [None]
+    names = [_SAMPLER_ALIASES.get(p, p) if isinstance(p, str) else p for p in parts]
+    unknown = [n for n in names if n not in SAMPLER_NAMES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise InvalidOptionError(f"samplers must be llama.cpp's samplers, each once, in an order: "
+                                 f"{', '.join(SAMPLER_NAMES)} (or their letters, {''.join(SAMPLER_NAMES.values())}); "
+                                 f"got {value!r}"[:300])
+    return ";".join(names)
 
 
 def _bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:

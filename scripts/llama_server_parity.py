@@ -3,7 +3,8 @@
     python scripts/llama_server_parity.py --theirs http://127.0.0.1:8392 --ours http://127.0.0.1:8391
 
 Both serve the same file with the same context and batch (`-c`, `-b`, `-ub`, one sequence) and,
-for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server").
+for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server");
+with --code, a model trained on code.
 Each request's answer is compared field by field (the text, the tokens, why it stopped, the counts,
 the prompt as the model saw it, the probabilities), and each streamed one event by event; prints
 what differs and exits 1 where anything does.
@@ -38,6 +39,25 @@ CASES = [
                  "temperature": 0}),
     ("/infill", {"input_prefix": "a", "input_suffix": "b", "n_predict": 4, "temperature": 0,
                  "input_extra": [{"filename": "u.py", "text": "def h():\n  pass\n"}]}),
+    ("/completion", {"prompt": "abc", "n_predict": 24, "seed": 11, "samplers": "kyt", "top_k": 5,
+                     "repeat_penalty": 1.5}),  # in another order, without the penalties
+    # as llama.vim asks (its samplers, indentation, time limit and fields)
+    ("/infill", {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "prompt": "", "n_predict": 32,
+                 "top_k": 40, "top_p": 0.9, "seed": 3, "samplers": ["top_k", "top_p", "infill"], "n_indent": 4,
+                 "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 60000,
+                 "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "truncated",
+                                     "tokens_cached"]}),
+]
+# for a model trained on code (models/demo.gguf exported to one precision, `pyedgemoe export`), whose
+# text has lines: llama.vim's indentation limit and fields, the infill sampler in an order of samplers
+CODE_CASES = [
+    ("/completion", {"prompt": "def add(a, b):\n    ", "n_predict": 96, "temperature": 0, "n_indent": 4}),
+    ("/completion", {"prompt": "class Node(object):\n    def __init__(self):\n        ", "n_predict": 96,
+                     "temperature": 0, "n_indent": 8}),
+    ("/completion", {"prompt": "import os\n", "n_predict": 64, "seed": 5, "samplers": ["top_k", "top_p", "infill"],
+                     "top_k": 40, "top_p": 0.9}),
+    ("/completion", {"prompt": "def add(a, b):\n    ", "n_predict": 96, "temperature": 0, "n_indent": 4,
+                     "response_fields": ["content", "stop_type", "timings/predicted_n"]}),
 ]
 FIELDS = ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "prompt",
           "has_new_line", "truncated", "tokens_cached")
@@ -82,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--theirs", required=True, help="stock llama-server's URL")
     p.add_argument("--ours", required=True, help="pyedgemoe serve's URL")
+    p.add_argument("--code", action="store_true", help="the cases for a model trained on code (CODE_CASES)")
     args = p.parse_args(argv)
     failed = 0
-    for path, body in CASES:
+    cases = CODE_CASES if args.code else CASES
+    for path, body in cases:
         for streamed in (False, True):
             request = {**body, "stream": streamed}
             found = differences(answers(args.theirs, path, request), answers(args.ours, path, request))
@@ -92,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
             for line in found:
                 print(f"    {line}")
-    print(f"{len(CASES) * 2 - failed} of {len(CASES) * 2} the same")
+    print(f"{len(cases) * 2 - failed} of {len(cases) * 2} the same")
     return 1 if failed else 0
 
 

@@ -96,3 +96,16 @@ def test_the_cli_takes_llama_cpps_flags():
     with Engine(DEMO, **SETTINGS) as eng:
         assert r.stdout == eng.generate(PROMPT, 32, temperature=0.0, dry_multiplier=0.8, dry_base=1.5,
                                         dry_allowed_length=1) + "\n"
+
+
+def test_samplers_in_an_order_are_stock_llama_cpps_common_sampler(model):
+    """An order given: llama.cpp's common sampler, those samplers in that order, then the distribution
+    (no temperature where the order has none; penalties only where it names them)."""
+    def chain_of(chain, vocab):
+        for sampler in (llama_cpp.llama_sampler_init_top_k(5), llama_cpp.llama_sampler_init_typical(0.9, 1),
+                        llama_cpp.llama_sampler_init_infill(vocab), llama_cpp.llama_sampler_init_dist(9)):
+            llama_cpp.llama_sampler_chain_add(chain, sampler)
+    ordered = ours(model, 40, top_k=5, typical_p=0.9, seed=9, repeat_penalty=1.5, temperature=0.2,
+                   samplers="top_k;typical;infill")
+    assert ordered == stock_tokens(model, 40, chain_of)
+    assert ordered != ours(model, 40, top_k=5, typical_p=0.9, seed=9, repeat_penalty=1.5, temperature=0.2)

@@ -13,7 +13,7 @@ import pytest
 
 from pyedgemoe import Engine
 from pyedgemoe.generation import SamplingParams
-from test_server import request, start_server, stop_server
+from test_server import DEMO, request, start_server, stop_server
 
 FIM = {"pre": 3, "suf": 4, "mid": 5}
 FIM_OVERRIDES = ",".join(f"tokenizer.ggml.fim_{role}_token_id=int:{token}" for role, token in FIM.items())
@@ -171,7 +171,7 @@ def test_infill_needs_the_models_fill_in_the_middle_tokens(model, tmp_path):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/completion", {"prompt": "x", "samplers": ["top_k"]}, "'samplers' = [\"top_k\"] is not supported"),
+    ("/completion", {"prompt": "x", "samplers": ["top_k", "nucleus", "warp"]}, "'samplers' must be llama.cpp's"),
     ("/completion", {"prompt": "x", "n_keep": 4}, "'n_keep' = 4 is not supported"),
     ("/completion", {"prompt": "x", "n_predict": 4, "max_tokens": 5}, "disagree"),
     ("/completion", {"prompt": [1, {"x": 1}]}, "'prompt' must be a non-empty string, or a list of strings"),
@@ -191,7 +191,7 @@ def test_llama_servers_settings_at_their_defaults_and_its_own_names_are_taken(se
     status, body = post(server, "/completion", {
         "prompt": "abc", "n_predict": 4, "temperature": 0, "cache_prompt": True, "id_slot": -1, "n_keep": 0,
         "min_keep": 0, "dynatemp_range": 0, "post_sampling_probs": False, "repeat_last_n": -1, "mirostat": 0,
-        "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+        "samplers": "edskypmxt",
         "logit_bias": [["zz", False], [7, -1.5]], "ignore_eos": True})
     assert status == 200, body
     assert body["generation_settings"]["repeat_last_n"] == engine.n_ctx and body["tokens_predicted"] == 4
@@ -223,3 +223,39 @@ def test_llama_servers_samplers_beyond_llama_cpp_pythons(server, engine):
     assert repeated_less["content"] != plain["content"]
     status, answer = post(server, "/completion", {**body, "dry_sequence_breakers": [""]})
     assert status == 400 and "'dry_sequence_breakers' must be a list" in answer["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def code_server(tmp_path_factory):
+    """The demo model (trained on code, every expert in HIGH) behind the server: text with lines."""
+    proc, url = start_server(tmp_path_factory.mktemp("code") / "server.log", "-t", "1", "-c", str(N_CTX),
+                             "--system", "lossless", model=DEMO)
+    yield url
+    stop_server(proc)
+
+
+def test_a_line_less_indented_than_n_indent_ends_it_as_llama_vim_asks(code_server):
+    with Engine(DEMO, n_ctx=N_CTX, n_threads=1, system="lossless") as eng:
+        text = eng.generate("def add(a, b):\n    ", 96, temperature=0.0)
+    line = text.index("\n") + 1  # the first line after the first line break
+    indent = len(text[line:]) - len(text[line:].lstrip(" \t"))
+    assert indent < 4  # the greedy text leaves the function's body
+    status, body = post(code_server, "/completion", {"prompt": "def add(a, b):\n    ", "n_predict": 96,
+                                                     "temperature": 0, "n_indent": 4})
+    assert status == 200 and body["content"] == text[:line + indent] and body["stop_type"] == "limit"
+    status, fields = post(code_server, "/completion", {"prompt": "def add(a, b):\n    ", "n_predict": 96,
+                                                       "temperature": 0, "n_indent": 4, "t_max_prompt_ms": 500,
+                                                       "response_fields": ["content", "timings/predicted_n", "x/y"]})
+    assert status == 200 and fields == {"content": body["content"], "timings/predicted_n": body["timings"]["predicted_n"]}
+
+
+def test_samplers_in_another_order_and_the_infill_sampler(code_server):
+    body = {"prompt": "import os\n", "n_predict": 16, "seed": 5, "top_k": 40, "top_p": 0.9}
+    with Engine(DEMO, n_ctx=N_CTX, n_threads=1, system="lossless") as eng:
+        tokens = eng.tokenize("import os\n", add_bos=True, special=True)
+        for order in (["top_k", "top_p", "infill"], "kt"):
+            ids = list(eng.generate_tokens(tokens, 16, SamplingParams(seed=5, top_k=40, top_p=0.9, samplers=order)))
+            answer = post(code_server, "/completion", {**body, "samplers": order, "return_tokens": True})[1]
+            assert answer["tokens"][:len(ids)] == ids  # and the end-of-generation token, where it ended so
+    status, answer = post(code_server, "/completion", {**body, "samplers": ["top_k", "top_k"]})
+    assert status == 400 and "'samplers' must be llama.cpp's samplers in an order" in answer["error"]["message"]

@@ -4,7 +4,8 @@
 // with Mirostat, temperature -> mirostat in place of the truncations and dist, as llama.cpp's common
 // sampler). A sampler left at its "off" value is not in the chain. The grammar (GBNF, llama.cpp's
 // grammar sampler) comes right after the penalties, as in llama-cpp-python's chain: only tokens it
-// allows reach the others.
+// allows reach the others. An order given (llama-server's `samplers`, llama.cpp's --samplers) is
+// llama.cpp's common sampler's: logit bias, grammar, those samplers in that order, dist.
 #include "native.h"
 
 #include "llama.h"
@@ -13,6 +14,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <functional>
@@ -109,7 +111,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill,
             float dry_multiplier, float dry_base, int dry_allowed_length, int dry_penalty_last_n,
             const std::vector<std::string> & dry_sequence_breakers, float xtc_probability, float xtc_threshold,
-            float top_n_sigma, float dynatemp_range, float dynatemp_exponent) {
+            float top_n_sigma, float dynatemp_range, float dynatemp_exponent, const std::vector<std::string> & order) {
     const GrammarStart start{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill};
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -123,16 +125,21 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     params.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(params);
     if (!biases.empty()) llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, (int32_t) biases.size(), biases.data()));
+    // an order given (each name once): llama.cpp's common sampler, its samplers in that order
+    const bool ordered = !order.empty() && mirostat == 0;
+    auto in_order = [&](const char * name) { return std::find(order.begin(), order.end(), name) != order.end(); };
     llama_sampler * penalties = nullptr;
-    if ((repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f) && penalty_last_n != 0) {
+    if ((repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f) && penalty_last_n != 0 &&
+        (!ordered || in_order("penalties"))) {
         penalties = llama_sampler_init_penalties(n_vocab, penalty_last_n, repeat_penalty, frequency_penalty,
                                                  presence_penalty);
-        llama_sampler_chain_add(chain, penalties);
+        if (!ordered) llama_sampler_chain_add(chain, penalties);
     }
     if (!grammar.empty()) {
         try {
             llama_sampler_chain_add(chain, grammar_sampler(vocab, grammar, start));
         } catch (...) {
+            if (ordered && penalties) llama_sampler_free(penalties);
             llama_sampler_free(chain);
             throw;
         }
@@ -140,18 +147,33 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     // DRY ("don't repeat yourself"): a token extending a repetition of the recent text longer than
     // allowed_length is penalized multiplier * base ^ (length - allowed_length); breakers end one
     llama_sampler * repetition = nullptr;
-    if (mirostat == 0 && dry_multiplier != 0.0f && dry_base >= 1.0f && dry_penalty_last_n != 0) {
+    if (mirostat == 0 && dry_multiplier != 0.0f && dry_base >= 1.0f && dry_penalty_last_n != 0 &&
+        (!ordered || in_order("dry"))) {
         std::vector<const char *> breakers;
         for (const auto & b : dry_sequence_breakers) breakers.push_back(b.c_str());
         repetition = llama_sampler_init_dry(vocab, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
                                             breakers.data(), breakers.size());
-        llama_sampler_chain_add(chain, repetition);
+        if (!ordered) llama_sampler_chain_add(chain, repetition);
     }
     // XTC draws with its own generator, seeded as the distribution's (llama.cpp's common sampler)
     auto add_xtc = [&] {
         if (xtc_probability > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_xtc(xtc_probability, xtc_threshold, 1, seed));
     };
-    if (temperature <= 0.0f) {
+    if (ordered) {
+        for (const auto & name : order) {  // the names are checked in Python (generation.SAMPLER_NAMES)
+            if (name == "penalties" && penalties) llama_sampler_chain_add(chain, penalties);
+            else if (name == "dry" && repetition) llama_sampler_chain_add(chain, repetition);
+            else if (name == "top_n_sigma") llama_sampler_chain_add(chain, llama_sampler_init_top_n_sigma(top_n_sigma));
+            else if (name == "top_k") llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
+            else if (name == "typ_p") llama_sampler_chain_add(chain, llama_sampler_init_typical(typical_p, 1));
+            else if (name == "top_p") llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
+            else if (name == "min_p") llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1));
+            else if (name == "xtc") add_xtc();
+            else if (name == "temperature") llama_sampler_chain_add(chain, llama_sampler_init_temp_ext(temperature, dynatemp_range, dynatemp_exponent));
+            else if (name == "infill") llama_sampler_chain_add(chain, llama_sampler_init_infill(vocab));
+        }
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+    } else if (temperature <= 0.0f) {
         add_xtc();
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else if (mirostat != 0) {
@@ -207,7 +229,8 @@ void register_sampler(nb::module_ & m) {
              nb::arg("dry_multiplier") = 0.0f, nb::arg("dry_base") = 1.75f, nb::arg("dry_allowed_length") = 2,
              nb::arg("dry_penalty_last_n") = 64, nb::arg("dry_sequence_breakers") = std::vector<std::string>(),
              nb::arg("xtc_probability") = 0.0f, nb::arg("xtc_threshold") = 0.1f, nb::arg("top_n_sigma") = -1.0f,
-             nb::arg("dynatemp_range") = 0.0f, nb::arg("dynatemp_exponent") = 1.0f)
+             nb::arg("dynatemp_range") = 0.0f, nb::arg("dynatemp_exponent") = 1.0f,
+             nb::arg("order") = std::vector<std::string>())
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },

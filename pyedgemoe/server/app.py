@@ -146,14 +146,15 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         when streamed, else joined into one object. An error before the first token (the prompt
         does not fit, a bad option) is an error response; one while streaming is an error event.
         openai: OpenAI's chunks, each named by the model, the events ending in [DONE]; else
-        llama-server's, as they come (its last one named) and the last one the end."""
+        llama-server's, as they come (its last one named, without `stop: false`; response_fields may
+        leave it only some fields) and the last one the end."""
         generation = queue.generate(start, request.is_disconnected)
         name = named if openai else lambda chunk: chunk
         chunks: list[dict] = []  # streamed: those up to the first text, sent once the prompt is known to fit
         try:
             while (chunk := await generation.next()) is not None:
                 chunks.append(name(chunk))
-                if stream and (_has_output(chunk) if openai else chunk["content"] or chunk["stop"]):
+                if stream and (_has_output(chunk) if openai else chunk.get("content") or chunk.get("stop") is not False):
                     break
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             generation.abandon()

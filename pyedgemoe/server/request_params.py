@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
 from pyedgemoe.chat_formats import REASONING_FORMATS
-from pyedgemoe.generation import RANDOM_SEED, SamplingParams, exposed_fields
+from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exposed_fields, sampler_order
 from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS,
                                      MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
@@ -221,15 +222,25 @@ def _breakers(name: str, value) -> list[str]:
     return value
 
 
+def _samplers(name: str, value) -> str:
+    """llama.cpp's sampler order: a list of names, or their letters ("kpt")."""
+    try:
+        return sampler_order(value)
+    except InvalidOptionError:
+        raise _invalid(name, "llama.cpp's samplers in an order, a list of their names or a string of their letters "
+                       f"({', '.join(SAMPLER_NAMES)}; {''.join(SAMPLER_NAMES.values())})", value) from None
+
+
 _SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop,
-             "logit_bias": _logit_bias, "dry_sequence_breakers": _breakers}
+             "logit_bias": _logit_bias, "dry_sequence_breakers": _breakers, "samplers": _samplers}
 # max_tokens and its other names (chat's newer one; llama-server's)
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
-# sends (its streaming and timing options, how it shows a reasoning model's thoughts)
+# sends (its streaming and timing options, how it shows a reasoning model's thoughts), and the prompt's
+# time limit code editors' plugins send (which llama-server does not implement either)
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_control", "backend_sampling"}
+            "reasoning_control", "backend_sampling", "t_max_prompt_ms"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
@@ -281,21 +292,27 @@ def _extra_context(name: str, value) -> list[dict]:
     return value
 
 
+def _paths(name: str, value) -> list[str]:
+    """llama-server's response_fields: the answer's fields to keep, as paths ("timings/prompt_n")."""
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value) or len(value) > MAX_STOP_STRINGS * 4:
+        raise _invalid(name, f"a list of at most {MAX_STOP_STRINGS * 4} field paths", value)
+    return value
+
+
 # llama-server's own /completion: its names (mirostat, repeat_last_n, n_probs or logprobs) besides
 # the sampling settings, and a prompt that may mix text and token ids; /infill adds the text around
 # the gap (input_prefix, input_suffix), other files (input_extra) and the gap's start (prompt)
 NATIVE_COMPLETION_PARAMETERS = {
     **_COMMON, "max_completion_tokens": _max_tokens, "prompt": _native_prompt, "logit_bias": _native_logit_bias,
     "n_probs": _logprobs_count, "logprobs": _logprobs_count, "ignore_eos": _boolean, "return_tokens": _boolean,
-    "repeat_last_n": _in_range(_integer, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"]}
+    "repeat_last_n": _in_range(_integer, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"],
+    "n_indent": _in_range(_integer, 0, INT32_MAX), "t_max_predict_ms": _in_range(_integer, 0, INT32_MAX),
+    "response_fields": _paths}
 INFILL_PARAMETERS = {**NATIVE_COMPLETION_PARAMETERS, "prompt": _text, "input_prefix": _text, "input_suffix": _text,
                      "input_extra": _extra_context}
-# llama-server's settings accepted at the values that leave them off (its defaults); samplers: its
-# default order, by name or letter, which is the chain's here
-LLAMA_SERVER_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
-NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "n_indent": (0,), "t_max_predict_ms": (0,),
-                  "post_sampling_probs": (False,), "n_cmpl": (1,), "response_fields": ([],), "lora": ([],),
-                  "samplers": (LLAMA_SERVER_SAMPLERS, "edskypmxt")}
+# llama-server's settings accepted at the values that leave them off (its defaults)
+NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "post_sampling_probs": (False,),
+                  "n_cmpl": (1,), "lora": ([],)}
 
 
 def _token_ids(name: str, value) -> list[int]:
