@@ -24,14 +24,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.chat_formats import joined_message
 from pyedgemoe.completions import chat_text
-from pyedgemoe.server import metrics
+from pyedgemoe.server import llama_server_api, metrics
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
 from pyedgemoe.server.limits import Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
 from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
 from pyedgemoe.server.request_guards import JSONBody, SameSite
-from pyedgemoe.server import llama_server_api
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
                                              NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
