@@ -20,6 +20,19 @@ CHATML = (
 )
 
 
+def template_source(value: str) -> str:
+    """A chat template given in place of the model's (llama.cpp's --chat-template): Jinja, or
+    "chatml" for ChatML; InvalidOptionError where Jinja cannot parse it."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidOptionError(f"chat_template must be a Jinja template (or chatml), got {value!r}"[:200])
+    source = CHATML if value == "chatml" else value
+    try:
+        _environment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise InvalidOptionError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+    return source
+
+
 def _raise(message: str):
     raise jinja2.exceptions.TemplateError(message)
 

@@ -2,7 +2,7 @@
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
 `--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`,
-`-ctk`/`-ctv`, `--rope-scale` and one flag per option of the schema
+`-ctk`/`-ctv`, `--rope-scale`, `--list-devices`, `--chat-template-file` and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
@@ -83,6 +83,9 @@ _LIST_DEVICES = ("list_devices", bool, typer.Option(False, "--list-devices", is_
 _ROPE_SCALE = ("rope_scale", Optional[float], typer.Option(None, "--rope-scale", help="RoPE context scaling: N times "
                                                            "the positions the model was trained with, as llama.cpp's "
                                                            "--rope-scale (--rope-freq-scale 1/N)"))
+# llama.cpp's --chat-template-file: --chat-template read from a file
+_CHAT_TEMPLATE_FILE = ("chat_template_file", Optional[Path], typer.Option(
+    None, "--chat-template-file", help="read --chat-template from this file (a Jinja template), as llama.cpp's"))
 # llama.cpp's flags whose work pyedgemoe does otherwise: the way here, or None where taken as given
 _MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or layer: --expert-cache SIZE (with a "
                   "GPU: its memory, --host-cache the RAM behind it, --mode where the misses are computed; docs/gpu.md)")
@@ -121,7 +124,7 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
-    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE, _LIST_DEVICES]
+    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE, _LIST_DEVICES, _CHAT_TEMPLATE_FILE]
     llama_cpp_flags = [o for o in _LLAMA_CPP_FLAGS if o[0] not in without]
     added += [(name, annotation, option) for name, annotation, option, _ in llama_cpp_flags]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
@@ -151,6 +154,14 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
                 raise InvalidOptionError(f"--rope-scale {scale:g} is --rope-freq-scale {1 / scale:g}, not "
                                          f"{params['rope_freq_scale']:g}: give one of them")
             params["rope_freq_scale"] = 1 / scale
+        template_file = params.pop(_CHAT_TEMPLATE_FILE[0])
+        if template_file is not None:
+            if params["chat_template"] is not None:
+                raise InvalidOptionError("give --chat-template or --chat-template-file, not both")
+            try:
+                params["chat_template"] = template_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise InvalidOptionError(f"--chat-template-file: cannot read {template_file}: {e}") from None
         engine_options["expert_options"] = ExpertOptions(**{name: params.pop(name) for name in OPTION_NAMES})
         return engine_options
     return _with_options(command, "engine_options", added, collect)

@@ -172,7 +172,8 @@ class Engine:
                                         experts_on_demand=plan.offload, device=",".join(plan.layer_devices),
                                         repack=plan.repack, tensor_split=list(plan.tensor_split),
                                         experts_mapped=plan.experts_mapped, embedding_mapped=plan.embedding_mapped,
-                                        kv_overrides=kv_overrides.items(plan.expert_options["override_kv"]))
+                                        kv_overrides=kv_overrides.items(plan.expert_options["override_kv"]),
+                                        chat_template=plan.expert_options["chat_template"] or "")
             if plan.offload:
                 self._model.enable_expert_residency(plan.expert_cache, plan.native_options, plan.trace_routing,
                                                     plan.host_cache_bytes, plan.auto_mode_threads)
@@ -572,8 +573,7 @@ class Engine:
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},
-            "totals": self._totals.to_dict(),
-            "last": self.last_timings.to_dict(),
+            "totals": self._totals.to_dict(), "last": self.last_timings.to_dict(),
         }
         with self._decoder.lock:  # between two decodes
             out["memory"] = self._live().memory_breakdown()

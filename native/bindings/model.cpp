@@ -57,9 +57,11 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // CPU's expert cache (a run reads the rows of the tokens it sees; not where it is also the output).
 // kv_overrides: llama.cpp's --override-kv items, KEY=TYPE:VALUE (checked by pyedgemoe.kv_overrides).
 // mlock: llama.cpp's --mlock, its weights' host memory locked (an expert cache's: its own option).
+// chat_template: a template in place of the file's (llama.cpp's --chat-template), as the model's
+// metadata, whence every reader of it takes it (llama_model_chat_template, common_chat_templates_init).
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
           bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped,
-          const std::vector<std::string> & kv_overrides, bool mlock) {
+          const std::vector<std::string> & kv_overrides, bool mlock, const std::string & chat_template) {
     if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
         throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
                               "experts_on_demand or a device");
@@ -118,6 +120,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         throw std::runtime_error("--mlock: " + log.substr(at, log.find('\n', at) - at) + " (the limit: ulimit -l)");
     }
     if (experts_mapped) advise_whole_reads(model);
+    if (!chat_template.empty()) model->gguf_kv["tokenizer.chat_template"] = chat_template;
     new (self) Model();
     self->model = model;
     if (use_mmap || experts_mapped || embedding_mapped) {
@@ -286,7 +289,8 @@ void register_model(nb::module_ & m) {
         .def("__init__", &load, nb::arg("path"), nb::arg("use_mmap") = true, nb::arg("experts_on_demand") = false,
              nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>(),
              nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false,
-             nb::arg("kv_overrides") = std::vector<std::string>(), nb::arg("mlock") = false)
+             nb::arg("kv_overrides") = std::vector<std::string>(), nb::arg("mlock") = false,
+             nb::arg("chat_template") = "")
         .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
