@@ -672,8 +672,7 @@ def bench(
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
                  decode_input=decode_input, stock_repack=not stock_no_repack, warmup=0 if no_warmup else warmup,
-                 load=load,
-                 against_min=against_min)
+                 load=load, against_min=against_min)
     except PyEdgeMoEError as e:
         fail(str(e))
 

@@ -69,6 +69,8 @@ _KV_TYPES = (
                                                  help="KV cache type for V, as llama.cpp's -ctv (a quantized one "
                                                       "needs flash attention); give -ctk the same")),
 )
+
+
 def _list_devices(value: bool) -> None:
     if value:
         print_devices()
