@@ -235,7 +235,7 @@ def sampler_order(value) -> str:
             else value.split(";")
     else:
         parts = list(value) if isinstance(value, (list, tuple)) else [None]
-    names = [_SAMPLER_ALIASES.get(p, p) if isinstance(p, str) else p for p in parts]
+    names = [_SAMPLER_ALIASES.get(p, p) if isinstance(p, str) else None for p in parts]  # None: not a name
     unknown = [n for n in names if n not in SAMPLER_NAMES]
     if unknown or not names or len(set(names)) != len(names):
         raise InvalidOptionError(f"samplers must be llama.cpp's samplers, each once, in an order: "

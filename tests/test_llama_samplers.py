@@ -82,6 +82,8 @@ def test_xtc_top_n_sigma_and_dynamic_temperature_are_stock_llama_cpps_seeded(mod
     (dict(xtc_probability=float("nan")), "xtc_probability must be a number >= 0"),
     (dict(top_n_sigma=float("inf")), "top_n_sigma must be a finite number"),
     (dict(dry_sequence_breakers=["\n", ""]), "dry_sequence_breakers must be a list of non-empty strings"),
+    (dict(samplers=[["top_k"], 1]), "samplers must be llama.cpp's samplers"),  # found by fuzzing: a TypeError
+    (dict(samplers="top_k;top_k"), "samplers must be llama.cpp's samplers, each once"),
 ])
 def test_a_bad_setting_is_a_typed_error(sampling, message):
     with Engine(DEMO, **SETTINGS) as eng, pytest.raises(InvalidOptionError, match=message):
