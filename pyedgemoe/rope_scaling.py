@@ -50,17 +50,28 @@ def checked(name: str, value):
     return kind(value)
 
 
-def context_keywords(options) -> dict:
-    """The native Context's keywords of the options given (an ExpertOptions: None where unset)."""
-    given = {name: options[name] for name in OPTIONS if options[name] is not None}
+def _given(options) -> dict:
+    """These options of an ExpertOptions (None where unset), those set."""
+    return {name: options[name] for name in OPTIONS if options[name] is not None}
+
+
+def _keywords(given: dict) -> dict:
+    """The options set as keywords of the native Context and of llama-cpp-python's Llama (the same
+    names, rope_scaling_type an enum's value)."""
+    given = dict(given)
     if "rope_scaling" in given:
         given["rope_scaling_type"] = SCALING_TYPES[given.pop("rope_scaling")]
     return given
 
 
+def context_keywords(options) -> dict:
+    """The native Context's keywords of the options given (an ExpertOptions: None where unset)."""
+    return _keywords(_given(options))
+
+
 def described(options) -> str:
     """The options given, as the flags that give them ("" when none)."""
-    given = {name: options[name] for name in OPTIONS if options[name] is not None}
+    given = _given(options)
     return " ".join(f"--{name.replace('_', '-')} {value:g}" if isinstance(value, float) else
                     f"--{name.replace('_', '-')} {value}" for name, value in given.items())
 
@@ -93,7 +104,4 @@ def from_llama_cpp_python(arguments: dict) -> dict:
 
 def as_llama_cpp_python(options: dict) -> dict:
     """llama-cpp-python's Llama arguments of the options in `options` (by name, as given)."""
-    given = {name: value for name, value in options.items() if name in OPTIONS and value is not None}
-    if "rope_scaling" in given:
-        given["rope_scaling_type"] = SCALING_TYPES[given.pop("rope_scaling")]
-    return given
+    return _keywords({name: value for name, value in options.items() if name in OPTIONS and value is not None})

@@ -72,8 +72,7 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     options = dict(options)
     max_tokens = options.pop("max_tokens", None)
     stop = options.pop("stop", [])
-    n_probs = options.pop("n_probs", options.pop("logprobs", 0))
-    options.pop("logprobs", None)
+    n_probs = options.pop("n_probs", options.pop("logprobs", 0))  # llama-server's other name, popped either way
     ignore_eos = options.pop("ignore_eos", False)
     return_tokens = options.pop("return_tokens", False)
     fields = options.pop("response_fields", [])
