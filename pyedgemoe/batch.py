@@ -10,7 +10,8 @@ depend on the others (tests/test_batch.py). A generation here is the Engine's on
 Generation (generation.py), stepped with the others; every decode goes through the Decoder.
 
 A consumer (the iterator Batcher.generate returns, on any thread) blocks until its next token;
-closing it ends the generation and frees its sequence for the next one.
+closing it ends the generation and frees its sequence for the next one. An embedding
+(Batcher.embed) queues for a free sequence as a generation does and frees it when evaluated.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
+
+import numpy as np
 
 from pyedgemoe.errors import ExpertLoadError
 from pyedgemoe.generation import Generation, KVSequence, shared_prefix
@@ -31,12 +34,17 @@ _END = object()
 
 @dataclass
 class _Request:
-    generation: Generation
+    generation: Generation | None  # None: a task's request
     out: queue.Queue = field(default_factory=queue.Queue)  # tokens, then _END (or an exception)
     want: bool = True  # its consumer waits for its next token
     closed: bool = False  # its consumer has gone: its sequence is free
     done: bool = False  # it has ended (_END or an error sent)
     sequence: KVSequence | None = None
+    task: Callable[[KVSequence], object] | None = None  # work of its own on a free sequence (embed)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.generation.prompt if self.generation else []
 
 
 class Batcher:
@@ -76,6 +84,26 @@ class Batcher:
                     self._pending.remove(r)
                 self._cond.notify_all()
 
+    def embed(self, tokens: list[int]) -> np.ndarray:
+        """Decoder.embed of tokens on a free sequence, taken in turn with the generations waiting."""
+        r = _Request(None, task=lambda sequence: self._decoder.embed(tokens, sequence))
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("this Engine is closed")
+            self._pending.append(r)
+            self._cond.notify_all()
+        try:
+            item = r.out.get()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        finally:
+            with self._cond:
+                r.closed = True
+                if r in self._pending:
+                    self._pending.remove(r)
+                self._cond.notify_all()
+
     def close(self) -> None:
         """Ends the thread; generations still running or waiting raise RuntimeError."""
         with self._cond:
@@ -105,7 +133,7 @@ class Batcher:
                 admitted = []
                 while self._admissible():
                     r = self._pending.pop(0)
-                    r.sequence = self._free_sequence(r.generation.prompt)
+                    r.sequence = self._free_sequence(r.prompt)
                     r.sequence.busy = True
                     admitted.append(r)
                 self._running += admitted
@@ -114,7 +142,10 @@ class Batcher:
             try:
                 with self._decoder.lock:
                     for r in admitted:
-                        self._emit_own(r, lambda: r.generation.prefill(r.sequence))
+                        if r.task:
+                            self._run_task(r)
+                        else:
+                            self._emit_own(r, lambda: r.generation.prefill(r.sequence))
                     if stepping:
                         self._step(stepping)
             except ExpertLoadError as e:
@@ -155,6 +186,17 @@ class Batcher:
                                   [r.sequence for r in stepping])
         for i, r in enumerate(stepping):
             self._emit_own(r, lambda: r.generation.picked(i))
+
+    def _run_task(self, r: _Request) -> None:
+        """r's task, its result (or its own error) to its consumer; its sequence is free after."""
+        try:
+            result = r.task(r.sequence)
+        except ExpertLoadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
+            result = e
+        self._end(r, result)
+        r.closed = True
 
     def _emit_own(self, r: _Request, pick) -> None:
         """_emit of pick()'s token; an error of r's own (its sampler's Python hooks) ends r alone."""

@@ -268,10 +268,14 @@ def serve(
                                                        help="the template's variables where a request gives none "
                                                        "of that name, a JSON object, e.g. '{\"enable_thinking\": "
                                                        "false}' (llama-server's)"),
+    embeddings: bool = typer.Option(False, "--embeddings", "--embedding",
+                                    help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
+                                    "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
     engine_options: dict = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
-    /v1/chat/completions, /health, /metrics; and llama-server's /completion and /infill (docs/server.md)."""
+    /v1/chat/completions, /health, /metrics; llama-server's /completion and /infill; with --embeddings,
+    /v1/embeddings and /embeddings (docs/server.md)."""
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if parallel < 1:
@@ -310,7 +314,7 @@ def serve(
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model.name, model_aliases=(model.name, str(model)),
-                         api_key=api_key, limits=limits, chat_defaults=chat_defaults,
+                         api_key=api_key, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
     except PyEdgeMoEError as e:
         fail(str(e))

@@ -132,16 +132,16 @@ class Decoder:
         with self.lock:
             return self.live().output_logits(i)
 
-    def embed(self, tokens: list[int]) -> np.ndarray:
-        """The embeddings of tokens on the first sequence, which holds nothing before or after: a
-        row per token, or one pooled row (the model's pooling type)."""
+    def embed(self, tokens: list[int], sequence: KVSequence) -> np.ndarray:
+        """The embeddings of tokens on sequence, which holds nothing before or after: a row per
+        token, or one pooled row (the context's pooling type)."""
         with self._expert_errors(), self.lock:
             ctx = self.live()
-            self.clear()
+            self.keep(sequence, 0)
             try:
-                return self._governed(0, lambda: ctx.embed(tokens, 0))
+                return self._governed(0, lambda: ctx.embed(tokens, sequence.seq))
             finally:
-                self.clear()
+                self.keep(sequence, 0)
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)

@@ -1,9 +1,12 @@
 """The model's embeddings of a text: its hidden states after the last layer (llama.cpp's
 embeddings, read with the context's embeddings switched on for one llama_decode).
 
-A model whose GGUF names a pooling type (mean, cls, last, ...; embedding models) gives one vector
-per text; any other model (a generative one: pooling none) one per token, as llama-cpp-python's
-Llama.embed returns them.
+How a text's rows become one vector is llama.cpp's pooling type: the model's (a GGUF of an
+embedding model names one; a generative model's is none: a vector per token, as llama-cpp-python's
+Llama.embed returns them), or the `pooling` option (llama.cpp's --pooling, llama-cpp-python's
+pooling_type): mean, cls (the first token's) or last (the last token's, the usual choice for a
+decoder-only model) pool the text's rows into one vector. Pooling is done within one pass of the
+model (a ubatch), as llama.cpp computes it, so a pooled text is at most n_ubatch tokens.
 """
 from __future__ import annotations
 
@@ -11,28 +14,98 @@ import numpy as np
 
 from pyedgemoe.errors import InvalidOptionError
 
-POOLING_NONE = 0  # llama.cpp's LLAMA_POOLING_TYPE_NONE: a vector per token
+# llama.cpp's enum llama_pooling_type by name (-1, unspecified: the model's)
+POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+POOLING_NONE = POOLING_TYPES["none"]
+POOLING_HELP = ("how embeddings pool a text's rows: none (a vector per token), mean, cls or last (llama.cpp's "
+                "--pooling; for embed and serve --embeddings)")
+_RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK: a reranker's score, from a classification head
+_NO_RANK = ("rank pooling scores documents with a reranking model's classification head, which a generative MoE "
+            "model has not (llama.cpp stops on it): use none, mean, cls or last")
+# llama.cpp's embd_normalize (common_embd_normalize): what a pooled vector is divided by
+NORMALIZATIONS = {-1: "none", 0: "the largest magnitude / 32760 (int16's range)", 1: "taxicab",
+                  2: "euclidean (L2; the default)"}
+
+
+def checked_pooling(value) -> str:
+    """The pooling option's value by name, or InvalidOptionError naming what it takes."""
+    if value == "rank":
+        raise InvalidOptionError(_NO_RANK)
+    if value not in POOLING_TYPES:
+        raise InvalidOptionError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {value!r}")
+    return value
+
+
+def pooling_from_llama_cpp_python(pooling_type) -> str | None:
+    """llama-cpp-python's pooling_type (llama.cpp's enum; -1: the model's) by name (None: the model's)."""
+    names = {number: name for name, number in POOLING_TYPES.items()}
+    if pooling_type == _RANK:
+        raise InvalidOptionError(_NO_RANK)
+    if isinstance(pooling_type, bool) or pooling_type not in (-1, *names):
+        raise InvalidOptionError(f"pooling_type must be -1 (the model's) or one of llama.cpp's types {names}, "
+                                 f"got {pooling_type!r}")
+    return names.get(pooling_type)
+
+
+def context_keywords(options) -> dict:
+    """The native Context's keyword of the pooling option (an ExpertOptions: None where unset)."""
+    return {} if options["pooling"] is None else {"pooling_type": POOLING_TYPES[options["pooling"]]}
+
+
+def normalized(rows: np.ndarray, p: int = 2) -> np.ndarray:
+    """Each row divided as llama.cpp's common_embd_normalize(p) divides it: p -1 none, 0 by its largest
+    magnitude / 32760, else its p-norm (1 taxicab, 2 euclidean); a zero row stays zero."""
+    if isinstance(p, bool) or not isinstance(p, int):
+        raise InvalidOptionError(f"embd_normalize must be an integer (-1 none, 0 int16 range, 1 taxicab, 2 "
+                                 f"euclidean, p > 2: p-norm), got {p!r}")
+    rows = np.atleast_2d(rows)
+    if p == -1:
+        return rows.copy()
+    if p == 0:
+        sums = np.abs(rows).max(axis=1).astype(np.float64) / 32760.0
+    elif p < 0:
+        raise InvalidOptionError(f"embd_normalize must be -1 or more, got {p}")
+    else:
+        sums = (np.abs(rows.astype(np.float64)) ** p).sum(axis=1) ** (1.0 / p)
+    with np.errstate(divide="ignore"):
+        norms = np.where(sums > 0, 1.0 / sums, 0.0).astype(np.float32)
+    return rows * norms[:, None]
+
+
+def pooling_type(engine) -> int:
+    """The pooling type of the Engine's embeddings (llama.cpp's enum; POOLING_NONE: a row per token)."""
+    return engine._live().pooling_type
+
+
+def max_tokens(engine) -> tuple[int, str]:
+    """The most tokens one embed() evaluates, and the setting that bounds it: a pooled text is pooled
+    within one pass of the model (n_ubatch), a text's rows come from one llama_decode (n_batch)."""
+    if pooling_type(engine) != POOLING_NONE:
+        return engine.n_ubatch, "n_ubatch"
+    return engine.plan.n_batch, "n_batch"
 
 
 def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool = True) -> np.ndarray:
-    """float32 embeddings of text (tokenized with BOS) or token ids, on the Engine's one sequence,
-    which holds nothing afterwards: [n_tokens, n_embd], or [n_embd] where the model pools. One
-    llama_decode: the tokens past n_batch are dropped (truncate, llama-cpp-python's default) or
-    refused. normalize: every vector scaled to unit length (L2)."""
-    engine._single_sequence("embed")
+    """float32 embeddings of text (tokenized with BOS) or token ids, on a sequence that holds nothing
+    before or after (n_parallel > 1: a free one, queued for as a generation): [n_tokens, n_embd],
+    or [n_embd] where the context pools. One llama_decode of at most n_batch tokens (n_ubatch where
+    it pools): those past it are dropped (truncate, llama-cpp-python's default) or refused.
+    normalize: every vector scaled to unit length (L2)."""
     ids = engine._prompt_tokens(text)
     if not ids:
         raise InvalidOptionError("embed needs at least one token")
-    n_batch = engine.plan.n_batch
-    if len(ids) > n_batch:
+    limit, what = max_tokens(engine)
+    if len(ids) > limit:
         if not truncate:
-            raise InvalidOptionError(f"{len(ids)} tokens exceed n_batch {n_batch}: embed evaluates one batch "
-                                     "(truncate=True drops the rest, or raise n_batch)")
-        ids = ids[:n_batch]
+            raise InvalidOptionError(f"{len(ids)} tokens exceed {what} {limit}: embed evaluates one pass "
+                                     f"(truncate=True drops the rest, or raise {what})")
+        ids = ids[:limit]
     engine._check_fits(len(ids), 0)
-    with engine._sequence_turn():
-        rows = engine._decoder.embed(ids)
+    if engine._batcher is not None:
+        rows = engine._batcher.embed(ids)
+    else:
+        with engine._sequence_turn():
+            rows = engine._decoder.embed(ids, engine._decoder.sequences[0])
     if normalize:
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        rows = np.divide(rows, norms, out=rows.copy(), where=norms > 0)
-    return rows[0] if engine._live().pooling_type != POOLING_NONE else rows
+        rows = normalized(rows, 2)
+    return rows[0] if pooling_type(engine) != POOLING_NONE else rows

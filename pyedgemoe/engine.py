@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pyedgemoe import _native, completions, kv_overrides, rope_scaling
+from pyedgemoe import _native, completions, embeddings, kv_overrides, rope_scaling
 from pyedgemoe.batch import Batcher
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
@@ -26,7 +26,6 @@ from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptio
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
-from pyedgemoe.embeddings import embed
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
@@ -149,7 +148,8 @@ class Engine:
             ctx = _native.Context(self._model, n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=self.n_ubatch,
                                   n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch,
                                   flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel,
-                                  loras=list(plan.loras), **rope_scaling.context_keywords(plan.expert_options))
+                                  loras=list(plan.loras), **rope_scaling.context_keywords(plan.expert_options),
+                                  **embeddings.context_keywords(plan.expert_options))
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
@@ -361,7 +361,7 @@ class Engine:
 
     def embed(self, text: str | list[int], *, normalize: bool = False, truncate: bool = True) -> np.ndarray:
         """The model's embeddings of text (or token ids), float32 (pyedgemoe.embeddings.embed)."""
-        return embed(self, text, normalize, truncate)
+        return embeddings.embed(self, text, normalize, truncate)
 
     def _governed(self, n_decoded: int, decode):
         """decode() on the thread counts the governor chose, timed for it: n_decoded tokens, one per

@@ -4,7 +4,8 @@ Every option is declared once: the expert cache's in native/src/expert-options.h
 default, help), bound as `_native.ExpertOptions`, whose names, defaults, choices and help come from
 there; those of where and how the model is loaded that the native layer does not take (device,
 host_cache, repack, n_gpu_layers, tensor_split, rpc, mmap, override_kv, chat_template, RoPE scaling's,
-pyedgemoe.rope_scaling, and LoRA adapters, pyedgemoe.lora) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
+pyedgemoe.rope_scaling, the embeddings' pooling, pyedgemoe.embeddings, and LoRA adapters,
+pyedgemoe.lora) in LOAD_OPTIONS here. The defaults default() gives are the ones that apply
 (mode's depends on the build: default_mode). The CLI's flags, Engine's keywords and Llama's are
 made from them. This module adds what only the model and its calibration know, for options a
 caller leaves unset:
@@ -24,7 +25,7 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from pyedgemoe import _native, kv_overrides, lora, rope_scaling, rpc
+from pyedgemoe import _native, embeddings, kv_overrides, lora, rope_scaling, rpc
 from pyedgemoe.chat_template import template_source
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
@@ -67,6 +68,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     **{name: LoadOption(kind, help, rope_scaling.AUTOMATIC) for name, (kind, help) in rope_scaling.OPTIONS.items()},
     "chat_template": LoadOption(str, "a chat template (Jinja) in place of the model's, as llama.cpp's --chat-template "
                                 "(chatml: ChatML; --chat-template-file reads one)", "the model's"),
+    "pooling": LoadOption(str, embeddings.POOLING_HELP, "the model's (none for a generative model)"),
     "lora": LoadOption(str, "LoRA adapters, FNAME[,FNAME...] (GGUF; llama.cpp's --lora): with an adapter that "
                        "changes the experts, every expert resident", "none"),
     "lora_scaled": LoadOption(str, "LoRA adapters with their scales, FNAME:SCALE[,FNAME:SCALE...] (llama.cpp's "
@@ -247,6 +249,8 @@ def _load_option(name: str, value):
         value = rope_scaling.checked(name, value)
     elif name == "chat_template":
         value = template_source(value)
+    elif name == "pooling":
+        value = embeddings.checked_pooling(value)
     elif name in ("lora", "lora_scaled"):
         lora.adapters(*(value, None) if name == "lora" else (None, value))
         value = tuple(map(tuple, value)) if isinstance(value, (list, tuple)) else value  # pairs from Python

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import gguf
 import numpy as np
 
-from pyedgemoe import chatml_function_calling, completions, named_chat_formats, rope_scaling
+from pyedgemoe import chatml_function_calling, completions, embeddings, named_chat_formats, rope_scaling
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
@@ -45,7 +45,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
-    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "pooling_type": -1, "attention_type": -1,
+    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None,
     "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
@@ -110,7 +110,8 @@ class Llama:
     kv_overrides (the model's metadata replaced at load: pyedgemoe.kv_overrides), rope_scaling_type,
     rope_freq_base, rope_freq_scale and yarn_* (RoPE scaling: pyedgemoe.rope_scaling), lora_path and
     lora_scale (a LoRA adapter: pyedgemoe.lora), embedding (True
-    lets embed / create_embedding run, as there), logits_all (True keeps the logits of every token
+    lets embed / create_embedding run, as there), pooling_type (llama.cpp's LLAMA_POOLING_TYPE_*:
+    a vector per text, pyedgemoe.embeddings), logits_all (True keeps the logits of every token
     evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here) and
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
@@ -126,8 +127,8 @@ class Llama:
                  seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
-                 flash_attn: bool = False, chat_format: str | None = None, type_k: int | None = None,
-                 type_v: int | None = None, verbose: bool = True, **kwargs):
+                 pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
+                 type_k: int | None = None, type_v: int | None = None, verbose: bool = True, **kwargs):
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -146,6 +147,9 @@ class Llama:
             engine_kwargs["tensor_split"] = tensor_split
         if kv_overrides is not None:
             engine_kwargs["override_kv"] = kv_overrides
+        pooling = embeddings.pooling_from_llama_cpp_python(pooling_type)
+        if pooling is not None:
+            engine_kwargs["pooling"] = pooling
         if lora_path is not None:  # llama.cpp's --lora-scaled FNAME:SCALE
             engine_kwargs["lora_scaled"] = [(lora_path, lora_scale)]
         if not use_mmap:  # True, llama.cpp's default, leaves it to the load plan (beside an expert cache: read)
@@ -244,7 +248,7 @@ class Llama:
 
     def pooling_type(self) -> int:
         """llama.cpp's pooling type of the embeddings (0: none, a vector per token), as llama-cpp-python's."""
-        return self.engine._live().pooling_type
+        return embeddings.pooling_type(self.engine)
 
     def token_bos(self) -> int:
         bos = self.engine.token_bos()

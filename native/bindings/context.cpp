@@ -36,8 +36,10 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
             int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max,
             std::optional<int> rope_scaling_type, Given rope_freq_base, Given rope_freq_scale,
             std::optional<uint32_t> yarn_orig_ctx, Given yarn_ext_factor, Given yarn_attn_factor,
-            Given yarn_beta_fast, Given yarn_beta_slow, const std::vector<std::pair<std::string, float>> & loras) {
+            Given yarn_beta_fast, Given yarn_beta_slow, const std::vector<std::pair<std::string, float>> & loras,
+            std::optional<int> pooling_type) {
     llama_context_params params = llama_context_default_params();
+    if (pooling_type) params.pooling_type = static_cast<enum llama_pooling_type>(*pooling_type);  // embed()'s rows; else the model's
     if (rope_scaling_type) params.rope_scaling_type = (llama_rope_scaling_type) *rope_scaling_type;
     if (yarn_orig_ctx) params.yarn_orig_ctx = *yarn_orig_ctx;
     set_if_given(params.rope_freq_base, rope_freq_base);
@@ -279,7 +281,8 @@ void register_context(nb::module_ & m) {
              nb::arg("yarn_orig_ctx") = nb::none(), nb::arg("yarn_ext_factor") = nb::none(),
              nb::arg("yarn_attn_factor") = nb::none(), nb::arg("yarn_beta_fast") = nb::none(),
              nb::arg("yarn_beta_slow") = nb::none(),
-             nb::arg("loras") = std::vector<std::pair<std::string, float>>(), nb::keep_alive<1, 2>())
+             nb::arg("loras") = std::vector<std::pair<std::string, float>>(), nb::arg("pooling_type") = nb::none(),
+             nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
         .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
         .def("output_logits", [](Context & c, int i) {

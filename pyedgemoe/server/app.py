@@ -1,5 +1,6 @@
 """The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over
-one Engine, llama-server's own /completion and /infill (llama_server_api.py), plus /health,
+one Engine, llama-server's own /completion and /infill (llama_server_api.py), the embeddings
+(embeddings_api.py), plus /health,
 /metrics and /metrics/experts (the expert cache in JSON), and the web pages (web_ui.py)
 (docs/server.md).
 
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from pyedgemoe.chat_formats import joined_message
 from pyedgemoe.completions import chat_text
 from pyedgemoe.server import llama_server_api, metrics
+from pyedgemoe.server.embeddings_api import add_embedding_routes
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
 from pyedgemoe.server.limits import Limits
@@ -40,7 +42,7 @@ from pyedgemoe.tool_calls import call_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
-         "/apply-template", "/", "/experts", "/props", "/slots"}
+         "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -98,14 +100,16 @@ def _with_defaults(given: dict, defaults: Mapping) -> dict:
 
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None,
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
-               chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI) -> FastAPI:
+               chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI,
+               embeddings: bool = False) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
     and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
     UI, served at / when there (web_ui.py); chat_defaults: a chat request's Engine keywords where it
-    gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name).
+    gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name);
+    embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
@@ -268,6 +272,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return {"prompt": text}
 
     add_token_routes(app, engine)
+    add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
     web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)

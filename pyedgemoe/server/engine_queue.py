@@ -3,8 +3,8 @@
 The Engine holds engine.n_parallel sequences in its KV cache (`serve --parallel N`), so:
 - every Engine call runs on the queue's threads, never on the event loop, which stays free to
   answer /health and /metrics and to notice clients that leave;
-- a generation holds one of the n_parallel turns from its first token to its last: the others
-  queue, in arrival order (Turns). A queued one whose client leaves is dropped from the queue
+- a generation holds one of the n_parallel turns from its first token to its last, an embedding
+  request for its inputs: the others queue, in arrival order (Turns). A queued one whose client leaves is dropped from the queue
   within CLIENT_CHECK_SECONDS. With n_parallel > 1 the Engine decodes the running generations
   together (pyedgemoe.batch);
 - a generation runs as a task of its own that hands its chunks over a queue, checking between
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, Iterator
 
@@ -113,6 +114,23 @@ class EngineQueue:
     async def call(self, fn: Callable, *args):
         """fn(*args) on the queue's threads (with one sequence: between the steps of a generation)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    @asynccontextmanager
+    async def turn(self, client_gone: Callable[[], Awaitable[bool]]):
+        """A turn of its own, queued with the generations, for Engine calls (call()) that evaluate on
+        a sequence: embeddings. APIError 499 when the client left first, 503 when the server stops."""
+        async def gone() -> bool:
+            return self.stopping or await client_gone()
+
+        if not await self._turns.take(gone):
+            raise APIError(503, "the server is shutting down", "server_shutting_down") if self.stopping else \
+                APIError(499, "the client closed the request")
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._turns.give_back()
 
     def generate(self, start: Callable[[], Iterator[dict]], client_gone: Callable[[], Awaitable[bool]]) -> Generation:
         """Queues start() (an Engine call with stream=True, run on the Engine's thread when this

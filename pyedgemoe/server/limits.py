@@ -25,5 +25,6 @@ MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a body (a JSON schema's 
 MAX_STOP_STRINGS = 16  # llama-cpp-python's clients send a few; each is searched for after every token
 MAX_STOP_CHARS = 512  # each
 MAX_LOGIT_BIAS = 1024  # token ids a request's logit_bias biases (OpenAI's clients send a few)
+MAX_EMBEDDING_INPUTS = 2048  # texts one embeddings request embeds (OpenAI's bound)
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs, also a completion's logprobs here
 INT32_MAX = 2**31 - 1  # llama.cpp's integers (token ids, top_k): a larger one is out of range

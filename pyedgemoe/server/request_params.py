@@ -15,8 +15,8 @@ from typing import get_args, get_type_hints
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exposed_fields, sampler_order
-from pyedgemoe.server.limits import (INT32_MAX, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS,
-                                     MAX_TOP_LOGPROBS)
+from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
+                                     MAX_STOP_STRINGS, MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
 
 
@@ -325,6 +325,30 @@ def _token_ids(name: str, value) -> list[int]:
 TOKENIZE_PARAMETERS = {"content": (_text, ...), "add_special": (_boolean, False), "parse_special": (_boolean, True),
                        "with_pieces": (_boolean, False)}
 DETOKENIZE_PARAMETERS = {"tokens": (_token_ids, ...)}
+
+
+def _embedding_inputs(name: str, value) -> list[str | list[int | str]]:
+    """llama-server's embedding inputs (its tokenize_input_prompts): a string or a list holding token
+    ids (one input: its token ids, or text and token ids mixed), else a list of such inputs."""
+    if isinstance(value, str) or (isinstance(value, list) and any(_is_token_ids([p]) for p in value)):
+        value = [value]
+    what = f"a string, a list of token ids in [0, {INT32_MAX}] (and strings), or a list of at most " \
+           f"{MAX_EMBEDDING_INPUTS} of those"
+    if not isinstance(value, list) or len(value) > MAX_EMBEDDING_INPUTS:
+        raise _invalid(name, what, value)
+    if not value:
+        raise APIError(400, f"'{name}' must not be empty", "invalid_value", name)
+    for p in value:
+        if not (isinstance(p, str) or isinstance(p, list) and all(isinstance(q, str) or _is_token_ids([q]) for q in p)):
+            raise _invalid(name, what, value)
+    return value
+
+
+# llama-server's embeddings (embeddings_api.py): input (OpenAI's) or content (llama-server's own)
+EMBEDDING_PARAMETERS = {"input": (_embedding_inputs, None), "content": (_embedding_inputs, None),
+                        "model": (_of_type(str, "a model's name"), None), "user": (_text, None),
+                        "encoding_format": (_one_of(("float", "base64")), "float"),
+                        "embd_normalize": (_in_range(_integer, -1, 1000), 2)}
 
 
 def parse_fields(raw: bytes, fields: dict) -> dict:
