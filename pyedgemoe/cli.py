@@ -370,6 +370,56 @@ def perplexity_command(
         raise typer.Exit(130)
 
 
+@app.command("embed")
+@model_options
+def embed_command(
+    model: Path = typer.Argument(..., help="GGUF model file"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the texts, split at --embd-separator"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the texts from a file"),
+    separator: str = typer.Option("\n", "--embd-separator", help="what separates the texts (default: a line break)"),
+    normalization: int = typer.Option(2, "--embd-normalize", help="each vector divided by: -1 nothing, 0 its largest "
+                                      "magnitude / 32760 (int16's range), 1 its taxicab norm, 2 its euclidean norm, "
+                                      "p > 2 its p-norm"),
+    output_format: str = typer.Option("", "--embd-output-format", help="how to print them: '' (a table), array, json "
+                                      "(OpenAI's list), json+ (json and the cosine similarities) or raw (a line each)"),
+    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="context size in tokens (0 = the model's); "
+                            "-b is raised to it"),
+    escape: bool = escape_option("-p and -f"),
+    engine_options: dict = None,
+) -> None:
+    """The texts' embeddings, as llama.cpp's llama-embedding prints them: a row per token, or a
+    vector per text with --pooling mean, cls or last."""
+    from pyedgemoe.cli_embed import FORMATS, formatted, split_texts
+    from pyedgemoe.embeddings import POOLING_NONE, pooling_type
+    from pyedgemoe.engine import Engine
+
+    if (prompt is None) == (file is None):
+        fail("give the texts with -p or -f (one of them)")
+    if output_format not in FORMATS:
+        fail(f"--embd-output-format takes '', {', '.join(FORMATS[1:])}, got {output_format!r}")
+    if normalization < -1:
+        fail(f"--embd-normalize must be -1 or more, got {normalization}")
+    if not separator:
+        fail("--embd-separator is empty")
+    try:
+        text = read_text_file(file, escape) if file is not None else process_escapes(prompt) if escape else prompt
+    except OSError as e:
+        fail(f"cannot read the texts: {e}")
+    texts = split_texts(text, separator)
+    engine_options["n_batch"] = max(engine_options["n_batch"], ctx)  # a text may fill the context, as there
+    try:
+        with Engine(model, n_ctx=ctx, **engine_options) as eng:
+            print_model_note(eng, model)
+            rows = [eng.embed(eng.tokenize(t, add_bos=True, special=True), truncate=False) for t in texts]
+            pooled = pooling_type(eng) != POOLING_NONE
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    sys.stdout.buffer.write(formatted(rows, texts, pooled, output_format, normalization))
+    sys.stdout.flush()
+
+
 @app.command("calibrate")
 @model_options(without=("expert_cache", "batch_size", "ubatch_size"))
 def calibrate_command(

@@ -49,7 +49,8 @@ def add_embedding_routes(app: FastAPI, engine, queue, prompt_bound: PromptBound,
         for p in given:
             prompt_bound.check_text(sum(len(part.encode()) for part in ([p] if isinstance(p, str) else p)
                                         if isinstance(part, str)))
-            prompt_bound.check_tokens([part for part in p if isinstance(part, int)] if isinstance(p, list) else [])
+            prompt_bound.check_tokens([part for part in p if isinstance(part, int)] if isinstance(p, list) else [],
+                                      "input")
         tokens = [prompt_tokens(engine, p) for p in given]
         limit, what = embeddings.max_tokens(engine)
         for i, ids in enumerate(tokens):

@@ -496,11 +496,11 @@ class PromptBound:
                            f"token of this model stands for at most {self.max_piece_bytes} bytes)",
                            "context_length_exceeded")
 
-    def check_tokens(self, tokens: list[int]) -> None:
+    def check_tokens(self, tokens: list[int], name: str = "prompt") -> None:
         if len(tokens) > self.n_ctx:
             raise APIError(400, f"prompt of {len(tokens)} tokens does not fit the context of {self.n_ctx} tokens",
                            "context_length_exceeded")
         bad = next((t for t in tokens if t >= self.n_vocab), None)
         if bad is not None:
-            raise APIError(400, f"'prompt' has the token id {bad}, out of the vocabulary [0, {self.n_vocab})",
-                           "invalid_value", "prompt")
+            raise APIError(400, f"'{name}' has the token id {bad}, out of the vocabulary [0, {self.n_vocab})",
+                           "invalid_value", name)
