@@ -1,10 +1,11 @@
-"""pyedgemoe serve's /completion and /infill against stock llama-server's, the same requests to both.
+"""pyedgemoe serve's /completion, /infill and embeddings against stock llama-server's, the same requests to both.
 
     python scripts/llama_server_parity.py --theirs http://127.0.0.1:8392 --ours http://127.0.0.1:8391
 
 Both serve the same file with the same context and batch (`-c`, `-b`, `-ub`, one sequence) and,
 for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server");
-with --code, a model trained on code.
+with --code, a model trained on code; with --embeddings, the embedding endpoints (both started with
+`--embeddings --pooling mean`).
 Each request's answer is compared field by field (the text, the tokens, why it stopped, the counts,
 the prompt as the model saw it, the probabilities), and each streamed one event by event; prints
 what differs and exits 1 where anything does.
@@ -12,10 +13,13 @@ what differs and exits 1 where anything does.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import sys
 from urllib.parse import urlparse
+
+import numpy as np
 
 CASES = [
     ("/completion", {"prompt": "Building a website can be done in", "n_predict": 12, "temperature": 0}),
@@ -59,6 +63,18 @@ CODE_CASES = [
     ("/completion", {"prompt": "def add(a, b):\n    ", "n_predict": 96, "temperature": 0, "n_indent": 4,
                      "response_fields": ["content", "stop_type", "timings/predicted_n"]}),
 ]
+# with --embeddings (both servers started with `--embeddings --pooling mean`): the embedding endpoints
+EMBEDDING_CASES = [
+    ("/v1/embeddings", {"input": ["hello world", "x", "Building a website can be done in 10 simple steps"]}),
+    ("/v1/embeddings", {"input": [[1, 2, 3], "x"], "encoding_format": "base64"}),
+    ("/v1/embeddings", {"input": ["one", 263, 272, " three"]}),  # one input mixing text and token ids
+    ("/embeddings", {"content": "hello world", "embd_normalize": -1}),
+    ("/embedding", {"content": ["a", "b c"], "embd_normalize": 1}),
+    ("/embeddings", {"input": "x", "embd_normalize": 0}),
+    ("/v1/embeddings", {"content": "x"}),  # llama-server's own answer there
+    ("/v1/embeddings", {"input": []}),
+    ("/v1/embeddings", {}),
+]
 FIELDS = ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "prompt",
           "has_new_line", "truncated", "tokens_cached")
 
@@ -98,12 +114,48 @@ def differences(theirs: list[dict], ours: list[dict]) -> list[str]:
     return out
 
 
+def same_embeddings(a, b, where: str = "") -> list[str]:
+    """Where two embedding answers differ: the same shape and fields, each number within 1e-6 (JSON
+    may write a float's digits either way), base64 vectors decoded; the model's name aside."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{where}: fields {sorted(a)} against {sorted(b)}"]
+        return [d for k in a if k not in ("model", "error") for d in same_embeddings(a[k], b[k], f"{where}/{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items against {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same_embeddings(x, y, f"{where}[{i}]")]
+    if where.endswith("/embedding") and isinstance(a, str) and isinstance(b, str):  # base64 float32
+        x, y = np.frombuffer(base64.b64decode(a), "<f4"), np.frombuffer(base64.b64decode(b), "<f4")
+        return [] if x.shape == y.shape and np.allclose(x, y, rtol=0, atol=1e-6) else [f"{where}: base64 vectors"]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return [] if abs(a - b) <= 1e-6 else [f"{where}: {a} against {b}"]
+    return [] if a == b else [f"{where}: {a!r} against {b!r}"]
+
+
+def compare_embeddings(theirs: str, ours: str) -> int:
+    failed = 0
+    for path, body in EMBEDDING_CASES:
+        (status_a, a), (status_b, b) = post(theirs, path, body), post(ours, path, body)
+        found = [f"status {status_a} against {status_b}"] if status_a != status_b else \
+            [] if status_a != 200 else same_embeddings(json.loads(a), json.loads(b))
+        failed += bool(found)
+        print(f"{path} {json.dumps(body)[:70]}: {'the same' if not found else ''}")
+        for line in found[:5]:
+            print(f"    {line}")
+    print(f"{len(EMBEDDING_CASES) - failed} of {len(EMBEDDING_CASES)} the same")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--theirs", required=True, help="stock llama-server's URL")
     p.add_argument("--ours", required=True, help="pyedgemoe serve's URL")
     p.add_argument("--code", action="store_true", help="the cases for a model trained on code (CODE_CASES)")
+    p.add_argument("--embeddings", action="store_true", help="the embedding endpoints (EMBEDDING_CASES)")
     args = p.parse_args(argv)
+    if args.embeddings:
+        return compare_embeddings(args.theirs, args.ours)
     failed = 0
     cases = CODE_CASES if args.code else CASES
     for path, body in cases:

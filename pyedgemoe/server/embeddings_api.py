@@ -72,6 +72,8 @@ def add_embedding_routes(app: FastAPI, engine, queue, prompt_bound: PromptBound,
             vectors = []
             async with queue.turn(request.is_disconnected):
                 for ids in tokens:
+                    if await request.is_disconnected():  # the rest is for no one
+                        raise APIError(499, "the client closed the request")
                     rows = np.atleast_2d(await queue.call(engine.embed, ids))
                     vectors.append(embeddings.normalized(rows, q["embd_normalize"]) if pooled else rows)
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error (a bug: a 500 without its text)
