@@ -266,6 +266,23 @@ def test_tokenize_and_detokenize_are_llama_servers(server, reference):
         assert status == 400 and out["error"]["param"] == param, (path, body, out)
 
 
+def test_llama_cpp_python_servers_extras_tokenize_and_detokenize(server, reference):
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        return request("POST", server + path, json.dumps(body).encode())
+    text = "def fib(n): héllo ✓<|im_start|>"
+    ids = reference.tokenize(text, add_bos=True, special=True)  # llama-cpp-python's Llama.tokenize(special=True)
+    assert post("/extras/tokenize", {"input": text, "model": MODEL_ID}) == (200, {"tokens": ids})
+    assert post("/extras/tokenize/count", {"input": text}) == (200, {"count": len(ids)})
+    assert post("/extras/detokenize", {"tokens": ids[1:4]}) == \
+        (200, {"text": reference.detokenize(ids[1:4])})
+    for path, body, param in (("/extras/tokenize", {"content": text}, "content"),
+                              ("/extras/tokenize/count", {"input": 3}, "input"),
+                              ("/extras/tokenize", {"input": "x", "model": "other"}, "model"),
+                              ("/extras/detokenize", {"tokens": "x"}, "tokens")):
+        status, out = post(path, body)
+        assert status in (400, 404) and out["error"]["param"] == param, (path, body, out)
+
+
 def test_seed_minus_one_is_a_random_one_as_in_llama_cpps_server(client):
     kwargs = dict(model=MODEL_ID, prompt="class Node(object):", max_tokens=24, temperature=1.0, top_p=1.0, seed=-1,
                   extra_body={"top_k": 0, "min_p": 0.0})
@@ -394,8 +411,9 @@ def test_a_wrong_or_missing_key_is_401_except_on_health(server):
         assert status == 401 and body["error"]["code"] == "invalid_api_key"
     status, body = request("POST", server + "/v1/completions", json.dumps({"prompt": "x"}).encode(), key="wrong")
     assert status == 401
-    assert request("GET", server + "/health", key=None) == (200, {"status": "ok", "model": MODEL_ID,
-                                                                  "queue_depth": 0})
+    for path in ("/health", "/v1/health"):  # llama-server's two
+        assert request("GET", server + path, key=None) == (200, {"status": "ok", "model": MODEL_ID, "queue_depth": 0})
+    assert request("GET", server + "/models")[1] == request("GET", server + "/v1/models")[1]
 
 
 def test_metrics_are_prometheus_text_with_the_expert_cache(server, client):

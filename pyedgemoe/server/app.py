@@ -42,7 +42,8 @@ from pyedgemoe.tool_calls import call_message
 
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
-         "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding"}
+         "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding",
+         "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -200,6 +201,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return await asyncio.to_thread(checked, await request.body(), parameters, required, neutral)
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "queue_depth": queue.waiting}
 
@@ -213,6 +215,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return expert_view(await queue.call(engine.stats), model_id)
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [model_card]}
 
@@ -271,7 +274,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             raise from_engine_error(e) from None
         return {"prompt": text}
 
-    add_token_routes(app, engine)
+    add_token_routes(app, engine, check_model)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
     web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read

@@ -9,8 +9,11 @@ from pyedgemoe.server.metrics import RequestCounts
 from pyedgemoe.server.openai_errors import APIError
 
 
+HEALTH_PATHS = ("/health", "/v1/health")  # open to probes, as llama-server's
+
+
 class BearerAuth:
-    """With an API key, every path but the open ones (/health, for probes; is_open's, e.g. the web
+    """With an API key, every path but the open ones (HEALTH_PATHS, for probes; is_open's, e.g. the web
     pages) needs the header `Authorization: Bearer KEY`; else 401 as OpenAI answers it."""
 
     def __init__(self, app, api_key: str | None, is_open: Callable[[str], bool] = lambda path: False) -> None:
@@ -19,7 +22,7 @@ class BearerAuth:
         self.is_open = is_open
 
     async def __call__(self, scope, receive, send) -> None:
-        if (scope["type"] == "http" and self.api_key is not None and scope["path"] != "/health"
+        if (scope["type"] == "http" and self.api_key is not None and scope["path"] not in HEALTH_PATHS
                 and not self.is_open(scope["path"])):
             header = dict(scope["headers"]).get(b"authorization")
             if header is None:

@@ -1,10 +1,17 @@
-"""llama-server's /tokenize and /detokenize, as its clients call them (to count a prompt's tokens,
-to read ids back):
+"""The token endpoints: llama-server's /tokenize and /detokenize, as its clients call them (to count
+a prompt's tokens, to read ids back):
 
     POST /tokenize   {"content": "...", "add_special": false, "parse_special": true, "with_pieces": false}
                   -> {"tokens": [ids]}, or with_pieces: {"tokens": [{"id": id, "piece": "text"}]} (a
                      piece that is not UTF-8 by itself: its bytes, as a list of numbers)
     POST /detokenize {"tokens": [ids]} -> {"content": "..."}
+
+and llama-cpp-python's server's, as its clients call them:
+
+    POST /extras/tokenize        {"input": "..."} -> {"tokens": [ids]} (BOS and special tokens, as there)
+    POST /extras/tokenize/count  {"input": "..."} -> {"count": n}
+    POST /extras/detokenize      {"tokens": [ids]} -> {"text": "..."} (bytes that are not UTF-8 dropped;
+                                 llama-cpp-python's server fails on them)
 
 A body is checked as the generation endpoints check theirs (unknown fields, wrong types and ids
 outside the vocabulary are 400s naming the field); the tokenizer runs on a thread, the native side
@@ -17,7 +24,8 @@ import asyncio
 from fastapi import FastAPI, Request
 
 from pyedgemoe.server.openai_errors import from_engine_error
-from pyedgemoe.server.request_params import DETOKENIZE_PARAMETERS, TOKENIZE_PARAMETERS, parse_fields
+from pyedgemoe.server.request_params import (DETOKENIZE_PARAMETERS, EXTRAS_DETOKENIZE_PARAMETERS,
+                                             EXTRAS_TOKENIZE_PARAMETERS, TOKENIZE_PARAMETERS, parse_fields)
 
 def _piece(engine, token: int) -> str | list[int]:
     piece = engine.token_piece(token, special=True)
@@ -27,7 +35,18 @@ def _piece(engine, token: int) -> str | list[int]:
         return list(piece)
 
 
-def add_token_routes(app: FastAPI, engine) -> None:
+def add_token_routes(app: FastAPI, engine, check_model) -> None:
+    """The token endpoints of the server of engine; check_model: the app's check of a request's model name."""
+    def extras_tokens(raw: bytes) -> list[int]:
+        q = parse_fields(raw, EXTRAS_TOKENIZE_PARAMETERS)
+        check_model(q["model"])
+        return engine.tokenize(q["input"], add_bos=True, special=True)
+
+    def extras_detokenize(raw: bytes) -> dict:
+        q = parse_fields(raw, EXTRAS_DETOKENIZE_PARAMETERS)
+        check_model(q["model"])
+        return {"text": engine.detokenize(q["tokens"])}
+
     def tokenize(raw: bytes) -> dict:
         q = parse_fields(raw, TOKENIZE_PARAMETERS)
         tokens = engine.tokenize(q["content"], add_bos=q["add_special"], special=q["parse_special"])
@@ -50,3 +69,15 @@ def add_token_routes(app: FastAPI, engine) -> None:
     @app.post("/detokenize")
     async def detokenize_route(request: Request) -> dict:
         return await answer(request, detokenize)
+
+    @app.post("/extras/tokenize")
+    async def extras_tokenize_route(request: Request) -> dict:
+        return {"tokens": await answer(request, extras_tokens)}
+
+    @app.post("/extras/tokenize/count")
+    async def extras_count_route(request: Request) -> dict:
+        return {"count": len(await answer(request, extras_tokens))}
+
+    @app.post("/extras/detokenize")
+    async def extras_detokenize_route(request: Request) -> dict:
+        return await answer(request, extras_detokenize)
