@@ -15,7 +15,8 @@ import functools
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -24,8 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.chat_formats import joined_message
-from pyedgemoe.completions import chat_text
-from pyedgemoe.server import llama_server_api, metrics
+from pyedgemoe.completions import chat_text, chat_text_tokens
+from pyedgemoe.server import anthropic_api, llama_server_api, metrics
 from pyedgemoe.server.embeddings_api import add_embedding_routes
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
@@ -43,12 +44,25 @@ from pyedgemoe.tool_calls import call_message
 PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{model}", "/v1/completions",
          "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
          "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding",
-         "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models"}
+         "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
+         "/v1/messages/count_tokens"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+@dataclass(frozen=True)
+class EventFormat:
+    """How a streamed answer's chunks are sent: each chunk's events, the end, an error's event."""
+    chunk: Callable[[dict], str] = _event
+    done: str = ""
+    error: Callable[[dict], str] = _event
+
+
+OPENAI_EVENTS = EventFormat(done="data: [DONE]\n\n")
+NATIVE_EVENTS = EventFormat()  # llama-server's own: no [DONE]
 
 
 def _has_output(chunk: dict) -> bool:
@@ -145,13 +159,14 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     def named(chunk: dict) -> dict:
         return {**chunk, "model": model_id}
 
-    async def generate(request: Request, start, stream: bool, join, openai: bool = True) -> Response:
+    async def generate(request: Request, start, stream: bool, join, openai: bool = True,
+                       events: EventFormat = OPENAI_EVENTS) -> Response:
         """Queues start (an Engine call that streams chunks) and answers with its chunks: as events
-        when streamed, else joined into one object. An error before the first token (the prompt
-        does not fit, a bad option) is an error response; one while streaming is an error event.
-        openai: OpenAI's chunks, each named by the model, the events ending in [DONE]; else
-        llama-server's, as they come (its last one named, without `stop: false`; response_fields may
-        leave it only some fields) and the last one the end."""
+        when streamed (in the events' format), else joined into one object. An error before the first
+        token (the prompt does not fit, a bad option) is an error response; one while streaming is an
+        error event. openai: OpenAI's chunks, each named by the model, the events ending in [DONE];
+        else llama-server's, as they come (its last one named, without `stop: false`; response_fields
+        may leave it only some fields) and the last one the end."""
         generation = queue.generate(start, request.is_disconnected)
         name = named if openai else lambda chunk: chunk
         chunks: list[dict] = []  # streamed: those up to the first text, sent once the prompt is known to fit
@@ -164,29 +179,29 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             generation.abandon()
             raise from_engine_error(e) from None
         if stream:
-            return StreamingResponse(_events(generation, chunks, name, "data: [DONE]\n\n" if openai else ""),
+            return StreamingResponse(_events(generation, chunks, name, events if openai else NATIVE_EVENTS),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         if not chunks:  # the client left before its turn
             raise APIError(499, "the client closed the request")
         return JSONResponse(join(chunks))
 
-    async def _events(generation: Generation, first: list[dict], name, done: str):
+    async def _events(generation: Generation, first: list[dict], name, events: EventFormat):
         try:
             for chunk in first:
-                yield _event(chunk)
+                yield events.chunk(chunk)
             while (chunk := await generation.next()) is not None:
-                yield _event(name(chunk))
-            if done:
-                yield done
+                yield events.chunk(name(chunk))
+            yield events.done
         except Exception as e:  # noqa: BLE001 - the stream has started: the error is an event
-            yield _event(from_engine_error(e).body())
+            yield events.error(from_engine_error(e).body())
         finally:
             generation.abandon()  # the client left (cancelled) or the stream ended: the engine moves on
 
-    def checked(raw: bytes, parameters: dict, required: str, neutral: dict | None) -> GenerationRequest:
+    def checked(raw: bytes, parameters: dict, required: str, neutral: dict | None, convert) -> GenerationRequest:
         """The request checked, its prompt's size too: all before the Engine sees it (an /infill's
-        text around the gap is cut to fit, as llama-server cuts it)."""
-        parsed = parse_generation(parse_body(raw), parameters, required, neutral)
+        text around the gap is cut to fit, as llama-server cuts it). convert: another API's body as
+        the one parameters describe."""
+        parsed = parse_generation(convert(parse_body(raw)), parameters, required, neutral)
         check_model(parsed.model)
         if isinstance(parsed.prompt, list):  # token ids, or llama-server's text and token ids
             prompt_bound.check_tokens([p for p in parsed.prompt if isinstance(p, int)])
@@ -195,10 +210,20 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             prompt_bound.check_text(parsed.text_bytes())
         return parsed
 
-    async def request_body(request: Request, parameters: dict, required: str,
-                           neutral: dict | None = None) -> GenerationRequest:
+    async def request_body(request: Request, parameters: dict, required: str, neutral: dict | None = None,
+                           convert=lambda body: body) -> GenerationRequest:
         # on a thread of its own: the checks of a large body leave the event loop free for others
-        return await asyncio.to_thread(checked, await request.body(), parameters, required, neutral)
+        return await asyncio.to_thread(checked, await request.body(), parameters, required, neutral, convert)
+
+    def chat_prompt(r: GenerationRequest) -> str:
+        """The prompt text of a chat request (its messages, tools and template's variables)."""
+        given = _with_defaults(r.engine_kwargs, chat_defaults)
+        return chat_text(engine, r.messages, given.get("tools"), given.get("tool_choice"),
+                         given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
+                         reasoning_format=given.get("reasoning_format"))[0]
+
+    def chat_prompt_length(r: GenerationRequest) -> int:
+        return len(chat_text_tokens(engine, chat_prompt(r)))
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -265,14 +290,34 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     async def apply_template(request: Request) -> dict:
         """llama-server's: the prompt text a chat request makes (its messages, tools and template's variables)."""
         r = await request_body(request, CHAT_PARAMETERS, "messages")
-        given = _with_defaults(r.engine_kwargs, chat_defaults)
         try:
-            text, _ = await asyncio.to_thread(chat_text, engine, r.messages, given.get("tools"), given.get("tool_choice"),
-                                              given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
-                                              reasoning_format=given.get("reasoning_format"))
+            return {"prompt": await asyncio.to_thread(chat_prompt, r)}
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             raise from_engine_error(e) from None
-        return {"prompt": text}
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request) -> Response:
+        """Anthropic's Messages API over the chat completions (anthropic_api.py)."""
+        r = await request_body(request, CHAT_PARAMETERS, "messages", convert=anthropic_api.chat_request)
+        start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
+                                  **_with_defaults(r.engine_kwargs, chat_defaults))
+        stream = None
+        if r.stream:
+            try:
+                stream = anthropic_api.EventStream(await asyncio.to_thread(chat_prompt_length, r))
+            except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+                raise from_engine_error(e) from None
+        return await generate(request, start, r.stream, lambda chunks: anthropic_api.message(_joined_chat_completion(chunks)),
+                              events=EventFormat(stream.events, "", stream.error) if stream else OPENAI_EVENTS)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request) -> dict:
+        """Anthropic's: the tokens of a Messages request's prompt."""
+        r = await request_body(request, CHAT_PARAMETERS, "messages", convert=anthropic_api.chat_request)
+        try:
+            return {"input_tokens": await asyncio.to_thread(chat_prompt_length, r)}
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+            raise from_engine_error(e) from None
 
     add_token_routes(app, engine, check_model)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
