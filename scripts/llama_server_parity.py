@@ -1,11 +1,13 @@
-"""pyedgemoe serve's /completion, /infill and embeddings against stock llama-server's, the same requests to both.
+"""pyedgemoe serve's /completion, /infill, embeddings and /v1/messages against stock llama-server's, the same
+requests to both.
 
     python scripts/llama_server_parity.py --theirs http://127.0.0.1:8392 --ours http://127.0.0.1:8391
 
 Both serve the same file with the same context and batch (`-c`, `-b`, `-ub`, one sequence) and,
 for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server");
 with --code, a model trained on code; with --embeddings, the embedding endpoints (both started with
-`--embeddings --pooling mean`).
+`--embeddings --pooling mean`); with --anthropic, Anthropic's Messages API (both given the same chat
+template: `--chat-template chatml`).
 Each request's answer is compared field by field (the text, the tokens, why it stopped, the counts,
 the prompt as the model saw it, the probabilities), and each streamed one event by event; prints
 what differs and exits 1 where anything does.
@@ -74,6 +76,18 @@ EMBEDDING_CASES = [
     ("/v1/embeddings", {"content": "x"}),  # llama-server's own answer there
     ("/v1/embeddings", {"input": []}),
     ("/v1/embeddings", {}),
+]
+# with --anthropic (both servers given the same chat template): Anthropic's /v1/messages, whole and streamed
+ANTHROPIC_CASES = [
+    {"max_tokens": 32, "temperature": 0, "messages": [{"role": "user", "content": "def add(a, b):"}]},
+    {"max_tokens": 32, "temperature": 0, "system": "You write Python.",
+     "messages": [{"role": "user", "content": [{"type": "text", "text": "class Node"}]}]},
+    {"max_tokens": 48, "temperature": 0, "system": [{"type": "text", "text": "Code only."}],
+     "messages": [{"role": "user", "content": "import os"}, {"role": "assistant", "content": "import sys"},
+                  {"role": "user", "content": "def main():"}]},
+    {"max_tokens": 64, "temperature": 0, "stop_sequences": ["=?="],  # met: the model repeats "=?"
+     "messages": [{"role": "user", "content": "def f(x):"}]},
+    {"max_tokens": 24, "temperature": 0, "top_k": 1, "messages": [{"role": "user", "content": "for i in range(10):"}]},
 ]
 FIELDS = ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "prompt",
           "has_new_line", "truncated", "tokens_cached")
@@ -147,15 +161,51 @@ def compare_embeddings(theirs: str, ours: str) -> int:
     return 1 if failed else 0
 
 
+def anthropic_answer(base: str, body: dict) -> dict:
+    """A /v1/messages answer as the fields compared: the blocks, why it stopped, the token counts
+    (the prompt's, cached or not), and streamed the events' types and their text joined."""
+    status, text = post(base, "/v1/messages", body)
+    if status != 200:
+        return {"status": status}
+    if not body.get("stream"):
+        m = json.loads(text)
+        return {"content": m["content"], "stop_reason": m["stop_reason"], "output_tokens": m["usage"]["output_tokens"],
+                "input_tokens": m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"]}
+    events = [json.loads(line.removeprefix("data: ")) for line in text.splitlines() if line.startswith("data: ")]
+    start = events[0]["message"]["usage"]
+    return {"events": [e["type"] for e in events if e["type"] != "content_block_delta"],
+            "text": "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta"),
+            "stop_reason": events[-2]["delta"]["stop_reason"], "output_tokens": events[-2]["usage"]["output_tokens"],
+            "input_tokens": start["input_tokens"] + start["cache_read_input_tokens"]}
+
+
+def compare_anthropic(theirs: str, ours: str) -> int:
+    failed = 0
+    for body in ANTHROPIC_CASES:
+        for streamed in (False, True):
+            request = {"model": "m", **body, "stream": streamed}
+            a, b = anthropic_answer(theirs, request), anthropic_answer(ours, request)
+            found = [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            failed += bool(found)
+            print(f"/v1/messages {json.dumps(request)[:70]}: {'the same' if not found else ''}")
+            for line in found:
+                print(f"    {line}")
+    print(f"{len(ANTHROPIC_CASES) * 2 - failed} of {len(ANTHROPIC_CASES) * 2} the same")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--theirs", required=True, help="stock llama-server's URL")
     p.add_argument("--ours", required=True, help="pyedgemoe serve's URL")
     p.add_argument("--code", action="store_true", help="the cases for a model trained on code (CODE_CASES)")
     p.add_argument("--embeddings", action="store_true", help="the embedding endpoints (EMBEDDING_CASES)")
+    p.add_argument("--anthropic", action="store_true", help="Anthropic's /v1/messages (ANTHROPIC_CASES)")
     args = p.parse_args(argv)
     if args.embeddings:
         return compare_embeddings(args.theirs, args.ours)
+    if args.anthropic:
+        return compare_anthropic(args.theirs, args.ours)
     failed = 0
     cases = CODE_CASES if args.code else CASES
     for path, body in cases:
