@@ -153,3 +153,37 @@ def test_an_output_format_constrains_the_text_to_its_schema(client):
         assert isinstance(json.loads(out.content[0].text)["answer"], int)
     else:  # cut by max_tokens: a prefix of such an object
         assert out.content[0].text.startswith('{')
+
+
+def test_a_stream_of_thoughts_text_and_calls_is_one_block_after_the_other():
+    """EventStream over chunks as Engine.create_chat_completion streams a parsed turn: thoughts, text,
+    two calls (the second's arguments in two pieces)."""
+    from pyedgemoe.server.anthropic_api import EventStream
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        out = {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return {**out, "usage": {"prompt_tokens": 7, "completion_tokens": 9}} if finish else out
+    stream = EventStream(input_tokens=7)
+    chunks = [chunk({"role": "assistant"}), chunk({"reasoning_content": "Hm"}), chunk({"reasoning_content": "m."}),
+              chunk({"content": "Two calls."}),
+              chunk({"tool_calls": [{"index": 0, "id": "a", "type": "function",
+                                     "function": {"name": "f", "arguments": '{"x": 1}'}}]}),
+              chunk({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "g", "arguments": '{"y"'}}]}),
+              chunk({"tool_calls": [{"index": 1, "function": {"arguments": ': 2}'}}]}), chunk({}, "tool_calls")]
+    text = "".join(stream.events(c) for c in chunks)
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    shape = [(e["type"], e.get("index"), (e.get("delta") or e.get("content_block") or {}).get("type")) for e in events]
+    assert shape == [("message_start", None, None),
+                     ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+                     ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "signature_delta"),
+                     ("content_block_stop", 0, None),
+                     ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
+                     ("content_block_stop", 1, None),
+                     ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+                     ("content_block_stop", 2, None),
+                     ("content_block_start", 3, "tool_use"), ("content_block_delta", 3, "input_json_delta"),
+                     ("content_block_delta", 3, "input_json_delta"), ("content_block_stop", 3, None),
+                     ("message_delta", None, None), ("message_stop", None, None)]
+    assert events[0]["message"]["usage"]["input_tokens"] == 7
+    assert events[12]["content_block"] == {"type": "tool_use", "id": "b", "name": "g", "input": {}}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-2]["usage"]["output_tokens"] == 9
