@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 
 from pyedgemoe.server.openai_errors import APIError
+from pyedgemoe.server.request_params import invalid
 
 # the request's fields (others are refused by name): those of Anthropic's API (its Python client's
 # Messages.create, 2.14; temperature, top_p and top_k of earlier versions, as llama-server takes them)
@@ -37,12 +38,6 @@ DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens; llama-server takes t
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 
 
-def _invalid(param: str, what: str, value) -> APIError:
-    shown = json.dumps(value)
-    return APIError(400, f"'{param}' must be {what}, got {shown if len(shown) <= 80 else shown[:77] + '...'}",
-                    "invalid_value", param)
-
-
 def _text_of(param: str, blocks) -> str:
     """A string, or a list of text blocks joined (a system prompt, a tool's result)."""
     if isinstance(blocks, str):
@@ -50,7 +45,7 @@ def _text_of(param: str, blocks) -> str:
     if isinstance(blocks, list) and all(isinstance(b, dict) and b.get("type") == "text" and
                                         isinstance(b.get("text"), str) for b in blocks):
         return "".join(b["text"] for b in blocks)
-    raise _invalid(param, 'a string or a list of {"type": "text", "text": ...} blocks', blocks)
+    raise invalid(param, 'a string or a list of {"type": "text", "text": ...} blocks', blocks)
 
 
 def _message(i: int, m) -> list[dict]:
@@ -58,12 +53,12 @@ def _message(i: int, m) -> list[dict]:
     tool message for each tool_result block."""
     where = f"messages[{i}]"
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or "content" not in m:
-        raise _invalid(where, 'an object with "role" ("user" or "assistant") and "content"', m)
+        raise invalid(where, 'an object with "role" ("user" or "assistant") and "content"', m)
     content = m["content"]
     if isinstance(content, str):
         return [{"role": m["role"], "content": content}]
     if not isinstance(content, list):
-        raise _invalid(f"{where}.content", "a string or a list of content blocks", content)
+        raise invalid(f"{where}.content", "a string or a list of content blocks", content)
     text, calls, results = [], [], []
     for j, block in enumerate(content):
         param, kind = f"{where}.content[{j}]", block.get("type") if isinstance(block, dict) else None
@@ -80,7 +75,7 @@ def _message(i: int, m) -> list[dict]:
         elif kind in ("image", "document"):
             raise APIError(400, f"{param}: this server's model reads text only, not {kind}s", "not_supported", param)
         else:
-            raise _invalid(param, 'a text, tool_use, tool_result or thinking block', block)
+            raise invalid(param, 'a text, tool_use, tool_result or thinking block', block)
     message = {"role": m["role"], "content": text if text else "" if calls else None}
     if calls:
         message["tool_calls"] = calls
@@ -90,7 +85,7 @@ def _message(i: int, m) -> list[dict]:
 def _tool(i: int, tool) -> dict:
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or \
             not isinstance(tool.get("input_schema", {}), dict):
-        raise _invalid(f"tools[{i}]", 'an object with "name" and "input_schema"', tool)
+        raise invalid(f"tools[{i}]", 'an object with "name" and "input_schema"', tool)
     return {"type": "function", "function": {"name": tool["name"], "description": str(tool.get("description", "")),
                                              "parameters": tool.get("input_schema", {})}}
 
@@ -101,7 +96,7 @@ def _tool_choice(value) -> str | dict:
         return {"type": "function", "function": {"name": value["name"]}}
     if kind in ("auto", "any", "none"):
         return {"auto": "auto", "any": "required", "none": "none"}[kind]
-    raise _invalid("tool_choice", '{"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}', value)
+    raise invalid("tool_choice", '{"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}', value)
 
 
 def chat_request(body) -> dict:
@@ -122,21 +117,21 @@ def chat_request(body) -> dict:
     if "stop_sequences" in body:
         stops = body["stop_sequences"]
         if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
-            raise _invalid("stop_sequences", "a list of non-empty strings", stops)
+            raise invalid("stop_sequences", "a list of non-empty strings", stops)
         request["stop"] = body["stop_sequences"]  # each checked as a chat's stop strings
     if "tools" in body:
         if not isinstance(body["tools"], list):
-            raise _invalid("tools", "a list of tools", body["tools"])
+            raise invalid("tools", "a list of tools", body["tools"])
         request["tools"] = [_tool(i, t) for i, t in enumerate(body["tools"])]
     if "tool_choice" in body:
         request["tool_choice"] = _tool_choice(body["tool_choice"])
     output = body.get("output_config") or {}
     if not isinstance(output, dict):
-        raise _invalid("output_config", 'an object ({"format": {"type": "json_schema", "schema": ...}})', output)
+        raise invalid("output_config", 'an object ({"format": {"type": "json_schema", "schema": ...}})', output)
     if output.get("format") is not None:  # structured output: the schema constrains the text
         form = output["format"]
         if not isinstance(form, dict) or form.get("type") != "json_schema" or not isinstance(form.get("schema"), dict):
-            raise _invalid("output_config.format", '{"type": "json_schema", "schema": {...}}', form)
+            raise invalid("output_config.format", '{"type": "json_schema", "schema": {...}}', form)
         request["json_schema"] = form["schema"]
     return request
 

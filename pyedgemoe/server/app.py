@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over
-one Engine, llama-server's own /completion and /infill (llama_server_api.py), the embeddings
-(embeddings_api.py), plus /health,
+one Engine, OpenAI's Responses API (responses_api.py) and Anthropic's Messages API
+(anthropic_api.py) over the chat completions, llama-server's own /completion and /infill
+(llama_server_api.py), the embeddings (embeddings_api.py), plus /health,
 /metrics and /metrics/experts (the expert cache in JSON), and the web pages (web_ui.py)
 (docs/server.md).
 
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.chat_formats import joined_message
 from pyedgemoe.completions import chat_text, chat_text_tokens
-from pyedgemoe.server import anthropic_api, llama_server_api, metrics
+from pyedgemoe.server import anthropic_api, llama_server_api, metrics, responses_api
 from pyedgemoe.server.embeddings_api import add_embedding_routes
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
@@ -45,7 +46,7 @@ PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{m
          "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
          "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding",
          "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
-         "/v1/messages/count_tokens"}
+         "/v1/messages/count_tokens", "/v1/responses", "/responses"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -309,6 +310,22 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
                 raise from_engine_error(e) from None
         return await generate(request, start, r.stream, lambda chunks: anthropic_api.message(_joined_chat_completion(chunks)),
                               events=EventFormat(stream.events, "", stream.error) if stream else OPENAI_EVENTS)
+
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API over the chat completions (responses_api.py)."""
+        body: dict = {}  # the request as sent: the response echoes some of it
+
+        def convert(sent):
+            body.update(sent if isinstance(sent, dict) else {})
+            return responses_api.chat_request(sent)
+        r = await request_body(request, CHAT_PARAMETERS, "messages", convert=convert)
+        start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
+                                  **_with_defaults(r.engine_kwargs, chat_defaults))
+        shape = responses_api.ResponseShape(body, model_id)
+        return await generate(request, start, r.stream, lambda chunks: shape.response(_joined_chat_completion(chunks)),
+                              events=EventFormat(shape.events, "", shape.error))
 
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(request: Request) -> dict:

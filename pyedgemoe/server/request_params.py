@@ -26,22 +26,22 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _invalid(name: str, what: str, value) -> APIError:
+def invalid(name: str, what: str, value) -> APIError:
     return APIError(400, f"'{name}' must be {what}, got {_shown(value)}", "invalid_value", name)
 
 
 def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _invalid(name, "a number", value)
+        raise invalid(name, "a number", value)
     return float(value)
 
 
 def _integer(name: str, value) -> int:
     """An integer that llama.cpp's int32 holds (a larger one is no setting anyone means)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(name, "an integer", value)
+        raise invalid(name, "an integer", value)
     if not -INT32_MAX <= value <= INT32_MAX:
-        raise _invalid(name, f"an integer in [{-INT32_MAX}, {INT32_MAX}]", value)
+        raise invalid(name, f"an integer in [{-INT32_MAX}, {INT32_MAX}]", value)
     return value
 
 
@@ -50,7 +50,7 @@ def _in_range(check, low: float, high: float, low_open: bool = False):
     def checked(name: str, value):
         value = check(name, value)
         if value > high or value < low or (low_open and value == low):
-            raise _invalid(name, f"in {'(' if low_open else '['}{low:g}, {high:g}]", value)
+            raise invalid(name, f"in {'(' if low_open else '['}{low:g}, {high:g}]", value)
         return value
     return checked
 
@@ -58,7 +58,7 @@ def _in_range(check, low: float, high: float, low_open: bool = False):
 def _one_of(choices: tuple[str, ...]):
     def checked(name: str, value) -> str:
         if value not in choices:
-            raise _invalid(name, "one of " + ", ".join(f'"{c}"' for c in choices), value)
+            raise invalid(name, "one of " + ", ".join(f'"{c}"' for c in choices), value)
         return value
     return checked
 
@@ -67,7 +67,7 @@ def _of_type(kind: type, what: str):
     """The check that a value is a kind (what: its name in the error)."""
     def checked(name: str, value):
         if not isinstance(value, kind):
-            raise _invalid(name, what, value)
+            raise invalid(name, what, value)
         return value
     return checked
 
@@ -81,7 +81,7 @@ _tools = _of_type(list, "a list of tools")  # each tool checked by the Engine (p
 def _schema(name: str, value) -> str | dict | bool:
     """A JSON schema: an object (or true/false), or its JSON text."""
     if not isinstance(value, (str, dict, bool)):
-        raise _invalid(name, "a JSON schema (an object)", value)
+        raise invalid(name, "a JSON schema (an object)", value)
     return value
 
 
@@ -89,7 +89,7 @@ def _response_format(name: str, value) -> dict:
     """OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", ...}; the Engine
     checks the rest (structured_output.py)."""
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise _invalid(name, 'an object with a "type"', value)
+        raise invalid(name, 'an object with a "type"', value)
     return value
 
 
@@ -97,11 +97,11 @@ def _logit_bias(name: str, value) -> dict[int, float]:
     """OpenAI's logit_bias: {token id (its text, as JSON's keys are): bias in [-100, 100]}; each id
     in the vocabulary (the Engine checks)."""
     if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
-        raise _invalid(name, f"an object of at most {MAX_LOGIT_BIAS} token ids and their biases", value)
+        raise invalid(name, f"an object of at most {MAX_LOGIT_BIAS} token ids and their biases", value)
     out = {}
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
-            raise _invalid(name, "an object whose keys are token ids", value)
+            raise invalid(name, "an object whose keys are token ids", value)
         out[int(key)] = _in_range(_number, -100, 100)(f"{name}[{key}]", bias)
     return out
 
@@ -113,9 +113,9 @@ _max_tokens = _in_range(_integer, -1, INT32_MAX)  # -1: until the end (llama-ser
 def _stop(name: str, value) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _invalid(name, "a non-empty string or a list of them", value)
+        raise invalid(name, "a non-empty string or a list of them", value)
     if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise _invalid(name, f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", value)
+        raise invalid(name, f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters", value)
     return stops
 
 
@@ -134,7 +134,7 @@ def _prompt(name: str, value) -> str | list[int]:
         return value
     if value and _is_token_ids(value):
         return value  # each in the vocabulary: PromptBound.check_tokens
-    raise _invalid(name, f"a non-empty string or list of token ids in [0, {INT32_MAX}] (one prompt)", value)
+    raise invalid(name, f"a non-empty string or list of token ids in [0, {INT32_MAX}] (one prompt)", value)
 
 
 def _content(i: int, value) -> str:
@@ -144,7 +144,7 @@ def _content(i: int, value) -> str:
     if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                        and isinstance(p.get("text"), str) for p in value):
         return "".join(p["text"] for p in value)
-    raise _invalid(f"messages[{i}].content", "a string or a list of text parts", value)
+    raise invalid(f"messages[{i}].content", "a string or a list of text parts", value)
 
 
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
@@ -152,27 +152,27 @@ _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 def _messages(name: str, value) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise _invalid(name, "a non-empty list of messages", value)
+        raise invalid(name, "a non-empty list of messages", value)
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):
-            raise _invalid(f"messages[{i}]", "an object with 'role' and 'content'", m)
+            raise invalid(f"messages[{i}]", "an object with 'role' and 'content'", m)
         unknown = sorted(set(m) - _MESSAGE_KEYS)
         if unknown:
             raise APIError(400, f"unsupported field(s) in messages[{i}]: {', '.join(unknown)}",
                            "unknown_parameter", f"messages[{i}]")
         if not isinstance(m.get("role"), str) or not m["role"]:
-            raise _invalid(f"messages[{i}].role", "a string", m.get("role"))
+            raise invalid(f"messages[{i}].role", "a string", m.get("role"))
         calls = m.get("tool_calls")
         if calls is not None:  # the assistant's earlier calls: its content may be null
             if not (isinstance(calls, list) and all(_is_tool_call(c) for c in calls)):
-                raise _invalid(f"messages[{i}].tool_calls", 'a list of {"id": ..., "type": "function", "function": '
+                raise invalid(f"messages[{i}].tool_calls", 'a list of {"id": ..., "type": "function", "function": '
                                '{"name": ..., "arguments": "..."}}', calls)
         elif "content" not in m:
             raise APIError(400, f"messages[{i}] has no 'content'", "missing_required_parameter",
                            f"messages[{i}].content")
         if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
-            raise _invalid(f"messages[{i}].tool_call_id", "a string", m["tool_call_id"])
+            raise invalid(f"messages[{i}].tool_call_id", "a string", m["tool_call_id"])
         message = {k: v for k, v in m.items() if k in ("role", "tool_calls", "tool_call_id")}
         content = m.get("content")
         out.append({**message, "content": None if content is None and calls is not None else _content(i, content)})
@@ -187,7 +187,7 @@ def _is_tool_call(call) -> bool:
 
 def _tool_choice(name: str, value) -> str | dict:
     if not isinstance(value, (str, dict)):
-        raise _invalid(name, '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}', value)
+        raise invalid(name, '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}', value)
     return value
 
 
@@ -217,7 +217,7 @@ def _breakers(name: str, value) -> list[str]:
     """DRY's sequence breakers: at most MAX_STOP_STRINGS strings of at most MAX_STOP_CHARS characters."""
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or \
             len(value) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in value):
-        raise _invalid(name, f"a list of at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} "
+        raise invalid(name, f"a list of at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} "
                        "characters", value)
     return value
 
@@ -227,7 +227,7 @@ def _samplers(name: str, value) -> str:
     try:
         return sampler_order(value)
     except InvalidOptionError:
-        raise _invalid(name, "llama.cpp's samplers in an order, a list of their names or a string of their letters "
+        raise invalid(name, "llama.cpp's samplers in an order, a list of their names or a string of their letters "
                        f"({', '.join(SAMPLER_NAMES)}; {''.join(SAMPLER_NAMES.values())})", value) from None
 
 
@@ -261,7 +261,7 @@ def _native_prompt(name: str, value) -> str | list[int | str]:
         return value
     if isinstance(value, list) and value and all(isinstance(p, str) or _is_token_ids([p]) for p in value):
         return value
-    raise _invalid(name, f"a non-empty string, or a list of strings and token ids in [0, {INT32_MAX}] (one "
+    raise invalid(name, f"a non-empty string, or a list of strings and token ids in [0, {INT32_MAX}] (one "
                    "prompt)", value)
 
 
@@ -273,12 +273,12 @@ def _native_logit_bias(name: str, value) -> list[tuple[int | str, float]]:
            "number or false)"
     if not isinstance(pairs, list) or len(pairs) > MAX_LOGIT_BIAS or \
             not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
-        raise _invalid(name, what, value)
+        raise invalid(name, what, value)
     out = []
     for key, bias in pairs:
         key = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
         if not (isinstance(key, str) or _is_token_ids([key])):
-            raise _invalid(name, what, value)
+            raise invalid(name, what, value)
         out.append((key, -math.inf if bias is False else _number(f"{name}[{key}]", bias)))
     return out
 
@@ -288,14 +288,14 @@ def _extra_context(name: str, value) -> list[dict]:
     if not isinstance(value, list) or not all(
             isinstance(c, dict) and isinstance(c.get("text"), str) and isinstance(c.get("filename", ""), str)
             and set(c) <= {"text", "filename"} for c in value):
-        raise _invalid(name, 'a list of {"text": string, "filename": string}', value)
+        raise invalid(name, 'a list of {"text": string, "filename": string}', value)
     return value
 
 
 def _paths(name: str, value) -> list[str]:
     """llama-server's response_fields: the answer's fields to keep, as paths ("timings/prompt_n")."""
     if not isinstance(value, list) or not all(isinstance(p, str) for p in value) or len(value) > MAX_STOP_STRINGS * 4:
-        raise _invalid(name, f"a list of at most {MAX_STOP_STRINGS * 4} field paths", value)
+        raise invalid(name, f"a list of at most {MAX_STOP_STRINGS * 4} field paths", value)
     return value
 
 
@@ -317,7 +317,7 @@ NATIVE_NEUTRAL = {"id_slot": (-1, 0), "n_keep": (0,), "min_keep": (0,), "post_sa
 
 def _token_ids(name: str, value) -> list[int]:
     if not _is_token_ids(value):
-        raise _invalid(name, f"a list of token ids in [0, {INT32_MAX}]", value)
+        raise invalid(name, f"a list of token ids in [0, {INT32_MAX}]", value)
     return value  # each in the vocabulary: the Engine checks
 
 
@@ -338,12 +338,12 @@ def _embedding_inputs(name: str, value) -> list[str | list[int | str]]:
     what = f"a string, a list of token ids in [0, {INT32_MAX}] (and strings), or a list of at most " \
            f"{MAX_EMBEDDING_INPUTS} of those"
     if not isinstance(value, list) or len(value) > MAX_EMBEDDING_INPUTS:
-        raise _invalid(name, what, value)
+        raise invalid(name, what, value)
     if not value:
         raise APIError(400, f"'{name}' must not be empty", "invalid_value", name)
     for p in value:
         if not (isinstance(p, str) or isinstance(p, list) and all(isinstance(q, str) or _is_token_ids([q]) for q in p)):
-            raise _invalid(name, what, value)
+            raise invalid(name, what, value)
     return value
 
 
@@ -456,7 +456,7 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
         raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _invalid("model", "a string", model)
+        raise invalid("model", "a string", model)
     lengths = {name: body[name] for name in _LENGTHS if body.get(name) is not None}
     if len(set(map(json.dumps, lengths.values()))) > 1:  # which one holds would be a guess
         raise APIError(400, " and ".join(f"'{k}' ({_shown(v)})" for k, v in lengths.items()) + " disagree: give one",
