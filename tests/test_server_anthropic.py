@@ -140,7 +140,7 @@ def test_anthropics_client_raises_its_own_error_and_takes_what_it_sends(client):
                                  thinking={"type": "enabled", "budget_tokens": 1024}, stop_sequences=["\n\n"],
                                  service_tier="auto", output_config={"effort": "low"},
                                  messages=[{"role": "user", "content": "hi"}])
-    assert out.usage.output_tokens <= 4
+    assert out.type == "message" and out.stop_reason in ("end_turn", "max_tokens")
 
 
 def test_an_output_format_constrains_the_text_to_its_schema(client):

