@@ -1,13 +1,13 @@
-"""pyedgemoe serve's /completion, /infill, embeddings and /v1/messages against stock llama-server's, the same
-requests to both.
+"""pyedgemoe serve's /completion, /infill, embeddings, /v1/messages and /v1/responses against stock
+llama-server's, the same requests to both.
 
     python scripts/llama_server_parity.py --theirs http://127.0.0.1:8392 --ours http://127.0.0.1:8391
 
 Both serve the same file with the same context and batch (`-c`, `-b`, `-ub`, one sequence) and,
 for /infill, the same fill-in-the-middle tokens (docs/server.md, "Checked against llama-server");
 with --code, a model trained on code; with --embeddings, the embedding endpoints (both started with
-`--embeddings --pooling mean`); with --anthropic, Anthropic's Messages API (both given the same chat
-template: `--chat-template chatml`).
+`--embeddings --pooling mean`); with --anthropic, Anthropic's Messages API, with --responses, OpenAI's
+Responses API (both given the same chat template: `--chat-template chatml`).
 Each request's answer is compared field by field (the text, the tokens, why it stopped, the counts,
 the prompt as the model saw it, the probabilities), and each streamed one event by event; prints
 what differs and exits 1 where anything does.
@@ -88,6 +88,17 @@ ANTHROPIC_CASES = [
     {"max_tokens": 64, "temperature": 0, "stop_sequences": ["=?="],  # met: the model repeats "=?"
      "messages": [{"role": "user", "content": "def f(x):"}]},
     {"max_tokens": 24, "temperature": 0, "top_k": 1, "messages": [{"role": "user", "content": "for i in range(10):"}]},
+]
+# with --responses (both servers given the same chat template): OpenAI's /v1/responses, whole and streamed
+RESPONSES_CASES = [
+    {"input": "def add(a, b):", "max_output_tokens": 32, "temperature": 0},
+    {"input": "class Node", "instructions": "You write Python.", "max_output_tokens": 32, "temperature": 0},
+    {"input": [{"role": "developer", "content": "Code only."}, {"role": "user", "content": "import os"},
+               {"type": "message", "role": "assistant",  # llama-server needs the type here; OpenAI does not
+                "content": [{"type": "output_text", "text": "import sys"}]},
+               {"role": "user", "content": [{"type": "input_text", "text": "def main():"}]}],
+     "max_output_tokens": 48, "temperature": 0},
+    {"input": "for i in range(10):", "max_output_tokens": 24, "temperature": 0, "top_p": 0.5},
 ]
 FIELDS = ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "prompt",
           "has_new_line", "truncated", "tokens_cached")
@@ -194,6 +205,40 @@ def compare_anthropic(theirs: str, ours: str) -> int:
     return 1 if failed else 0
 
 
+def responses_answer(base: str, body: dict) -> dict:
+    """A /v1/responses answer as the fields compared: the output's items and text, the token counts
+    (the prompt's, cached or not); streamed, the text of the deltas and of the final response."""
+    status, text = post(base, "/v1/responses", body)
+    if status != 200:
+        return {"status": status}
+    if body.get("stream"):
+        events = [json.loads(line.removeprefix("data: ")) for line in text.splitlines() if line.startswith("data: ")]
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        response = events[-1]["response"]
+    else:
+        response, deltas = json.loads(text), None
+    usage = response["usage"]
+    return {"items": [item["type"] for item in response["output"]], "deltas": deltas,
+            "text": "".join(part["text"] for item in response["output"] if item["type"] == "message"
+                            for part in item["content"]),
+            "input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}
+
+
+def compare_responses(theirs: str, ours: str) -> int:
+    failed = 0
+    for body in RESPONSES_CASES:
+        for streamed in (False, True):
+            request = {"model": "m", **body, "stream": streamed}
+            a, b = responses_answer(theirs, request), responses_answer(ours, request)
+            found = [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            failed += bool(found)
+            print(f"/v1/responses {json.dumps(request)[:70]}: {'the same' if not found else ''}")
+            for line in found:
+                print(f"    {line}")
+    print(f"{len(RESPONSES_CASES) * 2 - failed} of {len(RESPONSES_CASES) * 2} the same")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--theirs", required=True, help="stock llama-server's URL")
@@ -201,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", action="store_true", help="the cases for a model trained on code (CODE_CASES)")
     p.add_argument("--embeddings", action="store_true", help="the embedding endpoints (EMBEDDING_CASES)")
     p.add_argument("--anthropic", action="store_true", help="Anthropic's /v1/messages (ANTHROPIC_CASES)")
+    p.add_argument("--responses", action="store_true", help="OpenAI's /v1/responses (RESPONSES_CASES)")
     args = p.parse_args(argv)
+    if args.responses:
+        return compare_responses(args.theirs, args.ours)
     if args.embeddings:
         return compare_embeddings(args.theirs, args.ours)
     if args.anthropic:

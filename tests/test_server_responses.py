@@ -127,6 +127,7 @@ def test_a_json_schema_format_constrains_the_text(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
      "input[0].content[0]"),
     ({"input": [{"type": "bogus"}]}, "input[0]"),
+    ({"input": [{"role": {"a": 1}, "content": "hi"}]}, "input[0]"),  # a 500 (found by fuzzing the bodies)
     ({"input": "x", "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "temperature": 3}, "temperature"),

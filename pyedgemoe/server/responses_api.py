@@ -79,7 +79,7 @@ def _messages(items: list) -> list[dict]:
         if not isinstance(item, dict):
             raise invalid(param, "an input item (an object)", item)
         kind = item.get("type", "message")
-        if kind == "message" and item.get("role") in _ROLES:
+        if kind == "message" and isinstance(item.get("role"), str) and item["role"] in _ROLES:
             role = _ROLES[item["role"]]
             parts = _parts(f"{param}.content", item.get("content"),
                            ("output_text", "input_text") if role == "assistant" else ("input_text",))
