@@ -105,6 +105,11 @@ def test_a_conversation_with_a_call_and_its_output_continues_as_the_chat_would(c
     out = client.responses.create(model="m", input=items, tools=[WEATHER], max_output_tokens=12, temperature=0)
     expected = greedy_chat(engine, chat, 12, tools=[CHAT_WEATHER])
     assert out.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    assert client.responses.input_tokens.count(model="m", input=items, tools=[WEATHER]).input_tokens == \
+        expected["usage"]["prompt_tokens"]
+    counted = client.post("/chat/completions/input_tokens", cast_to=object,
+                          body={"messages": chat, "tools": [CHAT_WEATHER]})  # llama-server's
+    assert counted == {"object": "response.input_tokens", "input_tokens": expected["usage"]["prompt_tokens"]}
     assert out.output_text == (expected["choices"][0]["message"]["content"] or "")
 
 

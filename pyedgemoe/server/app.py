@@ -46,7 +46,8 @@ PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{m
          "/v1/chat/completions", "/completion", "/completions", "/infill", "/tokenize", "/detokenize",
          "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding",
          "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
-         "/v1/messages/count_tokens", "/v1/responses", "/responses"}
+         "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
+         "/v1/chat/completions/input_tokens"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -327,14 +328,28 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return await generate(request, start, r.stream, lambda chunks: shape.response(_joined_chat_completion(chunks)),
                               events=EventFormat(shape.events, "", shape.error))
 
+    async def input_tokens(request: Request, convert) -> int:
+        """The tokens of the prompt of a chat request (in another API's shape: convert)."""
+        r = await request_body(request, CHAT_PARAMETERS, "messages", convert=convert)
+        try:
+            return await asyncio.to_thread(chat_prompt_length, r)
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+            raise from_engine_error(e) from None
+
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(request: Request) -> dict:
         """Anthropic's: the tokens of a Messages request's prompt."""
-        r = await request_body(request, CHAT_PARAMETERS, "messages", convert=anthropic_api.chat_request)
-        try:
-            return {"input_tokens": await asyncio.to_thread(chat_prompt_length, r)}
-        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
-            raise from_engine_error(e) from None
+        return {"input_tokens": await input_tokens(request, anthropic_api.chat_request)}
+
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(request: Request) -> dict:
+        """OpenAI's: the tokens of a Responses request's prompt."""
+        return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, responses_api.chat_request)}
+
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request) -> dict:
+        """llama-server's: the tokens of a chat completion request's prompt."""
+        return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, lambda body: body)}
 
     add_token_routes(app, engine, check_model)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
