@@ -190,18 +190,19 @@ def anthropic_answer(base: str, body: dict) -> dict:
             "input_tokens": start["input_tokens"] + start["cache_read_input_tokens"]}
 
 
-def compare_anthropic(theirs: str, ours: str) -> int:
+def compare_chats(path: str, cases: list[dict], answer, theirs: str, ours: str) -> int:
+    """Each case whole and streamed to both servers, answer(base, request)'s fields compared."""
     failed = 0
-    for body in ANTHROPIC_CASES:
+    for body in cases:
         for streamed in (False, True):
             request = {"model": "m", **body, "stream": streamed}
-            a, b = anthropic_answer(theirs, request), anthropic_answer(ours, request)
+            a, b = answer(theirs, request), answer(ours, request)
             found = [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             failed += bool(found)
-            print(f"/v1/messages {json.dumps(request)[:70]}: {'the same' if not found else ''}")
+            print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
             for line in found:
                 print(f"    {line}")
-    print(f"{len(ANTHROPIC_CASES) * 2 - failed} of {len(ANTHROPIC_CASES) * 2} the same")
+    print(f"{len(cases) * 2 - failed} of {len(cases) * 2} the same")
     return 1 if failed else 0
 
 
@@ -224,21 +225,6 @@ def responses_answer(base: str, body: dict) -> dict:
             "input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}
 
 
-def compare_responses(theirs: str, ours: str) -> int:
-    failed = 0
-    for body in RESPONSES_CASES:
-        for streamed in (False, True):
-            request = {"model": "m", **body, "stream": streamed}
-            a, b = responses_answer(theirs, request), responses_answer(ours, request)
-            found = [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            failed += bool(found)
-            print(f"/v1/responses {json.dumps(request)[:70]}: {'the same' if not found else ''}")
-            for line in found:
-                print(f"    {line}")
-    print(f"{len(RESPONSES_CASES) * 2 - failed} of {len(RESPONSES_CASES) * 2} the same")
-    return 1 if failed else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--theirs", required=True, help="stock llama-server's URL")
@@ -249,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--responses", action="store_true", help="OpenAI's /v1/responses (RESPONSES_CASES)")
     args = p.parse_args(argv)
     if args.responses:
-        return compare_responses(args.theirs, args.ours)
+        return compare_chats("/v1/responses", RESPONSES_CASES, responses_answer, args.theirs, args.ours)
     if args.embeddings:
         return compare_embeddings(args.theirs, args.ours)
     if args.anthropic:
-        return compare_anthropic(args.theirs, args.ours)
+        return compare_chats("/v1/messages", ANTHROPIC_CASES, anthropic_answer, args.theirs, args.ours)
     failed = 0
     cases = CODE_CASES if args.code else CASES
     for path, body in cases:
