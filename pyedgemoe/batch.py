@@ -60,12 +60,7 @@ class Batcher:
 
     def generate(self, generation: Generation) -> Iterator[int]:
         """The generation's tokens; it queues for a sequence when the first is asked for."""
-        r = _Request(generation)
-        with self._cond:
-            if self._closing:
-                raise RuntimeError("this Engine is closed")
-            self._pending.append(r)
-            self._cond.notify_all()
+        r = self._queued(_Request(generation))
         try:
             while True:
                 item = r.out.get()
@@ -78,31 +73,35 @@ class Batcher:
                     r.want = True
                     self._cond.notify_all()
         finally:
-            with self._cond:
-                r.closed = True
-                if r in self._pending:
-                    self._pending.remove(r)
-                self._cond.notify_all()
+            self._leave(r)
 
     def embed(self, tokens: list[int]) -> np.ndarray:
         """Decoder.embed of tokens on a free sequence, taken in turn with the generations waiting."""
-        r = _Request(None, task=lambda sequence: self._decoder.embed(tokens, sequence))
-        with self._cond:
-            if self._closing:
-                raise RuntimeError("this Engine is closed")
-            self._pending.append(r)
-            self._cond.notify_all()
+        r = self._queued(_Request(None, task=lambda sequence: self._decoder.embed(tokens, sequence)))
         try:
             item = r.out.get()
             if isinstance(item, BaseException):
                 raise item
             return item
         finally:
-            with self._cond:
-                r.closed = True
-                if r in self._pending:
-                    self._pending.remove(r)
-                self._cond.notify_all()
+            self._leave(r)
+
+    def _queued(self, r: _Request) -> _Request:
+        """r, waiting for a free sequence."""
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("this Engine is closed")
+            self._pending.append(r)
+            self._cond.notify_all()
+        return r
+
+    def _leave(self, r: _Request) -> None:
+        """r's consumer is gone: its place in the queue, or its sequence, is free."""
+        with self._cond:
+            r.closed = True
+            if r in self._pending:
+                self._pending.remove(r)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Ends the thread; generations still running or waiting raise RuntimeError."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import http.client
 import json
 import sys
@@ -158,18 +159,11 @@ def same_embeddings(a, b, where: str = "") -> list[str]:
     return [] if a == b else [f"{where}: {a!r} against {b!r}"]
 
 
-def compare_embeddings(theirs: str, ours: str) -> int:
-    failed = 0
-    for path, body in EMBEDDING_CASES:
-        (status_a, a), (status_b, b) = post(theirs, path, body), post(ours, path, body)
-        found = [f"status {status_a} against {status_b}"] if status_a != status_b else \
-            [] if status_a != 200 else same_embeddings(json.loads(a), json.loads(b))
-        failed += bool(found)
-        print(f"{path} {json.dumps(body)[:70]}: {'the same' if not found else ''}")
-        for line in found[:5]:
-            print(f"    {line}")
-    print(f"{len(EMBEDDING_CASES) - failed} of {len(EMBEDDING_CASES)} the same")
-    return 1 if failed else 0
+def embedding_differences(theirs: str, ours: str, path: str, body: dict) -> list[str]:
+    (status_a, a), (status_b, b) = post(theirs, path, body), post(ours, path, body)
+    if status_a != status_b:
+        return [f"status {status_a} against {status_b}"]
+    return [] if status_a != 200 else same_embeddings(json.loads(a), json.loads(b))
 
 
 def anthropic_answer(base: str, body: dict) -> dict:
@@ -190,20 +184,27 @@ def anthropic_answer(base: str, body: dict) -> dict:
             "input_tokens": start["input_tokens"] + start["cache_read_input_tokens"]}
 
 
-def compare_chats(path: str, cases: list[dict], answer, theirs: str, ours: str) -> int:
-    """Each case whole and streamed to both servers, answer(base, request)'s fields compared."""
+def field_differences(answer, theirs: str, ours: str, path: str, body: dict) -> list[str]:
+    """The fields answer(base, body) gives that differ between the two servers."""
+    a, b = answer(theirs, body), answer(ours, body)
+    return [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def report(cases: list[tuple[str, dict]], differences_of) -> int:
+    """Each (path, request) to both servers, differences_of(path, request) printed; 1 where any differ."""
     failed = 0
-    for body in cases:
-        for streamed in (False, True):
-            request = {"model": "m", **body, "stream": streamed}
-            a, b = answer(theirs, request), answer(ours, request)
-            found = [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            failed += bool(found)
-            print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
-            for line in found:
-                print(f"    {line}")
-    print(f"{len(cases) * 2 - failed} of {len(cases) * 2} the same")
+    for path, request in cases:
+        found = differences_of(path, request)
+        failed += bool(found)
+        print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
+        for line in found[:8]:
+            print(f"    {line}")
+    print(f"{len(cases) - failed} of {len(cases)} the same")
     return 1 if failed else 0
+
+
+def whole_and_streamed(cases: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    return [(path, {**body, "stream": streamed}) for path, body in cases for streamed in (False, True)]
 
 
 def responses_answer(base: str, body: dict) -> dict:
@@ -234,24 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anthropic", action="store_true", help="Anthropic's /v1/messages (ANTHROPIC_CASES)")
     p.add_argument("--responses", action="store_true", help="OpenAI's /v1/responses (RESPONSES_CASES)")
     args = p.parse_args(argv)
-    if args.responses:
-        return compare_chats("/v1/responses", RESPONSES_CASES, responses_answer, args.theirs, args.ours)
+    theirs, ours = args.theirs, args.ours
     if args.embeddings:
-        return compare_embeddings(args.theirs, args.ours)
-    if args.anthropic:
-        return compare_chats("/v1/messages", ANTHROPIC_CASES, anthropic_answer, args.theirs, args.ours)
-    failed = 0
-    cases = CODE_CASES if args.code else CASES
-    for path, body in cases:
-        for streamed in (False, True):
-            request = {**body, "stream": streamed}
-            found = differences(answers(args.theirs, path, request), answers(args.ours, path, request))
-            failed += bool(found)
-            print(f"{path} {json.dumps(request)[:70]}: {'the same' if not found else ''}")
-            for line in found:
-                print(f"    {line}")
-    print(f"{len(cases) * 2 - failed} of {len(cases) * 2} the same")
-    return 1 if failed else 0
+        return report(EMBEDDING_CASES, functools.partial(embedding_differences, theirs, ours))
+    if args.anthropic or args.responses:
+        path, cases, answer = ("/v1/messages", ANTHROPIC_CASES, anthropic_answer) if args.anthropic else \
+            ("/v1/responses", RESPONSES_CASES, responses_answer)
+        return report(whole_and_streamed([(path, {"model": "m", **body}) for body in cases]),
+                      lambda _, body: field_differences(answer, theirs, ours, path, body))
+    return report(whole_and_streamed(CODE_CASES if args.code else CASES),
+                  lambda path, body: differences(answers(theirs, path, body), answers(ours, path, body)))
 
 
 if __name__ == "__main__":

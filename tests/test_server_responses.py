@@ -9,20 +9,13 @@ import json
 import openai
 import pytest
 
-from pyedgemoe import Engine
 from test_server import request, start_server, stop_server
-
-ARGS = ["-t", "1", "-c", "1024", "--expert-cache", "50%"]
+from test_server_anthropic import ARGS, engine, greedy_chat, model  # noqa: F401 - fixtures shared
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                           "required": ["city"]}}
 CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],
                                                  "parameters": WEATHER["parameters"]}}
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return str(tiny_model("qwen3_moe")[0])
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +28,6 @@ def server(model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def engine(model):
-    with Engine(model, n_ctx=1024, n_threads=1) as eng:
-        yield eng
-
-
-def greedy_chat(engine, messages: list[dict], max_tokens: int, **kwargs) -> dict:
-    return engine.create_chat_completion(messages, max_tokens=max_tokens, temperature=0, **kwargs)
 
 
 def test_a_response_is_the_chat_completions_text(client, engine):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import invalid
+from pyedgemoe.server.request_params import invalid, refuse_unknown
 
 # the request's fields (others are refused by name): those of Anthropic's API (its Python client's
 # Messages.create, 2.14; temperature, top_p and top_k of earlier versions, as llama-server takes them)
@@ -101,11 +101,7 @@ def _tool_choice(value) -> str | dict:
 
 def chat_request(body) -> dict:
     """The chat completion request of an Anthropic Messages request (APIError naming what is wrong)."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", "invalid_json")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+    refuse_unknown(body, _FIELDS)  # body: a JSON object (parse_body)
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise APIError(400, "'messages' is required: a non-empty list", "missing_required_parameter", "messages")
     messages = [{"role": "system", "content": _text_of("system", body["system"])}] if "system" in body else []

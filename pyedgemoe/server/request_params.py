@@ -354,12 +354,17 @@ EMBEDDING_PARAMETERS = {"input": (_embedding_inputs, None), "content": (_embeddi
                         "embd_normalize": (_in_range(_integer, -1, 1000), 2)}
 
 
+def refuse_unknown(body: dict, known) -> None:
+    """A 400 naming the body's fields that are not in known."""
+    unknown = sorted(k for k in body if k not in known)
+    if unknown:
+        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+
+
 def parse_fields(raw: bytes, fields: dict) -> dict:
     """A body's fields checked against fields ({name: (check, default)}), the defaults filled in."""
     body = parse_body(raw)
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+    refuse_unknown(body, fields)
     out = {}
     for name, (check, default) in fields.items():
         if name not in body and default is ...:
@@ -445,9 +450,7 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
     one that must be there ("prompt" or "messages"); neutral_values: the parameters taken only at
     these values (OpenAI's by default)."""
     neutral_values = _NEUTRAL if neutral_values is None else neutral_values
-    unknown = sorted(k for k in body if k not in parameters and k not in _IGNORED and k not in neutral_values)
-    if unknown:
-        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+    refuse_unknown(body, {*parameters, *_IGNORED, *neutral_values})
     for name, neutral in neutral_values.items():
         if name in body and body[name] not in neutral:
             raise APIError(400, f"'{name}' = {_shown(body[name])} is not supported (only "

@@ -31,7 +31,7 @@ import time
 import uuid
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import invalid
+from pyedgemoe.server.request_params import invalid, refuse_unknown
 
 # the request's fields (others are refused by name): OpenAI's Python client's responses.create (3.51)
 _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
@@ -144,11 +144,7 @@ def _response_format(text) -> dict | None:
 
 def chat_request(body) -> dict:
     """The chat completion request of a Responses request (APIError naming what is wrong)."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", "invalid_json")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise APIError(400, f"unknown parameter(s): {', '.join(unknown)}", "unknown_parameter", unknown[0])
+    refuse_unknown(body, _FIELDS)  # body: a JSON object (parse_body)
     for name in _STORED:
         if body.get(name) is not None:
             raise APIError(400, f"'{name}' needs stored responses, which this server does not keep: send the "
