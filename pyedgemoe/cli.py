@@ -24,6 +24,7 @@ from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
+from pyedgemoe.prompt_cache import PromptCache
 from pyedgemoe.server.limits import Limits
 from pyedgemoe.sysmem import format_bytes, parse_size
 
@@ -109,6 +110,14 @@ def run(
                                                             "before it; with --chat, the reply); as llama.cpp's -r, "
                                                             "can be given several times"),
     escape: bool = escape_option("-p, -f and -r"),
+    prompt_cache: Optional[Path] = typer.Option(None, "--prompt-cache", help="a file of the prompt's evaluated state "
+                                                "(its KV cache): read where it exists, so that a prompt beginning "
+                                                "with its tokens skips them, and written after the run, as "
+                                                "llama.cpp's llama-completion (its session files)"),
+    prompt_cache_all: bool = typer.Option(False, "--prompt-cache-all", help="with --prompt-cache: the generated "
+                                          "text's state too"),
+    prompt_cache_ro: bool = typer.Option(False, "--prompt-cache-ro", help="with --prompt-cache: read it, never "
+                                         "write it"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming (not with --chat)"),
     stats: bool = typer.Option(False, "--stats", help="print the engine's statistics at the end (of the session, "
                                "with --chat)"),
@@ -130,6 +139,11 @@ def run(
         fail("--single-turn is one turn of a --chat session: give --chat too")
     if reverse_prompt and as_json:
         fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
+    if (prompt_cache_all or prompt_cache_ro) and prompt_cache is None:
+        fail("--prompt-cache-all and --prompt-cache-ro are settings of --prompt-cache FNAME: give it too")
+    if prompt_cache is not None and chat:
+        fail("--prompt-cache keeps one prompt's state (as llama-completion's); a --chat session is not one: give "
+             "one of them")
     ctx = context_size(model, ctx)
     if dry_run:
         print_plan(model, ctx, sampling.seed, engine_options)
@@ -152,6 +166,7 @@ def run(
     try:
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
+            cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
                 ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn)
             elif as_json:
@@ -165,9 +180,13 @@ def run(
                     "finish_reason": t.finish_reason,
                     "context_full": context_full(t.finish_reason, t.n_decoded, max_tokens), "stats": eng.stats(),
                 }))
-                return
+                ended = True
             else:
                 ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop)
+            if cache is not None:
+                save_prompt_cache(cache, eng.last_timings)
+            if as_json:
+                return
             if stats:
                 print_stats(eng.stats())
             if not ended:
@@ -221,6 +240,13 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
         typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {eng.n_ctx} positions is full"
                    + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)
     return not interrupted
+
+
+def save_prompt_cache(cache, timings) -> None:
+    """run --prompt-cache: the cache written after the run, and what it saved on stderr."""
+    saved = cache.save(timings.n_prompt_tokens)
+    typer.echo(f"note: prompt cache {cache.path}: {timings.n_cached_prompt_tokens} of the prompt's "
+               f"{timings.n_prompt_tokens} tokens reused" + (f", {saved} tokens saved" if saved else ""), err=True)
 
 
 def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict) -> None:

@@ -91,6 +91,20 @@ class Decoder:
         for s in self.sequences:
             s.tokens.clear()
 
+    def save_file(self, path: str, sequence: KVSequence, n: int) -> None:
+        """The context's state holding sequence's first n positions (the context's one sequence), in
+        llama.cpp's session file (llama_state_save_file): what follows them is dropped."""
+        with self.lock:
+            self.keep(sequence, n)
+            self.live().save_state_file(path, sequence.tokens)
+
+    def load_file(self, path: str, sequence: KVSequence) -> None:
+        """sequence (the context's one) holds what a session file holds; RuntimeError naming why not."""
+        with self.lock:
+            self.last_output = None
+            sequence.tokens.clear()
+            sequence.tokens[:] = self.live().load_state_file(path)
+
     def save(self, sequence: KVSequence) -> SequenceState:
         with self.lock:
             return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq))

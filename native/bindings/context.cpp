@@ -255,6 +255,37 @@ void set_sequence_state(Context & c, int seq, const nb::bytes & data) {
     }
 }
 
+// A session file, llama.cpp's (llama_state_save_file: its tokens, then the context's state: the KV
+// cache): what llama-completion's --prompt-cache writes and reads, so either reads the other's.
+void save_state_file(Context & c, const std::string & path, const std::vector<llama_token> & tokens) {
+    log_clear_recent();
+    bool ok;
+    {
+        nb::gil_scoped_release release;
+        ok = llama_state_save_file(c.ctx, path.c_str(), tokens.data(), tokens.size());
+    }
+    if (!ok) throw_with_log("cannot write the state file " + path);
+}
+
+// The context's state from a session file (replacing what it held); the tokens it was made of.
+std::vector<llama_token> load_state_file(Context & c, const std::string & path) {
+    std::vector<llama_token> tokens(llama_n_ctx(c.ctx));
+    size_t n = 0;
+    log_clear_recent();
+    bool ok;
+    {
+        nb::gil_scoped_release release;
+        ok = llama_state_load_file(c.ctx, path.c_str(), tokens.data(), tokens.size(), &n);
+    }
+    if (c.model->residency) c.model->residency->start_sequence();  // a sequence begins anew, as after clear()
+    if (!ok) {
+        llama_memory_clear(llama_get_memory(c.ctx), true);
+        throw_with_log("cannot load the state file " + path + " (of another model, a larger context, or another -fa or KV cache type?)");
+    }
+    tokens.resize(n);
+    return tokens;
+}
+
 // llama.cpp's own account of its buffers, per buffer type (e.g. "Vulkan0", "CPU")
 std::vector<nb::dict> memory_breakdown(const Context & c) {
     std::vector<nb::dict> out;
@@ -295,6 +326,8 @@ void register_context(nb::module_ & m) {
                      "llama.cpp's pooling type of embed()'s rows (0: none, a row per token; the model's).")
         .def("sequence_state", &sequence_state, nb::arg("seq") = 0)
         .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"))
+        .def("save_state_file", &save_state_file, nb::arg("path"), nb::arg("tokens"))
+        .def("load_state_file", &load_state_file, nb::arg("path"))
         .def("clear", [](Context & c) {
                  llama_memory_clear(llama_get_memory(c.ctx), true);
                  if (c.model->residency) c.model->residency->start_sequence();
