@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,22 @@ def test_what_cannot_be_a_prompt_cache_is_one_error_line(demo_high, tiny_model, 
         assert out.returncode != 0 and lines[-1].startswith("error:") and message in lines[-1], (args, lines)
         assert "Traceback" not in out.stderr
     assert text.read_text() == "not a session file\n"  # left as it was
+
+
+def test_a_damaged_file_is_one_error_line(demo_high, tmp_path):
+    """llama.cpp's session file: magic, version, the token count, the tokens, the state. A file cut
+    short, one of other bytes, one whose tokens are not the vocabulary's or not the state's."""
+    good = tmp_path / "good.bin"
+    run(demo_high, "-p", PROMPT, "--prompt-cache", str(good))
+    data = good.read_bytes()
+    n = struct.unpack("<I", data[8:12])[0]
+    damaged = {"cut": data[:len(data) // 2], "noise": bytes(range(256)) * 8,
+               "token": data[:12] + struct.pack("<i", 2**31 - 1) + data[16:],  # the first token: out of the vocabulary
+               "count": data[:8] + struct.pack("<I", n - 1) + data[12:16 + 4 * (n - 1)] + data[16 + 4 * n:]}
+    for name, content in damaged.items():
+        path = tmp_path / f"{name}.bin"
+        path.write_bytes(content)
+        out = run(demo_high, "-p", PROMPT, "--prompt-cache", str(path), check=False)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and lines[-1].startswith("error: prompt cache"), (name, lines)
+        assert "Traceback" not in out.stderr and out.stdout == ""

@@ -12,6 +12,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -278,11 +279,20 @@ std::vector<llama_token> load_state_file(Context & c, const std::string & path) 
         ok = llama_state_load_file(c.ctx, path.c_str(), tokens.data(), tokens.size(), &n);
     }
     if (c.model->residency) c.model->residency->start_sequence();  // a sequence begins anew, as after clear()
+    llama_memory_t memory = llama_get_memory(c.ctx);
     if (!ok) {
-        llama_memory_clear(llama_get_memory(c.ctx), true);
+        llama_memory_clear(memory, true);
         throw_with_log("cannot load the state file " + path + " (of another model, a larger context, or another -fa or KV cache type?)");
     }
     tokens.resize(n);
+    // a damaged file can load: its tokens must be the vocabulary's and match the positions its state holds
+    const bool in_vocab = std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < c.n_vocab; });
+    const bool positions = n == 0 ? llama_memory_seq_pos_max(memory, 0) == -1
+                                  : llama_memory_seq_pos_min(memory, 0) == 0 && llama_memory_seq_pos_max(memory, 0) == (llama_pos) n - 1;
+    if (!in_vocab || !positions) {
+        llama_memory_clear(memory, true);
+        throw std::runtime_error("the state file " + path + " is damaged: its tokens and its state disagree");
+    }
     return tokens;
 }
 

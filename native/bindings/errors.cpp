@@ -100,10 +100,28 @@ void log_clear_recent() {
     g_partial.clear();
 }
 
+// text with each byte that does not belong to a UTF-8 character replaced by U+FFFD: llama.cpp's log
+// may quote a damaged file's bytes, and Python's exception message must be text
+static std::string as_utf8(const std::string & text) {
+    std::string out;
+    for (size_t i = 0; i < text.size();) {
+        const auto byte = [&](size_t k) { return i + k < text.size() ? (unsigned char) text[i + k] : 0; };
+        const unsigned char c = byte(0);
+        // a character's bytes (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF)
+        const size_t n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        bool whole = n > 0 && (n == 1 || (byte(1) >= lo && byte(1) <= hi));
+        for (size_t k = 2; whole && k < n; k++) whole = (byte(k) >> 6) == 0x2;
+        out += whole ? text.substr(i, n) : "\xEF\xBF\xBD";
+        i += whole ? n : 1;
+    }
+    return out;
+}
+
 void throw_with_log(const std::string & what) {
     std::string detail = log_recent_errors();
     for (size_t at; (at = detail.find('\n')) != std::string::npos;) detail.replace(at, 1, "; ");  // one error line
-    throw std::runtime_error(detail.empty() ? what : what + ": " + detail);
+    throw std::runtime_error(as_utf8(detail.empty() ? what : what + ": " + detail));
 }
 
 void register_errors(nb::module_ & m) {
