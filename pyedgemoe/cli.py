@@ -352,23 +352,38 @@ def serve(
 @model_options
 def perplexity_command(
     model: Path = typer.Argument(..., help="GGUF model file"),
-    file: Path = typer.Option(..., "-f", "--file", help="the text to score (e.g. wikitext-2's wiki.test.raw)"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="the text to score (e.g. wikitext-2's "
+                                        "wiki.test.raw); with --kl-divergence, the base's tokens instead"),
     ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size"),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
     decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
                                      "an expert cache, loaded) as generation does"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     escape: bool = escape_option("the text"),
+    kl_base: Optional[Path] = typer.Option(None, "--kl-divergence-base", help="write the run's token "
+                                           "probabilities to this file (llama-perplexity's; with --kl-divergence: "
+                                           "read them from it)"),
+    kl_divergence: bool = typer.Option(False, "--kl-divergence", help="the KL divergence of this run's token "
+                                       "probabilities from the base's, as llama-perplexity's (docs/perplexity.md)"),
     engine_options: dict = None,
 ) -> None:
     """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
     from pyedgemoe.engine import Engine
-    from pyedgemoe.perplexity import MIN_N_CTX, perplexity
+    from pyedgemoe.kl_divergence import BaseWriter
+    from pyedgemoe.perplexity import MIN_N_CTX, perplexity, text_tokens
 
     if ctx < MIN_N_CTX:
         fail(f"--ctx must be at least {MIN_N_CTX} tokens for perplexity, got {ctx}")
     if chunks is not None and chunks <= 0:
         fail(f"--chunks must be a positive number of chunks, got {chunks}")
+    if kl_divergence:
+        if kl_base is None:
+            fail("--kl-divergence compares with a base: give --kl-divergence-base FNAME (written by a run with -f)")
+        if as_json:
+            fail("--kl-divergence prints llama-perplexity's statistics; --json is perplexity's: give one of them")
+        return kl_divergence_run(model, kl_base, chunks, decode_mode, engine_options)
+    if file is None:
+        fail("no text: give -f FILE (or --kl-divergence with --kl-divergence-base)")
     try:
         text = read_text_file(file, escape)
     except OSError as e:
@@ -381,8 +396,15 @@ def perplexity_command(
     try:
         with Engine(model, n_ctx=ctx, n_logits=ctx, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
-            result = perplexity(eng, text, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
-                                one_token_per_step=decode_mode)
+            tokens = text_tokens(eng, text)
+            n_chunks = min(chunks or len(tokens), len(tokens) // ctx)
+            base = BaseWriter(kl_base, tokens, ctx, n_chunks) if kl_base is not None else None
+            try:
+                result = perplexity(eng, tokens, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
+                                    on_logits=base, one_token_per_step=decode_mode)
+            finally:
+                if base is not None:
+                    base.close()
             if as_json:
                 typer.echo(json.dumps({**result.to_dict(), "stats": eng.stats()}))
                 return
@@ -390,6 +412,28 @@ def perplexity_command(
             typer.echo(f"ppl = {result.ppl:.4f} +/- {result.stderr:.5f}")
             typer.echo(f"{result.n_chunks} chunks of {result.n_ctx} tokens, {result.n_tokens_scored} tokens scored "
                        f"in {result.seconds:.2f} s", err=True)
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
+def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decode_mode: bool,
+                      engine_options: dict) -> None:
+    """perplexity --kl-divergence: the base's tokens evaluated, each chunk's line and the statistics
+    at the end as llama-perplexity prints them."""
+    from pyedgemoe.engine import Engine
+    from pyedgemoe.kl_divergence import HEADER, Base, chunk_line, compare, summary
+
+    try:
+        base = Base.read(base_path)
+        with Engine(model, n_ctx=base.n_ctx, n_logits=base.n_ctx, **engine_options) as eng:
+            print_model_note(eng, model)
+            typer.echo(HEADER)
+            divergence = compare(eng, base, chunks, decode_mode, on_chunk=lambda i, d: typer.echo(chunk_line(i, d)))
+        typer.echo("")
+        for line in summary(divergence):  # none for fewer than 100 positions, as llama-perplexity
+            typer.echo(line)
     except PyEdgeMoEError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ DEFAULT_N_CTX = 512  # llama-perplexity's default --ctx-size
 MIN_N_CTX = 3  # the smallest chunk whose second half scores a token (first = 1 predicts token 2)
 # log-softmax in float64 a block of rows at a time, the block this many bytes at most: its three
 # temporaries stay within the run's allowance (memory_budget.RUN_ALLOWANCE_BYTES) whatever the vocabulary
-_BLOCK_BYTES = 4 * 2**20
+BLOCK_BYTES = 4 * 2**20
 
 
 @dataclass
@@ -62,7 +62,7 @@ class PerplexityResult:
 def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """-log softmax(logits[i])[targets[i]] for each row, in float64 (float32 [n, n_vocab] in)."""
     out = np.empty(len(targets), dtype=np.float64)
-    block = max(1, _BLOCK_BYTES // (8 * logits.shape[1]))
+    block = max(1, BLOCK_BYTES // (8 * logits.shape[1]))
     for start in range(0, len(targets), block):
         rows = logits[start:start + block].astype(np.float64)
         top = rows.max(axis=1)
@@ -105,20 +105,20 @@ def _stderr_of_ppl(nll: np.ndarray, ppl: float) -> float:
     return math.sqrt(variance / (count - 1)) * ppl if variance > 0 else math.nan
 
 
-def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_CTX, n_chunks: int | None = None,
-               *, on_chunk: Callable[[int, float], None] | None = None,
-               one_token_per_step: bool = False) -> PerplexityResult:
-    """llama.cpp's perplexity of text (or of token ids, already tokenized as llama.cpp does: with
-    BOS first if the model adds one) under engine, whatever its runtime configuration.
+def text_tokens(engine, text_or_tokens: str | list[int]) -> list[int]:
+    """The tokens perplexity scores: text tokenized as llama-perplexity does (BOS first where the
+    model adds it), or token ids as given."""
+    if engine.metadata.get("tokenizer.ggml.add_eos_token") == "true":
+        # llama-perplexity asserts the same: an EOS appended to the text would be scored
+        raise InvalidOptionError("this model appends EOS to tokenized text; llama.cpp's perplexity does not "
+                                 "support such models")
+    if isinstance(text_or_tokens, str):
+        return engine.tokenize(text_or_tokens, add_bos=True, special=False)
+    return [int(t) for t in text_or_tokens]
 
-    n_ctx: tokens per chunk (llama-perplexity's --ctx-size); at most engine.n_ctx.
-    n_chunks: evaluate at most this many chunks (None: all that fit in the text).
-    on_chunk(i, running_ppl): called after each chunk i (0-based), e.g. to print progress.
-    one_token_per_step: decode mode, each chunk evaluated one llama_decode per token (Engine.logits):
-    every token is routed, and with an expert cache served, as a decode step is (docs/systems.md).
-    Raises TextTooShortError when the text has fewer than 2 * n_ctx tokens, InvalidOptionError
-    for a bad n_ctx / n_chunks, ContextOverflowError when n_ctx exceeds the engine's context.
-    """
+
+def check_chunks(engine, n_ctx: int, n_chunks: int | None) -> None:
+    """InvalidOptionError for a bad n_ctx / n_chunks, ContextOverflowError for an n_ctx beyond the engine's."""
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < MIN_N_CTX:
         raise InvalidOptionError(f"perplexity n_ctx must be an integer >= {MIN_N_CTX}, got {n_ctx!r}")
     if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks <= 0):
@@ -126,34 +126,56 @@ def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_C
     if n_ctx > engine.n_ctx:
         raise ContextOverflowError(f"perplexity context of {n_ctx} tokens is larger than the engine's context "
                                    f"of {engine.n_ctx} tokens (create the Engine with n_ctx >= {n_ctx})")
-    if engine.metadata.get("tokenizer.ggml.add_eos_token") == "true":
-        # llama-perplexity asserts the same: an EOS appended to the text would be scored
-        raise InvalidOptionError("this model appends EOS to tokenized text; llama.cpp's perplexity does not "
-                                 "support such models")
-    if isinstance(text_or_tokens, str):
-        tokens = engine.tokenize(text_or_tokens, add_bos=True, special=False)
-    else:
-        tokens = [int(t) for t in text_or_tokens]
+
+
+def scored_logits(engine, tokens: list[int], n_ctx: int, n_chunks: int, one_token_per_step: bool = False):
+    """For each of the first n_chunks chunks of n_ctx tokens: (the tokens its second half predicts,
+    the logits that predict them: positions n_ctx/2 .. n_ctx-2), the chunk evaluated on a fresh
+    sequence with its first token BOS where the model adds BOS, as llama-perplexity evaluates it."""
+    bos = _bos_to_insert(engine)
+    first = n_ctx // 2
+    for i in range(n_chunks):
+        chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
+        targets = np.asarray(chunk[first + 1:], dtype=np.int64)
+        if bos is not None:
+            chunk = [bos] + chunk[1:]
+        yield targets, engine.logits(chunk, one_token_per_step=one_token_per_step)[first:n_ctx - 1]
+
+
+def perplexity(engine, text_or_tokens: str | list[int], n_ctx: int = DEFAULT_N_CTX, n_chunks: int | None = None,
+               *, on_chunk: Callable[[int, float], None] | None = None,
+               on_logits: Callable[[np.ndarray, np.ndarray], None] | None = None,
+               one_token_per_step: bool = False) -> PerplexityResult:
+    """llama.cpp's perplexity of text (or of token ids, already tokenized as llama.cpp does: with
+    BOS first if the model adds one) under engine, whatever its runtime configuration.
+
+    n_ctx: tokens per chunk (llama-perplexity's --ctx-size); at most engine.n_ctx.
+    n_chunks: evaluate at most this many chunks (None: all that fit in the text).
+    on_chunk(i, running_ppl): called after each chunk i (0-based), e.g. to print progress.
+    on_logits(targets, logits): each chunk's scored tokens and the logits that predict them
+    (pyedgemoe.kl_divergence writes a base of them).
+    one_token_per_step: decode mode, each chunk evaluated one llama_decode per token (Engine.logits):
+    every token is routed, and with an expert cache served, as a decode step is (docs/systems.md).
+    Raises TextTooShortError when the text has fewer than 2 * n_ctx tokens, InvalidOptionError
+    for a bad n_ctx / n_chunks, ContextOverflowError when n_ctx exceeds the engine's context.
+    """
+    check_chunks(engine, n_ctx, n_chunks)
+    tokens = text_tokens(engine, text_or_tokens)
     if len(tokens) < 2 * n_ctx:
         raise TextTooShortError(f"perplexity with a context of {n_ctx} needs at least {2 * n_ctx} tokens "
                                 f"(llama.cpp's rule), the text has only {len(tokens)}")
 
     chunks_in_text = len(tokens) // n_ctx
     n_chunks = chunks_in_text if n_chunks is None else min(n_chunks, chunks_in_text)
-    bos = _bos_to_insert(engine)
-    first = n_ctx // 2
-    per_chunk = n_ctx - 1 - first
+    per_chunk = n_ctx - 1 - n_ctx // 2
     nll = np.empty(n_chunks * per_chunk, dtype=np.float64)
     running_ppl: list[float] = []
     chunk_nll: list[float] = []
     start_time = time.perf_counter()
-    for i in range(n_chunks):
-        chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
-        targets = np.asarray(chunk[first + 1:], dtype=np.int64)
-        if bos is not None:
-            chunk = [bos] + chunk[1:]
-        logits = engine.logits(chunk, one_token_per_step=one_token_per_step)
-        scored = token_nll(logits[first:n_ctx - 1], targets)
+    for i, (targets, logits) in enumerate(scored_logits(engine, tokens, n_ctx, n_chunks, one_token_per_step)):
+        if on_logits is not None:
+            on_logits(targets, logits)
+        scored = token_nll(logits, targets)
         nll[i * per_chunk:(i + 1) * per_chunk] = scored
         chunk_nll.append(float(scored.mean()))
         running_ppl.append(math.exp(float(nll[:(i + 1) * per_chunk].sum()) / ((i + 1) * per_chunk)))
