@@ -193,7 +193,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
                 yield events.chunk(chunk)
             while (chunk := await generation.next()) is not None:
                 yield events.chunk(name(chunk))
-            yield events.done
+            if events.done:
+                yield events.done
         except Exception as e:  # noqa: BLE001 - the stream has started: the error is an event
             yield events.error(from_engine_error(e).body())
         finally:
