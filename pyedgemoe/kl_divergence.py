@@ -15,6 +15,7 @@ the actual token (delta p) and whether the most likely token is the same (same t
 from __future__ import annotations
 
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -99,8 +100,11 @@ class Base:
                     raise InvalidOptionError(f"{path} is not a KL-divergence base (llama-perplexity's "
                                              "--kl-divergence-base file)")
                 n_ctx, n_vocab, n_chunks = struct.unpack("<Iii", head[len(MAGIC):])
-                if n_chunks <= 0 or n_vocab <= 0 or n_ctx < 3 or n_ctx * n_chunks > 2**31:
-                    raise InvalidOptionError(f"{path}: {n_chunks} chunks of {n_ctx} tokens: a damaged base")
+                size = len(MAGIC) + 12 + 4 * n_ctx * n_chunks + \
+                    2 * n_chunks * (n_ctx - 1 - n_ctx // 2) * _row_width(n_vocab)
+                if n_chunks <= 0 or n_vocab <= 0 or n_ctx < 3 or size != os.fstat(f.fileno()).st_size:
+                    raise InvalidOptionError(f"{path}: {n_chunks} chunks of {n_ctx} tokens of a vocabulary of "
+                                             f"{n_vocab} are not its size: a damaged base (or one cut short)")
                 raw = f.read(4 * n_ctx * n_chunks)
         except OSError as e:
             raise InvalidOptionError(f"cannot read the KL-divergence base {path}: {e.strerror}") from None
