@@ -269,7 +269,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PYEDGEMOE_API_KEY",
-                                          help="require 'Authorization: Bearer KEY' on every path but /health"),
+                                          help="require 'Authorization: Bearer KEY' on every path but /health; "
+                                          "several keys comma-separated, as llama-server's"),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="API keys from a file, one a line "
+                                                "(# starts a comment), as llama-server's"),
     parallel: int = typer.Option(1, "-np", "--parallel", help="requests decoded together, in one batch per step "
                                  "(the others queue); the context is shared: -c / N positions each (docs/server.md)"),
     ctx: int = typer.Option(4096, "-c", "--ctx", "--ctx-size", help="context size in tokens (0 = the model's)"),
@@ -306,8 +309,6 @@ def serve(
         fail(f"--port must be in 0..65535, got {port}")
     if parallel < 1:
         fail(f"--parallel must be >= 1, got {parallel}")
-    if api_key is not None and not api_key.strip():
-        fail("--api-key is empty")
     try:
         limits = Limits(max_body_bytes=parse_size(max_body), timeout_seconds=timeout, max_connections=max_connections)
     except ValueError as e:
@@ -327,9 +328,16 @@ def serve(
         if not isinstance(chat_defaults["chat_template_kwargs"], dict):
             fail("--chat-template-kwargs must be a JSON object")
     try:
+        from pyedgemoe.server.middleware import api_keys
         from pyedgemoe.server.serve import bind_socket, serve as serve_engine
     except ImportError as e:
         fail(f"the server needs its extra ({e.name} is missing): pip install 'pyedgemoe[server]'")
+    try:
+        keys = api_keys(api_key, api_key_file)
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read --api-key-file: {getattr(e, 'strerror', None) or e}")
+    if (api_key is not None or api_key_file is not None) and not keys:
+        fail("--api-key / --api-key-file give no key")
     from pyedgemoe.engine import Engine
 
     try:
@@ -340,7 +348,7 @@ def serve(
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model.name, model_aliases=(model.name, str(model)),
-                         api_key=api_key, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
+                         api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
     except PyEdgeMoEError as e:
         fail(str(e))

@@ -416,6 +416,26 @@ def test_a_wrong_or_missing_key_is_401_except_on_health(server):
     assert request("GET", server + "/models")[1] == request("GET", server + "/v1/models")[1]
 
 
+def test_several_keys_and_a_key_file_as_llama_servers(tiny_model, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# the team's keys\nkey-c\n\nkey-d\n")
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "256", "--api-key", "key-a,key-b",
+                             "--api-key-file", str(keys), model=tiny_model("qwen3_moe")[0])
+    try:
+        for key in ("key-a", "key-b", "key-c", "key-d"):
+            assert request("GET", url + "/v1/models", key=key)[0] == 200
+        for key in ("key-e", "# the team's keys", "key-a,key-b", None):
+            assert request("GET", url + "/v1/models", key=key)[0] == 401
+    finally:
+        stop_server(proc)
+    for args, message in ((["--api-key", " , "], "no key"), (["--api-key-file", str(tmp_path / "none.txt")],
+                                                               "cannot read --api-key-file")):
+        out = subprocess.run([sys.executable, "-m", "pyedgemoe", "serve", str(tiny_model("qwen3_moe")[0]), "--port", "0",
+                              *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("error:") and \
+            message in out.stderr, out.stderr
+
+
 def test_metrics_are_prometheus_text_with_the_expert_cache(server, client):
     client.completions.create(model=MODEL_ID, prompt="def add(a, b):", max_tokens=4, temperature=0)
     m = metric_values(server)

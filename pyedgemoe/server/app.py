@@ -115,12 +115,12 @@ def _with_defaults(given: dict, defaults: Mapping) -> dict:
     return merged
 
 
-def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_key: str | None = None,
+def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_keys: tuple[str, ...] = (),
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
                chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI,
                embeddings: bool = False) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
-    loaded from); with api_key, every path but /health needs `Authorization: Bearer api_key`.
+    loaded from); with api_keys, every path but /health needs `Authorization: Bearer KEY`, one of them.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
     and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
@@ -357,7 +357,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
-    app.add_middleware(BearerAuth, api_key=api_key, is_open=web_ui.is_public)
+    app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)
     app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
     app.add_middleware(RequestCounting, counts=requests)  # outermost: refusals are counted too
     return app

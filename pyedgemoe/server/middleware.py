@@ -12,17 +12,27 @@ from pyedgemoe.server.openai_errors import APIError
 HEALTH_PATHS = ("/health", "/v1/health")  # open to probes, as llama-server's
 
 
-class BearerAuth:
-    """With an API key, every path but the open ones (HEALTH_PATHS, for probes; is_open's, e.g. the web
-    pages) needs the header `Authorization: Bearer KEY`; else 401 as OpenAI answers it."""
+def api_keys(given: str | None, path=None) -> tuple[str, ...]:
+    """The keys of llama-server's --api-key (a comma-separated list) and --api-key-file (one a line,
+    lines starting with # comments); OSError where the file cannot be read."""
+    keys = [k.strip() for k in (given or "").split(",")]
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            keys += [line.strip() for line in f if not line.startswith("#")]
+    return tuple(k for k in keys if k)
 
-    def __init__(self, app, api_key: str | None, is_open: Callable[[str], bool] = lambda path: False) -> None:
+
+class BearerAuth:
+    """With API keys, every path but the open ones (HEALTH_PATHS, for probes; is_open's, e.g. the web
+    pages) needs the header `Authorization: Bearer KEY`, KEY one of them; else 401 as OpenAI answers it."""
+
+    def __init__(self, app, api_keys: tuple[str, ...], is_open: Callable[[str], bool] = lambda path: False) -> None:
         self.app = app
-        self.api_key = api_key.encode("utf-8") if api_key is not None else None
+        self.api_keys = [key.encode("utf-8") for key in api_keys]
         self.is_open = is_open
 
     async def __call__(self, scope, receive, send) -> None:
-        if (scope["type"] == "http" and self.api_key is not None and scope["path"] not in HEALTH_PATHS
+        if (scope["type"] == "http" and self.api_keys and scope["path"] not in HEALTH_PATHS
                 and not self.is_open(scope["path"])):
             header = dict(scope["headers"]).get(b"authorization")
             if header is None:
@@ -30,7 +40,8 @@ class BearerAuth:
             else:
                 scheme, _, token = header.partition(b" ")
                 error = None
-                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
+                if scheme.lower() != b"bearer" or \
+                        not any([hmac.compare_digest(token.strip(), key) for key in self.api_keys]):
                     error = APIError(401, "incorrect API key", "invalid_api_key")
             if error is not None:
                 response = error.response()

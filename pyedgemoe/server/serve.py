@@ -50,10 +50,10 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[str, ...] = (),
-          api_key: str | None = None, limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = (),
+          api_keys: tuple[str, ...] = (), limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = (),
           chat_defaults: Mapping = MappingProxyType({}), embeddings: bool = False, log_level: str = "info") -> None:
     """Serves engine on sock until the process is told to stop."""
-    app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_key=api_key, limits=limits,
+    app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_keys=api_keys, limits=limits,
                      allowed_hosts=allowed_hosts, chat_defaults=chat_defaults, embeddings=embeddings)
     config = uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off", ws="none",
