@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -54,6 +55,17 @@ def options(version: bool = typer.Option(False, "--version", is_eager=True, call
 def fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+@contextmanager
+def command_errors():
+    """A command's work: an error the user can cause is one error line, Ctrl-C exit status 130."""
+    try:
+        yield
+    except PyEdgeMoEError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 def parse_share(value: str, flag: str) -> float:
@@ -163,7 +175,7 @@ def run(
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
-    try:
+    with command_errors():
         with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
@@ -191,10 +203,6 @@ def run(
                 print_stats(eng.stats())
             if not ended:
                 raise typer.Exit(130)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
 
 
 PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color
@@ -344,16 +352,12 @@ def serve(
         sock = bind_socket(host, port)
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
-    try:
+    with command_errors():
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model.name, model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
 
 
 @app.command("perplexity")
@@ -401,7 +405,7 @@ def perplexity_command(
         sys.stdout.write(f"[{i + 1}]{ppl:.4f},")
         sys.stdout.flush()
 
-    try:
+    with command_errors():
         with Engine(model, n_ctx=ctx, n_logits=ctx, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             tokens = text_tokens(eng, text)
@@ -420,10 +424,6 @@ def perplexity_command(
             typer.echo(f"ppl = {result.ppl:.4f} +/- {result.stderr:.5f}")
             typer.echo(f"{result.n_chunks} chunks of {result.n_ctx} tokens, {result.n_tokens_scored} tokens scored "
                        f"in {result.seconds:.2f} s", err=True)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
 
 
 def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decode_mode: bool,
@@ -433,7 +433,7 @@ def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decod
     from pyedgemoe.engine import Engine
     from pyedgemoe.kl_divergence import HEADER, Base, chunk_line, compare, summary
 
-    try:
+    with command_errors():
         base = Base.read(base_path)
         with Engine(model, n_ctx=base.n_ctx, n_logits=base.n_ctx, **engine_options) as eng:
             print_model_note(eng, model)
@@ -442,10 +442,6 @@ def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decod
         typer.echo("")
         for line in summary(divergence):  # none for fewer than 100 positions, as llama-perplexity
             typer.echo(line)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
 
 
 @app.command("embed")
@@ -485,15 +481,11 @@ def embed_command(
         fail(f"cannot read the texts: {e}")
     texts = split_texts(text, separator)
     engine_options["n_batch"] = max(engine_options["n_batch"], ctx)  # a text may fill the context, as there
-    try:
+    with command_errors():
         with Engine(model, n_ctx=ctx, **engine_options) as eng:
             print_model_note(eng, model)
             rows = [eng.embed(eng.tokenize(t, add_bos=True, special=True), truncate=False) for t in texts]
             pooled = pooling_type(eng) != POOLING_NONE
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
     sys.stdout.buffer.write(formatted(rows, texts, pooled, output_format, normalization))
     sys.stdout.flush()
 
@@ -538,7 +530,7 @@ def calibrate_command(
         text = read_text_file(file, escape=False)
     except OSError as e:
         fail(f"cannot read text file: {e}")
-    try:
+    with command_errors():
         system = engine_options.pop("system")
         result = calibrate(model, text, budget=budget, split=target_split, n_ctx=ctx, max_tokens=max_tokens,
                            trace=trace, grid_step=grid_step, text_name=str(file), system=system,
@@ -546,10 +538,6 @@ def calibrate_command(
                            min_agreement=parse_share(min_agreement, "--min-agreement"),
                            size_budget=None if size_budget is None else parse_share(size_budget, "--size-budget"),
                            force=force, stand_ins=stand_ins, **engine_options)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     if as_json:
@@ -708,13 +696,9 @@ def convert_command(
     """Convert a checkpoint or GGUF into a multi-precision GGUF (every expert in HIGH and LOW)."""
     from pyedgemoe.convert import convert
 
-    try:
+    with command_errors():
         result = convert(src, out, high=high, low=low, base=base, low_from=low_from, force=force,
                          dry_run=dry_run, progress=True, n_threads=threads, calibration=calibration, name=name)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
     typer.echo(str(result) if dry_run else f"wrote {result}")
 
 
@@ -730,12 +714,8 @@ def export_command(
 
     if precision not in PRECISIONS:
         fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    try:
+    with command_errors():
         result = export(model, out, precision=precision, force=force, progress=True)
-    except PyEdgeMoEError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
     typer.echo(f"wrote {result}")
 
 

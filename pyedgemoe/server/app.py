@@ -320,7 +320,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         body: dict = {}  # the request as sent: the response echoes some of it
 
         def convert(sent):
-            body.update(sent if isinstance(sent, dict) else {})
+            body.update(sent)  # a JSON object (parse_body)
             return responses_api.chat_request(sent)
         r = await request_body(request, CHAT_PARAMETERS, "messages", convert=convert)
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
