@@ -636,7 +636,8 @@ def inspect(
         typer.echo(json.dumps(info.to_dict(), indent=2))
         return
     lines = [
-        f"file            {info.path} ({format_bytes(info.file_bytes)})",
+        f"file            {info.path} ({format_bytes(info.file_bytes)}"
+        + (f" in {len(info.files)} shards)" if len(info.files) > 1 else ")"),
         f"architecture    {info.architecture}" + (f" ({info.name})" if info.name else ""),
         f"layers          {info.n_layers}",
     ]

@@ -32,8 +32,9 @@ from pyedgemoe.gguf_format import (
 
 @dataclass
 class ModelInfo:
-    path: str
-    file_bytes: int
+    path: str  # the file given: a split GGUF's first shard
+    files: tuple[str, ...]  # the GGUF's files: path, or a split GGUF's shards (llama.cpp's gguf-split)
+    file_bytes: int  # of them all
     architecture: str
     name: str
     n_layers: int
@@ -93,6 +94,7 @@ class ModelInfo:
     def to_dict(self) -> dict:
         return {
             "path": self.path,
+            "files": list(self.files),
             "file_bytes": self.file_bytes,
             "architecture": self.architecture,
             "name": self.name,
@@ -145,12 +147,11 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
             raise ModelLoadError(f"corrupt GGUF header in {path}: {where} is not valid UTF-8") from None
         raise ModelLoadError(f"corrupt GGUF header in {path}: {e}") from None
 
-    file_bytes = os.path.getsize(path)
-    data_end = max((t["offset"] + t["nbytes"] for t in info["tensors"]), default=0)
-    if data_end > file_bytes:
-        raise ModelLoadError(
-            f"truncated GGUF: {path} has {file_bytes} bytes but its tensors need {data_end}"
-        )
+    sizes = [os.path.getsize(f) for f in info["files"]]
+    for i, (shard, size) in enumerate(zip(info["files"], sizes)):
+        data_end = max((t["offset"] + t["nbytes"] for t in info["tensors"] if t["file"] == i), default=0)
+        if data_end > size:
+            raise ModelLoadError(f"truncated GGUF: {shard} has {size} bytes but its tensors need {data_end}")
 
     for t in info["tensors"]:
         if t["type"] in _NOT_WEIGHT_TYPES:
@@ -191,7 +192,8 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
     _check_low_copies(path, [t["name"] for t in info["tensors"]], multi_precision)
     return ModelInfo(
         path=path,
-        file_bytes=file_bytes,
+        files=tuple(info["files"]),
+        file_bytes=sum(sizes),
         architecture=arch,
         name=str(kv.get("general.name", "")),
         n_layers=arch_int("block_count"),

@@ -33,7 +33,7 @@ def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str |
     """A copy of `src` with another architecture name, with tensor `shrink` cut to half its experts,
     or with another chat template."""
     import gguf
-    from pyedgemoe.convert.from_gguf import copy_kv, open_gguf, tensor_bytes, tensor_ne
+    from pyedgemoe.convert.from_gguf import copy_kv, open_gguf, tensor_ne
     from pyedgemoe.convert.gguf_out import GGUFOutput
     reader = open_gguf(src)
     o = GGUFOutput(out, arch=arch or reader.get_field("general.architecture").contents())
@@ -42,7 +42,7 @@ def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str |
         o.writer.add_chat_template(chat_template)
     for t in reader.tensors:
         ne = tensor_ne(t)
-        data = tensor_bytes(reader, t)
+        data = reader.bytes_of(t)
         if t.name == shrink:
             data = data[: len(data) // 2]
             ne = ne[:2] + [ne[2] // 2]

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import rewrite_gguf
 from pyedgemoe import Engine
-from pyedgemoe.convert.from_gguf import convert_gguf, open_gguf, tensor_bytes, tensor_ne
+from pyedgemoe.convert.from_gguf import convert_gguf, open_gguf, tensor_ne
 from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import (
@@ -49,7 +49,7 @@ def tensors(path: Path) -> dict:
 
 def raw(entry) -> np.ndarray:
     t, reader = entry
-    return np.array(tensor_bytes(reader, t))
+    return np.array(reader.bytes_of(t))
 
 
 def kv(path: Path) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 from pyedgemoe import Engine
 from pyedgemoe.convert.export import export
-from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf, tensor_bytes, tensor_ne
+from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf, tensor_ne
 from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
@@ -43,7 +43,7 @@ def stock(path: Path) -> np.ndarray:
 
 def tensors(path: Path) -> dict:
     reader = open_gguf(path)
-    return {t.name: (t, np.array(tensor_bytes(reader, t))) for t in reader.tensors}
+    return {t.name: (t, np.array(reader.bytes_of(t))) for t in reader.tensors}
 
 
 def kv(path: Path) -> dict:
@@ -129,7 +129,7 @@ def test_a_newer_format_version_is_refused(multi, tmp_path):
     o.writer.add_uint32(FORMAT_VERSION_KEY, 2)
     for t in reader.tensors:
         o.add_tensor(t.name, tensor_ne(t), gguf.GGMLQuantizationType(t.tensor_type).name,
-                     lambda t=t: np.array(tensor_bytes(reader, t)))
+                     lambda t=t: np.array(reader.bytes_of(t)))
     o.finish(progress=False)
     with pytest.raises(ConversionError, match="format_version 2"):
         export(tmp_path / "v2.gguf", tmp_path / "out.gguf", progress=False)

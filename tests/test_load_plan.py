@@ -27,7 +27,7 @@ SMALL = dict(n_ctx=256)
 
 def moe(multi_precision: bool = False) -> ModelInfo:
     per_layer = {layer: EXPERT_BYTES // 4 for layer in range(4)}
-    return ModelInfo(path="model.gguf", file_bytes=80 * MiB, architecture="qwen3moe", name="test", n_layers=4,
+    return ModelInfo(path="model.gguf", files=("model.gguf",), file_bytes=80 * MiB, architecture="qwen3moe", name="test", n_layers=4,
                      n_experts=8, n_experts_used=2, n_experts_shared=0, expert_bytes_per_layer=per_layer,
                      non_expert_bytes=16 * MiB, tensor_types={"q8_0": 80 * MiB}, multi_precision=multi_precision,
                      metadata=METADATA, high_expert_bytes_per_layer=dict(per_layer))

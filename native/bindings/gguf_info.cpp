@@ -1,9 +1,10 @@
-// gguf_info: a GGUF file's key/values and tensor directory (name, type, shape, file offset,
-// bytes), read with ggml's own GGUF parser without loading any tensor data.
+// gguf_info: a GGUF's key/values and tensor directory (name, type, shape, file and offset, bytes),
+// across a split GGUF's shards, read with ggml's own GGUF parser without loading any tensor data.
 #include "native.h"
 
 #include "ggml.h"
 #include "gguf.h"
+#include "../src/gguf-shards.h"
 #include "../src/slot-pool.h"
 
 #include <nanobind/stl/string.h>
@@ -38,36 +39,46 @@ nb::object kv_value(const gguf_context * g, int64_t i) {
 }
 
 nb::dict read_gguf_info(const std::string & path) {
-    gguf_init_params params = {/*no_alloc =*/ true, /*ctx =*/ nullptr};
     log_clear_recent();
-    std::unique_ptr<gguf_context, decltype(&gguf_free)> g(gguf_init_from_file(path.c_str(), params), gguf_free);
-    if (!g) throw_with_log("not a valid GGUF file: " + path);
-
+    std::unique_ptr<gguf_shards> shards;
+    try {
+        shards = std::make_unique<gguf_shards>(path);
+    } catch (const std::runtime_error & e) {
+        throw_with_log(e.what());
+    }
+    const gguf_context * g = shards->first();
     nb::dict kv;
-    for (int64_t i = 0; i < gguf_get_n_kv(g.get()); i++) {
-        kv[gguf_get_key(g.get(), i)] = kv_value(g.get(), i);
+    for (int64_t i = 0; i < gguf_get_n_kv(g); i++) {
+        kv[gguf_get_key(g, i)] = kv_value(g, i);
     }
     nb::list tensors;
-    const size_t data_offset = gguf_get_data_offset(g.get());
-    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); i++) {
-        const int64_t * ne = gguf_get_tensor_ne(g.get(), i);
-        nb::list shape;
-        for (int d = 0; d < GGML_MAX_DIMS; d++) shape.append(ne[d]);
-        const ggml_type type = gguf_get_tensor_type(g.get(), i);
-        nb::dict t;
-        t["name"] = gguf_get_tensor_name(g.get(), i);
-        t["type"] = ggml_type_name(type);
-        t["shape"] = shape;  // ggml order (ne0 = row length), padded with 1s to 4 dims
-        t["offset"] = data_offset + gguf_get_tensor_offset(g.get(), i);
-        t["nbytes"] = gguf_get_tensor_size(g.get(), i);
-        tensors.append(t);
+    for (int s = 0; s < (int) shards->paths().size(); s++) {
+        const gguf_context * m = shards->meta(s);
+        const size_t data_offset = gguf_get_data_offset(m);
+        for (int64_t i = 0; i < gguf_get_n_tensors(m); i++) {
+            const int64_t * ne = gguf_get_tensor_ne(m, i);
+            nb::list shape;
+            for (int d = 0; d < GGML_MAX_DIMS; d++) shape.append(ne[d]);
+            const ggml_type type = gguf_get_tensor_type(m, i);
+            nb::dict t;
+            t["name"] = gguf_get_tensor_name(m, i);
+            t["type"] = ggml_type_name(type);
+            t["shape"] = shape;  // ggml order (ne0 = row length), padded with 1s to 4 dims
+            t["file"] = s;       // index into "files"
+            t["offset"] = data_offset + gguf_get_tensor_offset(m, i);
+            t["nbytes"] = gguf_get_tensor_size(m, i);
+            tensors.append(t);
+        }
     }
+    nb::list files;
+    for (const auto & f : shards->paths()) files.append(f);
     nb::dict out;
-    out["version"] = gguf_get_version(g.get());
-    out["alignment"] = gguf_get_alignment(g.get());
-    out["data_offset"] = data_offset;
+    out["version"] = gguf_get_version(g);
+    out["alignment"] = gguf_get_alignment(g);
+    out["data_offset"] = gguf_get_data_offset(g);
     out["kv"] = kv;
     out["tensors"] = tensors;
+    out["files"] = files;  // the GGUF's files: path, or a split GGUF's shards (the first first)
     return out;
 }
 
@@ -92,5 +103,5 @@ void register_gguf_info(nb::module_ & m) {
     m.def("cpu_repacks", &cpu_repacks_tensor, nb::arg("type"), nb::arg("shape"),
           "Whether llama.cpp's CPU backend keeps a repacked copy of a weight of this type and shape.");
     m.def("read_gguf_info", &read_gguf_info, nb::arg("path"),
-          "Key/values and tensor directory of a GGUF file (no tensor data is read).");
+          "Key/values and tensor directory of a GGUF (a split one's shards too; no tensor data is read).");
 }

@@ -1,6 +1,6 @@
 #include "expert-layout.h"
 
-#include "gguf.h"
+#include "gguf-shards.h"
 #include "llama.h"
 #include "llama-model.h"
 
@@ -16,28 +16,6 @@ std::string meta_string(const llama_model * model, const std::string & key) {
     return n < 0 ? std::string() : std::string(buf);
 }
 
-// A GGUF's tensor directory with shapes (no data): the offsets and shapes of expert copies.
-struct gguf_directory {
-    gguf_context * meta = nullptr;
-    ggml_context * shapes = nullptr;
-
-    explicit gguf_directory(const std::string & path) {
-        gguf_init_params params = { /*no_alloc*/ true, &shapes };
-        meta = gguf_init_from_file(path.c_str(), params);
-        if (!meta) throw std::runtime_error("cannot read the GGUF header of " + path);
-    }
-    ~gguf_directory() {
-        if (meta) gguf_free(meta);
-        if (shapes) ggml_free(shapes);
-    }
-    // (tensor, absolute file offset); tensor null when absent
-    std::pair<const ggml_tensor *, uint64_t> find(const std::string & name) const {
-        int64_t id = gguf_find_tensor(meta, name.c_str());
-        if (id < 0) return { nullptr, 0 };
-        return { ggml_get_tensor(shapes, name.c_str()), gguf_get_data_offset(meta) + gguf_get_tensor_offset(meta, id) };
-    }
-};
-
 expert_matrix_shape shape_of(const ggml_tensor * t) {
     expert_matrix_shape s;
     s.present = true; s.type = t->type; s.ne0 = t->ne[0]; s.ne1 = t->ne[1]; s.bytes = t->nb[2];
@@ -51,18 +29,19 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
     std::map<int, moe_layer_layout> by_layer;
     std::map<int, std::pair<expert_shapes, expert_shapes>> shapes_of;  // (HIGH, LOW) per il
     {
-        gguf_directory dir(path);
+        gguf_shards dir(path);
+        high_files = dir.paths();
         for (const auto & [name, t] : llama_internal_get_tensor_map(model)) {
             has_expert_bias = has_expert_bias || name.find("_exps.bias") != std::string::npos;
             if (name.find("_exps.scale") != std::string::npos) fixed_routing = "per-expert scales (" + name + ")";
             int il; expert_projection proj;
             if (!parse_expert_tensor_name(name, &il, &proj)) continue;
-            auto [entry, offset] = dir.find(name);
-            if (!entry) throw std::runtime_error("expert tensor " + name + " not in the GGUF directory");
+            const gguf_tensor_place at = dir.find(name);
+            if (!at.tensor) throw std::runtime_error("expert tensor " + name + " not in the GGUF directory");
             moe_layer_layout & l = by_layer[il];
             l.il = il;
             l.stacked[proj] = t;
-            l.high_offset[proj] = offset;
+            l.high_at[proj] = { at.shard, at.offset };
             shapes_of[il].first[proj] = shape_of(t);
             if (n_expert == 0) n_expert = (int) t->ne[2];
             if (t->ne[2] != n_expert || !ggml_is_contiguous(t)) {
@@ -90,19 +69,21 @@ expert_layout::expert_layout(const llama_model * model, const std::string & path
     }
     if (has_low) {
         low_source = low_from.empty() ? path : low_from;
-        gguf_directory dir(low_source);
+        gguf_shards dir(low_source);
+        low_files = dir.paths();
         for (auto & l : layers) {
             for (int p = 0; p < PROJ_COUNT; p++) {
                 if (!l.stacked[p]) continue;
                 const std::string stem = expert_tensor_stem(l.il, (expert_projection) p);
                 const std::string name = stem + (low_from.empty() ? kLowCopySuffix : ".weight");
-                auto [t, offset] = dir.find(name);
+                const gguf_tensor_place at = dir.find(name);
+                const ggml_tensor * t = at.tensor;
                 if (!t) throw std::runtime_error("no LOW copy " + name + " in " + low_source);
                 const ggml_tensor * high = l.stacked[p];
                 if (t->ne[0] != high->ne[0] || t->ne[1] != high->ne[1] || t->ne[2] != high->ne[2]) {
                     throw std::runtime_error("LOW copy " + name + " in " + low_source + " has another shape than " + stem + ".weight");
                 }
-                l.low_offset[p] = offset;
+                l.low_at[p] = { at.shard, at.offset };
                 shapes_of[l.il].second[p] = shape_of(t);
             }
         }

@@ -1,6 +1,6 @@
 // Where a model's routed experts are: per MoE layer its stacked expert tensors (the model's
-// on-demand tensors) and the file offsets of their HIGH copies and, with mixed precision, of their
-// LOW copies; and the groups of layers whose experts have the same shapes and the same device
+// on-demand tensors) and the file and offset of their HIGH copies and, with mixed precision, of
+// their LOW copies (a GGUF split into shards: gguf-shards.h); and the groups of layers whose experts have the same shapes and the same device
 // (they share slot pools).
 #pragma once
 
@@ -18,8 +18,12 @@ struct moe_layer_layout {
     int il = -1;
     int group = -1;                                         // index into expert_layout::groups
     std::array<const ggml_tensor *, PROJ_COUNT> stacked{};  // the model's tensors (null: no such projection)
-    std::array<uint64_t, PROJ_COUNT> high_offset{};         // file offset of expert 0's HIGH copy
-    std::array<uint64_t, PROJ_COUNT> low_offset{};          // of its LOW copy, in the LOW source
+    struct file_place {
+        int file = 0;         // index into expert_layout::high_files / low_files
+        uint64_t offset = 0;  // of expert 0's copy in that file (expert e's follows e copies later)
+    };
+    std::array<file_place, PROJ_COUNT> high_at{};  // where expert 0's HIGH copy is
+    std::array<file_place, PROJ_COUNT> low_at{};   // its LOW copy, in the LOW source
 };
 
 // Layers whose experts have the same types and shapes in both precisions, on the same device.
@@ -47,7 +51,8 @@ struct expert_layout {
     // why the FFN needs the router's own choice of experts ("" where another choice computes as well):
     // tensors it indexes by expert id (biases, per-expert scales), or weights applied before it
     std::string fixed_routing;
-    std::string low_source;        // the file of the LOW copies ("" without)
+    std::string low_source;        // the file of the LOW copies ("" without; a split GGUF's first shard)
+    std::vector<std::string> high_files, low_files;  // the files (shards) of the HIGH and LOW copies
     uint64_t high_bytes = 0, low_bytes = 0;  // of all experts, per precision
 
     const moe_layer_layout * layer_at(int il) const;  // null for a layer without experts

@@ -3,22 +3,32 @@
 #include <algorithm>
 #include <stdexcept>
 
-expert_reader::expert_reader(const std::string & path, expert_io io, int io_threads) : store_(path, io), loaders_(io_threads) {}
+namespace {
 
-void expert_reader::open_low(const std::string & low_source, expert_io io) {
-    low_store_ = std::make_unique<expert_store>(low_source, io);
+std::vector<std::unique_ptr<expert_store>> stores_of(const std::vector<std::string> & files, expert_io io) {
+    std::vector<std::unique_ptr<expert_store>> stores;
+    for (const auto & f : files) stores.push_back(std::make_unique<expert_store>(f, io));
+    return stores;
 }
+
+}  // namespace
+
+expert_reader::expert_reader(const std::vector<std::string> & files, expert_io io, int io_threads)
+    : stores_(stores_of(files, io)), loaders_(io_threads) {}
+
+void expert_reader::open_low(const std::vector<std::string> & files, expert_io io) { low_stores_ = stores_of(files, io); }
 
 std::vector<expert_read> expert_reader::reads_of(const moe_layer_layout & l, int expert, expert_precision precision,
                                                  const tier_pools & pools, int slot, const tier_pools * host, int host_slot,
                                                  bool in_host, const tier_pools * host_cpu) const {
     const bool low = precision == expert_precision::low;
-    const expert_store & source = low ? *low_store_ : store_;
     std::vector<expert_read> reads;
     for (int p = 0; p < PROJ_COUNT; p++) {
         if (!l.stacked[p]) continue;
         const uint64_t size = (slot >= 0 ? pools : *host).pool(l.group, precision).shapes()[p].bytes;
-        const uint64_t offset = (low ? l.low_offset[p] : l.high_offset[p]) + (uint64_t) expert * size;
+        const moe_layer_layout::file_place at = low ? l.low_at[p] : l.high_at[p];
+        const expert_store & source = *(low ? low_stores_ : stores_)[at.file];
+        const uint64_t offset = at.offset + (uint64_t) expert * size;
         const auto proj = (expert_projection) p;
         // the bytes go into the host slot (if any), else the device slot's memory (host pools) or a
         // staging buffer, and from there through the slot's view (if any: a device slot, or a

@@ -20,10 +20,11 @@
 
 class expert_reader {
 public:
-    // path: the GGUF (HIGH copies); io_threads reads in flight at once
-    expert_reader(const std::string & path, expert_io io, int io_threads);
-    void open_low(const std::string & low_source, expert_io io);  // the LOW copies' file
-    expert_io io() const { return store_.io(); }                 // in effect
+    // files: the GGUF of the HIGH copies (its shards: expert_layout::high_files); io_threads reads
+    // in flight at once
+    expert_reader(const std::vector<std::string> & files, expert_io io, int io_threads);
+    void open_low(const std::vector<std::string> & files, expert_io io);  // the LOW copies' (low_files)
+    expert_io io() const { return stores_[0]->io(); }                    // in effect
 
     // The reads that fill slot `slot` of pools (-1: none) with expert `expert` of layer l in
     // precision p, through slot host_slot of host (-1: none; in_host: it holds the expert already),
@@ -50,8 +51,7 @@ public:
     ~expert_reader();
 
 private:
-    expert_store store_;
-    std::unique_ptr<expert_store> low_store_;
+    std::vector<std::unique_ptr<expert_store>> stores_, low_stores_;  // per file (shard)
     loader_threads loaders_;  // io_threads - 1 workers + the calling thread
     std::map<ggml_backend_dev_t, ggml_backend_t> upload_streams_;  // per device, made on first use (null: none)
     upload_queue uploads_;

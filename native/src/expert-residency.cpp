@@ -116,7 +116,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
       devices(devices_named(dc.devices)),
       layout(model, path, o.low_precision, o.low_from, devices),
       budget(layout, budget_bytes, o.low_cache),
-      reader(path, o.io, o.io_threads),
+      reader(layout.high_files, o.io, o.io_threads),
       device(devices.empty() ? nullptr : devices[0]),
       cache(cache_config_of(layout, budget, o)),
       recorder(predictions_needed(o, trace_routing, layout.has_low).scored_depths),
@@ -126,7 +126,7 @@ expert_residency::impl::impl(llama_model * model, const std::string & path, uint
                   /*timed*/ !layout.has_low && !o.skip) {
     options.low_precision = layout.has_low;
     check_options_fit(options, device != nullptr, layout.has_low, layout.n_expert_used, layout.fixed_routing);
-    if (layout.has_low) reader.open_low(layout.low_source, o.io);
+    if (layout.has_low) reader.open_low(layout.low_files, o.io);
     info.device_pool_bytes = device_pool_bytes(layout, budget, devices);  // checked before they are allocated
     pools = std::make_unique<tier_pools>(layout, budget, pool_buffer_types(layout, devices), dc.repack);
     const bool has_host = device && dc.host_bytes > 0;

@@ -32,6 +32,7 @@ from pyedgemoe import lora, rope_scaling
 from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILABLE
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.kv_overrides import as_dict
+from pyedgemoe.model_info import read_model_info
 from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 from pyedgemoe.threads import default_threads
 
@@ -46,6 +47,14 @@ class BenchmarkError(PyEdgeMoEError):
 
 # ---------------------------------------------------------------------------------------------
 # page cache and the memory cgroup
+
+
+def model_files(path: Path) -> list[Path]:
+    """The model's files: a split GGUF's shards too, as llama.cpp loads them."""
+    try:
+        return [Path(f) for f in read_model_info(path).files]
+    except PyEdgeMoEError as e:
+        raise BenchmarkError(str(e)) from None
 
 
 def read_whole_file(path: Path) -> None:
@@ -217,10 +226,12 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
         raise BenchmarkError("repeats, prompt_tokens, output_tokens and threads must be >= 1, warmup >= 0")
     if mem_cap_bytes is not None:
         check_cgroup_v1()
-    model_bytes = model.stat().st_size
+    files = model_files(model)
+    model_bytes = sum(f.stat().st_size for f in files)
 
     if mem_cap_bytes is None:
-        read_whole_file(model)
+        for f in files:
+            read_whole_file(f)
 
     # stock runs with the same metadata overrides (the same experts a token), RoPE scaling and LoRA
     # adapter, as llama-cpp-python takes them
@@ -235,7 +246,8 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
             with cpu_load(load):
                 return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
                                    engine_options, decode_input, None, timeout_s)
-        evict_from_page_cache(model)
+        for f in files:
+            evict_from_page_cache(f)
         with memory_cgroup(mem_cap_bytes) as group, cpu_load(load):
             return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
                                engine_options, decode_input, group, timeout_s)
@@ -281,7 +293,6 @@ def _add_roofline(model: Path, results: list[dict[str, Any]]) -> None:
     if not ours:
         return
     from pyedgemoe.bench import roofline
-    from pyedgemoe.model_info import read_model_info
 
     ram = roofline.ram_bandwidth()
     active = roofline.active_bytes_per_token(read_model_info(model))
@@ -445,7 +456,7 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
         engines = (OURS, STOCK) if vs_llama_cpp else (OURS,)
     threads = threads or default_threads().n
     path = Path(model)
-    model_bytes = path.stat().st_size if path.is_file() else None
+    model_bytes = sum(f.stat().st_size for f in model_files(path)) if path.is_file() else None
     try:
         cap = None if mem_cap is None else parse_size(mem_cap, percent_of=model_bytes)
     except ValueError as e:

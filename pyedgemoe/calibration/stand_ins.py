@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyedgemoe.convert.from_gguf import dequantized_rows, tensor_ne
+from pyedgemoe.convert.from_gguf import GGUFSource, dequantized_rows, open_gguf, tensor_ne
 from pyedgemoe.errors import InvalidOptionError
 
 # llama.cpp architectures whose routed experts are gated SiLU FFNs without biases
@@ -47,9 +47,10 @@ def _layer_tensors(tensors: dict, il: int) -> list:
     return out
 
 
-def _expert_output(path: Path, layer: list, e: int, h: np.ndarray) -> np.ndarray:
+def _expert_output(model: GGUFSource, layer: list, e: int, h: np.ndarray) -> np.ndarray:
     """Expert e's output on each row of h [m, d]: [m, d]."""
-    gate, up, down = (dequantized_rows(path, t, e * tensor_ne(t)[1], (e + 1) * tensor_ne(t)[1]) for t in layer)
+    gate, up, down = (dequantized_rows(model.file_of(t), t, e * tensor_ne(t)[1], (e + 1) * tensor_ne(t)[1])
+                      for t in layer)
     g = h @ gate.T
     with np.errstate(over="ignore"):  # exp of a large -g is inf, and g / inf the 0 that SiLU gives there
         a = g / (1 + np.exp(-g)) * (h @ up.T)
@@ -62,12 +63,10 @@ class StandInCosts:
     InvalidOptionError for an architecture whose experts are not gated SiLU FFNs."""
 
     def __init__(self, model_path: str | os.PathLike, architecture: str):
-        import gguf
-
         if architecture not in GATED_SILU:
             raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
-        self.path = Path(model_path)
-        self.tensors = {t.name: t for t in gguf.GGUFReader(self.path).tensors}
+        self.model = open_gguf(Path(model_path), "model")
+        self.tensors = {t.name: t for t in self.model.tensors}
         self.sums: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # il: (total [E, E], count, dropping [E])
         self.measured: list[np.ndarray] = []  # per part, its records with a non-zero input
         self.seconds = 0.0
@@ -93,9 +92,9 @@ class StandInCosts:
                 chosen = np.empty((len(r), k, n_embd), dtype=np.float32)  # each record's chosen experts' outputs
                 for e in np.unique(sel):
                     at = np.nonzero(sel == e)
-                    chosen[at] = _expert_output(self.path, experts, int(e), h[at[0]])
+                    chosen[at] = _expert_output(self.model, experts, int(e), h[at[0]])
                 for c in range(n_expert):
-                    f = _expert_output(self.path, experts, c, h)
+                    f = _expert_output(self.model, experts, c, h)
                     dist = np.stack([np.linalg.norm(f - chosen[:, j], axis=1) for j in range(k)], axis=1) / norms[r][:, None]
                     total[:, c] += np.bincount(sel.ravel(), weights=dist.ravel(), minlength=n_expert)
                 count += np.bincount(sel.ravel(), minlength=n_expert)

@@ -4,7 +4,8 @@ Stock llama.cpp refuses a file with tensors it does not expect, so `.lowbit` cop
 - precision "high": the file without its `.lowbit` tensors;
 - precision "low": each routed-expert tensor's bytes and type replaced by its `.lowbit` copy.
 The `edgemoe.*` keys are dropped and `general.file_type` describes the expert type written.
-A standard input exported at "high" is copied byte for byte.
+A standard input exported at "high" is copied byte for byte; a split one (llama.cpp's gguf-split)
+is written as one file.
 """
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
         raise ConversionError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if out.exists() and not force:
         raise ConversionError(f"{out} exists; pass --force to overwrite it")
-    if out.exists() and out.resolve() == model.resolve():
-        raise ConversionError(f"output {out} is the input")
     reader = open_gguf(model, "model")
+    if out.exists() and out.resolve() in {f.resolve() for f in reader.files}:
+        raise ConversionError(f"output {out} is the input")
     arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
     if not arch:
         raise ConversionError(f"{model} has no general.architecture")
@@ -60,8 +61,10 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
     if not is_multi_precision(reader):
         if precision == "low":
             raise ConversionError(f"{model} is a standard GGUF: it has no LOW expert copies to export")
-        del reader
-        return _copy_file(model, out, force=force, progress=progress)
+        if len(reader.files) == 1:
+            del reader
+            return _copy_file(model, out, force=force, progress=progress)
+        # a split one is written as one file (llama-gguf-split --merge's)
 
     version = kv_value(reader, FORMAT_VERSION_KEY)
     if version is not None and int(version) > FORMAT_VERSION:
@@ -72,7 +75,7 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
 
     output = GGUFOutput(out, arch=arch, force=force)
     copy_kv(reader, output.writer,
-            skip=lambda k: k == gguf.Keys.General.FILE_TYPE or k.startswith(KEY_PREFIX))
+            skip=lambda k: (k == gguf.Keys.General.FILE_TYPE and expert_type) or k.startswith(KEY_PREFIX))
     if expert_type:
         output.writer.add_file_type(llama_file_type(expert_type))
 
@@ -90,7 +93,7 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
                 raise ConversionError(f"{model}: {source.name} has shape {tensor_ne(source)}, "
                                       f"{t.name} has {tensor_ne(t)}")
         output.add_tensor(t.name, tensor_ne(t), tensor_type_name(source),
-                          (lambda s=source: copy_chunks(model, s)))
+                          (lambda s=source: copy_chunks(reader.file_of(s), s)))
     return output.finish(progress=progress)
 
 

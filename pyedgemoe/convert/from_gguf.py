@@ -37,9 +37,47 @@ _CHUNK_ELEMENTS = 16 * 1024 * 1024
 
 # -- reading a source GGUF ------------------------------------------------------------------------
 
-def open_gguf(path: Path, what: str = "GGUF") -> gguf.GGUFReader:
-    """A GGUFReader over `path` (memory-mapped: tensor bytes are read only when used)."""
+class GGUFSource:
+    """A source GGUF as llama.cpp loads it: one file, or the shards of a split GGUF (llama.cpp's
+    gguf-split: the first's keys, every shard's tensors), each memory-mapped (tensor bytes are read
+    only when used). gguf-py's GGUFReader's fields, get_field and tensors, and each tensor's file."""
+
+    def __init__(self, readers: list[gguf.GGUFReader], files: list[Path]):
+        self._readers, self.files = readers, files
+        self.fields = readers[0].fields
+        self.tensors = [t for r in readers for t in r.tensors]
+        self._file_of = {id(t): f for r, f in zip(readers, files) for t in r.tensors}
+
+    def get_field(self, key: str):
+        return self._readers[0].get_field(key)
+
+    def file_of(self, tensor) -> Path:
+        """The file (shard) that holds tensor's bytes, at tensor.data_offset."""
+        return self._file_of[id(tensor)]
+
+    def bytes_of(self, tensor) -> np.ndarray:
+        """The raw bytes of a tensor, as a uint8 view into its file's memory map."""
+        reader = self._readers[self.files.index(self.file_of(tensor))]
+        return reader.data[tensor.data_offset: tensor.data_offset + tensor.n_bytes]
+
+
+def open_gguf(path: Path, what: str = "GGUF") -> GGUFSource:
+    """The GGUF at `path` (a split one's first shard: its shards found as llama.cpp finds them)."""
     path = Path(path)
+    first = _open_file(path, what)
+    if (kv_value(first, "split.count") or 1) <= 1:  # llama.cpp's LLM_KV_SPLIT_COUNT
+        return GGUFSource([first], [path])
+    from pyedgemoe import _native
+
+    try:
+        files = [Path(f) for f in _native.read_gguf_info(str(path))["files"]]
+    except RuntimeError as e:
+        raise ConversionError(f"{what} {path}: {e}") from None
+    return GGUFSource([first] + [_open_file(f, what) for f in files[1:]], files)
+
+
+def _open_file(path: Path, what: str) -> gguf.GGUFReader:
+    """A GGUFReader over one file, its header checked."""
     if not path.is_file():
         raise ConversionError(f"{what} not found: {path}")
     with open(path, "rb") as f:
@@ -77,24 +115,25 @@ def _check_strings(reader: gguf.GGUFReader, path: Path) -> None:
                                       f"({e.reason} at byte {e.start})") from None
 
 
-def kv_value(reader: gguf.GGUFReader, key: str, default=None):
+def kv_value(reader: gguf.GGUFReader | GGUFSource, key: str, default=None):
     field = reader.get_field(key)
     if field is None or not field.types:
         return default
     return field.contents()
 
 
-def is_multi_precision(reader: gguf.GGUFReader) -> bool:
+def is_multi_precision(reader: GGUFSource) -> bool:
     return (reader.get_field(FORMAT_VERSION_KEY) is not None
             or any(is_low_copy(t.name) for t in reader.tensors))
 
 
-def copy_kv(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, *, skip: Callable[[str], bool]) -> None:
+def copy_kv(reader: GGUFSource, writer: gguf.GGUFWriter, *, skip: Callable[[str], bool]) -> None:
     """Copy every metadata key of `reader` (arrays included) except the ones GGUFWriter writes itself
-    (architecture, alignment, the GGUF.* header fields) and those `skip` names."""
+    (architecture, alignment, the GGUF.* header fields), a split GGUF's (the output is one file) and
+    those `skip` names."""
     for field in reader.fields.values():
         name = field.name
-        if name.startswith("GGUF.") or name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.ALIGNMENT):
+        if name.startswith(("GGUF.", "split.")) or name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.ALIGNMENT):
             continue
         if skip(name):
             continue
@@ -104,11 +143,6 @@ def copy_kv(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, *, skip: Callable[
         if vtype == gguf.GGUFValueType.ARRAY and len(value) == 0:
             continue  # GGUFWriter cannot write an empty array; llama.cpp treats absent as empty
         writer.add_key_value(name, value, vtype, sub_type=sub_type)
-
-
-def tensor_bytes(reader: gguf.GGUFReader, tensor) -> np.ndarray:
-    """The raw bytes of a tensor, as a uint8 view into the reader's memory map."""
-    return reader.data[tensor.data_offset: tensor.data_offset + tensor.n_bytes]
 
 
 def tensor_ne(tensor) -> list[int]:
@@ -250,7 +284,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
 
     if not force and Path(out).exists() and not dry_run:
         raise ConversionError(f"{out} exists; pass --force to overwrite it")
-    if Path(out).resolve() in {src.resolve()} | ({Path(low_from).resolve()} if low_from else set()):
+    if Path(out).resolve() in {f.resolve() for f in reader.files + (low_reader.files if low_reader else [])}:
         raise ConversionError(f"output {out} is one of the inputs")
 
     output = None if dry_run else GGUFOutput(out, arch=arch, force=force)
@@ -282,21 +316,22 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
         ne, src_type = tensor_ne(t), tensor_type_name(t)
         if not is_expert_tensor(t.name):
             dst, action = _base_type_for(t, base)
-            produce = _keep(src, t) if dst == src_type else _convert(src, t, dst, n_threads)
+            produce = _keep(reader.file_of(t), t) if dst == src_type else _convert(reader.file_of(t), t, dst, n_threads)
             add(t.name, ne, dst, produce, src_type, action, "base")
             continue
+        file = reader.file_of(t)
         if src_type == high:
-            add(t.name, ne, high, _keep(src, t), src_type, "copy", "high")
+            add(t.name, ne, high, _keep(file, t), src_type, "copy", "high")
         else:
-            add(t.name, ne, high, _convert(src, t, high, n_threads), src_type, "requantize", "high")
+            add(t.name, ne, high, _convert(file, t, high, n_threads), src_type, "requantize", "high")
         if low_reader is not None:
             lt = low_tensors[t.name]
-            add(low_copy_name(t.name), ne, tensor_type_name(lt), _keep(Path(low_from), lt),
+            add(low_copy_name(t.name), ne, tensor_type_name(lt), _keep(low_reader.file_of(lt), lt),
                 tensor_type_name(lt), f"copy from {Path(low_from).name}", "low")
         elif src_type == low:
-            add(low_copy_name(t.name), ne, low, _keep(src, t), src_type, "copy", "low")
+            add(low_copy_name(t.name), ne, low, _keep(file, t), src_type, "copy", "low")
         else:
-            add(low_copy_name(t.name), ne, low, _convert(src, t, low, n_threads), src_type, "requantize", "low")
+            add(low_copy_name(t.name), ne, low, _convert(file, t, low, n_threads), src_type, "requantize", "low")
 
     summary = _plan_summary(src, out, arch, high, low, base, low_from, plan)
     if dry_run:
@@ -309,7 +344,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     return output.finish(progress=progress)
 
 
-def _open_low_from(path: Path, arch: str, experts: list) -> tuple[gguf.GGUFReader, dict, str]:
+def _open_low_from(path: Path, arch: str, experts: list) -> tuple[GGUFSource, dict, str]:
     reader = open_gguf(path, "--low-from GGUF")
     low_arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
     if low_arch != arch:
