@@ -20,7 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
-from pyedgemoe.cli_options import model_options, sampling_options
+from pyedgemoe.cli_options import model_options, model_source, sampling_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
@@ -93,10 +93,11 @@ def print_model_note(eng, model: Path) -> None:
 
 
 @app.command()
+@model_source()
 @model_options
 @sampling_options
 def run(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; with --chat, the first user "
                                          "message (as llama.cpp's llama-cli)"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
@@ -271,9 +272,10 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
 
 
 @app.command()
+@model_source()
 @model_options
 def serve(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PYEDGEMOE_API_KEY",
@@ -361,9 +363,10 @@ def serve(
 
 
 @app.command("perplexity")
+@model_source()
 @model_options
 def perplexity_command(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="the text to score (e.g. wikitext-2's "
                                         "wiki.test.raw); with --kl-divergence, the base's tokens instead"),
     ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size"),
@@ -445,9 +448,10 @@ def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decod
 
 
 @app.command("embed")
+@model_source()
 @model_options
 def embed_command(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the texts, split at --embd-separator"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the texts from a file"),
     separator: str = typer.Option("\n", "--embd-separator", help="what separates the texts (default: a line break)"),
@@ -491,9 +495,10 @@ def embed_command(
 
 
 @app.command("calibrate")
+@model_source("GGUF model file (multi-precision, or standard with --low-from)")
 @model_options(without=("expert_cache", "batch_size", "ubatch_size"))
 def calibrate_command(
-    model: Path = typer.Argument(..., help="GGUF model file (multi-precision, or standard with --low-from)"),
+    model: Path,
     file: Path = typer.Option(..., "-f", "--file", help="the text to run (representative of the workload)"),
     budget: str = typer.Option("25%", "--budget", help="the expert cache to calibrate for: 300MiB, 4GiB, 25%"),
     target_split: Optional[str] = typer.Option(
@@ -621,8 +626,9 @@ def rpc_server(
 
 
 @app.command()
+@model_source()
 def inspect(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Architecture, experts, bytes of expert and non-expert tensors, tensor types."""
@@ -704,8 +710,9 @@ def convert_command(
 
 
 @app.command("export")
+@model_source("multi-precision (or standard) GGUF")
 def export_command(
-    model: Path = typer.Argument(..., help="multi-precision (or standard) GGUF"),
+    model: Path,
     out: Path = typer.Option(..., "-o", "--out", help="the standard llama.cpp GGUF to write"),
     precision: str = typer.Option("high", "--precision", help="high or low: which expert copies to keep"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
@@ -721,9 +728,10 @@ def export_command(
 
 
 @app.command()
+@model_source()
 @model_options(without=("flash_attn", "batch_size", "ubatch_size", "cache_type_k", "cache_type_v", "no_warmup"))
 def bench(
-    model: Path = typer.Argument(..., help="GGUF model file"),
+    model: Path,
     prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", "-p", "--n-prompt",
                                             help="repeatable: 16 and 128 is HOBBIT's grid (llama-bench's -p)"),
     output_tokens: list[int] = typer.Option([32], "--output-tokens", "-n", "--n-gen",

@@ -8,7 +8,8 @@
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
 arguments. @sampling_options: one flag per setting of pyedgemoe.generation.SamplingParams
 (`--temp`, `--top-k`, ..., `--seed`, `--grammar`/`--grammar-file`, `--json-schema`/
-`--json-schema-file`); the command receives `sampling`, a SamplingParams. A bad value is one
+`--json-schema-file`); the command receives `sampling`, a SamplingParams. @model_source(): the
+model as MODEL, `-m` or `-hf`; the command receives its path as `model`. A bad value is one
 `error:` line."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
 from pyedgemoe.load_plan import LoadOptions
+from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model
 from pyedgemoe.systems import SYSTEMS
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
@@ -201,10 +203,41 @@ def _held_type(hint) -> type:
     return next(t for t in get_args(hint) if t is not type(None))
 
 
-def _with_options(command, receives: str, added: list[tuple], collect):
+def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
+    """Adds the model's flags to a typer command, which gets the model's path as `model`: the
+    argument MODEL (help), llama.cpp's -m/--model, or a Hugging Face repo's GGUF (llama.cpp's
+    -hf/-hff/-hft: pyedgemoe.model_source). Exactly one of them."""
+    added = [
+        ("model_file", Optional[Path], typer.Argument(None, metavar="MODEL", show_default=False, help=help)),
+        ("model_flag", Optional[Path], typer.Option(None, "-m", "--model", help="the model file, as llama.cpp's -m "
+                                                    "(or give it as MODEL)")),
+        ("hf_repo", Optional[str], typer.Option(
+            None, "-hf", "-hfr", "--hf-repo", help="a GGUF of a Hugging Face repo, USER/MODEL[:QUANT], as llama.cpp's "
+            f"-hf: the quant's file (any case; default {', else '.join(DEFAULT_QUANTS)}, else the repo's first GGUF), "
+            "with its shards, downloaded into huggingface_hub's cache (offline: taken from it)")),
+        ("hf_file", Optional[str], typer.Option(None, "-hff", "--hf-file", help="with -hf: this file of the repo in "
+                                                "place of the quant, as llama.cpp's -hff")),
+        ("hf_token", Optional[str], typer.Option(None, "-hft", "--hf-token", help="the Hugging Face access token for "
+                                                 "-hf (default: HF_TOKEN, or huggingface_hub's login)")),
+    ]
+
+    def collect(params: dict) -> Path:
+        path, flag, repo, hf_file, token = (params.pop(name) for name, _, _ in added)
+        given = [what for what, value in (("MODEL", path), ("-m", flag), ("-hf", repo)) if value is not None]
+        if len(given) != 1:
+            raise InvalidOptionError("give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT]"
+                                     + (f" (given: {', '.join(given)})" if given else ""))
+        if repo is None and (hf_file is not None or token is not None):
+            raise InvalidOptionError(f"{'-hff' if hf_file is not None else '-hft'} goes with -hf USER/MODEL")
+        return Path(hub_model(repo, hf_file, token)) if repo is not None else path or flag
+    return lambda command: _with_options(command, "model", added, collect, first=True)
+
+
+def _with_options(command, receives: str, added: list[tuple], collect, first: bool = False):
     """command with the parameters `added` ((name, annotation, typer option) each) in place of its
     parameter `receives`, which gets collect(params) (collect pops the added ones from params); a
-    PyEdgeMoEError of collect is one error line."""
+    PyEdgeMoEError of collect is one error line. first: the added ones before the others (the
+    command's arguments)."""
     signature = inspect.signature(command)
 
     @functools.wraps(command)
@@ -219,8 +252,9 @@ def _with_options(command, receives: str, added: list[tuple], collect):
     hints = get_type_hints(command)  # the command's own annotations, resolved where it was written
     kept = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()
             if p.name != receives]
-    new = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-           for name, annotation, option in added]
-    with_options.__signature__ = signature.replace(parameters=kept + new)
-    with_options.__annotations__ = {p.name: p.annotation for p in kept + new}
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if first else inspect.Parameter.KEYWORD_ONLY
+    new = [inspect.Parameter(name, kind, default=option, annotation=annotation) for name, annotation, option in added]
+    parameters = new + kept if first else kept + new
+    with_options.__signature__ = signature.replace(parameters=parameters)
+    with_options.__annotations__ = {p.name: p.annotation for p in parameters}
     return with_options

@@ -15,14 +15,10 @@ for is refused with InvalidOptionError when given a value other than its default
 """
 from __future__ import annotations
 
-import fnmatch
 import functools
 import inspect
 import os
 import random
-import socket
-import urllib.parse
-import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +30,11 @@ import numpy as np
 from pyedgemoe import chatml_function_calling, completions, embeddings, named_chat_formats, rope_scaling
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
-from pyedgemoe.errors import InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import OPTION_NAMES
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
                                   logits_to_logprobs, longest_token_prefix, token_logprob)
+from pyedgemoe.model_source import hub_download
 from pyedgemoe.structured_output import schema_grammar
 from pyedgemoe.text_stream import utf8
 
@@ -58,9 +55,6 @@ UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"functions": None, "function_call": None, "tfs_z": 1.0}
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
-# how long from_pretrained waits to reach the Hub before it takes the local cache (huggingface_hub
-# itself retries an unreachable Hub for ~23 s)
-HUB_CONNECT_SECONDS = 3.0
 
 # what Llama passes on to the Engine: its keywords and the expert options
 _ENGINE_KEYWORDS = (set(inspect.signature(Engine.__init__).parameters) - {"self", "model_path", "options"}) \
@@ -208,11 +202,12 @@ class Llama:
                         local_dir: str | os.PathLike | None = None, local_dir_use_symlinks: bool | str = "auto",
                         cache_dir: str | os.PathLike | None = None, **kwargs) -> "Llama":
         """Downloads filename (a name or a glob such as "*q8_0.gguf") of a Hugging Face Hub repo, and
-        additional_files (the other shards of a split GGUF), through huggingface_hub, then loads it;
-        kwargs go to Llama(). Offline (HF_HUB_OFFLINE=1) it uses the local cache."""
+        additional_files, through huggingface_hub, then loads it; kwargs go to Llama(). The other
+        shards of a split GGUF (its first shard named) come with it, additional_files or not.
+        Offline (HF_HUB_OFFLINE=1) it uses the local cache."""
         if local_dir_use_symlinks != "auto":
             raise InvalidOptionError("local_dir_use_symlinks: huggingface_hub no longer supports it (leave it 'auto')")
-        model_path = _download(repo_id, [filename, *(additional_files or [])], local_dir, cache_dir)[0]
+        model_path = hub_download(repo_id, [filename, *(additional_files or [])], local_dir, cache_dir)[0]
         return cls(model_path=model_path, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -707,66 +702,3 @@ def _stream_named(chunks: Iterator[dict], model: str | None, echo: str, text_key
             choice = chunk["choices"][0]
             chunk = {**chunk, "choices": [{**choice, text_key: echo + choice[text_key]}]}
         yield _named(chunk, model)
-
-
-def _download(repo_id: str, patterns: list[str], local_dir, cache_dir) -> list[str]:
-    """The local paths of the repo's files matching each pattern (one file each), downloaded or,
-    offline (HF_HUB_OFFLINE=1, or the Hub out of reach), from the cache; every failure is one
-    ModelLoadError."""
-    try:
-        import huggingface_hub
-        from huggingface_hub import constants as hub_constants
-    except ImportError:
-        raise ModelLoadError("Llama.from_pretrained needs huggingface_hub: pip install huggingface-hub") from None
-    where = f"Hugging Face repo {repo_id!r}"
-    unreachable = None if hub_constants.HF_HUB_OFFLINE else _unreachable(hub_constants.ENDPOINT)
-    offline = bool(hub_constants.HF_HUB_OFFLINE) or unreachable is not None
-    try:
-        if any(any(c in p for c in "*?[") for p in patterns):
-            files = _repo_files(huggingface_hub, offline, repo_id, cache_dir)
-            names = []
-            for pattern in patterns:
-                matches = [f for f in files if fnmatch.fnmatch(f, pattern)]
-                if len(matches) != 1:
-                    raise ModelLoadError(f"{len(matches) or 'no'} files of {where} match {pattern!r}"
-                                         f"{' (' + ', '.join(matches) + ')' if matches else ''}; its files: "
-                                         f"{', '.join(files)}")
-                names.append(matches[0])
-        else:
-            names = list(patterns)
-        return [huggingface_hub.hf_hub_download(repo_id, name, local_dir=local_dir, cache_dir=cache_dir,
-                                                local_files_only=offline) for name in names]
-    except ModelLoadError:
-        raise
-    except Exception as e:  # huggingface_hub's errors: offline, not found, gated, network, bad repo id, ...
-        why = (" (offline, HF_HUB_OFFLINE=1: only files already in the cache load)" if hub_constants.HF_HUB_OFFLINE
-               else f" (offline: {unreachable}; only files already in the cache load)" if unreachable else "")
-        raise ModelLoadError(f"cannot get {', '.join(patterns)} from {where}{why}: "
-                             f"{type(e).__name__}: {_first_line(e)}") from None
-
-
-def _unreachable(endpoint: str) -> str | None:
-    """Why the Hub at endpoint cannot be reached (one connection attempt of at most
-    HUB_CONNECT_SECONDS), or None; None too behind a proxy, which huggingface_hub goes through."""
-    url = urllib.parse.urlsplit(endpoint)
-    if url.hostname is None or urllib.request.getproxies().get(url.scheme):
-        return None
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=HUB_CONNECT_SECONDS).close()
-        return None
-    except OSError as e:
-        return f"cannot reach {endpoint}: {e.strerror or e}"
-
-
-def _repo_files(huggingface_hub, offline: bool, repo_id: str, cache_dir) -> list[str]:
-    """The repo's file names: from the Hub, or offline from the cached snapshot of its main branch."""
-    if not offline:
-        return huggingface_hub.list_repo_files(repo_id)
-    snapshot = Path(huggingface_hub.snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True))
-    return sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
