@@ -1,7 +1,7 @@
 // Where a model's routed experts are: per MoE layer its stacked expert tensors (the model's
 // on-demand tensors) and the file and offset of their HIGH copies and, with mixed precision, of
-// their LOW copies (a GGUF split into shards: gguf-shards.h); and the groups of layers whose experts have the same shapes and the same device
-// (they share slot pools).
+// their LOW copies (a GGUF split into shards: gguf-shards.h); and the groups of layers whose
+// experts have the same shapes and the same device (they share slot pools).
 #pragma once
 
 #include "expert-format.h"
