@@ -103,6 +103,8 @@ def run(
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     system_prompt: Optional[str] = typer.Option(None, "-sys", "--system-prompt",
                                                 help="with --chat: the system message (as llama.cpp's -sys)"),
+    system_prompt_file: Optional[Path] = typer.Option(None, "-sysf", "--system-prompt-file",
+                                                      help="read --system-prompt from a file (as llama.cpp's -sysf)"),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
     ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size",
                                       help="context size in tokens, rounded up to a multiple of "
@@ -146,6 +148,13 @@ def run(
         fail("give the prompt with -p or -f, not both")
     if chat and as_json:
         fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
+    if system_prompt_file is not None:
+        if system_prompt is not None:
+            fail("give the system message with -sys or -sysf, not both")
+        try:
+            system_prompt = read_text_file(system_prompt_file, escape=False)
+        except OSError as e:
+            fail(f"cannot read the system prompt's file: {e}")
     if system_prompt is not None and not chat:
         fail("--system-prompt is the system message of a --chat session: give --chat too, or put it in the prompt")
     if single_turn and not chat:

@@ -179,8 +179,9 @@ def sampling_options(command):
     added = [(f.name, type(f.default) if f.default is not None else Optional[_held_type(hints[f.name])],
               typer.Option(f.default, *filter(None, (f.metadata["short_flag"], f.metadata["flag"])),
                            help=f.metadata["help"] or None)) for f in fields]
-    added += [(f"{f.name}_file", Optional[Path], typer.Option(None, f.metadata["file_flag"],
-                                                                help=f"file to read {f.metadata['flag']} from"))
+    added += [(f"{f.name}_file", Optional[Path],
+               typer.Option(None, *filter(None, (f.metadata["file_short_flag"], f.metadata["file_flag"])),
+                            help=f"file to read {f.metadata['flag']} from"))
               for f in fields if f.metadata["file_flag"]]
 
     def collect(params: dict) -> SamplingParams:

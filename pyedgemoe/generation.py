@@ -38,10 +38,12 @@ _SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "typ
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
 
 
-def _flag(flag: str | None, help: str = "", file_flag: str | None = None, short_flag: str | None = None) -> dict:
+def _flag(flag: str | None, help: str = "", file_flag: str | None = None, short_flag: str | None = None,
+          file_short_flag: str | None = None) -> dict:
     """A field's metadata: its CLI flag (None: not on the CLI nor in OpenAI requests) and short one,
-    help, and the CLI flag that reads the value from a file (file_flag)."""
-    return {"flag": flag, "short_flag": short_flag, "help": help, "file_flag": file_flag}
+    help, and the CLI flag that reads the value from a file (file_flag) and its short one."""
+    return {"flag": flag, "short_flag": short_flag, "help": help, "file_flag": file_flag,
+            "file_short_flag": file_short_flag}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class SamplingParams:
         "--grammar", "BNF-like grammar (llama.cpp's GBNF) to constrain generations", file_flag="--grammar-file"))
     json_schema: str | None = field(default=None, metadata=_flag(
         "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
-        "value", file_flag="--json-schema-file"))
+        "value", file_flag="--json-schema-file", short_flag="-j", file_short_flag="-jf"))
     # a tool-call format's grammar (chat_formats.ChatTurn): lazy, from the first of these (patterns the
     # text matches, token ids) on; and the text it has seen before the first generated token
     grammar_triggers: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, metadata=_flag(None))

@@ -1,6 +1,6 @@
 """What llama-cli and llama-bench users type, as those read it: escapes in -p, -f and -r (llama.cpp's
--e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, --no-warmup; bench's
--p, -n, -r and --no-warmup."""
+-e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, -sysf, -j/-jf, --no-warmup;
+bench's -p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
 import subprocess
@@ -81,6 +81,30 @@ def test_a_flag_without_its_mode_is_one_error_line(arguments, message):
     r = run(*arguments)
     assert r.returncode != 0 and r.stderr.startswith("error: ") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_system_prompt_file_is_read_as_llama_cpp_reads_it(engine, tmp_path):
+    """-sysf FNAME: the system message, one trailing line break dropped; with -sys too, one error line."""
+    file = tmp_path / "system.txt"
+    file.write_text("Answer in Python.\n")
+    messages = [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "hello"}]
+    reply = engine.create_chat_completion(messages, max_tokens=8, temperature=0.0)["choices"][0]["message"]["content"]
+    r = run("-cnv", "-st", "-sysf", str(file), "-p", "hello", "-n", "8", "--temp", "0", "-t", "1")
+    assert r.returncode == 0 and r.stdout == f"> hello\n{reply}\n"
+    both = run("-cnv", "-st", "-sysf", str(file), "-sys", "x", "-p", "hello")
+    assert both.returncode == 1 and both.stderr == "error: give the system message with -sys or -sysf, not both\n"
+    missing = run("-cnv", "-st", "-sysf", str(tmp_path / "nope.txt"), "-p", "hello")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: cannot read the system prompt's file: ")
+
+
+def test_json_schemas_short_flags_are_llama_cpps(engine, tmp_path):
+    """-j SCHEMA and -jf FILE, as --json-schema and --json-schema-file."""
+    schema = '{"type": "boolean"}'
+    (tmp_path / "schema.json").write_text(schema)
+    expected = engine.generate("x = ", 8, temperature=0.0, json_schema=schema) + "\n"
+    assert run("-p", "x = ", "-n", "8", "-j", schema, *GREEDY).stdout == expected
+    assert run("-p", "x = ", "-n", "8", "-jf", str(tmp_path / "schema.json"), *GREEDY).stdout == expected
+    assert expected.strip() in ("true", "false")
 
 
 def test_no_warmup_is_taken(engine):
