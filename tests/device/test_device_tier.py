@@ -572,3 +572,18 @@ def test_list_devices_shows_the_gpu_as_llama_cpp_does():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "Available devices:" and re.fullmatch(r"  Vulkan0: .+ \(\d+ MiB, \d+ MiB free\)", lines[1])
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
+def test_a_split_gguf_s_experts_go_to_the_device_from_every_shard(tiny_model, references, mode, tmp_path):
+    """A GGUF in shards (llama.cpp's gguf-split): its experts, read from their own shards, give the
+    whole file's resident tokens in each mode."""
+    from gguf_splits import write_split
+
+    shards = write_split(tiny_model("qwen3_moe")[0], tmp_path / "model.gguf", 3)
+    share = dict(link_share=0.5) if mode == "split" else {}
+    _, tokens, stats = run(shards[0], mode=mode, expert_cache="25%", **share)
+    (_, resident_tokens, _), _ = references("qwen3_moe", stats["n_ubatch"])
+    assert tokens == resident_tokens
+    experts = stats["experts"]  # read on demand, or at load into the device's cache and the host tier
+    assert experts["total"]["bytes_read"] + experts["fill"]["bytes_read"] + experts["host_fill"]["bytes_read"] > 0
