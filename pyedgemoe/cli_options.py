@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 from pathlib import Path
 from typing import Optional, get_args, get_type_hints
 
@@ -171,6 +172,19 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
     return _with_options(command, "engine_options", added, collect)
 
 
+# llama.cpp's flags of two settings that are not request fields here (OpenAI's logit_bias is a JSON
+# object; llama-cpp-python's server has no penalty window)
+_LLAMA_CPP_SAMPLING = (
+    ("penalty_last_n", Optional[int], typer.Option(
+        None, "--repeat-last-n", help="the recent tokens the penalties count (0: off), as llama.cpp's "
+        f"(default: {SamplingParams.penalty_last_n})")),
+    ("logit_bias", Optional[list[str]], typer.Option(
+        None, "-l", "--logit-bias", help="TOKEN_ID(+/-)BIAS: add BIAS to the token's logit (15043-inf: never that "
+        "token), as llama.cpp's -l; can be given several times")),
+)
+_LOGIT_BIAS = re.compile(r"\s*(\d+)\s*([+-])(.+)")
+
+
 def sampling_options(command):
     """Adds SamplingParams's flags to a typer command, which gets them as `sampling`; a setting with
     a file flag (--grammar-file, --json-schema-file) can be read from a file instead."""
@@ -183,9 +197,17 @@ def sampling_options(command):
                typer.Option(None, *filter(None, (f.metadata["file_short_flag"], f.metadata["file_flag"])),
                             help=f"file to read {f.metadata['flag']} from"))
               for f in fields if f.metadata["file_flag"]]
+    added += list(_LLAMA_CPP_SAMPLING)
 
     def collect(params: dict) -> SamplingParams:
         given = {f.name: params.pop(f.name) for f in fields}
+        window, biases = (params.pop(name) for name, _, _ in _LLAMA_CPP_SAMPLING)
+        if window is not None:
+            if window < 0:
+                raise InvalidOptionError(f"--repeat-last-n must be >= 0 (0: off), got {window}")
+            given["penalty_last_n"] = window
+        if biases:
+            given["logit_bias"] = [_logit_bias(b) for b in biases]
         for f in (f for f in fields if f.metadata["file_flag"]):
             path = params.pop(f"{f.name}_file")
             if path is not None:
@@ -197,6 +219,15 @@ def sampling_options(command):
                     raise InvalidOptionError(f"{f.metadata['file_flag']}: cannot read {path}: {e}") from None
         return SamplingParams.of(given)
     return _with_options(command, "sampling", added, collect)
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's -l TOKEN_ID(+/-)BIAS."""
+    match = _LOGIT_BIAS.fullmatch(text)
+    try:
+        return int(match[1]), float(match[2] + match[3].strip())
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"--logit-bias takes TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf, got {text!r}") from None
 
 
 def _held_type(hint) -> type:

@@ -1,5 +1,6 @@
 """What llama-cli and llama-bench users type, as those read it: escapes in -p, -f and -r (llama.cpp's
--e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, -sysf, -j/-jf, --no-warmup;
+-e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, -sysf, -j/-jf, -l,
+--repeat-last-n, --no-warmup;
 bench's -p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
@@ -105,6 +106,28 @@ def test_json_schemas_short_flags_are_llama_cpps(engine, tmp_path):
     assert run("-p", "x = ", "-n", "8", "-j", schema, *GREEDY).stdout == expected
     assert run("-p", "x = ", "-n", "8", "-jf", str(tmp_path / "schema.json"), *GREEDY).stdout == expected
     assert expected.strip() in ("true", "false")
+
+
+def test_logit_bias_and_the_penalties_window_are_llama_cpps(engine):
+    """-l TOKEN_ID(+/-)BIAS (several), --repeat-last-n N: as the same settings of a generation."""
+    first = engine.tokenize(greedy(engine, "def main(", 1), add_bos=False)[0]
+    expected = engine.generate("def main(", 8, temperature=0.0, logit_bias={first: float("-inf"), 1: 2.5})
+    r = run("-p", "def main(", "-n", "8", "-l", f"{first}-inf", "-l", "1+2.5", *GREEDY)
+    assert r.returncode == 0 and r.stdout == expected + "\n" and not expected.startswith(greedy(engine, "def main(", 1))
+    expected = engine.generate("def main(", 32, temperature=0.0, repeat_penalty=2.0, penalty_last_n=0)
+    r = run("-p", "def main(", "-n", "32", "--repeat-penalty", "2", "--repeat-last-n", "0", *GREEDY)
+    assert r.returncode == 0 and r.stdout == expected + "\n"
+    assert expected != engine.generate("def main(", 32, temperature=0.0, repeat_penalty=2.0)  # the window matters
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["-l", "1+x"], "error: --logit-bias takes TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf, got '1+x'"),
+    (["-l", "99999+1"], "error: logit_bias: token id 99999 out of range"),
+    (["--repeat-last-n", "-1"], "error: --repeat-last-n must be >= 0 (0: off), got -1"),
+])
+def test_a_bad_bias_or_window_is_one_error_line(arguments, message):
+    r = run("-p", "x", "-n", "2", *arguments)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(message), r.stderr
 
 
 def test_no_warmup_is_taken(engine):
