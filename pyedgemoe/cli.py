@@ -20,7 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
-from pyedgemoe.cli_options import model_options, model_source, sampling_options
+from pyedgemoe.cli_options import model_name, model_options, model_source, sampling_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
@@ -284,6 +284,7 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
 @model_source()
 @model_options
 def serve(
+    command: typer.Context,
     model: Path,
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one)"),
@@ -307,7 +308,7 @@ def serve(
                                       "addresses and localhost (e.g. behind a proxy; * for any): web pages of "
                                       "other sites cannot reach it by another name (docs/server.md)"),
     alias: Optional[str] = typer.Option(None, "-a", "--alias", help="the model's name in the API (/v1/models, "
-                                        "requests' model; default: the file's name), as llama-server's"),
+                                        "requests' model; default: -hf's USER/MODEL[:QUANT], else the file's name), as llama-server's"),
     reasoning_format: str = typer.Option("none", "--reasoning-format",
                                          help=f"a chat's thoughts where a request gives no reasoning_format: "
                                          f"{', '.join(REASONING_FORMATS)} (none: in the content, as "
@@ -366,7 +367,7 @@ def serve(
     with command_errors():
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
             print_model_note(eng, model)
-            serve_engine(eng, sock, model_id=alias or model.name, model_aliases=(model.name, str(model)),
+            serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
 

@@ -265,6 +265,12 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
     return lambda command: _with_options(command, "model", added, collect, first=True)
 
 
+def model_name(ctx: typer.Context, model: Path) -> str:
+    """The model's name as llama-server gives it: -hf's USER/MODEL[:QUANT] as given, else the file's
+    name (a command of @model_source, its context)."""
+    return ctx.params.get("hf_repo") or model.name
+
+
 def _with_options(command, receives: str, added: list[tuple], collect, first: bool = False):
     """command with the parameters `added` ((name, annotation, typer option) each) in place of its
     parameter `receives`, which gets collect(params) (collect pops the added ones from params); a
@@ -286,7 +292,8 @@ def _with_options(command, receives: str, added: list[tuple], collect, first: bo
             if p.name != receives]
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if first else inspect.Parameter.KEYWORD_ONLY
     new = [inspect.Parameter(name, kind, default=option, annotation=annotation) for name, annotation, option in added]
-    parameters = new + kept if first else kept + new
+    given = [p for p in kept if p.default is inspect.Parameter.empty]  # a typer.Context: before the defaults
+    parameters = given + new + [p for p in kept if p not in given] if first else kept + new
     with_options.__signature__ = signature.replace(parameters=parameters)
     with_options.__annotations__ = {p.name: p.annotation for p in parameters}
     return with_options

@@ -4,9 +4,14 @@ out of reach here: the repo is laid out in huggingface_hub's cache and read offl
 machine without network takes what it downloaded before."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -121,3 +126,27 @@ def test_from_pretrained_brings_a_split_ggufs_shards(hf_home):
     assert r.returncode == 0, r.stderr
     split, whole = r.stdout.splitlines()
     assert split == whole and len(split) > len("b''")
+
+
+def test_serve_names_the_model_by_its_repo_as_llama_server_does(hf_home, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
+    env.pop("HF_HUB_CACHE", None)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "serve", "-hf", "pyedgemoe-tests/demo:Q8_0",
+                                 "--port", "0", "-t", "1"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"serving (\S+) on (http://\S+) ", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert found[1] == "pyedgemoe-tests/demo:Q8_0"
+        models = json.loads(urllib.request.urlopen(found[2] + "/v1/models", timeout=30).read())
+        assert [m["id"] for m in models["data"]] == ["pyedgemoe-tests/demo:Q8_0"]
+        body = json.dumps({"model": "pyedgemoe-tests/demo:Q8_0", "prompt": "def main(", "max_tokens": 4}).encode()
+        answer = urllib.request.urlopen(urllib.request.Request(found[2] + "/v1/completions", body,
+                                                               {"Content-Type": "application/json"}), timeout=60)
+        assert json.loads(answer.read())["model"] == "pyedgemoe-tests/demo:Q8_0"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
