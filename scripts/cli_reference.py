@@ -19,6 +19,10 @@ pyedgemoe and of its llama.cpp. Errors a user can cause are one `error: ...` lin
 status 1; usage errors (an unknown flag, a value of the wrong type) exit with status 2; Ctrl-C
 exits with status 130.
 
+Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m MODEL`, or
+`-hf USER/MODEL[:QUANT]` (a Hugging Face repo's GGUF of that quant, downloaded with its shards into
+huggingface_hub's cache); a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
+
 What a run prints on stderr besides its text (docs/expert-residency.md, docs/mixed-precision.md):
 a `note:` line on how the experts are served (the expert cache's size and, when it holds every
 expert in HIGH or was capped, that; io, the fill, prefetch, eviction, what is lossy, repacking),
