@@ -2,7 +2,7 @@
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
 `--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`,
-`-ctk`/`-ctv`, `--rope-scale`, `--list-devices`, `--chat-template-file` and one flag per option of the schema
+`-ctk`/`-ctv`, `--rope-scale`, `--list-devices`, `--chat-template-file`, `-hfl` and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
 defaults from the schema). The command receives them as `engine_options`, a dict of Engine keyword
@@ -91,6 +91,11 @@ _ROPE_SCALE = ("rope_scale", Optional[float], typer.Option(None, "--rope-scale",
 # llama.cpp's --chat-template-file: --chat-template read from a file
 _CHAT_TEMPLATE_FILE = ("chat_template_file", Optional[Path], typer.Option(
     None, "--chat-template-file", help="read --chat-template from this file (a Jinja template), as llama.cpp's"))
+# --low-from's file from a Hugging Face repo, as -hf gets the model's (named after llama.cpp's -hfd,
+# the draft model's repo)
+_HF_REPO_LOW = ("hf_repo_low", Optional[str], typer.Option(
+    None, "-hfl", "--hf-repo-low", help="--low-from's GGUF from a Hugging Face repo, USER/MODEL[:QUANT] (e.g. the "
+    "model's repo with a lower quant), got as -hf gets the model's (its token: HF_TOKEN or huggingface_hub's login)"))
 # llama.cpp's flags whose work pyedgemoe does otherwise: the way here, or None where taken as given
 _MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or layer: --expert-cache SIZE (with a "
                   "GPU: its memory, --host-cache the RAM behind it, --mode where the misses are computed; docs/gpu.md)")
@@ -129,7 +134,8 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
         return functools.partial(model_options, without=without)
     engine = [o for o in _ENGINE_OPTIONS if o[0] not in without]
     added = [(name, annotation, option) for name, annotation, option, _ in engine]
-    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE, _LIST_DEVICES, _CHAT_TEMPLATE_FILE]
+    added += [o for o in _KV_TYPES if o[0] not in without] + [_ROPE_SCALE, _LIST_DEVICES, _CHAT_TEMPLATE_FILE,
+                                                                 _HF_REPO_LOW]
     llama_cpp_flags = [o for o in _LLAMA_CPP_FLAGS if o[0] not in without]
     added += [(name, annotation, option) for name, annotation, option, _ in llama_cpp_flags]
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
@@ -167,6 +173,11 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
                 params["chat_template"] = template_file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise InvalidOptionError(f"--chat-template-file: cannot read {template_file}: {e}") from None
+        low_repo = params.pop(_HF_REPO_LOW[0])
+        if low_repo is not None:
+            if params["low_from"] is not None:
+                raise InvalidOptionError("give --low-from FILE or -hfl USER/MODEL[:QUANT], not both")
+            params["low_from"] = hub_model(low_repo)
         engine_options["expert_options"] = ExpertOptions(**{name: params.pop(name) for name in OPTION_NAMES})
         return engine_options
     return _with_options(command, "engine_options", added, collect)

@@ -46,16 +46,18 @@ def test_the_file_is_picked_as_llama_cpp_picks_it():
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory) -> Path:
     """A Hub cache holding repo pyedgemoe-tests/demo: the demo model as a Q8_0 file and, in two
-    shards, as the Q4_K_M one (both the demo's q8_0 experts: what matters is which is read), and a
-    projector."""
+    shards, as the Q4_K_M one (both the demo's q8_0 experts: what matters is which is read), its
+    LOW copies as a Q4_K file, and a projector."""
     d = tmp_path_factory.mktemp("hub")
     std = export(DEMO, d / "demo-std.gguf", precision="high", progress=False)
+    low = export(DEMO, d / "demo-low.gguf", precision="low", progress=False)
     shards = write_split(std, d / "shards" / "x.gguf", 2)
     snapshot = d / "home" / "hub" / "models--pyedgemoe-tests--demo" / "snapshots" / COMMIT
     (snapshot / "Q4_K_M").mkdir(parents=True)
     (d / "home" / "hub" / "models--pyedgemoe-tests--demo" / "refs").mkdir()
     (d / "home" / "hub" / "models--pyedgemoe-tests--demo" / "refs" / "main").write_text(COMMIT)
     (snapshot / "demo-Q8_0.gguf").symlink_to(std)
+    (snapshot / "demo-Q4_K.gguf").symlink_to(low)
     (snapshot / "mmproj-demo-f16.gguf").symlink_to(std)
     for i, shard in enumerate(shards, 1):
         (snapshot / "Q4_K_M" / f"demo-Q4_K_M-0000{i}-of-00002.gguf").symlink_to(shard)
@@ -95,10 +97,27 @@ def test_hf_generates_what_the_file_generates(hf_home):
     assert ours.stdout == local.stdout and len(ours.stdout) > len("def main(")
 
 
+def test_low_copies_from_the_repo_as_from_a_file(hf_home):
+    """-hfl USER/MODEL[:QUANT]: --low-from's file got as -hf gets the model's."""
+    snapshot = hf_home / "hub" / "models--pyedgemoe-tests--demo" / "snapshots" / COMMIT
+    options = ["--expert-cache", "25%", "--t1", "0.3", "--json", *PROMPT]
+    ours = cli("run", "-hf", "pyedgemoe-tests/demo:Q8_0", "-hfl", "pyedgemoe-tests/demo:q4_k", *options,
+               hf_home=hf_home)
+    assert ours.returncode == 0, ours.stderr
+    local = cli("run", snapshot / "demo-Q8_0.gguf", "--low-from", snapshot / "demo-Q4_K.gguf", *options)
+    a, b = json.loads(ours.stdout), json.loads(local.stdout)
+    assert a["tokens"] == b["tokens"]
+    assert a["stats"]["experts"]["low_source"] == str(snapshot / "demo-Q4_K.gguf")
+    assert a["stats"]["experts"]["total"]["loads_low"] > 0
+    both = cli("run", "-hf", "pyedgemoe-tests/demo:Q8_0", "-hfl", "pyedgemoe-tests/demo:Q4_K", "--low-from", "x.gguf",
+               "-p", "x", hf_home=hf_home)
+    assert both.returncode == 1 and both.stderr == "error: give --low-from FILE or -hfl USER/MODEL[:QUANT], not both\n"
+
+
 @pytest.mark.parametrize("args, error", [
     (("-hf", "pyedgemoe-tests/demo:Q5_K_M"), "error: no GGUF model file of quant Q5_K_M in Hugging Face repo "
      "'pyedgemoe-tests/demo'; its GGUF files: Q4_K_M/demo-Q4_K_M-00001-of-00002.gguf, "
-     "Q4_K_M/demo-Q4_K_M-00002-of-00002.gguf, demo-Q8_0.gguf, mmproj-demo-f16.gguf"),
+     "Q4_K_M/demo-Q4_K_M-00002-of-00002.gguf, demo-Q4_K.gguf, demo-Q8_0.gguf, mmproj-demo-f16.gguf"),
     (("-hf", "pyedgemoe-tests/demo", "-hff", "nope.gguf"), "error: no file nope.gguf in Hugging Face repo"),
     (("-hf", "pyedgemoe-tests/not-cached"), "error: cannot get a GGUF model from Hugging Face repo "
      "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1: only files already in the cache load)"),
