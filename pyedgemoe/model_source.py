@@ -71,7 +71,7 @@ def _repo_and_quant(text: str) -> tuple[str, str]:
     parts = text.split(":")
     repo_id, quant = parts[0], parts[-1] if len(parts) > 1 else ""
     if len(repo_id.split("/")) != 2 or not all(repo_id.split("/")):
-        raise ModelLoadError(f"-hf {text!r}: a Hugging Face repo is USER/MODEL[:QUANT], e.g. ggml-org/gpt-oss-20b-GGUF:Q8_0")
+        raise ModelLoadError(f"{text!r} is not a Hugging Face repo: USER/MODEL[:QUANT], e.g. ggml-org/gpt-oss-20b-GGUF:Q8_0")
     return repo_id, quant
 
 

@@ -121,7 +121,8 @@ def test_low_copies_from_the_repo_as_from_a_file(hf_home):
     (("-hf", "pyedgemoe-tests/demo", "-hff", "nope.gguf"), "error: no file nope.gguf in Hugging Face repo"),
     (("-hf", "pyedgemoe-tests/not-cached"), "error: cannot get a GGUF model from Hugging Face repo "
      "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1: only files already in the cache load)"),
-    (("-hf", "demo"), "error: -hf 'demo': a Hugging Face repo is USER/MODEL[:QUANT]"),
+    (("-hf", "demo"), "error: 'demo' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
+    (("-hf", "pyedgemoe-tests/demo", "-hfl", "a/b/c"), "error: 'a/b/c' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
     (("-hff", "demo-Q8_0.gguf", "x.gguf"), "error: -hff goes with -hf USER/MODEL"),
     (("-m", "a.gguf", "b.gguf"), "error: give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT] "
      "(given: MODEL, -m)"),

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from gguf_splits import write_split
 from pyedgemoe import Engine
 from pyedgemoe.bench.runner import model_files
 from pyedgemoe.convert.export import export
-from pyedgemoe.convert.from_gguf import convert_gguf, open_gguf
+from pyedgemoe.convert.from_gguf import convert_gguf, copy_kv, open_gguf
 from pyedgemoe.errors import ConversionError, ModelLoadError
 from pyedgemoe.model_info import read_model_info
 
@@ -124,6 +125,23 @@ def test_bad_shards_are_one_clear_error(models, tmp_path):
     shutil.copy(shards[0], renamed)
     with pytest.raises(ModelLoadError, match="not named as one"):
         read_model_info(renamed)
+
+
+def test_split_keys_of_another_type_are_an_error_not_an_abort(models, tmp_path):
+    """ggml's uint16 getter aborts on another type: a crafted split.count of int32 is refused first."""
+    whole = models[0]
+    reader = open_gguf(whole)
+    writer = gguf.GGUFWriter(tmp_path / "crafted-00001-of-00002.gguf", reader.get_field("general.architecture").contents())
+    copy_kv(reader, writer, skip=lambda key: False)
+    writer.add_key_value("split.count", 2, gguf.GGUFValueType.INT32)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="its split.count is not a uint16"):
+        read_model_info(tmp_path / "crafted-00001-of-00002.gguf")
 
 
 def test_the_cli_runs_and_inspects_the_first_shard(models):

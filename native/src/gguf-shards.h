@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,18 +24,17 @@ public:
     // Throws std::runtime_error where a file is not a GGUF, path is a shard other than the first,
     // or a shard is missing or not the one its name says.
     explicit gguf_shards(const std::string & path);
-    ~gguf_shards();
-    gguf_shards(const gguf_shards &) = delete;
-    gguf_shards & operator=(const gguf_shards &) = delete;
 
     const std::vector<std::string> & paths() const { return paths_; }  // the first first
-    const gguf_context * first() const { return metas_[0]; }          // the model's keys
-    const gguf_context * meta(int shard) const { return metas_[shard]; }
+    const gguf_context * first() const { return metas_[0].get(); }    // the model's keys
+    const gguf_context * meta(int shard) const { return metas_[shard].get(); }
     gguf_tensor_place find(const std::string & name) const;
 
 private:
+    struct free_meta { void operator()(gguf_context * m) const; };
+    struct free_shapes { void operator()(ggml_context * s) const; };
     std::vector<std::string> paths_;
-    std::vector<gguf_context *> metas_;
-    std::vector<ggml_context *> shapes_;
+    std::vector<std::unique_ptr<gguf_context, free_meta>> metas_;
+    std::vector<std::unique_ptr<ggml_context, free_shapes>> shapes_;
     void open(const std::string & path);
 };
