@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import closing
 from typing import Iterator
 
 from pyedgemoe.errors import InvalidOptionError
@@ -63,7 +64,18 @@ class TextRun:
         self.n_tokens = 0
         self.finish_reason = "length"
 
+    def close(self) -> None:
+        """Ends the generation where it stands: its sequence is free for the next at once, also
+        where an exception (Ctrl-C) left this run's generators suspended in a traceback."""
+        self._tokens.close()
+
     def pieces(self) -> Iterator[str]:
+        try:
+            yield from self._pieces()
+        finally:
+            self.close()
+
+    def _pieces(self) -> Iterator[str]:
         for token in self._tokens:
             self.n_tokens += 1
             raw = self._engine.token_piece(token, special=token in self._special)
@@ -162,9 +174,10 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
 
     def chunks():
         done = 0
-        for piece in run.pieces():
-            yield {**head, "choices": [choice(piece, done, None)]}
-            done = run.n_tokens
+        with closing(run):
+            for piece in run.pieces():
+                yield {**head, "choices": [choice(piece, done, None)]}
+                done = run.n_tokens
         yield {**head, "choices": [choice("", done, run.finish_reason)], "usage": run.usage()}
     return chunks()
 
@@ -265,10 +278,12 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         first = {"role": "assistant"} if function is None else {**EMPTY_DELTA, "role": "assistant"}
         yield {**chunk, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}]}
         done = 0
-        for piece in run.pieces():
-            delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
-            yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done), "finish_reason": None}]}
-            done = run.n_tokens
+        with closing(run):
+            for piece in run.pieces():
+                delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
+                yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
+                                             "finish_reason": None}]}
+                done = run.n_tokens
         last = {} if function is None else EMPTY_DELTA
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
                                      "finish_reason": finish_reason()}], "usage": run.usage()}
@@ -297,11 +312,12 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
             return {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         yield delta_chunk({"role": "assistant"})
         text, calls = "", False
-        for piece in run.pieces():
-            text += piece
-            for delta in turn.deltas(text, done=False):
-                calls = calls or "tool_calls" in delta
-                yield delta_chunk(delta)
+        with closing(run):
+            for piece in run.pieces():
+                text += piece
+                for delta in turn.deltas(text, done=False):
+                    calls = calls or "tool_calls" in delta
+                    yield delta_chunk(delta)
         for delta in turn.deltas(text, done=True):
             calls = calls or "tool_calls" in delta
             yield delta_chunk(delta)

@@ -85,6 +85,33 @@ def test_ctrl_c_in_the_api_raises_keyboard_interrupt_and_the_engine_goes_on(tmp_
     assert result == {"interrupted": True, "after": expected}
 
 
+@pytest.mark.parametrize("how", ["generate", "create_completion", "create_chat_completion"])
+def test_an_interrupt_between_a_token_and_its_text_frees_the_sequence(how):
+    """Ctrl-C landing in the text's code of a stream (not in the token generator's own frame) left
+    the run's token generator suspended, holding the one sequence while the traceback lived: the
+    next generation in the `except` block was refused (EngineBusyError; seen in CI's timing)."""
+    with Engine(DEMO, n_ctx=256, n_threads=1) as eng:
+        expected = eng.generate(PROMPT, 8, temperature=0)
+        real, calls = eng.token_piece, iter(range(1000))
+
+        def interrupted(token, special=False):
+            if next(calls) == 3:
+                raise KeyboardInterrupt
+            return real(token, special=special)
+        eng.token_piece = interrupted
+        stream = {"generate": lambda: eng.generate(PROMPT, 50, temperature=0, stream=True),
+                  "create_completion": lambda: eng.create_completion(PROMPT, max_tokens=50, stream=True),
+                  "create_chat_completion": lambda: eng.create_chat_completion(
+                      [{"role": "user", "content": PROMPT}], max_tokens=50, stream=True)}[how]
+        try:
+            for _ in stream():
+                pass
+            raise AssertionError("not interrupted")
+        except KeyboardInterrupt:
+            eng.token_piece = real
+            assert eng.generate(PROMPT, 8, temperature=0) == expected
+
+
 def test_ctrl_c_during_the_cache_fill_exits_130_promptly(shim, layer1, tmp_path):  # noqa: F811
     # a slow disk under layer 1's experts: the fill takes many seconds, the interrupt ends it
     # between two chunks of reads
