@@ -20,12 +20,17 @@ def write_split(src: Path, out: Path, n_shards: int) -> list[Path]:
     writer = gguf.GGUFWriter(out, reader.get_field(gguf.Keys.General.ARCHITECTURE).contents(),
                              split_max_tensors=math.ceil(len(reader.tensors) / n_shards))
     copy_kv(reader, writer, skip=lambda key: False)
+    write_tensors(reader, writer)
+    shards = [out.with_name(f"{out.stem}-{i:05d}-of-{n_shards:05d}.gguf") for i in range(1, n_shards + 1)]
+    assert all(p.is_file() for p in shards), sorted(out.parent.iterdir())
+    return shards
+
+
+def write_tensors(reader, writer: gguf.GGUFWriter) -> None:
+    """reader's tensors written by writer after the keys given it, and its files closed."""
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    shards = [out.with_name(f"{out.stem}-{i:05d}-of-{n_shards:05d}.gguf") for i in range(1, n_shards + 1)]
-    assert all(p.is_file() for p in shards), sorted(out.parent.iterdir())
-    return shards

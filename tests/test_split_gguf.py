@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gguf_splits import write_split
+from gguf_splits import write_split, write_tensors
 from pyedgemoe import Engine
 from pyedgemoe.bench.runner import model_files
 from pyedgemoe.convert.export import export
@@ -134,12 +134,7 @@ def test_split_keys_of_another_type_are_an_error_not_an_abort(models, tmp_path):
     writer = gguf.GGUFWriter(tmp_path / "crafted-00001-of-00002.gguf", reader.get_field("general.architecture").contents())
     copy_kv(reader, writer, skip=lambda key: False)
     writer.add_key_value("split.count", 2, gguf.GGUFValueType.INT32)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(reader, writer)
     with pytest.raises(ModelLoadError, match="its split.count is not a uint16"):
         read_model_info(tmp_path / "crafted-00001-of-00002.gguf")
 
