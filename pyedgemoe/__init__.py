@@ -22,12 +22,14 @@ from pyedgemoe.errors import (
 from pyedgemoe.engine import Engine
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.llama import Llama, LlamaGrammar
+from pyedgemoe.speculative import LlamaPromptLookupDecoding
 
 __all__ = [
     "Engine",
     "ExpertOptions",
     "Llama",
     "LlamaGrammar",
+    "LlamaPromptLookupDecoding",
     "PyEdgeMoEError",
     "ModelLoadError",
     "ContextOverflowError",

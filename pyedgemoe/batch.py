@@ -144,7 +144,7 @@ class Batcher:
                         if r.task:
                             self._run_task(r)
                         else:
-                            self._emit_own(r, lambda: r.generation.prefill(r.sequence))
+                            self._emit_own(r, lambda: [r.generation.prefill(r.sequence)])
                     if stepping:
                         self._step(stepping)
             except ExpertLoadError as e:
@@ -179,12 +179,17 @@ class Batcher:
             r.out.put(item)
 
     def _step(self, stepping: list[_Request]) -> None:
-        """One token of each stepping generation, in one llama_decode."""
-        inputs = [r.generation.next_input() for r in stepping]
-        self._decoder.decode_step([token for token, _ in inputs], [pos for _, pos in inputs],
-                                  [r.sequence for r in stepping])
-        for i, r in enumerate(stepping):
-            self._emit_own(r, lambda: r.generation.picked(i))
+        """Each stepping generation's next input, and its drafter's guess, in one llama_decode; its
+        picks to its consumer."""
+        room = self._decoder.live().n_batch // len(stepping) - 1  # each generation's guess, at most
+        inputs = [r.generation.next_inputs(room) for r in stepping]
+        start = time.perf_counter()
+        self._decoder.decode_step([token for own in inputs for token, _ in own], [pos for own in inputs for _, pos in own],
+                                  [r.sequence for r, own in zip(stepping, inputs) for _ in own])
+        seconds, first = time.perf_counter() - start, 0
+        for r, own in zip(stepping, inputs):
+            self._emit_own(r, lambda: r.generation.verified(first, seconds))
+            first += len(own)
 
     def _run_task(self, r: _Request) -> None:
         """r's task, its result (or its own error) to its consumer; its sequence is free after."""
@@ -197,16 +202,18 @@ class Batcher:
         self._end(r, result)
         r.closed = True
 
-    def _emit_own(self, r: _Request, pick) -> None:
-        """_emit of pick()'s token; an error of r's own (its sampler's Python hooks) ends r alone."""
+    def _emit_own(self, r: _Request, picks) -> None:
+        """_emit of picks()'s tokens; an error of r's own (its sampler's Python hooks, its drafter)
+        ends r alone."""
         try:
-            token = pick()
+            tokens = picks()
         except ExpertLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
             self._end(r, e)
             return
-        self._emit(r, token)
+        for token in tokens:
+            self._emit(r, token)
 
     def _emit(self, r: _Request, token: int | None) -> None:
         """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""

@@ -20,7 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
-from pyedgemoe.cli_options import model_name, model_options, model_source, sampling_options
+from pyedgemoe.cli_options import model_name, model_options, model_source, sampling_options, speculative_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
@@ -96,6 +96,7 @@ def print_model_note(eng, model: Path) -> None:
 @model_source()
 @model_options
 @sampling_options
+@speculative_options
 def run(
     model: Path,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; with --chat, the first user "
@@ -140,6 +141,7 @@ def run(
                                  "without loading the model"),
     engine_options: dict = None,
     sampling: SamplingParams = None,
+    draft_model=None,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
     from pyedgemoe.engine import Engine
@@ -186,7 +188,7 @@ def run(
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
     with command_errors():
-        with Engine(model, n_ctx=ctx, seed=seed, **engine_options) as eng:
+        with Engine(model, n_ctx=ctx, seed=seed, draft_model=draft_model, **engine_options) as eng:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
@@ -283,6 +285,7 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
 @app.command()
 @model_source()
 @model_options
+@speculative_options
 def serve(
     command: typer.Context,
     model: Path,
@@ -321,6 +324,7 @@ def serve(
                                     help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
                                     "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
     engine_options: dict = None,
+    draft_model=None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
     /v1/chat/completions, /health, /metrics; llama-server's /completion and /infill; with --embeddings,
@@ -365,7 +369,7 @@ def serve(
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     with command_errors():
-        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, **engine_options) as eng:
+        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, draft_model=draft_model, **engine_options) as eng:
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,

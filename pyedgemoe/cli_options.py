@@ -9,8 +9,8 @@ defaults from the schema). The command receives them as `engine_options`, a dict
 arguments. @sampling_options: one flag per setting of pyedgemoe.generation.SamplingParams
 (`--temp`, `--top-k`, ..., `--seed`, `--grammar`/`--grammar-file`, `--json-schema`/
 `--json-schema-file`); the command receives `sampling`, a SamplingParams. @model_source(): the
-model as MODEL, `-m` or `-hf`; the command receives its path as `model`. A bad value is one
-`error:` line."""
+model as MODEL, `-m` or `-hf`; the command receives its path as `model`. @speculative_options:
+`--spec-type` and its sizes; the command receives `draft_model`. A bad value is one `error:` line."""
 from __future__ import annotations
 
 import functools
@@ -28,6 +28,7 @@ from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, Expe
 from pyedgemoe.generation import SamplingParams, exposed_fields
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model
+from pyedgemoe.speculative import NGRAM_SIMPLE_SIZE_M, NGRAM_SIMPLE_SIZE_N, drafter
 from pyedgemoe.systems import SYSTEMS
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
@@ -230,6 +231,29 @@ def sampling_options(command):
                     raise InvalidOptionError(f"{f.metadata['file_flag']}: cannot read {path}: {e}") from None
         return SamplingParams.of(given)
     return _with_options(command, "sampling", added, collect)
+
+
+def speculative_options(command):
+    """Adds llama.cpp's flags of self-speculative decoding (--spec-type ngram-simple and its sizes) to
+    a typer command, which gets the drafter (pyedgemoe.speculative) as `draft_model` (None: none)."""
+    added = [
+        ("spec_type", str, typer.Option("none", "--spec-type", help="speculative decoding without a draft model, as "
+                                        "llama.cpp's: ngram-simple guesses that the text goes on as after the last "
+                                        "earlier occurrence of its last N tokens, and the model checks M of them in "
+                                        "one batch while that pays (docs/speculative.md); none: off")),
+        ("size_n", Optional[int], typer.Option(None, "--spec-ngram-simple-size-n", help="ngram-simple: the tokens "
+                                               f"looked up, N (default: {NGRAM_SIMPLE_SIZE_N})")),
+        ("size_m", Optional[int], typer.Option(None, "--spec-ngram-simple-size-m", help="ngram-simple: the tokens "
+                                               f"guessed at most, M (default: {NGRAM_SIMPLE_SIZE_M})")),
+    ]
+
+    def collect(params: dict):
+        spec_type, size_n, size_m = (params.pop(name) for name, _, _ in added)
+        if spec_type != "ngram-simple" and (size_n is not None or size_m is not None):
+            raise InvalidOptionError("--spec-ngram-simple-size-n/-m are sizes of --spec-type ngram-simple: give it too")
+        return drafter(spec_type, NGRAM_SIMPLE_SIZE_N if size_n is None else size_n,
+                       NGRAM_SIMPLE_SIZE_M if size_m is None else size_m)
+    return _with_options(command, "draft_model", added, collect)
 
 
 def _logit_bias(text: str) -> tuple[int, float]:

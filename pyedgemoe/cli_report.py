@@ -17,6 +17,9 @@ def print_timings(t: dict) -> None:
                f"{t['prefill_seconds']:8.3f} s ({t['prefill_tokens_per_second']:8.2f} tok/s)", err=True)
     typer.echo(f"       eval: {t['n_decoded']:5d} tokens in {t['decode_seconds']:8.3f} s "
                f"({t['decode_tokens_per_second']:8.2f} tok/s)", err=True)
+    if t["n_draft_tokens"]:  # as llama.cpp's speculative examples report it
+        typer.echo(f"      draft: {t['n_draft_tokens']:5d} tokens checked, {t['n_draft_accepted']} accepted "
+                   f"({t['n_draft_accepted'] / t['n_draft_tokens']:.1%})", err=True)
 
 
 def context_full(finish_reason: str, n_decoded: int, max_tokens: int | None) -> bool:

@@ -25,13 +25,14 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 class Decoder:
-    def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0):
+    def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = ""):
         self.model = model
         self._ctx = ctx
         self.lock = threading.RLock()  # held while the native context or the expert cache is in use
         self.sequences = [KVSequence(s) for s in range(n_seq)]
         self._governed = governed
         self.big_little = big_little  # MoBiLE's gamma; 0: off
+        self.no_drafts = no_drafts  # why a batch of drafted tokens cannot be verified here ("": it can)
         self.big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
         # (seq, n): the last decode's last output is the logits after sequence seq's first n tokens
         self.last_output: tuple[int, int] | None = None

@@ -107,10 +107,10 @@ class Engine:
         is counted at load beside the expert cache (auto leaves room for them; an explicit size must
         fit beside them). logits() of more tokens is refused (InvalidOptionError) when they exceed
         what the budget left beside the expert cache at load or the memory available then.
-    verbose: forward llama.cpp's log to stderr.
-
-    Every decision of the load is made by a pure plan (pyedgemoe.load_plan, `plan`, each with its
-    reason; `pyedgemoe run --dry-run` prints it); __init__ executes it.
+    draft_model: speculative decoding's drafter for every generation that names none of its own
+        (pyedgemoe.speculative; `--spec-type`); refused with MoBiLE's big-little (one token a step).
+    verbose: forward llama.cpp's log to stderr. Every decision of the load is made by a pure plan
+    (pyedgemoe.load_plan, `plan`, each with its reason; `run --dry-run` prints it); __init__ executes it.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = LoadOptions.n_ctx, n_threads: int | None = None,
@@ -119,12 +119,15 @@ class Engine:
                  flash_attn: bool | None = None, kv_type: str = LoadOptions.kv_type,
                  expert_cache: str | int | None = None, expert_options: ExpertOptions | None = None,
                  trace_routing: bool = False, system: str | None = None, n_parallel: int = LoadOptions.n_parallel,
-                 n_logits: int = LoadOptions.n_logits, verbose: bool = False, **options):
+                 n_logits: int = LoadOptions.n_logits, draft_model=None, verbose: bool = False, **options):
         load = LoadOptions(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
                            n_ubatch=n_ubatch, n_parallel=n_parallel, n_logits=n_logits, seed=seed, flash_attn=flash_attn,
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
                            expert_options=(expert_options or ExpertOptions()).with_keywords(options, Engine.__init__))
         self.info, self.plan = plan_for(model_path, load)  # ModelInfo, LoadPlan
+        if draft_model is not None and self.plan.no_drafts:
+            raise InvalidOptionError(f"speculative decoding (draft_model, --spec-type) cannot run: {self.plan.no_drafts}")
+        self.draft_model = SamplingParams.of({"draft_model": draft_model}).draft_model  # checked
         self.model_path = self.info.path
         _native.set_verbose(bool(verbose))
         plan = self.plan
@@ -153,12 +156,12 @@ class Engine:
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
-        self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little)
+        self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little,
+                                plan.no_drafts)
         self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
         self._turn_owner: int | None = None  # the thread that took it
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
-        # an Engine left open is closed when collected, or at exit: else the batcher's thread holds the
-        # native objects past the interpreter's teardown, which nanobind reports as leaked
+        # closed when collected or at exit: else the batcher's thread holds the native objects past teardown (leaks)
         self._closer = weakref.finalize(self, _close_parts, self._batcher, self._decoder)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
@@ -436,7 +439,8 @@ class Engine:
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
         generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
-                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs)
+                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs,
+                                self.draft_model if sampling.draft_model is None else sampling.draft_model)
         tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)
         return generation, self._counted(tokens, timings)
 
@@ -448,8 +452,7 @@ class Engine:
                 self._totals.add(timings)
 
     def _one_sequence(self, generation: Generation) -> Iterator[int]:
-        """The generation of an Engine with one sequence, on the caller's thread, holding the sequence
-        from its first token to its end."""
+        """An Engine's one sequence: the generation on the caller's thread, holding it to its end."""
         with self._sequence_turn():
             token = generation.prefill(self._decoder.sequences[0])
             while token is not None:
@@ -485,16 +488,14 @@ class Engine:
 
     # -- text generation ------------------------------------------------------------------------
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenize(prompt, add_bos=True, special=False)
-        return as_token_ids(prompt, "prompt")
+        return self.tokenize(prompt, add_bos=True, special=False) if isinstance(prompt, str) else as_token_ids(prompt, "prompt")
 
     def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, stop: str | list[str] | None = None,
                  stream: bool = False, ignore_eos: bool = False, **sampling) -> str | Iterator[str]:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an
         iterator of text pieces as they are produced. ignore_eos: go on past end-of-generation
         tokens (to max_tokens). sampling: SamplingParams's settings by name (temperature, top_k,
-        top_p, min_p, repeat_penalty, seed, grammar, json_schema; or OpenAI's response_format)."""
+        top_p, min_p, repeat_penalty, seed, grammar, json_schema, draft_model; or OpenAI's response_format)."""
         pieces = TextRun(self, self._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
                          ignore_eos).pieces()
         return pieces if stream else "".join(pieces)
@@ -542,9 +543,8 @@ class Engine:
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:
-        """Start (or stop) recording every MoE layer's routing: needs an expert cache. The trace holds
-        the predictor's guesses only for an Engine made with trace_routing=True (else -1), and with
-        inputs (such an Engine only) each record's layer input."""
+        """Start (or stop) recording every MoE layer's routing (an expert cache's): with the predictor's guesses
+        for an Engine made with trace_routing=True (else -1), and with inputs (such an Engine's) each layer input."""
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
         if inputs and not self.plan.trace_routing:

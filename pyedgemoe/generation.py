@@ -7,8 +7,10 @@
 - Generation: one generation on one sequence of the KV cache, from its prompt to its finish:
   prefill (reusing the prefix the sequence holds, unless fresh), the next token's input, the stop
   rules (end-of-generation tokens, the budget, stopping criteria), the finish reason, the timings and, when asked, each
-  generated token's log-probability and the most likely alternatives (TokenLogprob). The Engine steps
-  one on the caller's thread (Engine._one_sequence), the Batcher several in one llama_decode
+  generated token's log-probability and the most likely alternatives (TokenLogprob). With a drafter
+  (SamplingParams.draft_model, speculative.py) a step evaluates the last pick and the drafter's guess
+  in one batch and takes the picks that agree with the guess, and the first that does not. The Engine
+  steps one on the caller's thread (Engine._one_sequence), the Batcher several in one llama_decode
   (batch.py); both decode through the Decoder (decoder.py).
 """
 from __future__ import annotations
@@ -17,12 +19,14 @@ import dataclasses
 import numbers
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pyedgemoe import _native
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import InvalidOptionError, ModelLoadError
+from pyedgemoe.speculative import DraftControl
 from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
 from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
@@ -105,6 +109,8 @@ class SamplingParams:
     # generation before a pick
     logits_processor: object = field(default=None, metadata=_flag(None))
     stopping_criteria: object = field(default=None, metadata=_flag(None))
+    # speculative decoding's drafter (speculative.py; llama-cpp-python's draft_model): f(input_ids) -> ids
+    draft_model: object = field(default=None, metadata=_flag(None))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
     # the penalties count the prompt's tokens too, as llama.cpp's CLI and server do (llama-cpp-python's
     # Llama counts the generated ones only)
@@ -184,9 +190,11 @@ class SamplingParams:
             raise InvalidOptionError(f"dry_sequence_breakers must be a list of non-empty strings, got "
                                      f"{self.dry_sequence_breakers!r}"[:200])
         processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
-        for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria])):
+        for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria]),
+                            ("draft_model", [self.draft_model])):
             if not all(hook is None or callable(hook) for hook in hooks):
-                raise InvalidOptionError(f"{name} must be callable (f(input_ids, logits)), got {getattr(self, name)!r}")
+                raise InvalidOptionError(f"{name} must be callable (f(input_ids{'' if name == 'draft_model' else ', logits'}"
+                                         f")), got {getattr(self, name)!r}"[:200])
         if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
         for name in ("grammar", "json_schema"):
@@ -280,6 +288,8 @@ class GenerationStats:
     n_decoded: int = 0
     decode_seconds: float = 0.0
     finish_reason: str = "length"  # "stop": an end-of-generation token; "length": max_tokens or n_ctx
+    n_draft_tokens: int = 0  # guessed tokens the model checked (speculative decoding)
+    n_draft_accepted: int = 0  # of them, those its picks agreed with
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -297,6 +307,8 @@ class GenerationStats:
         self.prefill_seconds += other.prefill_seconds
         self.n_decoded += other.n_decoded
         self.decode_seconds += other.decode_seconds
+        self.n_draft_tokens += other.n_draft_tokens
+        self.n_draft_accepted += other.n_draft_accepted
 
     def to_dict(self) -> dict:
         return {
@@ -307,6 +319,8 @@ class GenerationStats:
             "n_decoded": self.n_decoded,
             "decode_seconds": self.decode_seconds,
             "decode_tokens_per_second": self.decode_tokens_per_second,
+            "n_draft_tokens": self.n_draft_tokens,
+            "n_draft_accepted": self.n_draft_accepted,
         }
 
 
@@ -378,17 +392,20 @@ class SequenceState:
 
 class Generation:
     """One generation on one KVSequence: prefill() evaluates the prompt and picks the first token;
-    then, while more() is true, the model evaluates next_input() and picked() picks the next token.
-    A pick is None when the generation ends there (timings.finish_reason says why).
+    then, while more() is true, the model evaluates next_inputs() and verified() gives the picks
+    from its outputs. A pick is None when the generation ends there (timings.finish_reason says why).
 
     budget: tokens to generate at most. fresh: reuse no prefix of what the sequence holds.
     feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead.
     n_probs: record each generated token's TokenLogprob with the n_probs most likely (logprobs);
-    None: none."""
+    None: none. draft: a drafter (speculative.py) whose guesses are checked with each input."""
 
     def __init__(self, decoder, prompt: list[int], budget: int, sampler, ignore_eos: bool,
                  timings: GenerationStats, fresh: bool, feed_tokens: list[int] | None = None,
-                 n_probs: int | None = None):
+                 n_probs: int | None = None, draft=None):
+        if draft is not None and (feed_tokens is not None or decoder.no_drafts):
+            raise InvalidOptionError(f"speculative decoding (draft_model) cannot run here: "
+                                     f"{decoder.no_drafts or 'feed_tokens feeds tokens of its own'}")
         self.decoder = decoder
         self.prompt = prompt
         self.budget = budget
@@ -398,12 +415,16 @@ class Generation:
         self.fresh = fresh
         self.feed_tokens = feed_tokens
         self.n_probs = n_probs
+        self.draft = draft
+        self.control = DraftControl()  # what drafting earns, and how much of a guess to check
         self.logprobs: list[TokenLogprob] = []  # of each generated token, with n_probs
         self.end: tuple[int, TokenLogprob | None] | None = None  # the end-of-generation token picked, not yielded
         self._pick_logprob: TokenLogprob | None = None  # the last pick's, until it is taken
         self.sequence: KVSequence | None = None
         self._last = -1  # the token picked last
         self._fed = -1  # the token evaluated at the step in flight
+        self._guess: list[int] = []  # the drafted tokens evaluated after it
+        self._ready: deque[int | None] = deque()  # verified picks step() has not handed out yet
         self._decode_start = 0.0
 
     def prefill(self, sequence: KVSequence) -> int | None:
@@ -424,10 +445,23 @@ class Generation:
         """Whether the budget allows another token after the last pick."""
         return self.timings.n_decoded < self.budget
 
-    def next_input(self) -> tuple[int, int]:
-        """(token, position) the model evaluates next: the last pick, or the token fed instead."""
+    def next_inputs(self, max_guess: int | None = None) -> list[tuple[int, int]]:
+        """(token, position)s the model evaluates next: the last pick (or the token fed instead),
+        then the drafter's guess of what follows, within the budget and max_guess tokens."""
         self._fed = self._last if self.feed_tokens is None else self.feed_tokens[self.timings.n_decoded - 1]
-        return self._fed, len(self.sequence.tokens)
+        pos = len(self.sequence.tokens)
+        room = self.budget - self.timings.n_decoded - 1  # a fully verified guess adds one pick after it
+        size = self.control.size() if self.draft is not None and room > 0 else 0
+        size = min(size, room, max_guess if max_guess is not None else room)
+        self._guess = self._drafted(size) if size > 0 else []
+        return [(t, pos + i) for i, t in enumerate([self._fed] + self._guess)]
+
+    def _drafted(self, size: int) -> list[int]:
+        guess = as_token_ids(self.draft(np.array(self.sequence.tokens + [self._fed], dtype=np.intc)), "draft_model's guess")
+        if any(not 0 <= t < self.decoder.model.n_vocab for t in guess):
+            raise InvalidOptionError(f"draft_model guessed a token id outside the vocabulary of "
+                                     f"{self.decoder.model.n_vocab}: {guess[:16]}")
+        return guess[:size]
 
     def _sample(self, i: int = -1) -> int:
         """The sampler's pick after the tokens the sequence holds, from output i of the last decode
@@ -437,21 +471,46 @@ class Generation:
             self._pick_logprob = token_logprob(self.decoder.output_logits(i), token, self.n_probs)
         return token
 
-    def picked(self, i: int = -1) -> int | None:
-        """After the model evaluated next_input() (now in the sequence), the token picked from its
-        output i (-1: the last decode's last)."""
+    def verified(self, first: int, seconds: float) -> list[int | None]:
+        """After the model evaluated next_inputs() (now in the sequence) in `seconds`, the picks from
+        its outputs first, first + 1, ... (-1: the last decode's last, with no guess): the picks that
+        agree with the guess, then the first that does not (or the one after the whole guess); None
+        last where the generation ends. The guess's rejected tokens leave the KV cache."""
+        guess, self._guess = self._guess, []
         self.sequence.tokens.append(self._fed)
-        return self._take(self._sample(i))
+        picks = []
+        for j in range(len(guess) + 1):
+            picks.append(self._take(self._sample(first + j)))
+            if picks[-1] is None or j == len(guess) or picks[-1] != guess[j]:
+                break
+            self.sequence.tokens.append(guess[j])
+        taken = len(picks) - 1  # the picks before the last agreed with the guess
+        if self.draft is not None:
+            self.control.record(len(guess), taken, seconds)
+        if guess:
+            self.timings.n_draft_tokens += len(guess)
+            self.timings.n_draft_accepted += taken
+            n = len(self.sequence.tokens)
+            if taken < len(guess) and self.decoder.keep(self.sequence, n) != n:
+                raise ModelLoadError("speculative decoding: this model's memory cannot drop the rejected guess "
+                                     "(recurrent layers); run it without a draft_model / --spec-type")
+        return picks
 
     def step(self) -> int | None:
         """One sequence alone: the next pick, or None at the end. Time spent by the consumer between
         two steps does not count as decode time."""
         self._decode_start = time.perf_counter() - self.timings.decode_seconds
-        if not self.more():
-            return self._finish("length")
-        token, pos = self.next_input()
-        self.decoder.decode([token], pos, self.sequence)
-        return self.picked()
+        if not self._ready:
+            if not self.more():
+                return self._finish("length")
+            inputs = self.next_inputs()
+            start = time.perf_counter()
+            if len(inputs) == 1:
+                self.decoder.decode([inputs[0][0]], inputs[0][1], self.sequence)
+            else:
+                self.decoder.decode_step([t for t, _ in inputs], [p for _, p in inputs], [self.sequence] * len(inputs))
+            self._ready.extend(self.verified(-1 if len(inputs) == 1 else 0, time.perf_counter() - start))
+        return self._ready.popleft()
 
     def _take(self, token: int) -> int | None:
         """The stop rules: the budget spent (before the pick: max_tokens 0), an end-of-generation token,

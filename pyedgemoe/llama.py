@@ -45,7 +45,7 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "vocab_only": False, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None,
-    "numa": False, "chat_handler": None, "draft_model": None, "tokenizer": None, "spm_infill": False,
+    "numa": False, "chat_handler": None, "tokenizer": None, "spm_infill": False,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 # (tail-free sampling, tfs_z, left llama.cpp; llama-cpp-python takes the argument and ignores it)
@@ -106,10 +106,12 @@ class Llama:
     lora_scale (a LoRA adapter: pyedgemoe.lora), embedding (True
     lets embed / create_embedding run, as there), pooling_type (llama.cpp's LLAMA_POOLING_TYPE_*:
     a vector per text, pyedgemoe.embeddings), logits_all (True keeps the logits of every token
-    evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here) and
+    evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here),
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
-    pyedgemoe.chatml_function_calling). Any other keyword is pyedgemoe's own
+    pyedgemoe.chatml_function_calling) and draft_model (speculative decoding by a drafter such as
+    LlamaPromptLookupDecoding, pyedgemoe.speculative's or llama_cpp.llama_speculative's: its guesses
+    are checked in one batch, the tokens those of the picks). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
@@ -122,7 +124,8 @@ class Llama:
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
-                 type_k: int | None = None, type_v: int | None = None, verbose: bool = True, **kwargs):
+                 type_k: int | None = None, type_v: int | None = None, draft_model=None, verbose: bool = True,
+                 **kwargs):
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -159,7 +162,7 @@ class Llama:
             n_batch = min(n_ctx, n_batch)  # as llama-cpp-python does
         self._engine: Engine | None = Engine(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
-            n_ubatch=n_ubatch, flash_attn=flash_attn, verbose=verbose, **engine_kwargs)
+            n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, verbose=verbose, **engine_kwargs)
         # llama-cpp-python's seed: a generation given none takes the next of the sequence it starts
         # (_take_seed), so that a program's sampled outputs are the same on every run, as there
         self._seed = seed or LLAMA_DEFAULT_SEED
@@ -217,6 +220,11 @@ class Llama:
         if self._engine is None:
             raise RuntimeError("this Llama is closed")
         return self._engine
+
+    @property
+    def draft_model(self):
+        """Speculative decoding's drafter (None: none), as llama-cpp-python's attribute."""
+        return self.engine.draft_model
 
     def close(self) -> None:
         """Frees the model and its context; the Llama is unusable afterwards."""

@@ -119,6 +119,7 @@ class LoadPlan:
     path_statistics: list | None  # EdgeMoE's path statistics as the native table takes them
     stand_ins: Mapping | None  # the calibrated stand-ins for stand_in, {layer: (costs, drop costs, tau)}
     big_little: float  # MoBiLE's gamma; 0: off
+    no_drafts: str  # why speculative decoding's batches cannot run here ("": they can)
     n_ctx: int
     n_batch: int  # tokens a llama_decode takes
     n_ubatch: int  # tokens llama.cpp computes at once: it splits a llama_decode's batch into ubatches
@@ -285,6 +286,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if options.n_parallel > 1 and big_little > 0:
         raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
                                  "n_parallel=1")
+    # a guess is checked in one batch: big-little's little pass takes one token
+    no_drafts = "MoBiLE's big-little decodes one token at a time" if big_little > 0 else ""
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
     notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + \
@@ -300,6 +303,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         native_options=native,
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
+        no_drafts=no_drafts,
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,

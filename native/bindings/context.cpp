@@ -173,8 +173,9 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
     return Logits(out, {n_rows, (size_t) self.n_vocab}, owner);
 }
 
-// One step of several sequences in one llama_decode: tokens[i] at positions[i] of sequence seqs[i],
-// every one an output (Sampler.sample(context, i) picks from the i-th). Their experts load once.
+// One step of several sequences (or of one, a speculative guess checked) in one llama_decode: tokens[i]
+// at positions[i] of sequence seqs[i], every one an output (Sampler.sample(context, i) picks from the
+// i-th). Their experts load once, under the decode's rules, not a prompt's.
 void decode_step(Context & self, const std::vector<llama_token> & tokens, const std::vector<int> & positions,
                  const std::vector<int> & seqs) {
     const int n = (int) tokens.size();
@@ -199,7 +200,9 @@ void decode_step(Context & self, const std::vector<llama_token> & tokens, const 
             batch.seq_id[i][0] = seqs[i];
             batch.logits[i] = true;
         }
+        if (self.model->residency) self.model->residency->set_decode_batch(true);
         result = run_decode(self, batch);
+        if (self.model->residency) self.model->residency->set_decode_batch(false);
         llama_batch_free(batch);
     }
     raise_if_failed(result);

@@ -112,8 +112,7 @@ struct expert_residency::impl : moe_pass_builder {
 
 expert_residency::impl::impl(llama_model * model, const std::string & path, uint64_t budget_bytes,
                              const expert_options & o, bool trace_routing, const expert_device_config & dc)
-    : options((check_expert_options(o), o)),
-      devices(devices_named(dc.devices)),
+    : options((check_expert_options(o), o)), devices(devices_named(dc.devices)),
       layout(model, path, o.low_precision, o.low_from, devices),
       budget(layout, budget_bytes, o.low_cache),
       reader(layout.high_files, o.io, o.io_threads),
@@ -496,5 +495,6 @@ void expert_residency::set_path_statistics(const std::vector<path_entry> & entri
 }
 
 void expert_residency::set_little(bool on) { impl_->little = on; }
+void expert_residency::set_decode_batch(bool on) { impl_->rules.decode_batch = on; }
 int expert_residency::prefetch_big() { return impl_->prefetch->before_redo(); }
 routing_trace expert_residency::take_trace() { return impl_->recorder.take_trace(); }

@@ -127,6 +127,9 @@ public:
     // MoBiLE: while on, a decode token (a one-token ubatch) computes only its top-k/2 experts,
     // renormalized where the model normalizes its top-k weights
     void set_little(bool on);
+    // while on, a batch of several tokens is decode steps (several sequences', or a speculative guess
+    // checked), not a prompt's: the prompt's rule (prefill_low_share) does not apply to it
+    void set_decode_batch(bool on);
     // MoBiLE's fallback: prefetches the whole top-k that the last little token's routers chose, in
     // every layer, for the big pass that redoes it; returns how many (expert, layer) were asked for
     int prefetch_big();

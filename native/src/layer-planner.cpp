@@ -109,7 +109,7 @@ plan_rules layer_rules::of(int il, int keep, const float * probs) const {
     plan_rules rules;
     rules.precision = precision;
     rules.fixed = fixed.empty() || fixed[il].empty() ? nullptr : fixed[il].data();
-    rules.prefill_low_share = prefill_low_share;
+    rules.prefill_low_share = decode_batch ? 0 : prefill_low_share;
     rules.keep = keep;
     rules.weights_normalized = weights_normalized[il];
     rules.cache_routing = cache_routing;

@@ -90,6 +90,7 @@ std::vector<int> tokens_of(const layer_plan & plan, const std::vector<expert_dem
 struct layer_rules {
     precision_params precision;
     double prefill_low_share = 0;
+    bool decode_batch = false;  // the batches computed now are decode steps: prefill_low_share is not theirs
     double cache_routing = 0;
     std::vector<std::vector<expert_precision>> fixed;  // per il: EdgeMoE's static map (empty: none)
     std::vector<uint8_t> weights_normalized;           // per il: llama.cpp normalizes its top-k weights

@@ -258,14 +258,15 @@ def _probability(engine, t, sent: bytes) -> dict:
 
 def _timings(t, predicted: int) -> dict:
     """llama-server's timings of a GenerationStats whose generation picked `predicted` tokens (the
-    end-of-generation one counted)."""
+    end-of-generation one counted); with speculative decoding, the guessed tokens checked and taken."""
     prompt_n, prompt_ms, predicted_ms = t.n_prompt_tokens - t.n_cached_prompt_tokens, t.prefill_seconds * 1e3, \
         t.decode_seconds * 1e3
+    drafts = {"draft_n": t.n_draft_tokens, "draft_n_accepted": t.n_draft_accepted} if t.n_draft_tokens else {}
     return {"cache_n": t.n_cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": t.prefill_tokens_per_second, "predicted_n": predicted, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
-            "predicted_per_second": predicted / t.decode_seconds if t.decode_seconds > 0 else 0.0}
+            "predicted_per_second": predicted / t.decode_seconds if t.decode_seconds > 0 else 0.0, **drafts}
 
 
 def _settings(sampling: SamplingParams, max_tokens: int | None, stop: list[str], n_probs: int, ignore_eos: bool,

@@ -64,6 +64,10 @@ def render(stats: dict, requests: RequestCounts, waiting: int, running: int) -> 
                "Prompt tokens reused from the KV cache (a prefix shared with the previous request).",
                totals["n_cached_prompt_tokens"])
     out.family("pyedgemoe_generated_tokens_total", "counter", "Tokens generated.", totals["n_decoded"])
+    out.family("pyedgemoe_draft_tokens_total", "counter", "Guessed tokens checked (speculative decoding).",
+               totals["n_draft_tokens"])
+    out.family("pyedgemoe_draft_tokens_accepted_total", "counter", "Guessed tokens taken (speculative decoding).",
+               totals["n_draft_accepted"])
     out.family("pyedgemoe_prefill_seconds_total", "counter", "Time spent evaluating prompts.",
                totals["prefill_seconds"])
     out.family("pyedgemoe_decode_seconds_total", "counter", "Time spent generating tokens.", totals["decode_seconds"])
