@@ -212,12 +212,12 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
             self._end(r, e)
             return
-        for token in tokens:
-            self._emit(r, token)
+        self._emit(r, tokens)
 
-    def _emit(self, r: _Request, token: int | None) -> None:
-        """Hands a picked token to its consumer; ends the generation after its last (None: it ended)."""
-        if token is not None:
-            r.out.put(token)
-        if token is None or not r.generation.more():
+    def _emit(self, r: _Request, tokens: list[int | None]) -> None:
+        """Hands a step's picks to r's consumer; ends the generation after its last (None: it ended)."""
+        for token in tokens:
+            if token is not None:
+                r.out.put(token)
+        if None in tokens or not r.generation.more():
             self._end(r)

@@ -1,0 +1,134 @@
+"""Speculative decoding without a draft model: decode tokens per second and expert bytes read per
+token with and without a drafter, ours and stock llama-cpp-python's, in alternating rounds.
+
+    python scripts/bench_speculative.py [--models models/demo.gguf models/fine.gguf] [--out DIR]
+
+For each model and expert cache (resident; 25 % lossless), one Engine; each round runs every
+variant once on each prompt (greedy, --tokens tokens, end-of-generation ignored, the prompt
+evaluated afresh): plain; llama-cpp-python's LlamaPromptLookupDecoding (its defaults); llama.cpp's
+ngram-simple (its defaults, 12 and 48); and, to show what pacing the checks by what they earn
+(speculative.DraftControl) is worth, prompt lookup checked always (the whole guess, every step, as
+llama-cpp-python does). Stock llama-cpp-python (its own build, every expert resident) runs plain
+and with its LlamaPromptLookupDecoding. Prompts: "copy", a text that the model goes on to repeat
+(a file, then its first lines again); "free", the start of a file. Medians of --rounds rounds;
+JSON and a markdown table into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = (REPO / "pyedgemoe" / "batch.py").read_text()[:1500]
+PROMPTS = {"copy": TEXT + "\n\n" + TEXT[:200], "free": TEXT[:600]}
+
+
+class AlwaysCheck:
+    """DraftControl's interface, checking the whole guess at every step (no pacing)."""
+
+    def __init__(self):
+        self.window = 64
+
+    def size(self) -> int:
+        return self.window
+
+    def record(self, checked: int, taken: int, seconds: float) -> None:
+        pass
+
+
+def ours(model: Path, cache: str, variants: dict, rounds: int, tokens: int, threads: int) -> dict:
+    from pyedgemoe import Engine, generation
+    from pyedgemoe.generation import SamplingParams
+    from pyedgemoe.speculative import DraftControl
+    resident = cache == "resident"
+    out: dict = {}
+    with Engine(model, n_ctx=2048, expert_cache=None if resident else cache, system=None if resident else "lossless",
+                n_threads=threads) as eng:
+        def bytes_read() -> int:
+            e = eng.stats().get("experts")
+            return e["total"]["bytes_read"] + e["prefetches"]["bytes_read"] if e else 0
+        for _ in range(rounds):
+            for pname, text in PROMPTS.items():
+                prompt = eng.tokenize(text)
+                for vname, (drafter, control) in variants.items():
+                    generation.DraftControl = control or DraftControl
+                    try:
+                        before = bytes_read()
+                        ids = list(eng.generate_tokens(prompt, tokens, SamplingParams(temperature=0, seed=1,
+                                                                                      draft_model=drafter()),
+                                                       ignore_eos=True))
+                    finally:
+                        generation.DraftControl = DraftControl
+                    t = eng.last_timings
+                    out.setdefault(f"{pname}/{vname}", []).append({
+                        "tok_s": t.decode_tokens_per_second, "checked": t.n_draft_tokens, "taken": t.n_draft_accepted,
+                        "bytes_per_token": (bytes_read() - before) / len(ids), "tokens": ids})
+    return out
+
+
+def stock(model: Path, rounds: int, tokens: int, threads: int) -> dict:
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    out: dict = {}
+    llms = {"plain": Llama(str(model), n_ctx=2048, n_threads=threads, verbose=False),
+            "prompt lookup": Llama(str(model), n_ctx=2048, n_threads=threads, verbose=False,
+                                   draft_model=LlamaPromptLookupDecoding())}
+    for _ in range(rounds):
+        for pname, text in PROMPTS.items():
+            for vname, llm in llms.items():
+                llm.reset()
+                stamps = []
+                for _ in llm.create_completion(text, max_tokens=tokens, temperature=0, stream=True):
+                    stamps.append(time.perf_counter())
+                n = len(stamps)
+                out.setdefault(f"{pname}/{vname}", []).append({"tok_s": (n - 1) / (stamps[-1] - stamps[0])})
+    for llm in llms.values():
+        llm.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyedgemoe import LlamaPromptLookupDecoding
+    from pyedgemoe.speculative import NgramSimple
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=Path, nargs="+", default=[REPO / "models" / "demo.gguf", REPO / "models" / "fine.gguf"])
+    p.add_argument("--caches", nargs="+", default=["resident", "25%"])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    variants = {"plain": (lambda: None, None), "prompt lookup": (LlamaPromptLookupDecoding, None),
+                "ngram-simple": (NgramSimple, None), "prompt lookup, always checked": (LlamaPromptLookupDecoding,
+                                                                                      AlwaysCheck)}
+    results = {}
+    for model in args.models:
+        for cache in args.caches:
+            results[f"{model.name} {cache}"] = ours(model, cache, variants, args.rounds, args.tokens, args.threads)
+        results[f"{model.name} stock llama-cpp-python"] = stock(model, args.rounds, args.tokens, args.threads)
+    rows = ["| model, cache | prompt | variant | decode tok/s | vs plain | guesses checked / taken | KiB read per token |",
+            "|---|---|---|---:|---:|---:|---:|"]
+    for setting, runs in results.items():
+        for key, samples in runs.items():
+            pname, vname = key.split("/")
+            med = statistics.median(s["tok_s"] for s in samples)
+            plain = statistics.median(s["tok_s"] for s in runs[f"{pname}/plain"])
+            last = samples[-1]
+            guesses = f"{last['checked']} / {last['taken']}" if "checked" in last else ""
+            read = f"{statistics.median(s['bytes_per_token'] for s in samples) / 1024:.1f}" if "bytes_per_token" in last \
+                and "25%" in setting else ""
+            rows.append(f"| {setting} | {pname} | {vname} | {med:.1f} | {med / plain:.2f}x | {guesses} | {read} |")
+    table = "\n".join(rows)
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results))
+        (args.out / "table.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
