@@ -17,9 +17,10 @@ them, but tokens seldom share all of theirs, so on a CPU a batch of n tokens of 
 to n steps of one (docs/speculative.md); a guess pays only when most of it is taken. So each
 generation measures what its checks earn (DraftControl, after the utility of Cascade, Saxena et
 al. 2025, "Utility-Driven Speculative Decoding for Mixture-of-Experts"): the tokens a check gave
-per second against a step without a guess. A check that earned less pauses drafting (4 steps,
-doubling while checks keep losing, up to 256); the tokens of a guess checked next start at 2,
-double after a guess taken whole and are one more than those taken after one cut short.
+per second against a step without a guess, averaged over the last checks. While that is below 1,
+drafting pauses (4 steps, doubling while checks keep losing, up to 256); the tokens of a guess
+checked next start at 2, double after a guess taken whole and are one more than those taken after
+one cut short.
 Whatever is checked, the tokens are the ones each position's pick gives.
 """
 from __future__ import annotations
@@ -104,6 +105,7 @@ class DraftControl:
         self.step_seconds: float | None = None  # a step without a guess (a moving average)
         self.window = self.FIRST_SIZE
         self.paused = 0  # steps left without a guess
+        self.earned = 1.0  # what checks earned lately: their tokens a second over a plain step's
         self.pause = self.PAUSE_STEPS
 
     def size(self) -> int:
@@ -122,7 +124,9 @@ class DraftControl:
             self.step_seconds = seconds if self.step_seconds is None else 0.75 * self.step_seconds + 0.25 * seconds
             return
         self.window = min(2 * checked, self.MAX_SIZE) if taken == checked else taken + 1
-        if (taken + 1) * self.step_seconds < seconds:  # fewer tokens a second than a plain step
+        # tokens a second against a plain step's, of this check and (decaying) of those before
+        self.earned = 0.5 * self.earned + 0.5 * (taken + 1) * self.step_seconds / seconds
+        if self.earned < 1.0:
             self.paused, self.pause = self.pause, min(2 * self.pause, self.MAX_PAUSE_STEPS)
         else:
             self.pause = self.PAUSE_STEPS

@@ -10,8 +10,9 @@ ngram-simple (its defaults, 12 and 48); and, to show what pacing the checks by w
 (speculative.DraftControl) is worth, prompt lookup checked always (the whole guess, every step, as
 llama-cpp-python does). Stock llama-cpp-python (its own build, every expert resident) runs plain
 and with its LlamaPromptLookupDecoding. Prompts: "copy", a text that the model goes on to repeat
-(a file, then its first lines again); "free", the start of a file. Medians of --rounds rounds;
-JSON and a markdown table into --out.
+(a file, then its first lines again); "free", the start of a file. Both run the HIGH experts of
+each model as a standard GGUF (build/bench/NAME-std.gguf, exported when missing). Medians of
+--rounds rounds; JSON and a markdown table into --out.
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ def ours(model: Path, cache: str, variants: dict, rounds: int, tokens: int, thre
     from pyedgemoe.speculative import DraftControl
     resident = cache == "resident"
     out: dict = {}
+    # flash attention off, as llama-cpp-python's default (llama.cpp's auto turns it on: on these tiny
+    # models' CPU decode, measured 20 % slower)
     with Engine(model, n_ctx=2048, expert_cache=None if resident else cache, system=None if resident else "lossless",
-                n_threads=threads) as eng:
+                n_threads=threads, flash_attn=False) as eng:
         def bytes_read() -> int:
             e = eng.stats().get("experts")
             return e["total"]["bytes_read"] + e["prefetches"]["bytes_read"] if e else 0
@@ -73,8 +76,10 @@ def stock(model: Path, rounds: int, tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     out: dict = {}
-    llms = {"plain": Llama(str(model), n_ctx=2048, n_threads=threads, verbose=False),
-            "prompt lookup": Llama(str(model), n_ctx=2048, n_threads=threads, verbose=False,
+    # n_batch 2048: with its default 512, llama-cpp-python 0.3.36's draft_model fails on the copy prompt
+    # (ValueError: could not broadcast input array from shape (90112,) into shape (57344,), in eval)
+    llms = {"plain": Llama(str(model), n_ctx=2048, n_batch=2048, n_threads=threads, verbose=False),
+            "prompt lookup": Llama(str(model), n_ctx=2048, n_batch=2048, n_threads=threads, verbose=False,
                                    draft_model=LlamaPromptLookupDecoding())}
     for _ in range(rounds):
         for pname, text in PROMPTS.items():
@@ -104,8 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"plain": (lambda: None, None), "prompt lookup": (LlamaPromptLookupDecoding, None),
                 "ngram-simple": (NgramSimple, None), "prompt lookup, always checked": (LlamaPromptLookupDecoding,
                                                                                       AlwaysCheck)}
+    from pyedgemoe.convert.export import export
     results = {}
-    for model in args.models:
+    for given in args.models:
+        # the HIGH experts as a standard GGUF: the file stock llama-cpp-python loads, and ours runs too
+        model = REPO / "build" / "bench" / f"{given.stem}-std.gguf"
+        if not model.exists():
+            model.parent.mkdir(parents=True, exist_ok=True)
+            export(given, model, progress=False)
         for cache in args.caches:
             results[f"{model.name} {cache}"] = ours(model, cache, variants, args.rounds, args.tokens, args.threads)
         results[f"{model.name} stock llama-cpp-python"] = stock(model, args.rounds, args.tokens, args.threads)

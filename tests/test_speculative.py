@@ -77,14 +77,15 @@ def test_a_drafter_s_sizes_are_checked():
             make()
 
 
-def test_drafting_pauses_after_a_check_that_earned_less_than_a_plain_step():
+def test_drafting_pauses_while_checks_earn_less_than_plain_steps():
     c = DraftControl()
     assert c.size() == 0  # the first step measures a step without a guess
     c.record(0, 0, 1.0)
     assert c.size() == DraftControl.FIRST_SIZE
     c.record(2, 2, 1.5)  # 3 tokens in 1.5 s: earned; the whole guess was taken: twice as many next
     assert c.size() == 4
-    c.record(4, 0, 2.0)  # 1 token in 2 s: lost; 4 steps without a guess, then one more than taken
+    c.record(4, 0, 4.0)  # 1 token in 4 s: lost, more than the last earned; 4 steps without a guess, then
+    # one more than taken
     assert [c.size() for _ in range(5)] == [0, 0, 0, 0, 1]
     c.record(1, 0, 1.2)  # lost again: the pause doubles
     assert [c.size() for _ in range(9)] == [0] * 8 + [1]
