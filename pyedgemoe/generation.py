@@ -424,6 +424,7 @@ class Generation:
         self._last = -1  # the token picked last
         self._fed = -1  # the token evaluated at the step in flight
         self._guess: list[int] = []  # the drafted tokens evaluated after it
+        self._history = np.zeros(1, dtype=np.intc)  # the drafter's input: the sequence's tokens, then _fed
         self._ready: deque[int | None] = deque()  # verified picks step() has not handed out yet
         self._decode_start = 0.0
 
@@ -457,7 +458,9 @@ class Generation:
         return [(t, pos + i) for i, t in enumerate([self._fed] + self._guess)]
 
     def _drafted(self, size: int) -> list[int]:
-        guess = as_token_ids(self.draft(np.array(self.sequence.tokens + [self._fed], dtype=np.intc)), "draft_model's guess")
+        tokens, known = self.sequence.tokens, len(self._history) - 1  # the sequence only grows meanwhile
+        self._history = np.concatenate((self._history[:known], np.array(tokens[known:] + [self._fed], dtype=np.intc)))
+        guess = as_token_ids(self.draft(self._history), "draft_model's guess")
         if any(not 0 <= t < self.decoder.model.n_vocab for t in guess):
             raise InvalidOptionError(f"draft_model guessed a token id outside the vocabulary of "
                                      f"{self.decoder.model.n_vocab}: {guess[:16]}")

@@ -72,16 +72,15 @@ class NgramSimple(LlamaDraftModel):
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
         ids = np.asarray(input_ids)
-        n = ids.shape[0] - 1  # llama.cpp's tokens before the one just sampled
-        if n <= self.size_n + self.size_m + 1:
+        n, size = ids.shape[0] - 1, self.size_n  # n: llama.cpp's tokens before the one just sampled
+        if n <= size + self.size_m + 1:
             return np.array([], dtype=np.intc)
-        windows = np.lib.stride_tricks.sliding_window_view(ids[1:n], (self.size_n,))  # starts 1 .. n - size_n - 1
-        matches = np.nonzero(np.all(windows[:n - self.size_n - 1] == ids[-self.size_n:], axis=1))[0]
-        if matches.size == 0:
-            return np.array([], dtype=np.intc)
-        start = int(matches[-1]) + 1 + self.size_n  # after the latest occurrence
-        length = min(self.size_m, n - start)
-        return ids[start:start + length] if length >= self.size_n else np.array([], dtype=np.intc)
+        # occurrences start at 1 .. n - size - 1; those ending in the last token, the latest first
+        for end in np.flatnonzero(ids[size:n - 1] == ids[-1])[::-1] + size:
+            if np.array_equal(ids[end - size + 1:end + 1], ids[-size:]):
+                length = min(self.size_m, n - end - 1)
+                return ids[end + 1:end + 1 + length] if length >= size else np.array([], dtype=np.intc)
+        return np.array([], dtype=np.intc)
 
 
 def drafter(spec_type: str, size_n: int = NGRAM_SIMPLE_SIZE_N, size_m: int = NGRAM_SIMPLE_SIZE_M):

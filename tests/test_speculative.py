@@ -71,6 +71,33 @@ def test_ngram_simple_takes_what_followed_the_latest_earlier_occurrence_of_the_l
     assert d(np.array([4, 4, 4, 4, 4, 4, 1, 2])).tolist() == []  # (1, 2) never occurred before
 
 
+def ngram_simple_draft(ids: list[int], size_n: int, size_m: int) -> list[int]:
+    """llama.cpp's common_ngram_simple_draft (common/ngram-map.cpp), line for line: tokens are ids
+    but the last, sampled the last."""
+    tokens, sampled = ids[:-1], ids[-1]
+    cur_len = len(tokens)
+    if cur_len <= size_n + size_m + 1:
+        return []
+    pattern = tokens[cur_len - size_n + 1:] + [sampled]
+    match_pos = 0
+    for j in range(cur_len - size_n - 1, 0, -1):
+        if tokens[j:j + size_n] == pattern:
+            match_pos = j
+            break
+    if match_pos == 0:
+        return []
+    copy_max = min(size_m, cur_len - (match_pos + size_n))
+    return [] if copy_max < size_n else tokens[match_pos + size_n:match_pos + size_n + copy_max]
+
+
+def test_ngram_simple_guesses_as_llama_cpp_s():
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        size_n, size_m = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        ids = rng.integers(0, 3, int(rng.integers(1, 40))).tolist()
+        assert NgramSimple(size_n, size_m)(np.array(ids, dtype=np.intc)).tolist() == ngram_simple_draft(ids, size_n, size_m)
+
+
 def test_a_drafter_s_sizes_are_checked():
     for make in (lambda: NgramSimple(0, 4), lambda: NgramSimple(4, -1), lambda: LlamaPromptLookupDecoding(2, 0)):
         with pytest.raises(InvalidOptionError, match=">= 1"):
