@@ -280,5 +280,6 @@ def test_serve_spec_type_checks_guesses_and_reports_them_as_llama_server(tmp_pat
         assert status == 200 and chat["choices"][0]["text"] == answer["content"]
         status, metrics = request("GET", url + "/metrics")
         assert "pyedgemoe_draft_tokens_accepted_total" in metrics
+        assert request("GET", url + "/props")[1]["default_generation_settings"]["speculative"] is True
     finally:
         stop_server(proc)

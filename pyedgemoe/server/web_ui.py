@@ -67,7 +67,8 @@ class WebUI:
                       "frequency_penalty": sampling.frequency_penalty, "presence_penalty": sampling.presence_penalty,
                       "stop": []}
             return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": engine.n_ctx,
-                                                    "speculative": False, "is_processing": False, "params": params},
+                                                    "speculative": engine.draft_model is not None, "is_processing": False,
+                                                    "params": params},
                     "total_slots": engine.n_parallel, "model_alias": model_id, "model_path": engine.model_path,
                     "modalities": {"vision": False, "video": False, "audio": False},
                     "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True, "ui": True,
