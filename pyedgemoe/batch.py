@@ -182,12 +182,15 @@ class Batcher:
         """Each stepping generation's next input, and its drafter's guess, in one llama_decode; its
         picks to its consumer."""
         room = self._decoder.live().n_batch // len(stepping) - 1  # each generation's guess, at most
-        inputs = [r.generation.next_inputs(room) for r in stepping]
+        inputs = [(r, own) for r in stepping if (own := self._own(r, lambda: r.generation.next_inputs(room)))]
+        if not inputs:
+            return
         start = time.perf_counter()
-        self._decoder.decode_step([token for own in inputs for token, _ in own], [pos for own in inputs for _, pos in own],
-                                  [r.sequence for r, own in zip(stepping, inputs) for _ in own])
+        self._decoder.decode_step([token for _, own in inputs for token, _ in own],
+                                  [pos for _, own in inputs for _, pos in own],
+                                  [r.sequence for r, own in inputs for _ in own])
         seconds, first = time.perf_counter() - start, 0
-        for r, own in zip(stepping, inputs):
+        for r, own in inputs:
             self._emit_own(r, lambda: r.generation.verified(first, seconds))
             first += len(own)
 
@@ -202,17 +205,22 @@ class Batcher:
         self._end(r, result)
         r.closed = True
 
-    def _emit_own(self, r: _Request, picks) -> None:
-        """_emit of picks()'s tokens; an error of r's own (its sampler's Python hooks, its drafter)
-        ends r alone."""
+    def _own(self, r: _Request, work):
+        """work()'s result; an error of r's own (its sampler's Python hooks, its drafter) ends r
+        alone: None."""
         try:
-            tokens = picks()
+            return work()
         except ExpertLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
             self._end(r, e)
-            return
-        self._emit(r, tokens)
+            return None
+
+    def _emit_own(self, r: _Request, picks) -> None:
+        """_emit of picks()'s tokens, unless they are an error of r's own."""
+        tokens = self._own(r, picks)
+        if tokens is not None:
+            self._emit(r, tokens)
 
     def _emit(self, r: _Request, tokens: list[int | None]) -> None:
         """Hands a step's picks to r's consumer; ends the generation after its last (None: it ended)."""

@@ -283,3 +283,24 @@ def test_serve_spec_type_checks_guesses_and_reports_them_as_llama_server(tmp_pat
         assert request("GET", url + "/props")[1]["default_generation_settings"]["speculative"] is True
     finally:
         stop_server(proc)
+
+
+def test_a_drafter_s_error_ends_its_own_generation_alone():
+    def broken(ids):
+        raise RuntimeError("the drafter broke")
+    with Engine(DEMO, n_ctx=2048, n_parallel=2, **LOSSLESS) as eng:
+        prompt = eng.tokenize(COPY_PROMPT)
+        errors, out = [], {}
+
+        def one(name, drafter):
+            try:
+                out[name] = greedy(eng, prompt, 32, drafter)
+            except RuntimeError as e:
+                errors.append(str(e))
+        threads = [threading.Thread(target=one, args=("broken", broken)),
+                   threading.Thread(target=one, args=("fine", LlamaPromptLookupDecoding()))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == ["the drafter broke"] and len(out["fine"]) == 32
