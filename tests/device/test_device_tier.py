@@ -587,3 +587,24 @@ def test_a_split_gguf_s_experts_go_to_the_device_from_every_shard(tiny_model, re
     assert tokens == resident_tokens
     experts = stats["experts"]  # read on demand, or at load into the device's cache and the host tier
     assert experts["total"]["bytes_read"] + experts["fill"]["bytes_read"] + experts["host_fill"]["bytes_read"] > 0
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
+def test_speculative_guesses_checked_on_the_device_give_the_model_s_tokens(tiny_model, mode):
+    """A guess checked in one batch (pyedgemoe.speculative) through the device tier: the greedy
+    tokens without a drafter, but where two tokens' logits tie within a batch's rounding."""
+    from pyedgemoe import LlamaPromptLookupDecoding
+    from pyedgemoe.generation import SamplingParams
+    path = tiny_model("qwen3_moe")[0]
+    share = dict(link_share=0.5) if mode == "split" else {}
+    prompt = IDS[:6] * 5  # a random model goes on repeating it: guesses are taken
+    with Engine(path, **SETTINGS, mode=mode, expert_cache="25%", **share) as eng:
+        def greedy(draft=None):
+            return list(eng.generate_tokens(prompt, 48, SamplingParams(temperature=0, seed=1, draft_model=draft)))
+        plain, drafted = greedy(), greedy(LlamaPromptLookupDecoding(num_pred_tokens=6))
+        assert eng.last_timings.n_draft_accepted > 0
+        i = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), None)
+        if i is not None:
+            logits = eng.logits(prompt + plain[:i])[-1]
+            assert logits.max() - logits[drafted[i]] < 2e-2 and logits.max() - logits[plain[i]] < 2e-2
+        assert len(drafted) == 48
