@@ -20,6 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
+from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.cli_options import model_name, model_options, model_source, sampling_options, speculative_options
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
@@ -814,8 +815,10 @@ def bench(
 
 def main() -> None:
     """Entry point: like app(), but a usage error (unknown flag, a value of the wrong type)
-    is also one `error: ...` line (exit status 2) instead of click's usage block."""
+    is also one `error: ...` line (exit status 2) instead of click's usage block; llama.cpp's
+    environment variables are read (pyedgemoe.llama_env)."""
     command = typer.main.get_command(app)
+    read_llama_cpp_variables(command)
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
         status = command.main(standalone_mode=False, prog_name="pyedgemoe")  # also as python -m pyedgemoe

@@ -26,6 +26,7 @@ from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
 from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model
 from pyedgemoe.speculative import NGRAM_SIMPLE_SIZE_M, NGRAM_SIMPLE_SIZE_N, drafter
@@ -290,6 +291,13 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
 
     def collect(params: dict) -> Path:
         path, flag, repo, hf_file, token = (params.pop(name) for name, _, _ in added)
+        # llama.cpp's variables (llama_env) give way to the command line, and go with -hf only
+        if flag is not None and from_environment("model_flag") and (path is not None or repo is not None):
+            flag = None
+        if repo is not None and from_environment("hf_repo") and (path is not None or flag is not None):
+            repo = None
+        hf_file, token = (None if value is not None and from_environment(name) and repo is None else value
+                          for name, value in (("hf_file", hf_file), ("hf_token", token)))
         given = [what for what, value in (("MODEL", path), ("-m", flag), ("-hf", repo)) if value is not None]
         if len(given) != 1:
             raise InvalidOptionError("give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT]"

@@ -2,6 +2,7 @@
 token with and without a drafter, ours and stock llama-cpp-python's, in alternating rounds.
 
     python scripts/bench_speculative.py [--models models/demo.gguf models/fine.gguf] [--out DIR]
+    python scripts/bench_speculative.py --step-cost --models models/fine.gguf build/bench/olmoe-...gguf
 
 For each model and expert cache (resident; 25 % lossless), one Engine; each round runs every
 variant once on each prompt (greedy, --tokens tokens, end-of-generation ignored, the prompt
@@ -72,6 +73,29 @@ def ours(model: Path, cache: str, variants: dict, rounds: int, tokens: int, thre
     return out
 
 
+def step_cost(model: Path, cache: str, threads: int, repeats: int = 48) -> dict:
+    """Seconds of one decode step of n tokens (random ones, after a 64-token prompt) over a step of
+    one, medians: what checking a guess of n - 1 tokens costs."""
+    import random
+    from pyedgemoe import Engine
+    resident = cache == "resident"
+    rng = random.Random(0)
+    with Engine(model, n_ctx=1024, expert_cache=None if resident else cache, system=None if resident else "lossless",
+                n_threads=threads, flash_attn=False) as eng:
+        ctx = eng._decoder.live()  # the native context: steps of chosen sizes, the sequence cut back after each
+        ctx.decode([rng.randrange(100, 1000) for _ in range(64)], 0, False, 0)
+        seconds: dict = {}
+        for _ in range(repeats):
+            for n in (1, 2, 3, 5, 9, 17):
+                tokens = [rng.randrange(100, 1000) for _ in range(n)]
+                start = time.perf_counter()
+                ctx.decode_step(tokens, list(range(64, 64 + n)), [0] * n)
+                seconds.setdefault(n, []).append(time.perf_counter() - start)
+                ctx.truncate(64, 0)
+    one = statistics.median(seconds[1])
+    return {n: statistics.median(v) / one for n, v in seconds.items()} | {"one_ms": one * 1e3}
+
+
 def stock(model: Path, rounds: int, tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -105,7 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--step-cost", action="store_true", help="only what a step of n tokens costs against one of one")
     args = p.parse_args(argv)
+    if args.step_cost:
+        print("| model, cache | one token (ms) | " + " | ".join(f"{n} tokens" for n in (2, 3, 5, 9, 17)) + " |")
+        print("|---|---:|" + "---:|" * 5)
+        for model in args.models:
+            for cache in args.caches:
+                c = step_cost(model, cache, args.threads)
+                print(f"| {model.name} {cache} | {c['one_ms']:.2f} | " + " | ".join(f"{c[n]:.2f}x" for n in (2, 3, 5, 9, 17))
+                      + " |")
+        return 0
     variants = {"plain": (lambda: None, None), "prompt lookup": (LlamaPromptLookupDecoding, None),
                 "ngram-simple": (NgramSimple, None), "prompt lookup, always checked": (LlamaPromptLookupDecoding,
                                                                                       AlwaysCheck)}

@@ -23,6 +23,12 @@ Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m 
 `-hf USER/MODEL[:QUANT]` (a Hugging Face repo's GGUF of that quant, downloaded with its shards into
 huggingface_hub's cache); a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 
+`run`, `serve`, `perplexity`, `embed` and `calibrate` read llama.cpp's environment variables for the
+flags of llama.cpp's they have (`LLAMA_ARG_MODEL`, `LLAMA_ARG_CTX_SIZE`, `LLAMA_ARG_N_GPU_LAYERS`,
+`LLAMA_ARG_HOST`, `LLAMA_ARG_PORT`, `LLAMA_API_KEY`, `HF_TOKEN`, ...: `pyedgemoe/llama_env.py` lists
+them, by llama.cpp's `common/arg.cpp`); a flag on the command line wins; a `LLAMA_ARG_` variable the
+command has no option for is said in a `note:` line.
+
 What a run prints on stderr besides its text (docs/expert-residency.md, docs/mixed-precision.md):
 a `note:` line on how the experts are served (the expert cache's size and, when it holds every
 expert in HIGH or was capped, that; io, the fill, prefetch, eviction, what is lossy, repacking),
