@@ -494,9 +494,8 @@ class Generation:
             self.timings.n_draft_tokens += len(guess)
             self.timings.n_draft_accepted += taken
             n = len(self.sequence.tokens)
-            if taken < len(guess) and self.decoder.keep(self.sequence, n) != n:
-                raise ModelLoadError("speculative decoding: this model's memory cannot drop the rejected guess "
-                                     "(recurrent layers); run it without a draft_model / --spec-type")
+            if taken < len(guess) and self.decoder.keep(self.sequence, n) != n:  # the plan refuses such models
+                raise ModelLoadError("speculative decoding: the model's memory could not drop the rejected guess")
         return picks
 
     def step(self) -> int | None:

@@ -286,8 +286,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if options.n_parallel > 1 and big_little > 0:
         raise InvalidOptionError("big_little redoes low-confidence tokens one sequence at a time: it needs "
                                  "n_parallel=1")
-    # a guess is checked in one batch: big-little's little pass takes one token
-    no_drafts = "MoBiLE's big-little decodes one token at a time" if big_little > 0 else ""
+    # a guess is checked in one batch, and what is rejected of it dropped
+    no_drafts = ("MoBiLE's big-little decodes one token at a time" if big_little > 0 else
+                 f"{info.architecture}'s recurrent layers cannot drop a rejected guess" if info.recurrent else "")
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
     notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + \

@@ -62,6 +62,8 @@ class ModelInfo:
     largest_projection_share: float = 0.0
     # biases of the expert stacks (GPT-OSS's): resident, added by expert id, so no mixed precision
     expert_biases: bool = False
+    # recurrent layers (alone or beside attention): their state cannot drop the last tokens it took
+    recurrent: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -214,6 +216,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         cold_embedding_bytes=cold_embedding,
         largest_projection_share=largest_share,
         expert_biases=any(t["name"].endswith("_exps.bias") for t in info["tensors"]),
+        recurrent=_native.architecture_is_recurrent(arch),
     )
 
 

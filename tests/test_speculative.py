@@ -182,6 +182,17 @@ def test_a_drafter_with_big_little_is_refused_at_load():
         Engine(DEMO, n_ctx=256, expert_cache="25%", system="mobile", draft_model=NgramSimple())
 
 
+def test_a_drafter_for_a_model_with_recurrent_layers_is_refused(tiny_model):
+    """Qwen3-Next's gated delta net layers keep a state that cannot drop a rejected guess."""
+    path = tiny_model("qwen3_next")[0]
+    with pytest.raises(InvalidOptionError, match="qwen3next's recurrent layers cannot drop a rejected guess"):
+        Engine(path, n_ctx=256, draft_model=LlamaPromptLookupDecoding())
+    with Engine(path, n_ctx=256) as eng:
+        with pytest.raises(InvalidOptionError, match="recurrent layers"):
+            greedy(eng, [1, 17, 42, 99] * 5, 8, LlamaPromptLookupDecoding())
+        assert len(greedy(eng, [1, 17, 42, 99] * 5, 8)) == 8
+
+
 def test_several_sequences_check_their_guesses_in_one_step(cached):
     prompts = [COPY_PROMPT, CODE[200:900] + "\n" + CODE[200:260]]
     alone = {p: greedy(cached, cached.tokenize(p), 48) for p in prompts}

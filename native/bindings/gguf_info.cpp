@@ -4,6 +4,7 @@
 
 #include "ggml.h"
 #include "gguf.h"
+#include "llama-arch.h"
 #include "../src/gguf-shards.h"
 #include "../src/slot-pool.h"
 
@@ -97,9 +98,18 @@ bool cpu_repacks_tensor(const std::string & type_name, const std::vector<int64_t
     throw nb::value_error(("unknown ggml type '" + type_name + "'").c_str());
 }
 
+// Whether llama.cpp keeps a state per sequence for the architecture that it cannot cut back to an
+// earlier position (recurrent layers, alone or beside attention: llama_model_is_recurrent/_hybrid)
+bool architecture_is_recurrent(const std::string & name) {
+    const llm_arch arch = llm_arch_from_string(name);
+    return llm_arch_is_recurrent(arch) || llm_arch_is_hybrid(arch);
+}
+
 }  // namespace
 
 void register_gguf_info(nb::module_ & m) {
+    m.def("architecture_is_recurrent", &architecture_is_recurrent, nb::arg("name"),
+          "Whether the architecture (general.architecture) has recurrent layers, whose state cannot drop its last tokens.");
     m.def("cpu_repacks", &cpu_repacks_tensor, nb::arg("type"), nb::arg("shape"),
           "Whether llama.cpp's CPU backend keeps a repacked copy of a weight of this type and shape.");
     m.def("read_gguf_info", &read_gguf_info, nb::arg("path"),
