@@ -41,7 +41,7 @@ class LlamaDraftModel(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
-        raise NotImplementedError
+        """The guess after input_ids (every token so far, int32); empty: none."""
 
 
 class LlamaPromptLookupDecoding(LlamaDraftModel):
