@@ -30,6 +30,7 @@ from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model
 from pyedgemoe.speculative import NGRAM_SIMPLE_SIZE_M, NGRAM_SIMPLE_SIZE_N, drafter
+from pyedgemoe.url_model import url_model
 from pyedgemoe.systems import SYSTEMS
 
 # (parameter, annotation, typer option, Engine keyword) of the options besides the expert ones
@@ -283,6 +284,10 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
             None, "-hf", "-hfr", "--hf-repo", help="a GGUF of a Hugging Face repo, USER/MODEL[:QUANT], as llama.cpp's "
             f"-hf: the quant's file (any case; default {', else '.join(DEFAULT_QUANTS)}, else the repo's first GGUF), "
             "with its shards, downloaded into huggingface_hub's cache (offline: taken from it)")),
+        ("model_url", Optional[str], typer.Option(
+            None, "-mu", "--model-url", help="a GGUF at this http(s) URL, as llama.cpp's -mu: downloaded (a split "
+            "one's first shard with its shards) into llama.cpp's cache ($LLAMA_CACHE, else ~/.cache/llama.cpp), or "
+            "to -m's path, unless already there")),
         ("hf_file", Optional[str], typer.Option(None, "-hff", "--hf-file", help="with -hf: this file of the repo in "
                                                 "place of the quant, as llama.cpp's -hff")),
         ("hf_token", Optional[str], typer.Option(None, "-hft", "--hf-token", help="the Hugging Face access token for "
@@ -290,20 +295,25 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
     ]
 
     def collect(params: dict) -> Path:
-        path, flag, repo, hf_file, token = (params.pop(name) for name, _, _ in added)
-        # llama.cpp's variables (llama_env) give way to the command line, and go with -hf only
-        if flag is not None and from_environment("model_flag") and (path is not None or repo is not None):
-            flag = None
-        if repo is not None and from_environment("hf_repo") and (path is not None or flag is not None):
-            repo = None
+        path, flag, repo, url, hf_file, token = (params.pop(name) for name, _, _ in added)
+        # llama.cpp's variables (llama_env) give way to a model given on the command line; -hff and -hft
+        # from them go with -hf only
+        sources = {"model_file": path, "model_flag": flag, "hf_repo": repo, "model_url": url}
+        if any(value is not None and not from_environment(name) for name, value in sources.items()):
+            flag, repo, url = (None if from_environment(name) else sources[name] for name in ("model_flag", "hf_repo",
+                                                                                               "model_url"))
         hf_file, token = (None if value is not None and from_environment(name) and repo is None else value
                           for name, value in (("hf_file", hf_file), ("hf_token", token)))
-        given = [what for what, value in (("MODEL", path), ("-m", flag), ("-hf", repo)) if value is not None]
+        # with -mu, -m is where the download goes, as in llama.cpp
+        given = [what for what, value in (("MODEL", path), ("-m", None if url else flag), ("-hf", repo), ("-mu", url))
+                 if value is not None]
         if len(given) != 1:
-            raise InvalidOptionError("give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT]"
+            raise InvalidOptionError("give the model once: MODEL, -m MODEL, -hf USER/MODEL[:QUANT] or -mu URL"
                                      + (f" (given: {', '.join(given)})" if given else ""))
         if repo is None and (hf_file is not None or token is not None):
             raise InvalidOptionError(f"{'-hff' if hf_file is not None else '-hft'} goes with -hf USER/MODEL")
+        if url is not None:
+            return Path(url_model(url, flag))
         return Path(hub_model(repo, hf_file, token)) if repo is not None else path or flag
     return lambda command: _with_options(command, "model", added, collect, first=True)
 

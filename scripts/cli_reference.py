@@ -19,9 +19,11 @@ pyedgemoe and of its llama.cpp. Errors a user can cause are one `error: ...` lin
 status 1; usage errors (an unknown flag, a value of the wrong type) exit with status 2; Ctrl-C
 exits with status 130.
 
-Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m MODEL`, or
+Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m MODEL`,
 `-hf USER/MODEL[:QUANT]` (a Hugging Face repo's GGUF of that quant, downloaded with its shards into
-huggingface_hub's cache); a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
+huggingface_hub's cache), or `-mu URL` (a GGUF at an http(s) URL, downloaded with its shards into
+llama.cpp's cache, `$LLAMA_CACHE` or `~/.cache/llama.cpp`, or to `-m`'s path, unless already there);
+a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 
 `run`, `serve`, `perplexity`, `embed` and `calibrate` read llama.cpp's environment variables for the
 flags of llama.cpp's they have (`LLAMA_ARG_MODEL`, `LLAMA_ARG_CTX_SIZE`, `LLAMA_ARG_N_GPU_LAYERS`,

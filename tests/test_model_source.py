@@ -124,9 +124,9 @@ def test_low_copies_from_the_repo_as_from_a_file(hf_home):
     (("-hf", "demo"), "error: 'demo' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
     (("-hf", "pyedgemoe-tests/demo", "-hfl", "a/b/c"), "error: 'a/b/c' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
     (("-hff", "demo-Q8_0.gguf", "x.gguf"), "error: -hff goes with -hf USER/MODEL"),
-    (("-m", "a.gguf", "b.gguf"), "error: give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT] "
+    (("-m", "a.gguf", "b.gguf"), "error: give the model once: MODEL, -m MODEL, -hf USER/MODEL[:QUANT] or -mu URL "
      "(given: MODEL, -m)"),
-    ((), "error: give the model once: MODEL, -m MODEL or -hf USER/MODEL[:QUANT]"),
+    ((), "error: give the model once: MODEL, -m MODEL, -hf USER/MODEL[:QUANT] or -mu URL"),
 ])
 def test_a_model_not_to_be_had_is_one_error_line(hf_home, args, error):
     r = cli("run", *args, "-p", "x", hf_home=hf_home)

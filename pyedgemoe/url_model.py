@@ -1,0 +1,89 @@
+"""A model from a URL, as llama.cpp's `-mu/--model-url` gets it:
+
+    url_model("https://example.org/models/moe-Q8_0.gguf")   # -> ~/.cache/llama.cpp/moe-Q8_0.gguf
+
+The file goes where llama.cpp puts it (common/arg.cpp's get_default_local_path): named by the
+URL's last path segment (query and fragment left out) in llama.cpp's cache directory ($LLAMA_CACHE,
+else $XDG_CACHE_HOME/llama.cpp, else ~/.cache/llama.cpp), or at `path` where given (llama.cpp's -m
+beside -mu); a split GGUF's first shard brings every shard (common_download_get_all_parts). A file
+already there is used as it is (llama.cpp asks the server whether it changed; this does not), so
+a second run needs no network. A download goes to NAME.downloadInProgress (llama.cpp's name) and
+takes the file's name only when whole; every failure is one ModelLoadError, and leaves no file.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from pyedgemoe.errors import ModelLoadError
+
+CONNECT_SECONDS = 30.0  # to connect, and between two reads of a download
+_SHARD = re.compile(r"^(.+)-00001-of-([0-9]{5})\.gguf$")
+
+
+def url_model(url: str, path: str | os.PathLike | None = None) -> str:
+    """The local path of the model at url (its first shard), downloaded unless already there."""
+    parts = _parts(url)
+    if path is not None:
+        places = [Path(path)] + [Path(path).parent / _name(p) for p in parts[1:]]
+    else:
+        places = [cache_directory() / _name(p) for p in parts]
+    for part, place in zip(parts, places):
+        if not place.exists():
+            _download(part, place)
+    return str(places[0])
+
+
+def cache_directory() -> Path:
+    """llama.cpp's cache directory (fs_get_cache_directory, on Linux)."""
+    if os.environ.get("LLAMA_CACHE"):
+        return Path(os.environ["LLAMA_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama.cpp"
+
+
+def _name(url: str) -> str:
+    name = urllib.parse.urlsplit(url).path.split("/")[-1]  # as written: %2F stays in the name, not a folder
+    if not name or name in (".", ".."):
+        raise ModelLoadError(f"-mu: the URL {url!r} names no file")
+    return name
+
+
+def _parts(url: str) -> list[str]:
+    """url, or where it names a split GGUF's first shard, every shard's URL in order."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise ModelLoadError(f"-mu takes an http:// or https:// URL, got {url!r}")
+    base = url.split("#")[0].split("?")[0]
+    shard = _SHARD.match(base)
+    if shard is None or int(shard[2]) <= 1:
+        return [url]
+    return [f"{shard[1]}-{i:05d}-of-{shard[2]}.gguf" for i in range(1, int(shard[2]) + 1)]
+
+
+def _download(url: str, place: Path) -> None:
+    partial = place.with_name(place.name + ".downloadInProgress")
+    try:
+        place.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(url, timeout=CONNECT_SECONDS) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+            expected = response.headers.get("Content-Length")
+            if expected is not None and out.tell() != int(expected):
+                raise ModelLoadError(f"cannot download {url}: the connection ended after {out.tell()} of "
+                                     f"{expected} bytes")
+        os.replace(partial, place)
+    except ModelLoadError:
+        partial.unlink(missing_ok=True)
+        raise
+    except urllib.error.HTTPError as e:
+        partial.unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+        partial.unlink(missing_ok=True)
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        raise ModelLoadError(f"cannot download {url} to {place}: {reason}") from None
