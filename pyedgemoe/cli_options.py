@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import re
 from pathlib import Path
 from typing import Optional, get_args, get_type_hints
@@ -28,7 +29,7 @@ from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, Expe
 from pyedgemoe.generation import SamplingParams, exposed_fields
 from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
-from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model
+from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model, offline_asked
 from pyedgemoe.speculative import NGRAM_SIMPLE_SIZE_M, NGRAM_SIMPLE_SIZE_N, drafter
 from pyedgemoe.url_model import url_model
 from pyedgemoe.systems import SYSTEMS
@@ -288,6 +289,8 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
             None, "-mu", "--model-url", help="a GGUF at this http(s) URL, as llama.cpp's -mu: downloaded (a split "
             "one's first shard with its shards) into llama.cpp's cache ($LLAMA_CACHE, else ~/.cache/llama.cpp), or "
             "to -m's path, unless already there")),
+        ("offline", bool, typer.Option(False, "--offline", help="no network: -hf, -hfl and -mu take only files already "
+                                       "in their caches, as llama.cpp's --offline (HF_HUB_OFFLINE=1 too)")),
         ("hf_file", Optional[str], typer.Option(None, "-hff", "--hf-file", help="with -hf: this file of the repo in "
                                                 "place of the quant, as llama.cpp's -hff")),
         ("hf_token", Optional[str], typer.Option(None, "-hft", "--hf-token", help="the Hugging Face access token for "
@@ -295,7 +298,9 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
     ]
 
     def collect(params: dict) -> Path:
-        path, flag, repo, url, hf_file, token = (params.pop(name) for name, _, _ in added)
+        path, flag, repo, url, offline, hf_file, token = (params.pop(name) for name, _, _ in added)
+        if offline:  # for this process: -hf's and -hfl's huggingface_hub, and -mu
+            os.environ["HF_HUB_OFFLINE"] = "1"
         # llama.cpp's variables (llama_env) give way to a model given on the command line; -hff and -hft
         # from them go with -hf only
         sources = {"model_file": path, "model_flag": flag, "hf_repo": repo, "model_url": url}
@@ -313,7 +318,7 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
         if repo is None and (hf_file is not None or token is not None):
             raise InvalidOptionError(f"{'-hff' if hf_file is not None else '-hft'} goes with -hf USER/MODEL")
         if url is not None:
-            return Path(url_model(url, flag))
+            return Path(url_model(url, flag, offline_asked()))
         return Path(hub_model(repo, hf_file, token)) if repo is not None else path or flag
     return lambda command: _with_options(command, "model", added, collect, first=True)
 

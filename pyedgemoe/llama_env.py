@@ -19,6 +19,7 @@ COMMANDS = ("run", "serve", "perplexity", "embed", "calibrate")
 # checks this against the vendored arg.cpp, and that no flag of COMMANDS with one is left out)
 VARIABLES = {
     "-m": "LLAMA_ARG_MODEL", "-mu": "LLAMA_ARG_MODEL_URL", "-hf": "LLAMA_ARG_HF_REPO", "-hff": "LLAMA_ARG_HF_FILE", "-hft": "HF_TOKEN",
+    "--offline": "LLAMA_ARG_OFFLINE",
     "-t": "LLAMA_ARG_THREADS", "-c": "LLAMA_ARG_CTX_SIZE", "-n": "LLAMA_ARG_N_PREDICT", "-b": "LLAMA_ARG_BATCH",
     "-ub": "LLAMA_ARG_UBATCH", "-fa": "LLAMA_ARG_FLASH_ATTN", "-ctk": "LLAMA_ARG_CACHE_TYPE_K",
     "-ctv": "LLAMA_ARG_CACHE_TYPE_V", "-ngl": "LLAMA_ARG_N_GPU_LAYERS", "--device": "LLAMA_ARG_DEVICE",

@@ -8,12 +8,13 @@ hub_model picks the file as llama.cpp's -hf does (common/download.cpp): the firs
 (not a projector, imatrix or draft head) whose name holds the quant followed by "." or "-", any
 case; without a quant Q4_K_M, else Q8_0, else the first GGUF model file; of a split GGUF
 (NAME-00001-of-0000N.gguf) the first shard, downloaded with all its shards. Offline
-(HF_HUB_OFFLINE=1, or the Hub out of reach within HUB_CONNECT_SECONDS) the files come from the
+(HF_HUB_OFFLINE=1 or the CLI's --offline, or the Hub out of reach within HUB_CONNECT_SECONDS) the files come from the
 cache. Every failure is one ModelLoadError.
 """
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import socket
 import urllib.parse
@@ -116,9 +117,10 @@ class _Hub:
             raise ModelLoadError("models from the Hugging Face Hub need huggingface_hub: pip install huggingface-hub") from None
         self.hf, self.repo_id, self.token, self.local_dir, self.cache_dir = huggingface_hub, repo_id, token, local_dir, cache_dir
         self.where = f"Hugging Face repo {repo_id!r}"
-        self.unreachable = None if constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
-        self.offline = bool(constants.HF_HUB_OFFLINE) or self.unreachable is not None
-        self._why_offline = (" (offline, HF_HUB_OFFLINE=1: only files already in the cache load)" if constants.HF_HUB_OFFLINE
+        forced = constants.HF_HUB_OFFLINE or offline_asked()  # the variable, read at huggingface_hub's import or now
+        self.unreachable = None if forced else _unreachable(constants.ENDPOINT)
+        self.offline = bool(forced) or self.unreachable is not None
+        self._why_offline = (" (offline, HF_HUB_OFFLINE=1 or --offline: only files already in the cache load)" if forced
                              else f" (offline: {self.unreachable}; only files already in the cache load)" if self.unreachable else "")
 
     def files(self) -> list[str]:
@@ -144,6 +146,11 @@ class _Hub:
             text = str(e).strip()
             raise ModelLoadError(f"cannot get {what} from {self.where}{self._why_offline}: "
                                  f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
+
+
+def offline_asked() -> bool:
+    """Whether HF_HUB_OFFLINE says offline (huggingface_hub's true values), as `--offline` sets it."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
 def _unreachable(endpoint: str) -> str | None:

@@ -27,14 +27,18 @@ CONNECT_SECONDS = 30.0  # to connect, and between two reads of a download
 _SHARD = re.compile(r"^(.+)-00001-of-([0-9]{5})\.gguf$")
 
 
-def url_model(url: str, path: str | os.PathLike | None = None) -> str:
-    """The local path of the model at url (its first shard), downloaded unless already there."""
+def url_model(url: str, path: str | os.PathLike | None = None, offline: bool = False) -> str:
+    """The local path of the model at url (its first shard), downloaded unless already there
+    (offline: never; a file not there is an error)."""
     parts = _parts(url)
     if path is not None:
         places = [Path(path)] + [Path(path).parent / _name(p) for p in parts[1:]]
     else:
         places = [cache_directory() / _name(p) for p in parts]
     for part, place in zip(parts, places):
+        if not place.exists() and offline:
+            raise ModelLoadError(f"-mu: {part} is not at {place}, and offline (--offline, HF_HUB_OFFLINE=1) it is not "
+                                 "downloaded")
         if not place.exists():
             _download(part, place)
     return str(places[0])

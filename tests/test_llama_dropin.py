@@ -963,7 +963,7 @@ def test_from_pretrained_offline_of_an_uncached_repo_is_a_model_load_error(tmp_p
                                             "filename='*q8_0.gguf')"), tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ModelLoadError: cannot get *q8_0.gguf from Hugging Face repo "
-                               "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1")
+                               "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1 or --offline")
     assert "Traceback" not in r.stderr
 
 

@@ -120,7 +120,7 @@ def test_low_copies_from_the_repo_as_from_a_file(hf_home):
      "Q4_K_M/demo-Q4_K_M-00002-of-00002.gguf, demo-Q4_K.gguf, demo-Q8_0.gguf, mmproj-demo-f16.gguf"),
     (("-hf", "pyedgemoe-tests/demo", "-hff", "nope.gguf"), "error: no file nope.gguf in Hugging Face repo"),
     (("-hf", "pyedgemoe-tests/not-cached"), "error: cannot get a GGUF model from Hugging Face repo "
-     "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1: only files already in the cache load)"),
+     "'pyedgemoe-tests/not-cached' (offline, HF_HUB_OFFLINE=1 or --offline: only files already in the cache load)"),
     (("-hf", "demo"), "error: 'demo' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
     (("-hf", "pyedgemoe-tests/demo", "-hfl", "a/b/c"), "error: 'a/b/c' is not a Hugging Face repo: USER/MODEL[:QUANT]"),
     (("-hff", "demo-Q8_0.gguf", "x.gguf"), "error: -hff goes with -hf USER/MODEL"),
@@ -170,3 +170,21 @@ def test_serve_names_the_model_by_its_repo_as_llama_server_does(hf_home, tmp_pat
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+
+
+def test_offline_takes_the_cache_without_trying_the_hub(hf_home):
+    """--offline (llama.cpp's) as HF_HUB_OFFLINE=1: the cached file, no attempt to reach the Hub
+    (whose error would say it could not be reached)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HF_HOME": str(hf_home),
+           "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_HUB_CACHE", None)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pyedgemoe", "inspect", *args], capture_output=True, text=True,
+                              env=env, timeout=300)
+    r = run("-hf", "pyedgemoe-tests/demo:Q8_0", "--offline")
+    assert inspected_file(r).endswith("demo-Q8_0.gguf")
+    r = run("-hf", "pyedgemoe-tests/not-cached", "--offline")
+    assert "(offline, HF_HUB_OFFLINE=1 or --offline: only files already in the cache load)" in r.stderr
+    assert "(offline, HF_HUB_OFFLINE=1 or --offline" not in run("-hf", "pyedgemoe-tests/not-cached").stderr

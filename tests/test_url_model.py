@@ -124,3 +124,14 @@ def test_llama_arg_model_url_gives_way_to_a_model_on_the_command_line(served, tm
     cache = tmp_path / "cache"
     assert tokens(cli("run", *GENERATE, cache=cache, LLAMA_ARG_MODEL_URL=f"{url}/demo.gguf")) == \
         tokens(cli("run", str(DEMO), *GENERATE, cache=cache, LLAMA_ARG_MODEL_URL="http://127.0.0.1:9/x.gguf"))
+
+
+def test_offline_mu_takes_only_a_file_already_there(served, tmp_path):
+    url, _ = served
+    cache = tmp_path / "cache"
+    r = cli("run", "-mu", f"{url}/demo.gguf", "--offline", "-p", "x", cache=cache)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1 and "is not at" in errors[0] and "not downloaded" in errors[0]
+    assert not cache.exists() or not list(cache.iterdir())
+    assert tokens(cli("run", "-mu", f"{url}/demo.gguf", *GENERATE, cache=cache))  # downloaded
+    assert tokens(cli("run", "-mu", f"{url}/demo.gguf", "--offline", *GENERATE, cache=cache, LLAMA_ARG_OFFLINE="1"))
