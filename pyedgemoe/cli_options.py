@@ -39,10 +39,11 @@ _ENGINE_OPTIONS = (
     ("threads", Optional[int], typer.Option(None, "-t", "--threads",
                                             help="threads of the decode (default: the physical cores this process "
                                                  "may use, within its cgroup's CPU quota; the decode leaves one to "
-                                                 "the expert reads when prefetch is chosen automatically)"), "n_threads"),
+                                                 "the expert reads when prefetch is chosen automatically; 0 or -1, "
+                                                 "llama.cpp's default: this default)"), "n_threads"),
     ("threads_batch", Optional[int], typer.Option(None, "-tb", "--threads-batch",
                                                   help="threads of the prompt's batches (default: --threads, or its "
-                                                       "default)"), "n_threads_batch"),
+                                                       "default; 0 or -1 too)"), "n_threads_batch"),
     ("expert_cache", str, typer.Option("auto", "--expert-cache",
                                        help="memory for experts: 300MiB, 4GiB, 50% (of expert bytes, above 0 "
                                             "and at most 100%), auto, or mmap (no cache: the page cache holds the "
@@ -149,6 +150,9 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
             if params.pop(name) not in (None, False) and refusal:
                 raise InvalidOptionError(f"{option.param_decls[-1]}: {refusal}")
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        for keyword in ("n_threads", "n_threads_batch"):  # llama.cpp's -t/-tb 0 or -1 (its default): the default
+            if keyword in engine_options and engine_options[keyword] is not None and engine_options[keyword] <= 0:
+                engine_options[keyword] = None
         k, v = (params.pop(name, None) for name, _, _ in _KV_TYPES)
         if k is not None or v is not None:
             if k != v:

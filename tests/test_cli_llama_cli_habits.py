@@ -166,3 +166,11 @@ def test_list_devices_needs_no_model(command):
     r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", command, "--list-devices"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("Available devices:\n"), r.stderr
+
+
+@pytest.mark.parametrize("threads", [("-t", "-1"), ("-t", "0", "-tb", "-1")])
+def test_threads_of_minus_one_or_zero_are_the_default_as_in_llama_cpp(threads):
+    plan = run("-p", "x", "--dry-run", *threads)
+    assert plan.returncode == 0, plan.stderr
+    assert "threads       default decode, default batch" in plan.stdout
+    assert run("-p", "x", "-n", "2", *threads).returncode == 0
