@@ -173,7 +173,7 @@ def test_prompt_longer_than_context(mixtral_gguf):
     (("--top-p", "2"), "top_p"),
     (("--temp", "nan"), "temperature"),
     (("--ctx", "-5"), "n_ctx"),
-    (("--threads", "0"), "n_threads"),
+    (("--batch-size", "0"), "n_batch"),  # (--threads 0 is the default thread count, as in llama.cpp)
     (("-n", "-7"), "n-predict"),
     (("--repeat-penalty", "0"), "repeat_penalty"),
     (("--seed", "-2"), "seed"),
