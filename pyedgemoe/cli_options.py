@@ -9,7 +9,7 @@ defaults from the schema). The command receives them as `engine_options`, a dict
 arguments. @sampling_options: one flag per setting of pyedgemoe.generation.SamplingParams
 (`--temp`, `--top-k`, ..., `--seed`, `--grammar`/`--grammar-file`, `--json-schema`/
 `--json-schema-file`); the command receives `sampling`, a SamplingParams. @model_source(): the
-model as MODEL, `-m` or `-hf`; the command receives its path as `model`. @speculative_options:
+model as MODEL, `-m`, `-hf` or `-mu` (`--offline`); the command receives its path as `model`. @speculative_options:
 `--spec-type` and its sizes; the command receives `draft_model`. A bad value is one `error:` line."""
 from __future__ import annotations
 
@@ -279,8 +279,9 @@ def _held_type(hint) -> type:
 
 def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
     """Adds the model's flags to a typer command, which gets the model's path as `model`: the
-    argument MODEL (help), llama.cpp's -m/--model, or a Hugging Face repo's GGUF (llama.cpp's
-    -hf/-hff/-hft: pyedgemoe.model_source). Exactly one of them."""
+    argument MODEL (help), llama.cpp's -m/--model, a Hugging Face repo's GGUF (llama.cpp's
+    -hf/-hff/-hft: pyedgemoe.model_source) or a URL's (-mu: pyedgemoe.url_model; -m then the place
+    it goes). Exactly one of them; --offline keeps -hf and -mu to their caches."""
     added = [
         ("model_file", Optional[Path], typer.Argument(None, metavar="MODEL", show_default=False, help=help)),
         ("model_flag", Optional[Path], typer.Option(None, "-m", "--model", help="the model file, as llama.cpp's -m "

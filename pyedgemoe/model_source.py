@@ -46,7 +46,7 @@ def hub_model(repo_and_quant: str, hf_file: str | None = None, token: str | None
             wanted = f"file {hf_file}" if hf_file else f"GGUF model file of quant {quant}" if quant else "GGUF model file"
             ggufs = ", ".join(f for f in files if f.endswith(".gguf")) or "none"
             raise ModelLoadError(f"no {wanted} in {hub.where}; its GGUF files: {ggufs}")
-        return [hub.download(f) for f in _shards_of(name)][0]
+        return [hub.download(f) for f in shard_names(name)][0]
 
 
 def hub_download(repo_id: str, patterns: list[str], local_dir=None, cache_dir=None, token: str | None = None) -> list[str]:
@@ -64,7 +64,7 @@ def hub_download(repo_id: str, patterns: list[str], local_dir=None, cache_dir=No
                                          f"{' (' + ', '.join(matches) + ')' if matches else ''}; its files: "
                                          f"{', '.join(files)}")
                 names.append(matches[0])
-        return [hub.download(n) for n in dict.fromkeys(f for name in names for f in _shards_of(name))]
+        return [hub.download(n) for n in dict.fromkeys(f for name in names for f in shard_names(name))]
 
 
 def _repo_and_quant(text: str) -> tuple[str, str]:
@@ -97,7 +97,7 @@ def _best_model(files: list[str], quant: str) -> str | None:
     return None
 
 
-def _shards_of(name: str) -> list[str]:
+def shard_names(name: str) -> list[str]:
     """name, or where it is a shard of a split GGUF, every shard's name in order (the first first),
     as llama.cpp's llama_split_path names them."""
     shard = _SHARD.match(name)

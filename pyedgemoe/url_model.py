@@ -5,7 +5,7 @@
 The file goes where llama.cpp puts it (common/arg.cpp's get_default_local_path): named by the
 URL's last path segment (query and fragment left out) in llama.cpp's cache directory ($LLAMA_CACHE,
 else $XDG_CACHE_HOME/llama.cpp, else ~/.cache/llama.cpp), or at `path` where given (llama.cpp's -m
-beside -mu); a split GGUF's first shard brings every shard (common_download_get_all_parts). A file
+beside -mu); a split GGUF's shard brings every shard (common_download_get_all_parts). A file
 already there is used as it is (llama.cpp asks the server whether it changed; this does not), so
 a second run needs no network. A download goes to NAME.downloadInProgress (llama.cpp's name) and
 takes the file's name only when whole; every failure is one ModelLoadError, and leaves no file.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -22,9 +21,9 @@ import urllib.request
 from pathlib import Path
 
 from pyedgemoe.errors import ModelLoadError
+from pyedgemoe.model_source import shard_names
 
 CONNECT_SECONDS = 30.0  # to connect, and between two reads of a download
-_SHARD = re.compile(r"^(.+)-00001-of-([0-9]{5})\.gguf$")
 
 
 def url_model(url: str, path: str | os.PathLike | None = None, offline: bool = False) -> str:
@@ -59,15 +58,12 @@ def _name(url: str) -> str:
 
 
 def _parts(url: str) -> list[str]:
-    """url, or where it names a split GGUF's first shard, every shard's URL in order."""
+    """url, or where it names a shard of a split GGUF, every shard's URL in order (the first first)."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
         raise ModelLoadError(f"-mu takes an http:// or https:// URL, got {url!r}")
-    base = url.split("#")[0].split("?")[0]
-    shard = _SHARD.match(base)
-    if shard is None or int(shard[2]) <= 1:
-        return [url]
-    return [f"{shard[1]}-{i:05d}-of-{shard[2]}.gguf" for i in range(1, int(shard[2]) + 1)]
+    shards = shard_names(url.split("#")[0].split("?")[0])
+    return shards if len(shards) > 1 else [url]
 
 
 def _download(url: str, place: Path) -> None:

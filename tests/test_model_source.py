@@ -18,7 +18,7 @@ import pytest
 
 from gguf_splits import write_split
 from pyedgemoe.convert.export import export
-from pyedgemoe.model_source import _best_model, _shards_of
+from pyedgemoe.model_source import _best_model, shard_names
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
@@ -38,9 +38,9 @@ def test_the_file_is_picked_as_llama_cpp_picks_it():
     assert _best_model(without_defaults, "") == "model-Q2_K.gguf"  # the first model file, not the projector
     assert _best_model(["mmproj-model-f16.gguf"], "") is None
     assert _best_model(["model-Q8_0.gguf"], "Q8") is None  # the quant is followed by "." or "-"
-    assert _shards_of("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf") == [
+    assert shard_names("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf") == [
         "Q4_K_M/model-Q4_K_M-00001-of-00002.gguf", "Q4_K_M/model-Q4_K_M-00002-of-00002.gguf"]
-    assert _shards_of("model-q8_0.gguf") == ["model-q8_0.gguf"]
+    assert shard_names("model-q8_0.gguf") == ["model-q8_0.gguf"]
 
 
 @pytest.fixture(scope="module")
