@@ -21,9 +21,10 @@ from typing import Iterator
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar, tools_of
+from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar
 from pyedgemoe.completions import stop_list
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.tool_calls import from_functions
 
 NAME = "chatml-function-calling"
 END = "<|im_end|>"
@@ -86,7 +87,7 @@ def create_chat_completion(llama, messages: list[dict], *, functions, function_c
                            **sampling) -> dict | Iterator[dict]:
     """The handler's answer; `sampling` goes to every create_completion (temperature, top_p, ...,
     model, logits_processor, logit_bias)."""
-    tools, tool_choice = tools_of(functions, function_call, tools, tool_choice)
+    tools, tool_choice = from_functions(functions, function_call, tools, tool_choice)
     if tool_choice == "required":
         raise InvalidOptionError(f'tool_choice "required": chat_format {NAME!r} takes "none", "auto" or a function '
                                  'named')

@@ -324,6 +324,9 @@ def serve(
     embeddings: bool = typer.Option(False, "--embeddings", "--embedding",
                                     help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
                                     "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
+    spm_infill: bool = typer.Option(False, "--spm-infill",
+                                    help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
+                                    "before the prefix, as some models were trained (llama-server's)"),
     engine_options: dict = None,
     draft_model=None,
 ) -> None:
@@ -374,7 +377,7 @@ def serve(
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
-                         allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+                         spm_infill=spm_infill, allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
 
 
 @app.command("perplexity")

@@ -1,6 +1,6 @@
 """llama-cpp-python's chat handlers' common steps (llama_cpp.llama_chat_format, MIT), for the
 handlers ported onto Llama.create_completion (chatml_function_calling, named_chat_formats): the
-tools (legacy functions too), the grammar of a response format or of a function's arguments, and
+grammar of a response format or of a function's arguments, and
 a text completion (or its chunks) as a chat completion, or as a call of a named function, in its
 shapes."""
 from __future__ import annotations
@@ -10,20 +10,7 @@ from typing import Iterator
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.structured_output import JSON_GRAMMAR, schema_grammar
-from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools
-
-
-def tools_of(functions, function_call, tools, tool_choice) -> tuple[list[dict] | None, object]:
-    """The tools and the tool choice, legacy functions and function_call taken as them; checked."""
-    if functions is not None:
-        tools = [{"type": "function", "function": function} for function in functions]
-    if function_call in ("none", "auto"):
-        tool_choice = function_call
-    elif isinstance(function_call, dict) and "name" in function_call:
-        tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
-    check_tools(tools)
-    check_tool_choice(tool_choice)
-    return tools, tool_choice
+from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message
 
 
 def response_grammar(response_format, grammar):

@@ -19,6 +19,7 @@ from contextlib import closing
 from typing import Iterator
 
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
@@ -149,12 +150,14 @@ def chat_logprobs(engine, taken: list[TokenLogprob]) -> dict:
 
 
 def create_completion(engine, prompt: str | list[int], max_tokens: int | None, stop: str | list[str] | None,
-                      stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None):
+                      stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None,
+                      suffix: str | None = None, spm_infill: bool = False):
     """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
-    generated token (default llama-cpp-python's, len(prompt))."""
+    generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
+    completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
     check_n_probs("logprobs", logprobs)
-    run = TextRun(engine, engine._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
-                  n_probs=logprobs)
+    tokens = engine._prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
+    run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs)
     head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
             "model": engine.model_path}
 

@@ -415,12 +415,11 @@ class Engine:
     def _generation(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                     ignore_eos: bool = False, feed_tokens: list[int] | None = None, fresh: bool = False,
                     n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
-        """generate_tokens, with the Generation (its own timings: last_timings is the latest
-        generation's, whichever thread started it; its logprobs, with n_probs). fresh: forget the
-        KV cache first (no prefix reused; the expert cache's per-sequence records restart). A
-        generation with a seed of its own is fresh: reusing a prefix evaluates the prompt's last
-        tokens in a smaller batch, whose sums the CPU kernels may round differently, and the same
-        seeded call must give the same tokens."""
+        """generate_tokens, with the Generation (its own timings: last_timings is the latest generation's,
+        whichever thread started it; its logprobs, with n_probs). fresh: forget the KV cache first (no prefix
+        reused; the expert cache's per-sequence records restart). A generation with a seed of its own is fresh:
+        reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose sums the CPU kernels may
+        round differently, and the same seeded call must give the same tokens."""
         sampling.validate()
         prompt = as_token_ids(prompt_tokens, "prompt")
         if not prompt:
@@ -500,12 +499,13 @@ class Engine:
                          ignore_eos).pieces()
         return pieces if stream else "".join(pieces)
 
-    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *,
-                          stop: str | list[str] | None = None, stream: bool = False, logprobs: int | None = None,
-                          **sampling):
-        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's result. logprobs:
-        each token's log-probability and the logprobs most likely tokens'. sampling: as for generate."""
-        return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling)
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *, suffix: str | None = None,
+                          spm_infill: bool = False, stop: str | list[str] | None = None, stream: bool = False,
+                          logprobs: int | None = None, **sampling):
+        """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's; logprobs: each token's and the
+        logprobs likeliest tokens'; suffix: fill in the middle (spm_infill: suffix first). sampling: as for generate."""
+        return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling,
+                                             suffix=suffix, spm_infill=spm_infill)
 
     def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
                     template_kwargs: dict | None = None) -> str:

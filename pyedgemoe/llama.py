@@ -32,11 +32,13 @@ from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.expert_options import OPTION_NAMES
+from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
                                   logits_to_logprobs, longest_token_prefix, token_logprob)
 from pyedgemoe.model_source import hub_download
 from pyedgemoe.structured_output import schema_grammar
 from pyedgemoe.text_stream import utf8
+from pyedgemoe.tool_calls import from_functions
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
@@ -45,14 +47,14 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "vocab_only": False, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None,
-    "numa": False, "chat_handler": None, "tokenizer": None, "spm_infill": False,
+    "numa": False, "chat_handler": None, "tokenizer": None,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 # (tail-free sampling, tfs_z, left llama.cpp; llama-cpp-python takes the argument and ignores it)
-UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"suffix": None, "tfs_z": 1.0}
+UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
 UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
-UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"functions": None, "function_call": None, "tfs_z": 1.0}
+UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"tfs_z": 1.0}
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 
@@ -111,7 +113,8 @@ class Llama:
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
     pyedgemoe.chatml_function_calling) and draft_model (speculative decoding by a drafter such as
     LlamaPromptLookupDecoding, pyedgemoe.speculative's or llama_cpp.llama_speculative's: its guesses
-    are checked in one batch, the tokens those of the picks). Any other keyword is pyedgemoe's own
+    are checked in one batch, the tokens those of the picks), spm_infill (create_completion's suffix
+    after the prefix: the suffix first, pyedgemoe.fill_in_middle). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
@@ -124,8 +127,8 @@ class Llama:
                  n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
-                 type_k: int | None = None, type_v: int | None = None, draft_model=None, verbose: bool = True,
-                 **kwargs):
+                 type_k: int | None = None, type_v: int | None = None, draft_model=None, spm_infill: bool = False,
+                 verbose: bool = True, **kwargs):
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -169,6 +172,7 @@ class Llama:
         self.model_path = self.engine.model_path
         self.verbose = verbose
         self.embedding = embedding
+        self.spm_infill = spm_infill  # a suffix's fill in the middle: the suffix first
         self.cache = None  # set_cache's
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
         self.n_batch = self.engine.plan.n_batch
@@ -511,14 +515,18 @@ class Llama:
         As llama-cpp-python: a text prompt's special-token text is parsed, max_tokens None or <= 0
         generates until the context is full, echo puts the prompt before the text (and, not
         streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
-        LlamaGrammar."""
-        refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(suffix=suffix, tfs_z=tfs_z))
-        if isinstance(prompt, str):
-            prompt_text = prompt
+        LlamaGrammar. suffix: fill in the middle, the text between prompt and suffix (the model's
+        fill-in-the-middle tokens, pyedgemoe.fill_in_middle; a model without them is refused, where
+        llama-cpp-python 0.3 puts token 0 in their place)."""
+        refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(tfs_z=tfs_z))
+        if suffix is not None:
+            tokens = completion_prompt(self.engine, prompt, suffix, self.spm_infill)
+        elif isinstance(prompt, str):
             tokens = self.engine.tokenize(prompt, add_bos=True, special=True)
         else:
             tokens = as_token_ids(prompt, "prompt")
-            prompt_text = self.detokenize(tokens).decode("utf-8", errors="ignore") if echo else ""
+        prompt_text = prompt if isinstance(prompt, str) else \
+            self.detokenize(as_token_ids(prompt, "prompt")).decode("utf-8", errors="ignore") if echo else ""
         self._from_cache(tokens)
         self._take_seed(seed)
         sampling = self._scoring(tokens, _sampling(locals(), self.last_n_tokens_size))
@@ -568,13 +576,13 @@ class Llama:
         dict (or, stream=True, its chunks: the role, the content pieces, the finish reason).
         response_format: {"type": "json_object"} (optionally with "schema", llama-cpp-python's JSON
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
-        tool_choice as llama-cpp-python takes them with a model's template (pyedgemoe.tool_calls); with
-        one of llama-cpp-python's chat formats, its handler's answer."""
+        tool_choice (or OpenAI's legacy functions and function_call) as llama-cpp-python takes them with a
+        model's template (pyedgemoe.tool_calls); with one of llama-cpp-python's chat formats, its handler's answer."""
         if self._chat_handler is not None:
             arguments = {name: value for name, value in locals().items() if name not in ("self", "messages")}
             return self._chat_handler(self, messages, **arguments)
-        refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(
-            functions=functions, function_call=function_call, tfs_z=tfs_z))
+        refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(tfs_z=tfs_z))
+        tools, tool_choice = from_functions(functions, function_call, tools, tool_choice)
         prompt = chat_prompt_tokens(self.engine, messages, tools, tool_choice) \
             if self.cache is not None or self._logits_all else []
         self._from_cache(prompt)

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar, tools_of
+from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.tool_calls import from_functions
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def create_chat_completion(llama, messages: list[dict], *, chat_format: str, fun
     if result.stop is not None:
         stop = ([] if stop is None else [stop] if isinstance(stop, str) else stop) + [result.stop]
     grammar = response_grammar(response_format, grammar)
-    tools, tool_choice = tools_of(functions, function_call, tools, tool_choice)
+    tools, tool_choice = from_functions(functions, function_call, tools, tool_choice)
     tool = None
     if isinstance(tool_choice, dict) and tools is not None:
         name = tool_choice["function"]["name"]

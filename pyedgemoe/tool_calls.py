@@ -10,6 +10,8 @@ llama-server does: pyedgemoe.chat_formats, which leaves a tool choice naming a f
   (finish reason "tool_calls"), streamed as pieces of its arguments, in llama-cpp-python's shapes.
 - Otherwise ("auto", "none", or none given) the answer is the model's text, as there: a call the
   model writes in its own words is not parsed out of it.
+- OpenAI's legacy functions and function_call are these tools and this tool choice (from_functions),
+  as llama-cpp-python converts them (but before the template, which then shows them as tools).
 """
 from __future__ import annotations
 
@@ -42,6 +44,28 @@ def check_tool_choice(tool_choice) -> None:
             isinstance(function, dict) and isinstance(function.get("name"), str)):
         raise InvalidOptionError(f'tool_choice must be one of {", ".join(TOOL_CHOICES)} or {{"type": "function", '
                                  f'"function": {{"name": ...}}}}, got {tool_choice!r}'[:300])
+
+
+def from_functions(functions, function_call, tools=None, tool_choice=None) -> tuple[list[dict] | None, object]:
+    """(tools, tool_choice), checked: OpenAI's legacy functions ([{"name", "parameters", ...}]) and
+    function_call ("none", "auto" or {"name": ...}) as them, else tools and tool_choice as given."""
+    if functions is not None or function_call is not None:
+        if tools is not None or tool_choice is not None:
+            raise InvalidOptionError("give OpenAI's functions and function_call (legacy) or its tools and tool_choice, "
+                                     "not both")
+        if functions is not None and not isinstance(functions, list):
+            raise InvalidOptionError(f"functions must be a list of functions, got {type(functions).__name__}")
+        for i, function in enumerate(functions or []):
+            if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]):
+                raise InvalidOptionError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}}, '
+                                         f'got {function!r}'[:300])
+        named = isinstance(function_call, dict) and set(function_call) == {"name"} and isinstance(function_call["name"], str)
+        if not (function_call in (None, "none", "auto") or named):
+            raise InvalidOptionError(f'function_call must be "none", "auto" or {{"name": ...}}, got {function_call!r}'[:300])
+        tools = None if functions is None else [{"type": "function", "function": f} for f in functions]
+        tool_choice = {"type": "function", "function": {"name": function_call["name"]}} if named else function_call
+    check_tool_choice(tool_choice)
+    return check_tools(tools), tool_choice
 
 
 def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:

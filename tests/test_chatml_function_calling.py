@@ -194,12 +194,6 @@ def test_what_the_format_cannot_do_is_an_invalid_option(pair, kwargs, fragment):
         list(out) if kwargs.get("stream") else out
 
 
-def test_other_chat_formats_still_refuse_legacy_functions(tiny_model):
-    with Llama(model_path=str(tiny_model("mixtral")[0]), n_ctx=256, verbose=False) as llm:
-        with pytest.raises(InvalidOptionError, match="functions="):
-            llm.create_chat_completion(MESSAGES, functions=[WEATHER["function"]])
-
-
 def test_the_template_is_llama_cpp_pythons():
     import inspect
     llama_chat_format = pytest.importorskip("llama_cpp.llama_chat_format")

@@ -229,8 +229,8 @@ def test_arguments_of_the_wrong_type_are_invalid_options_and_the_llama_goes_on(l
 def test_unsupported_sampling_arguments_are_refused_by_name(llm):
     with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5"):  # tail-free sampling left llama.cpp
         llm(PLANETS, tfs_z=0.5)
-    with pytest.raises(InvalidOptionError, match="functions="):  # the legacy spelling of tools
-        llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], functions=[{"name": "f"}])
+    with pytest.raises(InvalidOptionError, match=r"tfs_z=0.5"):
+        llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], tfs_z=0.5)
 
 
 def test_pyedgemoe_keywords_reach_the_engine():
@@ -891,6 +891,32 @@ def test_tools_not_forced_leave_the_answer_text_and_a_conversation_goes_on_after
               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     assert "sunny" in llm.engine.format_chat(called)  # ChatML: the tool's answer, the call's empty content
     assert llm.create_chat_completion(called, tools=[WEATHER], max_tokens=4, temperature=0)["choices"][0]["message"]
+
+
+def test_openais_legacy_functions_are_the_tools_llama_cpp_python_makes_of_them(both):
+    theirs, ours = both()
+    legacy = dict(functions=[WEATHER["function"]], function_call={"name": "get_weather"}, max_tokens=96,
+                  temperature=0)
+    out = ours.create_chat_completion(ASKED, **legacy)
+    assert keys(out) == keys(theirs.create_chat_completion(ASKED, **legacy))
+    as_tools = ours.create_chat_completion(ASKED, tools=[WEATHER], tool_choice=FORCED, max_tokens=96, temperature=0)
+    assert out["choices"][0]["message"]["function_call"] == as_tools["choices"][0]["message"]["function_call"]
+    assert out["choices"][0]["finish_reason"] == "tool_calls"
+    auto = ours.create_chat_completion(ASKED, functions=[WEATHER["function"]], function_call="auto", max_tokens=8,
+                                       temperature=0)
+    assert auto["choices"][0]["message"]["content"] == ours.create_chat_completion(
+        ASKED, tools=[WEATHER], tool_choice="auto", max_tokens=8, temperature=0)["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("legacy, fragment", [
+    (dict(functions=[WEATHER["function"]], tools=[WEATHER]), "functions and function_call .* or its tools"),
+    (dict(functions=[WEATHER["function"]], function_call="always"), 'function_call must be "none", "auto"'),
+    (dict(functions=[{"description": "no name"}]), r"functions\[0\] must be"),
+    (dict(functions=WEATHER["function"]), "functions must be a list"),
+])
+def test_bad_legacy_functions_are_refused_by_name(llm, legacy, fragment):
+    with pytest.raises(InvalidOptionError, match=fragment):
+        llm.create_chat_completion(ASKED, max_tokens=2, **legacy)
 
 
 def test_openai_v1_chat_completions_are_the_openai_packages_types(llm):

@@ -231,7 +231,21 @@ def test_a_forced_tool_call_is_openais_tool_call_and_the_conversation_goes_on(cl
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
 
 
+def test_openais_legacy_functions_are_a_chats_tools(client):
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = dict(model=MODEL_ID, messages=asked, max_tokens=48, temperature=0)
+    legacy = client.chat.completions.create(**kwargs, functions=[WEATHER["function"]],
+                                            function_call={"name": "get_weather"}).choices[0]
+    forced = client.chat.completions.create(**kwargs, tools=[WEATHER], tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}).choices[0]
+    assert legacy.finish_reason == "tool_calls"
+    assert legacy.message.tool_calls[0].function == forced.message.tool_calls[0].function
+
+
 @pytest.mark.parametrize("extra, param", [
+    ({"functions": [WEATHER["function"]], "function_call": 3}, "function_call"),
+    ({"functions": [WEATHER["function"]], "tools": [WEATHER]}, "functions"),
+    ({"functions": [{"parameters": {}}]}, "functions"),
     ({"tools": {"get_weather": WEATHER}}, "tools"),
     ({"tools": [WEATHER], "tool_choice": 3}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, None),

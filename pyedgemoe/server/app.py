@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.chat_formats import joined_message
 from pyedgemoe.completions import chat_text, chat_text_tokens
+from pyedgemoe.fill_in_middle import infill_tokens
 from pyedgemoe.server import anthropic_api, llama_server_api, metrics, responses_api
 from pyedgemoe.server.embeddings_api import add_embedding_routes
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
@@ -118,7 +119,7 @@ def _with_defaults(given: dict, defaults: Mapping) -> dict:
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_keys: tuple[str, ...] = (),
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
                chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI,
-               embeddings: bool = False) -> FastAPI:
+               embeddings: bool = False, spm_infill: bool = False) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_keys, every path but /health needs `Authorization: Bearer KEY`, one of them.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
@@ -126,7 +127,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
     UI, served at / when there (web_ui.py); chat_defaults: a chat request's Engine keywords where it
     gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name);
-    embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py).
+    embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py); spm_infill: fill
+    in the middle with the suffix first (`serve --spm-infill`; fill_in_middle.py).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
@@ -208,9 +210,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         check_model(parsed.model)
         if isinstance(parsed.prompt, list):  # token ids, or llama-server's text and token ids
             prompt_bound.check_tokens([p for p in parsed.prompt if isinstance(p, int)])
-            prompt_bound.check_text(sum(len(p.encode()) for p in parsed.prompt if isinstance(p, str)))
-        else:
-            prompt_bound.check_text(parsed.text_bytes())
+        prompt_bound.check_text(parsed.text_bytes())
         return parsed
 
     async def request_body(request: Request, parameters: dict, required: str, neutral: dict | None = None,
@@ -255,7 +255,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         r = await request_body(request, COMPLETION_PARAMETERS, "prompt")
-        start = functools.partial(engine.create_completion, r.prompt, stream=True, **r.engine_kwargs)
+        start = functools.partial(engine.create_completion, r.prompt, stream=True, spm_infill=spm_infill,
+                                  **r.engine_kwargs)
         return await generate(request, start, r.stream, _joined_completion)
 
     @app.post("/v1/chat/completions")
@@ -285,7 +286,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             raise APIError(400, "'input_suffix' is required", "missing_required_parameter", "input_suffix")
 
         def start():
-            tokens = llama_server_api.infill_tokens(engine, fields, r.prompt or "", engine.plan.n_batch)
+            tokens = infill_tokens(engine, fields["input_prefix"], fields["input_suffix"], r.prompt or "",
+                                   fields.get("input_extra") or [], engine.plan.n_batch, spm_infill)
             return llama_server_api.completion_chunks(engine, tokens, options, r.stream, model_id)
         return await generate(request, start, r.stream, lambda chunks: chunks[-1], openai=False)
 

@@ -1,12 +1,12 @@
 """llama-server's own completion API beside OpenAI's: POST /completion (and /completions) and POST
-/infill (fill in the middle, as code editors' plugins ask for it), their bodies and answers as the
-pinned llama-server's (tools/server/README.md there): `content`, `stop`, `stop_type`,
-`stopping_word`, `tokens`, `tokens_predicted`, `tokens_evaluated`, `timings`, ... and with n_probs
-`completion_probabilities`; streamed, `data:` events each with the text of new tokens, the last with
-`stop: true` and the totals, and no OpenAI `[DONE]`. It runs on the server's engine thread
-(EngineQueue): the prompt's tokens are made there, and the text a token at a time as llama-server
-makes it (_Slot: bytes that are not UTF-8 as U+FFFD, n_predict exact, the end-of-generation token
-counted)."""
+/infill (fill in the middle, as code editors' plugins ask for it; its prompt: fill_in_middle.py),
+their bodies and answers as the pinned llama-server's (tools/server/README.md there): `content`,
+`stop`, `stop_type`, `stopping_word`, `tokens`, `tokens_predicted`, `tokens_evaluated`, `timings`,
+... and with n_probs `completion_probabilities`; streamed, `data:` events each with the text of new
+tokens, the last with `stop: true` and the totals, and no OpenAI `[DONE]`. It runs on the server's
+engine thread (EngineQueue): the prompt's tokens are made there, and the text a token at a time as
+llama-server makes it (_Slot: bytes that are not UTF-8 as U+FFFD, n_predict exact, the
+end-of-generation token counted)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,6 @@ import time
 from typing import Iterator
 
 from pyedgemoe.generation import RANDOM_SEED, SamplingParams
-from pyedgemoe.server.openai_errors import APIError
 
 # llama-server's names of SamplingParams' settings
 _SAMPLING_NAMES = {"mirostat": "mirostat_mode", "repeat_last_n": "penalty_last_n"}
@@ -30,38 +29,6 @@ def prompt_tokens(engine, prompt: str | list[int | str]) -> list[int]:
     for i, part in enumerate(parts):
         tokens += engine.tokenize(part, add_bos=i == 0, special=True) if isinstance(part, str) else [part]
     return tokens
-
-
-def infill_tokens(engine, fields: dict, prompt: str, n_batch: int) -> list[int]:
-    """llama-server's /infill prompt (its format_prompt_infill, the repository-level pattern of
-    Qwen2.5-Coder): the other files (input_extra) as far as the context leaves room, then
-    [FIM_PRE] prefix prompt [FIM_SUF] suffix [FIM_MID], the prefix's last 3/4 of a batch and the
-    suffix's first 1/4 taken."""
-    fim = engine.fim_tokens()
-    missing = [role for role in ("pre", "suf", "mid") if fim[role] is None]
-    if missing:
-        raise APIError(400, f"infill is not supported by this model: it has no fill-in-the-middle {', '.join(missing)} "
-                       "token (a code model's GGUF has them)", "not_supported")
-
-    def text(t: str, special: bool = False) -> list[int]:
-        return engine.tokenize(t, add_bos=False, special=special)
-
-    extra = [fim["rep"], *text("myproject\n")] if fim["rep"] is not None else []
-    for chunk in fields.get("input_extra") or []:
-        if fim["sep"] is not None:
-            extra += [fim["sep"], *text(chunk.get("filename", "tmp") + "\n")]
-        else:
-            extra += text("\n\n--- snippet ---\n\n")
-        extra += text(chunk["text"])
-    if fim["sep"] is not None:
-        extra += [fim["sep"], *text("filename\n")]
-    prefix, suffix, middle = text(fields["input_prefix"]), text(fields["input_suffix"]), text(prompt, special=True)
-    n_prefix = min(len(prefix), 3 * (n_batch // 4))
-    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(middle))))
-    n_extra = min(max(0, engine.n_ctx - n_batch + 2), len(extra))  # llama-server's n_predict: -1
-    bos = [engine.token_bos()] if engine.add_bos and engine.token_bos() is not None else []
-    return (extra[len(extra) - n_extra:] + bos + [fim["pre"], *prefix[len(prefix) - n_prefix:], *middle]
-            + [fim["suf"], *suffix[:n_suffix]] + [fim["mid"]])
 
 
 def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, model_id: str) -> Iterator[dict]:

@@ -18,6 +18,7 @@ from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exp
 from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
                                      MAX_STOP_STRINGS, MAX_TOP_LOGPROBS)
 from pyedgemoe.server.openai_errors import APIError
+from pyedgemoe.tool_calls import from_functions
 
 
 def _shown(value) -> str:
@@ -191,6 +192,12 @@ def _tool_choice(name: str, value) -> str | dict:
     return value
 
 
+def _function_call(name: str, value) -> str | dict:
+    if not (value in ("none", "auto") or isinstance(value, dict)):
+        raise invalid(name, '"none", "auto" or {"name": ...}', value)
+    return value
+
+
 # name -> check (returns the value the Engine gets), for what both endpoints take: the sampling
 # settings (SamplingParams' fields with a flag, by their type, within OpenAI's ranges where it has
 # them, else the Engine's; a JSON schema may be an object) and the stop strings
@@ -242,13 +249,15 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
             "reasoning_control", "backend_sampling", "t_max_prompt_ms"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
-_NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,), "suffix": (None,)}
+_NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
 # switch with top_logprobs the count (OpenAI's chat)
-COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "logprobs": _logprobs_count}
+# (a suffix: the prompt is the text before a gap for the model to fill, fill_in_middle.py)
+COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "suffix": _text, "logprobs": _logprobs_count}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
-                   "tool_choice": _tool_choice, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
+                   "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
+                   "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
                    "reasoning_format": _one_of(REASONING_FORMATS)}
 
 
@@ -384,9 +393,12 @@ class GenerationRequest:
     engine_kwargs: dict = field(default_factory=dict)
 
     def text_bytes(self) -> int:
-        """The bytes of the text the prompt is made of: the prompt, or the messages' contents, their
-        tool calls, the tools and the template's variables (the template may show them all)."""
-        shown = [m["content"] or "" for m in self.messages or ()] + [self.prompt or ""]
+        """The bytes of the text the prompt is made of: the prompt's (its texts, beside token ids) and
+        a suffix's, or the messages' contents, their tool calls, the tools and the template's variables
+        (the template may show them all)."""
+        prompt = self.prompt if isinstance(self.prompt, list) else [self.prompt or ""]
+        shown = [m["content"] or "" for m in self.messages or ()] + [p for p in prompt if isinstance(p, str)]
+        shown += [self.engine_kwargs.get("suffix") or ""]
         shown += [json.dumps(m["tool_calls"]) for m in self.messages or () if m.get("tool_calls")]
         shown += [json.dumps(self.engine_kwargs[k]) for k in ("tools", "chat_template_kwargs") if self.engine_kwargs.get(k)]
         return sum(len(text.encode()) for text in shown)
@@ -480,6 +492,13 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
             request.engine_kwargs["max_tokens"] = None if value == -1 else value
         else:
             request.engine_kwargs[name] = value
+    given = request.engine_kwargs
+    if "functions" in given or "function_call" in given:  # OpenAI's legacy names of a chat's tools
+        try:
+            given["tools"], given["tool_choice"] = from_functions(given.pop("functions", None), given.pop(
+                "function_call", None), given.get("tools"), given.get("tool_choice"))
+        except InvalidOptionError as e:
+            raise APIError(400, str(e), "invalid_value", "functions") from None
     return request
 
 
