@@ -286,6 +286,7 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
 @app.command()
 @model_source()
 @model_options
+@sampling_options(request_defaults=True)
 @speculative_options
 def serve(
     command: typer.Context,
@@ -324,10 +325,16 @@ def serve(
     embeddings: bool = typer.Option(False, "--embeddings", "--embedding",
                                     help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
                                     "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
+    n_predict: Optional[int] = typer.Option(None, "-n", "--predict", "--n-predict",
+                                            help="tokens a request generates where it gives no max_tokens or "
+                                            "n_predict (-1: to the end of the text or the context), as "
+                                            "llama-server's (default: OpenAI's, 16 for a completion, the turn's "
+                                            "end for a chat)"),
     spm_infill: bool = typer.Option(False, "--spm-infill",
                                     help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
                                     "before the prefix, as some models were trained (llama-server's)"),
     engine_options: dict = None,
+    sampling: dict = None,
     draft_model=None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
@@ -347,6 +354,10 @@ def serve(
         fail(f"--max-connections must be >= 1, got {max_connections}")
     if reasoning_format not in REASONING_FORMATS:
         fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    if n_predict is not None:
+        if n_predict < -1:
+            fail(f"--n-predict must be >= -1 (-1: to the end), got {n_predict}")
+        sampling["max_tokens"] = None if n_predict == -1 else n_predict
     chat_defaults = {"reasoning_format": reasoning_format}
     if chat_template_kwargs is not None:
         try:
@@ -377,7 +388,7 @@ def serve(
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
-                         spm_infill=spm_infill, allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+                         spm_infill=spm_infill, request_defaults=sampling, allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
 
 
 @app.command("perplexity")

@@ -23,6 +23,7 @@ from typing import Optional, get_args, get_type_hints
 
 import typer
 
+from pyedgemoe import moe_placement
 from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
@@ -101,17 +102,21 @@ _CHAT_TEMPLATE_FILE = ("chat_template_file", Optional[Path], typer.Option(
 _HF_REPO_LOW = ("hf_repo_low", Optional[str], typer.Option(
     None, "-hfl", "--hf-repo-low", help="--low-from's GGUF from a Hugging Face repo, USER/MODEL[:QUANT] (e.g. the "
     "model's repo with a lower quant), got as -hf gets the model's (its token: HF_TOKEN or huggingface_hub's login)"))
-# llama.cpp's flags whose work pyedgemoe does otherwise: the way here, or None where taken as given
-_MOE_PLACEMENT = ("pyedgemoe places experts by a byte budget, not by tensor or layer: --expert-cache SIZE (with a "
-                  "GPU: its memory, --host-cache the RAM behind it, --mode where the misses are computed; docs/gpu.md)")
+# llama.cpp's flags whose work pyedgemoe does otherwise: None where taken as given, else what takes
+# them (a note to print; InvalidOptionError where the way here differs)
 _LLAMA_CPP_FLAGS = (
     ("jinja", bool, typer.Option(False, "--jinja", help="llama.cpp's: chats with the model's Jinja template, which "
                                  "pyedgemoe always does"), None),
     ("no_warmup", bool, typer.Option(False, "--no-warmup", help="llama.cpp's: no warm-up run at load, which "
                                      "pyedgemoe never makes"), None),
-    ("override_tensor", Optional[str], typer.Option(None, "-ot", "--override-tensor", hidden=True), _MOE_PLACEMENT),
-    ("cpu_moe", bool, typer.Option(False, "-cmoe", "--cpu-moe", hidden=True), _MOE_PLACEMENT),
-    ("n_cpu_moe", Optional[str], typer.Option(None, "-ncmoe", "--n-cpu-moe", hidden=True), _MOE_PLACEMENT),
+    ("override_tensor", Optional[str], typer.Option(
+        None, "-ot", "--override-tensor", help="llama.cpp's PATTERN=CPU over experts' tensors (e.g. "
+        "'.ffn_.*_exps.=CPU'): experts in host memory, where pyedgemoe keeps those its expert cache does not hold; "
+        "taken with a note (others are refused)"), moe_placement.override_tensor),
+    ("cpu_moe", bool, typer.Option(False, "-cmoe", "--cpu-moe", help="llama.cpp's: taken as -ot does"),
+     moe_placement.cpu_moe),
+    ("n_cpu_moe", Optional[int], typer.Option(None, "-ncmoe", "--n-cpu-moe", help="llama.cpp's: taken as -ot does"),
+     moe_placement.n_cpu_moe),
 )
 # llama.cpp's words for -fa (common/arg.cpp): the Engine's flash_attn
 FLASH_ATTN = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False, "false": False,
@@ -146,9 +151,10 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
     def collect(params: dict) -> dict:
-        for name, _, option, refusal in llama_cpp_flags:
-            if params.pop(name) not in (None, False) and refusal:
-                raise InvalidOptionError(f"{option.param_decls[-1]}: {refusal}")
+        for name, _, _, take in llama_cpp_flags:
+            value = params.pop(name)
+            if value not in (None, False) and take is not None:
+                typer.echo(f"note: {take(value)}", err=True)
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
         for keyword in ("n_threads", "n_threads_batch"):  # llama.cpp's -t/-tb 0 or -1 (its default): the default
             if keyword in engine_options and engine_options[keyword] is not None and engine_options[keyword] <= 0:
@@ -204,14 +210,26 @@ _LLAMA_CPP_SAMPLING = (
 _LOGIT_BIAS = re.compile(r"\s*(\d+)\s*([+-])(.+)")
 
 
-def sampling_options(command):
+def sampling_options(command=None, *, request_defaults: bool = False):
     """Adds SamplingParams's flags to a typer command, which gets them as `sampling`; a setting with
-    a file flag (--grammar-file, --json-schema-file) can be read from a file instead."""
+    a file flag (--grammar-file, --json-schema-file) can be read from a file instead. With
+    request_defaults (serve), every flag is unset unless given and `sampling` is the dict of those
+    given (SamplingParams's names, checked): a request's settings where it gives none, as
+    llama-server's flags are."""
+    if command is None:
+        return functools.partial(sampling_options, request_defaults=request_defaults)
     hints = get_type_hints(SamplingParams)
     fields = exposed_fields()
-    added = [(f.name, type(f.default) if f.default is not None else Optional[_held_type(hints[f.name])],
-              typer.Option(f.default, *filter(None, (f.metadata["short_flag"], f.metadata["flag"])),
-                           help=f.metadata["help"] or None)) for f in fields]
+
+    def option(f):
+        kind = Optional[_held_type(hints[f.name])] if f.default is None else \
+            Optional[type(f.default)] if request_defaults else type(f.default)
+        shown = f" (a request's where it gives none; else {'unset' if f.default is None else f.default})" \
+            if request_defaults else ""
+        return (f.name, kind, typer.Option(None if request_defaults else f.default,
+                                           *filter(None, (f.metadata["short_flag"], f.metadata["flag"])),
+                                           help=f"{f.metadata['help']}{shown}" if f.metadata["help"] else None))
+    added = [option(f) for f in fields]
     added += [(f"{f.name}_file", Optional[Path],
                typer.Option(None, *filter(None, (f.metadata["file_short_flag"], f.metadata["file_flag"])),
                             help=f"file to read {f.metadata['flag']} from"))
@@ -236,6 +254,10 @@ def sampling_options(command):
                     given[f.name] = path.read_text()
                 except (OSError, UnicodeDecodeError) as e:
                     raise InvalidOptionError(f"{f.metadata['file_flag']}: cannot read {path}: {e}") from None
+        if request_defaults:
+            given = {name: value for name, value in given.items() if value is not None}
+            SamplingParams.of(given).validate()
+            return given
         return SamplingParams.of(given)
     return _with_options(command, "sampling", added, collect)
 

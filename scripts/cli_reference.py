@@ -29,7 +29,9 @@ a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 flags of llama.cpp's they have (`LLAMA_ARG_MODEL`, `LLAMA_ARG_CTX_SIZE`, `LLAMA_ARG_N_GPU_LAYERS`,
 `LLAMA_ARG_HOST`, `LLAMA_ARG_PORT`, `LLAMA_API_KEY`, `HF_TOKEN`, ...: `pyedgemoe/llama_env.py` lists
 them, by llama.cpp's `common/arg.cpp`); a flag on the command line wins; a `LLAMA_ARG_` variable the
-command has no option for is said in a `note:` line.
+command has no option for is said in a `note:` line. `serve` takes the sampling flags of `run`
+(`--temp`, `--top-k`, ..., `-s`, `-j`) and `-n` as llama-server does: each request's settings where it
+gives none (a default grammar or JSON schema only where a request constrains nothing itself).
 
 What a run prints on stderr besides its text (docs/expert-residency.md, docs/mixed-precision.md):
 a `note:` line on how the experts are served (the expert cache's size and, when it holds every

@@ -288,11 +288,26 @@ def test_kv_cache_types_are_llama_cpps_ctk_and_ctv():
                           "-ctk q8_0 -ctv f16: pyedgemoe's KV cache takes one type for K and V")
 
 
-@pytest.mark.parametrize("flag", [["-ot", "exps=CPU"], ["--override-tensor", "exps=CPU"], ["-cmoe"], ["--cpu-moe"],
-                                  ["-ncmoe", "4"], ["--n-cpu-moe", "4"]])
-def test_llama_cpps_expert_placement_flags_answer_with_the_way_here(mixtral_gguf, flag):
-    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hi", *flag), "pyedgemoe places experts by a byte budget",
-                          "--expert-cache SIZE")
+@pytest.mark.parametrize("flag", [["-ot", "exps=CPU"], ["--override-tensor", ".ffn_.*_exps.=CPU"], ["-cmoe"],
+                                  ["--cpu-moe"], ["-ncmoe", "4"], ["--n-cpu-moe", "4"],
+                                  ["-ot", r"blk\.(1|2)\.ffn_(up|down)_exps=CPU,blk\.3\.ffn_gate_exps\.weight=CPU"]])
+def test_llama_cpps_experts_in_host_memory_are_taken_with_a_note(mixtral_gguf, flag):
+    # the guides' command lines for large MoEs: experts in host memory, which pyedgemoe's budget places
+    r = cli("run", mixtral_gguf, "-p", "hi", "-n", "4", "--temp", "0", "-t", "2", *flag)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == cli("run", mixtral_gguf, "-p", "hi", "-n", "4", "--temp", "0", "-t", "2").stdout
+    assert "experts stay in host memory where pyedgemoe's expert cache does not hold them" in r.stderr
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("attn_q=CPU", "matches tensors that are not experts'"), ("ffn=CPU", "matches tensors that are not experts'"),
+    ("exps=CPU,token_embd=CPU", "'token_embd=CPU' matches tensors that are not experts'"),
+    ("exps=CUDA0", "places tensors in 'CUDA0', not in llama.cpp's CPU"), ("ffn_up_xps=CPU", "matches no tensor"),
+    ("exps", "-ot takes <tensor name pattern>=<buffer type>"), ("(=CPU", "not a regular expression"),
+])
+def test_other_tensor_overrides_answer_with_the_way_here(mixtral_gguf, value, fragment):
+    assert_one_line_error(cli("run", mixtral_gguf, "-p", "hi", "-ot", value), fragment,
+                          "pyedgemoe places experts by a byte budget" if "=" in value and "(" not in value else "")
 
 
 def test_jinja_is_taken_as_llama_cpps_command_lines_give_it(mixtral_gguf):

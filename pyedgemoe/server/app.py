@@ -116,10 +116,18 @@ def _with_defaults(given: dict, defaults: Mapping) -> dict:
     return merged
 
 
+def _with_request_defaults(given: dict, defaults: Mapping) -> dict:
+    """A request's Engine keywords over the server's defaults; a default grammar or JSON schema only
+    where the request constrains its answer in no way of its own (as llama-server, whose tools and
+    response_format give a request its grammar)."""
+    constrained = any(given.get(k) is not None for k in ("grammar", "json_schema", "response_format", "tools"))
+    return {**{k: v for k, v in defaults.items() if not (constrained and k in ("grammar", "json_schema"))}, **given}
+
+
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_keys: tuple[str, ...] = (),
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
-               chat_defaults: Mapping = MappingProxyType({}), ui_dir: Path | None = BUILT_UI,
-               embeddings: bool = False, spm_infill: bool = False) -> FastAPI:
+               chat_defaults: Mapping = MappingProxyType({}), request_defaults: Mapping = MappingProxyType({}),
+               ui_dir: Path | None = BUILT_UI, embeddings: bool = False, spm_infill: bool = False) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_keys, every path but /health needs `Authorization: Bearer KEY`, one of them.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
@@ -127,6 +135,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
     UI, served at / when there (web_ui.py); chat_defaults: a chat request's Engine keywords where it
     gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name);
+    request_defaults: every generation request's Engine keywords where it gives none (`serve --temp`,
+    `-n`, ...: llama-server's defaults; _with_request_defaults);
     embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py); spm_infill: fill
     in the middle with the suffix first (`serve --spm-infill`; fill_in_middle.py).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
@@ -208,6 +218,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         the one parameters describe."""
         parsed = parse_generation(convert(parse_body(raw)), parameters, required, neutral)
         check_model(parsed.model)
+        parsed.engine_kwargs = _with_request_defaults(parsed.engine_kwargs, request_defaults)
         if isinstance(parsed.prompt, list):  # token ids, or llama-server's text and token ids
             prompt_bound.check_tokens([p for p in parsed.prompt if isinstance(p, int)])
         prompt_bound.check_text(parsed.text_bytes())
@@ -356,7 +367,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
 
     add_token_routes(app, engine, check_model)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
-    web_ui.add_routes(app, engine, model_id, queue)  # last: llama.cpp's UI files under every other path
+    web_ui.add_routes(app, engine, model_id, queue, request_defaults)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
     app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)

@@ -10,6 +10,7 @@ The pages and their files need no API key (the pages ask for it, as llama-server
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
@@ -45,9 +46,13 @@ class WebUI:
         file = (self.ui_dir / path.lstrip("/")).resolve()
         return file.is_relative_to(self.ui_dir.resolve()) and file.is_file()
 
-    def add_routes(self, app: FastAPI, engine, model_id: str, queue) -> None:
-        """The pages, /props and /slots; llama.cpp's UI files last, under every other path."""
-        sampling = SamplingParams()
+    def add_routes(self, app: FastAPI, engine, model_id: str, queue, request_defaults: Mapping) -> None:
+        """The pages, /props and /slots; llama.cpp's UI files last, under every other path.
+        request_defaults: the server's defaults of a request's settings (serve --temp, -n, ...)."""
+        defaults = dict(request_defaults)
+        n_predict = defaults.pop("max_tokens", None)
+        n_predict = -1 if n_predict is None else n_predict
+        sampling = SamplingParams.of(defaults, temperature=CHAT_TEMPERATURE)
 
         @app.get("/", include_in_schema=False)
         @app.get("/index.html", include_in_schema=False)
@@ -60,9 +65,10 @@ class WebUI:
 
         @app.get("/props")
         async def props() -> dict:
-            # the sampling settings the UI shows and sends back: those this server takes, at the
-            # Engine's chat defaults (n_predict -1: until the end of the turn or the context)
-            params = {"n_predict": -1, "max_tokens": -1, "temperature": CHAT_TEMPERATURE, "top_k": sampling.top_k,
+            # the sampling settings the UI shows and sends back: those this server takes, at its
+            # defaults, else the Engine's chat defaults (n_predict -1: until the end of the turn or the context)
+            params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": sampling.temperature,
+                      "top_k": sampling.top_k,
                       "top_p": sampling.top_p, "min_p": sampling.min_p, "typical_p": sampling.typical_p, "repeat_penalty": sampling.repeat_penalty,
                       "frequency_penalty": sampling.frequency_penalty, "presence_penalty": sampling.presence_penalty,
                       "stop": []}

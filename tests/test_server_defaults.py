@@ -1,0 +1,71 @@
+"""`pyedgemoe serve` started as llama-server is in the guides to large MoEs (`--temp 0.6 --top-k 20
+--top-p 0.95 --min-p 0 -n 512 --seed 3407`): the sampling flags and -n are every request's settings
+where it gives none, on every endpoint, and /props shows them (llama.cpp's web UI sends them back).
+The answers are checked against an in-process Engine with the same settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyedgemoe import Engine
+from test_server import DEMO, request, start_server, stop_server
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+ARGS = ["-t", "1", "-c", "512", "--temp", "0.7", "--top-k", "5", "--seed", "11", "-n", "6"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("defaults") / "server.log", *ARGS, "-j", json.dumps(SCHEMA),
+                             "--api-key", "k")
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(DEMO, n_ctx=512, n_threads=1) as eng:
+        yield eng
+
+
+def post(url: str, path: str, body: dict) -> dict:
+    status, out = request("POST", url + path, json.dumps(body).encode(), key="k")
+    assert status == 200, out
+    return out
+
+
+def test_a_request_that_gives_no_settings_takes_the_servers(server, engine):
+    out = post(server, "/v1/completions", {"prompt": "def fib(n):"})
+    expected = engine.generate("def fib(n):", 6, temperature=0.7, top_k=5, seed=11, json_schema=SCHEMA)
+    assert out["usage"]["completion_tokens"] == 6 and out["choices"][0]["text"] == expected
+    native = post(server, "/completion", {"prompt": "def fib(n):"})
+    assert native["tokens_predicted"] == 6 and native["content"] == expected
+
+
+def test_a_requests_own_settings_win_and_its_own_constraint_replaces_the_default_schema(server, engine):
+    out = post(server, "/v1/completions", {"prompt": "def fib(n):", "temperature": 0, "max_tokens": 4,
+                                           "grammar": 'root ::= "yes" | "no"'})
+    assert out["choices"][0]["text"] in ("yes", "no")
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                                                 "response_format": {"type": "text"}})
+    expected = engine.create_chat_completion([{"role": "user", "content": "hi"}], 6, temperature=0, top_k=5,
+                                             seed=11)["choices"][0]["message"]["content"]
+    assert chat["choices"][0]["message"]["content"] == expected
+
+
+def test_props_show_the_servers_defaults(server):
+    status, props = request("GET", server + "/props", key="k")
+    params = props["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["n_predict"]) == (0.7, 5, 6)
+
+
+@pytest.mark.parametrize("args, fragment", [(["--top-p", "2"], "top_p must be in"), (["-n", "-2"], "--n-predict"),
+                                            (["--top-k", "x"], "'--top-k'")])
+def test_a_bad_default_is_one_error_line_before_the_load(args, fragment):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "serve", str(DEMO), "--port", "0", *args],
+                       capture_output=True, text=True, timeout=30)
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("note: ")]
+    assert r.returncode != 0 and len(lines) == 1 and fragment in lines[0], r.stderr
