@@ -330,6 +330,12 @@ def serve(
                                             "n_predict (-1: to the end of the text or the context), as "
                                             "llama-server's (default: OpenAI's, 16 for a completion, the turn's "
                                             "end for a chat)"),
+    cont_batching: bool = typer.Option(False, "-cb", "--cont-batching", help="llama-server's: requests join the "
+                                       "running batch as they come (-np N), as they always do here"),
+    metrics: bool = typer.Option(False, "--metrics", help="llama-server's: /metrics, which is always served here"),
+    cache_reuse: Optional[int] = typer.Option(None, "--cache-reuse", help="llama-server's reuse of cached chunks by "
+                                              "shifting the KV cache: not done here (a request reuses the longest "
+                                              "start it shares with what a sequence holds); noted, not used"),
     spm_infill: bool = typer.Option(False, "--spm-infill",
                                     help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
                                     "before the prefix, as some models were trained (llama-server's)"),
@@ -354,6 +360,9 @@ def serve(
         fail(f"--max-connections must be >= 1, got {max_connections}")
     if reasoning_format not in REASONING_FORMATS:
         fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    if cache_reuse:
+        typer.echo(f"note: --cache-reuse {cache_reuse}: not used (no chunk is reused by shifting the KV cache; a "
+                   "request reuses the longest start it shares with what its sequence holds)", err=True)
     if n_predict is not None:
         if n_predict < -1:
             fail(f"--n-predict must be >= -1 (-1: to the end), got {n_predict}")

@@ -32,6 +32,7 @@ from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model, offline_asked
 from pyedgemoe.speculative import NGRAM_SIMPLE_SIZE_M, NGRAM_SIMPLE_SIZE_N, drafter
+from pyedgemoe.threads import set_priority
 from pyedgemoe.url_model import url_model
 from pyedgemoe.systems import SYSTEMS
 
@@ -102,8 +103,13 @@ _CHAT_TEMPLATE_FILE = ("chat_template_file", Optional[Path], typer.Option(
 _HF_REPO_LOW = ("hf_repo_low", Optional[str], typer.Option(
     None, "-hfl", "--hf-repo-low", help="--low-from's GGUF from a Hugging Face repo, USER/MODEL[:QUANT] (e.g. the "
     "model's repo with a lower quant), got as -hf gets the model's (its token: HF_TOKEN or huggingface_hub's login)"))
-# llama.cpp's flags whose work pyedgemoe does otherwise: None where taken as given, else what takes
-# them (a note to print; InvalidOptionError where the way here differs)
+def _no_context_shift(value: bool) -> None:
+    raise InvalidOptionError("--context-shift is not supported: a generation ends when the context is full (finish "
+                             "reason length); give a larger -c")
+
+
+# llama.cpp's flags whose work pyedgemoe does otherwise, or does as well: None where taken as given,
+# else what takes them (returning a note to print, or None; InvalidOptionError where the way here differs)
 _LLAMA_CPP_FLAGS = (
     ("jinja", bool, typer.Option(False, "--jinja", help="llama.cpp's: chats with the model's Jinja template, which "
                                  "pyedgemoe always does"), None),
@@ -117,6 +123,12 @@ _LLAMA_CPP_FLAGS = (
      moe_placement.cpu_moe),
     ("n_cpu_moe", Optional[int], typer.Option(None, "-ncmoe", "--n-cpu-moe", help="llama.cpp's: taken as -ot does"),
      moe_placement.n_cpu_moe),
+    ("context_shift", Optional[bool], typer.Option(
+        None, "--context-shift/--no-context-shift", help="llama.cpp's: only off, its default: a generation ends "
+        "when the context is full (finish reason length)"), _no_context_shift),
+    ("prio", Optional[int], typer.Option(None, "--prio", help="the process's priority, as llama.cpp's: low (-1), "
+                                         "normal (0), medium (1), high (2), realtime (3; above normal needs "
+                                         "privileges)"), set_priority),
 )
 # llama.cpp's words for -fa (common/arg.cpp): the Engine's flash_attn
 FLASH_ATTN = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False, "false": False,
@@ -153,8 +165,9 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
     def collect(params: dict) -> dict:
         for name, _, _, take in llama_cpp_flags:
             value = params.pop(name)
-            if value not in (None, False) and take is not None:
-                typer.echo(f"note: {take(value)}", err=True)
+            note = take(value) if value not in (None, False) and take is not None else None
+            if note:
+                typer.echo(f"note: {note}", err=True)
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
         for keyword in ("n_threads", "n_threads_batch"):  # llama.cpp's -t/-tb 0 or -1 (its default): the default
             if keyword in engine_options and engine_options[keyword] is not None and engine_options[keyword] <= 0:

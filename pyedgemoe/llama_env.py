@@ -35,11 +35,13 @@ VARIABLES = {
     "--top-k": "LLAMA_ARG_TOP_K", "--top-p": "LLAMA_ARG_TOP_P", "--min-p": "LLAMA_ARG_MIN_P",
     "--repeat-penalty": "LLAMA_ARG_REPEAT_PENALTY", "--presence-penalty": "LLAMA_ARG_PRESENCE_PENALTY",
     "--frequency-penalty": "LLAMA_ARG_FREQUENCY_PENALTY", "--spec-type": "LLAMA_ARG_SPEC_TYPE",
+    "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT",
     # llama-server's
     "--host": "LLAMA_ARG_HOST", "--port": "LLAMA_ARG_PORT", "--api-key": "LLAMA_API_KEY",
     "--api-key-file": "LLAMA_ARG_API_KEY_FILE", "-np": "LLAMA_ARG_N_PARALLEL", "-a": "LLAMA_ARG_ALIAS",
     "--timeout": "LLAMA_ARG_TIMEOUT", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
     "--reasoning-format": "LLAMA_ARG_THINK", "--chat-template-kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+    "-cb": "LLAMA_ARG_CONT_BATCHING", "--metrics": "LLAMA_ARG_ENDPOINT_METRICS", "--cache-reuse": "LLAMA_ARG_CACHE_REUSE",
 }
 
 

@@ -1,4 +1,5 @@
-"""How many threads compute, by default, and how they wait: fast on an idle machine and on a busy one.
+"""How many threads compute, by default, and how they wait: fast on an idle machine and on a busy one
+(and llama.cpp's --prio, the process's priority: set_priority).
 
 The count is what users of llama.cpp expect (its `cpu_get_num_math`): one thread per physical core,
 here among the CPUs this process may run on (its affinity mask, `taskset`), and never more than its
@@ -24,7 +25,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyedgemoe.errors import InvalidOptionError
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# llama.cpp's --prio levels (low -1 to realtime 3) and the nice value each sets (common.cpp's set_process_priority)
+PRIORITY_NICE = {-1: 5, 0: 0, 1: -5, 2: -10, 3: -20}
+
+
+def set_priority(level: int) -> str | None:
+    """llama.cpp's --prio LEVEL: this process's nice value for it; where the system refuses (a
+    priority above normal needs privileges), a note saying so, and the run goes on, as llama.cpp's."""
+    if level not in PRIORITY_NICE:
+        raise InvalidOptionError(f"--prio takes -1 (low), 0 (normal), 1 (medium), 2 (high) or 3 (realtime), got {level}")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE[level])
+    except OSError as e:
+        return f"--prio {level}: cannot set the process's priority (nice {PRIORITY_NICE[level]}): {e.strerror}"
+    return None
 
 
 @dataclass(frozen=True)

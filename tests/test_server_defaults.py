@@ -1,10 +1,13 @@
 """`pyedgemoe serve` started as llama-server is in the guides to large MoEs (`--temp 0.6 --top-k 20
---top-p 0.95 --min-p 0 -n 512 --seed 3407`): the sampling flags and -n are every request's settings
-where it gives none, on every endpoint, and /props shows them (llama.cpp's web UI sends them back).
-The answers are checked against an in-process Engine with the same settings."""
+--top-p 0.95 --min-p 0 -n 512 --seed 3407`, with `-cb --metrics --no-context-shift --cache-reuse 256`
+and the experts kept in RAM by `-ot`): the sampling flags and -n are every request's settings where it
+gives none, on every endpoint, and /props shows them (llama.cpp's web UI sends them back); the rest is
+taken as pyedgemoe does it, with a note where it does otherwise. The answers are checked against an
+in-process Engine with the same settings."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,15 +15,25 @@ from pyedgemoe import Engine
 from test_server import DEMO, request, start_server, stop_server
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-ARGS = ["-t", "1", "-c", "512", "--temp", "0.7", "--top-k", "5", "--seed", "11", "-n", "6"]
+ARGS = ["-t", "1", "-c", "512", "--temp", "0.7", "--top-k", "5", "--seed", "11", "-n", "6", "-cb", "--metrics",
+        "--no-context-shift", "--cache-reuse", "256", "-ot", ".ffn_.*_exps.=CPU", "--prio", "-1"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("defaults") / "server.log", *ARGS, "-j", json.dumps(SCHEMA),
-                             "--api-key", "k")
-    yield url
+def log(tmp_path_factory):
+    return tmp_path_factory.mktemp("defaults") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def served(log):
+    proc, url = start_server(log, *ARGS, "-j", json.dumps(SCHEMA), "--api-key", "k")
+    yield proc, url
     stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[1]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +73,20 @@ def test_props_show_the_servers_defaults(server):
     assert (params["temperature"], params["top_k"], params["n_predict"]) == (0.7, 5, 6)
 
 
+def test_prio_sets_the_processs_priority_as_llama_cpp(served):
+    assert os.getpriority(os.PRIO_PROCESS, served[0].pid) == 5  # low: nice 5
+
+
+def test_what_is_done_otherwise_is_noted(server, log):
+    notes = [line for line in log.read_text().splitlines() if line.startswith("note: ")]
+    assert any(line.startswith("note: --cache-reuse 256: not used") for line in notes), notes
+    assert any(line.startswith("note: -ot .ffn_.*_exps.=CPU: experts stay in host memory") for line in notes), notes
+
+
 @pytest.mark.parametrize("args, fragment", [(["--top-p", "2"], "top_p must be in"), (["-n", "-2"], "--n-predict"),
-                                            (["--top-k", "x"], "'--top-k'")])
+                                            (["--top-k", "x"], "'--top-k'"),
+                                            (["--context-shift"], "--context-shift is not supported"),
+                                            (["--prio", "7"], "--prio takes -1 (low)")])
 def test_a_bad_default_is_one_error_line_before_the_load(args, fragment):
     import subprocess
     import sys
