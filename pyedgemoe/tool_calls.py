@@ -56,9 +56,10 @@ def from_functions(functions, function_call, tools=None, tool_choice=None) -> tu
         if functions is not None and not isinstance(functions, list):
             raise InvalidOptionError(f"functions must be a list of functions, got {type(functions).__name__}")
         for i, function in enumerate(functions or []):
-            if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]):
-                raise InvalidOptionError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}}, '
-                                         f'got {function!r}'[:300])
+            if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
+                    and isinstance(function.get("parameters", {}), dict)):
+                raise InvalidOptionError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}} (a JSON '
+                                         f'schema), got {function!r}'[:300])
         named = isinstance(function_call, dict) and set(function_call) == {"name"} and isinstance(function_call["name"], str)
         if not (function_call in (None, "none", "auto") or named):
             raise InvalidOptionError(f'function_call must be "none", "auto" or {{"name": ...}}, got {function_call!r}'[:300])

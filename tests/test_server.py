@@ -246,6 +246,8 @@ def test_openais_legacy_functions_are_a_chats_tools(client):
     ({"functions": [WEATHER["function"]], "function_call": 3}, "function_call"),
     ({"functions": [WEATHER["function"]], "tools": [WEATHER]}, "functions"),
     ({"functions": [{"parameters": {}}]}, "functions"),
+    ({"functions": [{"name": "f", "parameters": "x"}]}, "functions"),
+    ({"functions": [{"name": "f"}], "function_call": {"name": "f", "x": 1}}, "function_call"),
     ({"tools": {"get_weather": WEATHER}}, "tools"),
     ({"tools": [WEATHER], "tool_choice": 3}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, None),

@@ -193,7 +193,8 @@ def _tool_choice(name: str, value) -> str | dict:
 
 
 def _function_call(name: str, value) -> str | dict:
-    if not (value in ("none", "auto") or isinstance(value, dict)):
+    if not (value in ("none", "auto") or isinstance(value, dict) and set(value) == {"name"}
+            and isinstance(value["name"], str)):
         raise invalid(name, '"none", "auto" or {"name": ...}', value)
     return value
 
