@@ -47,7 +47,7 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "vocab_only": False, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None,
-    "numa": False, "chat_handler": None, "tokenizer": None,
+    "numa": False, "tokenizer": None,
 }
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 # (tail-free sampling, tfs_z, left llama.cpp; llama-cpp-python takes the argument and ignores it)
@@ -111,7 +111,8 @@ class Llama:
     evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here),
     chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
-    pyedgemoe.chatml_function_calling) and draft_model (speculative decoding by a drafter such as
+    pyedgemoe.chatml_function_calling), chat_handler (a handler of llama-cpp-python's, text-only, which
+    answers every chat in place of the format's) and draft_model (speculative decoding by a drafter such as
     LlamaPromptLookupDecoding, pyedgemoe.speculative's or llama_cpp.llama_speculative's: its guesses
     are checked in one batch, the tokens those of the picks), spm_infill (create_completion's suffix
     after the prefix: the suffix first, pyedgemoe.fill_in_middle). Any other keyword is pyedgemoe's own
@@ -128,7 +129,7 @@ class Llama:
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, draft_model=None, spm_infill: bool = False,
-                 verbose: bool = True, **kwargs):
+                 chat_handler: Callable | None = None, verbose: bool = True, **kwargs):
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -183,6 +184,7 @@ class Llama:
         self._scored: list[int] = []
         try:
             self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
+            self.chat_handler = _checked_handler(chat_handler)
         except InvalidOptionError:
             self.close()
             raise
@@ -578,9 +580,10 @@ class Llama:
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
         tool_choice (or OpenAI's legacy functions and function_call) as llama-cpp-python takes them with a
         model's template (pyedgemoe.tool_calls); with one of llama-cpp-python's chat formats, its handler's answer."""
-        if self._chat_handler is not None:
-            arguments = {name: value for name, value in locals().items() if name not in ("self", "messages")}
-            return self._chat_handler(self, messages, **arguments)
+        handler = self.chat_handler or self._chat_handler
+        if handler is not None:  # llama-cpp-python's protocol (LlamaChatCompletionHandler): every argument by name
+            arguments = {name: value for name, value in locals().items() if name not in ("self", "messages", "handler")}
+            return handler(llama=self, messages=messages, **arguments)
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(tfs_z=tfs_z))
         tools, tool_choice = from_functions(functions, function_call, tools, tool_choice)
         prompt = chat_prompt_tokens(self.engine, messages, tools, tool_choice) \
@@ -684,6 +687,19 @@ def _sampling(arguments: dict, penalty_last_n: int) -> dict:
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings
+
+
+def _checked_handler(chat_handler: Callable | None) -> Callable | None:
+    """A chat handler of llama-cpp-python's kind (Jinja2ChatFormatter(...).to_chat_handler(), a function
+    of its LlamaChatCompletionHandler protocol), which this Llama's methods serve as theirs do; its
+    multimodal ones (Llava15ChatHandler, MTMDChatHandler: a clip model) refused."""
+    if chat_handler is not None and not callable(chat_handler):
+        raise InvalidOptionError(f"chat_handler must be callable (llama-cpp-python's LlamaChatCompletionHandler), "
+                                 f"got {chat_handler!r}"[:200])
+    if hasattr(chat_handler, "clip_model_path"):
+        raise InvalidOptionError(f"chat_handler {type(chat_handler).__name__}: a multimodal handler (images, with a "
+                                 "clip model) needs llama.cpp's mtmd, which pyedgemoe does not run: text models only")
+    return chat_handler
 
 
 def _refusing_sent(tokens: Iterator[int]) -> Iterator[int]:
