@@ -146,6 +146,19 @@ def test_chat_completion_goes_through_the_chat_template(client, reference):
     assert r.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
 
 
+def test_llama_servers_paths_without_v1_answer_as_those_with_it(server):
+    # clients given the server's address without /v1 (llama-server answers there too)
+    body = json.dumps({"messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 8,
+                       "temperature": 0}).encode()
+    for path in ("/chat/completions", "/chat/completions/input_tokens"):
+        (status, out), (_, expected) = (request("POST", server + p + path, body) for p in ("", "/v1"))
+        assert status == 200 and ("choices" in out or "input_tokens" in out), out
+        assert out.get("choices", out) == expected.get("choices", expected)
+    body = json.dumps({"input": "def fib(n):"}).encode()
+    assert request("POST", server + "/responses/input_tokens", body) == \
+        request("POST", server + "/v1/responses/input_tokens", body)
+
+
 def test_streamed_chat_joins_to_the_non_streamed_text(client):
     kwargs = dict(model=MODEL_ID, messages=[{"role": "user", "content": "def parse(text):"}], max_tokens=32,
                   temperature=0)

@@ -48,7 +48,8 @@ PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{m
          "/apply-template", "/", "/experts", "/props", "/slots", "/v1/embeddings", "/embeddings", "/embedding",
          "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
          "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
-         "/v1/chat/completions/input_tokens"}
+         "/v1/chat/completions/input_tokens", "/chat/completions", "/chat/completions/input_tokens",
+         "/responses/input_tokens"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -271,6 +272,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return await generate(request, start, r.stream, _joined_completion)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         r = await request_body(request, CHAT_PARAMETERS, "messages")
         kwargs = _with_defaults(r.engine_kwargs, chat_defaults)
@@ -356,11 +358,13 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return {"input_tokens": await input_tokens(request, anthropic_api.chat_request)}
 
     @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
     async def responses_input_tokens(request: Request) -> dict:
         """OpenAI's: the tokens of a Responses request's prompt."""
         return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, responses_api.chat_request)}
 
     @app.post("/v1/chat/completions/input_tokens")
+    @app.post("/chat/completions/input_tokens")
     async def chat_input_tokens(request: Request) -> dict:
         """llama-server's: the tokens of a chat completion request's prompt."""
         return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, lambda body: body)}
