@@ -322,6 +322,12 @@ def serve(
                                                        help="the template's variables where a request gives none "
                                                        "of that name, a JSON object, e.g. '{\"enable_thinking\": "
                                                        "false}' (llama-server's)"),
+    reasoning: str = typer.Option("auto", "-rea", "--reasoning", help="a reasoning model's thinking in chats where a "
+                                  "request's template variables do not say: on, off (the template's enable_thinking, "
+                                  "as Qwen3's) or auto (the template's default), as llama-server's"),
+    reasoning_effort: str = typer.Option("default", "--reasoning-effort", help="the template's reasoning_effort where "
+                                         "a request's do not say (low, medium, high: GPT-OSS's), as llama-server's; "
+                                         "default: the template's"),
     embeddings: bool = typer.Option(False, "--embeddings", "--embedding",
                                     help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
                                     "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
@@ -368,13 +374,9 @@ def serve(
             fail(f"--n-predict must be >= -1 (-1: to the end), got {n_predict}")
         sampling["max_tokens"] = None if n_predict == -1 else n_predict
     chat_defaults = {"reasoning_format": reasoning_format}
-    if chat_template_kwargs is not None:
-        try:
-            chat_defaults["chat_template_kwargs"] = json.loads(chat_template_kwargs)
-        except json.JSONDecodeError as e:
-            fail(f"--chat-template-kwargs is not JSON: {e}")
-        if not isinstance(chat_defaults["chat_template_kwargs"], dict):
-            fail("--chat-template-kwargs must be a JSON object")
+    template_kwargs = _template_kwargs(chat_template_kwargs, reasoning, reasoning_effort)
+    if template_kwargs:
+        chat_defaults["chat_template_kwargs"] = template_kwargs
     try:
         from pyedgemoe.server.middleware import api_keys
         from pyedgemoe.server.serve import bind_socket, serve as serve_engine
@@ -397,7 +399,36 @@ def serve(
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
-                         spm_infill=spm_infill, request_defaults=sampling, allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+                         spm_infill=spm_infill, request_defaults=sampling,
+                         allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
+
+
+# llama.cpp's words for --reasoning (its is_truthy, is_falsey, is_autoy): the template's enable_thinking
+REASONING_WORDS = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
+                   **dict.fromkeys(("off", "disabled", "false", "0"), False), "auto": None, "-1": None}
+
+
+def _template_kwargs(given: str | None, reasoning: str, effort: str) -> dict:
+    """serve's variables of the chat template: --chat-template-kwargs (a JSON object), with
+    llama-server's --reasoning on|off (enable_thinking) and --reasoning-effort LEVEL (reasoning_effort)."""
+    out = {}
+    if given is not None:
+        try:
+            out = json.loads(given)
+        except json.JSONDecodeError as e:
+            fail(f"--chat-template-kwargs is not JSON: {e}")
+        if not isinstance(out, dict):
+            fail("--chat-template-kwargs must be a JSON object")
+    if reasoning not in REASONING_WORDS:
+        fail(f"--reasoning takes on, off or auto, got {reasoning!r}")
+    flags = {"enable_thinking": REASONING_WORDS[reasoning], "reasoning_effort": None if effort == "default" else effort}
+    for name, value in flags.items():
+        if value is not None:
+            if out.get(name, value) != value:
+                fail(f"--chat-template-kwargs gives {name} {out[name]!r}, --reasoning or --reasoning-effort "
+                     f"{value!r}: give one")
+            out[name] = value
+    return out
 
 
 @app.command("perplexity")

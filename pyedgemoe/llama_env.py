@@ -41,6 +41,7 @@ VARIABLES = {
     "--api-key-file": "LLAMA_ARG_API_KEY_FILE", "-np": "LLAMA_ARG_N_PARALLEL", "-a": "LLAMA_ARG_ALIAS",
     "--timeout": "LLAMA_ARG_TIMEOUT", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
     "--reasoning-format": "LLAMA_ARG_THINK", "--chat-template-kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+    "-rea": "LLAMA_ARG_REASONING", "--reasoning-effort": "LLAMA_ARG_REASONING_EFFORT",
     "-cb": "LLAMA_ARG_CONT_BATCHING", "--metrics": "LLAMA_ARG_ENDPOINT_METRICS", "--cache-reuse": "LLAMA_ARG_CACHE_REUSE",
 }
 

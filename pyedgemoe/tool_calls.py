@@ -60,9 +60,11 @@ def from_functions(functions, function_call, tools=None, tool_choice=None) -> tu
                     and isinstance(function.get("parameters", {}), dict)):
                 raise InvalidOptionError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}} (a JSON '
                                          f'schema), got {function!r}'[:300])
-        named = isinstance(function_call, dict) and set(function_call) == {"name"} and isinstance(function_call["name"], str)
+        named = isinstance(function_call, dict) and set(function_call) == {"name"} and \
+            isinstance(function_call["name"], str)
         if not (function_call in (None, "none", "auto") or named):
-            raise InvalidOptionError(f'function_call must be "none", "auto" or {{"name": ...}}, got {function_call!r}'[:300])
+            raise InvalidOptionError(f'function_call must be "none", "auto" or {{"name": ...}}, '
+                                     f'got {function_call!r}'[:300])
         tools = None if functions is None else [{"type": "function", "function": f} for f in functions]
         tool_choice = {"type": "function", "function": {"name": function_call["name"]}} if named else function_call
     check_tool_choice(tool_choice)

@@ -86,7 +86,10 @@ def test_what_is_done_otherwise_is_noted(server, log):
 @pytest.mark.parametrize("args, fragment", [(["--top-p", "2"], "top_p must be in"), (["-n", "-2"], "--n-predict"),
                                             (["--top-k", "x"], "'--top-k'"),
                                             (["--context-shift"], "--context-shift is not supported"),
-                                            (["--prio", "7"], "--prio takes -1 (low)")])
+                                            (["--prio", "7"], "--prio takes -1 (low)"),
+                                            (["-rea", "maybe"], "--reasoning takes on, off or auto"),
+                                            (["-rea", "on", "--chat-template-kwargs", '{"enable_thinking": false}'],
+                                             "gives enable_thinking False, --reasoning or --reasoning-effort True")])
 def test_a_bad_default_is_one_error_line_before_the_load(args, fragment):
     import subprocess
     import sys
@@ -94,3 +97,25 @@ def test_a_bad_default_is_one_error_line_before_the_load(args, fragment):
                        capture_output=True, text=True, timeout=30)
     lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("note: ")]
     assert r.returncode != 0 and len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+THINKING = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "thinking={{ enable_thinking | default('unset') }} effort={{ reasoning_effort | default('unset') }}")
+
+
+@pytest.mark.parametrize("args, shown", [
+    ([], "thinking=unset effort=unset"), (["-rea", "off"], "thinking=False effort=unset"),
+    (["--reasoning", "on", "--reasoning-effort", "high"], "thinking=True effort=high"),
+    (["--chat-template-kwargs", '{"enable_thinking": false}', "-rea", "auto"], "thinking=False effort=unset"),
+])
+def test_reasoning_flags_are_the_templates_variables_as_llama_servers(tmp_path, args, shown):
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "512", "--chat-template", THINKING, *args)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        status, out = request("POST", url + "/apply-template", json.dumps(body).encode(), key=None)
+        assert status == 200 and out["prompt"].endswith(shown), out
+        body["chat_template_kwargs"] = {"enable_thinking": True}  # a request's own win
+        assert request("POST", url + "/apply-template", json.dumps(body).encode(), key=None)[1]["prompt"] \
+            .startswith("user: hi\nthinking=True")
+    finally:
+        stop_server(proc)
