@@ -21,7 +21,8 @@ from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.cli_chat import run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
 from pyedgemoe.llama_env import read_llama_cpp_variables
-from pyedgemoe.cli_options import model_name, model_options, model_source, sampling_options, speculative_options
+from pyedgemoe.cli_options import (chat_template_options, model_name, model_options, model_source, sampling_options,
+                                   speculative_options)
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
@@ -97,6 +98,7 @@ def print_model_note(eng, model: Path) -> None:
 @model_source()
 @model_options
 @sampling_options
+@chat_template_options
 @speculative_options
 def run(
     model: Path,
@@ -142,6 +144,7 @@ def run(
                                  "without loading the model"),
     engine_options: dict = None,
     sampling: SamplingParams = None,
+    template_kwargs: dict = None,
     draft_model=None,
 ) -> None:
     """Generate text from a prompt (or chat) with a GGUF model."""
@@ -162,6 +165,8 @@ def run(
         fail("--system-prompt is the system message of a --chat session: give --chat too, or put it in the prompt")
     if single_turn and not chat:
         fail("--single-turn is one turn of a --chat session: give --chat too")
+    if template_kwargs and not chat:
+        fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's: give --chat too")
     if reverse_prompt and as_json:
         fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
     if (prompt_cache_all or prompt_cache_ro) and prompt_cache is None:
@@ -193,7 +198,7 @@ def run(
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
-                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn)
+                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs)
             elif as_json:
                 tokens = eng.tokenize(prompt)
                 ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
@@ -287,6 +292,7 @@ def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict)
 @model_source()
 @model_options
 @sampling_options(request_defaults=True)
+@chat_template_options(request_defaults=True)
 @speculative_options
 def serve(
     command: typer.Context,
@@ -318,16 +324,6 @@ def serve(
                                          help=f"a chat's thoughts where a request gives no reasoning_format: "
                                          f"{', '.join(REASONING_FORMATS)} (none: in the content, as "
                                          "llama-cpp-python; auto: apart, in reasoning_content, as llama-server)"),
-    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
-                                                       help="the template's variables where a request gives none "
-                                                       "of that name, a JSON object, e.g. '{\"enable_thinking\": "
-                                                       "false}' (llama-server's)"),
-    reasoning: str = typer.Option("auto", "-rea", "--reasoning", help="a reasoning model's thinking in chats where a "
-                                  "request's template variables do not say: on, off (the template's enable_thinking, "
-                                  "as Qwen3's) or auto (the template's default), as llama-server's"),
-    reasoning_effort: str = typer.Option("default", "--reasoning-effort", help="the template's reasoning_effort where "
-                                         "a request's do not say (low, medium, high: GPT-OSS's), as llama-server's; "
-                                         "default: the template's"),
     embeddings: bool = typer.Option(False, "--embeddings", "--embedding",
                                     help="serve embeddings: /v1/embeddings (a vector per input: give --pooling "
                                     "mean, last or cls), /embeddings (a row per token without), as llama-server's"),
@@ -347,6 +343,7 @@ def serve(
                                     "before the prefix, as some models were trained (llama-server's)"),
     engine_options: dict = None,
     sampling: dict = None,
+    template_kwargs: dict = None,
     draft_model=None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions,
@@ -374,7 +371,6 @@ def serve(
             fail(f"--n-predict must be >= -1 (-1: to the end), got {n_predict}")
         sampling["max_tokens"] = None if n_predict == -1 else n_predict
     chat_defaults = {"reasoning_format": reasoning_format}
-    template_kwargs = _template_kwargs(chat_template_kwargs, reasoning, reasoning_effort)
     if template_kwargs:
         chat_defaults["chat_template_kwargs"] = template_kwargs
     try:
@@ -401,34 +397,6 @@ def serve(
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          spm_infill=spm_infill, request_defaults=sampling,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
-
-
-# llama.cpp's words for --reasoning (its is_truthy, is_falsey, is_autoy): the template's enable_thinking
-REASONING_WORDS = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
-                   **dict.fromkeys(("off", "disabled", "false", "0"), False), "auto": None, "-1": None}
-
-
-def _template_kwargs(given: str | None, reasoning: str, effort: str) -> dict:
-    """serve's variables of the chat template: --chat-template-kwargs (a JSON object), with
-    llama-server's --reasoning on|off (enable_thinking) and --reasoning-effort LEVEL (reasoning_effort)."""
-    out = {}
-    if given is not None:
-        try:
-            out = json.loads(given)
-        except json.JSONDecodeError as e:
-            fail(f"--chat-template-kwargs is not JSON: {e}")
-        if not isinstance(out, dict):
-            fail("--chat-template-kwargs must be a JSON object")
-    if reasoning not in REASONING_WORDS:
-        fail(f"--reasoning takes on, off or auto, got {reasoning!r}")
-    flags = {"enable_thinking": REASONING_WORDS[reasoning], "reasoning_effort": None if effort == "default" else effort}
-    for name, value in flags.items():
-        if value is not None:
-            if out.get(name, value) != value:
-                fail(f"--chat-template-kwargs gives {name} {out[name]!r}, --reasoning or --reasoning-effort "
-                     f"{value!r}: give one")
-            out[name] = value
-    return out
 
 
 @app.command("perplexity")

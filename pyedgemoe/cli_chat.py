@@ -18,9 +18,11 @@ EXIT_COMMANDS = ("/exit", "/quit")
 
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
-             sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False) -> bool:
+             sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False,
+             template_kwargs: dict | None = None) -> bool:
     """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit, or after the
-    first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r)."""
+    first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r);
+    template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea)."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -42,16 +44,18 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling, stop)})
+        messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling, stop,
+                                                                template_kwargs)})
         if single_turn:
             return True
 
 
-def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str]) -> str:
+def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str],
+           template_kwargs: dict | None) -> str:
     """The assistant's reply to messages, streamed to stdout; Ctrl-C stops it where it is."""
     reply, interrupted = [], False
     chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
-                                        **dataclasses.asdict(sampling))
+                                        chat_template_kwargs=template_kwargs or None, **dataclasses.asdict(sampling))
     try:
         for chunk in chunks:
             piece = chunk["choices"][0]["delta"].get("content", "")

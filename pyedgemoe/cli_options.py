@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 import os
 import re
@@ -273,6 +274,55 @@ def sampling_options(command=None, *, request_defaults: bool = False):
             return given
         return SamplingParams.of(given)
     return _with_options(command, "sampling", added, collect)
+
+
+# llama.cpp's words for --reasoning (its is_truthy, is_falsey, is_autoy): the template's enable_thinking
+REASONING_WORDS = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
+                   **dict.fromkeys(("off", "disabled", "false", "0"), False), "auto": None, "-1": None}
+
+
+def chat_template_options(command=None, *, request_defaults: bool = False):
+    """Adds the chat template's variables to a typer command, which gets them as `template_kwargs` (a
+    dict): --chat-template-kwargs (a JSON object), with llama.cpp's -rea/--reasoning on|off
+    (enable_thinking) and --reasoning-effort LEVEL (reasoning_effort). request_defaults (serve): the
+    variables where a request gives none of that name."""
+    if command is None:
+        return functools.partial(chat_template_options, request_defaults=request_defaults)
+    where = " where a request's do not say" if request_defaults else ""
+    added = [
+        ("chat_template_kwargs", Optional[str], typer.Option(
+            None, "--chat-template-kwargs", help=f"the chat template's variables{where}, a JSON object, e.g. "
+            "'{\"enable_thinking\": false}' (llama.cpp's)")),
+        ("reasoning", str, typer.Option("auto", "-rea", "--reasoning", help=f"a reasoning model's thinking{where}: on, "
+                                        "off (the template's enable_thinking, as Qwen3's) or auto (the template's "
+                                        "default), as llama.cpp's")),
+        ("reasoning_effort", str, typer.Option("default", "--reasoning-effort", help=f"the template's "
+                                               f"reasoning_effort{where} (low, medium, high: GPT-OSS's), as "
+                                               "llama.cpp's; default: the template's")),
+    ]
+
+    def collect(params: dict) -> dict:
+        given, reasoning, effort = (params.pop(name) for name, _, _ in added)
+        out = {}
+        if given is not None:
+            try:
+                out = json.loads(given)
+            except json.JSONDecodeError as e:
+                raise InvalidOptionError(f"--chat-template-kwargs is not JSON: {e}") from None
+            if not isinstance(out, dict):
+                raise InvalidOptionError("--chat-template-kwargs must be a JSON object")
+        if reasoning not in REASONING_WORDS:
+            raise InvalidOptionError(f"--reasoning takes on, off or auto, got {reasoning!r}")
+        flags = {"enable_thinking": REASONING_WORDS[reasoning],
+                 "reasoning_effort": None if effort == "default" else effort}
+        for name, value in flags.items():
+            if value is not None:
+                if out.get(name, value) != value:
+                    raise InvalidOptionError(f"--chat-template-kwargs gives {name} {out[name]!r}, --reasoning or "
+                                             f"--reasoning-effort {value!r}: give one")
+                out[name] = value
+        return out
+    return _with_options(command, "template_kwargs", added, collect)
 
 
 def speculative_options(command):

@@ -1,6 +1,6 @@
 """What llama-cli and llama-bench users type, as those read it: escapes in -p, -f and -r (llama.cpp's
 -e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, -sysf, -j/-jf, -l,
---repeat-last-n, --no-warmup;
+--repeat-last-n, --no-warmup, the chat template's variables (--chat-template-kwargs, -rea, --reasoning-effort);
 bench's -p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
@@ -74,8 +74,20 @@ def test_single_turn_answers_once_and_ends(engine):
     assert read.returncode == 0 and read.stdout == "> " + r.stdout.removeprefix("> hello\n")  # one line read
 
 
+def test_a_chats_template_variables_reach_the_template(engine, tmp_path):
+    template = "{% for m in messages %}{{ m.content }}{% endfor %} thinking={{ enable_thinking }} effort=" \
+        "{{ reasoning_effort | default('unset') }}:"
+    for flags, shown in ((["-rea", "off"], "thinking=False effort=unset"),
+                         (["--chat-template-kwargs", '{"enable_thinking": true}', "--reasoning-effort", "low"],
+                          "thinking=True effort=low")):
+        r = run("-cnv", "-st", "-p", "hello", "-n", "6", "--chat-template", template, *flags, *GREEDY)
+        expected = greedy(engine, f"hello {shown}:", 6)
+        assert r.returncode == 0 and r.stdout == f"> hello\n{expected}\n", r.stderr  # the template's text, greedy
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["-p", "x", "-st"], "--single-turn is one turn of a --chat session"),
+    (["-p", "x", "-rea", "off"], "the chat template's: give --chat too"),
     (["-p", "x", "-r", "y", "--json"], "--reverse-prompt ends streamed text"),
 ])
 def test_a_flag_without_its_mode_is_one_error_line(arguments, message):
