@@ -118,10 +118,11 @@ def run(
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
     color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
-    chat: bool = typer.Option(False, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
-                              help="interactive chat with the model's template (ChatML if it has none), as "
-                              "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit end the "
-                              "session"),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
+                                        help="interactive chat with the model's template (ChatML if it has none), as "
+                                        "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
+                                        "end the session (default: a chat where no -p, -f or --json is given, as "
+                                        "llama-cli)"),
     single_turn: bool = typer.Option(False, "-st", "--single-turn", help="with --chat: one reply (to -p, else to "
                                      "the line read), then exit, as llama-cli's -st"),
     reverse_prompt: Optional[list[str]] = typer.Option(None, "-r", "--reverse-prompt",
@@ -152,6 +153,8 @@ def run(
 
     if prompt is not None and file is not None:
         fail("give the prompt with -p or -f, not both")
+    if chat is None:  # as llama-cli: a conversation unless there is a text to complete
+        chat = prompt is None and file is None and not as_json and prompt_cache is None
     if chat and as_json:
         fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
     if system_prompt_file is not None:

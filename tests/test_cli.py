@@ -187,8 +187,12 @@ def test_invalid_option_values(mixtral_gguf, args, fragment):
     assert_one_line_error(cli("run", mixtral_gguf, "-p", "x", *args), fragment)
 
 
-def test_no_prompt_is_an_error(mixtral_gguf):
-    assert_one_line_error(cli("run", mixtral_gguf), "no prompt")
+def test_no_prompt_is_a_chat_as_llama_clis_unless_told_otherwise(mixtral_gguf):
+    chat = cli("run", mixtral_gguf, "-n", "4", "--temp", "0", input_text="hello\n")
+    told = cli("run", mixtral_gguf, "-n", "4", "--temp", "0", "--chat", input_text="hello\n")
+    assert chat.returncode == 0 and chat.stdout == told.stdout and chat.stdout.startswith("> ")
+    assert_one_line_error(cli("run", mixtral_gguf, "--no-chat"), "no prompt")
+    assert_one_line_error(cli("run", mixtral_gguf, "--json"), "no prompt")
 
 
 def test_dense_model_runs_with_a_note(tiny_model):
