@@ -103,6 +103,38 @@ def test_offloaded_run_equals_resident_run_with_repacked_expert_types(q4_k_model
     check_offloaded_equals_resident(q4_k_model, budget, io, resident_cache, repack)
 
 
+# expert types of the Hub's MoE GGUFs besides Q8_0 and Q4_K (unsloth's dynamic quants, GPT-OSS's MXFP4,
+# llama.cpp's legacy and ternary types) that ggml quantizes without an importance matrix
+EXPERT_TYPES = ["iq4_xs", "iq4_nl", "mxfp4", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q5_K", "q6_K", "tq2_0"]
+
+
+@pytest.fixture(scope="module")
+def typed_model(tmp_path_factory):
+    """typed_model(T): the demo model with its experts in T (its HIGH copies requantized) as a
+    standard GGUF."""
+    from pyedgemoe.convert import convert
+    folder = tmp_path_factory.mktemp("typed")
+    high = export(DEMO, folder / "demo-high.gguf", precision="high", progress=False)
+
+    def make(expert_type: str) -> Path:
+        out = folder / f"demo-{expert_type}.gguf"
+        if not out.exists():
+            both = convert(high, folder / f"demo-{expert_type}.mp.gguf", high=expert_type, low="q4_0", progress=False)
+            export(both, out, precision="high", progress=False)
+            assert read_model_info(out).tensor_types.get(expert_type, 0) > 0
+        return out
+    return make
+
+
+@pytest.mark.parametrize("repack", [None, True])
+@pytest.mark.parametrize("expert_type", EXPERT_TYPES)
+def test_offloaded_run_equals_resident_run_for_every_expert_type(typed_model, resident_cache, expert_type, repack):
+    """The slots and their reads know each type's rows (blocks of 32 and 256 weights; with repack, the
+    layouts of the types the CPU repacks: Q4_0, Q2_K, Q5_K, Q6_K, IQ4_NL, MXFP4): the same logits and
+    tokens."""
+    check_offloaded_equals_resident(typed_model(expert_type), "50%", "direct", resident_cache, repack)
+
+
 def check_offloaded_equals_resident(path, budget: str, io: str, resident_cache, repack: bool | None = None) -> None:
     # an empty cache at the start, so that every budget loads experts on demand (filled: below)
     logits, tokens, stats, n_ubatch, trace = run(path, trace=True, expert_cache=budget_bytes(path, budget), io=io,
