@@ -109,7 +109,8 @@ def run(
                                                 help="with --chat: the system message (as llama.cpp's -sys)"),
     system_prompt_file: Optional[Path] = typer.Option(None, "-sysf", "--system-prompt-file",
                                                       help="read --system-prompt from a file (as llama.cpp's -sysf)"),
-    n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1: until the context is full)"),
+    n_predict: int = typer.Option(128, "-n", "--predict", "--n-predict",
+                                  help="tokens to generate (-1: until the context is full)"),
     ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size",
                                       help="context size in tokens, rounded up to a multiple of "
                                       f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
