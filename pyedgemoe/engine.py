@@ -29,8 +29,8 @@ from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
-from pyedgemoe.text_stream import utf8
 from pyedgemoe.threads import ThreadGovernor, cpu_load
+from pyedgemoe.vocabulary import Vocabulary
 
 __all__ = ["Engine", "GenerationStats", "SamplingParams"]
 
@@ -41,8 +41,9 @@ def _close_parts(batcher: Batcher | None, decoder: Decoder) -> None:
     decoder.close()
 
 
-class Engine:
-    """A GGUF model loaded into pyedgemoe's build of llama.cpp, with one context.
+class Engine(Vocabulary):
+    """A GGUF model loaded into pyedgemoe's build of llama.cpp, with one context; its vocabulary's
+    methods (tokenize, detokenize, token_bos, metadata, ...) are pyedgemoe.vocabulary's.
 
     n_ctx: context window in tokens (0 = the model's training context).
     n_threads / n_threads_batch: threads for decode / prefill (default: the physical cores this
@@ -242,54 +243,11 @@ class Engine:
             finally:
                 self._turn_owner = None
 
-    # -- properties and the vocabulary ------------------------------------------------------------
+    # -- properties (the vocabulary's: Vocabulary) -------------------------------------------------
     @property
     def n_ctx(self) -> int:
         """The positions one generation has: the context's, divided among n_parallel sequences."""
         return self._live().n_ctx_seq
-
-    @property
-    def n_vocab(self) -> int:
-        return self._live_model().n_vocab
-
-    @property
-    def metadata(self) -> dict[str, str]:
-        return self._live_model().metadata()
-
-    def token_bos(self) -> int | None:
-        """The model's beginning-of-sequence token; None where it has none (token_eos, token_nl alike)."""
-        return self._live_model().bos
-
-    def token_eos(self) -> int | None:
-        return self._live_model().eos
-
-    def token_nl(self) -> int | None:
-        return self._live_model().nl
-
-    def fim_tokens(self) -> dict[str, int | None]:
-        """The fill-in-the-middle tokens by role: pre, suf, mid, rep and sep (llama-server's /infill)."""
-        return self._live_model().fim_tokens
-
-    @property
-    def add_bos(self) -> bool:
-        """Whether the model puts BOS before tokenized text (llama_vocab_get_add_bos)."""
-        return self._live_model().add_bos
-
-    def is_eog(self, token: int) -> bool:
-        """Whether token ends a generation (EOS, EOT, ...)."""
-        return self._live_model().is_eog(token)
-
-    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text; add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
-        return self._live_model().tokenize(utf8(text).decode("utf-8", errors="replace"), add_bos, special)
-
-    def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
-        return self._live_model().detokenize(as_token_ids(tokens), False, special).decode("utf-8", errors="ignore")
-
-    def token_piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token (special: a special token's text too)."""
-        return self._live_model().token_to_piece(as_token_ids([token], "a token")[0], special)
 
     # -- evaluation --------------------------------------------------------------------------
     def logits(self, token_ids: list[int], *, one_token_per_step: bool = False) -> np.ndarray:
