@@ -22,7 +22,8 @@ exits with status 130.
 Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m MODEL`,
 `-hf USER/MODEL[:QUANT]` (a Hugging Face repo's GGUF of that quant, downloaded with its shards into
 huggingface_hub's cache), or `-mu URL` (a GGUF at an http(s) URL, downloaded with its shards into
-llama.cpp's cache, `$LLAMA_CACHE` or `~/.cache/llama.cpp`, or to `-m`'s path, unless already there);
+llama.cpp's cache, `$LLAMA_CACHE` or `~/.cache/llama.cpp`, or to `-m`'s path, unless already there and
+unchanged on the server, by its ETag, as llama.cpp's);
 a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 
 `run`, `serve`, `perplexity`, `embed` and `calibrate` read llama.cpp's environment variables for the

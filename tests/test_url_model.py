@@ -25,6 +25,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def end_headers(self):
+        # an ETag of the file's bytes, as a server of models sends one (the test's own: for its own files)
+        file = Path(self.translate_path(self.path))
+        if file.is_file():
+            self.send_header("ETag", f'"{hash(file.read_bytes())}"')
+        super().end_headers()
+
     def do_GET(self):
         if self.path == "/short.gguf":  # a Content-Length the body does not reach: a connection that ends early
             self.send_response(200)
@@ -89,7 +96,7 @@ def test_mu_brings_a_split_gguf_s_shards(served, tiny_model, tmp_path):
     cache = tmp_path / "cache"
     r = cli("run", "-mu", f"{url}/{names[0]}", *GENERATE, cache=cache)
     assert tokens(r) == tokens(cli("run", str(whole), *GENERATE, cache=cache))
-    assert sorted(p.name for p in cache.iterdir()) == sorted(names)
+    assert sorted(p.name for p in cache.iterdir() if p.suffix != ".etag") == sorted(names)
 
 
 @pytest.mark.parametrize("path, error", [
@@ -135,3 +142,19 @@ def test_offline_mu_takes_only_a_file_already_there(served, tmp_path):
     assert not cache.exists() or not list(cache.iterdir())
     assert tokens(cli("run", "-mu", f"{url}/demo.gguf", *GENERATE, cache=cache))  # downloaded
     assert tokens(cli("run", "-mu", f"{url}/demo.gguf", "--offline", *GENERATE, cache=cache, LLAMA_ARG_OFFLINE="1"))
+
+
+def test_mu_downloads_again_what_changed_on_the_server_as_llama_cpp(served, tmp_path):
+    url, root = served
+    cache = tmp_path / "cache"
+    shutil.copy(DEMO, root / "moving.gguf")
+    first = cli("inspect", "-mu", f"{url}/moving.gguf", cache=cache)
+    assert first.returncode == 0, first.stderr
+    assert (cache / "moving.gguf.etag").read_text().startswith('"')  # llama.cpp's file beside it
+    again = cli("inspect", "-mu", f"{url}/moving.gguf", cache=cache)  # the same: not downloaded again
+    assert again.returncode == 0 and "changed on the server" not in again.stderr
+    fine = REPO / "models" / "fine.gguf"
+    shutil.copy(fine, root / "moving.gguf")  # another model at the same URL
+    changed = cli("inspect", "-mu", f"{url}/moving.gguf", cache=cache)
+    assert changed.returncode == 0 and "note: -mu: " in changed.stderr and "changed on the server" in changed.stderr
+    assert (cache / "moving.gguf").read_bytes() == fine.read_bytes()
