@@ -535,6 +535,47 @@ def embed_command(
     sys.stdout.flush()
 
 
+@app.command("tokenize")
+@model_source()
+def tokenize_command(
+    model: Path,
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the text"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file (all of it)"),
+    stdin: bool = typer.Option(False, "--stdin", help="read the text from stdin (over -f and -p)"),
+    ids: bool = typer.Option(False, "--ids", help="only the token ids, as a list: [1, 2, 3]"),
+    no_bos: bool = typer.Option(False, "--no-bos", help="no BOS, even where the model puts one first"),
+    no_parse_special: bool = typer.Option(False, "--no-parse-special", help="special-token text (<|im_start|>) as "
+                                          "plain text"),
+    show_count: bool = typer.Option(False, "--show-count", help="then the number of tokens"),
+    escape: bool = escape_option("-p, -f and --stdin"),
+    override_kv: Optional[str] = typer.Option(None, "--override-kv", help="the model's metadata replaced, "
+                                              "KEY=TYPE:VALUE[,...] as llama.cpp's"),
+) -> None:
+    """The tokens of a text, as llama.cpp's llama-tokenize prints them (the vocabulary alone is
+    loaded): each id and its text, or with --ids the list of ids."""
+    from pyedgemoe.vocabulary import VocabularyFile
+
+    if not (stdin or file is not None or prompt is not None):
+        fail("give the text with -p TEXT, -f FILE or --stdin")
+    try:
+        raw = sys.stdin.buffer.read() if stdin else file.read_bytes() if file is not None else prompt.encode()
+    except OSError as e:
+        fail(f"cannot read the text: {e.strerror or e}")
+    text = raw.decode("utf-8", errors="replace")
+    text = process_escapes(text) if escape else text
+    with command_errors():
+        vocab = VocabularyFile(model, override_kv)
+        tokens = vocab.tokenize(text, add_bos=not no_bos, special=not no_parse_special)
+        out = sys.stdout.buffer
+        if ids:
+            out.write(f"[{', '.join(map(str, tokens))}]\n".encode())
+        for token in [] if ids else tokens:  # llama-tokenize's lines: the piece's bytes as they are
+            out.write(f"{token:6d} -> '".encode() + vocab.token_piece(token, special=True) + b"'\n")
+        if show_count:
+            out.write(f"Total number of tokens: {len(tokens)}\n".encode())
+        out.flush()
+
+
 @app.command("calibrate")
 @model_source("GGUF model file (multi-precision, or standard with --low-from)")
 @model_options(without=("expert_cache", "batch_size", "ubatch_size"))

@@ -378,7 +378,7 @@ def model_source(help: str = "GGUF model file (a split GGUF: its first shard)"):
         ("model_url", Optional[str], typer.Option(
             None, "-mu", "--model-url", help="a GGUF at this http(s) URL, as llama.cpp's -mu: downloaded (a split "
             "one's first shard with its shards) into llama.cpp's cache ($LLAMA_CACHE, else ~/.cache/llama.cpp), or "
-            "to -m's path, unless already there")),
+            "to -m's path, unless already there and unchanged on the server (its ETag)")),
         ("offline", bool, typer.Option(False, "--offline", help="no network: -hf, -hfl and -mu take only files already "
                                        "in their caches, as llama.cpp's --offline (HF_HUB_OFFLINE=1 too)")),
         ("hf_file", Optional[str], typer.Option(None, "-hff", "--hf-file", help="with -hf: this file of the repo in "

@@ -39,12 +39,13 @@ from pyedgemoe.model_source import hub_download
 from pyedgemoe.structured_output import schema_grammar
 from pyedgemoe.text_stream import utf8
 from pyedgemoe.tool_calls import from_functions
+from pyedgemoe.vocabulary import Vocabulary, VocabularyFile
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
-    "split_mode": 1, "main_gpu": 0, "vocab_only": False, "attention_type": -1,
+    "split_mode": 1, "main_gpu": 0, "attention_type": -1,
     "offload_kqv": True, "op_offload": None, "swa_full": None,
     "no_perf": False, "lora_base": None,
     "numa": False, "tokenizer": None,
@@ -115,7 +116,9 @@ class Llama:
     answers every chat in place of the format's) and draft_model (speculative decoding by a drafter such as
     LlamaPromptLookupDecoding, pyedgemoe.speculative's or llama_cpp.llama_speculative's: its guesses
     are checked in one batch, the tokens those of the picks), spm_infill (create_completion's suffix
-    after the prefix: the suffix first, pyedgemoe.fill_in_middle). Any other keyword is pyedgemoe's own
+    after the prefix: the suffix first, pyedgemoe.fill_in_middle), vocab_only (the vocabulary alone, no
+    weights: tokenize, detokenize, the special tokens, metadata; what needs the weights raises
+    InvalidOptionError). Any other keyword is pyedgemoe's own
     and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
@@ -129,7 +132,7 @@ class Llama:
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, draft_model=None, spm_infill: bool = False,
-                 chat_handler: Callable | None = None, verbose: bool = True, **kwargs):
+                 chat_handler: Callable | None = None, vocab_only: bool = False, verbose: bool = True, **kwargs):
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -139,7 +142,43 @@ class Llama:
         if unknown:
             raise InvalidOptionError(f"Llama: unknown argument {unknown[0]!r} (neither llama-cpp-python's nor "
                                      "pyedgemoe.Engine's)")
-        engine_kwargs = {**kwargs, **rope}
+        # llama-cpp-python's seed: a generation given none takes the next of the sequence it starts
+        # (_take_seed), so that a program's sampled outputs are the same on every run, as there
+        self._seed = seed or LLAMA_DEFAULT_SEED
+        self.model_path, self.verbose, self.embedding = os.fspath(model_path), verbose, embedding
+        self.spm_infill = spm_infill  # a suffix's fill in the middle: the suffix first
+        self.cache = None  # set_cache's
+        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
+        # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
+        # _scored (NaN: not computed)
+        self._logits_all = logits_all
+        self._scores: np.ndarray | None = None
+        self._scored: list[int] = []
+        self.chat_handler = _checked_handler(chat_handler)
+        if isinstance(n_ctx, int) and n_ctx > 0 and isinstance(n_batch, int):
+            n_batch = min(n_ctx, n_batch)  # as llama-cpp-python does
+        self.n_batch, self._engine = n_batch, None
+        if vocab_only:  # llama-tokenize's load: the vocabulary, no weights, no context
+            self._vocab: Vocabulary = VocabularyFile(model_path, kv_overrides)
+        else:
+            self._engine = self._vocab = self._load_engine(
+                model_path, dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
+                                 n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, verbose=verbose),
+                n_gpu_layers, tensor_split, use_mmap, use_mlock, kv_overrides, lora_path, lora_scale, pooling_type,
+                type_k, type_v, {**kwargs, **rope})
+            self.model_path, self.n_batch = self.engine.model_path, self.engine.plan.n_batch
+        try:
+            self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
+        except InvalidOptionError:
+            self.close()
+            raise
+
+    @staticmethod
+    def _load_engine(model_path, keywords: dict, n_gpu_layers, tensor_split, use_mmap, use_mlock, kv_overrides,
+                     lora_path, lora_scale, pooling_type, type_k, type_v, kwargs: dict) -> Engine:
+        """The Engine of llama-cpp-python's arguments (keywords: those the Engine takes as they are;
+        kwargs: pyedgemoe's own)."""
+        engine_kwargs = dict(kwargs)
         options = kwargs.get("expert_options")
         mode_given = kwargs.get("mode") is not None or (options is not None and "mode" in options.given)
         if not (n_gpu_layers == 0 and mode_given):  # llama-cpp-python's default of 0 gives way to a mode given
@@ -162,32 +201,7 @@ class Llama:
             if "kv_type" in kwargs:
                 raise InvalidOptionError("give either type_k/type_v or kv_type, not both")
             engine_kwargs["kv_type"] = kv_type
-        if isinstance(n_ctx, int) and n_ctx > 0 and isinstance(n_batch, int):
-            n_batch = min(n_ctx, n_batch)  # as llama-cpp-python does
-        self._engine: Engine | None = Engine(
-            model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
-            n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, verbose=verbose, **engine_kwargs)
-        # llama-cpp-python's seed: a generation given none takes the next of the sequence it starts
-        # (_take_seed), so that a program's sampled outputs are the same on every run, as there
-        self._seed = seed or LLAMA_DEFAULT_SEED
-        self.model_path = self.engine.model_path
-        self.verbose = verbose
-        self.embedding = embedding
-        self.spm_infill = spm_infill  # a suffix's fill in the middle: the suffix first
-        self.cache = None  # set_cache's
-        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
-        self.n_batch = self.engine.plan.n_batch
-        # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
-        # _scored (NaN: not computed)
-        self._logits_all = logits_all
-        self._scores: np.ndarray | None = None
-        self._scored: list[int] = []
-        try:
-            self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
-            self.chat_handler = _checked_handler(chat_handler)
-        except InvalidOptionError:
-            self.close()
-            raise
+        return Engine(model_path, **keywords, **engine_kwargs)
 
     def _check_chat_format(self, chat_format: str | None) -> tuple[str, Callable | None]:
         """The chat format, and the handler of one llama-cpp-python's formats (None: the Engine's
@@ -196,7 +210,7 @@ class Llama:
             return chat_format, chatml_function_calling.create_chat_completion
         if chat_format in named_chat_formats.FORMATTERS:
             return chat_format, functools.partial(named_chat_formats.create_chat_completion, chat_format=chat_format)
-        has_template = "tokenizer.chat_template" in self.engine.metadata
+        has_template = "tokenizer.chat_template" in self._vocab.metadata
         if chat_format is None:  # as the Engine formats chats: the model's template, else ChatML
             return ("chat_template.default" if has_template else "chatml"), None
         if chat_format == "chat_template.default" and has_template:
@@ -224,6 +238,9 @@ class Llama:
     def engine(self) -> Engine:
         """The pyedgemoe Engine behind this Llama (its stats(), logits(), ...)."""
         if self._engine is None:
+            if isinstance(self._vocab, VocabularyFile) and not self._vocab.closed:
+                raise InvalidOptionError("this Llama holds a vocabulary alone (vocab_only=True): what it was asked "
+                                         "needs the model's weights (load it without vocab_only)")
             raise RuntimeError("this Llama is closed")
         return self._engine
 
@@ -234,9 +251,8 @@ class Llama:
 
     def close(self) -> None:
         """Frees the model and its context; the Llama is unusable afterwards."""
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        self._vocab.close()
+        self._engine = None
 
     def __enter__(self) -> "Llama":
         return self
@@ -247,28 +263,28 @@ class Llama:
     # -- the model ----------------------------------------------------------------------------
     @property
     def metadata(self) -> dict[str, str]:
-        return self.engine.metadata
+        return self._vocab.metadata
 
     def n_ctx(self) -> int:
         return self.engine.n_ctx
 
     def n_vocab(self) -> int:
-        return self.engine.n_vocab
+        return self._vocab.n_vocab
 
     def pooling_type(self) -> int:
         """llama.cpp's pooling type of the embeddings (0: none, a vector per token), as llama-cpp-python's."""
         return embeddings.pooling_type(self.engine)
 
     def token_bos(self) -> int:
-        bos = self.engine.token_bos()
+        bos = self._vocab.token_bos()
         return -1 if bos is None else bos
 
     def token_eos(self) -> int:
-        eos = self.engine.token_eos()
+        eos = self._vocab.token_eos()
         return -1 if eos is None else eos
 
     def token_nl(self) -> int:
-        nl = self.engine.token_nl()
+        nl = self._vocab.token_nl()
         return -1 if nl is None else nl
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -279,7 +295,7 @@ class Llama:
             text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InvalidOptionError(f"tokenize takes UTF-8 text: {e}") from None
-        return self.engine.tokenize(text, add_bos=add_bos, special=special)
+        return self._vocab.tokenize(text, add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
         """The bytes of tokens (special: with special tokens' text); after prev_tokens, only what
@@ -289,7 +305,7 @@ class Llama:
             before = self.detokenize(prev_tokens, special=special)
             return self.detokenize([*prev_tokens, *tokens], special=special)[len(before):]
         tokens = as_token_ids(tokens)
-        text = b"".join(self.engine.token_piece(t, special) for t in tokens)
+        text = b"".join(self._vocab.token_piece(t, special) for t in tokens)
         if tokens and tokens[0] == self.token_bos() and text.startswith(b" "):
             return text[1:]
         return text

@@ -1,11 +1,17 @@
 """A model's vocabulary and header, as the Engine gives them (llama_vocab's API over the native
 Model): tokenize, detokenize, a token's bytes, the special tokens, the metadata. Vocabulary is the
-part of the Engine that needs the model alone, not its context."""
+part of the Engine that needs the model alone, not its context; VocabularyFile is it without the
+weights, a GGUF's vocabulary loaded alone as llama-tokenize loads it (`pyedgemoe tokenize`,
+llama-cpp-python's Llama(vocab_only=True))."""
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 
+from pyedgemoe import _native, kv_overrides
+from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.generation import as_token_ids
+from pyedgemoe.model_info import read_model_info
 from pyedgemoe.text_stream import utf8
 
 
@@ -58,3 +64,31 @@ class Vocabulary(ABC):
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
         return self._live_model().token_to_piece(as_token_ids([token], "a token")[0], special)
+
+
+class VocabularyFile(Vocabulary):
+    """The vocabulary of the GGUF at path, without its weights; override_kv: the model's metadata
+    replaced, llama.cpp's KEY=TYPE:VALUE text or a dict (pyedgemoe.kv_overrides), as the Engine takes it."""
+
+    def __init__(self, path: str | os.PathLike, override_kv: str | dict | None = None) -> None:
+        self.path = os.fspath(path)
+        read_model_info(self.path)  # a file that is not a GGUF llama.cpp loads: the Engine's clear error
+        overrides = kv_overrides.items(kv_overrides.canonical(override_kv)) if override_kv else []
+        try:
+            self._model = _native.Model(self.path, use_mmap=False, vocab_only=True, kv_overrides=overrides)
+        except ValueError as e:
+            raise InvalidOptionError(str(e)) from None
+        except RuntimeError as e:
+            raise ModelLoadError(str(e)) from None
+
+    def _live_model(self):
+        if self._model is None:
+            raise RuntimeError("this vocabulary is closed")
+        return self._model
+
+    @property
+    def closed(self) -> bool:
+        return self._model is None
+
+    def close(self) -> None:
+        self._model = None

@@ -178,6 +178,24 @@ def test_tokens_are_stock_llama_cpp_pythons(stock):
                [theirs.detokenize([t], special=special) for t in fits]
 
 
+def test_vocab_only_tokenizes_as_stock_llama_cpp_python_without_the_weights(demo_high, stock):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs = llama_cpp.Llama(model_path=str(demo_high), vocab_only=True, verbose=False)
+    with Llama(model_path=str(demo_high), vocab_only=True, verbose=False) as ours:
+        text = "def fib(n): <|im_start|> héllo ✓".encode()
+        for add_bos, special in ((True, False), (False, True)):
+            assert ours.tokenize(text, add_bos, special) == theirs.tokenize(text, add_bos, special)
+        ids = ours.tokenize(text)
+        assert ours.detokenize(ids) == theirs.detokenize(ids) and ours.n_vocab() == theirs.n_vocab()
+        assert (ours.token_bos(), ours.token_eos(), ours.metadata) == (theirs.token_bos(), theirs.token_eos(),
+                                                                       theirs.metadata)
+        assert ours.tokenizer().encode("héllo") == stock[1].tokenizer().encode("héllo")  # the full Llama's
+        for needs_weights in (lambda: ours("hi", max_tokens=2), lambda: ours.eval(ids), ours.n_ctx):
+            with pytest.raises(InvalidOptionError, match="vocab_only=True"):
+                needs_weights()
+    theirs.close()
+
+
 @pytest.mark.parametrize("prompt", [PLANETS, "def __init__(self", "import os\n"])
 def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
     # a text prompt differs there: this file names <|endoftext|> its separator token and stock
@@ -191,8 +209,8 @@ def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
 
 # -- arguments --------------------------------------------------------------------------------
 def test_unsupported_constructor_arguments_are_refused_by_name():
-    with pytest.raises(InvalidOptionError, match=r"vocab_only=True.*numa=True"):
-        Llama(model_path=str(DEMO), vocab_only=True, numa=True, lora_path=None, verbose=False)
+    with pytest.raises(InvalidOptionError, match=r"main_gpu=1.*numa=True"):
+        Llama(model_path=str(DEMO), main_gpu=1, numa=True, lora_path=None, verbose=False)
     with pytest.raises(InvalidOptionError, match="n_thread"):
         Llama(model_path=str(DEMO), n_thread=2, verbose=False)
 

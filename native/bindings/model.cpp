@@ -59,9 +59,11 @@ const llama_vocab * vocab_of(const Model & m) { return llama_model_get_vocab(m.m
 // mlock: llama.cpp's --mlock, its weights' host memory locked (an expert cache's: its own option).
 // chat_template: a template in place of the file's (llama.cpp's --chat-template), as the model's
 // metadata, whence every reader of it takes it (llama_model_chat_template, common_chat_templates_init).
+// vocab_only: the vocabulary and header alone, no weights (llama-tokenize's load): no context then.
 void load(Model * self, const std::string & path, bool use_mmap, bool experts_on_demand, const std::string & device,
           bool repack, const std::vector<float> & tensor_split, bool experts_mapped, bool embedding_mapped,
-          const std::vector<std::string> & kv_overrides, bool mlock, const std::string & chat_template) {
+          const std::vector<std::string> & kv_overrides, bool mlock, const std::string & chat_template,
+          bool vocab_only) {
     if (experts_mapped && (use_mmap || experts_on_demand || !device.empty()))
         throw nb::value_error("experts_mapped reads the other weights into memory: not with use_mmap, "
                               "experts_on_demand or a device");
@@ -99,6 +101,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     params.load_mode = use_mmap ? (mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MMAP)
                                 : (mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
     params.use_extra_bufts = repack;
+    params.vocab_only = vocab_only;
     if (experts_on_demand || experts_mapped) params.lazy_mode = LLAMA_LAZY_MODE_ON;
     params.lazy_token_embd = embedding_mapped;
     log_clear_recent();
@@ -290,7 +293,7 @@ void register_model(nb::module_ & m) {
              nb::arg("device") = "", nb::arg("repack") = true, nb::arg("tensor_split") = std::vector<float>(),
              nb::arg("experts_mapped") = false, nb::arg("embedding_mapped") = false,
              nb::arg("kv_overrides") = std::vector<std::string>(), nb::arg("mlock") = false,
-             nb::arg("chat_template") = "")
+             nb::arg("chat_template") = "", nb::arg("vocab_only") = false)
         .def_ro("devices", &Model::devices)
         .def_ro("path", &Model::path)
         .def("tokenize", &tokenize, nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
