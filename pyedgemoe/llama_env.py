@@ -13,8 +13,8 @@ from typer._click.core import ParameterSource  # typer's own click (cli.py's err
 from typer._click.globals import get_current_context
 
 # the commands that are llama.cpp's tools reading these (llama-cli, llama-server, llama-perplexity,
-# llama-embedding, llama-imatrix); `bench` takes llama-bench's flags, which read none
-COMMANDS = ("run", "serve", "perplexity", "embed", "calibrate")
+# llama-embedding, llama-imatrix, llama-tokenize); `bench` takes llama-bench's flags, which read none
+COMMANDS = ("run", "serve", "perplexity", "embed", "calibrate", "tokenize")
 # a flag of ours -> llama.cpp's variable for it (common/arg.cpp's set_env; tests/test_llama_env.py
 # checks this against the vendored arg.cpp, and that no flag of COMMANDS with one is left out)
 VARIABLES = {

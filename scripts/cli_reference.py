@@ -26,7 +26,7 @@ llama.cpp's cache, `$LLAMA_CACHE` or `~/.cache/llama.cpp`, or to `-m`'s path, un
 unchanged on the server, by its ETag, as llama.cpp's);
 a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 
-`run`, `serve`, `perplexity`, `embed` and `calibrate` read llama.cpp's environment variables for the
+`run`, `serve`, `perplexity`, `embed`, `calibrate` and `tokenize` read llama.cpp's environment variables for the
 flags of llama.cpp's they have (`LLAMA_ARG_MODEL`, `LLAMA_ARG_CTX_SIZE`, `LLAMA_ARG_N_GPU_LAYERS`,
 `LLAMA_ARG_HOST`, `LLAMA_ARG_PORT`, `LLAMA_API_KEY`, `HF_TOKEN`, ...: `pyedgemoe/llama_env.py` lists
 them, by llama.cpp's `common/arg.cpp`); a flag on the command line wins; a `LLAMA_ARG_` variable the
