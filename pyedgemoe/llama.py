@@ -133,6 +133,8 @@ class Llama:
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, draft_model=None, spm_infill: bool = False,
                  chat_handler: Callable | None = None, vocab_only: bool = False, verbose: bool = True, **kwargs):
+        self._arguments = {name: value for name, value in locals().items() if name not in ("self", "kwargs")} \
+            | kwargs  # __getstate__'s
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
@@ -256,6 +258,13 @@ class Llama:
 
     def __enter__(self) -> "Llama":
         return self
+
+    def __getstate__(self) -> dict:
+        """Its constructor's arguments: a pickled Llama loads the model again, as llama-cpp-python's."""
+        return dict(self._arguments)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -208,6 +208,16 @@ def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
 
 
 # -- arguments --------------------------------------------------------------------------------
+def test_a_pickled_llama_loads_again_with_its_arguments_as_llama_cpp_pythons():
+    import pickle
+    with Llama(model_path=str(DEMO), expert_cache="50%", seed=3, **SMALL) as llm:
+        text = llm("def fib(n):", max_tokens=8)["choices"][0]["text"]  # seeded: the sequence seed=3 starts
+        copy = pickle.loads(pickle.dumps(llm))
+    with copy:
+        assert copy.engine.expert_residency is not None and copy.n_ctx() == SMALL["n_ctx"]
+        assert copy("def fib(n):", max_tokens=8)["choices"][0]["text"] == text
+
+
 def test_unsupported_constructor_arguments_are_refused_by_name():
     with pytest.raises(InvalidOptionError, match=r"main_gpu=1.*numa=True"):
         Llama(model_path=str(DEMO), main_gpu=1, numa=True, lora_path=None, verbose=False)
