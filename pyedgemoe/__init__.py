@@ -21,15 +21,26 @@ from pyedgemoe.errors import (
 )
 from pyedgemoe.engine import Engine
 from pyedgemoe.expert_options import ExpertOptions
-from pyedgemoe.llama import Llama, LlamaGrammar
-from pyedgemoe.speculative import LlamaPromptLookupDecoding
+from pyedgemoe.llama import Llama, LlamaGrammar, LlamaState, LlamaTokenizer
+from pyedgemoe.llama_cache import LlamaCache, LlamaDiskCache, LlamaRAMCache
+from pyedgemoe.speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+from pyedgemoe.token_sampler import LogitsProcessorList, StoppingCriteriaList
 
 __all__ = [
     "Engine",
     "ExpertOptions",
+    # llama-cpp-python's names (`from llama_cpp import ...` -> `from pyedgemoe import ...`)
     "Llama",
     "LlamaGrammar",
+    "LlamaState",
+    "LlamaTokenizer",
+    "LlamaCache",
+    "LlamaRAMCache",
+    "LlamaDiskCache",
+    "LlamaDraftModel",
     "LlamaPromptLookupDecoding",
+    "LogitsProcessorList",
+    "StoppingCriteriaList",
     "PyEdgeMoEError",
     "ModelLoadError",
     "ContextOverflowError",

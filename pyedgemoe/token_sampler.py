@@ -9,6 +9,8 @@ generation.SamplingParams.sampler makes) and llama-cpp-python's two Python hooks
 - stopping_criteria(input_ids, logits) -> bool: asked after each pick with the same input_ids and
   the logits the pick came from (before the processor); true ends the generation with that pick
   dropped, finish reason "stop", as llama-cpp-python's generate does.
+
+LogitsProcessorList and StoppingCriteriaList are llama-cpp-python's, for code that imports them.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ class TokenSampler:
 
     def __init__(self, chain, logits_processor=None, stopping_criteria=None):
         self.chain = chain
-        self.logits_processor = _in_turn(logits_processor) if isinstance(logits_processor, (list, tuple)) \
-            else logits_processor
+        self.logits_processor = LogitsProcessorList(logits_processor) \
+            if isinstance(logits_processor, (list, tuple)) else logits_processor
         self.stopping_criteria = stopping_criteria
         self.stopped = False
 
@@ -54,10 +56,17 @@ class TokenSampler:
         return token
 
 
-def _in_turn(processors):
-    """One logits processor of several, each given the logits the one before returned."""
-    def apply(ids, logits):
-        for processor in processors:
-            logits = processor(ids, logits)
-        return logits
-    return apply
+class LogitsProcessorList(list):
+    """llama-cpp-python's: one logits processor of several, each given the logits the one before returned."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+class StoppingCriteriaList(list):
+    """llama-cpp-python's: one stopping criterion of several, true where any of them is."""
+
+    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> bool:
+        return any([criterion(input_ids, logits) for criterion in self])

@@ -434,12 +434,16 @@ def test_eval_tokens_and_the_static_helpers_are_stock_llama_cpp_pythons(both):
         assert Llama.longest_token_prefix(a, b) == llama_cpp.Llama.longest_token_prefix(a, b)
 
 
-def test_a_prompt_cache_of_llama_cpp_python_serves_completions_and_chats(llm):
-    # llama-cpp-python's own LlamaRAMCache: a prompt that continues a cached completion starts from
-    # its state (its tokens are not evaluated again) and completes as without the cache
-    llama_cpp = pytest.importorskip("llama_cpp")
+@pytest.mark.parametrize("make_cache", [lambda folder: pytest.importorskip("llama_cpp").LlamaRAMCache(),
+                                        lambda folder: pyedgemoe.LlamaRAMCache(),
+                                        lambda folder: pyedgemoe.LlamaDiskCache(str(folder))],
+                         ids=["llama-cpp-python's", "pyedgemoe's", "pyedgemoe's on disk"])
+def test_a_prompt_cache_of_llama_cpp_python_serves_completions_and_chats(llm, make_cache, tmp_path):
+    # llama-cpp-python's own LlamaRAMCache, and pyedgemoe's as there: a prompt that continues a cached
+    # completion starts from its state (its tokens are not evaluated again) and completes as without
+    # the cache
     with Llama(model_path=str(DEMO), **SMALL) as cached:
-        cached.set_cache(llama_cpp.LlamaRAMCache())
+        cached.set_cache(make_cache(tmp_path / "cache"))
         first = cached(PLANETS, max_tokens=8, temperature=0)["choices"][0]["text"]
         cached("Something else entirely", max_tokens=2, temperature=0)
         follow = PLANETS + first + " And the moons?"
@@ -614,7 +618,8 @@ def test_logits_processors_are_stock_llama_cpp_pythons(both):
         seen.append(input_ids.tolist())
         scores[first] = -np.inf
         return scores
-    for processors in (llama_cpp.LogitsProcessorList([ban_first]), [ban_first]):  # a plain list too, as there
+    for processors in (llama_cpp.LogitsProcessorList([ban_first]), pyedgemoe.LogitsProcessorList([ban_first]),
+                       [ban_first]):  # a plain list too, as there
         seen.clear()
         out = ours(tokens, max_tokens=8, temperature=0, logits_processor=processors)
         assert seen[0] == tokens and len(seen) == 8  # the tokens evaluated before each pick
@@ -646,7 +651,8 @@ def test_stopping_criteria_end_the_generation_as_in_llama_cpp_python(both):
     def after_five(input_ids, logits):  # asked after each pick: true drops that pick and ends the generation
         argmax.append(int(np.argmax(logits)))
         return len(input_ids) >= len(tokens) + 5
-    for criteria in (llama_cpp.StoppingCriteriaList([after_five]), after_five):
+    for criteria in (llama_cpp.StoppingCriteriaList([after_five]), pyedgemoe.StoppingCriteriaList([after_five]),
+                     after_five):
         argmax.clear()
         out = ours(tokens, max_tokens=24, temperature=0, stopping_criteria=criteria)
         assert out["choices"] == theirs(tokens, max_tokens=24, temperature=0, stopping_criteria=criteria)["choices"]
