@@ -342,6 +342,8 @@ def serve(
     cache_reuse: Optional[int] = typer.Option(None, "--cache-reuse", help="llama-server's reuse of cached chunks by "
                                               "shifting the KV cache: not done here (a request reuses the longest "
                                               "start it shares with what a sequence holds); noted, not used"),
+    webui: bool = typer.Option(True, "--webui/--no-webui", "--ui/--no-ui", help="the web pages at / (the chat UI "
+                               "when built, the expert cache at /experts), as llama-server's; off: the API alone"),
     spm_infill: bool = typer.Option(False, "--spm-infill",
                                     help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
                                     "before the prefix, as some models were trained (llama-server's)"),
@@ -402,7 +404,7 @@ def serve(
             print_model_note(eng, model)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
-                         spm_infill=spm_infill, request_defaults=sampling,
+                         spm_infill=spm_infill, request_defaults=sampling, web_pages=webui,
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
 
 

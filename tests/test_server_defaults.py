@@ -119,3 +119,16 @@ def test_reasoning_flags_are_the_templates_variables_as_llama_servers(tmp_path, 
             .startswith("user: hi\nthinking=True")
     finally:
         stop_server(proc)
+
+
+def test_no_webui_serves_the_api_alone_as_llama_server(tmp_path):
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "512", "--no-webui")
+    try:
+        for page in ("/", "/experts", "/index.html"):
+            assert request("GET", url + page, key=None)[0] == 404
+        status, props = request("GET", url + "/props", key=None)
+        assert status == 200 and props["ui"] is False
+        assert request("POST", url + "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}).encode(),
+                       key=None)[0] == 200
+    finally:
+        stop_server(proc)

@@ -128,14 +128,16 @@ def _with_request_defaults(given: dict, defaults: Mapping) -> dict:
 def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), api_keys: tuple[str, ...] = (),
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
                chat_defaults: Mapping = MappingProxyType({}), request_defaults: Mapping = MappingProxyType({}),
-               ui_dir: Path | None = BUILT_UI, embeddings: bool = False, spm_infill: bool = False) -> FastAPI:
+               ui_dir: Path | None = BUILT_UI, web_pages: bool = True, embeddings: bool = False,
+               spm_infill: bool = False) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_keys, every path but /health needs `Authorization: Bearer KEY`, one of them.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
     and localhost, it may be reached by (request_guards.py); any by default, for a deployment under
     names of its own (`pyedgemoe serve` answers to none unless told); ui_dir: llama.cpp's built web
-    UI, served at / when there (web_ui.py); chat_defaults: a chat request's Engine keywords where it
-    gives none (`serve --reasoning-format`, `--chat-template-kwargs`: those merged by name);
+    UI, served at / when there (web_ui.py); web_pages: False serves no page (`serve --no-webui`);
+    chat_defaults: a chat request's Engine keywords where it gives none (`serve --reasoning-format`,
+    `--chat-template-kwargs`: those merged by name);
     request_defaults: every generation request's Engine keywords where it gives none (`serve --temp`,
     `-n`, ...: llama-server's defaults; _with_request_defaults);
     embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py); spm_infill: fill
@@ -143,7 +145,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
-    web_ui = WebUI(ui_dir)
+    web_ui = WebUI(ui_dir, web_pages)
     requests = metrics.RequestCounts(PATHS)
     names = {model_id, *model_aliases}
     created = int(os.path.getmtime(engine.model_path)) if os.path.exists(engine.model_path) else int(time.time())

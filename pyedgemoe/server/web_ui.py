@@ -7,6 +7,7 @@
 - Our own page, the expert cache live, at /experts (static/experts.html, drawn from
   /metrics/experts); it is / too when llama.cpp's UI is not built.
 The pages and their files need no API key (the pages ask for it, as llama-server's UI does).
+`serve --no-webui` (llama-server's) serves no page: /props and /slots stay, as there.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 class WebUI:
-    def __init__(self, ui_dir: Path | None = BUILT_UI) -> None:
-        self.ui_dir = ui_dir if ui_dir is not None and (ui_dir / "index.html").is_file() else None
+    def __init__(self, ui_dir: Path | None = BUILT_UI, pages: bool = True) -> None:
+        self.pages = pages
+        self.ui_dir = ui_dir if pages and ui_dir is not None and (ui_dir / "index.html").is_file() else None
         self.experts_page = (STATIC / "experts.html").read_text(encoding="utf-8")
         self.index = self.experts_page
         if self.ui_dir is not None:
@@ -40,7 +42,7 @@ class WebUI:
     def is_public(self, path: str) -> bool:
         """A page or one of its files: open without the API key."""
         if path in ("/", "/experts", "/index.html"):
-            return True
+            return self.pages
         if self.ui_dir is None:
             return False
         file = (self.ui_dir / path.lstrip("/")).resolve()
@@ -54,14 +56,15 @@ class WebUI:
         n_predict = -1 if n_predict is None else n_predict
         sampling = SamplingParams.of(defaults, temperature=CHAT_TEMPERATURE)
 
-        @app.get("/", include_in_schema=False)
-        @app.get("/index.html", include_in_schema=False)
-        async def index() -> HTMLResponse:
-            return HTMLResponse(self.index, headers=_NO_CACHE)
+        if self.pages:
+            @app.get("/", include_in_schema=False)
+            @app.get("/index.html", include_in_schema=False)
+            async def index() -> HTMLResponse:
+                return HTMLResponse(self.index, headers=_NO_CACHE)
 
-        @app.get("/experts", include_in_schema=False)
-        async def experts() -> HTMLResponse:
-            return HTMLResponse(self.experts_page, headers=_NO_CACHE)
+            @app.get("/experts", include_in_schema=False)
+            async def experts() -> HTMLResponse:
+                return HTMLResponse(self.experts_page, headers=_NO_CACHE)
 
         @app.get("/props")
         async def props() -> dict:
@@ -77,7 +80,7 @@ class WebUI:
                                                     "params": params},
                     "total_slots": engine.n_parallel, "model_alias": model_id, "model_path": engine.model_path,
                     "modalities": {"vision": False, "video": False, "audio": False},
-                    "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True, "ui": True,
+                    "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True, "ui": self.pages,
                     "chat_template": engine.metadata.get("tokenizer.chat_template", ""),
                     "bos_token": _token_text(engine, engine.token_bos()),
                     "eos_token": _token_text(engine, engine.token_eos()),
