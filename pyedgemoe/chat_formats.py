@@ -25,11 +25,14 @@ from pyedgemoe.errors import InvalidOptionError
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
-def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool, reasoning_format: str | None) -> bool:
-    """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways)."""
+def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool, reasoning_format: str | None,
+           reasoning_budget: int | None = None) -> bool:
+    """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways); a
+    reasoning budget (>= 0) needs the format's thinking tags."""
     if not parse_tool_calls or isinstance(tool_choice, dict):  # a function named: tool_calls' forced call
         return False
-    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none")
+    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none") or \
+        (isinstance(reasoning_budget, int) and reasoning_budget >= 0)  # (else SamplingParams says what is wrong)
 
 
 class ChatTurn:
@@ -60,7 +63,16 @@ class ChatTurn:
             return {}
         t = self._turn
         return {"grammar": t.grammar, "grammar_triggers": (tuple(t.trigger_patterns), tuple(t.trigger_tokens))
-                if t.grammar_lazy else None, "grammar_prefill": t.generation_prompt}
+                if t.grammar_lazy else None, "generation_prompt": t.generation_prompt}
+
+    def thinking(self) -> dict:
+        """The SamplingParams keywords of a reasoning budget: the template's thinking tags, as llama.cpp's
+        analysis of it finds them (none: {}, and a budget does nothing, as in llama-server)."""
+        t = self._turn
+        if not t.thinking_start_tag or not t.thinking_end_tags:
+            return {}
+        return {"thinking_tags": (t.thinking_start_tag, tuple(t.thinking_end_tags)),
+                "generation_prompt": t.generation_prompt}
 
     def message(self, text: str) -> dict:
         """The assistant's message the whole text parses to (a text the format does not take, as a
@@ -84,6 +96,12 @@ class ChatTurn:
             except ValueError:
                 continue
         return []  # the text does not parse (yet): its deltas come with more of it
+
+
+def has_thinking_tags(engine, template_kwargs: dict | None = None) -> bool:
+    """Whether llama.cpp's analysis of the model's chat template finds the tags of a thought (which a
+    reasoning budget needs)."""
+    return bool(ChatTurn(engine, [{"role": "user", "content": "?"}], None, None, None, template_kwargs).thinking())
 
 
 def assistant_message(content: str, reasoning_content: str, calls: list[dict]) -> dict:

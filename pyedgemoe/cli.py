@@ -17,8 +17,8 @@ import typer
 # typer 0.29 vendors click; its usage-error types are only reachable here (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from pyedgemoe.chat_formats import REASONING_FORMATS
-from pyedgemoe.cli_chat import run_chat
+from pyedgemoe.chat_formats import REASONING_FORMATS, has_thinking_tags
+from pyedgemoe.cli_chat import NO_THINKING_TAGS, run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
 from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.cli_options import (chat_template_options, model_name, model_options, model_source, sampling_options,
@@ -171,6 +171,8 @@ def run(
         fail("--single-turn is one turn of a --chat session: give --chat too")
     if template_kwargs and not chat:
         fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's: give --chat too")
+    if sampling.reasoning_budget_tokens >= 0 and not chat:
+        fail("--reasoning-budget is a chat's (its template's thinking tags): give --chat too")
     if reverse_prompt and as_json:
         fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
     if (prompt_cache_all or prompt_cache_ro) and prompt_cache is None:
@@ -402,6 +404,8 @@ def serve(
         with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, draft_model=draft_model, seed=seed,
                           **engine_options) as eng:
             print_model_note(eng, model)
+            if sampling.get("reasoning_budget_tokens", -1) >= 0 and not has_thinking_tags(eng):
+                typer.echo(f"note: {NO_THINKING_TAGS}", err=True)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          spm_infill=spm_infill, request_defaults=sampling, web_pages=webui,

@@ -11,10 +11,12 @@ import sys
 
 import typer
 
+from pyedgemoe.chat_formats import has_thinking_tags
 from pyedgemoe.chat_template import TEMPLATE_KEY
 from pyedgemoe.generation import SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
+NO_THINKING_TAGS = "the chat template has no thinking tags llama.cpp knows: --reasoning-budget changes nothing"
 
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
@@ -25,6 +27,8 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
     template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea)."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
+    if sampling.reasoning_budget_tokens >= 0 and not has_thinking_tags(eng, template_kwargs):
+        typer.echo(f"note: {NO_THINKING_TAGS}", err=True)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     while True:
         if first_message is not None:

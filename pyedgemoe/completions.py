@@ -196,17 +196,18 @@ def check_messages(messages: list[dict]) -> None:
 
 def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
               template_kwargs: dict | None = None, parallel_tool_calls: bool | None = None,
-              parse_tool_calls: bool = True, reasoning_format: str | None = None) -> tuple[str, ChatTurn | None]:
+              parse_tool_calls: bool = True, reasoning_format: str | None = None,
+              reasoning_budget: int | None = None) -> tuple[str, ChatTurn | None]:
     """A chat's prompt text, and where the answer is parsed in the model's format (tool calls,
-    thoughts) the ChatTurn it is the text of (llama.cpp's rendering); else the model's template as
-    Engine.format_chat renders it."""
+    thoughts, a reasoning budget's tags) the ChatTurn it is the text of (llama.cpp's rendering); else
+    the model's template as Engine.format_chat renders it."""
     check_messages(messages)
     tools = check_tools(tools)
     check_tool_choice(tool_choice)
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
                                  f"{template_kwargs!r}"[:200])
-    if parses(tools, tool_choice, parse_tool_calls, reasoning_format):
+    if parses(tools, tool_choice, parse_tool_calls, reasoning_format, reasoning_budget):
         turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format)
         return turn.prompt, turn
     return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
@@ -238,7 +239,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
     text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,
-                           reasoning_format)
+                           reasoning_format, sampling.get("reasoning_budget_tokens"))
     function = forced_tool(tools, tool_choice) if turn is None else None
     # the grammar of a call (a forced one's arguments, a format's calls), which no other may join
     calls_grammar = {"json_schema": function.get("parameters", {"type": "object"})} if function is not None \
@@ -249,7 +250,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     if turn is not None and stream and logprobs:
         raise InvalidOptionError("logprobs are not given in a stream parsed for tool calls or thoughts (tools, "
                                  "reasoning_format), as llama-server")
-    sampling = SamplingParams.of({**sampling, **calls_grammar}, temperature=CHAT_TEMPERATURE)
+    thinking = turn.thinking() if turn is not None else {}
+    sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
     run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset())

@@ -122,10 +122,19 @@ class SamplingParams:
     json_schema: str | None = field(default=None, metadata=_flag(
         "--json-schema", "JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON "
         "value", file_flag="--json-schema-file", short_flag="-j", file_short_flag="-jf"))
-    # a tool-call format's grammar (chat_formats.ChatTurn): lazy, from the first of these (patterns the
-    # text matches, token ids) on; and the text it has seen before the first generated token
+    # llama.cpp's reasoning budget, in a chat whose template has thinking tags (chat_formats.ChatTurn)
+    reasoning_budget_tokens: int = field(default=-1, metadata=_flag(
+        "--reasoning-budget", "token budget for thinking: -1 unrestricted, 0 an immediate end, N > 0 at most N "
+                              "tokens, then the end of the thought is forced (a chat whose template has thinking "
+                              "tags, as llama.cpp's)"))
+    reasoning_budget_message: str | None = field(default=None, metadata=_flag(
+        "--reasoning-budget-message", "text written before the end of a thought the budget cuts"))
+    # a chat format's (chat_formats.ChatTurn): its tool-call grammar's start, lazy from the first of
+    # these (patterns the text matches, token ids) on; its thinking tags (start, ends), for the budget;
+    # and the text the template put after the last message, which the grammar and the budget have seen
     grammar_triggers: tuple[tuple[str, ...], tuple[int, ...]] | None = field(default=None, metadata=_flag(None))
-    grammar_prefill: str = field(default="", metadata=_flag(None))
+    thinking_tags: tuple[str, tuple[str, ...]] | None = field(default=None, metadata=_flag(None))
+    generation_prompt: str = field(default="", metadata=_flag(None))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # a mapping given: its pairs
@@ -195,9 +204,12 @@ class SamplingParams:
             if not all(hook is None or callable(hook) for hook in hooks):
                 raise InvalidOptionError(f"{name} must be callable (f(input_ids{'' if name == 'draft_model' else ', logits'}"
                                          f")), got {getattr(self, name)!r}"[:200])
+        if self.reasoning_budget_tokens < -1:
+            raise InvalidOptionError(f"reasoning_budget_tokens must be >= -1 (-1: unrestricted), got "
+                                     f"{self.reasoning_budget_tokens}")
         if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
-        for name in ("grammar", "json_schema"):
+        for name in ("grammar", "json_schema", "reasoning_budget_message"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidOptionError(f"{name} must be text, got {getattr(self, name)!r}")
             try:
@@ -222,10 +234,11 @@ class SamplingParams:
                                     self.penalty_last_n, random.getrandbits(32) if seed == RANDOM_SEED else seed, grammar,
                                     self.logit_bias, self.mirostat_mode, self.mirostat_tau, self.mirostat_eta,
                                     self.grammar_triggers is not None, *(self.grammar_triggers or ((), ())),
-                                    self.grammar_prefill, self.dry_multiplier, self.dry_base, self.dry_allowed_length,
+                                    self.generation_prompt, self.dry_multiplier, self.dry_base, self.dry_allowed_length,
                                     self.dry_penalty_last_n, list(self.dry_sequence_breakers), self.xtc_probability,
                                     self.xtc_threshold, self.top_n_sigma, self.dynatemp_range, self.dynatemp_exponent,
-                                    self.samplers.split(";") if self.samplers else [])
+                                    self.samplers.split(";") if self.samplers else [], self.reasoning_budget_tokens,
+                                    *(self.thinking_tags or ("", ())), self.reasoning_budget_message or "")
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:

@@ -42,6 +42,7 @@ VARIABLES = {
     "--timeout": "LLAMA_ARG_TIMEOUT", "--embeddings": "LLAMA_ARG_EMBEDDINGS",
     "--reasoning-format": "LLAMA_ARG_THINK", "--chat-template-kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
     "-rea": "LLAMA_ARG_REASONING", "--reasoning-effort": "LLAMA_ARG_REASONING_EFFORT",
+    "--reasoning-budget": "LLAMA_ARG_THINK_BUDGET", "--reasoning-budget-message": "LLAMA_ARG_THINK_BUDGET_MESSAGE",
     "-cb": "LLAMA_ARG_CONT_BATCHING", "--webui": "LLAMA_ARG_UI", "--metrics": "LLAMA_ARG_ENDPOINT_METRICS", "--cache-reuse": "LLAMA_ARG_CACHE_REUSE",
 }
 

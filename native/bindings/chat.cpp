@@ -25,7 +25,8 @@ struct ChatFormat {
 struct ChatTurn {
     common_chat_params params;
     common_chat_parser_params parser;
-    common_chat_msg last;                  // what the text parsed to so far (diffs)
+    common_chat_msg last;                  // what the text parsed to so far (diffs; none at first, as llama-server's
+                                           // task_result_state: a prompt that opens a thought streams its tag too)
     std::vector<std::string> call_ids;     // a call keeps the id it was first given
 };
 
@@ -70,7 +71,6 @@ ChatTurn * apply(const ChatFormat & format, const std::string & messages, const 
         turn->parser = common_chat_parser_params(turn->params);
         turn->parser.reasoning_format = inputs.reasoning_format;
         if (!turn->params.parser.empty()) turn->parser.parser.load(turn->params.parser);
-        turn->last = common_chat_parse("", true, turn->parser);
     } catch (const std::exception & e) {
         throw nb::value_error(e.what());
     }
@@ -173,6 +173,9 @@ void register_chat(nb::module_ & m) {
         .def_prop_ro("trigger_patterns", &trigger_patterns)
         .def_prop_ro("trigger_tokens", &trigger_tokens)
         .def_prop_ro("generation_prompt", [](const ChatTurn & t) { return t.params.generation_prompt; })
+        // the tags around a thought, where llama.cpp's analysis of the template found them ("": none)
+        .def_prop_ro("thinking_start_tag", [](const ChatTurn & t) { return t.params.thinking_start_tag; })
+        .def_prop_ro("thinking_end_tags", [](const ChatTurn & t) { return t.params.thinking_end_tags; })
         .def_prop_ro("preserved_tokens", [](const ChatTurn & t) { return t.params.preserved_tokens; })
         .def_prop_ro("additional_stops", [](const ChatTurn & t) { return t.params.additional_stops; })
         // {"content", "reasoning_content", "tool_calls": [{"id", "name", "arguments"}]} as JSON text

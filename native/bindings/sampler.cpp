@@ -5,10 +5,13 @@
 // sampler). A sampler left at its "off" value is not in the chain. The grammar (GBNF, llama.cpp's
 // grammar sampler) comes right after the penalties, as in llama-cpp-python's chain: only tokens it
 // allows reach the others. An order given (llama-server's `samplers`, llama.cpp's --samplers) is
-// llama.cpp's common sampler's: logit bias, grammar, those samplers in that order, dist.
+// llama.cpp's common sampler's: logit bias, grammar, those samplers in that order, dist. A reasoning
+// budget (llama.cpp's --reasoning-budget, common/reasoning-budget.cpp) comes first, as in llama.cpp's
+// common sampler: once a thought has taken its tokens, it forces the message and the end-of-thinking tag.
 #include "native.h"
 
 #include "llama.h"
+#include "reasoning-budget.h"
 
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -59,13 +62,19 @@ struct GrammarStart {
     std::string prefill;
 };
 
-// prefill's tokens as common/sampling.cpp gives them to a tool call grammar (a space some tokenizers
-// put before a first special token left out).
-std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::string & text) {
+// text's tokens, special tokens parsed, no BOS (common_tokenize(vocab, text, false, true)).
+std::vector<llama_token> tokens_of(const llama_vocab * vocab, const std::string & text) {
     std::vector<llama_token> tokens(text.size() + 2);
     const int n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(),
                                  false, true);
     tokens.resize(n < 0 ? 0 : n);
+    return tokens;
+}
+
+// prefill's tokens as common/sampling.cpp gives them to a tool call grammar (a space some tokenizers
+// put before a first special token left out).
+std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> tokens = tokens_of(vocab, text);
     if (!tokens.empty() && !text.empty() && !std::isspace((unsigned char) text[0])) {
         char piece[256];
         const int len = llama_token_to_piece(vocab, tokens[0], piece, sizeof(piece), 0, true);
@@ -111,7 +120,9 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             const std::vector<llama_token> & trigger_tokens, const std::string & grammar_prefill,
             float dry_multiplier, float dry_base, int dry_allowed_length, int dry_penalty_last_n,
             const std::vector<std::string> & dry_sequence_breakers, float xtc_probability, float xtc_threshold,
-            float top_n_sigma, float dynatemp_range, float dynatemp_exponent, const std::vector<std::string> & order) {
+            float top_n_sigma, float dynatemp_range, float dynatemp_exponent, const std::vector<std::string> & order,
+            int reasoning_budget, const std::string & thinking_start, const std::vector<std::string> & thinking_ends,
+            const std::string & reasoning_message) {
     const GrammarStart start{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill};
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -124,6 +135,17 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     llama_sampler_chain_params params = llama_sampler_chain_default_params();
     params.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(params);
+    if (reasoning_budget >= 0 && !thinking_start.empty() && !thinking_ends.empty()) {
+        std::vector<llama_tokens> ends;
+        for (const auto & tag : thinking_ends) ends.push_back(tokens_of(vocab, tag));
+        llama_tokens forced = tokens_of(vocab, reasoning_message);
+        forced.insert(forced.end(), ends.front().begin(), ends.front().end());
+        llama_sampler * budget = common_reasoning_budget_init(vocab, {tokens_of(vocab, thinking_start)}, ends, forced,
+                                                              reasoning_budget);
+        // the generation prompt may open the thought (a template ending in <think>)
+        for (llama_token t : prefill_tokens(vocab, grammar_prefill)) llama_sampler_accept(budget, t);
+        llama_sampler_chain_add(chain, budget);
+    }
     if (!biases.empty()) llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, (int32_t) biases.size(), biases.data()));
     // an order given (each name once): llama.cpp's common sampler, its samplers in that order
     const bool ordered = !order.empty() && mirostat == 0;
@@ -230,7 +252,9 @@ void register_sampler(nb::module_ & m) {
              nb::arg("dry_penalty_last_n") = 64, nb::arg("dry_sequence_breakers") = std::vector<std::string>(),
              nb::arg("xtc_probability") = 0.0f, nb::arg("xtc_threshold") = 0.1f, nb::arg("top_n_sigma") = -1.0f,
              nb::arg("dynatemp_range") = 0.0f, nb::arg("dynatemp_exponent") = 1.0f,
-             nb::arg("order") = std::vector<std::string>())
+             nb::arg("order") = std::vector<std::string>(), nb::arg("reasoning_budget") = -1,
+             nb::arg("thinking_start") = "", nb::arg("thinking_ends") = std::vector<std::string>(),
+             nb::arg("reasoning_message") = "")
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },

@@ -15,7 +15,9 @@ Anthropic's message (message()): its thoughts a `thinking` block, its text a `te
 `tool_use` blocks; streamed, Anthropic's events (EventStream): message_start, a block's
 content_block_start, its deltas and content_block_stop (one block after the other), message_delta
 with the stop reason and message_stop. Images and documents are refused (a text model); thinking
-blocks of earlier turns are dropped; `thinking`, `metadata`, `output_config.effort` and the
+blocks of earlier turns are dropped; `thinking` {"type": "enabled", "budget_tokens": N} is the
+reasoning budget (llama.cpp's, on a template with thinking tags; DEFAULT_THINKING_BUDGET where N
+is missing, as llama-server's), its other types have no effect, as `metadata`, `output_config.effort` and the
 service's settings (`service_tier`, `speed`, `container`, ...) have no effect. Any `model` is
 answered by the model served, as llama-server answers it (Anthropic's clients send names of
 Anthropic's models).
@@ -35,6 +37,7 @@ _FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "strea
            "cache_control", "container", "diagnostics", "inference_geo", "speed", "user_profile_id", "workspace_id"}
 _PASSED = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
 DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens; llama-server takes this when it is missing
+DEFAULT_THINKING_BUDGET = 10000  # llama-server's budget_tokens where thinking is enabled without one
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 
 
@@ -121,6 +124,11 @@ def chat_request(body) -> dict:
         request["tools"] = [_tool(i, t) for i, t in enumerate(body["tools"])]
     if "tool_choice" in body:
         request["tool_choice"] = _tool_choice(body["tool_choice"])
+    thinking = body.get("thinking") or {}
+    if not isinstance(thinking, dict):
+        raise invalid("thinking", 'an object ({"type": "enabled", "budget_tokens": N})', thinking)
+    if thinking.get("type") == "enabled":
+        request["thinking_budget_tokens"] = thinking.get("budget_tokens", DEFAULT_THINKING_BUDGET)  # checked as a chat's
     output = body.get("output_config") or {}
     if not isinstance(output, dict):
         raise invalid("output_config", 'an object ({"format": {"type": "json_schema", "schema": ...}})', output)

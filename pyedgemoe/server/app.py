@@ -237,7 +237,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         given = _with_defaults(r.engine_kwargs, chat_defaults)
         return chat_text(engine, r.messages, given.get("tools"), given.get("tool_choice"),
                          given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
-                         reasoning_format=given.get("reasoning_format"))[0]
+                         reasoning_format=given.get("reasoning_format"),
+                         reasoning_budget=given.get("reasoning_budget_tokens"))[0]
 
     def chat_prompt_length(r: GenerationRequest) -> int:
         return len(chat_text_tokens(engine, chat_prompt(r)))

@@ -209,7 +209,7 @@ _RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer,
            "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX),
            "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2),
            "mirostat_mode": _in_range(_integer, 0, 2), "mirostat_tau": _in_range(_number, 0, 1e6),
-           "mirostat_eta": _in_range(_number, 0, 1e6)}
+           "mirostat_eta": _in_range(_number, 0, 1e6), "reasoning_budget_tokens": _in_range(_integer, -1, INT32_MAX)}
 
 
 def _field_check(name: str):
@@ -243,6 +243,8 @@ _SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_s
              "logit_bias": _logit_bias, "dry_sequence_breakers": _breakers, "samplers": _samplers}
 # max_tokens and its other names (chat's newer one; llama-server's)
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
+# the reasoning budget's names (llama-server's: the first before the second; -1 is the server's default)
+_BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
 # sends (its streaming and timing options, how it shows a reasoning model's thoughts), and the prompt's
@@ -259,7 +261,8 @@ CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _m
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
                    "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
-                   "reasoning_format": _one_of(REASONING_FORMATS)}
+                   "reasoning_format": _one_of(REASONING_FORMATS),
+                   "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"]}
 
 
 def _native_prompt(name: str, value) -> str | list[int | str]:
@@ -478,6 +481,7 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
         raise APIError(400, " and ".join(f"'{k}' ({_shown(v)})" for k, v in lengths.items()) + " disagree: give one",
                        "invalid_value", list(lengths)[-1])
     request = GenerationRequest(model=model, stream=False)
+    budgets = {}
     for name, value in body.items():
         check = parameters.get(name)
         if check is None or value is None:  # null: as if not given (OpenAI's defaults are the Engine's)
@@ -491,9 +495,14 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
             request.messages = value
         elif name in _LENGTHS:
             request.engine_kwargs["max_tokens"] = None if value == -1 else value
+        elif name in _BUDGETS:
+            budgets[name] = value
         else:
             request.engine_kwargs[name] = value
     given = request.engine_kwargs
+    budget = next((budgets[name] for name in _BUDGETS if budgets.get(name, -1) != -1), None)
+    if budget is not None:
+        given["reasoning_budget_tokens"] = budget
     if "functions" in given or "function_call" in given:  # OpenAI's legacy names of a chat's tools
         try:
             given["tools"], given["tool_choice"] = from_functions(given.pop("functions", None), given.pop(
