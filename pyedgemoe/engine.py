@@ -152,7 +152,8 @@ class Engine(Vocabulary):
             ctx = _native.Context(self._model, n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=self.n_ubatch,
                                   n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch,
                                   flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel,
-                                  loras=list(plan.loras), **rope_scaling.context_keywords(plan.expert_options),
+                                  loras=list(plan.loras), swa_full=plan.expert_options["swa_full"] is not False,
+                                  **rope_scaling.context_keywords(plan.expert_options),
                                   **embeddings.context_keywords(plan.expert_options))
         except RuntimeError as e:
             raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None

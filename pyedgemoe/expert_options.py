@@ -62,6 +62,11 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "mmap": LoadOption(bool, "map the model file, as llama.cpp does (--no-mmap: read the weights into memory)",
                        "on where every weight is resident; off beside an expert cache or mapped experts (the other "
                        "weights read into memory)"),
+    "swa_full": LoadOption(bool, "a full-size KV cache for the sliding-window layers (GPT-OSS's, Gemma's; llama.cpp's "
+                           "--swa-full); --no-swa-full: their window's positions alone, less memory for a long "
+                           "context, but a prompt that departs from the one before further back than the window "
+                           "is evaluated afresh (llama-server keeps checkpoints for that; this runtime does not)",
+                           "on (llama-cpp-python's default)"),
     "override_kv": LoadOption(str, "model metadata replaced at load, KEY=TYPE:VALUE[,...] with TYPE int, float, bool "
                               "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
                               "token (lossy)", "none"),
@@ -223,7 +228,7 @@ def _converted(name: str, value):
 
 
 def _load_option(name: str, value):
-    if name in ("repack", "mmap"):
+    if name in ("repack", "mmap", "swa_full"):
         if not isinstance(value, bool):
             raise InvalidOptionError(f"{name} must be True or False, got {value!r}")
     elif name == "device":

@@ -46,7 +46,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama-cpp-python's default seed
 # llama_cpp.Llama.__init__'s arguments with no counterpart here, and their defaults there
 UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "split_mode": 1, "main_gpu": 0, "attention_type": -1,
-    "offload_kqv": True, "op_offload": None, "swa_full": None,
+    "offload_kqv": True, "op_offload": None,
     "no_perf": False, "lora_base": None,
     "numa": False, "tokenizer": None,
 }

@@ -35,7 +35,7 @@ VARIABLES = {
     "--top-k": "LLAMA_ARG_TOP_K", "--top-p": "LLAMA_ARG_TOP_P", "--min-p": "LLAMA_ARG_MIN_P",
     "--repeat-penalty": "LLAMA_ARG_REPEAT_PENALTY", "--presence-penalty": "LLAMA_ARG_PRESENCE_PENALTY",
     "--frequency-penalty": "LLAMA_ARG_FREQUENCY_PENALTY", "--spec-type": "LLAMA_ARG_SPEC_TYPE",
-    "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT",
+    "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT", "--swa-full": "LLAMA_ARG_SWA_FULL",
     # llama-server's
     "--host": "LLAMA_ARG_HOST", "--port": "LLAMA_ARG_PORT", "--api-key": "LLAMA_API_KEY",
     "--api-key-file": "LLAMA_ARG_API_KEY_FILE", "-np": "LLAMA_ARG_N_PARALLEL", "-a": "LLAMA_ARG_ALIAS",

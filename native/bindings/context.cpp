@@ -38,8 +38,9 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
             std::optional<int> rope_scaling_type, Given rope_freq_base, Given rope_freq_scale,
             std::optional<uint32_t> yarn_orig_ctx, Given yarn_ext_factor, Given yarn_attn_factor,
             Given yarn_beta_fast, Given yarn_beta_slow, const std::vector<std::pair<std::string, float>> & loras,
-            std::optional<int> pooling_type) {
+            std::optional<int> pooling_type, bool swa_full) {
     llama_context_params params = llama_context_default_params();
+    params.swa_full = swa_full;  // false: sliding-window layers keep their window's positions alone
     if (pooling_type) params.pooling_type = static_cast<enum llama_pooling_type>(*pooling_type);  // embed()'s rows; else the model's
     if (rope_scaling_type) params.rope_scaling_type = (llama_rope_scaling_type) *rope_scaling_type;
     if (yarn_orig_ctx) params.yarn_orig_ctx = *yarn_orig_ctx;
@@ -326,7 +327,7 @@ void register_context(nb::module_ & m) {
              nb::arg("yarn_attn_factor") = nb::none(), nb::arg("yarn_beta_fast") = nb::none(),
              nb::arg("yarn_beta_slow") = nb::none(),
              nb::arg("loras") = std::vector<std::pair<std::string, float>>(), nb::arg("pooling_type") = nb::none(),
-             nb::keep_alive<1, 2>())
+             nb::arg("swa_full") = true, nb::keep_alive<1, 2>())
         .def("decode", &decode, nb::arg("tokens"), nb::arg("pos0"), nb::arg("all_logits") = false, nb::arg("seq") = 0)
         .def("decode_step", &decode_step, nb::arg("tokens"), nb::arg("positions"), nb::arg("seqs"))
         .def("output_logits", [](Context & c, int i) {
@@ -347,12 +348,17 @@ void register_context(nb::module_ & m) {
              }, "Forget every sequence (the KV cache); the expert cache's per-sequence records restart.")
         .def("truncate", [](Context & c, int pos, int seq) {
                  if (seq < 0 || seq >= (int) llama_n_seq_max(c.ctx)) throw nb::value_error("sequence out of range");
+                 // a window-sized cache of sliding-window layers may have dropped positions the next one
+                 // attends to: then nothing is kept (llama-server's check, without its checkpoints)
+                 const llama_pos first = llama_memory_seq_pos_min(llama_get_memory(c.ctx), seq);
+                 if (pos > 0 && first > std::max(0, pos - llama_model_n_swa(c.model->model))) return false;
                  bool ok = llama_memory_seq_rm(llama_get_memory(c.ctx), seq, pos, -1);
                  if (ok && pos == 0 && llama_n_seq_max(c.ctx) == 1 && c.model->residency) {
                      c.model->residency->start_sequence();
                  }
                  return ok;
-             }, nb::arg("pos"), nb::arg("seq") = 0, "Drop positions >= pos of sequence seq.")
+             }, nb::arg("pos"), nb::arg("seq") = 0, "Drop positions >= pos of sequence seq; false where the rest "
+             "cannot be kept (nothing dropped).")
         .def("set_n_threads", [](Context & c, int n_threads, int n_threads_batch) {
                  llama_set_n_threads(c.ctx, n_threads, n_threads_batch);
              }, nb::arg("n_threads"), nb::arg("n_threads_batch"), "Threads for the next decode / prefill calls.")
