@@ -132,7 +132,8 @@ class Llama:
                  n_threads_batch: int | None = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, draft_model=None, spm_infill: bool = False,
-                 chat_handler: Callable | None = None, vocab_only: bool = False, verbose: bool = True, **kwargs):
+                 chat_handler: Callable | None = None, vocab_only: bool = False, swa_full: bool | None = None,
+                 verbose: bool = True, **kwargs):
         self._arguments = {name: value for name, value in locals().items() if name not in ("self", "kwargs")} \
             | kwargs  # __getstate__'s
         SamplingParams(penalty_last_n=last_n_tokens_size).validate()
@@ -165,7 +166,8 @@ class Llama:
         else:
             self._engine = self._vocab = self._load_engine(
                 model_path, dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
-                                 n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, verbose=verbose),
+                                 n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, swa_full=swa_full,
+                                 verbose=verbose),
                 n_gpu_layers, tensor_split, use_mmap, use_mlock, kv_overrides, lora_path, lora_scale, pooling_type,
                 type_k, type_v, {**kwargs, **rope})
             self.model_path, self.n_batch = self.engine.model_path, self.engine.plan.n_batch
