@@ -1,7 +1,8 @@
 """The options of the CLI's commands, declared once elsewhere and made into flags here.
 
 @model_options (every command that loads a model): `-t/--threads`, `-tb/--threads-batch`,
-`--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `--verbose`,
+`--expert-cache`, `--system`, `-b/--batch-size`, `-ub/--ubatch-size`, `-fa/--flash-attn`, `-v/--verbose`,
+llama.cpp's `--log-*` flags (pyedgemoe.llama_log),
 `-ctk`/`-ctv`, `--rope-scale`, `--list-devices`, `--chat-template-file`, `-hfl` and one flag per option of the schema
 (pyedgemoe.expert_options.OPTION_NAMES with dashes: `--io-threads`, `--prefetch`, `--mode`,
 `--device`, `--host-cache`, `--repack/--no-repack`, `-ngl/--n-gpu-layers`, ..., their help and
@@ -24,7 +25,7 @@ from typing import Optional, get_args, get_type_hints
 
 import typer
 
-from pyedgemoe import moe_placement
+from pyedgemoe import llama_log, moe_placement
 from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
@@ -68,7 +69,8 @@ _ENGINE_OPTIONS = (
     ("flash_attn", Optional[str], typer.Option(None, "-fa", "--flash-attn",
                                                help="flash attention: on, off or auto (llama.cpp decides; the "
                                                     "default), as llama.cpp's -fa"), "flash_attn"),
-    ("verbose", bool, typer.Option(False, "--verbose", help="show llama.cpp's log, and the thread counts and why"),
+    ("verbose", bool, typer.Option(False, "-v", "--verbose", "--log-verbose",
+                                   help="show llama.cpp's log, every message, and the thread counts and why"),
      "verbose"),
 )
 # llama.cpp's -ctk and -ctv: the Engine's kv_type, one type for both
@@ -161,6 +163,7 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
                                                                  _HF_REPO_LOW]
     llama_cpp_flags = [o for o in _LLAMA_CPP_FLAGS if o[0] not in without]
     added += [(name, annotation, option) for name, annotation, option, _ in llama_cpp_flags]
+    added += list(llama_log.OPTIONS)
     added += [(name, *_expert_option(name)) for name in OPTION_NAMES]
 
     def collect(params: dict) -> dict:
@@ -170,6 +173,9 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
             if note:
                 typer.echo(f"note: {note}", err=True)
         engine_options = {keyword: params.pop(name) for name, _, _, keyword in engine}
+        verbose = llama_log.apply(engine_options.get("verbose", False), *(params.pop(o[0]) for o in llama_log.OPTIONS))
+        if "verbose" in engine_options:
+            engine_options["verbose"] = verbose
         for keyword in ("n_threads", "n_threads_batch"):  # llama.cpp's -t/-tb 0 or -1 (its default): the default
             if keyword in engine_options and engine_options[keyword] is not None and engine_options[keyword] <= 0:
                 engine_options[keyword] = None

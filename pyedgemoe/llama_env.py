@@ -36,6 +36,8 @@ VARIABLES = {
     "--repeat-penalty": "LLAMA_ARG_REPEAT_PENALTY", "--presence-penalty": "LLAMA_ARG_PRESENCE_PENALTY",
     "--frequency-penalty": "LLAMA_ARG_FREQUENCY_PENALTY", "--spec-type": "LLAMA_ARG_SPEC_TYPE",
     "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT", "--swa-full": "LLAMA_ARG_SWA_FULL",
+    "--log-file": "LLAMA_ARG_LOG_FILE", "-lv": "LLAMA_ARG_LOG_VERBOSITY", "--log-colors": "LLAMA_ARG_LOG_COLORS",
+    "--log-prefix": "LLAMA_ARG_LOG_PREFIX", "--log-timestamps": "LLAMA_ARG_LOG_TIMESTAMPS",
     # llama-server's
     "--host": "LLAMA_ARG_HOST", "--port": "LLAMA_ARG_PORT", "--api-key": "LLAMA_API_KEY",
     "--api-key-file": "LLAMA_ARG_API_KEY_FILE", "-np": "LLAMA_ARG_N_PARALLEL", "-a": "LLAMA_ARG_ALIAS",

@@ -1,9 +1,12 @@
 // Routes llama.cpp/ggml log output: silent by default (the CLI prints its own one-line
-// errors), everything to stderr when verbose; warnings and errors are remembered so a
-// failed load can say why ("tensor data is not within the file bounds", ...).
+// errors), everything to stderr when verbose, or through llama.cpp's common log (its verbosity,
+// file, colors, prefix and timestamps: the CLI's --log-* flags) once log_to_common is called;
+// warnings and errors are remembered so a failed load can say why ("tensor data is not within the
+// file bounds", ...).
 #include "native.h"
 
 #include "llama.h"
+#include "log.h"
 
 #include <atomic>
 #include <cstdio>
@@ -17,13 +20,16 @@
 namespace {
 std::mutex g_mutex;
 bool g_verbose = false;
+bool g_common = false;             // through llama.cpp's common log (log_to_common)
 std::deque<std::string> g_recent;  // recent WARN/ERROR lines, bounded
 std::string g_partial;             // a line still being assembled (llama logs in pieces)
 constexpr size_t kMaxRecent = 16;
 
 void log_callback(ggml_log_level level, const char * text, void *) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_verbose) {
+    if (g_common) {
+        common_log_default_callback(level, text, nullptr);
+    } else if (g_verbose) {
         fputs(text, stderr);
     }
     if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN ||
@@ -84,6 +90,21 @@ void log_set_verbose(bool verbose) {
     g_verbose = verbose;
 }
 
+// llama.cpp's common log as its tools set it up (common/arg.cpp's --log-* flags): messages up to
+// verbosity (LOG_LEVEL_*: 1 errors ... 5 debug), also written to file ("": none), colors "on", "off"
+// or "auto" (on a terminal).
+void log_to_common(int verbosity, const std::string & file, const std::string & colors, bool prefix, bool timestamps) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    common_log_set_verbosity_thold(verbosity);
+    common_log * log = common_log_main();
+    if (!file.empty()) common_log_set_file(log, file.c_str());
+    common_log_set_colors(log, colors == "on" ? LOG_COLORS_ENABLED : colors == "off" ? LOG_COLORS_DISABLED
+                                                                                     : LOG_COLORS_AUTO);
+    common_log_set_prefix(log, prefix);
+    common_log_set_timestamps(log, timestamps);
+    g_common = true;
+}
+
 std::string log_recent_errors() {
     std::lock_guard<std::mutex> lock(g_mutex);
     std::string out;
@@ -128,4 +149,7 @@ void register_errors(nb::module_ & m) {
     m.def("set_verbose", &log_set_verbose, nb::arg("verbose"),
           "Forward llama.cpp's log to stderr (off by default).");
     m.def("recent_log_errors", &log_recent_errors);
+    m.def("log_to_common", &log_to_common, nb::arg("verbosity"), nb::arg("file"), nb::arg("colors"),
+          nb::arg("prefix"), nb::arg("timestamps"),
+          "Route llama.cpp's log through its common log, as llama.cpp's tools with their --log-* flags.");
 }
