@@ -119,6 +119,10 @@ def run(
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
     color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
+    special: bool = typer.Option(False, "-sp", "--special", help="special tokens' text in the output (<|im_end|>, "
+                                 "...), as llama.cpp's -sp"),
+    verbose_prompt: bool = typer.Option(False, "--verbose-prompt", help="print the prompt's tokens (on stderr) "
+                                        "before generating, as llama.cpp's"),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
                                         help="interactive chat with the model's template (ChatML if it has none), as "
                                         "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
@@ -195,6 +199,8 @@ def run(
         prompt = process_escapes(prompt)
     if prompt is None and not chat:
         fail("no prompt: give -p TEXT, -f FILE or --chat")
+    if (special or verbose_prompt) and chat:
+        fail("--special and --verbose-prompt are a completion's (-p, -f): a --chat session has neither")
     stop = [process_escapes(s) if escape else s for s in reverse_prompt or []]
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
@@ -207,10 +213,11 @@ def run(
                 ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs)
             elif as_json:
                 tokens = eng.tokenize(prompt)
+                print_prompt_tokens(eng, prompt, tokens) if verbose_prompt else None
                 ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
                 t = eng.last_timings
                 typer.echo(json.dumps({
-                    "text": eng.detokenize(ids), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
+                    "text": eng.detokenize(ids, special=special), "tokens": ids, "n_prompt_tokens": t.n_prompt_tokens,
                     "prefill_seconds": t.prefill_seconds,
                     "decode_tokens_per_second": t.decode_tokens_per_second,
                     "finish_reason": t.finish_reason,
@@ -218,7 +225,8 @@ def run(
                 }))
                 ended = True
             else:
-                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop)
+                print_prompt_tokens(eng, prompt, eng.tokenize(prompt)) if verbose_prompt else None
+                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop, special)
             if cache is not None:
                 save_prompt_cache(cache, eng.last_timings)
             if as_json:
@@ -247,10 +255,11 @@ def context_size(model: Path, ctx: int | None) -> int:
 
 
 def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingParams, ignore_eos: bool,
-                display_prompt: bool, color: bool, stop: list[str]) -> bool:
-    """The prompt and its continuation (up to a stop string) on stdout as they come, then the
-    timings (and why it stopped, when the context ran out) on stderr; False when Ctrl-C stopped it."""
-    pieces = eng.generate(prompt, max_tokens, stop=stop, stream=True, ignore_eos=ignore_eos,
+                display_prompt: bool, color: bool, stop: list[str], special: bool = False) -> bool:
+    """The prompt and its continuation (up to a stop string; special: special tokens' text too) on
+    stdout as they come, then the timings (and why it stopped, when the context ran out) on stderr;
+    False when Ctrl-C stopped it."""
+    pieces = eng.generate(prompt, max_tokens, stop=stop, stream=True, ignore_eos=ignore_eos, special=special,
                           **dataclasses.asdict(sampling))
     if display_prompt:
         sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
@@ -272,6 +281,15 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
         typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {eng.n_ctx} positions is full"
                    + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)
     return not interrupted
+
+
+def print_prompt_tokens(eng, prompt: str, tokens: list[int]) -> None:
+    """run --verbose-prompt: the prompt and its tokens on stderr, as llama.cpp's llama-completion shows them."""
+    typer.echo(f"prompt: '{prompt}'\nnumber of tokens in prompt = {len(tokens)}", err=True)
+    for token in tokens:
+        piece = eng.token_piece(token, special=True).decode("utf-8", "replace")
+        typer.echo(f"{token:6d} -> '{piece}'", err=True)
+    typer.echo("", err=True)
 
 
 def save_prompt_cache(cache, timings) -> None:

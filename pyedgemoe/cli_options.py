@@ -111,6 +111,16 @@ def _no_context_shift(value: bool) -> None:
                              "reason length); give a larger -c")
 
 
+def _keep(value: int) -> str:
+    return f"--keep {value}: the tokens a context shift keeps; a generation here ends when the context is full " \
+           "(no context shift): not used"
+
+
+def _no_kv_unified(value: bool) -> None:
+    raise InvalidOptionError("--kv-unified is not supported: each of -np sequences has its own share of the context "
+                             "(llama.cpp's --no-kv-unified)")
+
+
 # llama.cpp's flags whose work pyedgemoe does otherwise, or does as well: None where taken as given,
 # else what takes them (returning a note to print, or None; InvalidOptionError where the way here differs)
 _LLAMA_CPP_FLAGS = (
@@ -129,6 +139,13 @@ _LLAMA_CPP_FLAGS = (
     ("context_shift", Optional[bool], typer.Option(
         None, "--context-shift/--no-context-shift", help="llama.cpp's: only off, its default: a generation ends "
         "when the context is full (finish reason length)"), _no_context_shift),
+    ("keep", Optional[int], typer.Option(None, "--keep", help="llama.cpp's: the prompt's tokens a context shift "
+                                         "keeps; taken with a note (no context shift here)"), _keep),
+    ("simple_io", bool, typer.Option(False, "--simple-io", help="llama.cpp's: plain input and output, which pyedgemoe "
+                                     "always has"), None),
+    ("kv_unified", Optional[bool], typer.Option(
+        None, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified", help="llama.cpp's: only off: each of -np sequences has "
+        "its own share of the context"), _no_kv_unified),
     ("prio", Optional[int], typer.Option(None, "--prio", help="the process's priority, as llama.cpp's: low (-1), "
                                          "normal (0), medium (1), high (2), realtime (3; above normal needs "
                                          "privileges)"), set_priority),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import closing
-from typing import Iterator
+from typing import Container, Iterator
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.fill_in_middle import completion_prompt
@@ -54,7 +54,7 @@ class TextRun:
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
-                 special_tokens: frozenset[int] = frozenset()):
+                 special_tokens: Container[int] = frozenset()):
         self._engine = engine
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens

@@ -1,7 +1,7 @@
 """What llama-cli and llama-bench users type, as those read it: escapes in -p, -f and -r (llama.cpp's
 -e, on by default), -r/--reverse-prompt ending the text, -st/--single-turn, -sysf, -j/-jf, -l,
---repeat-last-n, --no-warmup, the chat template's variables (--chat-template-kwargs, -rea, --reasoning-effort);
-bench's -p, -n, -r and --no-warmup."""
+--repeat-last-n, --no-warmup, the chat template's variables (--chat-template-kwargs, -rea, --reasoning-effort),
+-sp/--special, --verbose-prompt, --keep, --simple-io, -kvu; bench's -p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
 import subprocess
@@ -89,6 +89,7 @@ def test_a_chats_template_variables_reach_the_template(engine, tmp_path):
     (["-p", "x", "-st"], "--single-turn is one turn of a --chat session"),
     (["-p", "x", "-rea", "off"], "the chat template's: give --chat too"),
     (["-p", "x", "-r", "y", "--json"], "--reverse-prompt ends streamed text"),
+    (["-cnv", "-sp"], "--special and --verbose-prompt are a completion's"),
 ])
 def test_a_flag_without_its_mode_is_one_error_line(arguments, message):
     r = run(*arguments)
@@ -145,6 +146,34 @@ def test_a_bad_bias_or_window_is_one_error_line(arguments, message):
 def test_no_warmup_is_taken(engine):
     r = run("-p", "x", "-n", "4", "--no-warmup", *GREEDY)
     assert r.returncode == 0 and r.stdout == greedy(engine, "x", 4) + "\n"
+
+
+def test_special_tokens_are_shown_with_sp(engine):
+    """-sp: special tokens' text in the output (a bias makes the model write the demo's one special
+    token, its end of text, and --ignore-eos goes on past it), in the stream and in --json's text."""
+    special = engine.token_piece(engine.token_eos(), special=True).decode()
+    forced = ["-l", f"{engine.token_eos()}+100", "--ignore-eos", *GREEDY]
+    plain, shown = run("-p", "x", "-n", "3", *forced), run("-sp", "-p", "x", "-n", "3", *forced)
+    assert plain.returncode == shown.returncode == 0
+    assert plain.stdout == "\n" and shown.stdout == special * 3 + "\n"
+    assert f'"text": "{special * 2}"' in run("-sp", "--json", "-p", "x", "-n", "2", *forced).stdout
+
+
+def test_verbose_prompt_prints_the_prompts_tokens(engine):
+    r = run("--verbose-prompt", "-p", "hello world", "-n", "1", *GREEDY)
+    tokens = engine.tokenize("hello world")
+    assert r.returncode == 0
+    assert f"prompt: 'hello world'\nnumber of tokens in prompt = {len(tokens)}\n" in r.stderr
+    for token in tokens:
+        assert f"{token:6d} -> '{engine.token_piece(token, special=True).decode()}'" in r.stderr
+
+
+def test_keep_simple_io_and_kv_unified_are_llama_cpps(engine):
+    expected = greedy(engine, "x", 2) + "\n"
+    kept = run("-p", "x", "-n", "2", "--keep", "5", "--simple-io", "-no-kvu", *GREEDY)
+    assert kept.returncode == 0 and kept.stdout == expected and "note: --keep 5:" in kept.stderr
+    unified = run("-p", "x", "-n", "2", "-kvu")
+    assert unified.returncode != 0 and unified.stderr.startswith("error: --kv-unified is not supported")
 
 
 def test_a_prompt_file_is_read_as_llama_cpp_reads_it(engine, tmp_path):
