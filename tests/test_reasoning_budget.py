@@ -175,7 +175,8 @@ def test_the_server_takes_llama_servers_budget_and_anthropics(opened, opened_eng
                            (dict(thinking_budget_tokens="all"), "thinking_budget_tokens")):
             with pytest.raises(openai.BadRequestError, match=field):
                 client.chat.completions.create(**kwargs, extra_body=bad)
-        status, body = request("POST", url + "/v1/messages", json.dumps({**anthropic, "thinking": "on"}).encode())
-        assert status == 400 and "thinking" in body["error"]["message"]
+        for thinking in ("on", {"type": "enabled", "budget_tokens": -5}, {"type": "enabled", "budget_tokens": "all"}):
+            status, body = request("POST", url + "/v1/messages", json.dumps({**anthropic, "thinking": thinking}).encode())
+            assert status == 400 and "thinking" in body["error"]["message"], body
     finally:
         stop_server(proc)

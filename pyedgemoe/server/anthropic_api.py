@@ -128,7 +128,10 @@ def chat_request(body) -> dict:
     if not isinstance(thinking, dict):
         raise invalid("thinking", 'an object ({"type": "enabled", "budget_tokens": N})', thinking)
     if thinking.get("type") == "enabled":
-        request["thinking_budget_tokens"] = thinking.get("budget_tokens", DEFAULT_THINKING_BUDGET)  # checked as a chat's
+        budget = thinking.get("budget_tokens", DEFAULT_THINKING_BUDGET)
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget < 2**31:
+            raise invalid("thinking.budget_tokens", "an integer >= 0", budget)
+        request["thinking_budget_tokens"] = budget
     output = body.get("output_config") or {}
     if not isinstance(output, dict):
         raise invalid("output_config", 'an object ({"format": {"type": "json_schema", "schema": ...}})', output)
