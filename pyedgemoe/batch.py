@@ -41,6 +41,7 @@ class _Request:
     done: bool = False  # it has ended (_END or an error sent)
     sequence: KVSequence | None = None
     task: Callable[[KVSequence], object] | None = None  # work of its own on a free sequence (embed)
+    seq: int | None = None  # the sequence the task needs (a slot file's), else any free one
 
     @property
     def prompt(self) -> list[int]:
@@ -86,6 +87,17 @@ class Batcher:
         finally:
             self._leave(r)
 
+    def on_sequence(self, seq: int, work: Callable[[KVSequence], object]):
+        """work(the seq-th sequence) once no generation holds it, taken in turn with those waiting."""
+        r = self._queued(_Request(None, task=work, seq=seq))
+        try:
+            item = r.out.get()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        finally:
+            self._leave(r)
+
     def _queued(self, r: _Request) -> _Request:
         """r, waiting for a free sequence."""
         with self._cond:
@@ -115,7 +127,7 @@ class Batcher:
         while True:
             with self._cond:
                 self._drop_closed()
-                while not self._closing and not self._admissible() and not self._waiting():
+                while not self._closing and self._next_admitted() is None and not self._waiting():
                     self._cond.wait()
                     self._drop_closed()
                 if self._closing:
@@ -130,9 +142,9 @@ class Batcher:
                     self._cond.wait(remaining)
                 stepping = self._waiting()
                 admitted = []
-                while self._admissible():
-                    r = self._pending.pop(0)
-                    r.sequence = self._free_sequence(r.prompt)
+                while (r := self._next_admitted()) is not None:
+                    self._pending.remove(r)
+                    r.sequence = self._free_sequence(r.prompt) if r.seq is None else self._sequences[r.seq]
                     r.sequence.busy = True
                     admitted.append(r)
                 self._running += admitted
@@ -161,8 +173,10 @@ class Batcher:
         """The running generations whose consumers wait for their next token."""
         return [r for r in self._running if r.want and not r.done and not r.closed]
 
-    def _admissible(self) -> bool:
-        return bool(self._pending) and any(not s.busy for s in self._sequences)
+    def _next_admitted(self) -> _Request | None:
+        """The first waiting request a sequence is free for (the one it needs, or any)."""
+        free = [i for i, s in enumerate(self._sequences) if not s.busy]
+        return next((r for r in self._pending if free and (r.seq is None or r.seq in free)), None)
 
     def _free_sequence(self, prompt: list[int]) -> KVSequence:
         """The free sequence whose KV cache shares the longest prefix with prompt."""

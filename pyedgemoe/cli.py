@@ -367,6 +367,9 @@ def serve(
     spm_infill: bool = typer.Option(False, "--spm-infill",
                                     help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
                                     "before the prefix, as some models were trained (llama-server's)"),
+    slot_save_path: Optional[Path] = typer.Option(None, "--slot-save-path", help="a directory for slot files: POST "
+                                                  "/slots/N?action=save|restore|erase keeps a sequence's KV cache "
+                                                  "there and reads it back, as llama-server's (made where missing)"),
     engine_options: dict = None,
     sampling: dict = None,
     template_kwargs: dict = None,
@@ -389,6 +392,11 @@ def serve(
         fail(f"--max-connections must be >= 1, got {max_connections}")
     if reasoning_format not in REASONING_FORMATS:
         fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    if slot_save_path is not None:
+        try:
+            slot_save_path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"--slot-save-path: cannot make the directory {slot_save_path}: {e.strerror or e}")
     if cache_reuse:
         typer.echo(f"note: --cache-reuse {cache_reuse}: not used (no chunk is reused by shifting the KV cache; a "
                    "request reuses the longest start it shares with what its sequence holds)", err=True)
@@ -427,6 +435,7 @@ def serve(
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),
                          api_keys=keys, limits=limits, chat_defaults=chat_defaults, embeddings=embeddings,
                          spm_infill=spm_infill, request_defaults=sampling, web_pages=webui,
+                         slot_directory=None if slot_save_path is None else str(slot_save_path),
                          allowed_hosts=tuple(h for h in allowed_hosts.split(",") if h.strip()))
 
 

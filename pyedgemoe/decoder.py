@@ -106,6 +106,21 @@ class Decoder:
             sequence.tokens.clear()
             sequence.tokens[:] = self.live().load_state_file(path)
 
+    def save_sequence_file(self, path: str, sequence: KVSequence) -> int:
+        """What sequence holds, in llama-server's slot file (llama_state_seq_save_file); the bytes
+        written (RuntimeError naming why none)."""
+        with self.lock:
+            return self.live().save_sequence_file(path, sequence.seq, sequence.tokens)
+
+    def load_sequence_file(self, path: str, sequence: KVSequence) -> int:
+        """sequence holds what a slot file holds; the bytes read (RuntimeError naming why not: then
+        it holds nothing)."""
+        with self.lock:
+            self.last_output = None
+            sequence.tokens.clear()
+            sequence.tokens[:], read = self.live().load_sequence_file(path, sequence.seq)
+            return read
+
     def save(self, sequence: KVSequence) -> SequenceState:
         with self.lock:
             return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq))

@@ -244,6 +244,15 @@ class Engine(Vocabulary):
             finally:
                 self._turn_owner = None
 
+    def on_sequence(self, seq: int, work):
+        """work(the seq-th sequence of the KV cache) once no generation holds it (pyedgemoe.slot_files)."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.n_parallel:
+            raise InvalidOptionError(f"sequence {seq!r} out of range [0, {self.n_parallel})")
+        if self._batcher is not None:
+            return self._batcher.on_sequence(seq, work)
+        with self._sequence_turn():
+            return work(self._decoder.sequences[0])
+
     # -- properties (the vocabulary's: Vocabulary) -------------------------------------------------
     @property
     def n_ctx(self) -> int:

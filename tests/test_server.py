@@ -66,7 +66,7 @@ def request(method: str, url: str, body: bytes | None = None, key: str | None = 
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     try:
-        conn.request(method, u.path, body=body, headers=headers)
+        conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=headers)
         response = conn.getresponse()
         text = response.read().decode("utf-8")
     finally:

@@ -260,6 +260,17 @@ void set_sequence_state(Context & c, int seq, const nb::bytes & data) {
     }
 }
 
+// Whether sequence seq's KV cache holds the positions of tokens, each of the vocabulary: a damaged
+// file can load. (A window-sized cache of sliding-window layers holds the last window's at least.)
+bool holds(const Context & c, int seq, const std::vector<llama_token> & tokens) {
+    const llama_memory_t memory = llama_get_memory(c.ctx);
+    const llama_pos n = (llama_pos) tokens.size(), first = llama_memory_seq_pos_min(memory, seq);
+    const bool in_vocab = std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < c.n_vocab; });
+    if (n == 0) return llama_memory_seq_pos_max(memory, seq) == -1;
+    return in_vocab && llama_memory_seq_pos_max(memory, seq) == n - 1 &&
+           first >= 0 && first <= std::max(0, n - llama_model_n_swa(c.model->model));
+}
+
 // A session file, llama.cpp's (llama_state_save_file: its tokens, then the context's state: the KV
 // cache): what llama-completion's --prompt-cache writes and reads, so either reads the other's.
 void save_state_file(Context & c, const std::string & path, const std::vector<llama_token> & tokens) {
@@ -289,11 +300,7 @@ std::vector<llama_token> load_state_file(Context & c, const std::string & path) 
         throw_with_log("cannot load the state file " + path + " (of another model, a larger context, or another -fa or KV cache type?)");
     }
     tokens.resize(n);
-    // a damaged file can load: its tokens must be the vocabulary's and match the positions its state holds
-    const bool in_vocab = std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < c.n_vocab; });
-    const bool positions = n == 0 ? llama_memory_seq_pos_max(memory, 0) == -1
-                                  : llama_memory_seq_pos_min(memory, 0) == 0 && llama_memory_seq_pos_max(memory, 0) == (llama_pos) n - 1;
-    if (!in_vocab || !positions) {
+    if (!holds(c, 0, tokens)) {
         llama_memory_clear(memory, true);
         throw std::runtime_error("the state file " + path + " is damaged: its tokens and its state disagree");
     }
@@ -315,6 +322,41 @@ std::vector<nb::dict> memory_breakdown(const Context & c) {
 }
 
 }  // namespace
+
+// Sequence seq's state in a slot file, llama-server's (llama_state_seq_save_file: the tokens, then
+// the sequence's KV cache; its /slots/N?action=save and restore); the bytes written.
+size_t save_sequence_file(Context & c, const std::string & path, int seq, const std::vector<llama_token> & tokens) {
+    log_clear_recent();
+    size_t written;
+    {
+        nb::gil_scoped_release release;
+        written = llama_state_seq_save_file(c.ctx, path.c_str(), seq, tokens.data(), tokens.size());
+    }
+    if (written == 0) throw_with_log("cannot write the slot file " + path);
+    return written;
+}
+
+// Sequence seq holds what a slot file holds (replacing what it held): its tokens and the bytes read.
+std::pair<std::vector<llama_token>, size_t> load_sequence_file(Context & c, const std::string & path, int seq) {
+    llama_memory_t memory = llama_get_memory(c.ctx);
+    llama_memory_seq_rm(memory, seq, -1, -1);
+    if (llama_n_seq_max(c.ctx) == 1 && c.model->residency) c.model->residency->start_sequence();
+    std::vector<llama_token> tokens(llama_n_ctx_seq(c.ctx));
+    size_t n = 0, read;
+    log_clear_recent();
+    {
+        nb::gil_scoped_release release;
+        read = llama_state_seq_load_file(c.ctx, path.c_str(), seq, tokens.data(), tokens.size(), &n);
+    }
+    tokens.resize(read == 0 ? 0 : n);
+    if (read == 0 || !holds(c, seq, tokens)) {
+        llama_memory_seq_rm(memory, seq, -1, -1);
+        if (read == 0) throw_with_log("cannot load the slot file " + path + " (of another model, a larger context, "
+                                      "or another -fa or KV cache type?)");
+        throw std::runtime_error("the slot file " + path + " is damaged: its tokens and its state disagree");
+    }
+    return {tokens, read};
+}
 
 void register_context(nb::module_ & m) {
     nb::class_<Context>(m, "Context")
@@ -342,6 +384,8 @@ void register_context(nb::module_ & m) {
         .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"))
         .def("save_state_file", &save_state_file, nb::arg("path"), nb::arg("tokens"))
         .def("load_state_file", &load_state_file, nb::arg("path"))
+        .def("save_sequence_file", &save_sequence_file, nb::arg("path"), nb::arg("seq"), nb::arg("tokens"))
+        .def("load_sequence_file", &load_sequence_file, nb::arg("path"), nb::arg("seq"))
         .def("clear", [](Context & c) {
                  llama_memory_clear(llama_get_memory(c.ctx), true);
                  if (c.model->residency) c.model->residency->start_sequence();

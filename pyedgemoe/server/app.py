@@ -39,6 +39,7 @@ from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
                                              NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
+from pyedgemoe.server.slot_routes import add_slot_routes
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
 from pyedgemoe.tool_calls import call_message
@@ -49,7 +50,7 @@ PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{m
          "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
          "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
          "/v1/chat/completions/input_tokens", "/chat/completions", "/chat/completions/input_tokens",
-         "/responses/input_tokens"}
+         "/responses/input_tokens", "/slots/{id_slot}"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -129,7 +130,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
                limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = ("*",),
                chat_defaults: Mapping = MappingProxyType({}), request_defaults: Mapping = MappingProxyType({}),
                ui_dir: Path | None = BUILT_UI, web_pages: bool = True, embeddings: bool = False,
-               spm_infill: bool = False) -> FastAPI:
+               spm_infill: bool = False, slot_directory: str | None = None) -> FastAPI:
     """The server of engine, answering to model_id (and model_aliases, e.g. the path it was
     loaded from); with api_keys, every path but /health needs `Authorization: Bearer KEY`, one of them.
     limits bound what a request may ask (limits.py); allowed_hosts: the names, besides IP addresses
@@ -141,7 +142,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     request_defaults: every generation request's Engine keywords where it gives none (`serve --temp`,
     `-n`, ...: llama-server's defaults; _with_request_defaults);
     embeddings: the embedding endpoints answer (`serve --embeddings`; embeddings_api.py); spm_infill: fill
-    in the middle with the suffix first (`serve --spm-infill`; fill_in_middle.py).
+    in the middle with the suffix first (`serve --spm-infill`; fill_in_middle.py); slot_directory: where
+    slot actions keep their files (`serve --slot-save-path`; slot_routes.py; None: no slot actions).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
     prompt_bound = PromptBound(engine)
@@ -373,6 +375,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, lambda body: body)}
 
     add_token_routes(app, engine, check_model)
+    add_slot_routes(app, engine, queue, slot_directory)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
     web_ui.add_routes(app, engine, model_id, queue, request_defaults)  # last: llama.cpp's UI files under every other path
     # the last added is the outermost: counted, then the site checked, then the key, then the body read

@@ -338,6 +338,8 @@ def _token_ids(name: str, value) -> list[int]:
 TOKENIZE_PARAMETERS = {"content": (_text, ...), "add_special": (_boolean, False), "parse_special": (_boolean, True),
                        "with_pieces": (_boolean, False)}
 DETOKENIZE_PARAMETERS = {"tokens": (_token_ids, ...)}
+# llama-server's /slots/N?action=save and restore (slot_files.checked_filename checks the name)
+SLOT_FILE_PARAMETERS = {"filename": (_text, ...)}
 # llama-cpp-python's server's /extras/tokenize (and /count) and /extras/detokenize
 EXTRAS_TOKENIZE_PARAMETERS = {"input": (_text, ...), "model": (_of_type(str, "a model's name"), None)}
 EXTRAS_DETOKENIZE_PARAMETERS = {"tokens": (_token_ids, ...), "model": (_of_type(str, "a model's name"), None)}

@@ -52,11 +52,12 @@ class _Server(uvicorn.Server):
 def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[str, ...] = (),
           api_keys: tuple[str, ...] = (), limits: Limits = Limits(), allowed_hosts: tuple[str, ...] = (),
           chat_defaults: Mapping = MappingProxyType({}), request_defaults: Mapping = MappingProxyType({}),
-          embeddings: bool = False, spm_infill: bool = False, web_pages: bool = True, log_level: str = "info") -> None:
+          embeddings: bool = False, spm_infill: bool = False, web_pages: bool = True, log_level: str = "info",
+          slot_directory: str | None = None) -> None:
     """Serves engine on sock until the process is told to stop."""
     app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_keys=api_keys, limits=limits,
                      allowed_hosts=allowed_hosts, chat_defaults=chat_defaults, request_defaults=request_defaults,
-                     embeddings=embeddings, spm_infill=spm_infill, web_pages=web_pages)
+                     embeddings=embeddings, spm_infill=spm_infill, web_pages=web_pages, slot_directory=slot_directory)
     config = uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off", ws="none",
         # HTTP/1.1 by h11 (not httptools, were it installed): the protocol whose limits are set here
