@@ -121,6 +121,35 @@ def test_reasoning_flags_are_the_templates_variables_as_llama_servers(tmp_path, 
         stop_server(proc)
 
 
+def test_openais_reasoning_effort_is_the_templates_as_llama_servers(tmp_path):
+    """A chat's reasoning_effort (OpenAI's), a response's reasoning.effort: the template's
+    reasoning_effort; "none": enable_thinking false."""
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "512", "--chat-template", THINKING)
+    try:
+        def applied(extra: dict) -> str:
+            body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+            status, out = request("POST", url + "/apply-template", json.dumps(body).encode(), key=None)
+            assert status == 200, out
+            return out["prompt"]
+        assert applied({"reasoning_effort": "low"}).endswith("thinking=unset effort=low")
+        assert applied({"reasoning_effort": "none"}).endswith("thinking=False effort=unset")
+        assert applied({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}) \
+            .endswith("effort=high")
+        status, out = request("POST", url + "/apply-template", json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": 3}).encode(), key=None)
+        assert status == 400 and "reasoning_effort" in out["error"]["message"]
+
+        def counted(extra: dict) -> int:
+            status, out = request("POST", url + "/v1/responses/input_tokens", json.dumps(
+                {"model": "demo.gguf", "input": "hi", **extra}).encode(), key=None)
+            assert status == 200, out
+            return out["input_tokens"]
+        long_level = {"reasoning": {"effort": "thorough, careful and step by step"[:32]}}
+        assert counted(long_level) > counted({}) == counted({"reasoning": {"summary": "auto"}})
+    finally:
+        stop_server(proc)
+
+
 def test_no_webui_serves_the_api_alone_as_llama_server(tmp_path):
     proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "512", "--no-webui")
     try:

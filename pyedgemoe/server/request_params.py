@@ -76,6 +76,13 @@ def _of_type(kind: type, what: str):
 _boolean = _of_type(bool, "true or false")
 _text = _of_type(str, "a string")
 _object = _of_type(dict, "an object")
+
+
+def _effort(name: str, value) -> str:
+    """OpenAI's reasoning_effort: a level the template takes ("low", "medium", "high", ...; "none")."""
+    if not isinstance(value, str) or not value or len(value) > 32:
+        raise invalid(name, 'a level such as "low", "medium", "high" or "none"', value)
+    return value
 _tools = _of_type(list, "a list of tools")  # each tool checked by the Engine (pyedgemoe.tool_calls)
 
 
@@ -261,7 +268,7 @@ CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _m
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
                    "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
-                   "reasoning_format": _one_of(REASONING_FORMATS),
+                   "reasoning_format": _one_of(REASONING_FORMATS), "reasoning_effort": _effort,
                    "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"]}
 
 
@@ -502,6 +509,11 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
         else:
             request.engine_kwargs[name] = value
     given = request.engine_kwargs
+    if "reasoning_effort" in given:  # llama-server's: the template's reasoning_effort; "none": no thinking
+        effort = given.pop("reasoning_effort")
+        kwargs = {k: v for k, v in (given.get("chat_template_kwargs") or {}).items() if k != "reasoning_effort"}
+        given["chat_template_kwargs"] = {**kwargs, "enable_thinking": False} if effort == "none" else \
+            {**kwargs, "reasoning_effort": effort}
     budget = next((budgets[name] for name in _BUDGETS if budgets.get(name, -1) != -1), None)
     if budget is not None:
         given["reasoning_budget_tokens"] = budget

@@ -20,7 +20,8 @@ stream helpers wait for response.completed).
 
 Nothing is stored: `previous_response_id`, `conversation` and stored `prompt`s are refused (the
 conversation goes in `input`, as llama-server asks), `background` is refused; `store`, `include`,
-`reasoning`, `metadata` (echoed), `truncation` and the service's settings have no effect. Tools of
+`metadata` (echoed), `truncation`, `reasoning`'s summary and the service's settings have no effect
+(`reasoning.effort` is the chat's `reasoning_effort`). Tools of
 OpenAI's own service (web search, file search, ...) are left out, as llama-server leaves them:
 the model is given the function tools. Images and files are refused (a text model).
 """
@@ -173,6 +174,11 @@ def chat_request(body) -> dict:
         request["tools"] = tools
     if body.get("tool_choice") is not None:
         request["tool_choice"] = _tool_choice(body["tool_choice"])
+    reasoning = body.get("reasoning") or {}
+    if not isinstance(reasoning, dict):
+        raise invalid("reasoning", 'an object ({"effort": ...})', reasoning)
+    if reasoning.get("effort") is not None:  # the chat's reasoning_effort, as llama-server converts it
+        request["reasoning_effort"] = reasoning["effort"]
     if body.get("text") is not None and _response_format(body["text"]) is not None:
         request["response_format"] = _response_format(body["text"])
     return request
