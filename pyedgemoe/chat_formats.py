@@ -26,13 +26,19 @@ REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
 def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool, reasoning_format: str | None,
-           reasoning_budget: int | None = None) -> bool:
-    """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways); a
-    reasoning budget (>= 0) needs the format's thinking tags."""
+           thinking_tags: bool = False) -> bool:
+    """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways);
+    thinking_tags: the sampling needs the format's (wants_thinking_tags)."""
     if not parse_tool_calls or isinstance(tool_choice, dict):  # a function named: tool_calls' forced call
         return False
-    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none") or \
-        (isinstance(reasoning_budget, int) and reasoning_budget >= 0)  # (else SamplingParams says what is wrong)
+    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none") or thinking_tags
+
+
+def wants_thinking_tags(sampling: dict) -> bool:
+    """Whether a chat's sampling settings need the template's thinking tags: a reasoning budget (>= 0;
+    a wrong one SamplingParams refuses) or llama-server's reasoning control."""
+    budget = sampling.get("reasoning_budget_tokens")
+    return (isinstance(budget, int) and budget >= 0) or bool(sampling.get("reasoning_control"))
 
 
 class ChatTurn:

@@ -129,6 +129,9 @@ class SamplingParams:
                               "tags, as llama.cpp's)"))
     reasoning_budget_message: str | None = field(default=None, metadata=_flag(
         "--reasoning-budget-message", "text written before the end of a thought the budget cuts"))
+    # llama-server's reasoning control: a threading.Event; once set, the thought being written ends
+    # (as the budget ends one) at the next pick
+    reasoning_control: object = field(default=None, metadata=_flag(None))
     # a chat format's (chat_formats.ChatTurn): its tool-call grammar's start, lazy from the first of
     # these (patterns the text matches, token ids) on; its thinking tags (start, ends), for the budget;
     # and the text the template put after the last message, which the grammar and the budget have seen
@@ -204,6 +207,8 @@ class SamplingParams:
             if not all(hook is None or callable(hook) for hook in hooks):
                 raise InvalidOptionError(f"{name} must be callable (f(input_ids{'' if name == 'draft_model' else ', logits'}"
                                          f")), got {getattr(self, name)!r}"[:200])
+        if self.reasoning_control is not None and not callable(getattr(self.reasoning_control, "is_set", None)):
+            raise InvalidOptionError(f"reasoning_control must be a threading.Event, got {self.reasoning_control!r}"[:200])
         if self.reasoning_budget_tokens < -1:
             raise InvalidOptionError(f"reasoning_budget_tokens must be >= -1 (-1: unrestricted), got "
                                      f"{self.reasoning_budget_tokens}")
@@ -238,7 +243,8 @@ class SamplingParams:
                                     self.dry_penalty_last_n, list(self.dry_sequence_breakers), self.xtc_probability,
                                     self.xtc_threshold, self.top_n_sigma, self.dynatemp_range, self.dynatemp_exponent,
                                     self.samplers.split(";") if self.samplers else [], self.reasoning_budget_tokens,
-                                    *(self.thinking_tags or ("", ())), self.reasoning_budget_message or "")
+                                    *(self.thinking_tags or ("", ())), self.reasoning_budget_message or "",
+                                    self.reasoning_control is not None)
         except InvalidOptionError as e:
             raise InvalidOptionError(f"logit_bias: {e}") from None
         except ValueError as e:
@@ -246,7 +252,7 @@ class SamplingParams:
         seen = max(self.penalty_last_n, self.dry_penalty_last_n)  # what the penalties and DRY keep of the prompt
         for t in prompt[-seen:] if seen > 0 and self.penalize_prompt else []:
             chain.accept_prompt(t)
-        return TokenSampler(chain, self.logits_processor, self.stopping_criteria)
+        return TokenSampler(chain, self.logits_processor, self.stopping_criteria, self.reasoning_control)
 
 
 def sampler_order(value) -> str:

@@ -10,6 +10,9 @@ generation.SamplingParams.sampler makes) and llama-cpp-python's two Python hooks
   the logits the pick came from (before the processor); true ends the generation with that pick
   dropped, finish reason "stop", as llama-cpp-python's generate does.
 
+And llama-server's reasoning control: an Event another thread sets to end the thought being written
+(the chain's reasoning budget forces its end from the next pick on), once.
+
 LogitsProcessorList and StoppingCriteriaList are llama-cpp-python's, for code that imports them.
 """
 from __future__ import annotations
@@ -23,8 +26,9 @@ class TokenSampler:
     """Picks a generation's tokens: pick() after each decode; `stopped` after a pick the stopping
     criteria ended the generation at."""
 
-    def __init__(self, chain, logits_processor=None, stopping_criteria=None):
+    def __init__(self, chain, logits_processor=None, stopping_criteria=None, reasoning_control=None):
         self.chain = chain
+        self.reasoning_control = reasoning_control
         self.logits_processor = LogitsProcessorList(logits_processor) \
             if isinstance(logits_processor, (list, tuple)) else logits_processor
         self.stopping_criteria = stopping_criteria
@@ -36,6 +40,9 @@ class TokenSampler:
 
     def pick(self, context, i: int, ids: list[int]) -> int:
         """The token after ids (the tokens evaluated), from output i of context's last decode."""
+        if self.reasoning_control is not None and self.reasoning_control.is_set():
+            self.chain.end_reasoning()
+            self.reasoning_control = None
         if self.logits_processor is None and self.stopping_criteria is None:
             return self.chain.sample(context, i)
         logits, input_ids = context.output_logits(i), np.array(ids, dtype=np.intc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import openai
@@ -178,5 +179,51 @@ def test_the_server_takes_llama_servers_budget_and_anthropics(opened, opened_eng
         for thinking in ("on", {"type": "enabled", "budget_tokens": -5}, {"type": "enabled", "budget_tokens": "all"}):
             status, body = request("POST", url + "/v1/messages", json.dumps({**anthropic, "thinking": thinking}).encode())
             assert status == 400 and "thinking" in body["error"]["message"], body
+    finally:
+        stop_server(proc)
+
+
+def test_a_reasoning_control_ends_the_thought_when_set(opened_engine):
+    """llama-server's reasoning control: an Event set while the thought streams ends it at the next
+    token (the budget's message, then the end tag), once; unset, the thought goes on."""
+    e, script = opened_engine, f"{STEPS}\n</think>\nIt is sunny."
+    control = threading.Event()
+    chunks = e.create_chat_completion(ASKED, max_tokens=60, temperature=0, logits_processor=writes(e, script),
+                                      stream=True, reasoning_control=control, reasoning_budget_message=MESSAGE,
+                                      reasoning_format="auto")
+    before = [next(chunks) for _ in range(6)]  # the role, then the thought's first tokens
+    control.set()
+    message = joined_message([c["choices"][0]["delta"] for c in before[1:] + list(chunks)[:-1]])
+    thought = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in before)
+    assert message["reasoning_content"].strip() == (thought + MESSAGE).strip(), message
+    free = reply(e, script, reasoning_control=threading.Event(), reasoning_format="auto")
+    assert free == reply(e, script, reasoning_format="auto") and STEPS[:60] in free["reasoning_content"]
+    with pytest.raises(InvalidOptionError, match="reasoning_control"):
+        reply(e, reasoning_control=True)
+
+
+def test_the_servers_control_ends_a_running_thought(opened, tmp_path):
+    """llama.cpp's web UI's "stop thinking": POST /v1/chat/completions/control {id, reasoning_end}."""
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "1024", "--reasoning-format", "auto",
+                             model=opened)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        stream = client.chat.completions.create(model="nemotron-template.gguf", messages=ASKED, max_tokens=900, temperature=0, stream=True,
+                                                extra_body={"reasoning_control": True})
+        first = next(stream)
+        status, answer = request("POST", url + "/v1/chat/completions/control",
+                                 json.dumps({"id": first.id, "action": "reasoning_end"}).encode())
+        assert status == 200 and answer == {"success": True}
+        deltas = [c.choices[0].delta for c in stream if c.choices]
+        content = "".join(d.content or "" for d in deltas)
+        assert content  # the thought ended: the end tag was written (a random model never writes it)
+        alone = client.chat.completions.create(model="nemotron-template.gguf", messages=ASKED, max_tokens=40,
+                                               temperature=0)
+        assert not alone.choices[0].message.content  # without the control: all of it thought
+        for body, expected in (({"id": first.id, "action": "reasoning_end"}, (200, {"success": False, "message": "no active completion for this id"})),):
+            assert request("POST", url + "/v1/chat/completions/control", json.dumps(body).encode()) == expected
+        for body, field in (({"action": "reasoning_end"}, "'id' is required"), ({"id": "x", "action": "stop"}, "action")):
+            status, out = request("POST", url + "/v1/chat/completions/control", json.dumps(body).encode())
+            assert status == 400 and field in out["error"]["message"], out
     finally:
         stop_server(proc)

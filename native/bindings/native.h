@@ -67,6 +67,7 @@ struct Sampler {
     llama_sampler * chain = nullptr;
     llama_sampler * penalties = nullptr;  // in the chain, or none: the prompt's tokens go to it and DRY alone
     llama_sampler * repetition = nullptr;  // DRY, in the chain, or none
+    llama_sampler * reasoning = nullptr;  // the reasoning budget, in the chain, or none
     ~Sampler();
 };
 

@@ -122,7 +122,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
             const std::vector<std::string> & dry_sequence_breakers, float xtc_probability, float xtc_threshold,
             float top_n_sigma, float dynatemp_range, float dynatemp_exponent, const std::vector<std::string> & order,
             int reasoning_budget, const std::string & thinking_start, const std::vector<std::string> & thinking_ends,
-            const std::string & reasoning_message) {
+            const std::string & reasoning_message, bool reasoning_control) {
     const GrammarStart start{grammar_lazy, trigger_patterns, trigger_tokens, grammar_prefill};
     const llama_vocab * vocab = llama_model_get_vocab(model.model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -135,13 +135,15 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     llama_sampler_chain_params params = llama_sampler_chain_default_params();
     params.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(params);
-    if (reasoning_budget >= 0 && !thinking_start.empty() && !thinking_ends.empty()) {
+    // reasoning_control: a budget without a limit, which end_reasoning() can end (llama-server's)
+    llama_sampler * budget = nullptr;
+    if ((reasoning_budget >= 0 || reasoning_control) && !thinking_start.empty() && !thinking_ends.empty()) {
         std::vector<llama_tokens> ends;
         for (const auto & tag : thinking_ends) ends.push_back(tokens_of(vocab, tag));
         llama_tokens forced = tokens_of(vocab, reasoning_message);
         forced.insert(forced.end(), ends.front().begin(), ends.front().end());
-        llama_sampler * budget = common_reasoning_budget_init(vocab, {tokens_of(vocab, thinking_start)}, ends, forced,
-                                                              reasoning_budget);
+        budget = common_reasoning_budget_init(vocab, {tokens_of(vocab, thinking_start)}, ends, forced,
+                                              reasoning_budget < 0 ? INT32_MAX : reasoning_budget);
         // the generation prompt may open the thought (a template ending in <think>)
         for (llama_token t : prefill_tokens(vocab, grammar_prefill)) llama_sampler_accept(budget, t);
         llama_sampler_chain_add(chain, budget);
@@ -217,6 +219,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     self->chain = chain;
     self->penalties = penalties;
     self->repetition = repetition;
+    self->reasoning = budget;
 }
 
 // Samples from logits given (llama-cpp-python's logits processors changed them) as
@@ -254,7 +257,7 @@ void register_sampler(nb::module_ & m) {
              nb::arg("dynatemp_range") = 0.0f, nb::arg("dynatemp_exponent") = 1.0f,
              nb::arg("order") = std::vector<std::string>(), nb::arg("reasoning_budget") = -1,
              nb::arg("thinking_start") = "", nb::arg("thinking_ends") = std::vector<std::string>(),
-             nb::arg("reasoning_message") = "")
+             nb::arg("reasoning_message") = "", nb::arg("reasoning_control") = false)
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
         .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },
@@ -266,5 +269,8 @@ void register_sampler(nb::module_ & m) {
         .def("accept_prompt", [](Sampler & s, llama_token t) {
                  for (llama_sampler * seen : {s.penalties, s.repetition}) if (seen) llama_sampler_accept(seen, t);
              }, nb::arg("token"))
-        .def("reset", [](Sampler & s) { llama_sampler_reset(s.chain); });
+        .def("reset", [](Sampler & s) { llama_sampler_reset(s.chain); })
+        // Ends the thought being written now (its budget's message and end tag forced from the next
+        // pick on); false where none is (llama-server's reasoning_end control).
+        .def("end_reasoning", [](Sampler & s) { return common_reasoning_budget_force(s.reasoning); });
 }

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from pyedgemoe.chat_formats import joined_message
+from pyedgemoe.chat_formats import joined_message, wants_thinking_tags
 from pyedgemoe.completions import chat_text, chat_text_tokens
 from pyedgemoe.fill_in_middle import infill_tokens
 from pyedgemoe.server import anthropic_api, llama_server_api, metrics, responses_api
@@ -39,6 +39,7 @@ from pyedgemoe.server.request_guards import JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
                                              NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
+from pyedgemoe.server.reasoning_control import ReasoningControls
 from pyedgemoe.server.slot_routes import add_slot_routes
 from pyedgemoe.server.token_routes import add_token_routes
 from pyedgemoe.server.web_ui import BUILT_UI, WebUI
@@ -50,7 +51,7 @@ PATHS = {"/health", "/metrics", "/metrics/experts", "/v1/models", "/v1/models/{m
          "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize", "/v1/health", "/models", "/v1/messages",
          "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
          "/v1/chat/completions/input_tokens", "/chat/completions", "/chat/completions/input_tokens",
-         "/responses/input_tokens", "/slots/{id_slot}"}
+         "/responses/input_tokens", "/slots/{id_slot}", "/v1/chat/completions/control"}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -146,6 +147,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     slot actions keep their files (`serve --slot-save-path`; slot_routes.py; None: no slot actions).
     app.state.engine_queue.close() after the server stopped waits for the Engine's thread."""
     queue = EngineQueue(engine)
+    controls = ReasoningControls()
     prompt_bound = PromptBound(engine)
     web_ui = WebUI(ui_dir, web_pages)
     requests = metrics.RequestCounts(PATHS)
@@ -239,8 +241,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         given = _with_defaults(r.engine_kwargs, chat_defaults)
         return chat_text(engine, r.messages, given.get("tools"), given.get("tool_choice"),
                          given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
-                         reasoning_format=given.get("reasoning_format"),
-                         reasoning_budget=given.get("reasoning_budget_tokens"))[0]
+                         reasoning_format=given.get("reasoning_format"), thinking_tags=wants_thinking_tags(given))[0]
 
     def chat_prompt_length(r: GenerationRequest) -> int:
         return len(chat_text_tokens(engine, chat_prompt(r)))
@@ -281,7 +282,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     async def chat_completions(request: Request) -> Response:
         r = await request_body(request, CHAT_PARAMETERS, "messages")
         kwargs = _with_defaults(r.engine_kwargs, chat_defaults)
-        start = functools.partial(engine.create_chat_completion, r.messages, stream=True, **kwargs)
+        start = controls.arm(lambda: engine.create_chat_completion(r.messages, stream=True, **kwargs), kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
     @app.post("/completion")
@@ -375,6 +376,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return {"object": "response.input_tokens", "input_tokens": await input_tokens(request, lambda body: body)}
 
     add_token_routes(app, engine, check_model)
+    controls.add_routes(app, check_model)
     add_slot_routes(app, engine, queue, slot_directory)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
     web_ui.add_routes(app, engine, model_id, queue, request_defaults)  # last: llama.cpp's UI files under every other path

@@ -257,7 +257,7 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 # sends (its streaming and timing options, how it shows a reasoning model's thoughts), and the prompt's
 # time limit code editors' plugins send (which llama-server does not implement either)
 _IGNORED = {"user", "stream_options", "cache_prompt", "timings_per_token", "return_progress", "sse_ping_interval",
-            "reasoning_control", "backend_sampling", "t_max_prompt_ms"}
+            "backend_sampling", "t_max_prompt_ms"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
@@ -269,7 +269,8 @@ CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _m
                    "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
                    "reasoning_format": _one_of(REASONING_FORMATS), "reasoning_effort": _effort,
-                   "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"]}
+                   "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"],
+                   "reasoning_control": _boolean}  # (server/reasoning_control.py)
 
 
 def _native_prompt(name: str, value) -> str | list[int | str]:
