@@ -26,12 +26,35 @@ REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
 def parses(tools: list[dict] | None, tool_choice, parse_tool_calls: bool, reasoning_format: str | None,
-           thinking_tags: bool = False) -> bool:
+           needs_format: bool = False) -> bool:
     """Whether a chat's answer is parsed in the model's format (else pyedgemoe.tool_calls' ways);
-    thinking_tags: the sampling needs the format's (wants_thinking_tags)."""
+    needs_format: the chat needs the format besides (the sampling its thinking tags, wants_thinking_tags;
+    its prompt llama.cpp's rendering: a message continued, no generation prompt)."""
     if not parse_tool_calls or isinstance(tool_choice, dict):  # a function named: tool_calls' forced call
         return False
-    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none") or thinking_tags
+    return (bool(tools) and tool_choice != "none") or reasoning_format not in (None, "none") or needs_format
+
+
+def continuation(messages: list[dict], continue_final_message, add_generation_prompt: bool | None) -> str:
+    """llama-server's continue_final_message as the native ChatFormat takes it ("": none; True:
+    "auto", the last message's content, or its thoughts where it has only those; "content";
+    "reasoning_content"), checked as llama-server checks it: the last message the assistant's, one
+    without tool calls, after one that is not; add_generation_prompt not asked for beside it."""
+    if continue_final_message is None or continue_final_message is False:
+        return ""
+    if continue_final_message is not True and continue_final_message not in ("content", "reasoning_content"):
+        raise InvalidOptionError(f"continue_final_message must be true, \"content\" or \"reasoning_content\", got "
+                                 f"{continue_final_message!r}"[:200])
+    if add_generation_prompt:
+        raise InvalidOptionError("give add_generation_prompt or continue_final_message, not both")
+    last = messages[-1] if messages else {}
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise InvalidOptionError("continue_final_message continues the last message, which must be the assistant's")
+    if last.get("tool_calls"):
+        raise InvalidOptionError("continue_final_message cannot continue an assistant's message with tool calls")
+    if len(messages) > 1 and isinstance(messages[-2], dict) and messages[-2].get("role") == "assistant":
+        raise InvalidOptionError("continue_final_message: the conversation ends with two assistant's messages")
+    return "auto" if continue_final_message is True else continue_final_message
 
 
 def wants_thinking_tags(sampling: dict) -> bool:
@@ -46,7 +69,7 @@ class ChatTurn:
 
     def __init__(self, engine, messages: list[dict], tools: list[dict] | None, tool_choice: str | None,
                  parallel_tool_calls: bool | None, template_kwargs: dict | None = None,
-                 reasoning_format: str | None = None):
+                 reasoning_format: str | None = None, continued: str = "", add_generation_prompt: bool = True):
         if reasoning_format not in (None, *REASONING_FORMATS):
             raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                                      f"{reasoning_format!r}"[:200])
@@ -54,10 +77,12 @@ class ChatTurn:
             chat_format = engine.chat_format
             parallel = chat_format.supports_parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
             self._turn = chat_format.apply(json.dumps(messages), json.dumps(tools or []), tool_choice or "auto",
-                                           parallel, json.dumps(template_kwargs or {}), reasoning_format or "none")
+                                           parallel, json.dumps(template_kwargs or {}), reasoning_format or "none",
+                                           continued, add_generation_prompt)
         except ValueError as e:
             raise InvalidOptionError(f"llama.cpp's chat format of the template: {e}") from None
         self.prompt = self._turn.prompt
+        self._continued = json.loads(self._turn.continued)  # a message continued: not the answer's
         self.stops = list(self._turn.additional_stops)
         # tokens shown as their text (a format's tags, which are often special tokens)
         ids = (engine.tokenize(text, add_bos=False, special=True) for text in self._turn.preserved_tokens)
@@ -92,7 +117,8 @@ class ChatTurn:
                 continue
         calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                  for c in parsed["tool_calls"]]
-        return assistant_message(parsed["content"], parsed["reasoning_content"], calls)
+        content, reasoning = (parsed[k].removeprefix(self._continued[k]) for k in ("content", "reasoning_content"))
+        return assistant_message(content, reasoning, calls)
 
     def deltas(self, text: str, done: bool) -> list[dict]:
         """OpenAI's stream deltas of what text adds since the last call (done: the whole text)."""

@@ -367,6 +367,9 @@ def serve(
     spm_infill: bool = typer.Option(False, "--spm-infill",
                                     help="fill in the middle (/infill, /v1/completions' suffix) with the suffix "
                                     "before the prefix, as some models were trained (llama-server's)"),
+    prefill_assistant: bool = typer.Option(True, "--prefill-assistant/--no-prefill-assistant", help="a chat whose "
+                                           "last message is the assistant's continues it (an assistant's prefill), "
+                                           "as llama-server's; off: a new message follows it"),
     slot_save_path: Optional[Path] = typer.Option(None, "--slot-save-path", help="a directory for slot files: POST "
                                                   "/slots/N?action=save|restore|erase keeps a sequence's KV cache "
                                                   "there and reads it back, as llama-server's (made where missing)"),
@@ -404,7 +407,7 @@ def serve(
         if n_predict < -1:
             fail(f"--n-predict must be >= -1 (-1: to the end), got {n_predict}")
         sampling["max_tokens"] = None if n_predict == -1 else n_predict
-    chat_defaults = {"reasoning_format": reasoning_format}
+    chat_defaults = {"reasoning_format": reasoning_format, "prefill_assistant": prefill_assistant}
     if template_kwargs:
         chat_defaults["chat_template_kwargs"] = template_kwargs
     try:

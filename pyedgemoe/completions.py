@@ -23,7 +23,7 @@ from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
-from pyedgemoe.chat_formats import ChatTurn, parses, wants_thinking_tags
+from pyedgemoe.chat_formats import ChatTurn, continuation, parses, wants_thinking_tags
 
 
 CHARACTER_TAIL = 16  # tokens a cut character may take past max_tokens (a UTF-8 one has 4 bytes at most)
@@ -197,18 +197,23 @@ def check_messages(messages: list[dict]) -> None:
 def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
               template_kwargs: dict | None = None, parallel_tool_calls: bool | None = None,
               parse_tool_calls: bool = True, reasoning_format: str | None = None,
-              thinking_tags: bool = False) -> tuple[str, ChatTurn | None]:
+              thinking_tags: bool = False, continue_final_message=None,
+              add_generation_prompt: bool | None = None) -> tuple[str, ChatTurn | None]:
     """A chat's prompt text, and where the answer is parsed in the model's format (tool calls,
-    thoughts; thinking_tags: a reasoning budget's or control's) the ChatTurn it is the text of
-    (llama.cpp's rendering); else the model's template as Engine.format_chat renders it."""
+    thoughts; thinking_tags: a reasoning budget's or control's; the last message continued, or no
+    generation prompt: llama-server's continue_final_message, add_generation_prompt) the ChatTurn it
+    is the text of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it."""
     check_messages(messages)
     tools = check_tools(tools)
     check_tool_choice(tool_choice)
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise InvalidOptionError(f"chat_template_kwargs must be a dict of the template's variables, got "
                                  f"{template_kwargs!r}"[:200])
-    if parses(tools, tool_choice, parse_tool_calls, reasoning_format, thinking_tags):
-        turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format)
+    continued = continuation(messages, continue_final_message, add_generation_prompt)
+    if parses(tools, tool_choice, parse_tool_calls, reasoning_format,
+              thinking_tags or bool(continued) or add_generation_prompt is False):
+        turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format,
+                        continued, add_generation_prompt is not False and not continued)
         return turn.prompt, turn
     return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
 
@@ -231,7 +236,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            stream: bool, logprobs: bool | None, top_logprobs: int | None, sampling: dict,
                            tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
-                           reasoning_format: str | None = None):
+                           reasoning_format: str | None = None, continue_final_message=None,
+                           add_generation_prompt: bool | None = None):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
     (pyedgemoe.tool_calls)."""
@@ -239,7 +245,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
     text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,
-                           reasoning_format, wants_thinking_tags(sampling))
+                           reasoning_format, wants_thinking_tags(sampling), continue_final_message, add_generation_prompt)
     function = forced_tool(tools, tool_choice) if turn is None else None
     # the grammar of a call (a forced one's arguments, a format's calls), which no other may join
     calls_grammar = {"json_schema": function.get("parameters", {"type": "object"})} if function is not None \

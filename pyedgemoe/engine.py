@@ -499,17 +499,21 @@ class Engine(Vocabulary):
                                logprobs: bool | None = None, top_logprobs: int | None = None,
                                tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
                                parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
-                               reasoning_format: str | None = None, **sampling):
+                               reasoning_format: str | None = None, continue_final_message=None,
+                               add_generation_prompt: bool | None = None, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
         the calls the model writes parsed as llama-server parses them (pyedgemoe.chat_formats), or
         with parse_tool_calls=False left text, as llama-cpp-python; reasoning_format "auto": its
         thoughts as reasoning_content. chat_template_kwargs: more of the template's variables
-        ({"enable_thinking": False}). sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
+        ({"enable_thinking": False}). continue_final_message (True, "content", "reasoning_content"): the
+        last message, the assistant's, is continued, the answer what follows it; add_generation_prompt
+        False: none (llama-server's). sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
-                                                  chat_template_kwargs, reasoning_format)
+                                                  chat_template_kwargs, reasoning_format, continue_final_message,
+                                                  add_generation_prompt)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

@@ -37,7 +37,7 @@ VARIABLES = {
     "--frequency-penalty": "LLAMA_ARG_FREQUENCY_PENALTY", "--spec-type": "LLAMA_ARG_SPEC_TYPE",
     "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT", "--swa-full": "LLAMA_ARG_SWA_FULL",
     "--log-file": "LLAMA_ARG_LOG_FILE", "-lv": "LLAMA_ARG_LOG_VERBOSITY", "--log-colors": "LLAMA_ARG_LOG_COLORS",
-    "-kvu": "LLAMA_ARG_KV_UNIFIED",
+    "-kvu": "LLAMA_ARG_KV_UNIFIED", "--prefill-assistant": "LLAMA_ARG_PREFILL_ASSISTANT",
     "--log-prefix": "LLAMA_ARG_LOG_PREFIX", "--log-timestamps": "LLAMA_ARG_LOG_TIMESTAMPS",
     # llama-server's
     "--host": "LLAMA_ARG_HOST", "--port": "LLAMA_ARG_PORT", "--api-key": "LLAMA_API_KEY",

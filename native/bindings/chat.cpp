@@ -26,8 +26,10 @@ struct ChatTurn {
     common_chat_params params;
     common_chat_parser_params parser;
     common_chat_msg last;                  // what the text parsed to so far (diffs; none at first, as llama-server's
-                                           // task_result_state: a prompt that opens a thought streams its tag too)
+                                           // task_result_state: a prompt that opens a thought streams its tag too;
+                                           // a message continued, that message)
     std::vector<std::string> call_ids;     // a call keeps the id it was first given
+    common_chat_msg continued;             // the message a continuation starts from (none without one)
 };
 
 void create_format(ChatFormat * self, const Model & model, const std::string & chat_template) {
@@ -49,11 +51,15 @@ std::string random_call_id() {
 
 // messages and tools: OpenAI's JSON; template_kwargs: a JSON object of the template's variables
 // (llama-server's chat_template_kwargs, enable_thinking among them); reasoning_format: llama-server's
-// ("none": the thoughts stay in the content; "auto", "deepseek": they are parsed out of it). ValueError
-// for what llama.cpp's parsers or the template refuse.
+// ("none": the thoughts stay in the content; "auto", "deepseek": they are parsed out of it);
+// continue_final_message: llama-server's ("": none; "auto", "content", "reasoning_content": the last
+// message, the assistant's, is continued: the prompt ends with it, and the text parsed is what
+// follows it); add_generation_prompt: llama-server's. ValueError for what llama.cpp's parsers or the
+// template refuse.
 ChatTurn * apply(const ChatFormat & format, const std::string & messages, const std::string & tools,
                  const std::string & tool_choice, bool parallel_tool_calls, const std::string & template_kwargs,
-                 const std::string & reasoning_format) {
+                 const std::string & reasoning_format, const std::string & continue_final_message,
+                 bool add_generation_prompt) {
     auto turn = std::make_unique<ChatTurn>();
     try {
         common_chat_templates_inputs inputs;
@@ -67,10 +73,19 @@ ChatTurn * apply(const ChatFormat & format, const std::string & messages, const 
             inputs.enable_thinking = kwargs["enable_thinking"].get<bool>();  // as llama-server reads it
         }
         inputs.reasoning_format = common_reasoning_format_from_name(reasoning_format);
+        inputs.add_generation_prompt = add_generation_prompt;
+        inputs.continue_final_message = continue_final_message.empty() ? COMMON_CHAT_CONTINUATION_NONE
+            : common_chat_continuation_parse(continue_final_message == "auto" ? common_json(true)
+                                                                              : common_json(continue_final_message));
         turn->params = common_chat_templates_apply(format.templates.get(), inputs);
         turn->parser = common_chat_parser_params(turn->params);
         turn->parser.reasoning_format = inputs.reasoning_format;
         if (!turn->params.parser.empty()) turn->parser.parser.load(turn->params.parser);
+        if (inputs.continue_final_message != COMMON_CHAT_CONTINUATION_NONE) {
+            // the message continued is not the answer's (llama-server's task_result_state)
+            turn->parser.is_continuation = true;
+            turn->last = turn->continued = common_chat_parse("", true, turn->parser);
+        }
     } catch (const std::exception & e) {
         throw nb::value_error(e.what());
     }
@@ -164,6 +179,7 @@ void register_chat(nb::module_ & m) {
         // without the GIL: a long conversation or many tools take llama.cpp's template engine a while
         .def("apply", &apply, nb::arg("messages"), nb::arg("tools"), nb::arg("tool_choice"),
              nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::arg("reasoning_format") = "none",
+             nb::arg("continue_final_message") = "", nb::arg("add_generation_prompt") = true,
              nb::rv_policy::take_ownership, nb::call_guard<nb::gil_scoped_release>());
     nb::class_<ChatTurn>(m, "ChatTurn")
         .def_prop_ro("prompt", [](const ChatTurn & t) { return t.params.prompt; })
@@ -179,6 +195,8 @@ void register_chat(nb::module_ & m) {
         .def_prop_ro("preserved_tokens", [](const ChatTurn & t) { return t.params.preserved_tokens; })
         .def_prop_ro("additional_stops", [](const ChatTurn & t) { return t.params.additional_stops; })
         // {"content", "reasoning_content", "tool_calls": [{"id", "name", "arguments"}]} as JSON text
+        // the message a continuation starts from (continue_final_message; else none): JSON as parse's
+        .def_prop_ro("continued", [](const ChatTurn & t) { return message_json(t.continued).dump(); })
         .def("parse", [](ChatTurn & t, const std::string & text, bool is_partial) {
                  return message_json(parse(t, text, is_partial)).dump();
              }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<nb::gil_scoped_release>())

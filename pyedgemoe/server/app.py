@@ -110,12 +110,20 @@ def _joined_chat_completion(chunks: list[dict]) -> dict:
             "usage": last.get("usage")}
 
 
-def _with_defaults(given: dict, defaults: Mapping) -> dict:
+def _chat_keywords(r: GenerationRequest, defaults: Mapping) -> dict:
     """A chat request's Engine keywords over the server's defaults; the template's variables merged
-    by name, as llama-server merges its --chat-template-kwargs with a request's."""
+    by name, as llama-server merges its --chat-template-kwargs with a request's; with
+    defaults["prefill_assistant"] (llama-server's default, `--no-prefill-assistant` not), a last
+    message of the assistant's is continued where the request does not say (an assistant's prefill)."""
+    given = r.engine_kwargs
     merged = {**defaults, **given}
     if defaults.get("chat_template_kwargs") and given.get("chat_template_kwargs"):
         merged["chat_template_kwargs"] = {**defaults["chat_template_kwargs"], **given["chat_template_kwargs"]}
+    last = r.messages[-1] if r.messages else {}
+    if merged.pop("prefill_assistant", False) and "continue_final_message" not in given and \
+            given.get("add_generation_prompt") is not True and last.get("role") == "assistant" and \
+            not last.get("tool_calls"):
+        merged["continue_final_message"] = True
     return merged
 
 
@@ -238,10 +246,12 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
 
     def chat_prompt(r: GenerationRequest) -> str:
         """The prompt text of a chat request (its messages, tools and template's variables)."""
-        given = _with_defaults(r.engine_kwargs, chat_defaults)
+        given = _chat_keywords(r, chat_defaults)
         return chat_text(engine, r.messages, given.get("tools"), given.get("tool_choice"),
                          given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
-                         reasoning_format=given.get("reasoning_format"), thinking_tags=wants_thinking_tags(given))[0]
+                         reasoning_format=given.get("reasoning_format"), thinking_tags=wants_thinking_tags(given),
+                         continue_final_message=given.get("continue_final_message"),
+                         add_generation_prompt=given.get("add_generation_prompt"))[0]
 
     def chat_prompt_length(r: GenerationRequest) -> int:
         return len(chat_text_tokens(engine, chat_prompt(r)))
@@ -281,7 +291,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         r = await request_body(request, CHAT_PARAMETERS, "messages")
-        kwargs = _with_defaults(r.engine_kwargs, chat_defaults)
+        kwargs = _chat_keywords(r, chat_defaults)
         start = controls.arm(lambda: engine.create_chat_completion(r.messages, stream=True, **kwargs), kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion)
 
@@ -324,7 +334,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         """Anthropic's Messages API over the chat completions (anthropic_api.py)."""
         r = await request_body(request, CHAT_PARAMETERS, "messages", convert=anthropic_api.chat_request)
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
-                                  **_with_defaults(r.engine_kwargs, chat_defaults))
+                                  **_chat_keywords(r, chat_defaults))
         stream = None
         if r.stream:
             try:
@@ -345,7 +355,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             return responses_api.chat_request(sent)
         r = await request_body(request, CHAT_PARAMETERS, "messages", convert=convert)
         start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
-                                  **_with_defaults(r.engine_kwargs, chat_defaults))
+                                  **_chat_keywords(r, chat_defaults))
         shape = responses_api.ResponseShape(body, model_id)
         return await generate(request, start, r.stream, lambda chunks: shape.response(_joined_chat_completion(chunks)),
                               events=EventFormat(shape.events, "", shape.error))

@@ -78,6 +78,13 @@ _text = _of_type(str, "a string")
 _object = _of_type(dict, "an object")
 
 
+def _continuation(name: str, value) -> bool | str:
+    """llama-server's continue_final_message: true, false, "content" or "reasoning_content"."""
+    if not (isinstance(value, bool) or value in ("content", "reasoning_content")):
+        raise invalid(name, 'true, false, "content" or "reasoning_content"', value)
+    return value
+
+
 def _effort(name: str, value) -> str:
     """OpenAI's reasoning_effort: a level the template takes ("low", "medium", "high", ...; "none")."""
     if not isinstance(value, str) or not value or len(value) > 32:
@@ -270,7 +277,8 @@ CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _m
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
                    "reasoning_format": _one_of(REASONING_FORMATS), "reasoning_effort": _effort,
                    "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"],
-                   "reasoning_control": _boolean}  # (server/reasoning_control.py)
+                   "reasoning_control": _boolean,  # (server/reasoning_control.py)
+                   "continue_final_message": _continuation, "add_generation_prompt": _boolean}
 
 
 def _native_prompt(name: str, value) -> str | list[int | str]:
