@@ -3,11 +3,16 @@ vendored llama.cpp). -sys/--system-prompt is the system message; -p (or -f) the 
 message, echoed as if typed; each line read is the next. The whole history goes through the chat
 template each turn, and the engine reuses the KV cache of the common prefix. Ctrl-C during a reply
 stops the reply (what came so far stays in the history); Ctrl-C at the prompt, EOF or /exit end
-the session."""
+the session. llama-cli's commands (COMMANDS): /regen answers the last message again, /clear
+empties the history (the system message stays), /read FILE and /glob PATTERN put text files
+("--- File: NAME ---" before each) ahead of the next message."""
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -16,6 +21,10 @@ from pyedgemoe.chat_template import TEMPLATE_KEY
 from pyedgemoe.generation import SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
+MAX_GLOBBED = 100  # llama-cli's FILE_GLOB_MAX_RESULTS
+COMMANDS = ("commands: /exit (or Ctrl-C, EOF) ends the session, /regen answers the last message again, /clear "
+            "empties the history, /read FILE adds a text file to the next message, /glob PATTERN the text files it "
+            f"matches (at most {MAX_GLOBBED})")
 NO_THINKING_TAGS = "the chat template has no thinking tags llama.cpp knows: --reasoning-budget changes nothing"
 
 
@@ -29,7 +38,10 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     if sampling.reasoning_budget_tokens >= 0 and not has_thinking_tags(eng, template_kwargs):
         typer.echo(f"note: {NO_THINKING_TAGS}", err=True)
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if sys.stdin.isatty():
+        typer.echo(COMMANDS, err=True)
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages, files = list(system), ""  # files: the text files read for the next message
     while True:
         if first_message is not None:
             line, first_message = first_message, None
@@ -43,15 +55,51 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
             except KeyboardInterrupt:
                 typer.echo("")
                 return False
-        if line.strip() in EXIT_COMMANDS:
+        command, _, argument = line.strip().partition(" ")
+        if command in EXIT_COMMANDS:
             return True
-        if not line.strip():
+        if command == "/clear":
+            messages, files = list(system), ""
+            typer.echo("note: chat history cleared", err=True)
             continue
-        messages.append({"role": "user", "content": line})
+        if command in ("/read", "/glob") and argument.strip():
+            files += _read(argument.strip()) if command == "/read" else _globbed(argument.strip())
+            continue
+        if command == "/regen":
+            if not messages or messages[-1]["role"] != "assistant":
+                typer.echo("note: no reply to regenerate", err=True)
+                continue
+            messages.pop()
+        elif not line.strip():
+            continue
+        else:
+            messages.append({"role": "user", "content": files + line})
+            files = ""
         messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling, stop,
                                                                 template_kwargs)})
         if single_turn:
             return True
+
+
+def _read(path: str) -> str:
+    """A text file as llama-cli puts it in a message ("" where it cannot be read, with a note)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        typer.echo(f"note: file does not exist or cannot be opened: '{path}'", err=True)
+        return ""
+    typer.echo(f"note: loaded text from '{path}'", err=True)
+    return f"--- File: {path} ---\n{text}"
+
+
+def _globbed(pattern: str) -> str:
+    """The text files pattern matches (** any folders), at most MAX_GLOBBED, as _read puts them."""
+    paths = [p for p in sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if os.path.isfile(p)]
+    if len(paths) > MAX_GLOBBED:
+        typer.echo(f"note: {len(paths)} files match: the first {MAX_GLOBBED} are read", err=True)
+    if not paths:
+        typer.echo(f"note: no file matches '{pattern}'", err=True)
+    return "".join(_read(p) for p in paths[:MAX_GLOBBED])
 
 
 def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str],

@@ -74,6 +74,39 @@ def test_single_turn_answers_once_and_ends(engine):
     assert read.returncode == 0 and read.stdout == "> " + r.stdout.removeprefix("> hello\n")  # one line read
 
 
+def chat_reply(engine, messages: list[dict]) -> str:
+    return engine.create_chat_completion(messages, max_tokens=8, temperature=0.0)["choices"][0]["message"]["content"]
+
+
+def test_a_chats_commands_are_llama_clis(engine, tmp_path):
+    """/read FILE and /glob PATTERN put text files ahead of the next message, /regen answers the last
+    message again, /clear empties the history; what they cannot do is a note, the session goes on."""
+    chat = ("-cnv", "-n", "8", "--temp", "0", "-t", "1")
+    (tmp_path / "a.txt").write_text("alpha\n")
+    (tmp_path / "b.txt").write_text("beta\n")
+    read = run(*chat, stdin=f"/read {tmp_path / 'a.txt'}\nsum it up\n")
+    content = f"--- File: {tmp_path / 'a.txt'} ---\nalpha\nsum it up"
+    assert read.returncode == 0 and chat_reply(engine, [{"role": "user", "content": content}]) in read.stdout
+    globbed = run(*chat, stdin=f"/glob {tmp_path}/*.txt\nboth\n")
+    content = f"--- File: {tmp_path / 'a.txt'} ---\nalpha\n--- File: {tmp_path / 'b.txt'} ---\nbeta\nboth"
+    assert chat_reply(engine, [{"role": "user", "content": content}]) in globbed.stdout
+    counted = "{% for m in messages %}{{ m.content }} {% endfor %}turn {{ messages|length }} of the talk:"
+    # the history's length in the prompt: "turn 1" after /clear, "turn 3" without it
+    first = greedy(engine, "hello turn 1 of the talk:", 6)
+    third = greedy(engine, f"hello {first} hello turn 3 of the talk:", 6)
+    assert first != third
+    talk = (*chat, "-n", "6", "--chat-template", counted)
+    regen = run(*talk, stdin="/regen\nhello\n/regen\n")
+    assert regen.stdout.count(first) == 2 and "note: no reply to regenerate" in regen.stderr
+    kept = run(*talk, stdin="hello\nhello\n")
+    assert kept.stdout.count(first) == 1 and third in kept.stdout
+    cleared = run(*talk, stdin="hello\n/clear\nhello\n")
+    assert cleared.stdout.count(first) == 2 and "note: chat history cleared" in cleared.stderr
+    missing = run(*talk, stdin=f"/read {tmp_path / 'none.txt'}\n/glob {tmp_path}/*.md\nhello\n")
+    assert missing.returncode == 0 and first in missing.stdout
+    assert "cannot be opened" in missing.stderr and "no file matches" in missing.stderr
+
+
 def test_a_chats_template_variables_reach_the_template(engine, tmp_path):
     template = "{% for m in messages %}{{ m.content }}{% endfor %} thinking={{ enable_thinking }} effort=" \
         "{{ reasoning_effort | default('unset') }}:"
