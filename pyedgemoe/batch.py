@@ -78,17 +78,11 @@ class Batcher:
 
     def embed(self, tokens: list[int]) -> np.ndarray:
         """Decoder.embed of tokens on a free sequence, taken in turn with the generations waiting."""
-        r = self._queued(_Request(None, task=lambda sequence: self._decoder.embed(tokens, sequence)))
-        try:
-            item = r.out.get()
-            if isinstance(item, BaseException):
-                raise item
-            return item
-        finally:
-            self._leave(r)
+        return self.on_sequence(lambda sequence: self._decoder.embed(tokens, sequence))
 
-    def on_sequence(self, seq: int, work: Callable[[KVSequence], object]):
-        """work(the seq-th sequence) once no generation holds it, taken in turn with those waiting."""
+    def on_sequence(self, work: Callable[[KVSequence], object], seq: int | None = None):
+        """work(a free sequence; the seq-th where given, once no generation holds it), taken in turn
+        with the generations waiting."""
         r = self._queued(_Request(None, task=work, seq=seq))
         try:
             item = r.out.get()

@@ -249,7 +249,7 @@ class Engine(Vocabulary):
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.n_parallel:
             raise InvalidOptionError(f"sequence {seq!r} out of range [0, {self.n_parallel})")
         if self._batcher is not None:
-            return self._batcher.on_sequence(seq, work)
+            return self._batcher.on_sequence(work, seq)
         with self._sequence_turn():
             return work(self._decoder.sequences[0])
 
