@@ -52,7 +52,7 @@ def test_the_window_takes_less_memory_and_gives_the_same_tokens(full, window):
     ours, theirs = top_logprobs(window, PROMPT), top_logprobs(full, PROMPT)
     assert [list(t) for t in ours] == [list(t) for t in theirs]
     for a, b in zip(ours, theirs):
-        np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-4)  # fewer cells summed
+        np.testing.assert_allclose(list(a.values()), list(b.values()), atol=2e-3)  # fewer cells summed (f16 KV)
 
 
 @pytest.mark.parametrize("departs_at, reused_by_window", [(200, False), (590, True)])

@@ -267,8 +267,9 @@ bool holds(const Context & c, int seq, const std::vector<llama_token> & tokens) 
     const llama_pos n = (llama_pos) tokens.size(), first = llama_memory_seq_pos_min(memory, seq);
     const bool in_vocab = std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < c.n_vocab; });
     if (n == 0) return llama_memory_seq_pos_max(memory, seq) == -1;
+    const llama_pos window = llama_model_n_swa(c.model->model);
     return in_vocab && llama_memory_seq_pos_max(memory, seq) == n - 1 &&
-           first >= 0 && first <= std::max(0, n - llama_model_n_swa(c.model->model));
+           (window == 0 ? first == 0 : first >= 0 && first <= std::max(0, n - window));
 }
 
 // A session file, llama.cpp's (llama_state_save_file: its tokens, then the context's state: the KV
