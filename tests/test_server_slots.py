@@ -65,6 +65,8 @@ def test_a_bad_action_is_a_400_naming_it(server, n, action, filename, fragment):
     url, _ = server
     status, body = slot(url, n, action, filename)
     assert status == 400 and fragment in body["error"]["message"], body
+    if "plain file" in fragment:
+        assert body["error"]["param"] == "filename"
 
 
 def test_a_damaged_or_foreign_file_is_refused_and_the_slot_goes_on(server, tmp_path):

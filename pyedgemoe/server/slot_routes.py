@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 
 from pyedgemoe import slot_files
+from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.server.request_params import SLOT_FILE_PARAMETERS, parse_body, parse_fields
 
@@ -38,6 +39,10 @@ def add_slot_routes(app: FastAPI, engine, queue, directory: str | None) -> None:
             work = lambda: slot_files.erase(engine, int(id_slot))  # noqa: E731
         else:
             filename = parse_fields(raw, SLOT_FILE_PARAMETERS)["filename"]
+            try:
+                slot_files.checked_filename(filename)
+            except InvalidOptionError as e:
+                raise APIError(400, str(e), "invalid_value", "filename") from None
             work = lambda: getattr(slot_files, action)(engine, int(id_slot), directory, filename)  # noqa: E731
         async with queue.turn(request.is_disconnected):
             try:
