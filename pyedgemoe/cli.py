@@ -21,6 +21,7 @@ from pyedgemoe.chat_formats import REASONING_FORMATS, has_thinking_tags
 from pyedgemoe.cli_chat import NO_THINKING_TAGS, run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
 from pyedgemoe.llama_env import read_llama_cpp_variables
+from pyedgemoe.llama_flags import screened
 from pyedgemoe.cli_options import (chat_template_options, model_name, model_options, model_source, sampling_options,
                                    speculative_options)
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
@@ -922,12 +923,14 @@ def bench(
 def main() -> None:
     """Entry point: like app(), but a usage error (unknown flag, a value of the wrong type)
     is also one `error: ...` line (exit status 2) instead of click's usage block; llama.cpp's
-    environment variables are read (pyedgemoe.llama_env)."""
+    environment variables are read (pyedgemoe.llama_env), its flags a command does not take said as
+    such (pyedgemoe.llama_flags)."""
     command = typer.main.get_command(app)
     read_llama_cpp_variables(command)
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
-        status = command.main(standalone_mode=False, prog_name="pyedgemoe")  # also as python -m pyedgemoe
+        status = command.main(screened(command, sys.argv[1:]), standalone_mode=False,
+                              prog_name="pyedgemoe")  # also as python -m pyedgemoe
         sys.exit(status if isinstance(status, int) else 0)
     except NoArgsIsHelpError as e:
         typer.echo(e.format_message())

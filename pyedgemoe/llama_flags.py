@@ -1,0 +1,78 @@
+"""llama.cpp's flags that a pyedgemoe command does not take, said as what they are.
+
+A command line copied from llama.cpp's guides may carry flags of llama.cpp's tools that a command
+here has no counterpart for; click would misread some (`-sm none` as `-s m`, `-nkvo` as `-n kvo`) or
+say only "No such option". Every flag of llama.cpp's tools is in llama_cpp_flags.json (its names and
+whether it takes a value, from the vendored common/arg.cpp: scripts/llama_cpp_flags.py), so each such
+flag is one line: NOTED ones, whose work pyedgemoe does its own way or which change nothing here, are
+taken with a note (their value too); any other is refused by name."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import typer
+from typer._click.exceptions import UsageError  # typer's own click, whose errors the CLI's main() catches
+
+_THREADS = "threads follow the cores the machine leaves free (-t, the thread governor)"
+_FIT = "the load plan fits the model to the memory there is (run --dry-run shows it)"
+# a flag of llama.cpp's tools -> the note it is taken with (its other names: llama_cpp_flags.json)
+NOTED = {
+    "--numa": _THREADS, "--poll": _THREADS, "--cpu-mask": _THREADS, "--cpu-range": _THREADS,
+    "--cpu-strict": _THREADS, "--cpu-mask-batch": _THREADS, "--cpu-range-batch": _THREADS,
+    "--cpu-strict-batch": _THREADS, "--poll-batch": _THREADS, "--prio-batch": _THREADS,
+    "--fit": _FIT, "--fit-target": _FIT, "--fit-ctx": _FIT, "--fit-print": _FIT,
+    "--no-kv-offload": "the KV cache is where the load plan puts it (--mode)",
+    "--no-op-offload": "no op is offloaded to a GPU beside an expert cache",
+    "--cache-ram": "a prompt's state stays in its sequence's KV cache; no other copy is kept",
+    "--ctx-checkpoints": "no context checkpoints are kept (see --no-swa-full)",
+    "--multiline-input": "a chat's message is one line (/read FILE puts a file in one)",
+    "--no-perf": "the timings are pyedgemoe's own",
+}
+
+
+def _load() -> dict[str, dict]:
+    with resources.files("pyedgemoe").joinpath("llama_cpp_flags.json").open() as f:
+        return {name: flag for flag in json.load(f) for name in flag["names"]}
+
+
+FLAGS = _load()
+
+
+def screened(command, args: list[str]) -> list[str]:
+    """args of the CLI's typer group without the NOTED llama.cpp flags (and their values) the
+    subcommand does not take, each said in a note on stderr; UsageError naming any other llama.cpp
+    flag it does not take."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    sub = command.commands.get(name) if name else None
+    if sub is None:
+        return args
+    ours = {opt: p for p in sub.params for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        flag = arg.split("=", 1)[0]
+        if arg == "--":
+            return out + args[i:]
+        if flag in ours:  # one of the command's own: its value goes with it
+            takes = not (ours[flag].is_flag or ours[flag].count) and "=" not in arg
+            out += args[i:i + 1 + takes]
+            i += 1 + takes
+            continue
+        known = FLAGS.get(flag)
+        if known is None or not arg.startswith("-"):
+            out.append(arg)
+            i += 1
+            continue
+        long = max(known["names"], key=len)
+        spelled = next((n for n in known["names"] if n in ours), None)  # the command's own name of it
+        note = next((NOTED[n] for n in known["names"] if n in NOTED), None)
+        if spelled is not None:
+            raise UsageError(f"{flag} is llama.cpp's {long}: `pyedgemoe {name}` takes it as {spelled}")
+        if note is None:
+            raise UsageError(f"{flag} is llama.cpp's{f' {long}' if long != flag else ''}, which `pyedgemoe {name}` "
+                             f"does not take (`pyedgemoe {name} --help` lists its flags)")
+        value = f" {args[i + 1]}" if known["value"] and "=" not in arg and i + 1 < len(args) else ""
+        typer.echo(f"note: {arg}{value}: llama.cpp's; {note}: not used", err=True)
+        i += 1 + (known["value"] and "=" not in arg)
+    return out

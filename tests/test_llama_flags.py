@@ -1,0 +1,66 @@
+"""llama.cpp's flags a command does not take (pyedgemoe.llama_flags): the table is the vendored
+common/arg.cpp's (scripts/llama_cpp_flags.py), a NOTED one is taken with a note (its value too), any
+other refused in one line naming it (where the command spells it otherwise, saying how), the
+command's own flags and their values untouched."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from conftest import REPO
+from pyedgemoe import llama_flags
+from pyedgemoe.cli import app
+
+COMMAND = typer.main.get_command(app)
+DEMO = REPO / "models" / "demo.gguf"
+
+
+def test_the_table_is_llama_cpps():
+    spec = importlib.util.spec_from_file_location("flags_script", REPO / "scripts" / "llama_cpp_flags.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    written = json.loads((REPO / "pyedgemoe" / "llama_cpp_flags.json").read_text())
+    assert written == script.flags(script.ARG_CPP.read_text()), "run scripts/llama_cpp_flags.py"
+    assert len(written) > 300
+    flags = llama_flags.FLAGS
+    assert flags["-sm"]["value"] and flags["-p"]["value"] and not flags["-nkvo"]["value"] and not flags["--jinja"]["value"]
+    assert set(llama_flags.NOTED) <= set(flags)
+
+
+def test_noted_flags_go_with_their_values_and_ours_stay(capsys):
+    args = ["run", "m.gguf", "-nkvo", "--numa", "distribute", "-p", "-sm", "-C=0x3", "-fit", "off", "-n", "2"]
+    assert llama_flags.screened(COMMAND, args) == ["run", "m.gguf", "-p", "-sm", "-n", "2"]
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == ["note: -nkvo: llama.cpp's; the KV cache is where the load plan puts it (--mode): not used",
+                     f"note: --numa distribute: llama.cpp's; {llama_flags._THREADS}: not used",
+                     f"note: -C=0x3: llama.cpp's; {llama_flags._THREADS}: not used",
+                     f"note: -fit off: llama.cpp's; {llama_flags._FIT}: not used"]
+    assert llama_flags.screened(COMMAND, ["run", "m.gguf", "--", "-sm"]) == ["run", "m.gguf", "--", "-sm"]
+    assert llama_flags.screened(COMMAND, ["serve", "m.gguf", "-np", "2"]) == ["serve", "m.gguf", "-np", "2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-sm", "none"], "-sm is llama.cpp's --split-mode, which `pyedgemoe run` does not take"),
+    (["-md", "draft.gguf"], "-md is llama.cpp's --spec-draft-model, which `pyedgemoe run` does not take"),
+    (["-dev", "none"], "-dev is llama.cpp's --device: `pyedgemoe run` takes it as --device"),
+    (["-np", "2"], "-np is llama.cpp's --parallel, which `pyedgemoe run` does not take"),
+])
+def test_other_flags_are_one_error_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "x", *args], capture_output=True,
+                       text=True, timeout=120)
+    hint = "" if "takes it as" in message else " (`pyedgemoe run --help` lists its flags)"
+    assert r.returncode == 2 and r.stderr == f"error: {message}{hint}\n", r.stderr
+
+
+def test_a_guides_command_line_runs_with_notes():
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def", "-n", "4", "--temp", "0",
+                        "-t", "1", "--no-display-prompt", "-nkvo", "--numa", "distribute", "-fit", "off"],
+                       capture_output=True, text=True, timeout=120)
+    plain = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def", "-n", "4", "--temp", "0",
+                            "-t", "1", "--no-display-prompt"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == plain.stdout and r.stderr.count("llama.cpp's;") == 3
