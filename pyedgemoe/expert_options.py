@@ -46,7 +46,8 @@ class LoadOption:
 # The native options (native/src/expert-options.h) first, then these.
 LOAD_OPTIONS: dict[str, LoadOption] = {
     "device": LoadOption(str, "the GPU by ggml's name, e.g. Vulkan0, CUDA0; several (RPC0,RPC1): the layers spread "
-                         "over them, each layer's experts cached on its device", "the first"),
+                         "over them, each layer's experts cached on its device; none: the CPU alone (--mode cpu), "
+                         "as llama.cpp's -dev none", "the first", short_flag="-dev"),
     "host_cache": LoadOption(str, "with a GPU: RAM for experts between the file and the GPU: 8GiB, 50% "
                              "(of expert bytes), 0 or auto", "auto: every expert copy, or what RAM has free"),
     "repack": LoadOption(bool, "repacked copies of the weights, as llama.cpp makes them",

@@ -5,7 +5,8 @@ here has no counterpart for; click would misread some (`-sm none` as `-s m`, `-n
 say only "No such option". Every flag of llama.cpp's tools is in llama_cpp_flags.json (its names and
 whether it takes a value, from the vendored common/arg.cpp: scripts/llama_cpp_flags.py), so each such
 flag is one line: NOTED ones, whose work pyedgemoe does its own way or which change nothing here, are
-taken with a note (their value too); any other is refused by name."""
+taken with a note (their value too); any other is refused by name. Another of llama.cpp's names of a
+flag the command has (`--temperature` for `--temp`) is that flag."""
 from __future__ import annotations
 
 import json
@@ -67,8 +68,9 @@ def screened(command, args: list[str]) -> list[str]:
         long = max(known["names"], key=len)
         spelled = next((n for n in known["names"] if n in ours), None)  # the command's own name of it
         note = next((NOTED[n] for n in known["names"] if n in NOTED), None)
-        if spelled is not None:
-            raise UsageError(f"{flag} is llama.cpp's {long}: `pyedgemoe {name}` takes it as {spelled}")
+        if spelled is not None:  # another of llama.cpp's names of a flag the command has
+            args = [*args[:i], spelled + arg[len(flag):], *args[i + 1:]]
+            continue
         if note is None:
             raise UsageError(f"{flag} is llama.cpp's{f' {long}' if long != flag else ''}, which `pyedgemoe {name}` "
                              f"does not take (`pyedgemoe {name} --help` lists its flags)")

@@ -416,12 +416,19 @@ def _unused_low_from(expert_options: ExpertOptions, native: _native.ExpertOption
     return [f"--low-from {low_from} is unused: {why}"]
 
 
+NO_DEVICE = "none"  # --device none: the CPU alone, as llama.cpp's -dev none
+
+
 def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
     """The compute mode and why: --mode as given (its GPU modes need a GPU), else -ngl's (llama.cpp's
     habit: 0 the CPU; -1 or a count the GPU where there is one, else the CPU as llama.cpp runs),
     else the build's default (default_mode)."""
     given, layers = options.given.get("mode"), options.given.get("n_gpu_layers")
     given = given.name if given is not None else None
+    if options.given.get("device") == NO_DEVICE:  # llama.cpp's -dev none
+        if given not in (None, "cpu") or layers not in (None, 0):
+            raise InvalidOptionError(f"--device none means --mode cpu, not {f'--mode {given}' if given else f'-ngl {layers}'}")
+        return "cpu", "--device none: no GPU"
     if layers == 0 and given not in (None, "cpu"):
         raise InvalidOptionError(f"-ngl 0 means --mode cpu, not --mode {given}")
     if layers not in (None, 0) and given == "cpu":
@@ -436,8 +443,6 @@ def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
         if not has_gpu:
             return "cpu", f"-ngl {layers} asks for the GPU and this build has none: the CPU, as llama.cpp runs"
         return default_mode(True), f"-ngl {layers}: the GPU, the mode measured at load"
-    if given is not None:
-        return given, "given"
     return default_mode(has_gpu), f"the default of a build {'with' if has_gpu else 'without'} a GPU"
 
 
@@ -447,7 +452,7 @@ def _devices(mode: str, names: str | None, gpus: tuple[dict, ...]) -> tuple[tupl
     first GPU),
     none for cpu."""
     if mode == "cpu":
-        if names:
+        if names and names != NO_DEVICE:
             raise InvalidOptionError(f"--device {names} needs --mode gpu, coop or auto" if gpus else
                                      f"--device {names} needs a GPU and this build found none: {BUILD_HINT}")
         return (), "--mode cpu"

@@ -73,6 +73,16 @@ def test_ngl_and_a_mode_that_disagree_are_refused(options, message):
         plan(gpus=(GPU,), **options)
 
 
+def test_device_none_is_the_cpu_as_llama_cpps_dev_none():
+    for gpus in ((), (GPU,)):
+        p = plan(gpus=gpus, device="none")
+        assert (p.mode, p.device, p.reasons["mode"]) == ("cpu", None, "--device none: no GPU")
+    assert plan(gpus=(GPU,), device="none", mode="cpu", n_gpu_layers=0).mode == "cpu"
+    for options, given in ((dict(mode="gpu"), "--mode gpu"), (dict(n_gpu_layers=99), "-ngl 99")):
+        with pytest.raises(InvalidOptionError, match=f"--device none means --mode cpu, not {given}"):
+            plan(gpus=(GPU,), device="none", **options)
+
+
 def test_ngl_and_a_gpu_mode_that_agree_give_that_mode():
     assert plan(gpus=(GPU,), n_gpu_layers=-1, mode="coop", expert_cache="50%").mode == "coop"
 
