@@ -24,6 +24,7 @@ NOTED = {
     "--cpu-strict-batch": _THREADS, "--poll-batch": _THREADS, "--prio-batch": _THREADS,
     "--fit": _FIT, "--fit-target": _FIT, "--fit-ctx": _FIT, "--fit-print": _FIT,
     "--no-kv-offload": "the KV cache is where the load plan puts it (--mode)",
+    "--kv-offload": "the KV cache is where the load plan puts it (--mode)",
     "--no-op-offload": "no op is offloaded to a GPU beside an expert cache",
     "--cache-ram": "a prompt's state stays in its sequence's KV cache; no other copy is kept",
     "--ctx-checkpoints": "no context checkpoints are kept (see --no-swa-full)",
@@ -34,7 +35,10 @@ NOTED = {
 
 def _load() -> dict[str, dict]:
     with resources.files("pyedgemoe").joinpath("llama_cpp_flags.json").open() as f:
-        return {name: flag for flag in json.load(f) for name in flag["names"]}
+        flags = json.load(f)
+    # a flag's names: those of its sense (a negatable one's two senses apart)
+    return {name: {"names": names, "value": flag["value"]}
+            for flag in flags for names in (flag["names"], flag["negated"]) for name in names}
 
 
 FLAGS = _load()

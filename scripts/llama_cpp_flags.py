@@ -21,16 +21,16 @@ _HANDLER = re.compile(r'\[\]\s*\(\s*common_params\s*&\s*\w*\s*(?:,([^)]*))?\)')
 
 
 def flags(text: str) -> list[dict]:
-    """Each option of arg.cpp: its names (both senses of a negatable one) and whether it takes a value."""
+    """Each option of arg.cpp: its names, those of its negation (a negatable one's) and whether it takes a value."""
     out = []
     text = re.sub(r"(?m)^\s*//.*$", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))  # the comments
     for option in text.split("add_opt(common_arg(")[1:]:
         found, handler = _NAMES.match(option), _HANDLER.search(option)
         if not found or not handler:
             continue
-        names = re.findall(r'"(-[^"]+)"', found.group(1) + (found.group(2) or ""))
+        names, negated = (re.findall(r'"(-[^"]+)"', group or "") for group in found.groups())
         second = (handler.group(1) or "").strip()
-        out.append({"names": names, "value": bool(second) and not re.match(r"bool\b", second)})
+        out.append({"names": names, "negated": negated, "value": bool(second) and not re.match(r"bool\b", second)})
     return out
 
 

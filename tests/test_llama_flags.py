@@ -51,6 +51,7 @@ def test_noted_flags_go_with_their_values_and_ours_stay(capsys):
     (["-sm", "none"], "-sm is llama.cpp's --split-mode, which `pyedgemoe run` does not take"),
     (["-md", "draft.gguf"], "-md is llama.cpp's --spec-draft-model, which `pyedgemoe run` does not take"),
     (["-np", "2"], "-np is llama.cpp's --parallel, which `pyedgemoe run` does not take"),
+    (["--no-jinja"], "--no-jinja is llama.cpp's, which `pyedgemoe run` does not take"),  # not --jinja's other name
 ])
 def test_other_flags_are_one_error_line(args, message):
     r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "x", *args], capture_output=True,
