@@ -52,7 +52,8 @@ def screened(command, args: list[str]) -> list[str]:
     sub = command.commands.get(name) if name else None
     if sub is None:
         return args
-    ours = {opt: p for p in sub.params for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+    ours = {opt: p for p in sub.params for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
+            if opt.startswith("-")}  # its options (an argument's name is no flag)
     out, i = [], 0
     while i < len(args):
         arg = args[i]
