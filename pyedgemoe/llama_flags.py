@@ -52,8 +52,10 @@ def screened(command, args: list[str]) -> list[str]:
     sub = command.commands.get(name) if name else None
     if sub is None:
         return args
-    ours = {opt: p for p in sub.params for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
-            if opt.startswith("-")}  # its options (an argument's name is no flag)
+    # the command's options (an argument's name is no flag) and its help -> whether each takes a value
+    ours = {opt: not (p.is_flag or p.count) for p in sub.params
+            for opt in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())) if opt.startswith("-")}
+    ours.update(dict.fromkeys((command.context_settings or {}).get("help_option_names", ("--help",)), False))
     out, i = [], 0
     while i < len(args):
         arg = args[i]
@@ -61,7 +63,7 @@ def screened(command, args: list[str]) -> list[str]:
         if arg == "--":
             return out + args[i:]
         if flag in ours:  # one of the command's own: its value goes with it
-            takes = not (ours[flag].is_flag or ours[flag].count) and "=" not in arg
+            takes = ours[flag] and "=" not in arg
             out += args[i:i + 1 + takes]
             i += 1 + takes
             continue

@@ -42,6 +42,8 @@ def test_noted_flags_go_with_their_values_and_ours_stay(capsys):
                      f"note: -fit off: llama.cpp's; {llama_flags._FIT}: not used"]
     assert llama_flags.screened(COMMAND, ["run", "m.gguf", "--", "-sm"]) == ["run", "m.gguf", "--", "-sm"]
     assert llama_flags.screened(COMMAND, ["run", "model", "-p", "x"]) == ["run", "model", "-p", "x"]  # a file "model"
+    for help_flag in ("-h", "--help"):  # the command's help, which llama.cpp's tools have too
+        assert llama_flags.screened(COMMAND, ["run", help_flag]) == ["run", help_flag]
     assert llama_flags.screened(COMMAND, ["serve", "m.gguf", "-np", "2"]) == ["serve", "m.gguf", "-np", "2"]
     # another of llama.cpp's names of a flag the command has
     assert llama_flags.screened(COMMAND, ["run", "m.gguf", "--temperature", "0.5", "--frequency-penalty=1"]) == \
