@@ -129,6 +129,9 @@ def run(
                                         "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
                                         "end the session (default: a chat where no -p, -f or --json is given, as "
                                         "llama-cli)"),
+    reasoning_format: str = typer.Option("none", "--reasoning-format", help=f"with --chat: a reply's thoughts, "
+                                         f"{', '.join(REASONING_FORMATS)} (none: in the reply as written; auto, "
+                                         "deepseek: apart, between [Start thinking] and [End thinking], as llama-cli)"),
     single_turn: bool = typer.Option(False, "-st", "--single-turn", help="with --chat: one reply (to -p, else to "
                                      "the line read), then exit, as llama-cli's -st"),
     reverse_prompt: Optional[list[str]] = typer.Option(None, "-r", "--reverse-prompt",
@@ -178,6 +181,10 @@ def run(
         fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's: give --chat too")
     if sampling.reasoning_budget_tokens >= 0 and not chat:
         fail("--reasoning-budget is a chat's (its template's thinking tags): give --chat too")
+    if reasoning_format not in REASONING_FORMATS:
+        fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    if reasoning_format != "none" and not chat:
+        fail("--reasoning-format parses a chat's replies: give --chat too")
     if reverse_prompt and as_json:
         fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
     if (prompt_cache_all or prompt_cache_ro) and prompt_cache is None:
@@ -211,7 +218,8 @@ def run(
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
-                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs)
+                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs,
+                                 reasoning_format)
             elif as_json:
                 tokens = eng.tokenize(prompt)
                 print_prompt_tokens(eng, prompt, tokens) if verbose_prompt else None

@@ -26,14 +26,17 @@ COMMANDS = ("commands: /exit (or Ctrl-C, EOF) ends the session, /regen answers t
             "empties the history, /read FILE adds a text file to the next message, /glob PATTERN the text files it "
             f"matches (at most {MAX_GLOBBED})")
 NO_THINKING_TAGS = "the chat template has no thinking tags llama.cpp knows: --reasoning-budget changes nothing"
+THINKING = ("[Start thinking]\n\n", "\n[End thinking]\n\n")  # llama-cli's marks around a reply's thoughts
 
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
              sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False,
-             template_kwargs: dict | None = None) -> bool:
+             template_kwargs: dict | None = None, reasoning_format: str | None = None) -> bool:
     """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit, or after the
     first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r);
-    template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea)."""
+    template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
+    reasoning_format (--reasoning-format auto, deepseek): a reply's thoughts apart, shown between
+    THINKING's marks as llama-cli shows them and kept as the message's reasoning_content."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     if sampling.reasoning_budget_tokens >= 0 and not has_thinking_tags(eng, template_kwargs):
@@ -75,8 +78,7 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         else:
             messages.append({"role": "user", "content": files + line})
             files = ""
-        messages.append({"role": "assistant", "content": _reply(eng, messages, max_tokens, sampling, stop,
-                                                                template_kwargs)})
+        messages.append(_reply(eng, messages, max_tokens, sampling, stop, template_kwargs, reasoning_format))
         if single_turn:
             return True
 
@@ -103,16 +105,24 @@ def _globbed(pattern: str) -> str:
 
 
 def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str],
-           template_kwargs: dict | None) -> str:
-    """The assistant's reply to messages, streamed to stdout; Ctrl-C stops it where it is."""
-    reply, interrupted = [], False
+           template_kwargs: dict | None, reasoning_format: str | None) -> dict:
+    """The assistant's message replying to messages, streamed to stdout (its thoughts, where parsed
+    apart, between THINKING's marks); Ctrl-C stops it where it is."""
+    reply, thoughts, interrupted = [], [], False
     chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
-                                        chat_template_kwargs=template_kwargs or None, **dataclasses.asdict(sampling))
+                                        chat_template_kwargs=template_kwargs or None, reasoning_format=reasoning_format,
+                                        **dataclasses.asdict(sampling))
     try:
         for chunk in chunks:
-            piece = chunk["choices"][0]["delta"].get("content", "")
-            reply.append(piece)
-            sys.stdout.write(piece)
+            delta = chunk["choices"][0]["delta"]
+            thought, piece = delta.get("reasoning_content") or "", delta.get("content") or ""
+            if thought:
+                sys.stdout.write(("" if thoughts else THINKING[0]) + thought)
+                thoughts.append(thought)
+            if piece:
+                sys.stdout.write(THINKING[1] if thoughts and not reply else "")
+                sys.stdout.write(piece)
+                reply.append(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
         chunks.close()
@@ -121,4 +131,5 @@ def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: Sampling
     sys.stdout.flush()
     if interrupted:
         typer.echo("note: reply interrupted (Ctrl-C at the prompt ends the session)", err=True)
-    return "".join(reply)
+    message = {"role": "assistant", "content": "".join(reply)}
+    return {**message, "reasoning_content": "".join(thoughts)} if thoughts else message

@@ -227,3 +227,16 @@ def test_the_servers_control_ends_a_running_thought(opened, tmp_path):
             assert status == 400 and field in out["error"]["message"], out
     finally:
         stop_server(proc)
+
+
+def test_run_shows_the_thoughts_apart_as_llama_cli(opened, opened_engine):
+    """run --chat --reasoning-format auto: a reply's thoughts between llama-cli's marks, then its text."""
+    r = cli(opened, "-cnv", "-st", "-p", ASKED[0]["content"], "-n", "40", "--temp", "0", "-t", "1",
+            "--reasoning-budget", "3", "--reasoning-format", "auto")
+    message = opened_engine.create_chat_completion(ASKED, max_tokens=40, temperature=0, reasoning_budget_tokens=3,
+                                                   reasoning_format="auto")["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"]
+    shown = f"[Start thinking]\n\n{message['reasoning_content']}\n[End thinking]\n\n{message['content']}"
+    assert r.returncode == 0 and r.stdout == f"> {ASKED[0]['content']}\n{shown}\n", (r.stdout, r.stderr)
+    bad = cli(opened, "-p", "x", "--reasoning-format", "auto")
+    assert bad.returncode != 0 and "--reasoning-format parses a chat's replies" in bad.stderr
