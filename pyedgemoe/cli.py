@@ -181,8 +181,7 @@ def run(
         fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's: give --chat too")
     if sampling.reasoning_budget_tokens >= 0 and not chat:
         fail("--reasoning-budget is a chat's (its template's thinking tags): give --chat too")
-    if reasoning_format not in REASONING_FORMATS:
-        fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    check_reasoning_format(reasoning_format)
     if reasoning_format != "none" and not chat:
         fail("--reasoning-format parses a chat's replies: give --chat too")
     if reverse_prompt and as_json:
@@ -247,6 +246,12 @@ def run(
 
 
 PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color
+
+
+def check_reasoning_format(value: str) -> None:
+    """--reasoning-format's value (run's and serve's), one of llama-server's."""
+    if value not in REASONING_FORMATS:
+        fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {value!r}")
 
 
 def context_size(model: Path, ctx: int | None) -> int:
@@ -402,8 +407,7 @@ def serve(
         fail(f"--timeout must be a positive number of seconds, got {timeout}")
     if max_connections < 1:
         fail(f"--max-connections must be >= 1, got {max_connections}")
-    if reasoning_format not in REASONING_FORMATS:
-        fail(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    check_reasoning_format(reasoning_format)
     if slot_save_path is not None:
         try:
             slot_save_path.mkdir(parents=True, exist_ok=True)
