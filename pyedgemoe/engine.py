@@ -27,7 +27,7 @@ from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
-from pyedgemoe.load_plan import LoadOptions, LoadPlan, plan_for, serving_text
+from pyedgemoe.load_plan import LoadOptions, LoadPlan, context_error, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 from pyedgemoe.vocabulary import Vocabulary
@@ -152,11 +152,11 @@ class Engine(Vocabulary):
             ctx = _native.Context(self._model, n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=self.n_ubatch,
                                   n_threads=plan.n_threads, n_threads_batch=plan.n_threads_batch,
                                   flash_attn=plan.flash_attn, kv_type=plan.kv_type, n_seq_max=plan.n_parallel,
-                                  loras=list(plan.loras), swa_full=plan.expert_options["swa_full"] is not False,
+                                  loras=list(plan.loras), swa_full=plan.swa_full,
                                   **rope_scaling.context_keywords(plan.expert_options),
                                   **embeddings.context_keywords(plan.expert_options))
         except RuntimeError as e:
-            raise ModelLoadError(f"cannot create a context of {plan.n_ctx} tokens: {e}") from None
+            raise context_error(plan.n_ctx, e) from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
         self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little,
                                 plan.no_drafts)

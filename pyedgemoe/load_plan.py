@@ -1,11 +1,12 @@
 """The load plan: every decision of a load, made once, each with its reason.
 
-    plan = plan_load(info, LoadOptions(expert_cache="25%"), this_machine(), calibration)
+    plan = plan_load(info, options, this_machine(), context_memory_bytes(info, options), calibration)
     print("\\n".join(plan.describe()))          # `pyedgemoe run --dry-run`
 
 plan_load is a pure function of what the model holds (ModelInfo and its calibration), what the
-caller asked (LoadOptions: Engine's keyword arguments) and the machine (Machine: the memory
-available, the GPUs, the cores): it decides the compute mode and device, the expert cache's size
+caller asked (LoadOptions: Engine's keyword arguments), the machine (Machine: the memory
+available, the GPUs, the cores) and llama.cpp's memory of the context asked for (context_memory_bytes,
+measured by llama.cpp from the file): it decides the compute mode and device, the expert cache's size
 (or every expert resident, or the mapped file), the host tier, repacking, the expert options the
 model and its calibration complete, prefetch and the cache's fill, the thread counts, and refuses
 what cannot work (InvalidOptionError) before anything loads. Engine.__init__ executes a plan; what
@@ -22,13 +23,13 @@ from typing import Mapping
 
 import gguf
 
-from pyedgemoe import _native, lora, rope_scaling, rpc
+from pyedgemoe import _native, kv_overrides, lora, rope_scaling, rpc
 from pyedgemoe import memory_budget  # available_memory through the module: tests replace it there
 from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_cache_bytes
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import (KV_CELL_MULTIPLE, MAPPED, UP_TO, context_bytes, context_positions,
@@ -127,6 +128,7 @@ class LoadPlan:
     n_logits: int
     kv_type: int  # ggml type id
     flash_attn: int  # -1: llama.cpp decides, 0 off, 1 on
+    swa_full: bool  # a full-size KV cache for sliding-window layers (llama.cpp's --swa-full, on unless given off)
     trace_routing: bool
     seed: int | None
     cores: int  # the default thread count
@@ -213,11 +215,57 @@ def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[Model
     calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])
-    return info, plan_load(info, options, this_machine(), calibration)
+    return info, plan_load(info, options, this_machine(), context_memory_bytes(info, options), calibration)
 
 
-def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibration: dict | None = None) -> LoadPlan:
-    """Every decision of loading the model described by info with options on machine (module doc)."""
+# The largest context measured as it is: llama.cpp's records of a context's cells take some 48 bytes
+# a cell while it is measured (12 MiB here); a larger one is extrapolated from this one and its half,
+# past every sliding window's knee, where its memory grows linearly.
+MEASURED_CELLS = 1 << 18
+
+
+def context_memory_bytes(info: ModelInfo, options: LoadOptions) -> int:
+    """llama.cpp's KV cache and recurrent states of the context options ask for, every layer as the
+    model lays them out (sliding windows, MLA's keys alone, a hybrid model's recurrent layers), as
+    llama.cpp measures them without allocating (_native.context_memory_bytes; beyond MEASURED_CELLS
+    extrapolated); the file's errors as its load's."""
+    n_ctx = options.n_ctx or training_context(info.metadata)  # 0 both: llama.cpp's default
+    sizes = [n_ctx] if n_ctx <= MEASURED_CELLS else [MEASURED_CELLS // 2, MEASURED_CELLS]
+    try:
+        measured = _native.context_memory_bytes(
+            info.path, kv_overrides.items(options.expert_options["override_kv"]), sizes, options.n_batch,
+            options.n_ubatch, _flash_attn(options), kv_type_id(options.kv_type), options.n_parallel,
+            _swa_full(options.expert_options))
+    except ValueError as e:
+        raise InvalidOptionError(str(e)) from None
+    except RuntimeError as e:
+        raise (context_error(options.n_ctx, e) if str(e).startswith("failed to create a context")
+               else ModelLoadError(str(e))) from None
+    if len(measured) == 1:
+        return measured[0]
+    half, whole = measured
+    return whole + (whole - half) * (n_ctx - MEASURED_CELLS) // (MEASURED_CELLS // 2)
+
+
+def context_error(n_ctx: int, e: RuntimeError) -> ModelLoadError:
+    """A context llama.cpp could not create (its reason in e)."""
+    return ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}")
+
+
+def _flash_attn(options: LoadOptions) -> int:
+    """llama.cpp's flash attention type: -1 it decides, 0 off, 1 on."""
+    return -1 if options.flash_attn is None else int(bool(options.flash_attn))
+
+
+def _swa_full(expert_options: ExpertOptions) -> bool:
+    """--swa-full: on unless given off, as llama-cpp-python's Llama takes it."""
+    return expert_options["swa_full"] is not False
+
+
+def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes: int,
+              calibration: dict | None = None) -> LoadPlan:
+    """Every decision of loading the model described by info with options on machine (module doc);
+    kv_bytes: llama.cpp's memory of the context asked for (context_memory_bytes)."""
     reasons: dict[str, str] = {}
     expert_options = options.expert_options
     if options.system is not None:
@@ -230,10 +278,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
     if "link_share" in expert_options.given and mode != "split":
         raise InvalidOptionError(f"--link-share divides --mode split's misses; this run's mode is {mode}")
 
-    block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kv_type_id(options.kv_type))]
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
     n_ubatch = min(options.n_batch, options.n_ubatch)
-    context = context_bytes(info.metadata, options.n_ctx, n_ubatch, type_bytes / block, options.flash_attn,
+    context = context_bytes(info.metadata, kv_bytes, options.n_ctx, n_ubatch, options.flash_attn,
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
@@ -308,7 +355,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, calibrati
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
-        flash_attn=-1 if options.flash_attn is None else int(bool(options.flash_attn)),
+        flash_attn=_flash_attn(options), swa_full=_swa_full(expert_options),
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
         spare_bytes=spare_bytes(budget if offload and not device else 0,

@@ -154,16 +154,6 @@ def _kv_widths(metadata: dict) -> tuple[int, int]:
     return (n_head_kv * value("attention.key_length", head_dim), n_head_kv * value("attention.value_length", head_dim))
 
 
-def kv_cache_bytes(metadata: dict, n_ctx: int, kv_element_bytes: float, n_seq_max: int = 1) -> int:
-    """llama.cpp's KV cache: its cells x layers x (K + V widths) x the KV type's bytes per element;
-    the cells: one stream per sequence of n_ctx (padded) / n_seq_max positions, each padded (so a
-    context that does not divide evenly grows). metadata: the GGUF key-values; n_ctx 0 = the
-    training context."""
-    value = _shape(metadata)
-    cells = _seq_positions(metadata, n_ctx, n_seq_max) * max(1, n_seq_max)
-    return int(cells * value("block_count") * sum(_kv_widths(metadata)) * kv_element_bytes)
-
-
 def training_context(metadata: dict) -> int:
     """The context the model was trained with (`{architecture}.context_length`; 0: not stated)."""
     return _shape(metadata)("context_length")
@@ -310,13 +300,14 @@ def predictor_bytes(metadata: dict, depth: int) -> int:
     return (ahead + n_layers) * value("embedding_length") * value("expert_count") * ACTIVATION_BYTES
 
 
-def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: float, flash_attn: bool | None,
+def context_bytes(metadata: dict, kv_bytes: int, n_ctx: int, n_ubatch: int, flash_attn: bool | None,
                   n_seq_max: int = 1, n_logits: int = 0, predictor_depth: int = 0,
                   every_output: bool = False) -> int:
     """What running the model needs beside its weights and the expert cache, from its shape and the
-    context settings: llama.cpp's KV cache and compute buffer, ggml-cpu's work buffer, the
+    context settings: llama.cpp's KV cache and recurrent states (kv_bytes, as llama.cpp measures them:
+    load_plan.context_memory_bytes), its compute buffer, ggml-cpu's work buffer, the
     vocabulary tables, the logits of n_logits tokens at once and the predictor's router copies
-    (kv_cache_bytes, compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes,
+    (compute_buffer_bytes, cpu_work_bytes, vocabulary_bytes, logits_bytes,
     predictor_bytes). metadata: the GGUF key-values; n_ctx 0 = the training context; n_ubatch:
     tokens per llama_decode (an Engine's n_batch: its ubatch is no larger); n_seq_max: sequences
     decoded together (an Engine's n_parallel); predictor_depth: --prefetch hobbit's depth (else 0).
@@ -324,7 +315,7 @@ def context_bytes(metadata: dict, n_ctx: int, n_ubatch: int, kv_element_bytes: f
     memory a run writes; every_output: all of its tokens, what llama.cpp allocates (a GPU's memory
     is taken whole)."""
     n_outputs = None if every_output else max(n_seq_max, n_logits)
-    return (kv_cache_bytes(metadata, n_ctx, kv_element_bytes, n_seq_max)
+    return (kv_bytes
             + compute_buffer_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max, n_outputs)
             + cpu_work_bytes(metadata, n_ctx, n_ubatch, flash_attn, n_seq_max) + vocabulary_bytes(metadata)
             + logits_bytes(metadata, n_logits) + predictor_bytes(metadata, predictor_depth))

@@ -264,10 +264,11 @@ def test_an_auto_cache_leaves_room_for_the_predictors_stacked_routers(mixtral_gg
     """--prefetch hobbit two or more layers ahead keeps F32 copies of the routers it stacks: an
     auto expert cache is smaller by exactly them (memory_budget.predictor_bytes)."""
     from pyedgemoe import memory_budget
+    from pyedgemoe.load_plan import LoadOptions, context_memory_bytes
     from pyedgemoe.model_info import read_model_info
 
     info = read_model_info(mixtral_gguf)
-    context = memory_budget.context_bytes(info.metadata, 256, 512, 2, None)
+    context = memory_budget.context_bytes(info.metadata, context_memory_bytes(info, LoadOptions(n_ctx=256)), 256, 512, None)
     available = (info.non_expert_bytes - info.cold_embedding_bytes  # the embedding's rows stay mapped
                  + context + memory_budget.RUN_ALLOWANCE_BYTES + info.high_expert_bytes // 2)
     monkeypatch.setattr(memory_budget, "available_memory", lambda: (available, "for this test"))

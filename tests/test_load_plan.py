@@ -41,9 +41,11 @@ def plan(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, calibration: d
          info: ModelInfo | None = None, **options):
     """The plan of the test model (or info) on machine(memory, gpus, cores); options: LoadOptions'
     fields and the expert options."""
-    load = {k: options.pop(k) for k in list(options) if k in {f.name for f in dataclasses.fields(LoadOptions)}}
-    return plan_load(info or moe(), LoadOptions(**{**SMALL, **load}, expert_options=ExpertOptions(**options)),
-                     machine(memory, gpus, cores), calibration)
+    load = LoadOptions(**{**SMALL, **{k: options.pop(k) for k in list(options)
+                                      if k in {f.name for f in dataclasses.fields(LoadOptions)}}},
+                       expert_options=ExpertOptions(**options))
+    kv_bytes = load.n_ctx * 4 * 256 * 2  # llama.cpp's f16 KV cache of 4 layers, 2 KV heads of 64
+    return plan_load(info or moe(), load, machine(memory, gpus, cores), kv_bytes, calibration)
 
 
 # -- the mode and the device -------------------------------------------------------------------------

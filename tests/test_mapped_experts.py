@@ -20,6 +20,7 @@ from pyedgemoe import Engine, memory_budget
 from pyedgemoe.bench.worker import stock_without_repack
 from pyedgemoe.convert.export import export
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
+from pyedgemoe.load_plan import LoadOptions, context_memory_bytes
 from pyedgemoe.memory_budget import MAPPED, RUN_ALLOWANCE_BYTES
 from pyedgemoe.model_info import read_model_info
 from test_expert_residency import DEMO, IDS, SETTINGS, _mapping_rss_bytes, _read_chars, rewrite_in_place, tied_copy
@@ -79,7 +80,8 @@ def available_for_share(path, share: float, n_logits: int = 0, resident: bool = 
     (beside n_logits tokens' logits); resident: where share >= 1 keeps every expert in llama.cpp's
     own mapped file, which counts the whole input embedding."""
     info = read_model_info(path)
-    context = memory_budget.context_bytes(info.metadata, SETTINGS["n_ctx"], 512, 4, SETTINGS["flash_attn"],
+    kv = context_memory_bytes(info, LoadOptions(**SETTINGS))
+    context = memory_budget.context_bytes(info.metadata, kv, SETTINGS["n_ctx"], 512, SETTINGS["flash_attn"],
                                           n_logits=n_logits)
     # the input embedding's rows stay in the mapped file beside a cache
     cold = 0 if resident else info.cold_embedding_bytes

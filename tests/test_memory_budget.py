@@ -23,13 +23,7 @@ QWEN3 = {"general.architecture": "qwen3moe", "qwen3moe.block_count": 48, "qwen3m
          "qwen3moe.feed_forward_length": 6144, "qwen3moe.expert_feed_forward_length": 768,
          "qwen3moe.expert_count": 128, "qwen3moe.expert_used_count": 8,
          "tokenizer.ggml.tokens": {"array_length": 151936}}
-
-
-def test_the_kv_cache_is_positions_x_layers_x_k_and_v_widths():
-    assert memory_budget.kv_cache_bytes(OLMOE, 4096, 2) == 4096 * 16 * (2048 + 2048) * 2  # f16: 512 MiB
-    assert memory_budget.kv_cache_bytes(OLMOE, 0, 2) == 4096 * 16 * (2048 + 2048) * 2  # 0: the training context
-    assert memory_budget.kv_cache_bytes(OLMOE, 4096, 34 / 32) == 4096 * 16 * 4096 * 34 // 32  # q8_0
-    assert memory_budget.kv_cache_bytes(QWEN3, 40960, 2) == 40960 * 48 * (512 + 512) * 2  # grouped-query
+KV = 384 * MIB  # a KV cache's bytes (llama.cpp measures them: tests/test_load_plan.py checks that measure)
 
 
 def test_the_compute_buffer_is_the_mask_a_few_hidden_rows_and_the_largest_stage():
@@ -54,9 +48,9 @@ def test_a_run_that_outputs_fewer_tokens_counts_only_their_logits_rows():
     # the context: one output a sequence, or the n_logits asked for at once; every token on a GPU,
     # whose memory llama.cpp takes whole
     for n_parallel, n_logits, outputs in ((1, 0, 1), (4, 0, 4), (1, 100, 100)):
-        assert (memory_budget.context_bytes(QWEN3, 4096, 512, 2, True, n_parallel, n_logits)
+        assert (memory_budget.context_bytes(QWEN3, KV, 4096, 512, True, n_parallel, n_logits)
                 - memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, True, n_parallel, outputs)
-                == memory_budget.context_bytes(QWEN3, 4096, 512, 2, True, n_parallel, n_logits, every_output=True)
+                == memory_budget.context_bytes(QWEN3, KV, 4096, 512, True, n_parallel, n_logits, every_output=True)
                 - memory_budget.compute_buffer_bytes(QWEN3, 4096, 512, True, n_parallel))
 
 
@@ -80,12 +74,8 @@ def test_a_context_shorter_than_the_batch_caps_the_ubatch_and_is_padded_as_llama
     # llama.cpp: n_batch = min(n_ctx, n_batch) for a causal model, then n_ctx up to a multiple of 256
     for estimate in (memory_budget.compute_buffer_bytes, memory_budget.cpu_work_bytes):
         assert estimate(QWEN3, 145, 512, None) == estimate(QWEN3, 256, 145, None)
-    assert memory_budget.kv_cache_bytes(QWEN3, 145, 2) == memory_budget.kv_cache_bytes(QWEN3, 256, 2)
-    # three sequences share 256 positions as three streams of 256 (85, padded): 768 cells
-    assert memory_budget.kv_cache_bytes(QWEN3, 256, 2, n_seq_max=3) == memory_budget.kv_cache_bytes(QWEN3, 768, 2)
-    assert memory_budget.kv_cache_bytes(QWEN3, 4096, 2, n_seq_max=4) == memory_budget.kv_cache_bytes(QWEN3, 4096, 2)
     # a 512-token ubatch's logits alone would take 297 MiB; the whole 145-token context takes less
-    assert memory_budget.context_bytes(QWEN3, 145, 512, 2, None) < 512 * 151936 * 4
+    assert memory_budget.context_bytes(QWEN3, 256 * 48 * 1024 * 2, 145, 512, None) < 512 * 151936 * 4
 
 
 def test_the_cpu_work_buffer_holds_the_largest_matrix_input_converted_to_f16():
@@ -99,8 +89,8 @@ def test_the_context_is_the_kv_cache_the_compute_and_work_buffers_and_the_vocabu
     assert memory_budget.vocabulary_bytes(OLMOE) == 50304 * memory_budget.VOCABULARY_TOKEN_BYTES
     with_vocab_size = {**OLMOE, "olmoe.vocab_size": 1000}  # the key wins over the token list
     assert memory_budget.vocabulary_bytes(with_vocab_size) == 1000 * memory_budget.VOCABULARY_TOKEN_BYTES
-    assert memory_budget.context_bytes(OLMOE, 4096, 512, 2, flash_attn=None) == (
-        memory_budget.kv_cache_bytes(OLMOE, 4096, 2) + memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, None, n_outputs=1)
+    assert memory_budget.context_bytes(OLMOE, KV, 4096, 512, flash_attn=None) == (
+        KV + memory_budget.compute_buffer_bytes(OLMOE, 4096, 512, None, n_outputs=1)
         + memory_budget.cpu_work_bytes(OLMOE, 4096, 512, None) + memory_budget.vocabulary_bytes(OLMOE))
 
 
@@ -121,7 +111,46 @@ def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, 
     metadata = engine.info.metadata
     estimate = memory_budget.compute_buffer_bytes(metadata, n_ctx, n_batch, flash_attn, n_parallel)
     assert real <= estimate <= 2 * real + 32 * MIB
-    assert kv <= memory_budget.kv_cache_bytes(metadata, n_ctx, 2, n_parallel)
+    assert kv == engine.plan.context_bytes - memory_budget.context_bytes(
+        metadata, 0, n_ctx, engine.plan.n_ubatch, flash_attn, n_parallel)  # the plan's KV cache: llama.cpp's
+
+
+@pytest.mark.parametrize("arch, options", [
+    ("gpt_oss", dict(swa_full=False)), ("gpt_oss", dict(swa_full=False, n_parallel=3)), ("gpt_oss", {}),
+    ("deepseek_v2", {}), ("deepseek_v3", dict(kv_type="f32")), ("qwen3_next", {}), ("qwen3_next", dict(n_parallel=4)),
+    ("lfm2_moe", {}), ("lfm2_moe", dict(n_parallel=2)), ("glm4_moe", dict(n_ctx=100))])
+def test_the_plan_s_kv_cache_is_what_llama_cpp_allocates_in_every_layout(tiny_model, arch, options):
+    """Sliding-window layers (GPT-OSS without --swa-full), MLA's keys without values (DeepSeek), a
+    hybrid model's recurrent layers (Qwen3-Next's gated delta nets, LFM2's short convolutions), each
+    sequence's recurrent state: the plan counts the KV cache and recurrent states llama.cpp
+    allocates, byte for byte (it asks llama.cpp), where a formula over the header's widths took 1.8-4x
+    the memory, or too little for a hybrid model's states at several sequences."""
+    from pyedgemoe import Engine
+    from pyedgemoe.load_plan import LoadOptions, context_memory_bytes
+
+    options = {"n_ctx": 1024, **options}
+    with Engine(tiny_model(arch)[0], **options) as engine:
+        allocated = sum(buffer["context"] for buffer in engine.stats()["memory"])
+        load = {k: v for k, v in options.items() if k != "swa_full"}
+        measured = context_memory_bytes(engine.info, LoadOptions(**load, expert_options=engine.plan.expert_options))
+    assert allocated > 0 and measured == allocated
+
+
+@pytest.mark.parametrize("arch, options", [("gpt_oss", dict(swa_full=False)), ("qwen3_next", dict(n_parallel=2)),
+                                           ("deepseek_v2", {})])
+def test_a_context_too_large_to_measure_is_extrapolated_exactly(tiny_model, monkeypatch, arch, options):
+    """Beyond MEASURED_CELLS the KV cache grows linearly (past the sliding windows' knee): the
+    extrapolation from the largest measured context and its half is llama.cpp's own measure."""
+    from pyedgemoe import load_plan
+    from pyedgemoe.expert_options import ExpertOptions
+    from pyedgemoe.model_info import read_model_info
+
+    info = read_model_info(tiny_model(arch)[0])
+    load = load_plan.LoadOptions(n_ctx=8192, n_batch=256, n_ubatch=256, n_parallel=options.get("n_parallel", 1),
+                                 expert_options=ExpertOptions(swa_full=options.get("swa_full")))
+    exact = load_plan.context_memory_bytes(info, load)
+    monkeypatch.setattr(load_plan, "MEASURED_CELLS", 2048)
+    assert load_plan.context_memory_bytes(info, load) == exact
 
 
 def test_auto_keeps_every_expert_resident_when_the_model_and_context_fit():
@@ -302,7 +331,7 @@ VOCAB = {"general.architecture": "x", "x.vocab_size": 1000}  # 8,000 bytes of lo
 
 def test_logits_asked_for_at_once_are_in_the_context_when_reserved():
     assert memory_budget.logits_bytes(VOCAB, 100) == 2 * 100 * 1000 * 4  # the result and llama.cpp's buffer
-    grown = memory_budget.context_bytes(VOCAB, 64, 32, 2, None, n_logits=100) - memory_budget.context_bytes(VOCAB, 64, 32, 2, None)
+    grown = memory_budget.context_bytes(VOCAB, KV, 64, 32, None, n_logits=100) - memory_budget.context_bytes(VOCAB, KV, 64, 32, None)
     assert grown == 800_000 + (32 - 1) * 1000 * 4  # and the compute buffer's rows: a 32-token ubatch's, not one
 
 
@@ -337,7 +366,7 @@ def test_the_predictors_stacked_routers_are_in_the_context_from_two_layers_ahead
     # F32 to make them, of 2048 x 128 f32 (1 MiB) each
     assert memory_budget.predictor_bytes(QWEN3, 2) == (93 + 48) * MIB
     assert memory_budget.predictor_bytes(QWEN3, 1) == 0  # the next layer's own router
-    grown = (memory_budget.context_bytes(QWEN3, 4096, 512, 2, None, predictor_depth=2)
-             - memory_budget.context_bytes(QWEN3, 4096, 512, 2, None))
+    grown = (memory_budget.context_bytes(QWEN3, KV, 4096, 512, None, predictor_depth=2)
+             - memory_budget.context_bytes(QWEN3, KV, 4096, 512, None))
     assert grown == 141 * MIB
 

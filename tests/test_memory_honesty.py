@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from pyedgemoe import memory_budget
+from pyedgemoe.load_plan import LoadOptions, context_memory_bytes
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.sysmem import evict_from_page_cache
 
@@ -186,8 +187,9 @@ def test_auto_under_a_cap_offloads_the_experts_and_keeps_the_resident_tokens(mod
     # shares with this test process before it execs)
     base, resident = baseline_and_resident_runs(model, dense, baseline_limit=4 * 2**30)
     info = resident["stats"]["model"]
-    metadata = read_model_info(model).metadata
-    context = memory_budget.context_bytes(metadata, 4096, 512, 2, flash_attn=None)  # run's --ctx default, f16
+    model_info = read_model_info(model)
+    context = memory_budget.context_bytes(model_info.metadata, context_memory_bytes(model_info, LoadOptions()), 4096, 512,
+                                          flash_attn=None)  # run's defaults: --ctx 4096, f16
     # room for about a third of the experts beside the interpreter, the weights, the context and the allowance
     cap = (base["cgroup_max_usage"] + info["non_expert_bytes"] + context + memory_budget.RUN_ALLOWANCE_BYTES
            + info["expert_bytes"] // 3)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pyedgemoe import memory_budget
+from pyedgemoe.load_plan import LoadOptions, context_memory_bytes
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.sysmem import evict_from_page_cache
 from test_memory_honesty import cgroup_skip_reason, dense, run_capped_child, run_cli, two_layer_olmoe  # noqa: F401 (dense: a fixture)
@@ -44,7 +45,8 @@ def cap(model, dense) -> tuple[int, int]:
     base = run_cli(dense, "auto", limit_bytes=4 * 2**30)  # the interpreter as the cgroup counts it
     assert base["returncode"] == 0, base["stderr"][-2000:]
     info = read_model_info(model)
-    context = memory_budget.context_bytes(info.metadata, 4096, 512, 2, flash_attn=None)  # --ctx 4096, f16
+    context = memory_budget.context_bytes(info.metadata, context_memory_bytes(info, LoadOptions()), 4096, 512,
+                                          flash_attn=None)  # --ctx 4096, f16
     limit = (base["cgroup_max_usage"] + info.non_expert_bytes + context + memory_budget.RUN_ALLOWANCE_BYTES
              + info.expert_bytes // 2)
     return limit, info.expert_bytes

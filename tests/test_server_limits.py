@@ -246,15 +246,38 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(served, 
     assert not watch.failures and watch.slowest < HEALTH_WITHIN, watch.slowest
 
 
-def test_a_body_that_is_not_json_typed_is_415(server):
-    status, out = request("POST", server + "/v1/completions", b'{"prompt": "x"}', key=None)
-    assert status == 200  # application/json, as every client sends it
+def post_typed(server: str, content_type: bytes | None, body: bytes) -> tuple[int, dict]:
+    """POST body to /v1/completions with that Content-Type header (None: no such header)."""
     u = urlparse(server)
+    typed = b"Content-Type: %s\r\n" % content_type if content_type is not None else b""
     sock = raw_connection(server)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: text/plain\r\n"
-                 b"Content-Length: 15\r\n\r\n{\"prompt\": \"x\"}" % (u.hostname.encode(), u.port))
-    assert_error(*read_response(sock), 415, code="unsupported_media_type")
-    sock.close()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n%sContent-Length: %d\r\n\r\n%s"
+                 % (u.hostname.encode(), u.port, typed, len(body), body))
+    try:
+        return read_response(sock)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("content_type", [b"application/json", b"application/json; charset=utf-8", None,
+                                          b"application/x-www-form-urlencoded"])
+def test_a_json_body_is_read_as_clients_send_it(server, content_type):
+    """application/json; none (requests.post(data=...)); curl -d's form type: llama-server reads each."""
+    status, out = post_typed(server, content_type, b'{"prompt": "x", "max_tokens": 2}')
+    assert status == 200, out
+    assert out["object"] == "text_completion"
+
+
+def test_a_form_s_body_is_not_json(server):
+    """What a browser's form posts (url-encoded) is never JSON: a 400, not a guess."""
+    assert_error(*post_typed(server, b"application/x-www-form-urlencoded", b"%7B%22prompt%22%3A+%22x%22%7D="),
+                 400, code="invalid_json")
+
+
+@pytest.mark.parametrize("content_type", [b"text/plain", b"multipart/form-data; boundary=x", b"text/html"])
+def test_a_body_a_page_may_send_anywhere_is_415(server, content_type):
+    """text/plain and multipart/form-data are what a web page's form sends to any site unasked."""
+    assert_error(*post_typed(server, content_type, b'{"prompt": "x"}'), 415, code="unsupported_media_type")
 
 
 def ticks_while(work) -> float:

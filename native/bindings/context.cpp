@@ -33,14 +33,29 @@ void set_if_given(float & field, const Given & value) {
     if (value) field = *value;
 }
 
+// What sizes a context's memory: n_ctx cells, n_seq_max sequences (each with a KV cache of its own
+// of n_ctx / n_seq_max cells, llama-server's -np), ubatches, the KV type, flash attention, swa_full.
+llama_context_params memory_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int flash_attn, int kv_type,
+                                   uint32_t n_seq_max, bool swa_full) {
+    llama_context_params params = llama_context_default_params();
+    params.swa_full = swa_full;  // false: sliding-window layers keep their window's positions alone
+    params.n_ctx = n_ctx;
+    params.n_seq_max = n_seq_max;
+    params.n_batch = n_batch;
+    params.n_ubatch = std::min(n_ubatch, n_batch);
+    params.flash_attn_type = (llama_flash_attn_type) flash_attn;
+    params.type_k = (ggml_type) kv_type;
+    params.type_v = (ggml_type) kv_type;
+    return params;
+}
+
 void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
             int n_threads, int n_threads_batch, int flash_attn, int kv_type, uint32_t n_seq_max,
             std::optional<int> rope_scaling_type, Given rope_freq_base, Given rope_freq_scale,
             std::optional<uint32_t> yarn_orig_ctx, Given yarn_ext_factor, Given yarn_attn_factor,
             Given yarn_beta_fast, Given yarn_beta_slow, const std::vector<std::pair<std::string, float>> & loras,
             std::optional<int> pooling_type, bool swa_full) {
-    llama_context_params params = llama_context_default_params();
-    params.swa_full = swa_full;  // false: sliding-window layers keep their window's positions alone
+    llama_context_params params = memory_params(n_ctx, n_batch, n_ubatch, flash_attn, kv_type, n_seq_max, swa_full);
     if (pooling_type) params.pooling_type = static_cast<enum llama_pooling_type>(*pooling_type);  // embed()'s rows; else the model's
     if (rope_scaling_type) params.rope_scaling_type = (llama_rope_scaling_type) *rope_scaling_type;
     if (yarn_orig_ctx) params.yarn_orig_ctx = *yarn_orig_ctx;
@@ -50,16 +65,8 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     set_if_given(params.yarn_attn_factor, yarn_attn_factor);
     set_if_given(params.yarn_beta_fast, yarn_beta_fast);
     set_if_given(params.yarn_beta_slow, yarn_beta_slow);
-    params.n_ctx = n_ctx;
-    // n_seq_max sequences, each with a KV cache of its own of n_ctx / n_seq_max cells (llama-server's -np)
-    params.n_seq_max = n_seq_max;
-    params.n_batch = n_batch;
-    params.n_ubatch = std::min(n_ubatch, n_batch);
     params.n_threads = n_threads;
     params.n_threads_batch = n_threads_batch;
-    params.flash_attn_type = (llama_flash_attn_type) flash_attn;
-    params.type_k = (ggml_type) kv_type;
-    params.type_v = (ggml_type) kv_type;
     params.no_perf = true;
     // Slot ids may be negative (a row a pass skips), which only the CPU's mul_mat_id skips (patch
     // 0004): a GPU backend must not be handed the expert ops of an offloaded model.
@@ -322,6 +329,43 @@ std::vector<nb::dict> memory_breakdown(const Context & c) {
     return out;
 }
 
+// llama.cpp's memory of contexts of the model at path, one of each size in n_ctxs (its KV cache and
+// recurrent states, in every buffer type), as llama.cpp's own memory fit (common/fit.cpp) measures
+// it: the model's header and the contexts created without allocating (no_alloc), the sizes they
+// would take read back. So every layout llama.cpp has is counted as it is (sliding windows, MLA's K
+// without V, hybrid models' recurrent layers). kv_overrides: as Model's.
+std::vector<size_t> context_memory_bytes(const std::string & path, const std::vector<std::string> & kv_overrides,
+                                         const std::vector<uint32_t> & n_ctxs, uint32_t n_batch, uint32_t n_ubatch,
+                                         int flash_attn, int kv_type, uint32_t n_seq_max, bool swa_full) {
+    llama_model_params model_params = llama_model_default_params();
+    model_params.no_alloc = true;
+    model_params.load_mode = LLAMA_LOAD_MODE_NONE;
+    model_params.use_extra_bufts = false;
+    ggml_backend_dev_t cpu_only[] = { nullptr };  // the sizes are the same wherever the layers go
+    model_params.devices = cpu_only;
+    std::vector<llama_model_kv_override> overrides = parse_kv_overrides(kv_overrides);
+    if (!overrides.empty()) model_params.kv_overrides = overrides.data();
+    nb::gil_scoped_release release;
+    log_clear_recent();
+    llama_model * model = llama_model_load_from_file(path.c_str(), model_params);
+    if (!model) throw_with_log("failed to load model from " + path);
+    std::vector<size_t> out;
+    for (const uint32_t n_ctx : n_ctxs) {
+        llama_context * ctx = llama_init_from_model(
+            model, memory_params(n_ctx, n_batch, n_ubatch, flash_attn, kv_type, n_seq_max, swa_full));
+        if (!ctx) {
+            llama_model_free(model);
+            throw_with_log("failed to create a context");
+        }
+        size_t bytes = 0;
+        for (const auto & [buft, data] : llama_get_memory_breakdown(ctx)) bytes += data.context;
+        llama_free(ctx);
+        out.push_back(bytes);
+    }
+    llama_model_free(model);
+    return out;
+}
+
 }  // namespace
 
 // Sequence seq's state in a slot file, llama-server's (llama_state_seq_save_file: the tokens, then
@@ -360,6 +404,10 @@ std::pair<std::vector<llama_token>, size_t> load_sequence_file(Context & c, cons
 }
 
 void register_context(nb::module_ & m) {
+    m.def("context_memory_bytes", &context_memory_bytes, nb::arg("path"), nb::arg("kv_overrides"), nb::arg("n_ctxs"),
+          nb::arg("n_batch"), nb::arg("n_ubatch"), nb::arg("flash_attn"), nb::arg("kv_type"), nb::arg("n_seq_max"),
+          nb::arg("swa_full"), "llama.cpp's KV cache and recurrent states of a context of each size in n_ctxs of the "
+          "model at path, in bytes, measured without allocating them.");
     nb::class_<Context>(m, "Context")
         .def("__init__", &create, nb::arg("model"), nb::arg("n_ctx"), nb::arg("n_batch") = 512,
              nb::arg("n_ubatch") = 512, nb::arg("n_threads") = 4, nb::arg("n_threads_batch") = 4,

@@ -88,16 +88,8 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     }
     devices.push_back(nullptr);
     params.devices = devices.data();
-    std::vector<llama_model_kv_override> overrides;
-    for (const auto & item : kv_overrides) {
-        if (!string_parse_kv_override(item.c_str(), overrides))
-            throw nb::value_error(("malformed metadata override '" + item + "'").c_str());
-    }
-    if (!overrides.empty()) {
-        overrides.emplace_back();
-        overrides.back().key[0] = 0;  // the list's end
-        params.kv_overrides = overrides.data();
-    }
+    std::vector<llama_model_kv_override> overrides = parse_kv_overrides(kv_overrides);
+    if (!overrides.empty()) params.kv_overrides = overrides.data();
     params.load_mode = use_mmap ? (mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MMAP)
                                 : (mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
     params.use_extra_bufts = repack;
@@ -197,6 +189,19 @@ std::vector<llama_token> tokenize(const Model & m, const std::string & text, boo
 }
 
 } // namespace
+
+std::vector<llama_model_kv_override> parse_kv_overrides(const std::vector<std::string> & items) {
+    std::vector<llama_model_kv_override> overrides;
+    for (const auto & item : items) {
+        if (!string_parse_kv_override(item.c_str(), overrides))
+            throw nb::value_error(("malformed metadata override '" + item + "'").c_str());
+    }
+    if (!overrides.empty()) {
+        overrides.emplace_back();
+        overrides.back().key[0] = 0;  // the list's end
+    }
+    return overrides;
+}
 
 void check_token_ids(const std::vector<llama_token> & tokens, int n_vocab) {
     for (llama_token t : tokens) {

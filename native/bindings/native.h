@@ -17,6 +17,7 @@ class expert_store;
 struct llama_model;
 struct llama_context;
 struct llama_sampler;
+struct llama_model_kv_override;
 
 namespace nb = nanobind;
 
@@ -53,6 +54,10 @@ struct Model {
     std::unique_ptr<expert_store> mapped_file;
     ~Model();
 };
+
+// llama.cpp's --override-kv items (KEY=TYPE:VALUE) as its loader takes them, the list ended by an
+// empty key (none: empty); a malformed one is a ValueError naming it.
+std::vector<llama_model_kv_override> parse_kv_overrides(const std::vector<std::string> & items);
 
 // Owns a llama_context over a Model.
 struct Context {

@@ -7,8 +7,12 @@
   llama-server answers both; this server answers a Host that is an IP address, localhost or a name
   given with `serve --allowed-hosts`, and an Origin (when there is one: a browser's) only when it is
   the server's own. Anything else is 403.
-- JSONBody: a POST's body is JSON (Content-Type: application/json: a web page cannot send that to
-  another site without asking it first, as it can text/plain), at most max_bytes (413, refused from
+- JSONBody: a POST's body is read as JSON when its Content-Type is application/json (which a web
+  page cannot send to another site without asking it first), none (`requests.post(data=...)`; a
+  browser that sends none sends an Origin, which SameSite checks) or application/x-www-form-urlencoded
+  (`curl -d`'s; a browser's form encodes `{` as `%7B`, so its bodies are never JSON): llama-server
+  reads any body as JSON. Other types (text/plain, multipart/form-data: what a page's form can send
+  to any site) are 415. The body is at most max_bytes (413, refused from
   its Content-Length before it is read, so no `100 Continue` invites it), and it arrives within
   timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on.
 A request refused before its body was read leaves its client a moment to send the rest, which is
@@ -67,6 +71,10 @@ class SameSite:
         await self.app(scope, receive, send)
 
 
+# The body types read as JSON (the module's docstring says why these and no others).
+_READ_AS_JSON = (b"application/json", b"", b"application/x-www-form-urlencoded")
+
+
 class JSONBody:
     def __init__(self, app, max_bytes: int, timeout_seconds: float) -> None:
         self.app = app
@@ -100,9 +108,9 @@ class JSONBody:
         """The checked body (None when the client left); APIError when refused."""
         headers = dict(scope["headers"])
         media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if media_type != b"application/json":
+        if media_type not in _READ_AS_JSON:
             raise APIError(415, f"the body must be JSON sent as 'Content-Type: application/json', not "
-                           f"{media_type.decode('latin-1') or 'none'!r}", "unsupported_media_type")
+                           f"{media_type.decode('latin-1')!r}", "unsupported_media_type")
         length = headers.get(b"content-length")  # h11 checked it is digits
         if length is not None and int(length) > self.max_bytes:
             raise self._too_large()
