@@ -40,6 +40,9 @@ from pyedgemoe.systems import system_options
 from pyedgemoe.threads import ThreadCount, default_threads
 
 
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """What a caller asks of a load (Engine's keyword arguments, whose defaults these are), checked
@@ -70,6 +73,13 @@ class LoadOptions:
             if (value is not None or name not in ("n_threads", "n_threads_batch")) and \
                     (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31):
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        # llama.cpp's limits of a context's sequences (LLAMA_MAX_SEQ; and a batch of one token for
+        # each, which it caps at the context: more stopped the process on an internal check)
+        batch = min(self.n_batch, self.n_ctx or self.n_batch)
+        if self.n_parallel > min(MAX_SEQUENCES, batch):
+            raise InvalidOptionError(
+                f"n_parallel={self.n_parallel} is more sequences than llama.cpp decodes together: at most "
+                f"{MAX_SEQUENCES}, and at most n_batch and n_ctx (here {batch}), a batch holding a token of each")
         if self.system is not None and not isinstance(self.system, str):
             raise InvalidOptionError(f"system must be a system's name, got {self.system!r}")
         SamplingParams(seed=self.seed).validate()

@@ -250,6 +250,9 @@ def test_static_precision_needs_the_calibrated_map():
     (dict(n_batch=0), "n_batch must be a positive integer"),
     (dict(kv_type="f12"), "unknown kv_type"),
     (dict(seed=2**32), "seed must be in"),
+    (dict(n_parallel=257, n_ctx=8192), "n_parallel=257 is more sequences than llama.cpp decodes together: at most 256"),
+    (dict(n_parallel=200, n_ctx=100), r"at most n_batch and n_ctx \(here 100\)"),
+    (dict(n_parallel=65, n_batch=64), r"\(here 64\)"),
 ])
 def test_load_options_are_checked_when_made(options, fragment):
     with pytest.raises(InvalidOptionError, match=fragment):
