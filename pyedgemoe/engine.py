@@ -402,12 +402,15 @@ class Engine(Vocabulary):
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
                                          f"for max_tokens {max_tokens}")
         self._check_fits(len(prompt), 1 if max_tokens else 0)
+        if sampling.prompt_logits is not None:
+            check_logits_fit(self.info.metadata, len(prompt), self.n_logits, self.plan.spare_bytes, self.plan.ubatch_tokens)
         timings = GenerationStats(n_prompt_tokens=len(prompt))
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
         generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
                                 ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs,
-                                self.draft_model if sampling.draft_model is None else sampling.draft_model)
+                                self.draft_model if sampling.draft_model is None else sampling.draft_model,
+                                sampling.prompt_logits)
         tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)
         return generation, self._counted(tokens, timings)
 

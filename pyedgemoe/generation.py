@@ -111,6 +111,9 @@ class SamplingParams:
     stopping_criteria: object = field(default=None, metadata=_flag(None))
     # speculative decoding's drafter (speculative.py; llama-cpp-python's draft_model): f(input_ids) -> ids
     draft_model: object = field(default=None, metadata=_flag(None))
+    # f(input_ids, logits): the prompt evaluated in one go with every row's logits (its last row the
+    # first pick's), handed over, logits those of input_ids' last len(logits) tokens (Llama's logits_all)
+    prompt_logits: object = field(default=None, metadata=_flag(None))
     penalty_last_n: int = field(default=64, metadata=_flag(None))
     # the penalties count the prompt's tokens too, as llama.cpp's CLI and server do (llama-cpp-python's
     # Llama counts the generated ones only)
@@ -203,7 +206,7 @@ class SamplingParams:
                                      f"{self.dry_sequence_breakers!r}"[:200])
         processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
         for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria]),
-                            ("draft_model", [self.draft_model])):
+                            ("draft_model", [self.draft_model]), ("prompt_logits", [self.prompt_logits])):
             if not all(hook is None or callable(hook) for hook in hooks):
                 raise InvalidOptionError(f"{name} must be callable (f(input_ids{'' if name == 'draft_model' else ', logits'}"
                                          f")), got {getattr(self, name)!r}"[:200])
@@ -417,11 +420,12 @@ class Generation:
     budget: tokens to generate at most. fresh: reuse no prefix of what the sequence holds.
     feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead.
     n_probs: record each generated token's TokenLogprob with the n_probs most likely (logprobs);
-    None: none. draft: a drafter (speculative.py) whose guesses are checked with each input."""
+    None: none. draft: a drafter (speculative.py) whose guesses are checked with each input.
+    prompt_logits: SamplingParams.prompt_logits."""
 
     def __init__(self, decoder, prompt: list[int], budget: int, sampler, ignore_eos: bool,
                  timings: GenerationStats, fresh: bool, feed_tokens: list[int] | None = None,
-                 n_probs: int | None = None, draft=None):
+                 n_probs: int | None = None, draft=None, prompt_logits=None):
         if draft is not None and (feed_tokens is not None or decoder.no_drafts):
             raise InvalidOptionError(f"speculative decoding (draft_model) cannot run here: "
                                      f"{decoder.no_drafts or 'feed_tokens feeds tokens of its own'}")
@@ -435,6 +439,7 @@ class Generation:
         self.feed_tokens = feed_tokens
         self.n_probs = n_probs
         self.draft = draft
+        self.prompt_logits = prompt_logits
         self.control = DraftControl()  # what drafting earns, and how much of a guess to check
         self.logprobs: list[TokenLogprob] = []  # of each generated token, with n_probs
         self.end: tuple[int, TokenLogprob | None] | None = None  # the end-of-generation token picked, not yielded
@@ -454,8 +459,10 @@ class Generation:
         start = time.perf_counter()
         self.sequence = sequence
         reuse = self.decoder.keep(sequence, 0 if self.fresh else shared_prefix(sequence.tokens, self.prompt))
-        self.decoder.decode(self.prompt[reuse:], reuse, sequence)
+        logits = self.decoder.decode(self.prompt[reuse:], reuse, sequence, self.prompt_logits is not None)
         sequence.tokens[:] = self.prompt
+        if self.prompt_logits is not None:
+            self.prompt_logits(self.prompt, logits)
         self.timings.n_cached_prompt_tokens = reuse
         self.timings.prefill_seconds = time.perf_counter() - start
         self._decode_start = time.perf_counter()

@@ -409,18 +409,20 @@ class Llama:
         another, end-of-generation ones too, until the caller stops or the context is full. The
         seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
         prompt = ([] if reset else self.engine.tokens) + as_token_ids(tokens)
-        sampling = SamplingParams.of(self._scoring(prompt, self._token_sampling("generate", locals())))
+        sampling = SamplingParams.of(self._scoring(self._token_sampling("generate", locals())))
         return _refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True))
 
-    def _scoring(self, prompt: list[int], sampling: dict) -> dict:
+    def _scoring(self, sampling: dict) -> dict:
         """sampling, filling scores as llama-cpp-python's generations do with logits_all: the prompt's
-        rows evaluated first (past what the context holds of it), each pick's row recorded by a
-        logits processor ahead of the caller's (the logits as the model gave them)."""
+        rows from the batch that evaluates it (its last row the first pick's, as there), each pick's
+        row recorded by a logits processor ahead of the caller's (the logits as the model gave them)."""
         if not self._logits_all:
             return sampling
-        if longest_token_prefix(self.engine.tokens, prompt) < self.n_tokens:
-            self.reset()
-        self.eval(prompt[self.n_tokens:])
+        self._held_scores()
+
+        def prompt_rows(input_ids, logits):
+            self._scores[len(input_ids) - len(logits):len(input_ids)] = logits
+            self._scored = [int(t) for t in input_ids]
 
         def record(input_ids, logits):
             self._scores[len(input_ids) - 1] = logits
@@ -428,7 +430,7 @@ class Llama:
             return logits
         given = sampling.get("logits_processor")
         given = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
-        return {**sampling, "logits_processor": [record, *given]}
+        return {**sampling, "prompt_logits": prompt_rows, "logits_processor": [record, *given]}
 
     def _token_sampling(self, where: str, arguments: dict) -> dict:
         """The sampling settings of generate's or sample's arguments (llama-cpp-python's temp is
@@ -558,7 +560,7 @@ class Llama:
             self.detokenize(as_token_ids(prompt, "prompt")).decode("utf-8", errors="ignore") if echo else ""
         self._from_cache(tokens)
         self._take_seed(seed)
-        sampling = self._scoring(tokens, _sampling(locals(), self.last_n_tokens_size))
+        sampling = self._scoring(_sampling(locals(), self.last_n_tokens_size))
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
                                                         logprobs, sampling, prompt_length=len(prompt)))
         if not stream:
@@ -613,14 +615,13 @@ class Llama:
             return handler(llama=self, messages=messages, **arguments)
         refuse_unsupported("create_chat_completion", UNSUPPORTED_CHAT_ARGS, dict(tfs_z=tfs_z))
         tools, tool_choice = from_functions(functions, function_call, tools, tool_choice)
-        prompt = chat_prompt_tokens(self.engine, messages, tools, tool_choice) \
-            if self.cache is not None or self._logits_all else []
+        prompt = chat_prompt_tokens(self.engine, messages, tools, tool_choice) if self.cache is not None else []
         self._from_cache(prompt)
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
-            **self._scoring(prompt, _sampling(locals(), self.last_n_tokens_size))))
+            **self._scoring(_sampling(locals(), self.last_n_tokens_size))))
         return _stream_named(out, model, "", None) if stream else _named(out, model)
 
 

@@ -777,14 +777,20 @@ def _assert_logprobs_equal(out: dict, expected: dict) -> None:
             np.testing.assert_allclose(list(top.values()), [float(v) for v in expected_top.values()], atol=1e-5)
 
 
-def test_completion_logprobs_are_stock_llama_cpp_pythons(both):
-    theirs, _ = both(logits_all=True)  # stock needs logits_all for logprobs; pyedgemoe needs none
-    _, ours = both()
-    prompt = ours.tokenize(b"x = ")
-    expected = theirs(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
-    out = ours(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
-    assert out["text"] == expected["text"]
-    _assert_logprobs_equal(out["logprobs"], expected["logprobs"])
+@pytest.mark.parametrize("logits_all", [True, False])
+def test_completion_logprobs_are_stock_llama_cpp_pythons(both, logits_all):
+    # stock needs logits_all for logprobs; pyedgemoe needs none. With it, the first pick comes from
+    # the prompt's batch as there (a prompt's last token evaluated again alone rounds apart)
+    theirs, _ = both(logits_all=True)
+    _, ours = both(logits_all=logits_all)
+    for text in (b"x = ", b"def fib(n):"):
+        prompt = ours.tokenize(text)
+        expected = theirs(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
+        out = ours(prompt, max_tokens=6, temperature=0, logprobs=3)["choices"][0]
+        assert out["text"] == expected["text"]
+        _assert_logprobs_equal(out["logprobs"], expected["logprobs"])
+        if logits_all:
+            np.testing.assert_allclose(ours.scores[:ours.n_tokens], theirs.scores[:theirs.n_tokens], rtol=0, atol=1e-5)
     json.dumps(out)  # plain floats (stock's are numpy's)
 
 
