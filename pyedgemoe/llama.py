@@ -110,7 +110,8 @@ class Llama:
     lets embed / create_embedding run, as there), pooling_type (llama.cpp's LLAMA_POOLING_TYPE_*:
     a vector per text, pyedgemoe.embeddings), logits_all (True keeps the logits of every token
     evaluated, by eval() or a generation, in scores and eval_logits, as there; logprobs need no logits_all here),
-    chat_format (None: the model's template, else ChatML; "chat_template.default" where it has one;
+    chat_format (None: as llama-cpp-python chooses, llama-2 for a model without a template, its formatter
+    of a template it knows, else the model's template; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
     pyedgemoe.chatml_function_calling), chat_handler (a handler of llama-cpp-python's, text-only, which
     answers every chat in place of the format's) and draft_model (speculative decoding by a drafter such as
@@ -207,22 +208,23 @@ class Llama:
             engine_kwargs["kv_type"] = kv_type
         return Engine(model_path, **keywords, **engine_kwargs)
 
-    def _check_chat_format(self, chat_format: str | None) -> tuple[str, Callable | None]:
+    def _check_chat_format(self, chat_format: str | None) -> tuple[str | None, Callable | None]:
         """The chat format, and the handler of one llama-cpp-python's formats (None: the Engine's
-        formatting, the model's template or ChatML); a format neither is refused."""
+        formatting, the model's template); a format neither is refused. None given, llama-cpp-python's
+        choice (named_chat_formats.default_format), unless a chat_handler answers the chats."""
+        template = self._vocab.metadata.get("tokenizer.chat_template")
+        if chat_format is None and self.chat_handler is None:
+            chat_format = named_chat_formats.default_format(template)
         if chat_format == chatml_function_calling.NAME:
             return chat_format, chatml_function_calling.create_chat_completion
         if chat_format in named_chat_formats.FORMATTERS:
             return chat_format, functools.partial(named_chat_formats.create_chat_completion, chat_format=chat_format)
-        has_template = "tokenizer.chat_template" in self._vocab.metadata
-        if chat_format is None:  # as the Engine formats chats: the model's template, else ChatML
-            return ("chat_template.default" if has_template else "chatml"), None
-        if chat_format == "chat_template.default" and has_template:
+        if chat_format is None or chat_format == "chat_template.default" and template is not None:
             return chat_format, None
         raise InvalidOptionError(
-            f"chat_format {chat_format!r} is not supported: give chat_format=None (the model's own template, else "
-            f"ChatML){', chat_template.default' if has_template else ''}, one of llama-cpp-python's "
-            f"{', '.join(named_chat_formats.FORMATTERS)} or {chatml_function_calling.NAME}")
+            f"chat_format {chat_format!r} is not supported: give chat_format=None (as llama-cpp-python: the model's "
+            f"own template, else {named_chat_formats.WITHOUT_TEMPLATE}){', chat_template.default' if template else ''}, "
+            f"one of llama-cpp-python's {', '.join(named_chat_formats.FORMATTERS)} or {chatml_function_calling.NAME}")
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, additional_files: list[str] | None = None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from pyedgemoe.completion_chat import arguments_grammar, as_call, as_chat, response_grammar
+from pyedgemoe.completions import check_messages
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.tool_calls import from_functions
 
@@ -21,6 +22,38 @@ from pyedgemoe.tool_calls import from_functions
 class Formatted:
     prompt: str
     stop: str | None = None
+
+# llama-cpp-python's templates it answers with its formatter instead (guess_chat_format_from_gguf_metadata:
+# a model's template that is exactly one of these), and the format of a model without a template
+_KNOWN_TEMPLATES = {
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}": "chatml",
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}":
+        "mistral-instruct",
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}":
+        "mistral-instruct",
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}": "llama-3",
+}
+WITHOUT_TEMPLATE = "llama-2"
+
+
+def default_format(template: str | None) -> str:
+    """llama-cpp-python's chat format where none is given, for a model with this template (None:
+    none): its formatter's name for a template it knows, else "chat_template.default"."""
+    if template is None:
+        return WITHOUT_TEMPLATE
+    return _KNOWN_TEMPLATES.get(template, "chat_template.default")
 
 
 def _system_message(messages: list[dict]) -> str:
@@ -243,7 +276,10 @@ FORMATTERS: dict[str, Callable[[list[dict]], Formatted]] = {
 def formatted(name: str, messages: list[dict]) -> Formatted:
     """The prompt (and stop) of format name; InvalidOptionError for messages it cannot read."""
     try:
+        check_messages(messages)
         return FORMATTERS[name](messages)
+    except InvalidOptionError as e:
+        raise InvalidOptionError(f"chat_format {name!r}: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:
         raise InvalidOptionError(f"chat_format {name!r}: each message needs a 'role' and a 'content' ({e!r})") \
             from None

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import pyedgemoe
+from conftest import rewrite_gguf, tiny_moe
 from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.rope_scaling import LLAMA_CPP_PYTHON_DEFAULTS
@@ -42,6 +43,19 @@ def llm():
 def eng():
     with Engine(DEMO, **SMALL) as eng:
         yield eng
+
+
+@pytest.fixture(scope="module")
+def demo_chat(demo_high, tmp_path_factory) -> Path:
+    """The demo model (HIGH) with a ChatML template, one that llama-cpp-python has no formatter of: its
+    chats go through the Engine's formatting (the demo model has no template: llama-cpp-python's llama-2)."""
+    return rewrite_gguf(demo_high, tmp_path_factory.mktemp("chat") / "demo-chat.gguf", chat_template=tiny_moe.CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def chat_llm(demo_chat):
+    with Llama(model_path=str(demo_chat), **SMALL) as llm:
+        yield llm
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +134,12 @@ def test_model_names_the_result(llm):
     assert {c["model"] for c in llm("def ", max_tokens=2, temperature=0, model="demo", stream=True)} == {"demo"}
 
 
-def test_chat_completion_is_the_engines_at_temperature_0(llm, eng):
+def test_chat_completion_is_the_engines_at_temperature_0(chat_llm, demo_chat):
     messages = [{"role": "system", "content": "You write Python."},
                 {"role": "user", "content": "def fib(n):"}]
-    out = llm.create_chat_completion(messages=messages, max_tokens=12, temperature=0)
-    expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0)
+    out = chat_llm.create_chat_completion(messages=messages, max_tokens=12, temperature=0)
+    with Engine(demo_chat, **SMALL) as eng:
+        expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0)
     assert out["object"] == "chat.completion"
     assert out["choices"] == expected["choices"] and out["usage"] == expected["usage"]
 
@@ -287,17 +302,34 @@ def test_n_gpu_layers_on_a_cpu_only_build_runs_on_the_cpu_as_llama_cpp_python_do
         assert "this build has none: the CPU" in llm.engine.plan.reasons["mode"]
 
 
-def test_chat_format_is_the_models_template_or_chatml(llm, tiny_model):
-    assert llm.chat_format == "chatml"  # the demo model has no template: the Engine uses ChatML
+def test_chat_format_left_unset_is_llama_cpp_pythons_choice(both, tiny_model, tmp_path):
+    # llama-2 without a template (the demo model has none), its formatter for a template it knows
+    llama_cpp = pytest.importorskip("llama_cpp")
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a planet."}]
+    theirs, ours = both()
+    assert ours.chat_format == theirs.chat_format == "llama-2"
+    assert ours.create_chat_completion(messages, max_tokens=6, temperature=0)["choices"] == \
+        theirs.create_chat_completion(messages, max_tokens=6, temperature=0)["choices"]
+    for template, name in ((llama_cpp.llama_chat_format.MIXTRAL_INSTRUCT_CHAT_TEMPLATE, "mistral-instruct"),
+                           (llama_cpp.llama_chat_format.CHATML_CHAT_TEMPLATE, "chatml")):
+        path = tmp_path / f"{name}.gguf"
+        rewrite_gguf(tiny_model("mixtral")[0], path, chat_template=template)
+        theirs, ours = both(path=path, n_ctx=256)
+        assert ours.chat_format == theirs.chat_format == name
+        user = messages[1:] if name == "mistral-instruct" else messages  # its formatter's roles
+        assert ours.create_chat_completion(user, max_tokens=6, temperature=0)["choices"] == \
+            theirs.create_chat_completion(user, max_tokens=6, temperature=0)["choices"]
     with pytest.raises(InvalidOptionError, match="chat_format 'chat_template.default' is not supported"):
         Llama(model_path=str(DEMO), chat_format="chat_template.default", verbose=False)
     with pytest.raises(InvalidOptionError, match="chat_format 'llama2' is not supported: .* llama-2, llama-3"):
         Llama(model_path=str(DEMO), chat_format="llama2", verbose=False)
-    mixtral = str(tiny_model("mixtral")[0])  # its template renders ChatML
+    mixtral = str(tiny_model("mixtral")[0])  # its template renders ChatML, and is none that stock knows
     with Llama(model_path=mixtral, n_ctx=64, verbose=False) as templated:
         assert templated.chat_format == "chat_template.default"
     with Llama(model_path=mixtral, n_ctx=64, chat_format="chatml", verbose=False) as named:
         assert named.chat_format == "chatml"  # llama-cpp-python's formatter (tests/test_named_chat_formats.py)
+    with Llama(model_path=str(DEMO), chat_handler=lambda **_: {}, verbose=False) as handled:
+        assert handled.chat_format is None  # the handler answers, as there
 
 
 def test_signatures_are_llama_cpp_pythons():
@@ -900,8 +932,8 @@ def test_tools_reach_the_models_template_as_in_llama_cpp_python():
     assert "<in a few days>" in render_chat(TOOLS_TEMPLATE, ASKED, bos_token="", eos_token="", tools=[WEATHER])
 
 
-def test_a_forced_tool_call_answers_in_llama_cpp_pythons_shape(both):
-    theirs, ours = both()
+def test_a_forced_tool_call_answers_in_llama_cpp_pythons_shape(both, demo_chat):
+    theirs, ours = both(path=demo_chat)
     kwargs = dict(tools=[WEATHER], tool_choice=FORCED, max_tokens=96, temperature=0)
     out = ours.create_chat_completion(ASKED, **kwargs)
     assert keys(out) == keys(theirs.create_chat_completion(ASKED, **kwargs))
@@ -983,14 +1015,14 @@ def test_openai_v1_chat_completions_are_the_openai_packages_types(llm):
     ({"get_weather": WEATHER}, None, "tools must be a list"),
     ([{"type": "function", "function": {"description": "no name"}}], None, r"tools\[0\] must be"),
 ])
-def test_bad_tools_are_refused_by_name(llm, tools, tool_choice, fragment):
+def test_bad_tools_are_refused_by_name(chat_llm, tools, tool_choice, fragment):
     with pytest.raises(InvalidOptionError, match=fragment):
-        llm.create_chat_completion(ASKED, tools=tools, tool_choice=tool_choice, max_tokens=2)
+        chat_llm.create_chat_completion(ASKED, tools=tools, tool_choice=tool_choice, max_tokens=2)
 
 
-def test_a_forced_tool_call_takes_no_other_constraint(llm):
+def test_a_forced_tool_call_takes_no_other_constraint(chat_llm):
     with pytest.raises(InvalidOptionError, match="give no grammar, json_schema or response_format"):
-        llm.create_chat_completion(ASKED, tools=[WEATHER], tool_choice=FORCED, response_format={"type": "json_object"})
+        chat_llm.create_chat_completion(ASKED, tools=[WEATHER], tool_choice=FORCED, response_format={"type": "json_object"})
 
 
 # -- from_pretrained --------------------------------------------------------------------------
