@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from pyedgemoe import _native
+from pyedgemoe.context_checkpoints import Checkpoints, cuts
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError
 from pyedgemoe.generation import KVSequence, SequenceState
 
@@ -25,11 +26,15 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 class Decoder:
-    def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = ""):
+    def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = "",
+                 checkpoints: int = 0, checkpoint_bytes: int = 0, n_ubatch: int = 512):
         self.model = model
         self._ctx = ctx
         self.lock = threading.RLock()  # held while the native context or the expert cache is in use
-        self.sequences = [KVSequence(s) for s in range(n_seq)]
+        # each with its context checkpoints (pyedgemoe.context_checkpoints), where the plan keeps some
+        self.sequences = [KVSequence(s, checkpoints=Checkpoints(checkpoints, checkpoint_bytes) if checkpoints
+                                     else None) for s in range(n_seq)]
+        self.n_ubatch = n_ubatch
         self._governed = governed
         self.big_little = big_little  # MoBiLE's gamma; 0: off
         self.no_drafts = no_drafts  # why a batch of drafted tokens cannot be verified here ("": it can)
@@ -62,6 +67,22 @@ class Decoder:
             self.last_output = (seq, pos0 + len(ids))
             return logits
 
+    def prefill(self, ids: list[int], sequence: KVSequence, all_logits: bool = False) -> np.ndarray:
+        """decode of a prompt's ids after what sequence holds; with context checkpoints, paused to take
+        one where llama-server does (context_checkpoints.cuts)."""
+        held = len(sequence.tokens)
+        if sequence.checkpoints is None:
+            return self.decode(ids, held, sequence, all_logits)
+        with self.lock:
+            ends = cuts(held, held + len(ids), self.live().n_batch, self.n_ubatch) + [held + len(ids)]
+            rows, start = [], held
+            for end in ends:
+                rows.append(self.decode(ids[start - held:end - held], start, sequence, all_logits))
+                if end < ends[-1]:
+                    sequence.checkpoints.take(self.live(), sequence.seq, sequence.tokens + ids[:end - held])
+                start = end
+        return np.concatenate(rows) if all_logits else rows[-1]
+
     def decode_step(self, tokens: list[int], positions: list[int], sequences: list[KVSequence]) -> None:
         """One token for each of several sequences in one llama_decode (the i-th picked by sample(s, i))."""
         with self._expert_errors(), self.lock:
@@ -76,7 +97,7 @@ class Decoder:
             ctx = self.live()
             self.last_output = None
             if n > 0 and not ctx.truncate(n, sequence.seq):
-                n = 0
+                n = sequence.checkpoints.restore(ctx, sequence.seq, sequence.tokens, n) if sequence.checkpoints else 0
             if n == 0 and len(self.sequences) == 1:
                 ctx.clear()  # the expert cache's per-sequence records restart too
             elif n == 0:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from pyedgemoe import _native, embeddings, kv_overrides, lora, rope_scaling, rpc
 from pyedgemoe.chat_template import template_source
+from pyedgemoe.context_checkpoints import DEFAULT_LIMIT as DEFAULT_CHECKPOINTS
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.model_info import ModelInfo, read_model_info
@@ -66,8 +67,15 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "swa_full": LoadOption(bool, "a full-size KV cache for the sliding-window layers (GPT-OSS's, Gemma's; llama.cpp's "
                            "--swa-full); --no-swa-full: their window's positions alone, less memory for a long "
                            "context, but a prompt that departs from the one before further back than the window "
-                           "is evaluated afresh (llama-server keeps checkpoints for that; this runtime does not)",
+                           "restores a context checkpoint or is evaluated afresh (--ctx-checkpoints)",
                            "on (llama-cpp-python's default)"),
+    "ctx_checkpoints": LoadOption(int, "context checkpoints a sequence keeps where the model's memory cannot drop its "
+                                  "last tokens (recurrent layers: Qwen3-Next's, LFM2's; --no-swa-full): a prompt that "
+                                  "departs from the one before (a chat's next turn) restores the latest one before the "
+                                  "departure instead of evaluating everything afresh; each held in memory, up to the "
+                                  "model's recurrent states (llama.cpp's --ctx-checkpoints; 0: none)",
+                                  f"{DEFAULT_CHECKPOINTS} where the model's memory needs them, else none",
+                                  short_flag="-ctxcp"),
     "override_kv": LoadOption(str, "model metadata replaced at load, KEY=TYPE:VALUE[,...] with TYPE int, float, bool "
                               "or str (llama.cpp's --override-kv), e.g. qwen3moe.expert_used_count=int:4: 4 experts a "
                               "token (lossy)", "none"),
@@ -260,6 +268,9 @@ def _load_option(name: str, value):
     elif name in ("lora", "lora_scaled"):
         lora.adapters(*(value, None) if name == "lora" else (None, value))
         value = tuple(map(tuple, value)) if isinstance(value, (list, tuple)) else value  # pairs from Python
+    elif name == "ctx_checkpoints":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            raise InvalidOptionError(f"ctx_checkpoints must be a count >= 0, got {value!r}")
     elif name == "host_cache":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")

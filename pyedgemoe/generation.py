@@ -402,6 +402,7 @@ class KVSequence:
     seq: int
     tokens: list[int] = field(default_factory=list)
     busy: bool = False  # a generation runs on it (the batcher's)
+    checkpoints: object = None  # its context checkpoints (context_checkpoints.Checkpoints), where kept
 
 
 @dataclass(frozen=True)
@@ -459,7 +460,7 @@ class Generation:
         start = time.perf_counter()
         self.sequence = sequence
         reuse = self.decoder.keep(sequence, 0 if self.fresh else shared_prefix(sequence.tokens, self.prompt))
-        logits = self.decoder.decode(self.prompt[reuse:], reuse, sequence, self.prompt_logits is not None)
+        logits = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None)
         sequence.tokens[:] = self.prompt
         if self.prompt_logits is not None:
             self.prompt_logits(self.prompt, logits)

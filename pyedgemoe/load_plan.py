@@ -1,15 +1,15 @@
 """The load plan: every decision of a load, made once, each with its reason.
 
-    plan = plan_load(info, options, this_machine(), context_memory_bytes(info, options), calibration)
+    plan = plan_load(info, options, this_machine(), *context_memory(info, options), calibration=calibration)
     print("\\n".join(plan.describe()))          # `pyedgemoe run --dry-run`
 
 plan_load is a pure function of what the model holds (ModelInfo and its calibration), what the
 caller asked (LoadOptions: Engine's keyword arguments), the machine (Machine: the memory
-available, the GPUs, the cores) and llama.cpp's memory of the context asked for (context_memory_bytes,
+available, the GPUs, the cores) and llama.cpp's memory of the context asked for (context_memory,
 measured by llama.cpp from the file): it decides the compute mode and device, the expert cache's size
 (or every expert resident, or the mapped file), the host tier, repacking, the expert options the
 model and its calibration complete, prefetch and the cache's fill, the thread counts, and refuses
-what cannot work (InvalidOptionError) before anything loads. Engine.__init__ executes a plan; what
+what cannot work (InvalidOptionError) before anything loads, and the context checkpoints a sequence keeps. Engine.__init__ executes a plan; what
 only the native layer knows at load (--mode auto's measured choice, the ubatch cap its slots set)
 comes back from it.
 """
@@ -28,6 +28,7 @@ from pyedgemoe import memory_budget  # available_memory through the module: test
 from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
+from pyedgemoe.context_checkpoints import DEFAULT_LIMIT as DEFAULT_CHECKPOINTS, checkpoint_bytes as checkpoint_size
 from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_cache_bytes
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
@@ -139,6 +140,8 @@ class LoadPlan:
     kv_type: int  # ggml type id
     flash_attn: int  # -1: llama.cpp decides, 0 off, 1 on
     swa_full: bool  # a full-size KV cache for sliding-window layers (llama.cpp's --swa-full, on unless given off)
+    ctx_checkpoints: int  # context checkpoints a sequence keeps (pyedgemoe.context_checkpoints); 0: none
+    checkpoint_bytes: int  # what one takes at most: a sequence's memory that does not grow with the context, and records
     trace_routing: bool
     seed: int | None
     cores: int  # the default thread count
@@ -186,6 +189,8 @@ class LoadPlan:
              f"{format_bytes(self.context_bytes)} for the KV cache, compute buffers, vocabulary and logits"),
             ("threads", self.reasons["threads"].removeprefix("threads: "), ""),
         ]
+        if self.checkpoint_bytes:  # a model whose memory cannot drop tokens
+            rows.insert(-1, ("checkpoints", str(self.ctx_checkpoints), self.reasons["ctx_checkpoints"]))
         return [f"{name:<13} {value}" + (f"  ({why})" if why else "") for name, value, why in rows] + \
             [f"note: {note}" for note in self.notes]
 
@@ -225,7 +230,7 @@ def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[Model
     calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])
-    return info, plan_load(info, options, this_machine(), context_memory_bytes(info, options), calibration)
+    return info, plan_load(info, options, this_machine(), *context_memory(info, options), calibration=calibration)
 
 
 # The largest context measured as it is: llama.cpp's records of a context's cells take some 48 bytes
@@ -234,13 +239,15 @@ def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[Model
 MEASURED_CELLS = 1 << 18
 
 
-def context_memory_bytes(info: ModelInfo, options: LoadOptions) -> int:
+def context_memory(info: ModelInfo, options: LoadOptions) -> tuple[int, int]:
     """llama.cpp's KV cache and recurrent states of the context options ask for, every layer as the
     model lays them out (sliding windows, MLA's keys alone, a hybrid model's recurrent layers), as
     llama.cpp measures them without allocating (_native.context_memory_bytes; beyond MEASURED_CELLS
-    extrapolated); the file's errors as its load's."""
+    extrapolated); and of them, every sequence's part that does not grow with the context (recurrent
+    states, a window-sized cache of sliding-window layers), which a context checkpoint holds at most:
+    the measures at MEASURED_CELLS and its half, linear beyond. The file's errors as its load's."""
     n_ctx = options.n_ctx or training_context(info.metadata)  # 0 both: llama.cpp's default
-    sizes = [n_ctx] if n_ctx <= MEASURED_CELLS else [MEASURED_CELLS // 2, MEASURED_CELLS]
+    sizes = [n_ctx] * (n_ctx <= MEASURED_CELLS) + [MEASURED_CELLS // 2, MEASURED_CELLS]
     try:
         measured = _native.context_memory_bytes(
             info.path, kv_overrides.items(options.expert_options["override_kv"]), sizes, options.n_batch,
@@ -251,10 +258,16 @@ def context_memory_bytes(info: ModelInfo, options: LoadOptions) -> int:
     except RuntimeError as e:
         raise (context_error(options.n_ctx, e) if str(e).startswith("failed to create a context")
                else ModelLoadError(str(e))) from None
-    if len(measured) == 1:
-        return measured[0]
-    half, whole = measured
-    return whole + (whole - half) * (n_ctx - MEASURED_CELLS) // (MEASURED_CELLS // 2)
+    half, whole = measured[-2:]
+    fixed = max(0, 2 * half - whole)
+    if n_ctx <= MEASURED_CELLS:
+        return measured[0], fixed
+    return whole + (whole - half) * (n_ctx - MEASURED_CELLS) // (MEASURED_CELLS // 2), fixed
+
+
+def context_memory_bytes(info: ModelInfo, options: LoadOptions) -> int:
+    """context_memory's first: llama.cpp's memory of the context options ask for."""
+    return context_memory(info, options)[0]
 
 
 def context_error(n_ctx: int, e: RuntimeError) -> ModelLoadError:
@@ -272,10 +285,11 @@ def _swa_full(expert_options: ExpertOptions) -> bool:
     return expert_options["swa_full"] is not False
 
 
-def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes: int,
+def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes: int, fixed_bytes: int = 0,
               calibration: dict | None = None) -> LoadPlan:
     """Every decision of loading the model described by info with options on machine (module doc);
-    kv_bytes: llama.cpp's memory of the context asked for (context_memory_bytes)."""
+    kv_bytes: llama.cpp's memory of the context asked for, fixed_bytes the part of it that does not grow
+    with the context (context_memory)."""
     reasons: dict[str, str] = {}
     expert_options = options.expert_options
     if options.system is not None:
@@ -290,7 +304,11 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
 
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
     n_ubatch = min(options.n_batch, options.n_ubatch)
-    context = context_bytes(info.metadata, kv_bytes, options.n_ctx, n_ubatch, options.flash_attn,
+    checkpoint_bytes = checkpoint_size(-(-fixed_bytes // options.n_parallel))
+    checkpoints, reasons["ctx_checkpoints"] = _checkpoints(expert_options["ctx_checkpoints"], checkpoint_bytes)
+    # the checkpoints are host memory: with a GPU the context's memory is the device's
+    held = 0 if device else checkpoints * checkpoint_bytes * options.n_parallel
+    context = context_bytes(info.metadata, kv_bytes + held, options.n_ctx, n_ubatch, options.flash_attn,
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
@@ -365,13 +383,26 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
-        flash_attn=_flash_attn(options), swa_full=_swa_full(expert_options),
+        flash_attn=_flash_attn(options), swa_full=_swa_full(expert_options), ctx_checkpoints=checkpoints,
+        checkpoint_bytes=checkpoint_bytes,
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
         spare_bytes=spare_bytes(budget if offload and not device else 0,
                                 info.non_expert_bytes - (cold if embedding_mapped else 0), context, machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
+
+
+def _checkpoints(given: int | None, each: int) -> tuple[int, str]:
+    """The context checkpoints a sequence keeps, and why: where the model's memory has a part that
+    cannot drop its last tokens (each: that part, of a sequence), the count given, else
+    DEFAULT_CHECKPOINTS; none elsewhere."""
+    if each == 0:
+        return 0, "none needed: the model's memory can drop any tokens (no recurrent layers; sliding windows full-size)"
+    n = DEFAULT_CHECKPOINTS if given is None else given
+    return n, (f"a sequence's, each up to {format_bytes(each)}: a prompt that departs from the "
+               "last before its end restores one instead of evaluating everything afresh (recurrent states or a "
+               "window-sized cache cannot drop tokens)" + ("" if given is None else "; --ctx-checkpoints"))
 
 
 def _loras(expert_options: ExpertOptions, info: ModelInfo, offload: bool) -> tuple[tuple[str, float], ...]:

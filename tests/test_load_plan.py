@@ -38,14 +38,14 @@ def machine(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, cpus: int =
 
 
 def plan(memory: int = 8 * GiB, gpus: tuple = (), cores: int = 2, calibration: dict | None = None,
-         info: ModelInfo | None = None, **options):
+         info: ModelInfo | None = None, fixed_bytes: int = 0, **options):
     """The plan of the test model (or info) on machine(memory, gpus, cores); options: LoadOptions'
-    fields and the expert options."""
+    fields and the expert options; fixed_bytes: the memory's part that does not grow with the context."""
     load = LoadOptions(**{**SMALL, **{k: options.pop(k) for k in list(options)
                                       if k in {f.name for f in dataclasses.fields(LoadOptions)}}},
                        expert_options=ExpertOptions(**options))
     kv_bytes = load.n_ctx * 4 * 256 * 2  # llama.cpp's f16 KV cache of 4 layers, 2 KV heads of 64
-    return plan_load(info or moe(), load, machine(memory, gpus, cores), kv_bytes, calibration)
+    return plan_load(info or moe(), load, machine(memory, gpus, cores), kv_bytes, fixed_bytes, calibration)
 
 
 # -- the mode and the device -------------------------------------------------------------------------

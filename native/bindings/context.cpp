@@ -253,16 +253,19 @@ Embeddings embed(Context & self, const std::vector<llama_token> & tokens, int se
     return Embeddings(out, {n_rows, n_embd}, owner);
 }
 
-// What sequence seq holds (its KV cache), as llama_state_seq_get_data writes it.
-nb::bytes sequence_state(const Context & c, int seq) {
-    std::vector<uint8_t> data(llama_state_seq_get_size(c.ctx, seq));
-    const size_t n = llama_state_seq_get_data(c.ctx, data.data(), data.size(), seq);
+// What sequence seq holds (its KV cache), as llama_state_seq_get_data writes it; partial: only the
+// memory that cannot drop a part (sliding-window caches, recurrent states), a context checkpoint's.
+nb::bytes sequence_state(const Context & c, int seq, bool partial) {
+    const llama_state_seq_flags flags = partial ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0;
+    std::vector<uint8_t> data(llama_state_seq_get_size_ext(c.ctx, seq, flags));
+    const size_t n = llama_state_seq_get_data_ext(c.ctx, data.data(), data.size(), seq, flags);
     return nb::bytes(data.data(), n);
 }
 
 // Sequence seq holds what sequence_state gave (of a context of the same model and settings).
-void set_sequence_state(Context & c, int seq, const nb::bytes & data) {
-    if (llama_state_seq_set_data(c.ctx, (const uint8_t *) data.c_str(), data.size(), seq) != data.size()) {
+void set_sequence_state(Context & c, int seq, const nb::bytes & data, bool partial) {
+    const llama_state_seq_flags flags = partial ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0;
+    if (llama_state_seq_set_data_ext(c.ctx, (const uint8_t *) data.c_str(), data.size(), seq, flags) != data.size()) {
         throw nb::value_error("the saved state does not fit this context (another model, or other settings)");
     }
 }
@@ -429,8 +432,8 @@ void register_context(nb::module_ & m) {
         .def("embed", &embed, nb::arg("tokens"), nb::arg("seq") = 0)
         .def_prop_ro("pooling_type", [](const Context & c) { return (int) llama_pooling_type(c.ctx); },
                      "llama.cpp's pooling type of embed()'s rows (0: none, a row per token; the model's).")
-        .def("sequence_state", &sequence_state, nb::arg("seq") = 0)
-        .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"))
+        .def("sequence_state", &sequence_state, nb::arg("seq") = 0, nb::arg("partial") = false)
+        .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"), nb::arg("partial") = false)
         .def("save_state_file", &save_state_file, nb::arg("path"), nb::arg("tokens"))
         .def("load_state_file", &load_state_file, nb::arg("path"))
         .def("save_sequence_file", &save_sequence_file, nb::arg("path"), nb::arg("seq"), nb::arg("tokens"))

@@ -608,3 +608,21 @@ def test_speculative_guesses_checked_on_the_device_give_the_model_s_tokens(tiny_
             logits = eng.logits(prompt + plain[:i])[-1]
             assert logits.max() - logits[drafted[i]] < 2e-2 and logits.max() - logits[plain[i]] < 2e-2
         assert len(drafted) == 48
+
+
+@pytest.mark.parametrize("mode", ["gpu", "coop"])
+def test_context_checkpoints_restore_the_devices_recurrent_states(tiny_model, mode):
+    """A prompt departing from what a Qwen3-Next sequence holds restores the checkpoint taken of its
+    recurrent states in device memory (pyedgemoe.context_checkpoints): the tokens of a run that
+    evaluates it afresh."""
+    from pyedgemoe.generation import SamplingParams
+    path, greedy = tiny_model("qwen3_next")[0], SamplingParams(temperature=0)
+    prompt = (IDS * 10)[:120]
+    departed = prompt + [9, 8, 7]  # the 16 tokens generated after the prompt written otherwise
+    replies, reused = {}, {}
+    for n in (4, 0):
+        with Engine(path, **SETTINGS, mode=mode, expert_cache="50%", n_batch=32, n_ubatch=32, ctx_checkpoints=n) as eng:
+            list(eng.generate_tokens(prompt, 16, greedy, ignore_eos=True))
+            replies[n] = list(eng.generate_tokens(departed, 16, greedy))
+            reused[n] = eng.last_timings.n_cached_prompt_tokens
+    assert replies[4] == replies[0] and reused == {4: 116, 0: 0}
