@@ -36,6 +36,7 @@ VARIABLES = {
     "--repeat-penalty": "LLAMA_ARG_REPEAT_PENALTY", "--presence-penalty": "LLAMA_ARG_PRESENCE_PENALTY",
     "--frequency-penalty": "LLAMA_ARG_FREQUENCY_PENALTY", "--spec-type": "LLAMA_ARG_SPEC_TYPE",
     "--context-shift": "LLAMA_ARG_CONTEXT_SHIFT", "--swa-full": "LLAMA_ARG_SWA_FULL",
+    "-ctxcp": "LLAMA_ARG_CTX_CHECKPOINTS",
     "--log-file": "LLAMA_ARG_LOG_FILE", "-lv": "LLAMA_ARG_LOG_VERBOSITY", "--log-colors": "LLAMA_ARG_LOG_COLORS",
     "-kvu": "LLAMA_ARG_KV_UNIFIED", "--prefill-assistant": "LLAMA_ARG_PREFILL_ASSISTANT",
     "--log-prefix": "LLAMA_ARG_LOG_PREFIX", "--log-timestamps": "LLAMA_ARG_LOG_TIMESTAMPS",
