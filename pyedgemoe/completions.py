@@ -36,9 +36,10 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return list(stops)
 
 
-def usage(n_prompt: int, n_completion: int) -> dict:
-    """The OpenAI "usage" object."""
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+def usage(n_prompt: int, n_completion: int, n_cached: int) -> dict:
+    """The OpenAI "usage" object; n_cached: the prompt's tokens the sequence held already, reused."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion,
+            "prompt_tokens_details": {"cached_tokens": n_cached}}
 
 
 def check_n_probs(name: str, n: int | None) -> None:
@@ -101,7 +102,7 @@ class TextRun:
             yield tail
 
     def usage(self) -> dict:
-        return usage(len(self.prompt_tokens), self.n_tokens)
+        return usage(len(self.prompt_tokens), self.n_tokens, self.generation.timings.n_cached_prompt_tokens)
 
 
 def _bytes_missing(text: bytes, missing: int) -> int:

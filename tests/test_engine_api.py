@@ -97,12 +97,16 @@ def greedy_without_end_tokens(eng, prompt: str, n_tokens: int) -> list[int]:
 
 def test_create_completion_is_shaped_like_llama_cpp_python(eng):
     expected = greedy_without_end_tokens(eng, "hello", 6)
+    eng.reset()
     out = eng.create_completion("hello", max_tokens=6, temperature=0)
     assert out["object"] == "text_completion"
     assert out["choices"] == [{"text": eng.detokenize(expected), "index": 0, "logprobs": None,
                                "finish_reason": "length"}]
     n_prompt = len(eng.tokenize("hello"))
-    assert out["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 6, "total_tokens": n_prompt + 6}
+    assert out["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 6, "total_tokens": n_prompt + 6,
+                            "prompt_tokens_details": {"cached_tokens": 0}}  # OpenAI's: none held before
+    again = eng.create_completion("hello", max_tokens=6, temperature=0)
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": n_prompt - 1}  # the last evaluated again
 
 
 def test_create_completion_stream_chunks(eng):
@@ -218,7 +222,8 @@ def test_generation_stops_at_the_end_of_the_context(mixtral_gguf):
         # no end-of-generation token within the context: only its end stops the generation
         assert not set(small.time_generation(prompt, n_ctx - len(prompt))["tokens"]) & SPECIAL_IDS
         out = small.create_completion(prompt, max_tokens=None, temperature=0)
-    assert out["usage"] == {"prompt_tokens": 4, "completion_tokens": n_ctx - 4, "total_tokens": n_ctx}
+    assert {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == \
+        {"prompt_tokens": 4, "completion_tokens": n_ctx - 4, "total_tokens": n_ctx}
     assert out["choices"][0]["finish_reason"] == "length"
 
 

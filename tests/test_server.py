@@ -144,6 +144,9 @@ def test_chat_completion_goes_through_the_chat_template(client, reference):
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == expected["choices"][0]["message"]["content"]
     assert r.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
+    again = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=16, temperature=0)
+    # OpenAI's count of the prompt's tokens reused: all but the last, evaluated again for its logits
+    assert again.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
 
 
 def test_llama_servers_paths_without_v1_answer_as_those_with_it(server):

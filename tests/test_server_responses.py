@@ -31,8 +31,8 @@ def client(server) -> openai.OpenAI:
 
 
 def test_a_response_is_the_chat_completions_text(client, engine):
-    out = client.responses.create(model="gpt-5", instructions="Be brief.", input="Name a color.",
-                                  max_output_tokens=16, temperature=0)
+    kwargs = dict(model="gpt-5", instructions="Be brief.", input="Name a color.", max_output_tokens=16, temperature=0)
+    out = client.responses.create(**kwargs)
     expected = greedy_chat(engine, [{"role": "system", "content": "Be brief."},
                                     {"role": "user", "content": "Name a color."}], 16)
     assert out.object == "response" and out.model == "qwen3_moe-f32.gguf" and out.id.startswith("resp_")
@@ -44,6 +44,8 @@ def test_a_response_is_the_chat_completions_text(client, engine):
     assert out.usage.input_tokens == expected["usage"]["prompt_tokens"]
     assert out.usage.output_tokens == expected["usage"]["completion_tokens"]
     assert out.instructions == "Be brief." and out.max_output_tokens == 16
+    again = client.responses.create(**kwargs)  # the same request: its prompt held but the last token
+    assert again.usage.input_tokens_details.cached_tokens == out.usage.input_tokens - 1
 
 
 def test_a_streamed_response_is_the_same_as_a_whole_one(client):

@@ -185,7 +185,8 @@ def chat_request(body) -> dict:
 
 
 def _usage(completion_usage: dict) -> dict:
-    return {"input_tokens": completion_usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": completion_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": completion_usage["prompt_tokens_details"]["cached_tokens"]},
             "output_tokens": completion_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": completion_usage["total_tokens"]}
 
