@@ -101,8 +101,11 @@ class TextRun:
         if tail:
             yield tail
 
-    def usage(self) -> dict:
-        return usage(len(self.prompt_tokens), self.n_tokens, self.generation.timings.n_cached_prompt_tokens)
+    def totals(self) -> dict:
+        """What a result's end carries: OpenAI's usage, and llama-server's timings."""
+        t = self.generation.timings
+        return {"usage": usage(len(self.prompt_tokens), self.n_tokens, t.n_cached_prompt_tokens),
+                "timings": t.llama_server_timings(self.n_tokens)}
 
 
 def _bytes_missing(text: bytes, missing: int) -> int:
@@ -174,7 +177,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
 
     if not stream:
         text = "".join(run.pieces())
-        return {**head, "choices": [choice(text, 0, run.finish_reason)], "usage": run.usage()}
+        return {**head, "choices": [choice(text, 0, run.finish_reason)], **run.totals()}
 
     def chunks():
         done = 0
@@ -182,7 +185,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
             for piece in run.pieces():
                 yield {**head, "choices": [choice(piece, done, None)]}
                 done = run.n_tokens
-        yield {**head, "choices": [choice("", done, run.finish_reason)], "usage": run.usage()}
+        yield {**head, "choices": [choice("", done, run.finish_reason)], **run.totals()}
     return chunks()
 
 
@@ -283,7 +286,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
             else {"role": "assistant", "content": text}
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, "logprobs": shaped(0), "finish_reason": finish_reason()}],
-                "usage": run.usage()}
+                **run.totals()}
 
     def chunks():
         chunk = {**head, "object": "chat.completion.chunk"}
@@ -298,7 +301,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                 done = run.n_tokens
         last = {} if function is None else EMPTY_DELTA
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
-                                     "finish_reason": finish_reason()}], "usage": run.usage()}
+                                     "finish_reason": finish_reason()}], **run.totals()}
     return chunks()
 
 
@@ -315,7 +318,7 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish_reason("tool_calls" in message),
                              "logprobs": chat_logprobs(engine, run.generation.logprobs) if logprobs else None}],
-                "usage": run.usage()}
+                **run.totals()}
 
     def chunks():
         chunk = {**head, "object": "chat.completion.chunk"}
@@ -333,5 +336,5 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
         for delta in turn.deltas(text, done=True):
             calls = calls or "tool_calls" in delta
             yield delta_chunk(delta)
-        yield {**delta_chunk({}, finish_reason(calls)), "usage": run.usage()}
+        yield {**delta_chunk({}, finish_reason(calls)), **run.totals()}
     return chunks()

@@ -322,6 +322,19 @@ class GenerationStats:
     def decode_tokens_per_second(self) -> float:
         return self.n_decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
+    def llama_server_timings(self, predicted: int) -> dict:
+        """llama-server's `timings` of this generation, which picked `predicted` tokens; with speculative
+        decoding, the guessed tokens checked and taken."""
+        prompt_n, prompt_ms, predicted_ms = self.n_prompt_tokens - self.n_cached_prompt_tokens, \
+            self.prefill_seconds * 1e3, self.decode_seconds * 1e3
+        drafts = {"draft_n": self.n_draft_tokens, "draft_n_accepted": self.n_draft_accepted} if self.n_draft_tokens \
+            else {}
+        return {"cache_n": self.n_cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": self.prefill_tokens_per_second, "predicted_n": predicted,
+                "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+                "predicted_per_second": predicted / self.decode_seconds if self.decode_seconds > 0 else 0.0, **drafts}
+
     def add(self, other: "GenerationStats") -> None:
         """Counts other's tokens and time in these (totals)."""
         self.n_prompt_tokens += other.n_prompt_tokens

@@ -755,9 +755,11 @@ def _max_tokens(max_tokens: int | None) -> int | None:
 
 def _named(result: dict, model: str | None) -> dict:
     """llama-cpp-python's `model` argument: the name results carry instead of the model's path; and its
-    usage, without OpenAI's details (the prompt's cached tokens) that the Engine's has."""
+    end, without what the Engine's adds: OpenAI's usage details (the prompt's cached tokens) and
+    llama-server's timings."""
     if "usage" in result:
-        result = {**result, "usage": {k: v for k, v in result["usage"].items() if k != "prompt_tokens_details"}}
+        result = {**{k: v for k, v in result.items() if k != "timings"},
+                  "usage": {k: v for k, v in result["usage"].items() if k != "prompt_tokens_details"}}
     return result if model is None else {**result, "model": model}
 
 

@@ -107,6 +107,10 @@ def test_create_completion_is_shaped_like_llama_cpp_python(eng):
                             "prompt_tokens_details": {"cached_tokens": 0}}  # OpenAI's: none held before
     again = eng.create_completion("hello", max_tokens=6, temperature=0)
     assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": n_prompt - 1}  # the last evaluated again
+    for result, cached in ((out, 0), (again, n_prompt - 1)):  # and llama-server's timings
+        timings = result["timings"]
+        assert (timings["cache_n"], timings["prompt_n"], timings["predicted_n"]) == (cached, n_prompt - cached, 6)
+        assert timings["predicted_per_second"] > 0 and timings["prompt_ms"] > 0
 
 
 def test_create_completion_stream_chunks(eng):

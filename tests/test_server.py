@@ -147,6 +147,9 @@ def test_chat_completion_goes_through_the_chat_template(client, reference):
     again = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=16, temperature=0)
     # OpenAI's count of the prompt's tokens reused: all but the last, evaluated again for its logits
     assert again.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+    timings = again.model_extra["timings"]  # llama-server's, which its web UI shows
+    assert (timings["cache_n"], timings["prompt_n"], timings["predicted_n"]) == \
+        (r.usage.prompt_tokens - 1, 1, again.usage.completion_tokens)
 
 
 def test_llama_servers_paths_without_v1_answer_as_those_with_it(server):
@@ -610,6 +613,7 @@ def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
     assert status == 200
     events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] <= 6
+    assert events[-1]["timings"]["predicted_n"] == events[-1]["usage"]["completion_tokens"]  # what the UI shows
     body = {"messages": body["messages"], "max_tokens": -1, "n_predict": 4}
     status, out = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
     assert status == 400 and out["error"]["param"] == "n_predict"

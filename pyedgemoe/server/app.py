@@ -94,7 +94,7 @@ def _joined_completion(chunks: list[dict]) -> dict:
     return {"id": last["id"], "object": "text_completion", "created": last["created"], "model": last["model"],
             "choices": [{"text": "".join(c["choices"][0]["text"] for c in chunks), "index": 0, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
-            "usage": last.get("usage")}
+            "usage": last.get("usage"), "timings": last.get("timings")}
 
 
 def _joined_chat_completion(chunks: list[dict]) -> dict:
@@ -107,7 +107,7 @@ def _joined_chat_completion(chunks: list[dict]) -> dict:
     return {"id": last["id"], "object": "chat.completion", "created": last["created"], "model": last["model"],
             "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
-            "usage": last.get("usage")}
+            "usage": last.get("usage"), "timings": last.get("timings")}
 
 
 def _chat_keywords(r: GenerationRequest, defaults: Mapping) -> dict:

@@ -149,7 +149,7 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
             "prompt": engine.detokenize(generation.prompt, special=True), "has_new_line": slot.has_new_line,
             "truncated": False, "stop_type": stop_type, "stopping_word": _text(slot.stopping_word or b""),
             "tokens_cached": n_prompt + max(len(slot.tokens) - 1, 0),
-            "timings": _timings(generation.timings, len(slot.tokens))}
+            "timings": generation.timings.llama_server_timings(len(slot.tokens))}  # the end-of-generation token in
     if n_probs and not stream:
         # as llama-server: without a stop string's tokens, as many as its text makes
         cut = len(engine.tokenize(last["stopping_word"], add_bos=False)) if slot.stopping_word else 0
@@ -221,19 +221,6 @@ def _probability(engine, t, sent: bytes) -> dict:
                 "logprob": logprob if logprob > -math.inf else -3.4028234663852886e38}  # JSON has no -inf
     return {**entry(t.token, t.logprob, sent),
             "top_logprobs": [entry(i, lp, engine.token_piece(i)) for i, lp in t.top]}
-
-
-def _timings(t, predicted: int) -> dict:
-    """llama-server's timings of a GenerationStats whose generation picked `predicted` tokens (the
-    end-of-generation one counted); with speculative decoding, the guessed tokens checked and taken."""
-    prompt_n, prompt_ms, predicted_ms = t.n_prompt_tokens - t.n_cached_prompt_tokens, t.prefill_seconds * 1e3, \
-        t.decode_seconds * 1e3
-    drafts = {"draft_n": t.n_draft_tokens, "draft_n_accepted": t.n_draft_accepted} if t.n_draft_tokens else {}
-    return {"cache_n": t.n_cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": t.prefill_tokens_per_second, "predicted_n": predicted, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
-            "predicted_per_second": predicted / t.decode_seconds if t.decode_seconds > 0 else 0.0, **drafts}
 
 
 def _settings(sampling: SamplingParams, max_tokens: int | None, stop: list[str], n_probs: int, ignore_eos: bool,
