@@ -10,8 +10,8 @@ measured by llama.cpp from the file): it decides the compute mode and device, th
 (or every expert resident, or the mapped file), the host tier, repacking, the expert options the
 model and its calibration complete, prefetch and the cache's fill, the thread counts, the context
 checkpoints a sequence keeps, and refuses what cannot work (InvalidOptionError) before anything
-loads. Engine.__init__ executes a plan; what only the native layer knows at load (--mode auto's measured choice, the ubatch cap its slots set)
-comes back from it.
+loads. Engine.__init__ executes a plan; what only the native layer knows at load (--mode auto's
+measured choice, the ubatch cap its slots set) comes back from it.
 """
 from __future__ import annotations
 
