@@ -151,6 +151,9 @@ class Llama:
         self._seed = seed or LLAMA_DEFAULT_SEED
         self.model_path, self.verbose, self.embedding = os.fspath(model_path), verbose, embedding
         self.spm_infill = spm_infill  # a suffix's fill in the middle: the suffix first
+        # llama-cpp-python's attributes of its arguments (numa: ggml's strategy, 0 off; lora_base: none here)
+        self.kv_overrides, self.tensor_split, self.numa = kv_overrides, tensor_split, 0
+        self.lora_base, self.lora_path, self.lora_scale = None, lora_path, lora_scale
         self.cache = None  # set_cache's
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
@@ -506,6 +509,9 @@ class Llama:
 
     def tokenizer(self) -> "LlamaTokenizer":
         return LlamaTokenizer(self)
+
+    tokenizer_ = property(tokenizer, doc="llama-cpp-python's attribute of the tokenizer (made at each use: a "
+                                         "Llama held by its own attribute would outlive the last reference to it)")
 
     # -- embeddings ---------------------------------------------------------------------------
     def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
