@@ -367,13 +367,14 @@ with Engine(sys.argv[1], **json.loads(sys.argv[2])) as eng:
 def test_a_prefetch_not_begun_by_its_layer_is_a_miss_there(tiny_model, references, shim, mode):
     # where the CPU computes misses, a prefetch still queued when its layer comes is given back
     # (cancelled, its slot freed) for the layer to divide, rather than read by the layer while the
-    # device waits. Slow storage (every read of the file 30 ms: the fault shim) and one read at a
-    # time queue them up; a host tier too small to hold every expert sends prefetches to the file.
+    # device waits. Slow storage (every read of the file 80 ms, the fault shim: slower than a layer on
+    # a busy machine too, where 30 ms was not) and one read at a time queue them up; a host tier too
+    # small to hold every expert sends prefetches to the file.
     path = tiny_model("mixtral")[0]
     options = dict(SETTINGS, mode=mode, expert_cache="40%", host_cache="60%", prefetch="hobbit", io_threads=1,
                    fill_cache=False, **(dict(link_share=0.5) if mode == "split" else {}))
     env = dict(os.environ, LD_PRELOAD=str(shim), PYEDGEMOE_FAULT_PATH=str(path), PYEDGEMOE_FAULT_BEGIN="0",
-               PYEDGEMOE_FAULT_END=str(path.stat().st_size), PYEDGEMOE_FAULT_DELAY_MS="30")
+               PYEDGEMOE_FAULT_END=str(path.stat().st_size), PYEDGEMOE_FAULT_DELAY_MS="80")
     r = subprocess.run([sys.executable, "-c", PREFETCH_RUN, str(path), json.dumps(options), json.dumps(IDS[:8]),
                         str(N_GREEDY)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
