@@ -51,12 +51,14 @@ class TextRun:
     """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it;
     n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs). A
     character cut by max_tokens is finished first, as llama-cpp-python's completions do (their
-    count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more."""
+    count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more. timings_per_token:
+    a streamed chunk carries the timings so far (chunk_timings)."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
-                 special_tokens: Container[int] = frozenset()):
+                 special_tokens: Container[int] = frozenset(), timings_per_token: bool = False):
         self._engine = engine
+        self._timings_per_token = timings_per_token
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
         self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
@@ -101,11 +103,19 @@ class TextRun:
         if tail:
             yield tail
 
+    def timings(self) -> dict:
+        """llama-server's timings of the generation so far."""
+        return {"timings": self.generation.timings.llama_server_timings(self.n_tokens)}
+
+    def chunk_timings(self) -> dict:
+        """What a streamed chunk after the prompt's evaluation carries: with timings_per_token,
+        llama-server's timings so far (as llama-server's chunks do); else nothing."""
+        return self.timings() if self._timings_per_token else {}
+
     def totals(self) -> dict:
         """What a result's end carries: OpenAI's usage, and llama-server's timings."""
-        t = self.generation.timings
-        return {"usage": usage(len(self.prompt_tokens), self.n_tokens, t.n_cached_prompt_tokens),
-                "timings": t.llama_server_timings(self.n_tokens)}
+        return {"usage": usage(len(self.prompt_tokens), self.n_tokens, self.generation.timings.n_cached_prompt_tokens),
+                **self.timings()}
 
 
 def _bytes_missing(text: bytes, missing: int) -> int:
@@ -155,13 +165,14 @@ def chat_logprobs(engine, taken: list[TokenLogprob]) -> dict:
 
 def create_completion(engine, prompt: str | list[int], max_tokens: int | None, stop: str | list[str] | None,
                       stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None,
-                      suffix: str | None = None, spm_infill: bool = False):
+                      suffix: str | None = None, spm_infill: bool = False, timings_per_token: bool = False):
     """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
     generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
     completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
     check_n_probs("logprobs", logprobs)
     tokens = engine._prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
-    run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs)
+    run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs,
+                  timings_per_token=timings_per_token)
     head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
             "model": engine.model_path}
 
@@ -183,7 +194,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
         done = 0
         with closing(run):
             for piece in run.pieces():
-                yield {**head, "choices": [choice(piece, done, None)]}
+                yield {**head, "choices": [choice(piece, done, None)], **run.chunk_timings()}
                 done = run.n_tokens
         yield {**head, "choices": [choice("", done, run.finish_reason)], **run.totals()}
     return chunks()
@@ -241,7 +252,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
                            reasoning_format: str | None = None, continue_final_message=None,
-                           add_generation_prompt: bool | None = None):
+                           add_generation_prompt: bool | None = None, timings_per_token: bool = False):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
     (pyedgemoe.tool_calls)."""
@@ -264,7 +275,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
     run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
-                  special_tokens=turn.special_tokens if turn else frozenset())
+                  special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token)
     if turn is not None:
         return _parsed_chat(engine, run, turn, stream, logprobs)
     uid = uuid.uuid4()
@@ -297,7 +308,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
             for piece in run.pieces():
                 delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
                 yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
-                                             "finish_reason": None}]}
+                                             "finish_reason": None}], **run.chunk_timings()}
                 done = run.n_tokens
         last = {} if function is None else EMPTY_DELTA
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
@@ -332,9 +343,9 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
                 text += piece
                 for delta in turn.deltas(text, done=False):
                     calls = calls or "tool_calls" in delta
-                    yield delta_chunk(delta)
+                    yield {**delta_chunk(delta), **run.chunk_timings()}
         for delta in turn.deltas(text, done=True):
             calls = calls or "tool_calls" in delta
-            yield delta_chunk(delta)
+            yield {**delta_chunk(delta), **run.chunk_timings()}
         yield {**delta_chunk({}, finish_reason(calls)), **run.totals()}
     return chunks()

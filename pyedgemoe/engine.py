@@ -474,11 +474,12 @@ class Engine(Vocabulary):
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *, suffix: str | None = None,
                           spm_infill: bool = False, stop: str | list[str] | None = None, stream: bool = False,
-                          logprobs: int | None = None, **sampling):
+                          logprobs: int | None = None, timings_per_token: bool = False, **sampling):
         """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's; logprobs: each token's and the
-        logprobs likeliest tokens'; suffix: fill in the middle (spm_infill: suffix first). sampling: as for generate."""
+        logprobs likeliest tokens'; suffix: fill in the middle (spm_infill: suffix first); timings_per_token: each
+        streamed chunk with llama-server's timings so far (else the last only). sampling: as for generate."""
         return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling,
-                                             suffix=suffix, spm_infill=spm_infill)
+                                             suffix=suffix, spm_infill=spm_infill, timings_per_token=timings_per_token)
 
     def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
                     template_kwargs: dict | None = None) -> str:
@@ -503,7 +504,8 @@ class Engine(Vocabulary):
                                tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
                                parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
                                reasoning_format: str | None = None, continue_final_message=None,
-                               add_generation_prompt: bool | None = None, **sampling):
+                               add_generation_prompt: bool | None = None, timings_per_token: bool = False,
+                               **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
@@ -512,11 +514,12 @@ class Engine(Vocabulary):
         thoughts as reasoning_content. chat_template_kwargs: more of the template's variables
         ({"enable_thinking": False}). continue_final_message (True, "content", "reasoning_content"): the
         last message, the assistant's, is continued, the answer what follows it; add_generation_prompt
-        False: none (llama-server's). sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
+        False: none (llama-server's). timings_per_token: as for create_completion. sampling: as for generate
+        (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
                                                   chat_template_kwargs, reasoning_format, continue_final_message,
-                                                  add_generation_prompt)
+                                                  add_generation_prompt, timings_per_token)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

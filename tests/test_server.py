@@ -602,8 +602,9 @@ def test_props_and_slots_answer_as_llama_server_does(server):
 
 
 def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
-    """llama.cpp's web UI sends llama-server's options beside OpenAI's: its streaming and timing
-    hints are accepted (and change nothing), n_predict is max_tokens, -1 for no limit."""
+    """llama.cpp's web UI sends llama-server's options beside OpenAI's: its streaming hints are
+    accepted (and change nothing), n_predict is max_tokens, -1 for no limit, and timings_per_token
+    gives each chunk after the role's the timings so far (the UI's live speed)."""
     body = {"messages": [{"role": "user", "content": "def fib(n):"}], "stream": True, "n_predict": 6,
             "timings_per_token": True, "return_progress": True, "sse_ping_interval": 1, "reasoning_format": "auto",
             "reasoning_control": True, "backend_sampling": False, "temperature": 0.2, "top_k": 40, "top_p": 0.95,
@@ -614,6 +615,8 @@ def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
     events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] <= 6
     assert events[-1]["timings"]["predicted_n"] == events[-1]["usage"]["completion_tokens"]  # what the UI shows
+    assert "timings" not in events[0] and all("timings" in e for e in events[1:])
+    assert [e["timings"]["predicted_n"] for e in events[1:]] == sorted(e["timings"]["predicted_n"] for e in events[1:])
     body = {"messages": body["messages"], "max_tokens": -1, "n_predict": 4}
     status, out = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
     assert status == 400 and out["error"]["param"] == "n_predict"

@@ -55,8 +55,30 @@ def test_a_message_is_the_chat_completions_text_with_anthropics_fields(client, e
     assert [b.type for b in out.content] == ["text"]
     assert out.content[0].text == expected["choices"][0]["message"]["content"]
     assert out.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[expected["choices"][0]["finish_reason"]]
-    assert out.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    # llama-server's usage: the prompt's tokens the cache held apart (none: a first request)
+    assert out.usage.input_tokens + out.usage.cache_read_input_tokens == expected["usage"]["prompt_tokens"]
     assert out.usage.output_tokens == expected["usage"]["completion_tokens"]
+
+
+def test_the_tokens_the_cache_held_are_cache_reads_whole_and_streamed(client, engine):
+    """A conversation's next turn reuses the prompt the server's sequence holds: those tokens are
+    cache_read_input_tokens, the rest input_tokens, in a whole message and in a stream's message_start
+    (sent with the first token, as llama-server's)."""
+    first = [{"role": "user", "content": "Name three colors of the sea, please."}]
+    kwargs = dict(model="local-model", max_tokens=8, extra_body={"temperature": 0})
+    reply = client.messages.create(messages=first, **kwargs)
+    turn = first + [{"role": "assistant", "content": reply.content[0].text}, {"role": "user", "content": "And sky?"}]
+    prompt_tokens = greedy_chat(engine, turn, 1)["usage"]["prompt_tokens"]
+    with client.messages.stream(messages=turn, **kwargs) as stream:
+        started = next(e for e in stream if e.type == "message_start").message.usage
+        streamed = stream.get_final_message()
+    assert 0 < started.cache_read_input_tokens < prompt_tokens
+    assert started.input_tokens + started.cache_read_input_tokens == prompt_tokens
+    assert (streamed.usage.input_tokens, streamed.usage.cache_read_input_tokens) == \
+        (started.input_tokens, started.cache_read_input_tokens)
+    whole = client.messages.create(messages=turn, **kwargs).usage  # the same prompt again: all held but its last
+    assert whole.input_tokens + whole.cache_read_input_tokens == prompt_tokens
+    assert whole.cache_read_input_tokens > started.cache_read_input_tokens
 
 
 def test_a_streamed_message_is_the_same_as_a_whole_one(client):
@@ -162,8 +184,10 @@ def test_a_stream_of_thoughts_text_and_calls_is_one_block_after_the_other():
 
     def chunk(delta: dict, finish: str | None = None) -> dict:
         out = {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if "role" not in delta:  # evaluated: the timings so far (timings_per_token)
+            out["timings"] = {"prompt_n": 5, "cache_n": 2}
         return {**out, "usage": {"prompt_tokens": 7, "completion_tokens": 9}} if finish else out
-    stream = EventStream(input_tokens=7)
+    stream = EventStream()
     chunks = [chunk({"role": "assistant"}), chunk({"reasoning_content": "Hm"}), chunk({"reasoning_content": "m."}),
               chunk({"content": "Two calls."}),
               chunk({"tool_calls": [{"index": 0, "id": "a", "type": "function",
@@ -184,6 +208,6 @@ def test_a_stream_of_thoughts_text_and_calls_is_one_block_after_the_other():
                      ("content_block_start", 3, "tool_use"), ("content_block_delta", 3, "input_json_delta"),
                      ("content_block_delta", 3, "input_json_delta"), ("content_block_stop", 3, None),
                      ("message_delta", None, None), ("message_stop", None, None)]
-    assert events[0]["message"]["usage"]["input_tokens"] == 7
+    assert events[0]["message"]["usage"] == {"input_tokens": 5, "cache_read_input_tokens": 2, "output_tokens": 0}
     assert events[12]["content_block"] == {"type": "tool_use", "id": "b", "name": "g", "input": {}}
     assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-2]["usage"]["output_tokens"] == 9

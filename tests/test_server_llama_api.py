@@ -99,6 +99,19 @@ def test_a_streamed_completion_sends_the_same_text_and_ends_with_the_totals(serv
         {k: whole[k] for k in ("stop_type", "tokens_evaluated", "prompt")}
 
 
+def test_timings_per_token_gives_each_chunk_the_timings_so_far(server):
+    """llama-server's timings_per_token (its web UI's live speed): each streamed chunk with the timings
+    of the generation up to it; without it, the last only."""
+    body = {"prompt": "The experts of a token", "n_predict": 8, "temperature": 0}
+    chunks = [json.loads(p) for p in events(server, "/completion", {**body, "timings_per_token": True})]
+    assert all("timings" in c for c in chunks)
+    predicted = [c["timings"]["predicted_n"] for c in chunks]
+    assert predicted == sorted(predicted) and predicted[-1] == 8 == chunks[-1]["tokens_predicted"]
+    assert {c["timings"]["prompt_n"] + c["timings"]["cache_n"] for c in chunks} == {chunks[-1]["tokens_evaluated"]}
+    assert [("timings" in c) for c in (json.loads(p) for p in events(server, "/completion", body))][-2:] == [False, True]
+    assert post(server, "/completion", {**body, "timings_per_token": 1})[0] == 400
+
+
 def test_a_stop_word_ends_it_and_is_named(server, engine):
     tokens = engine.tokenize("x = ", add_bos=True, special=True)
     text, _ = greedy(engine, tokens, 24)

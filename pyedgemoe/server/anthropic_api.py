@@ -159,16 +159,19 @@ def _blocks(message: dict) -> list[dict]:
     return blocks
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"cache_read_input_tokens": 0, "input_tokens": input_tokens, "output_tokens": output_tokens}
+def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+    """Anthropic's usage, as llama-server gives it: the prompt's tokens the cache held apart from those evaluated."""
+    return {"cache_read_input_tokens": cached_tokens, "input_tokens": prompt_tokens - cached_tokens,
+            "output_tokens": output_tokens}
 
 
 def message(completion: dict) -> dict:
     """Anthropic's message of a (joined) chat completion."""
-    choice = completion["choices"][0]
+    choice, usage = completion["choices"][0], completion["usage"]
     return {"id": completion["id"], "type": "message", "role": "assistant", "content": _blocks(choice["message"]),
             "model": completion["model"], "stop_reason": _STOP_REASONS[choice["finish_reason"]], "stop_sequence": None,
-            "usage": _usage(completion["usage"]["prompt_tokens"], completion["usage"]["completion_tokens"])}
+            "usage": _usage(usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
+                            usage["completion_tokens"])}
 
 
 def _event(kind: str, data: dict) -> str:
@@ -176,11 +179,14 @@ def _event(kind: str, data: dict) -> str:
 
 
 class EventStream:
-    """Anthropic's stream of a chat completion's chunks: events() of each chunk, in order. A block
-    starts where the deltas change kind (thoughts, text, a tool call) and stops before the next."""
+    """Anthropic's stream of a chat completion's chunks (those after the prompt's evaluation with
+    llama-server's timings: Engine's timings_per_token): events() of each chunk, in order. The message
+    starts at the first chunk with timings, its usage theirs, as llama-server's starts with the
+    first token. A block starts where the deltas change kind (thoughts, text, a tool call) and stops
+    before the next."""
 
-    def __init__(self, input_tokens: int) -> None:
-        self.input_tokens = input_tokens
+    def __init__(self) -> None:
+        self._started = False
         self._block: tuple[str, object] | None = None  # the open block's kind (and a call's index)
         self._index = -1  # the open block's
 
@@ -205,10 +211,12 @@ class EventStream:
         """The events of one chunk (a chat completion's, as Engine.create_chat_completion streams them)."""
         choice, out = chunk["choices"][0], ""
         delta = choice["delta"]
-        if delta.get("role"):
+        if not self._started and "timings" in chunk:
+            self._started, timings = True, chunk["timings"]
             out += _event("message_start", {"message": {
                 "id": chunk["id"], "type": "message", "role": "assistant", "content": [], "model": chunk["model"],
-                "stop_reason": None, "stop_sequence": None, "usage": _usage(self.input_tokens, 0)}})
+                "stop_reason": None, "stop_sequence": None,
+                "usage": _usage(timings["prompt_n"] + timings["cache_n"], timings["cache_n"], 0)}})
         if delta.get("reasoning_content"):
             if self._block != ("thinking", None):
                 out += self._start(("thinking", None), {"type": "thinking", "thinking": ""})

@@ -333,16 +333,11 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     async def anthropic_messages(request: Request) -> Response:
         """Anthropic's Messages API over the chat completions (anthropic_api.py)."""
         r = await request_body(request, CHAT_PARAMETERS, "messages", convert=anthropic_api.chat_request)
-        start = functools.partial(engine.create_chat_completion, r.messages, stream=True,
+        start = functools.partial(engine.create_chat_completion, r.messages, stream=True, timings_per_token=True,
                                   **_chat_keywords(r, chat_defaults))
-        stream = None
-        if r.stream:
-            try:
-                stream = anthropic_api.EventStream(await asyncio.to_thread(chat_prompt_length, r))
-            except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
-                raise from_engine_error(e) from None
+        stream = anthropic_api.EventStream()
         return await generate(request, start, r.stream, lambda chunks: anthropic_api.message(_joined_chat_completion(chunks)),
-                              events=EventFormat(stream.events, "", stream.error) if stream else OPENAI_EVENTS)
+                              events=EventFormat(stream.events, "", stream.error))
 
     @app.post("/v1/responses")
     @app.post("/responses")

@@ -42,6 +42,7 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     n_probs = options.pop("n_probs", options.pop("logprobs", 0))  # llama-server's other name, popped either way
     ignore_eos = options.pop("ignore_eos", False)
     return_tokens = options.pop("return_tokens", False)
+    per_token = options.pop("timings_per_token", False)
     fields = options.pop("response_fields", [])
     slot = _Slot(engine, [s.encode() for s in stop], options.pop("n_indent", 0), options.pop("t_max_predict_ms", 0))
     for theirs, ours in _SAMPLING_NAMES.items():
@@ -54,7 +55,8 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     sampling = SamplingParams.of(options)
     generation, picks = engine._generation(tokens, max_tokens, sampling, ignore_eos, n_probs=n_probs or None)
     settings = _settings(sampling, max_tokens, stop, n_probs, ignore_eos, stream)
-    return _chunks(engine, slot, generation, picks, stream, return_tokens, n_probs, settings, model_id, fields)
+    return _chunks(engine, slot, generation, picks, stream, return_tokens, n_probs, settings, model_id, fields,
+                   per_token)
 
 
 class _Slot:
@@ -110,7 +112,7 @@ class _Slot:
 
 
 def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool, return_tokens: bool,
-            n_probs: int, settings: dict, model_id: str, fields: list[str]) -> Iterator[dict]:
+            n_probs: int, settings: dict, model_id: str, fields: list[str], per_token: bool) -> Iterator[dict]:
     n_prompt = len(generation.prompt)
     probabilities = []  # n_probs: of each token whose text was sent (the end-of-generation token's too)
 
@@ -127,6 +129,8 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
                      "tokens_predicted": len(slot.tokens), "tokens_evaluated": n_prompt}
             if n_probs:
                 chunk["completion_probabilities"] = probabilities[-1:]
+            if per_token:  # timings_per_token: the timings so far
+                chunk["timings"] = generation.timings.llama_server_timings(len(slot.tokens))
             yield chunk
 
     try:
