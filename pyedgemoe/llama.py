@@ -175,6 +175,9 @@ class Llama:
                 n_gpu_layers, tensor_split, use_mmap, use_mlock, kv_overrides, lora_path, lora_scale, pooling_type,
                 type_k, type_v, {**kwargs, **rope})
             self.model_path, self.n_batch = self.engine.model_path, self.engine.plan.n_batch
+            # the thread counts the run starts with (the defaults' fewer while the machine is busy)
+            n_threads, n_threads_batch = self.engine.plan.n_threads, self.engine.plan.n_threads_batch
+        self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
         try:
             self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
         except InvalidOptionError:

@@ -339,8 +339,9 @@ def test_chat_format_left_unset_is_llama_cpp_pythons_choice(both, tiny_model, tm
 
 
 def test_the_arguments_attributes_are_llama_cpp_pythons(both):
-    theirs, ours = both(kv_overrides={"general.name": "demo"}, lora_scale=0.5)
-    for name in ("kv_overrides", "tensor_split", "numa", "lora_base", "lora_path", "lora_scale"):
+    theirs, ours = both(kv_overrides={"general.name": "demo"}, lora_scale=0.5, n_threads_batch=1)
+    for name in ("kv_overrides", "tensor_split", "numa", "lora_base", "lora_path", "lora_scale", "n_threads",
+                 "n_threads_batch"):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert ours.tokenizer_.tokenize(b"hello") == theirs.tokenizer_.tokenize(b"hello")
 
