@@ -127,8 +127,9 @@ def run(
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
                                         help="interactive chat with the model's template (ChatML if it has none), as "
                                         "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
-                                        "end the session (default: a chat where no -p, -f or --json is given, as "
-                                        "llama-cli)"),
+                                        "end the session (default: a chat where no -p, -f or --json is given, or "
+                                        "where a chat's flag is: -sys, -sysf, -st, --reasoning-*, "
+                                        "--chat-template-kwargs; as llama-cli)"),
     reasoning_format: str = typer.Option("none", "--reasoning-format", help=f"with --chat: a reply's thoughts, "
                                          f"{', '.join(REASONING_FORMATS)} (none: in the reply as written; auto, "
                                          "deepseek: apart, between [Start thinking] and [End thinking], as llama-cli)"),
@@ -162,8 +163,10 @@ def run(
 
     if prompt is not None and file is not None:
         fail("give the prompt with -p or -f, not both")
-    if chat is None:  # as llama-cli: a conversation unless there is a text to complete
-        chat = prompt is None and file is None and not as_json and prompt_cache is None
+    if chat is None:  # as llama-cli: a conversation unless there is a text to complete; a chat's own flag makes one
+        chat = system_prompt is not None or system_prompt_file is not None or single_turn or bool(template_kwargs) \
+            or sampling.reasoning_budget_tokens >= 0 or reasoning_format != "none" \
+            or (prompt is None and file is None and not as_json and prompt_cache is None)
     if chat and as_json:
         fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
     if system_prompt_file is not None:
@@ -174,16 +177,17 @@ def run(
         except OSError as e:
             fail(f"cannot read the system prompt's file: {e}")
     if system_prompt is not None and not chat:
-        fail("--system-prompt is the system message of a --chat session: give --chat too, or put it in the prompt")
+        fail("--system-prompt is the system message of a chat session, which --no-chat leaves out: put it in the prompt")
     if single_turn and not chat:
-        fail("--single-turn is one turn of a --chat session: give --chat too")
+        fail("--single-turn is one turn of a chat session, which --no-chat leaves out")
     if template_kwargs and not chat:
-        fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's: give --chat too")
+        fail("--chat-template-kwargs, --reasoning and --reasoning-effort are the chat template's, which --no-chat leaves "
+             "out")
     if sampling.reasoning_budget_tokens >= 0 and not chat:
-        fail("--reasoning-budget is a chat's (its template's thinking tags): give --chat too")
+        fail("--reasoning-budget is a chat's (its template's thinking tags), which --no-chat leaves out")
     check_reasoning_format(reasoning_format)
     if reasoning_format != "none" and not chat:
-        fail("--reasoning-format parses a chat's replies: give --chat too")
+        fail("--reasoning-format parses a chat's replies, which --no-chat leaves out")
     if reverse_prompt and as_json:
         fail("--reverse-prompt ends streamed text; --json gives the tokens: give one of them")
     if (prompt_cache_all or prompt_cache_ro) and prompt_cache is None:

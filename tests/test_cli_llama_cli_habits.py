@@ -119,8 +119,8 @@ def test_a_chats_template_variables_reach_the_template(engine, tmp_path):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["-p", "x", "-st"], "--single-turn is one turn of a --chat session"),
-    (["-p", "x", "-rea", "off"], "the chat template's: give --chat too"),
+    (["-no-cnv", "-p", "x", "-st"], "--single-turn is one turn of a chat session"),
+    (["-no-cnv", "-p", "x", "-rea", "off"], "the chat template's, which --no-chat leaves out"),
     (["-p", "x", "-r", "y", "--json"], "--reverse-prompt ends streamed text"),
     (["-cnv", "-sp"], "--special and --verbose-prompt are a completion's"),
 ])

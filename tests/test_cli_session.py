@@ -85,7 +85,17 @@ def test_chat_with_a_model_without_a_template_says_chatml_is_used():
 
 def test_chat_refuses_json_and_a_system_prompt_needs_chat():
     assert_one_line_error(cli("run", DEMO, "--chat", "--json", input_text="hi\n"), "--json", "--chat")
-    assert_one_line_error(cli("run", DEMO, "-sys", "be brief", "-p", "hi"), "--system-prompt", "--chat")
+    assert_one_line_error(cli("run", DEMO, "-no-cnv", "-sys", "be brief", "-p", "hi"), "--system-prompt", "--no-chat")
+
+
+def test_a_chats_own_flag_makes_a_chat_as_in_llama_cli():
+    # llama-cli's -p with -sys or -st: the first user message of a chat (one turn with -st)
+    greedy = ["-n", "4", "--temp", "0"]
+    for flags in (["-st"], ["-sys", "be brief"], ["-st", "-sys", "be brief"]):
+        implied = cli("run", DEMO, "-p", "hi", *flags, *greedy, input_text="")
+        given = cli("run", DEMO, "-cnv", "-p", "hi", *flags, *greedy, input_text="")
+        assert implied.returncode == 0 and implied.stdout.startswith("> hi\n"), implied.stderr
+        assert implied.stdout == given.stdout
 
 
 def test_chat_stats_come_at_the_end_of_the_session():
