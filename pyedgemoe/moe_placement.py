@@ -42,7 +42,7 @@ def override_tensor(value: str) -> str:
         matched = [expert for name, expert in _tensor_names() if regex.search(name)]
         if buffer_type != "CPU" or not matched or not all(matched):
             what = f"places tensors in {buffer_type!r}, not in llama.cpp's CPU" if buffer_type != "CPU" else \
-                "matches no tensor" if not matched else "matches tensors that are not experts'"
+                "matches no tensor" if not matched else "matches tensors that are not experts"
             raise InvalidOptionError(f"-ot {override!r} {what}: {WAY_HERE}")
     return f"-ot {value}: {_TAKEN}"
 
