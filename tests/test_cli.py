@@ -304,8 +304,8 @@ def test_llama_cpps_experts_in_host_memory_are_taken_with_a_note(mixtral_gguf, f
 
 
 @pytest.mark.parametrize("value, fragment", [
-    ("attn_q=CPU", "matches tensors that are not experts'"), ("ffn=CPU", "matches tensors that are not experts'"),
-    ("exps=CPU,token_embd=CPU", "'token_embd=CPU' matches tensors that are not experts'"),
+    ("attn_q=CPU", "matches tensors that are not experts"), ("ffn=CPU", "matches tensors that are not experts"),
+    ("exps=CPU,token_embd=CPU", "'token_embd=CPU' matches tensors that are not experts"),
     ("exps=CUDA0", "places tensors in 'CUDA0', not in llama.cpp's CPU"), ("ffn_up_xps=CPU", "matches no tensor"),
     ("exps", "-ot takes <tensor name pattern>=<buffer type>"), ("(=CPU", "not a regular expression"),
 ])
