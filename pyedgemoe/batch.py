@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyedgemoe.errors import ExpertLoadError
-from pyedgemoe.generation import Generation, KVSequence, shared_prefix
+from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
 # that their tokens share the step; a consumer that takes longer is stepped in a later one.
@@ -35,7 +35,7 @@ _END = object()
 @dataclass
 class _Request:
     generation: Generation | None  # None: a task's request
-    out: queue.Queue = field(default_factory=queue.Queue)  # tokens, then _END (or an exception)
+    out: queue.Queue = field(default_factory=queue.Queue)  # (PromptProgress and) tokens, then _END (or an exception)
     want: bool = True  # its consumer waits for its next token
     closed: bool = False  # its consumer has gone: its sequence is free
     done: bool = False  # it has ended (_END or an error sent)
@@ -60,7 +60,8 @@ class Batcher:
         self._thread.start()
 
     def generate(self, generation: Generation) -> Iterator[int]:
-        """The generation's tokens; it queues for a sequence when the first is asked for."""
+        """The generation's tokens (with its PromptProgress, where it asks for them); it queues for a sequence
+        when the first is asked for."""
         r = self._queued(_Request(generation))
         try:
             while True:
@@ -70,6 +71,8 @@ class Batcher:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
+                if isinstance(item, PromptProgress):  # the prompt's evaluation goes on
+                    continue
                 with self._cond:
                     r.want = True
                     self._cond.notify_all()
@@ -150,7 +153,7 @@ class Batcher:
                         if r.task:
                             self._run_task(r)
                         else:
-                            self._emit_own(r, lambda: [r.generation.prefill(r.sequence)])
+                            self._emit_own(r, lambda: [self._prefilled(r)])
                     if stepping:
                         self._step(stepping)
             except ExpertLoadError as e:
@@ -201,6 +204,16 @@ class Batcher:
         for r, own in inputs:
             self._emit_own(r, lambda: r.generation.verified(first, seconds))
             first += len(own)
+
+    @staticmethod
+    def _prefilled(r: _Request) -> int | None:
+        """r's prefill (Generation.prefill): its progress to r's consumer as it goes; the first pick."""
+        steps = r.generation.prefill(r.sequence)
+        while True:
+            try:
+                r.out.put(next(steps))
+            except StopIteration as done:
+                return done.value
 
     def _run_task(self, r: _Request) -> None:
         """r's task, its result (or its own error) to its consumer; its sequence is free after."""

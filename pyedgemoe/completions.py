@@ -20,7 +20,7 @@ from typing import Container, Iterator
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.fill_in_middle import completion_prompt
-from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams, TokenLogprob
+from pyedgemoe.generation import CHAT_TEMPERATURE, PromptProgress, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
 from pyedgemoe.chat_formats import ChatTurn, continuation, parses, wants_thinking_tags
@@ -52,18 +52,21 @@ class TextRun:
     n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs). A
     character cut by max_tokens is finished first, as llama-cpp-python's completions do (their
     count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more. timings_per_token:
-    a streamed chunk carries the timings so far (chunk_timings)."""
+    a streamed chunk carries the timings so far (chunk_timings). progress: pieces() yields a
+    PromptProgress as the prompt's evaluation begins and after each llama_decode of it."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
-                 special_tokens: Container[int] = frozenset(), timings_per_token: bool = False):
+                 special_tokens: Container[int] = frozenset(), timings_per_token: bool = False,
+                 progress: bool = False):
         self._engine = engine
         self._timings_per_token = timings_per_token
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
         self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
         allowed = max_tokens + CHARACTER_TAIL if max_tokens else max_tokens
-        self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs)
+        self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs,
+                                                           progress=progress)
         self._text = TextStream(stop)
         self.n_tokens = 0
         self.finish_reason = "length"
@@ -73,14 +76,17 @@ class TextRun:
         where an exception (Ctrl-C) left this run's generators suspended in a traceback."""
         self._tokens.close()
 
-    def pieces(self) -> Iterator[str]:
+    def pieces(self) -> Iterator[str | PromptProgress]:
         try:
             yield from self._pieces()
         finally:
             self.close()
 
-    def _pieces(self) -> Iterator[str]:
+    def _pieces(self) -> Iterator[str | PromptProgress]:
         for token in self._tokens:
+            if isinstance(token, PromptProgress):
+                yield token
+                continue
             self.n_tokens += 1
             raw = self._engine.token_piece(token, special=token in self._special)
             self._bytes = self._bytes[-3:] + raw  # the text's last bytes: what _bytes_missing reads
@@ -165,14 +171,15 @@ def chat_logprobs(engine, taken: list[TokenLogprob]) -> dict:
 
 def create_completion(engine, prompt: str | list[int], max_tokens: int | None, stop: str | list[str] | None,
                       stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None,
-                      suffix: str | None = None, spm_infill: bool = False, timings_per_token: bool = False):
+                      suffix: str | None = None, spm_infill: bool = False, timings_per_token: bool = False,
+                      return_progress: bool = False):
     """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
     generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
     completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
     check_n_probs("logprobs", logprobs)
     tokens = engine._prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
     run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs,
-                  timings_per_token=timings_per_token)
+                  timings_per_token=timings_per_token, progress=stream and return_progress)
     head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
             "model": engine.model_path}
 
@@ -194,6 +201,9 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
         done = 0
         with closing(run):
             for piece in run.pieces():
+                if isinstance(piece, PromptProgress):
+                    yield {**head, "choices": [choice("", done, None)], "prompt_progress": piece.llama_server()}
+                    continue
                 yield {**head, "choices": [choice(piece, done, None)], **run.chunk_timings()}
                 done = run.n_tokens
         yield {**head, "choices": [choice("", done, run.finish_reason)], **run.totals()}
@@ -252,7 +262,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool | None = None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
                            reasoning_format: str | None = None, continue_final_message=None,
-                           add_generation_prompt: bool | None = None, timings_per_token: bool = False):
+                           add_generation_prompt: bool | None = None, timings_per_token: bool = False,
+                           return_progress: bool = False):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
     (pyedgemoe.tool_calls)."""
@@ -275,7 +286,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
     run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
-                  special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token)
+                  special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token,
+                  progress=stream and return_progress)
     if turn is not None:
         return _parsed_chat(engine, run, turn, stream, logprobs)
     uid = uuid.uuid4()
@@ -306,6 +318,9 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         done = 0
         with closing(run):
             for piece in run.pieces():
+                if isinstance(piece, PromptProgress):
+                    yield _progress_chunk(chunk, piece)
+                    continue
                 delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
                 yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
                                              "finish_reason": None}], **run.chunk_timings()}
@@ -314,6 +329,12 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
                                      "finish_reason": finish_reason()}], **run.totals()}
     return chunks()
+
+
+def _progress_chunk(chunk: dict, progress: PromptProgress) -> dict:
+    """A chat's chunk of how far its prompt's evaluation is (llama-server's return_progress)."""
+    return {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}],
+            "prompt_progress": progress.llama_server()}
 
 
 def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: bool | None):
@@ -340,6 +361,9 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
         text, calls = "", False
         with closing(run):
             for piece in run.pieces():
+                if isinstance(piece, PromptProgress):
+                    yield _progress_chunk(chunk, piece)
+                    continue
                 text += piece
                 for delta in turn.deltas(text, done=False):
                     calls = calls or "tool_calls" in delta

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Generator
 
 import numpy as np
 
@@ -67,20 +67,22 @@ class Decoder:
             self.last_output = (seq, pos0 + len(ids))
             return logits
 
-    def prefill(self, ids: list[int], sequence: KVSequence, all_logits: bool = False) -> np.ndarray:
-        """decode of a prompt's ids after what sequence holds; with context checkpoints, paused to take
-        one where llama-server does (context_checkpoints.cuts)."""
-        held = len(sequence.tokens)
-        if sequence.checkpoints is None:
-            return self.decode(ids, held, sequence, all_logits)
-        with self.lock:
-            ends = cuts(held, held + len(ids), self.live().n_batch, self.n_ubatch) + [held + len(ids)]
-            rows, start = [], held
-            for end in ends:
-                rows.append(self.decode(ids[start - held:end - held], start, sequence, all_logits))
-                if end < ends[-1]:
-                    sequence.checkpoints.take(self.live(), sequence.seq, sequence.tokens + ids[:end - held])
-                start = end
+    def prefill(self, ids: list[int], sequence: KVSequence, all_logits: bool = False) -> Generator[int, None, np.ndarray]:
+        """decode of a prompt's ids after what sequence holds, a llama_decode of n_batch ids at a time
+        (as decode's): yields the count of ids evaluated after each, returns decode's logits. With
+        context checkpoints, paused to take one where llama-server does (context_checkpoints.cuts)."""
+        held, end = len(sequence.tokens), len(sequence.tokens) + len(ids)
+        n_batch = self.live().n_batch
+        pauses = cuts(held, end, n_batch, self.n_ubatch) if sequence.checkpoints is not None else []
+        rows, start = [], held
+        for pause in pauses + [end]:
+            for stop in [*range(start + n_batch, pause, n_batch), pause]:
+                with self.lock:
+                    rows.append(self.decode(ids[start - held:stop - held], start, sequence, all_logits))
+                    if stop == pause < end:
+                        sequence.checkpoints.take(self.live(), sequence.seq, sequence.tokens + ids[:stop - held])
+                start = stop
+                yield start - held
         return np.concatenate(rows) if all_logits else rows[-1]
 
     def decode_step(self, tokens: list[int], positions: list[int], sequences: list[KVSequence]) -> None:

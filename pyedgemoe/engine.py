@@ -382,12 +382,13 @@ class Engine(Vocabulary):
 
     def _generation(self, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                     ignore_eos: bool = False, feed_tokens: list[int] | None = None, fresh: bool = False,
-                    n_probs: int | None = None) -> tuple[Generation, Iterator[int]]:
+                    n_probs: int | None = None, progress: bool = False) -> tuple[Generation, Iterator[int]]:
         """generate_tokens, with the Generation (its own timings: last_timings is the latest generation's,
         whichever thread started it; its logprobs, with n_probs). fresh: forget the KV cache first (no prefix
         reused; the expert cache's per-sequence records restart). A generation with a seed of its own is fresh:
         reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose sums the CPU kernels may
-        round differently, and the same seeded call must give the same tokens."""
+        round differently, and the same seeded call must give the same tokens. progress: a PromptProgress among
+        the tokens as the prompt's evaluation begins and after each of its llama_decode calls."""
         sampling.validate()
         prompt = as_token_ids(prompt_tokens, "prompt")
         if not prompt:
@@ -410,7 +411,7 @@ class Engine(Vocabulary):
         generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
                                 ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs,
                                 self.draft_model if sampling.draft_model is None else sampling.draft_model,
-                                sampling.prompt_logits)
+                                sampling.prompt_logits, progress)
         tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)
         return generation, self._counted(tokens, timings)
 
@@ -424,7 +425,7 @@ class Engine(Vocabulary):
     def _one_sequence(self, generation: Generation) -> Iterator[int]:
         """An Engine's one sequence: the generation on the caller's thread, holding it to its end."""
         with self._sequence_turn():
-            token = generation.prefill(self._decoder.sequences[0])
+            token = yield from generation.prefill(self._decoder.sequences[0])
             while token is not None:
                 yield token
                 token = generation.step()
@@ -474,12 +475,16 @@ class Engine(Vocabulary):
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *, suffix: str | None = None,
                           spm_infill: bool = False, stop: str | list[str] | None = None, stream: bool = False,
-                          logprobs: int | None = None, timings_per_token: bool = False, **sampling):
+                          logprobs: int | None = None, timings_per_token: bool = False, return_progress: bool = False,
+                          **sampling):
         """OpenAI-style text completion, shaped like llama_cpp.Llama.create_completion's; logprobs: each token's and the
         logprobs likeliest tokens'; suffix: fill in the middle (spm_infill: suffix first); timings_per_token: each
-        streamed chunk with llama-server's timings so far (else the last only). sampling: as for generate."""
+        streamed chunk with llama-server's timings so far (else the last only); return_progress: chunks of how far
+        the prompt's evaluation is (their prompt_progress, llama-server's) streamed before the text. sampling: as
+        for generate."""
         return completions.create_completion(self, prompt, max_tokens, stop, stream, logprobs, sampling,
-                                             suffix=suffix, spm_infill=spm_infill, timings_per_token=timings_per_token)
+                                             suffix=suffix, spm_infill=spm_infill, timings_per_token=timings_per_token,
+                                             return_progress=return_progress)
 
     def format_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
                     template_kwargs: dict | None = None) -> str:
@@ -505,7 +510,7 @@ class Engine(Vocabulary):
                                parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
                                reasoning_format: str | None = None, continue_final_message=None,
                                add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                               **sampling):
+                               return_progress: bool = False, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
@@ -514,12 +519,12 @@ class Engine(Vocabulary):
         thoughts as reasoning_content. chat_template_kwargs: more of the template's variables
         ({"enable_thinking": False}). continue_final_message (True, "content", "reasoning_content"): the
         last message, the assistant's, is continued, the answer what follows it; add_generation_prompt
-        False: none (llama-server's). timings_per_token: as for create_completion. sampling: as for generate
-        (temperature: CHAT_TEMPERATURE)."""
+        False: none (llama-server's). timings_per_token, return_progress: as for create_completion. sampling: as for
+        generate (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
                                                   chat_template_kwargs, reasoning_format, continue_final_message,
-                                                  add_generation_prompt, timings_per_token)
+                                                  add_generation_prompt, timings_per_token, return_progress)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

@@ -20,6 +20,7 @@ import numbers
 import random
 import time
 from collections import deque
+from typing import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -426,6 +427,20 @@ class SequenceState:
     kv: bytes
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a prompt's evaluation is, as llama-server's prompt_progress: its tokens (total), those
+    the sequence held already (cache), those held and evaluated so far (processed), and the time since
+    it began."""
+    total: int
+    cache: int
+    processed: int
+    ms: float
+
+    def llama_server(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": int(self.ms)}
+
+
 class Generation:
     """One generation on one KVSequence: prefill() evaluates the prompt and picks the first token;
     then, while more() is true, the model evaluates next_inputs() and verified() gives the picks
@@ -435,11 +450,11 @@ class Generation:
     feed_tokens (benchmarks): after the i-th pick, feed feed_tokens[i] to the model instead.
     n_probs: record each generated token's TokenLogprob with the n_probs most likely (logprobs);
     None: none. draft: a drafter (speculative.py) whose guesses are checked with each input.
-    prompt_logits: SamplingParams.prompt_logits."""
+    prompt_logits: SamplingParams.prompt_logits. progress: prefill() yields how far it is."""
 
     def __init__(self, decoder, prompt: list[int], budget: int, sampler, ignore_eos: bool,
                  timings: GenerationStats, fresh: bool, feed_tokens: list[int] | None = None,
-                 n_probs: int | None = None, draft=None, prompt_logits=None):
+                 n_probs: int | None = None, draft=None, prompt_logits=None, progress: bool = False):
         if draft is not None and (feed_tokens is not None or decoder.no_drafts):
             raise InvalidOptionError(f"speculative decoding (draft_model) cannot run here: "
                                      f"{decoder.no_drafts or 'feed_tokens feeds tokens of its own'}")
@@ -454,6 +469,7 @@ class Generation:
         self.n_probs = n_probs
         self.draft = draft
         self.prompt_logits = prompt_logits
+        self.progress = progress
         self.control = DraftControl()  # what drafting earns, and how much of a guess to check
         self.logprobs: list[TokenLogprob] = []  # of each generated token, with n_probs
         self.end: tuple[int, TokenLogprob | None] | None = None  # the end-of-generation token picked, not yielded
@@ -466,14 +482,23 @@ class Generation:
         self._ready: deque[int | None] = deque()  # verified picks step() has not handed out yet
         self._decode_start = 0.0
 
-    def prefill(self, sequence: KVSequence) -> int | None:
+    def prefill(self, sequence: KVSequence) -> Generator[PromptProgress, None, int | None]:
         """Evaluates the prompt on sequence, keeping the prefix it shares with what the sequence holds
         (none when fresh; at least the prompt's last token is evaluated again, for its logits), and
-        picks the first token."""
+        picks the first token: a generator that returns the pick and, with progress, yields a
+        PromptProgress as the evaluation begins and after each llama_decode."""
         start = time.perf_counter()
         self.sequence = sequence
         reuse = self.decoder.keep(sequence, 0 if self.fresh else shared_prefix(sequence.tokens, self.prompt))
-        logits = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None)
+        evaluation, evaluated = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None), 0
+        while True:
+            if self.progress:
+                yield PromptProgress(len(self.prompt), reuse, reuse + evaluated, (time.perf_counter() - start) * 1e3)
+            try:
+                evaluated = next(evaluation)
+            except StopIteration as done:
+                logits = done.value
+                break
         sequence.tokens[:] = self.prompt
         if self.prompt_logits is not None:
             self.prompt_logits(self.prompt, logits)

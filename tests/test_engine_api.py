@@ -137,6 +137,32 @@ def test_completion_ends_at_the_models_end_token_with_finish_reason_stop(eng):
     assert out["usage"]["completion_tokens"] == n
 
 
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_return_progress_streams_the_prompts_evaluation_before_the_text(mixtral_gguf, n_parallel):
+    """llama-server's return_progress: chunks with prompt_progress as the prompt's evaluation begins and
+    after each llama_decode (n_batch tokens), then the chunks a stream without them gives."""
+    messages = [{"role": "user", "content": " ".join(f"word{i}" for i in range(40))}]
+    settings = dict(n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=2, n_parallel=n_parallel)
+
+    def chat(e, **kwargs) -> list[dict]:
+        return list(e.create_chat_completion(messages, 8, stream=True, temperature=0, **kwargs))
+    with Engine(mixtral_gguf, **settings) as e:
+        first, again = chat(e, return_progress=True), chat(e, return_progress=True)
+    with Engine(mixtral_gguf, **settings) as e:
+        plain = chat(e)
+    progress = [c["prompt_progress"] for c in first if "prompt_progress" in c]
+    assert [("prompt_progress" in c) for c in first[:len(progress) + 1]] == [False] + [True] * len(progress)
+    total = progress[0]["total"]
+    assert total > 100 and {(p["total"], p["cache"]) for p in progress} == {(total, 0)}
+    assert [p["processed"] for p in progress] == [*range(0, total, 32), total]
+    assert [p["time_ms"] for p in progress] == sorted(p["time_ms"] for p in progress)
+    assert [c["choices"] for c in first if "prompt_progress" not in c] == [c["choices"] for c in plain]
+    # the same prompt again: all but its last token held
+    assert [(p["total"], p["cache"], p["processed"]) for p in (c["prompt_progress"] for c in again
+                                                               if "prompt_progress" in c)] == \
+        [(total, total - 1, total - 1), (total, total - 1, total)]
+
+
 def test_chat_completion_shape_and_stream(eng):
     messages = [{"role": "user", "content": "hi"}]
     out = eng.create_chat_completion(messages, max_tokens=5, temperature=0)

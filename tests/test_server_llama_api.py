@@ -112,6 +112,26 @@ def test_timings_per_token_gives_each_chunk_the_timings_so_far(server):
     assert post(server, "/completion", {**body, "timings_per_token": 1})[0] == 400
 
 
+def test_return_progress_streams_the_prompts_evaluation_first(server):
+    """llama-server's return_progress: events with prompt_progress as the prompt's evaluation begins and
+    after each n_batch tokens, before the text's, which is what a stream without them sends."""
+    body = {"prompt": " ".join(f"w{i}" for i in range(60)), "n_predict": 6, "temperature": 0}
+    plain = [json.loads(p) for p in events(server, "/completion", body)]
+    chunks = [json.loads(p) for p in events(server, "/completion", {**body, "return_progress": True})]
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert all("prompt_progress" in c for c in chunks[:len(progress)])
+    total = plain[-1]["tokens_evaluated"]
+    assert total > N_BATCH and {(p["total"], p["cache"]) for p in progress} == {(total, total - 1)}  # held: all but one
+    assert [p["processed"] for p in progress] == [total - 1, total]
+    assert "".join(c["content"] for c in chunks) == "".join(c["content"] for c in plain)
+    fresh = [json.loads(p) for p in events(server, "/completion", {**body, "return_progress": True,
+                                                                    "prompt": "x " + body["prompt"]})]
+    processed = [c["prompt_progress"]["processed"] for c in fresh if "prompt_progress" in c]
+    assert processed[-1] == fresh[-1]["tokens_evaluated"] and processed == sorted(processed) and len(processed) > 2
+    whole = post(server, "/completion", {**body, "return_progress": True})[1]  # streamed only, as llama-server's
+    assert "prompt_progress" not in whole and whole["content"] == "".join(c["content"] for c in plain)
+
+
 def test_a_stop_word_ends_it_and_is_named(server, engine):
     tokens = engine.tokenize("x = ", add_bos=True, special=True)
     text, _ = greedy(engine, tokens, 24)

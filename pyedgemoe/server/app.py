@@ -72,7 +72,9 @@ NATIVE_EVENTS = EventFormat()  # llama-server's own: no [DONE]
 
 
 def _has_output(chunk: dict) -> bool:
-    """A chunk the Engine produced after evaluating the prompt: text, or the end."""
+    """A chunk the Engine produced once the prompt's evaluation began: its progress, text, or the end."""
+    if "prompt_progress" in chunk:
+        return True
     choice = chunk["choices"][0]
     delta = choice.get("delta", {})
     return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content") or
@@ -202,7 +204,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         try:
             while (chunk := await generation.next()) is not None:
                 chunks.append(name(chunk))
-                if stream and (_has_output(chunk) if openai else chunk.get("content") or chunk.get("stop") is not False):
+                if stream and (_has_output(chunk) if openai else chunk.get("content") or chunk.get("stop") is not False
+                               or "prompt_progress" in chunk):
                     break
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             generation.abandon()

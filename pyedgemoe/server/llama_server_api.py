@@ -13,7 +13,7 @@ import math
 import time
 from typing import Iterator
 
-from pyedgemoe.generation import RANDOM_SEED, SamplingParams
+from pyedgemoe.generation import RANDOM_SEED, PromptProgress, SamplingParams
 
 # llama-server's names of SamplingParams' settings
 _SAMPLING_NAMES = {"mirostat": "mirostat_mode", "repeat_last_n": "penalty_last_n"}
@@ -43,6 +43,7 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     ignore_eos = options.pop("ignore_eos", False)
     return_tokens = options.pop("return_tokens", False)
     per_token = options.pop("timings_per_token", False)
+    progress = options.pop("return_progress", False) and stream
     fields = options.pop("response_fields", [])
     slot = _Slot(engine, [s.encode() for s in stop], options.pop("n_indent", 0), options.pop("t_max_predict_ms", 0))
     for theirs, ours in _SAMPLING_NAMES.items():
@@ -53,7 +54,8 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     if "logit_bias" in options:
         options["logit_bias"] = _token_biases(engine, options["logit_bias"])
     sampling = SamplingParams.of(options)
-    generation, picks = engine._generation(tokens, max_tokens, sampling, ignore_eos, n_probs=n_probs or None)
+    generation, picks = engine._generation(tokens, max_tokens, sampling, ignore_eos, n_probs=n_probs or None,
+                                           progress=progress)
     settings = _settings(sampling, max_tokens, stop, n_probs, ignore_eos, stream)
     return _chunks(engine, slot, generation, picks, stream, return_tokens, n_probs, settings, model_id, fields,
                    per_token)
@@ -135,6 +137,10 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
 
     try:
         for token in picks:
+            if isinstance(token, PromptProgress):  # return_progress: how far the prompt's evaluation is
+                yield {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
+                       "tokens_evaluated": n_prompt, "prompt_progress": token.llama_server()}
+                continue
             yield from event(token)
             if slot.stopping_word is not None or slot.limited:
                 break

@@ -260,11 +260,11 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 # the reasoning budget's names (llama-server's: the first before the second; -1 is the server's default)
 _BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens,
-           "timings_per_token": _boolean, **_SAMPLING}
+           "timings_per_token": _boolean, "return_progress": _boolean, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
 # sends (its streaming options, how it shows a reasoning model's thoughts), and the prompt's time limit
 # code editors' plugins send (which llama-server does not implement either)
-_IGNORED = {"user", "stream_options", "cache_prompt", "return_progress", "sse_ping_interval",
+_IGNORED = {"user", "stream_options", "cache_prompt", "sse_ping_interval",
             "backend_sampling", "t_max_prompt_ms"}
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
