@@ -490,7 +490,8 @@ class Generation:
         start = time.perf_counter()
         self.sequence = sequence
         reuse = self.decoder.keep(sequence, 0 if self.fresh else shared_prefix(sequence.tokens, self.prompt))
-        evaluation, evaluated = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None), 0
+        evaluation = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None, self.progress)
+        evaluated = 0
         while True:
             if self.progress:
                 yield PromptProgress(len(self.prompt), reuse, reuse + evaluated, (time.perf_counter() - start) * 1e3)
