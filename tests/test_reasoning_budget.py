@@ -135,7 +135,7 @@ def test_run_chats_with_a_budget_as_llama_cli(opened, opened_engine):
     expected = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert r.returncode == 0 and r.stdout == f"> {ASKED[0]['content']}\n{expected}\n", r.stderr
     assert r.stdout.index(MESSAGE.strip()) < r.stdout.index("</think>")
-    for arguments, message in ((["-p", "x", "--reasoning-budget", "0"], "--reasoning-budget is a chat's"),
+    for arguments, message in ((["-no-cnv", "-p", "x", "--reasoning-budget", "0"], "--reasoning-budget is a chat's"),
                                (["-cnv", "--reasoning-budget", "-2"], "reasoning_budget_tokens must be >= -1")):
         bad = cli(opened, *arguments)
         assert bad.returncode != 0 and bad.stderr.startswith("error: ") and message in bad.stderr, bad.stderr
@@ -238,5 +238,5 @@ def test_run_shows_the_thoughts_apart_as_llama_cli(opened, opened_engine):
     assert message["reasoning_content"] and message["content"]
     shown = f"[Start thinking]\n\n{message['reasoning_content']}\n[End thinking]\n\n{message['content']}"
     assert r.returncode == 0 and r.stdout == f"> {ASKED[0]['content']}\n{shown}\n", (r.stdout, r.stderr)
-    bad = cli(opened, "-p", "x", "--reasoning-format", "auto")
+    bad = cli(opened, "-no-cnv", "-p", "x", "--reasoning-format", "auto")
     assert bad.returncode != 0 and "--reasoning-format parses a chat's replies" in bad.stderr
