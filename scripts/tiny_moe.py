@@ -37,11 +37,20 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # routing with a score-correction bias and group-limited top-k; Qwen3-Next: linear-attention
 # (gated delta net) layers between full-attention ones, a gated shared expert; LFM2-MoE (an edge
 # MoE): short-convolution layers, a dense first layer, tied embeddings; GLM-4.5: partial rotary,
-# q/k norms, sigmoid routing, a dense first layer.
-LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe")
-# the converter's arguments a family needs: Qwen3-Next's config names no multi-token-prediction
-# layers, which the converter then asks for unless told there are none
-CONVERTER_ARGS: dict[str, list[str]] = {"qwen3_next": ["--no-mtp"]}
+# q/k norms, sigmoid routing, a dense first layer. Granite-MoE (IBM's edge MoEs): scaled
+# embeddings, residuals, attention and logits. Granite-4.0-H (granitemoehybrid): Mamba-2 layers
+# beside attention, a shared expert, no positions. MiniMax-M2: sigmoid routing with a correction
+# bias, partial rotary, q/k norms over all heads. dots.llm1: DeepSeek-V3's router on Qwen's
+# attention. Qwen3.5-MoE: Qwen3-Next's layers with interleaved multimodal rotary sections.
+LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe", "granitemoe",
+                                   "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe")
+# the converter's arguments a family needs, by its config's model_type: Qwen3-Next's and Qwen3.5's
+# configs name no multi-token-prediction layers, which the converter then asks for unless told there
+# are none
+CONVERTER_ARGS: dict[str, list[str]] = {"qwen3_next": ["--no-mtp"], "qwen3_5_moe_text": ["--no-mtp"]}
+# config.json's keys as the released checkpoints have them, where transformers writes them otherwise
+# and llama.cpp's converter reads only the released form (Granite-4.0-H's layer types)
+RELEASED_CONFIG: dict[str, dict] = {"granitemoehybrid": {"layer_types": ["mamba", "attention"]}}
 # the special tokens a family's vocabulary must have for the converter (GLM's: its BOS, end of turn
 # and end of message), added after the trained ones
 EXTRA_SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
@@ -62,6 +71,11 @@ GGUF_ARCH: dict[str, str] = {
     "qwen3_next": "qwen3next",
     "lfm2_moe": "lfm2moe",
     "glm4_moe": "glm4moe",
+    "granitemoe": "granitemoe",
+    "granitemoehybrid": "granitehybrid",
+    "minimax_m2": "minimax-m2",
+    "dots1": "dots1",
+    "qwen3_5_moe": "qwen35moe",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -187,6 +201,41 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         norm_topk_prob=True, routed_scaling_factor=2.5, num_nextn_predict_layers=0, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
     )),
+    "granitemoe": ("GraniteMoeConfig", dict(
+        # granite-3.1-3b-a800m's multipliers (its logits' divisor left at 1, for logits that vary)
+        num_hidden_layers=2, num_key_value_heads=2, intermediate_size=32, num_local_experts=8,
+        num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+        logits_scaling=1.0, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(
+        num_hidden_layers=2, layer_types=RELEASED_CONFIG["granitemoehybrid"]["layer_types"], num_key_value_heads=2,
+        intermediate_size=32, shared_intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=1.0,
+        mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2,
+        position_embedding_type="nope", rms_norm_eps=1e-6,
+    )),
+    "minimax_m2": ("MiniMaxM2Config", dict(
+        # rotary_dim and scoring_func: the released config's keys, which llama.cpp's converter reads
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=8,
+        num_experts_per_tok=2, rotary_dim=8, scoring_func="sigmoid", use_routing_bias=True, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+    )),
+    "dots1": ("Dots1Config", dict(
+        # as many key/value heads as heads, as the released model (llama.cpp's dots1 assumes it)
+        num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=4, intermediate_size=64,
+        moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid", rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(
+        # the rotary sections sum to half the rotated dimensions (4 of 16)
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -310,7 +359,7 @@ def _randomise_(model, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight",
-                              "shared_expert_gate.weight")):
+                              "shared_expert_gate.weight", "block_sparse_moe.router.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
             elif p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
@@ -335,6 +384,9 @@ def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomise_(model, seed)
     model.save_pretrained(str(out_dir))
+    if arch in RELEASED_CONFIG:
+        saved = json.loads((out_dir / "config.json").read_text())
+        (out_dir / "config.json").write_text(json.dumps({**saved, **RELEASED_CONFIG[arch]}, indent=2))
     return out_dir
 
 
