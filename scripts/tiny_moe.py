@@ -86,6 +86,9 @@ OUTTYPES = ("f32", "f16", "q8_0")
 # the `tokenizers` ByteLevel pre-tokenizer; "default" would also split punctuation runs and
 # three-digit groups first, so it would not reproduce HF's ids.
 LLAMA_CPP_TOKENIZER_PRE = "gpt-2"
+# by config model_type, where transformers tokenizes a family with its own regex (Qwen3.5's class
+# splits as llama.cpp's "qwen35" does)
+FAMILY_TOKENIZER_PRE: dict[str, str] = {"qwen3_5_moe_text": "qwen35"}
 VOCAB_SIZE = 384
 BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -216,7 +219,7 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
     )),
     "minimax_m2": ("MiniMaxM2Config", dict(
         # rotary_dim and scoring_func: the released config's keys, which llama.cpp's converter reads
-        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=8,
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=8,
         num_experts_per_tok=2, rotary_dim=8, scoring_func="sigmoid", use_routing_bias=True, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
     )),
@@ -365,6 +368,9 @@ def _randomise_(model, seed: int) -> None:
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
+        for name, b in model.named_buffers():  # sigmoid routers' correction biases (DeepSeek-V3's)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=gen) * BIAS_STD)
 
 
 def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict | None = None) -> Path:
@@ -420,6 +426,11 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
+def tokenizer_pre(model_type: str) -> str:
+    """The llama.cpp pre-tokenizer a family's GGUF names (config model_type)."""
+    return FAMILY_TOKENIZER_PRE.get(model_type, LLAMA_CPP_TOKENIZER_PRE)
+
+
 def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32", model_name: str | None = None) -> Path:
     """Convert hf_dir to out_path with llama.cpp's convert_hf_to_gguf.py (in a subprocess)."""
     if outtype not in OUTTYPES:
@@ -431,13 +442,14 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32", model_na
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GGUF_PY), env.get("PYTHONPATH")) if p)
     env.pop("NO_LOCAL_GGUF", None)
+    model_type = json.loads((Path(hf_dir) / "config.json").read_text())["model_type"]
     cmd = [
-        sys.executable, "-c", _CONVERTER_SHIM, str(LLAMA_CPP), LLAMA_CPP_TOKENIZER_PRE,
+        sys.executable, "-c", _CONVERTER_SHIM, str(LLAMA_CPP), tokenizer_pre(model_type),
         str(hf_dir), "--outfile", str(out_path), "--outtype", outtype,
     ]
     if model_name:
         cmd += ["--model-name", model_name]
-    cmd += CONVERTER_ARGS.get(json.loads((Path(hf_dir) / "config.json").read_text())["model_type"], [])
+    cmd += CONVERTER_ARGS.get(model_type, [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out_path.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}):\n{proc.stderr}")

@@ -6,6 +6,7 @@ models are built once into tests/.models and reused.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ def test_llama_cpp_tokenizes_like_transformers(tiny):
 def test_gguf_carries_special_tokens_and_chat_template(tiny):
     fields = gguf_fields(tiny.gguf_path)
     assert fields["tokenizer.ggml.model"] == "gpt2"
-    assert fields["tokenizer.ggml.pre"] == tiny_moe.LLAMA_CPP_TOKENIZER_PRE
+    model_type = json.loads((tiny.hf_dir / "config.json").read_text())["model_type"]
+    assert fields["tokenizer.ggml.pre"] == tiny_moe.tokenizer_pre(model_type)
     assert fields["tokenizer.ggml.bos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.BOS_TOKEN)
     assert fields["tokenizer.ggml.eos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.EOS_TOKEN)
     assert fields["tokenizer.chat_template"] == tiny_moe.CHAT_TEMPLATE
@@ -132,12 +134,17 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
 
     def record(name):
         def hook(_module, _inputs, output):
+            # a router that returns its choices (logits, weights, expert ids) is taken at its word:
+            # sigmoid routers with a correction bias do not choose by the logits alone
+            ids = [t for t in output if not t.is_floating_point()] if isinstance(output, tuple) else []
             logits = output[0] if isinstance(output, tuple) else output
-            chosen[name] = set(logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1).indices.flatten().tolist())
+            picked = ids[0] if ids else logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1).indices
+            chosen[name] = set(picked.flatten().tolist())
         return hook
 
     for name, module in model.named_modules():
-        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate")):  # gpt-oss's, lfm2's names
+        # gpt-oss's, lfm2's and granite's names
+        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate", ".block_sparse_moe.router")):
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(torch.tensor([TOKEN_IDS]))
