@@ -289,9 +289,13 @@ def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
     assert served == {layer: experts["n_expert_used"] * n for layer, n in tokens.items()}
 
 
-def test_deepseek_v3s_multi_precision_file_runs_mixed(tiny_model, tmp_path):
-    # sigmoid routing with a correction bias: HOBBIT's rule takes the routing weights as they come
-    path = convert_gguf(tiny_model("deepseek_v3")[0], tmp_path / "ds3.gguf", high="q8_0", low="q4_0", progress=False)
+# llama.cpp's files of families pyedgemoe's HF converter does not take: DeepSeek-V3's and dots.llm1's
+# sigmoid routing with a correction bias (HOBBIT's rule takes the routing weights as they come),
+# Granite's scaled residuals, and the recurrent layers of Granite-4.0-H and Qwen3.5 beside them.
+# (The tiny MiniMax-M2's top-2 weights are near even, so nothing goes LOW at HOBBIT's thresholds.)
+@pytest.mark.parametrize("arch", ["deepseek_v3", "dots1", "granitemoe", "granitemoehybrid", "qwen3_5_moe"])
+def test_a_llama_cpp_file_made_multi_precision_runs_mixed(tiny_model, tmp_path, arch):
+    path = convert_gguf(tiny_model(arch)[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
     logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%")
     assert stats["experts"]["mixed_precision"] and stats["experts"]["total"]["loads_low"] > 0
     lossless = evaluate(path, expert_cache="50%", low_precision=False, skip=False)
