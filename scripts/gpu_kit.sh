@@ -75,11 +75,12 @@ cp $WORK/native/_native*.so $KIT/lib/
 cp "$(gcc -print-file-name=libgomp.so.1)" $KIT/lib/
 cp $WORK/stock/bin/llama-bench $KIT/bin/
 strip --strip-unneeded $KIT/lib/*.so* $KIT/bin/llama-bench
-for arch in mixtral qwen2_moe qwen3_moe olmoe deepseek_v2; do
+families() { .venv/bin/python -c "import sys; sys.path.insert(0, 'scripts'); import tiny_moe; print(*tiny_moe.$1)"; }
+for arch in $(families MOE_ARCHITECTURES); do
     cp "$(.venv/bin/python scripts/tiny_moe.py $arch --out $WORK/tiny | tail -1)" $KIT/models/tiny-$arch.gguf
 done
-# the families from llama.cpp's converter (tiny_moe.LLAMA_CPP_ONLY): their correctness is `gpu` at 25 % alone
-for arch in gpt_oss deepseek_v3 qwen3_next lfm2_moe glm4_moe; do
+# the families from llama.cpp's converter: their correctness is `gpu` at 25 % alone
+for arch in $(families LLAMA_CPP_ONLY); do
     cp "$(.venv/bin/python scripts/tiny_moe.py $arch --out $WORK/tiny | tail -1)" $KIT/models/more-$arch.gguf
 done
 # for mixed precision: a LOW copy of every expert
