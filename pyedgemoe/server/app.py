@@ -71,10 +71,13 @@ OPENAI_EVENTS = EventFormat(done="data: [DONE]\n\n")
 NATIVE_EVENTS = EventFormat()  # llama-server's own: no [DONE]
 
 
-def _has_output(chunk: dict) -> bool:
-    """A chunk the Engine produced once the prompt's evaluation began: its progress, text, or the end."""
+def _has_output(chunk: dict, openai: bool) -> bool:
+    """A chunk the Engine produced once the prompt's evaluation began: its progress, text, or the end
+    (openai: in OpenAI's shape, else llama-server's)."""
     if "prompt_progress" in chunk:
         return True
+    if not openai:
+        return bool(chunk.get("content")) or chunk.get("stop") is not False
     choice = chunk["choices"][0]
     delta = choice.get("delta", {})
     return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content") or
@@ -204,8 +207,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         try:
             while (chunk := await generation.next()) is not None:
                 chunks.append(name(chunk))
-                if stream and (_has_output(chunk) if openai else chunk.get("content") or chunk.get("stop") is not False
-                               or "prompt_progress" in chunk):
+                if stream and _has_output(chunk, openai):
                     break
         except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
             generation.abandon()
