@@ -42,8 +42,13 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # beside attention, a shared expert, no positions. MiniMax-M2: sigmoid routing with a correction
 # bias, partial rotary, q/k norms over all heads. dots.llm1: DeepSeek-V3's router on Qwen's
 # attention. Qwen3.5-MoE: Qwen3-Next's layers with interleaved multimodal rotary sections.
+# Nemotron-H MoE (Nemotron 3 Nano): Mamba-2, attention and MoE each a layer of its own, squared-ReLU
+# experts without a gate, sigmoid routing with a selection bias. AFMoE (Arcee's Trinity): scaled
+# embeddings, gated attention with q/k norms, sliding windows with unrotated global layers, norms
+# before and after attention and FFN, sigmoid routing with a selection bias.
 LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe", "granitemoe",
-                                   "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe")
+                                   "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe", "nemotron_h",
+                                   "afmoe")
 # the converter's arguments a family needs, by its config's model_type: Qwen3-Next's and Qwen3.5's
 # configs name no multi-token-prediction layers, which the converter then asks for unless told there
 # are none
@@ -76,6 +81,8 @@ GGUF_ARCH: dict[str, str] = {
     "minimax_m2": "minimax-m2",
     "dots1": "dots1",
     "qwen3_5_moe": "qwen35moe",
+    "nemotron_h": "nemotron_h_moe",
+    "afmoe": "afmoe",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -106,6 +113,9 @@ INIT_STD = 0.15
 ROUTER_STD = 0.3
 NORM_WEIGHT_STD = 0.1
 BIAS_STD = 0.1
+# the routers' selection biases randomised as well (Nemotron-H's, AFMoE's), so that a runtime that
+# chose by the scores alone would show; the earlier families' stay at transformers' zeros
+SELECTION_BIASES = ("mixer.gate.e_score_correction_bias", "mlp.expert_bias")
 
 _COMMON = dict(
     hidden_size=64,
@@ -240,6 +250,22 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
                          "mrope_section": [1, 1, 0], "mrope_interleaved": True},
     )),
+    "nemotron_h": ("NemotronHConfig", dict(
+        # Nemotron 3 Nano's layer kinds, one each and a second MoE
+        layers_block_type=["mamba", "moe", "attention", "moe"], num_key_value_heads=2, head_dim=16,
+        intermediate_size=64, ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=1, conv_kernel=4,
+        expand=2, chunk_size=16, n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=64, num_experts_per_tok=2, routed_scaling_factor=2.5, n_group=1,
+        topk_group=1, norm_topk_prob=True, layer_norm_epsilon=1e-5,
+    )),
+    "afmoe": ("AfmoeConfig", dict(
+        # route_norm and mup_enabled as the released configs (llama.cpp always scales the embeddings);
+        # a global layer every 4, as llama.cpp assumes
+        num_hidden_layers=4, num_dense_layers=1, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+        moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, num_shared_experts=1, route_scale=2.5,
+        route_norm=True, mup_enabled=True, global_attn_every_n_layers=4, sliding_window=8, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -363,8 +389,11 @@ def _randomise_(model, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight",
-                              "shared_expert_gate.weight", "block_sparse_moe.router.weight")):
+                              "shared_expert_gate.weight", "block_sparse_moe.router.weight", "mixer.gate.weight",
+                              "mlp.router.gate.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
+            elif name.endswith(SELECTION_BIASES):
+                p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
             elif p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
             elif name.endswith(".bias"):

@@ -112,7 +112,8 @@ def test_moe_gguf_has_llama_cpp_arch_and_stacked_expert_tensors(tiny_moe_model):
     assert fields[f"{arch}.expert_used_count"] == 2
     names = gguf_tensors(tiny_moe_model.gguf_path)
     last = fields[f"{arch}.block_count"] - 1
-    for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp"):
+    gate = () if tiny_moe_model.arch == "nemotron_h" else ("ffn_gate_exps",)  # its experts: squared ReLU, no gate
+    for kind in (*gate, "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp"):
         assert f"blk.{last}.{kind}.weight" in names
 
 
@@ -143,8 +144,8 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
         return hook
 
     for name, module in model.named_modules():
-        # gpt-oss's, lfm2's and granite's names
-        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate", ".block_sparse_moe.router")):
+        # gpt-oss's (and AFMoE's), lfm2's, granite's and Nemotron-H's names
+        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate", ".block_sparse_moe.router", ".mixer.gate")):
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(torch.tensor([TOKEN_IDS]))
