@@ -45,10 +45,15 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # Nemotron-H MoE (Nemotron 3 Nano): Mamba-2, attention and MoE each a layer of its own, squared-ReLU
 # experts without a gate, sigmoid routing with a selection bias. AFMoE (Arcee's Trinity): scaled
 # embeddings, gated attention with q/k norms, sliding windows with unrotated global layers, norms
-# before and after attention and FFN, sigmoid routing with a selection bias.
+# before and after attention and FFN, sigmoid routing with a selection bias. ERNIE-4.5-MoE: a dense
+# first layer, shared experts, a selection bias, tied embeddings. Jamba: Mamba (1) layers with norms
+# inside, attention every fourth layer, MoE every second. The last two have SentencePiece vocabularies.
 LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe", "granitemoe",
                                    "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe", "nemotron_h",
-                                   "afmoe")
+                                   "afmoe", "ernie4_5_moe", "jamba")
+# families whose converter reads a SentencePiece model (tokenizer.model) and writes llama.cpp's
+# "llama" vocabulary; the others get a byte-level BPE (tokenizer.json) and "gpt2"
+SENTENCEPIECE: tuple[str, ...] = ("ernie4_5_moe", "jamba")
 # the converter's arguments a family needs, by its config's model_type: Qwen3-Next's and Qwen3.5's
 # configs name no multi-token-prediction layers, which the converter then asks for unless told there
 # are none
@@ -83,6 +88,8 @@ GGUF_ARCH: dict[str, str] = {
     "qwen3_5_moe": "qwen35moe",
     "nemotron_h": "nemotron_h_moe",
     "afmoe": "afmoe",
+    "ernie4_5_moe": "ernie4_5-moe",
+    "jamba": "jamba",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -113,9 +120,9 @@ INIT_STD = 0.15
 ROUTER_STD = 0.3
 NORM_WEIGHT_STD = 0.1
 BIAS_STD = 0.1
-# the routers' selection biases randomised as well (Nemotron-H's, AFMoE's), so that a runtime that
-# chose by the scores alone would show; the earlier families' stay at transformers' zeros
-SELECTION_BIASES = ("mixer.gate.e_score_correction_bias", "mlp.expert_bias")
+# the routers' selection biases randomised as well (Nemotron-H's, AFMoE's, ERNIE's), so that a
+# runtime that chose by the scores alone would show; the earlier families' stay at transformers' zeros
+SELECTION_BIASES = ("mixer.gate.e_score_correction_bias", "mlp.expert_bias", "moe_statics.e_score_correction_bias")
 
 _COMMON = dict(
     hidden_size=64,
@@ -266,6 +273,16 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         route_norm=True, mup_enabled=True, global_attn_every_n_layers=4, sliding_window=8, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
     )),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(
+        num_hidden_layers=3, num_key_value_heads=2, intermediate_size=64, moe_intermediate_size=32, moe_k=2,
+        moe_num_experts=8, moe_num_shared_experts=1, moe_layer_start_index=1, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+    )),
+    "jamba": ("JambaConfig", dict(
+        num_hidden_layers=4, num_key_value_heads=2, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        expert_layer_period=2, expert_layer_offset=1, attn_layer_period=4, attn_layer_offset=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, rms_norm_eps=1e-6,
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -365,6 +382,50 @@ def save_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> int:
     return len(fast)
 
 
+def save_sentencepiece_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> int:
+    """Write tokenizer.model (a SentencePiece BPE trained on the same text, SPECIAL_TOKENS at ids
+    0..2, byte fallback), its transformers files and tokenizer_config.json into out_dir (extra_special:
+    control tokens after the trained ones); returns the vocabulary size. No normalisation and
+    whitespace kept, with a space before the text, as Llama's and ERNIE's tokenizers are trained."""
+    import io
+
+    import sentencepiece
+    from transformers import AutoTokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_text()), model_writer=model, vocab_size=VOCAB_SIZE, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=False,
+        bos_id=SPECIAL_TOKENS.index(BOS_TOKEN), bos_piece=BOS_TOKEN, eos_id=SPECIAL_TOKENS.index(EOS_TOKEN),
+        eos_piece=EOS_TOKEN, unk_id=len(SPECIAL_TOKENS), pad_id=-1,
+        control_symbols=[t for t in SPECIAL_TOKENS if t not in (BOS_TOKEN, EOS_TOKEN)] + list(extra_special),
+        minloglevel=2)
+    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    # transformers converts tokenizer.model at load; add_prefix_space is what the converter reads
+    # (llama.cpp's add_space_prefix)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="LlamaTokenizer", bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=BOS_TOKEN,
+        add_bos_token=False, add_eos_token=False, legacy=False, add_prefix_space=True)))
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir), chat_template=CHAT_TEMPLATE)
+    tokenizer.save_pretrained(str(out_dir))
+    return len(tokenizer)
+
+
+def reference_tokenize(hf_dir: Path):
+    """text -> ids, as the model's own tokenizer does (no special tokens added or parsed):
+    SentencePiece's where the checkpoint has a tokenizer.model (transformers' conversion of it does
+    not add the space before a text that starts with one), else transformers'."""
+    spm_path = Path(hf_dir) / "tokenizer.model"
+    if spm_path.is_file():
+        import sentencepiece
+        return sentencepiece.SentencePieceProcessor(model_file=str(spm_path)).encode
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(str(hf_dir))
+    return lambda text: hf.encode(text, add_special_tokens=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # Model
 
@@ -390,7 +451,7 @@ def _randomise_(model, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight",
                               "shared_expert_gate.weight", "block_sparse_moe.router.weight", "mixer.gate.weight",
-                              "mlp.router.gate.weight")):
+                              "mlp.router.gate.weight", "feed_forward.router.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
             elif name.endswith(SELECTION_BIASES):
                 p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
@@ -411,7 +472,8 @@ def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_size = save_tokenizer(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()))
+    save = save_sentencepiece_tokenizer if arch in SENTENCEPIECE else save_tokenizer
+    vocab_size = save(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()))
     config = make_config(arch, vocab_size, overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -37,7 +37,8 @@ def conversation(engine: Engine, turns: int = 3) -> list[tuple[int, int, str]]:
 
 
 @pytest.mark.parametrize("arch, n_parallel", [("qwen3_next", 1), ("lfm2_moe", 1), ("qwen3_next", 2),
-                                              ("granitemoehybrid", 1), ("qwen3_5_moe", 1), ("nemotron_h", 1)])
+                                              ("granitemoehybrid", 1), ("qwen3_5_moe", 1), ("nemotron_h", 1),
+                                              ("jamba", 1)])
 def test_a_chats_next_turn_restores_a_checkpoint_and_answers_as_without_them(tiny_model, arch, n_parallel):
     path = str(tiny_model(arch)[0])
     with Engine(path, **SETTINGS, n_parallel=n_parallel) as engine:

@@ -1,7 +1,7 @@
 """Tiny random models (scripts/tiny_moe.py) are faithful references.
 
 For every family: llama.cpp's converter turns the transformers checkpoint into a standard GGUF
-that stock llama.cpp (llama-cpp-python) runs with transformers' logits and tokenization. The
+that stock llama.cpp (llama-cpp-python) runs with transformers' logits and the model's tokenization. The
 models are built once into tests/.models and reused.
 """
 from __future__ import annotations
@@ -86,20 +86,21 @@ def test_llama_cpp_logits_match_transformers(tiny):
     assert expected.std(axis=1).min() > 0.3
 
 
-def test_llama_cpp_tokenizes_like_transformers(tiny):
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(tiny.hf_dir))
+def test_llama_cpp_tokenizes_as_the_model_s_tokenizer(tiny):
+    tokenize = tiny_moe.reference_tokenize(tiny.hf_dir)
     llm = load_llama(tiny.gguf_path, vocab_only=True)
     for text in SENTENCES:
-        assert llm.tokenize(text.encode(), add_bos=False, special=False) == hf.encode(text, add_special_tokens=False), text
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenize(text), text
 
 
 def test_gguf_carries_special_tokens_and_chat_template(tiny):
     fields = gguf_fields(tiny.gguf_path)
-    assert fields["tokenizer.ggml.model"] == "gpt2"
-    model_type = json.loads((tiny.hf_dir / "config.json").read_text())["model_type"]
-    assert fields["tokenizer.ggml.pre"] == tiny_moe.tokenizer_pre(model_type)
+    if tiny.arch in tiny_moe.SENTENCEPIECE:
+        assert fields["tokenizer.ggml.model"] == "llama"
+    else:
+        assert fields["tokenizer.ggml.model"] == "gpt2"
+        model_type = json.loads((tiny.hf_dir / "config.json").read_text())["model_type"]
+        assert fields["tokenizer.ggml.pre"] == tiny_moe.tokenizer_pre(model_type)
     assert fields["tokenizer.ggml.bos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.BOS_TOKEN)
     assert fields["tokenizer.ggml.eos_token_id"] == tiny_moe.SPECIAL_TOKENS.index(tiny_moe.EOS_TOKEN)
     assert fields["tokenizer.chat_template"] == tiny_moe.CHAT_TEMPLATE
@@ -144,8 +145,9 @@ def test_routers_spread_tokens_over_experts(tiny_moe_model):
         return hook
 
     for name, module in model.named_modules():
-        # gpt-oss's (and AFMoE's), lfm2's, granite's and Nemotron-H's names
-        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate", ".block_sparse_moe.router", ".mixer.gate")):
+        # gpt-oss's (and AFMoE's), lfm2's, granite's, Nemotron-H's and Jamba's names
+        if name.endswith((".mlp.gate", ".mlp.router", ".feed_forward.gate", ".block_sparse_moe.router", ".mixer.gate",
+                          ".feed_forward.router")):
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(torch.tensor([TOKEN_IDS]))

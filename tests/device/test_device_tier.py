@@ -33,8 +33,9 @@ if not gpu_devices() and os.environ.get("PYEDGEMOE_REQUIRE_GPU") != "1":
 
 SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 # stock llama.cpp's Vulkan backend on lavapipe against its CPU backend, all resident: within 2e-2 on
-# most tiny models (docs/gpu.md); the gated delta net layers of Qwen3-Next and Qwen3.5 3-4.5e-2
-BACKEND_GAP = {"qwen3_next": 6e-2, "qwen3_5_moe": 6e-2}
+# most tiny models (docs/gpu.md); the gated delta net layers of Qwen3-Next and Qwen3.5 3-4.5e-2,
+# Jamba's Mamba layers 3.1e-2
+BACKEND_GAP = {"qwen3_next": 6e-2, "qwen3_5_moe": 6e-2, "jamba": 6e-2}
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
 N_GREEDY = 32
 
