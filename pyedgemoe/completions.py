@@ -114,7 +114,7 @@ class TextRun:
         return {"timings": self.generation.timings.llama_server_timings(self.n_tokens)}
 
     def chunk_timings(self) -> dict:
-        """What a streamed chunk after the prompt's evaluation carries: with timings_per_token,
+        """What a streamed chunk carries, its prompt's progress too: with timings_per_token,
         llama-server's timings so far (as llama-server's chunks do); else nothing."""
         return self.timings() if self._timings_per_token else {}
 
@@ -202,7 +202,8 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
         with closing(run):
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
-                    yield {**head, "choices": [choice("", done, None)], "prompt_progress": piece.llama_server()}
+                    yield {**head, "choices": [choice("", done, None)], "prompt_progress": piece.llama_server(),
+                           **run.chunk_timings()}
                     continue
                 yield {**head, "choices": [choice(piece, done, None)], **run.chunk_timings()}
                 done = run.n_tokens
@@ -319,7 +320,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         with closing(run):
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
-                    yield _progress_chunk(chunk, piece)
+                    yield _progress_chunk(chunk, piece, run)
                     continue
                 delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
                 yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
@@ -331,10 +332,11 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     return chunks()
 
 
-def _progress_chunk(chunk: dict, progress: PromptProgress) -> dict:
-    """A chat's chunk of how far its prompt's evaluation is (llama-server's return_progress)."""
+def _progress_chunk(chunk: dict, progress: PromptProgress, run: TextRun) -> dict:
+    """A chat's chunk of how far its prompt's evaluation is (llama-server's return_progress), with
+    the timings so far where every chunk has them."""
     return {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}],
-            "prompt_progress": progress.llama_server()}
+            "prompt_progress": progress.llama_server(), **run.chunk_timings()}
 
 
 def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: bool | None):
@@ -362,7 +364,7 @@ def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: b
         with closing(run):
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
-                    yield _progress_chunk(chunk, piece)
+                    yield _progress_chunk(chunk, piece, run)
                     continue
                 text += piece
                 for delta in turn.deltas(text, done=False):

@@ -128,6 +128,9 @@ def test_return_progress_streams_the_prompts_evaluation_first(server):
                                                                     "prompt": "x " + body["prompt"]})]
     processed = [c["prompt_progress"]["processed"] for c in fresh if "prompt_progress" in c]
     assert processed[-1] == fresh[-1]["tokens_evaluated"] and processed == sorted(processed) and len(processed) > 2
+    timed = [json.loads(p) for p in events(server, "/completion", {**body, "return_progress": True,
+                                                                    "timings_per_token": True})]
+    assert all("timings" in c for c in timed) and "prompt_progress" in timed[0]  # every chunk, as llama-server's
     whole = post(server, "/completion", {**body, "return_progress": True})[1]  # streamed only, as llama-server's
     assert "prompt_progress" not in whole and whole["content"] == "".join(c["content"] for c in plain)
 
