@@ -47,13 +47,17 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # embeddings, gated attention with q/k norms, sliding windows with unrotated global layers, norms
 # before and after attention and FFN, sigmoid routing with a selection bias. ERNIE-4.5-MoE: a dense
 # first layer, shared experts, a selection bias, tied embeddings. Jamba: Mamba (1) layers with norms
-# inside, attention every fourth layer, MoE every second. The last two have SentencePiece vocabularies.
+# inside, attention every fourth layer, MoE every second. Gemma 4 (its 26B-A4B): a dense MLP beside
+# the experts in every layer, fused gate/up experts with a scale each, a scaled router input,
+# proportional rotary on global layers of wider heads, sliding windows, logits soft-capped. The last
+# three have SentencePiece vocabularies.
 LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe", "granitemoe",
                                    "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe", "nemotron_h",
-                                   "afmoe", "ernie4_5_moe", "jamba")
-# families whose converter reads a SentencePiece model (tokenizer.model) and writes llama.cpp's
-# "llama" vocabulary; the others get a byte-level BPE (tokenizer.json) and "gpt2"
-SENTENCEPIECE: tuple[str, ...] = ("ernie4_5_moe", "jamba")
+                                   "afmoe", "ernie4_5_moe", "jamba", "gemma4")
+# families whose converter reads a SentencePiece model (tokenizer.model, or transformers' tokenizer.json
+# of it), by whether their tokenizer puts a space before a text (Llama's and ERNIE's do, Gemma's not);
+# the others get a byte-level BPE (tokenizer.json) and llama.cpp's "gpt2" vocabulary
+SENTENCEPIECE: dict[str, bool] = {"ernie4_5_moe": True, "jamba": True, "gemma4": False}
 # the converter's arguments a family needs, by its config's model_type: Qwen3-Next's and Qwen3.5's
 # configs name no multi-token-prediction layers, which the converter then asks for unless told there
 # are none
@@ -61,6 +65,10 @@ CONVERTER_ARGS: dict[str, list[str]] = {"qwen3_next": ["--no-mtp"], "qwen3_5_moe
 # config.json's keys as the released checkpoints have them, where transformers writes them otherwise
 # and llama.cpp's converter reads only the released form (Granite-4.0-H's layer types)
 RELEASED_CONFIG: dict[str, dict] = {"granitemoehybrid": {"layer_types": ["mamba", "attention"]}}
+# how far llama.cpp's CPU logits may be from transformers', where more than float32's summation order
+# parts them (about 1e-5): ggml's GELU reads a table of fp16 inputs and outputs, 2e-3 apart on the
+# tiny Gemma 4 (4e-5 with transformers' GELU rounded the same way)
+TRANSFORMERS_GAP: dict[str, float] = {"gemma4": 5e-3}
 # the special tokens a family's vocabulary must have for the converter (GLM's: its BOS, end of turn
 # and end of message), added after the trained ones
 EXTRA_SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
@@ -90,6 +98,7 @@ GGUF_ARCH: dict[str, str] = {
     "afmoe": "afmoe",
     "ernie4_5_moe": "ernie4_5-moe",
     "jamba": "jamba",
+    "gemma4": "gemma4",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -283,6 +292,14 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         expert_layer_period=2, expert_layer_offset=1, attn_layer_period=4, attn_layer_offset=2, mamba_d_state=16,
         mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, rms_norm_eps=1e-6,
     )),
+    "gemma4": ("Gemma4TextConfig", dict(
+        # the soft cap as the released configs (llama.cpp applies 30 where the file names none); the
+        # global layer's heads twice the sliding ones' (512 and 256 there)
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, per_layer_config={"1": {"head_dim": 32}},
+        intermediate_size=64, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, hidden_size_per_layer_input=0,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6,
+    )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
@@ -382,11 +399,12 @@ def save_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> int:
     return len(fast)
 
 
-def save_sentencepiece_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> int:
+def save_sentencepiece_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), space_prefix: bool = True) -> int:
     """Write tokenizer.model (a SentencePiece BPE trained on the same text, SPECIAL_TOKENS at ids
     0..2, byte fallback), its transformers files and tokenizer_config.json into out_dir (extra_special:
     control tokens after the trained ones); returns the vocabulary size. No normalisation and
-    whitespace kept, with a space before the text, as Llama's and ERNIE's tokenizers are trained."""
+    whitespace kept, as Llama's, ERNIE's and Gemma's tokenizers are trained; space_prefix: a space
+    before the text."""
     import io
 
     import sentencepiece
@@ -397,7 +415,7 @@ def save_sentencepiece_tokenizer(out_dir: Path, extra_special: tuple[str, ...] =
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(training_text()), model_writer=model, vocab_size=VOCAB_SIZE, model_type="bpe",
         byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=False,
+        remove_extra_whitespaces=False, add_dummy_prefix=space_prefix, split_digits=False,
         bos_id=SPECIAL_TOKENS.index(BOS_TOKEN), bos_piece=BOS_TOKEN, eos_id=SPECIAL_TOKENS.index(EOS_TOKEN),
         eos_piece=EOS_TOKEN, unk_id=len(SPECIAL_TOKENS), pad_id=-1,
         control_symbols=[t for t in SPECIAL_TOKENS if t not in (BOS_TOKEN, EOS_TOKEN)] + list(extra_special),
@@ -407,7 +425,7 @@ def save_sentencepiece_tokenizer(out_dir: Path, extra_special: tuple[str, ...] =
     # (llama.cpp's add_space_prefix)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(dict(
         tokenizer_class="LlamaTokenizer", bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=BOS_TOKEN,
-        add_bos_token=False, add_eos_token=False, legacy=False, add_prefix_space=True)))
+        add_bos_token=False, add_eos_token=False, legacy=False, add_prefix_space=space_prefix)))
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir), chat_template=CHAT_TEMPLATE)
     tokenizer.save_pretrained(str(out_dir))
     return len(tokenizer)
@@ -451,8 +469,10 @@ def _randomise_(model, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight",
                               "shared_expert_gate.weight", "block_sparse_moe.router.weight", "mixer.gate.weight",
-                              "mlp.router.gate.weight", "feed_forward.router.weight")):
+                              "mlp.router.gate.weight", "feed_forward.router.weight", "router.proj.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * ROUTER_STD)
+            elif name.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's, ones otherwise
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * NORM_WEIGHT_STD)
             elif name.endswith(SELECTION_BIASES):
                 p.copy_(torch.randn(p.shape, generator=gen) * BIAS_STD)
             elif p.ndim == 1 and name.endswith("norm.weight"):
@@ -472,8 +492,10 @@ def build_hf_checkpoint(arch: str, out_dir: Path, seed: int = 0, overrides: dict
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save = save_sentencepiece_tokenizer if arch in SENTENCEPIECE else save_tokenizer
-    vocab_size = save(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()))
+    if arch in SENTENCEPIECE:
+        vocab_size = save_sentencepiece_tokenizer(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()), SENTENCEPIECE[arch])
+    else:
+        vocab_size = save_tokenizer(out_dir, EXTRA_SPECIAL_TOKENS.get(arch, ()))
     config = make_config(arch, vocab_size, overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

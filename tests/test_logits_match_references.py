@@ -51,7 +51,7 @@ def test_logits_match_transformers(tiny_model, arch):
         ours = eng.logits(IDS)
     reference = tiny_moe.transformers_logits(hf_dir, IDS)
     assert ours.shape == reference.shape
-    assert np.max(np.abs(ours - reference)) <= 1e-3
+    assert np.max(np.abs(ours - reference)) <= tiny_moe.TRANSFORMERS_GAP.get(arch, 1e-3)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
