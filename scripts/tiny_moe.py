@@ -49,11 +49,12 @@ ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", 
 # first layer, shared experts, a selection bias, tied embeddings. Jamba: Mamba (1) layers with norms
 # inside, attention every fourth layer, MoE every second. Gemma 4 (its 26B-A4B): a dense MLP beside
 # the experts in every layer, fused gate/up experts with a scale each, a scaled router input,
-# proportional rotary on global layers of wider heads, sliding windows, logits soft-capped. The last
-# three have SentencePiece vocabularies.
+# proportional rotary on global layers of wider heads, sliding windows, logits soft-capped. (ERNIE,
+# Jamba and Gemma 4 have SentencePiece vocabularies.) GLM-4.7-Flash (glm4_moe_lite): DeepSeek-V3's
+# attention (MLA) and router under GLM's vocabulary.
 LLAMA_CPP_ONLY: tuple[str, ...] = ("gpt_oss", "deepseek_v3", "qwen3_next", "lfm2_moe", "glm4_moe", "granitemoe",
                                    "granitemoehybrid", "minimax_m2", "dots1", "qwen3_5_moe", "nemotron_h",
-                                   "afmoe", "ernie4_5_moe", "jamba", "gemma4")
+                                   "afmoe", "ernie4_5_moe", "jamba", "gemma4", "glm4_moe_lite")
 # families whose converter reads a SentencePiece model (tokenizer.model, or transformers' tokenizer.json
 # of it), by whether their tokenizer puts a space before a text (Llama's and ERNIE's do, Gemma's not);
 # the others get a byte-level BPE (tokenizer.json) and llama.cpp's "gpt2" vocabulary
@@ -72,6 +73,7 @@ TRANSFORMERS_GAP: dict[str, float] = {"gemma4": 5e-3}
 # the special tokens a family's vocabulary must have for the converter (GLM's: its BOS, end of turn
 # and end of message), added after the trained ones
 EXTRA_SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
+EXTRA_SPECIAL_TOKENS["glm4_moe_lite"] = EXTRA_SPECIAL_TOKENS["glm4_moe"]
 # Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
 # sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
 # llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
@@ -99,6 +101,7 @@ GGUF_ARCH: dict[str, str] = {
     "ernie4_5_moe": "ernie4_5-moe",
     "jamba": "jamba",
     "gemma4": "gemma4",
+    "glm4_moe_lite": "deepseek2",
 }
 MOE_ARCHITECTURES: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a != "llama")
 
@@ -299,6 +302,15 @@ _CONFIGS: dict[str, tuple[str, dict]] = {
         intermediate_size=64, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
         layer_types=["sliding_attention", "full_attention"], sliding_window=8, hidden_size_per_layer_input=0,
         final_logit_softcapping=30.0, rms_norm_eps=1e-6,
+    )),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(
+        # first_k_dense_replace, scoring_func and topk_method: the keys llama.cpp's converter reads (it
+        # tells the released file's sigmoid routing by its layer count and vocabulary otherwise)
+        num_hidden_layers=3, mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1,
+        num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, routed_scaling_factor=1.8, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_group=1, topk_group=1, norm_topk_prob=True, scoring_func="sigmoid",
+        topk_method="noaux_tc", rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
     )),
     "llama": ("LlamaConfig", dict(
         num_hidden_layers=2, num_key_value_heads=2, intermediate_size=128, rms_norm_eps=1e-5,

@@ -121,7 +121,7 @@ def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, 
     ("lfm2_moe", {}), ("lfm2_moe", dict(n_parallel=2)), ("glm4_moe", dict(n_ctx=100)), ("granitemoehybrid", {}),
     ("granitemoehybrid", dict(n_parallel=3)), ("qwen3_5_moe", dict(n_parallel=2)), ("minimax_m2", {}),
     ("nemotron_h", dict(n_parallel=2)), ("afmoe", dict(swa_full=False)), ("jamba", dict(n_parallel=2)),
-    ("ernie4_5_moe", {}), ("gemma4", dict(swa_full=False))])
+    ("ernie4_5_moe", {}), ("gemma4", dict(swa_full=False)), ("glm4_moe_lite", {})])
 def test_the_plan_s_kv_cache_is_what_llama_cpp_allocates_in_every_layout(tiny_model, arch, options):
     """Sliding-window layers (GPT-OSS without --swa-full), MLA's keys without values (DeepSeek), a
     hybrid model's recurrent layers (the gated delta nets of Qwen3-Next and Qwen3.5, LFM2's short

@@ -296,7 +296,7 @@ def test_mixed_precision_is_on_by_default_for_a_multi_precision_file(mp_models):
 # with a scale each.
 # (The tiny MiniMax-M2's top-2 weights are near even, so nothing goes LOW at HOBBIT's thresholds.)
 @pytest.mark.parametrize("arch", ["deepseek_v3", "dots1", "granitemoe", "granitemoehybrid", "qwen3_5_moe", "nemotron_h",
-                                  "afmoe", "ernie4_5_moe", "jamba", "gemma4"])
+                                  "afmoe", "ernie4_5_moe", "jamba", "gemma4", "glm4_moe_lite"])
 def test_a_llama_cpp_file_made_multi_precision_runs_mixed(tiny_model, tmp_path, arch):
     path = convert_gguf(tiny_model(arch)[0], tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
     logits, _, stats, n_ubatch = evaluate(path, expert_cache="50%")
