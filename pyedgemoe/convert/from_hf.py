@@ -61,7 +61,8 @@ def family_for(config: dict) -> Family:
     if arch is None:
         raise ConversionError(f"config.json names no architecture (\"architectures\"); supported: {supported}")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConversionError(f"unsupported architecture {arch!r}; supported: {supported}")
+        raise ConversionError(f"unsupported architecture {arch!r}; supported: {supported} (other families: llama.cpp's "
+                              f"convert_hf_to_gguf.py first, then convert its GGUF)")
     if config.get("quantization_config"):
         method = (config["quantization_config"] or {}).get("quant_method", "?")
         raise ConversionError(f"the checkpoint is already quantized ({method}); convert an unquantized "
