@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tiny random Hugging Face MoE checkpoints, converted to GGUF by llama.cpp's own converter.
 
-Everything is built locally (no hub access): a small byte-level BPE tokenizer trained on a
-deterministic text, a transformers model of each family built from a config with seeded random
+Everything is built locally (no hub access): a small byte-level BPE tokenizer (or, for the
+families whose vocabulary is SentencePiece's, a SentencePiece one) trained on a deterministic text,
+a transformers model of each family built from a config with seeded random
 weights, and a standard GGUF written by the vendored `convert_hf_to_gguf.py`. They are the
 independent reference for correctness tests: transformers' logits vs llama.cpp's on the same
 weights.
@@ -77,6 +78,9 @@ EXTRA_SPECIAL_TOKENS["glm4_moe_lite"] = EXTRA_SPECIAL_TOKENS["glm4_moe"]
 # Not here: "phimoe". The converter handles it, but transformers routes Phi-3.5-MoE with
 # sparsemixer (top-1 by a relative-threshold mask, then the runner-up among the rest) while
 # llama.cpp routes it like Mixtral (softmax, top-k, renormalise): no config makes them agree.
+# Nor Hunyuan-MoE (its converter reads the tokenizer of the model's own code: tiktoken ranks), Llama 4
+# (stock llama.cpp stops on the tiny file: "tensor buffer not set") and Qwen3-VL-MoE (transformers
+# saves its experts in another layout than the released checkpoints', which the converter reads).
 
 # The llama.cpp architecture name each family converts to (`general.architecture`).
 GGUF_ARCH: dict[str, str] = {
