@@ -113,10 +113,12 @@ class TextRun:
         """llama-server's timings of the generation so far."""
         return {"timings": self.generation.timings.llama_server_timings(self.n_tokens)}
 
-    def chunk_timings(self) -> dict:
-        """What a streamed chunk carries, its prompt's progress too: with timings_per_token,
-        llama-server's timings so far (as llama-server's chunks do); else nothing."""
-        return self.timings() if self._timings_per_token else {}
+    def chunk_timings(self, progress: PromptProgress | None = None) -> dict:
+        """What a streamed chunk carries (progress: a chunk of the prompt's progress): with
+        timings_per_token, llama-server's timings so far (as llama-server's chunks do); else nothing."""
+        if not self._timings_per_token:
+            return {}
+        return {"timings": progress.stats().llama_server_timings(0)} if progress else self.timings()
 
     def totals(self) -> dict:
         """What a result's end carries: OpenAI's usage, and llama-server's timings."""
@@ -203,7 +205,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
                     yield {**head, "choices": [choice("", done, None)], "prompt_progress": piece.llama_server(),
-                           **run.chunk_timings()}
+                           **run.chunk_timings(piece)}
                     continue
                 yield {**head, "choices": [choice(piece, done, None)], **run.chunk_timings()}
                 done = run.n_tokens
@@ -336,7 +338,7 @@ def _progress_chunk(chunk: dict, progress: PromptProgress, run: TextRun) -> dict
     """A chat's chunk of how far its prompt's evaluation is (llama-server's return_progress), with
     the timings so far where every chunk has them."""
     return {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}],
-            "prompt_progress": progress.llama_server(), **run.chunk_timings()}
+            "prompt_progress": progress.llama_server(), **run.chunk_timings(progress)}
 
 
 def _parsed_chat(engine, run: TextRun, turn: ChatTurn, stream: bool, logprobs: bool | None):

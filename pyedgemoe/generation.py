@@ -440,6 +440,11 @@ class PromptProgress:
     def llama_server(self) -> dict:
         return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": int(self.ms)}
 
+    def stats(self) -> "GenerationStats":
+        """The evaluation so far as a generation's stats (nothing generated yet)."""
+        return GenerationStats(n_prompt_tokens=self.processed, n_cached_prompt_tokens=self.cache,
+                               prefill_seconds=self.ms / 1e3)
+
 
 class Generation:
     """One generation on one KVSequence: prefill() evaluates the prompt and picks the first token;

@@ -131,6 +131,10 @@ def test_return_progress_streams_the_prompts_evaluation_first(server):
     timed = [json.loads(p) for p in events(server, "/completion", {**body, "return_progress": True,
                                                                     "timings_per_token": True})]
     assert all("timings" in c for c in timed) and "prompt_progress" in timed[0]  # every chunk, as llama-server's
+    for c in (c for c in timed if "prompt_progress" in c):  # a progress chunk's: the evaluation's so far
+        p, t = c["prompt_progress"], c["timings"]
+        assert (t["cache_n"], t["prompt_n"], t["prompt_ms"], t["predicted_n"]) == \
+            (p["cache"], p["processed"] - p["cache"], pytest.approx(p["time_ms"], abs=1), 0)
     whole = post(server, "/completion", {**body, "return_progress": True})[1]  # streamed only, as llama-server's
     assert "prompt_progress" not in whole and whole["content"] == "".join(c["content"] for c in plain)
 

@@ -140,8 +140,8 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
             if isinstance(token, PromptProgress):  # return_progress: how far the prompt's evaluation is
                 progress = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
                             "tokens_evaluated": n_prompt, "prompt_progress": token.llama_server()}
-                if per_token:  # as its other chunks
-                    progress["timings"] = generation.timings.llama_server_timings(0)
+                if per_token:  # as its other chunks: the evaluation's so far
+                    progress["timings"] = token.stats().llama_server_timings(0)
                 yield progress
                 continue
             yield from event(token)
