@@ -588,8 +588,8 @@ def test_unsupported_architecture_lists_the_supported_ones(tiny_model, tmp_path)
     (d / "config.json").write_text(json.dumps(cfg))
     assert_fails_cleanly(d, tmp_path, "unsupported architecture 'LlamaForCausalLM'; supported: "
                          "DeepseekV2ForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, PhiMoEForCausalLM")
-    assert_fails_cleanly(d, tmp_path, re.escape("(other families: llama.cpp's convert_hf_to_gguf.py first, then convert "
-                                                "its GGUF)"))
+    assert_fails_cleanly(d, tmp_path, re.escape("(other families: llama.cpp's convert_hf_to_gguf.py first, "
+                                                "then convert its GGUF)"))
 
 
 def test_bad_type_names_are_errors(tiny_model, tmp_path):

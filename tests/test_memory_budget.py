@@ -125,8 +125,8 @@ def test_the_compute_estimate_covers_what_llama_cpp_allocates(tiny_model, arch, 
 def test_the_plan_s_kv_cache_is_what_llama_cpp_allocates_in_every_layout(tiny_model, arch, options):
     """Sliding-window layers (GPT-OSS without --swa-full), MLA's keys without values (DeepSeek), a
     hybrid model's recurrent layers (the gated delta nets of Qwen3-Next and Qwen3.5, LFM2's short
-    convolutions, Granite-4.0-H's and Nemotron-H's Mamba-2, Jamba's Mamba), AFMoE's and Gemma 4's sliding windows (Gemma 4's
-    global layers of wider heads), each
+    convolutions, Granite-4.0-H's and Nemotron-H's Mamba-2, Jamba's Mamba), AFMoE's and Gemma 4's
+    sliding windows (Gemma 4's global layers of wider heads), each
     sequence's recurrent state: the plan counts the KV cache and recurrent states llama.cpp
     allocates, byte for byte (it asks llama.cpp), where a formula over the header's widths took 1.8-4x
     the memory, or too little for a hybrid model's states at several sequences."""

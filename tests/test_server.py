@@ -621,7 +621,8 @@ def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
     assert progress[-1]["processed"] == progress[-1]["total"] == events[-1]["usage"]["prompt_tokens"]
     text = events[len(progress) + 1:]
     assert "timings" not in events[0] and all("timings" in e for e in events[1:])
-    assert [e["timings"]["prompt_n"] for e in events[1:len(progress) + 1]] == [p["processed"] - p["cache"] for p in progress]
+    assert [e["timings"]["prompt_n"] for e in events[1:len(progress) + 1]] == \
+        [p["processed"] - p["cache"] for p in progress]  # a progress chunk's: the evaluation's so far
     assert [e["timings"]["predicted_n"] for e in text] == sorted(e["timings"]["predicted_n"] for e in text)
     body = {"messages": body["messages"], "max_tokens": -1, "n_predict": 4}
     status, out = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
