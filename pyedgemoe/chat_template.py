@@ -79,8 +79,10 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str, e
         except (jinja2.exceptions.TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
             # a template's own code fails on messages it does not expect (Qwen3's tests `in` on a
             # content that is null: TypeError)
-            if native_fallback is not None:
-                text = native_fallback([(m["role"], m.get("content") or "") for m in messages])
+            pairs = [(m["role"], m.get("content") or "") for m in messages]
+            # llama.cpp's templates take text alone (not OpenAI's content parts)
+            if native_fallback is not None and all(isinstance(r, str) and isinstance(c, str) for r, c in pairs):
+                text = native_fallback(pairs)
                 if text is not None:
                     return text
             raise InvalidOptionError(f"the model's chat template refuses these messages: {e}") from None

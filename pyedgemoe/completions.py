@@ -248,16 +248,17 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
 
 def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
     """The tokens of messages (and the tools, for the template) formatted with the model's template,
-    as llama-cpp-python does (no tool calls parsed)."""
-    return chat_text_tokens(engine, chat_text(engine, messages, tools, tool_choice, parse_tool_calls=False)[0])
+    as llama-cpp-python does (no tool calls parsed, no BOS but the template's)."""
+    return chat_text_tokens(engine, chat_text(engine, messages, tools, tool_choice, parse_tool_calls=False)[0], False)
 
 
-def chat_text_tokens(engine, text: str) -> list[int]:
-    """The tokens of a chat's prompt text: special tokens as such, a BOS ahead unless it has one."""
-    bos = engine.token_bos()
-    bos_text = engine.token_piece(bos, special=True).decode("utf-8", "replace") if bos is not None else None
+def chat_text_tokens(engine, text: str, bos: bool = True) -> list[int]:
+    """The tokens of a chat's prompt text: special tokens as such, a BOS ahead unless it has one
+    (bos False: none but the text's, as llama-cpp-python tokenizes what its Jinja2ChatFormatter renders)."""
+    bos_id = engine.token_bos()
+    bos_text = engine.token_piece(bos_id, special=True).decode("utf-8", "replace") if bos_id is not None else None
     starts_with_bos = bos_text is not None and text.startswith(bos_text)
-    return engine.tokenize(text, add_bos=not starts_with_bos, special=True)
+    return engine.tokenize(text, add_bos=bos and not starts_with_bos, special=True)
 
 
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
@@ -266,10 +267,10 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
                            reasoning_format: str | None = None, continue_final_message=None,
                            add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                           return_progress: bool = False):
+                           return_progress: bool = False, bos: bool = True):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
-    (pyedgemoe.tool_calls)."""
+    (pyedgemoe.tool_calls). bos: chat_text_tokens's."""
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
@@ -287,7 +288,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                                  "reasoning_format), as llama-server")
     thinking = turn.thinking() if turn is not None else {}
     sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
-    run = TextRun(engine, chat_text_tokens(engine, text), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
+    run = TextRun(engine, chat_text_tokens(engine, text, bos), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token,
                   progress=stream and return_progress)

@@ -5,12 +5,14 @@ class PyEdgeMoEError(Exception):
     """Base class of every error pyedgemoe raises on purpose."""
 
 
-class ModelLoadError(PyEdgeMoEError):
-    """The model file is missing, not a GGUF, truncated, corrupt or of an unsupported architecture."""
+class ModelLoadError(PyEdgeMoEError, ValueError):
+    """The model file is missing, not a GGUF, truncated, corrupt or of an unsupported architecture
+    (a ValueError, as llama-cpp-python's load failures)."""
 
 
-class ContextOverflowError(PyEdgeMoEError):
-    """The prompt (plus what was asked to be generated) does not fit the context window."""
+class ContextOverflowError(PyEdgeMoEError, ValueError):
+    """The prompt (plus what was asked to be generated) does not fit the context window (a
+    ValueError, as llama-cpp-python's "Requested tokens ... exceed context window")."""
 
 
 class InvalidOptionError(PyEdgeMoEError, ValueError):

@@ -28,7 +28,7 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.speculative import DraftControl
-from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
+from pyedgemoe.structured_output import check_grammar, check_schema, response_format_keywords, schema_grammar, schema_text
 from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
 
@@ -57,7 +57,7 @@ class SamplingParams:
     is a CLI flag, a keyword of Engine.generate / create_completion / create_chat_completion and
     an OpenAI request field of the same name."""
     temperature: float = field(default=0.8, metadata=_flag("--temp", "temperature (0 = greedy)"))
-    top_k: int = field(default=40, metadata=_flag("--top-k", "keep the k most likely tokens (0: all)"))
+    top_k: int = field(default=40, metadata=_flag("--top-k", "keep the k most likely tokens (<= 0: all)"))
     top_p: float = field(default=0.95, metadata=_flag("--top-p", "keep the most likely tokens up to this "
                                                                  "probability mass"))
     min_p: float = field(default=0.05, metadata=_flag("--min-p", "drop tokens less likely than this share of "
@@ -178,10 +178,8 @@ class SamplingParams:
                                          f"{f' within 32 bits' if bound else ''}, got {value!r}"[:200])
         if not np.isfinite(self.temperature):
             raise InvalidOptionError(f"temperature must be a finite number, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidOptionError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.top_p <= 1.0:  # 0: the most likely token alone (llama.cpp keeps one), as OpenAI's range
+            raise InvalidOptionError(f"top_p must be in [0, 1], got {self.top_p}")
         if not 0.0 < self.typical_p <= 1.0:
             raise InvalidOptionError(f"typical_p must be in (0, 1], got {self.typical_p}")
         if not 0.0 <= self.min_p <= 1.0:
@@ -227,6 +225,10 @@ class SamplingParams:
                 raise InvalidOptionError(f"{name}: {e}") from None
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidOptionError("give either a grammar or a json_schema (response_format), not both")
+        if self.grammar is not None:
+            check_grammar(self.grammar)
+        if self.json_schema is not None:
+            check_schema(self.json_schema)
 
     def grammar_text(self) -> str:
         """The GBNF that constrains the text: the grammar, or the JSON schema's; "" for none."""

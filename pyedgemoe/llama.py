@@ -11,7 +11,9 @@ Code written for `llama_cpp.Llama` runs with one import changed:
 
 The arguments and defaults are llama-cpp-python 0.3's. An argument pyedgemoe has no counterpart
 for is refused with InvalidOptionError when given a value other than its default, never ignored
-(the UNSUPPORTED_* tables below).
+(the UNSUPPORTED_* tables below); those of earlier llama-cpp-python versions that 0.3 ignores are
+ignored here too (IGNORED_LEGACY_ARGS). As there, a call that uses the context goes ahead of a
+stream left open (_Stream).
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import functools
 import inspect
 import os
 import random
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import gguf
 import numpy as np
@@ -30,14 +33,13 @@ import numpy as np
 from pyedgemoe import chatml_function_calling, completions, embeddings, named_chat_formats, rope_scaling
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import EngineBusyError, InvalidOptionError
 from pyedgemoe.expert_options import OPTION_NAMES
 from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
                                   logits_to_logprobs, longest_token_prefix, token_logprob)
 from pyedgemoe.model_source import hub_download
 from pyedgemoe.structured_output import schema_grammar
-from pyedgemoe.text_stream import utf8
 from pyedgemoe.tool_calls import from_functions
 from pyedgemoe.vocabulary import Vocabulary, VocabularyFile
 
@@ -50,6 +52,9 @@ UNSUPPORTED_INIT_ARGS: dict[str, object] = {
     "no_perf": False, "lora_base": None,
     "numa": False, "tokenizer": None,
 }
+# arguments of earlier llama-cpp-python versions that 0.3 takes and ignores (**kwargs; LangChain's LlamaCpp
+# still passes n_parts and f16_kv): ignored here too, but f16_kv=False, which asked for an F32 KV cache
+IGNORED_LEGACY_ARGS = ("n_parts", "f16_kv", "n_gqa", "rms_norm_eps", "low_vram", "mul_mat_q")
 # the sampling and output arguments of create_completion / create_chat_completion the Engine lacks
 # (tail-free sampling, tfs_z, left llama.cpp; llama-cpp-python takes the argument and ignores it)
 UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"tfs_z": 1.0}
@@ -92,6 +97,54 @@ def _kv_type(type_k: int | None, type_v: int | None) -> str | None:
         return gguf.GGMLQuantizationType(k).name.lower()
     except ValueError:
         raise InvalidOptionError(f"type_k/type_v {k!r} is not a ggml type id") from None
+
+
+class _EmbeddingsOff(InvalidOptionError, RuntimeError):
+    """embed() of a Llama made without embedding=True: llama-cpp-python's RuntimeError too."""
+
+
+def _takes_the_context(method):
+    """A Llama method that uses the context: as in llama-cpp-python, it goes ahead of a stream left open."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        stream = self._open() if self._open is not None else None
+        if stream is not None:
+            stream.end_for_a_call()
+        return method(self, *args, **kwargs)
+    return call
+
+
+class _Stream:
+    """A stream a Llama returned (completion or chat chunks, generate's tokens). In llama-cpp-python a
+    call goes ahead of a stream still open (a loop left by break, a client gone): the Llama's next
+    call that uses the context ends it here, on whichever thread (one being read on another thread
+    at that instant goes on, and the call waits for it). Read after that, it raises EngineBusyError."""
+
+    def __init__(self, items: Generator):
+        self._items, self._ended_by_a_call = items, False
+
+    def __iter__(self) -> "_Stream":
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+    def send(self, value):
+        if self._ended_by_a_call:
+            raise EngineBusyError("this stream was ended by a later call of its Llama, which took the context")
+        return self._items.send(value)
+
+    def close(self) -> None:
+        self._items.close()
+
+    def end_for_a_call(self) -> None:
+        if inspect.getgeneratorstate(self._items) == inspect.GEN_CLOSED:
+            return
+        try:
+            self._items.close()
+        except ValueError:  # being read this instant ("generator already executing")
+            return
+        self._ended_by_a_call = True
 
 
 class Llama:
@@ -137,7 +190,15 @@ class Llama:
                  verbose: bool = True, **kwargs):
         self._arguments = {name: value for name, value in locals().items() if name not in ("self", "kwargs")} \
             | kwargs  # __getstate__'s
-        SamplingParams(penalty_last_n=last_n_tokens_size).validate()
+        self._open: weakref.ref | None = None  # the last stream returned (_Stream)
+        if kwargs.get("f16_kv") is False:
+            raise InvalidOptionError("f16_kv=False (an F32 KV cache) is type_k=0, type_v=0 since llama-cpp-python 0.2")
+        kwargs = {name: value for name, value in kwargs.items() if name not in IGNORED_LEGACY_ARGS}
+        if last_n_tokens_size != -1:  # -1: the whole context, as llama.cpp's penalty_last_n (below)
+            SamplingParams(penalty_last_n=last_n_tokens_size).validate()
+        # llama-cpp-python's n_threads 0 and llama.cpp's -1: the default
+        n_threads, n_threads_batch = (None if isinstance(n, int) and not isinstance(n, bool) and n <= 0 else n
+                                      for n in (n_threads, n_threads_batch))
         unsupported = {name: kwargs.pop(name) for name in list(kwargs) if name in UNSUPPORTED_INIT_ARGS}
         refuse_unsupported("Llama", UNSUPPORTED_INIT_ARGS, unsupported)
         rope = rope_scaling.from_llama_cpp_python({name: kwargs.pop(name) for name in list(kwargs)
@@ -155,7 +216,7 @@ class Llama:
         self.kv_overrides, self.tensor_split, self.numa = kv_overrides, tensor_split, 0
         self.lora_base, self.lora_path, self.lora_scale = None, lora_path, lora_scale
         self.cache = None  # set_cache's
-        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there
+        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there (-1: n_ctx, below)
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
         # _scored (NaN: not computed)
         self._logits_all = logits_all
@@ -178,6 +239,8 @@ class Llama:
             # the thread counts the run starts with (the defaults' fewer while the machine is busy)
             n_threads, n_threads_batch = self.engine.plan.n_threads, self.engine.plan.n_threads_batch
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
+        if last_n_tokens_size == -1 and self._engine is not None:
+            self.last_n_tokens_size = self.n_ctx()
         try:
             self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
         except InvalidOptionError:
@@ -307,13 +370,8 @@ class Llama:
         return -1 if nl is None else nl
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of UTF-8 text; add_bos adds the model's BOS where it uses one, special parses
-        special-token text such as <|im_start|>."""
-        text = utf8(text)
-        try:
-            text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidOptionError(f"tokenize takes UTF-8 text: {e}") from None
+        """Token ids of UTF-8 text (bytes that are not, as llama.cpp reads them); add_bos adds the model's
+        BOS where it uses one, special parses special-token text such as <|im_start|>."""
         return self._vocab.tokenize(text, add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
@@ -343,6 +401,7 @@ class Llama:
         ids[:len(held)] = held
         return ids
 
+    @_takes_the_context
     def eval(self, tokens: list[int]) -> None:
         """Evaluates tokens after those the context holds (n_tokens); with logits_all, their logits
         go to scores."""
@@ -389,10 +448,12 @@ class Llama:
         self._scored = held
         return held
 
+    @_takes_the_context
     def reset(self) -> None:
         """Forgets the tokens the context holds."""
         self.engine.reset()
 
+    @_takes_the_context
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
@@ -406,6 +467,7 @@ class Llama:
                                      f"({self.n_tokens - 1}): only its logits are kept")
         return self.engine.sample(**settings)
 
+    @_takes_the_context
     def generate(self, tokens: list[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
@@ -418,7 +480,7 @@ class Llama:
         seed: set_seed's, as there. Bad arguments raise here, not at the first token."""
         prompt = ([] if reset else self.engine.tokens) + as_token_ids(tokens)
         sampling = SamplingParams.of(self._scoring(self._token_sampling("generate", locals())))
-        return _refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True))
+        return self._streaming(_refusing_sent(self.engine.generate_tokens(prompt, None, sampling, ignore_eos=True)))
 
     def _scoring(self, sampling: dict) -> dict:
         """sampling, filling scores as llama-cpp-python's generations do with logits_all: the prompt's
@@ -449,11 +511,13 @@ class Llama:
         self.engine.seed = self._seed & 0xFFFFFFFF
         return _sampling({**arguments, "temperature": arguments["temp"]}, self.last_n_tokens_size)
 
+    @_takes_the_context
     def save_state(self) -> "LlamaState":
         """What the context holds and the seed (with logits_all, its rows of scores too), for load_state."""
         return LlamaState(self.engine.save_state(), self._seed,
                           self.scores[:self.n_tokens].copy() if self._logits_all else None)
 
+    @_takes_the_context
     def load_state(self, state: "LlamaState") -> None:
         """The context holds what save_state gave, and its seed is back."""
         if not isinstance(state, LlamaState):
@@ -497,6 +561,11 @@ class Llama:
             save()
         return chunks()
 
+    def _streaming(self, items: Generator) -> "_Stream":
+        stream = _Stream(items)
+        self._open = weakref.ref(stream)
+        return stream
+
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
         self._seed = _checked_seed(seed)
@@ -517,13 +586,14 @@ class Llama:
                                          "Llama held by its own attribute would outlive the last reference to it)")
 
     # -- embeddings ---------------------------------------------------------------------------
+    @_takes_the_context
     def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
               return_count: bool = False):
         """The embeddings of a text or of each of a list of texts (Engine.embed): a vector per token,
         or one per text where the model pools; with return_count, also the tokens embedded.
         Needs Llama(..., embedding=True), as llama-cpp-python."""
         if not self.embedding:
-            raise InvalidOptionError("embed needs Llama(..., embedding=True), as in llama-cpp-python")
+            raise _EmbeddingsOff("embed needs Llama(..., embedding=True), as in llama-cpp-python")
         data, n_tokens = [], 0
         if not (isinstance(input, str) or isinstance(input, (list, tuple)) and all(isinstance(t, str) for t in input)):
             raise InvalidOptionError(f"input must be a text or a list of texts, got {input!r}"[:200])
@@ -544,6 +614,7 @@ class Llama:
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
     # -- generation ---------------------------------------------------------------------------
+    @_takes_the_context
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
                           typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
@@ -561,6 +632,7 @@ class Llama:
         fill-in-the-middle tokens, pyedgemoe.fill_in_middle; a model without them is refused, where
         llama-cpp-python 0.3 puts token 0 in their place)."""
         refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(tfs_z=tfs_z))
+        logprobs = int(logprobs) if isinstance(logprobs, bool) else logprobs  # True: 1, as there
         if suffix is not None:
             tokens = completion_prompt(self.engine, prompt, suffix, self.spm_infill)
         elif isinstance(prompt, str):
@@ -581,7 +653,7 @@ class Llama:
                 if logprobs is not None:
                     choice["logprobs"] = self._echoed_logprobs(tokens, logprobs, choice["logprobs"], len(prompt))
             return _named(out, model)
-        return _stream_named(out, model, prompt_text if echo else "", "text")
+        return self._streaming(_stream_named(out, model, prompt_text if echo else "", "text"))
 
     __call__ = create_completion
 
@@ -604,6 +676,7 @@ class Llama:
             out[key] += generated[key]
         return out
 
+    @_takes_the_context
     def create_chat_completion(self, messages: list[dict], functions=None, function_call=None, tools=None,
                                tool_choice=None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
                                min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
@@ -631,9 +704,9 @@ class Llama:
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
-            tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
+            tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format, bos=False,
             **self._scoring(_sampling(locals(), self.last_n_tokens_size))))
-        return _stream_named(out, model, "", None) if stream else _named(out, model)
+        return self._streaming(_stream_named(out, model, "", None)) if stream else _named(out, model)
 
 
     def create_chat_completion_openai_v1(self, *args, **kwargs):
@@ -723,6 +796,10 @@ def _sampling(arguments: dict, penalty_last_n: int) -> dict:
     names = [f.name for f in exposed_fields() if f.name != "seed"] + list(_PYTHON_SAMPLING)
     settings = {name: arguments[name] for name in names if name in arguments}
     settings["penalize_prompt"], settings["penalty_last_n"] = False, penalty_last_n
+    # a value llama.cpp's sampler takes as "off" (llama-cpp-python passes it on)
+    if isinstance(settings.get("top_p"), (int, float)) and not isinstance(settings["top_p"], bool) \
+            and settings["top_p"] > 1:
+        settings["top_p"] = 1.0
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings
@@ -755,8 +832,11 @@ def _checked_seed(seed) -> int:
     return seed
 
 
-def _max_tokens(max_tokens: int | None) -> int | None:
-    """llama-cpp-python's max_tokens None or <= 0: until the context is full (the Engine's None)."""
+def _max_tokens(max_tokens: int | float | None) -> int | None:
+    """llama-cpp-python's max_tokens None or <= 0: until the context is full (the Engine's None); a
+    whole float (of JSON, of a config file) as its integer."""
+    if isinstance(max_tokens, float) and max_tokens.is_integer():
+        max_tokens = int(max_tokens)
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
         raise InvalidOptionError(f"max_tokens must be an integer, got {max_tokens!r}")
     return None if max_tokens is None or max_tokens <= 0 else max_tokens

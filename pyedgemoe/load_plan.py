@@ -42,6 +42,7 @@ from pyedgemoe.threads import ThreadCount, default_threads
 
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS (more: libgomp stopped the process)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class LoadOptions:
             if (value is not None or name not in ("n_threads", "n_threads_batch")) and \
                     (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31):
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+            if name in ("n_threads", "n_threads_batch") and value is not None and value > MAX_THREADS:
+                raise InvalidOptionError(f"{name} must be at most {MAX_THREADS} (ggml's GGML_MAX_N_THREADS), "
+                                         f"got {value}")
         # llama.cpp's limits of a context's sequences (LLAMA_MAX_SEQ; and a batch of one token for
         # each, which it caps at the context: more stopped the process on an internal check)
         batch = min(self.n_batch, self.n_ctx or self.n_batch)

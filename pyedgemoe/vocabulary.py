@@ -5,6 +5,7 @@ weights, a GGUF's vocabulary loaded alone as llama-tokenize loads it (`pyedgemoe
 llama-cpp-python's Llama(vocab_only=True))."""
 from __future__ import annotations
 
+import codecs
 import os
 from abc import ABC, abstractmethod
 
@@ -13,6 +14,9 @@ from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.generation import as_token_ids
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.text_stream import utf8
+
+# bytes that are not UTF-8, as llama.cpp's tokenizer reads them: each byte that begins no whole character a U+FFFD
+codecs.register_error("pyedgemoe-llama-bytes", lambda e: ("\ufffd", e.start + 1))
 
 
 class Vocabulary(ABC):
@@ -54,8 +58,9 @@ class Vocabulary(ABC):
         return self._live_model().is_eog(token)
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text; add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
-        return self._live_model().tokenize(utf8(text).decode("utf-8", errors="replace"), add_bos, special)
+        """Token ids of text (bytes not UTF-8 as llama.cpp reads them); add_bos: the model's BOS first (if it
+        uses one); special: <|im_start|> is one."""
+        return self._live_model().tokenize(utf8(text).decode("utf-8", errors="pyedgemoe-llama-bytes"), add_bos, special)
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""

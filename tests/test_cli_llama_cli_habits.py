@@ -170,8 +170,10 @@ def test_logit_bias_and_the_penalties_window_are_llama_cpps(engine):
     (["-l", "1+x"], "error: --logit-bias takes TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf, got '1+x'"),
     (["-l", "99999+1"], "error: logit_bias: token id 99999 out of range"),
     (["--repeat-last-n", "-1"], "error: --repeat-last-n must be >= 0 (0: off), got -1"),
+    (["-t", "100000"], "error: n_threads must be at most 512"),  # libgomp ended the process
+    (["-tb", "513"], "error: n_threads_batch must be at most 512"),
 ])
-def test_a_bad_bias_or_window_is_one_error_line(arguments, message):
+def test_a_bad_bias_window_or_thread_count_is_one_error_line(arguments, message):
     r = run("-p", "x", "-n", "2", *arguments)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(message), r.stderr
 

@@ -219,7 +219,7 @@ def test_eval_then_sample_picks_the_next_token_after_those_held(eng):
     assert eng.sample(temperature=0) == second
     assert eng.sample(temperature=0.8, seed=3) == eng.sample(temperature=0.8, seed=3)  # seeded: the same pick
     with pytest.raises(InvalidOptionError, match="top_k"):
-        eng.sample(top_k=-1)
+        eng.sample(top_k=2**40)
     with pytest.raises(TypeError, match="unexpected keyword argument 'temp'"):
         eng.sample(temp=0)
 
@@ -238,7 +238,7 @@ def test_errors_are_typed(eng, tmp_path, mixtral_gguf):
     with pytest.raises(ContextOverflowError):
         eng.generate([1] * 256, max_tokens=4)
     with pytest.raises(InvalidOptionError):
-        eng.generate("x", top_p=0.0)
+        eng.generate("x", top_p=-0.1)
     with pytest.raises(InvalidOptionError):
         Engine(mixtral_gguf, n_threads=0)
     with pytest.raises(ValueError):

@@ -21,7 +21,7 @@ import pytest
 
 import pyedgemoe
 from conftest import rewrite_gguf, tiny_moe
-from pyedgemoe import Engine, InvalidOptionError, Llama, LlamaGrammar
+from pyedgemoe import Engine, EngineBusyError, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.rope_scaling import LLAMA_CPP_PYTHON_DEFAULTS
 from pyedgemoe.llama import (UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_GENERATE_ARGS,
@@ -144,10 +144,26 @@ def test_chat_completion_is_the_engines_at_temperature_0(chat_llm, demo_chat):
                 {"role": "user", "content": "def fib(n):"}]
     out = chat_llm.create_chat_completion(messages=messages, max_tokens=12, temperature=0)
     with Engine(demo_chat, **SMALL) as eng:
-        expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0)
+        expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0, bos=False)
+        with_bos = eng.create_chat_completion(messages, max_tokens=12, temperature=0)
     assert out["object"] == "chat.completion"
     assert out["choices"] == expected["choices"]
     assert out["usage"] == stock_usage(expected["usage"])
+    # the Engine's own, as llama.cpp's tools: a BOS ahead where the model uses one (the demo's does)
+    assert with_bos["usage"]["prompt_tokens"] == out["usage"]["prompt_tokens"] + 1
+
+
+def test_a_chat_with_the_models_template_is_stocks_token_for_token(both, demo_chat, tiny_model):
+    # llama-cpp-python's Jinja2ChatFormatter: the template's text, no BOS added (the demo and the tiny
+    # ERNIE-4.5 use one; neither template writes it), whatever llama.cpp's tools do
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
+    for path in (demo_chat, tiny_model("ernie4_5_moe")[0]):
+        theirs, ours = both(path=path, n_ctx=256)
+        assert ours.chat_format == theirs.chat_format == "chat_template.default"
+        expected = theirs.create_chat_completion(messages, max_tokens=8, temperature=0)
+        out = ours.create_chat_completion(messages, max_tokens=8, temperature=0)
+        assert out["choices"] == expected["choices"] and out["usage"] == expected["usage"], path.name
+        assert list(ours.input_ids[:ours.n_tokens]) == list(theirs.input_ids[:theirs.n_tokens]), path.name
 
 
 def test_chat_completion_streams_the_role_then_the_content_then_the_finish_reason(llm):
@@ -206,6 +222,8 @@ def test_vocab_only_tokenizes_as_stock_llama_cpp_python_without_the_weights(demo
         text = "def fib(n): <|im_start|> héllo ✓".encode()
         for add_bos, special in ((True, False), (False, True)):
             assert ours.tokenize(text, add_bos, special) == theirs.tokenize(text, add_bos, special)
+        for not_utf8 in (b"caf\xe9 \xff", b"a\xe2\x82", b"\xf0\x9f\x98x"):  # latin-1, characters cut short
+            assert ours.tokenize(not_utf8) == theirs.tokenize(not_utf8), not_utf8
         ids = ours.tokenize(text)
         assert ours.detokenize(ids) == theirs.detokenize(ids) and ours.n_vocab() == theirs.n_vocab()
         assert (ours.token_bos(), ours.token_eos(), ours.metadata) == (theirs.token_bos(), theirs.token_eos(),
@@ -250,6 +268,82 @@ def test_unsupported_arguments_at_their_defaults_are_accepted(llm):
     with Llama(model_path=str(DEMO), use_mmap=True, logits_all=False, main_gpu=0, lora_path=None, **SMALL) as same:
         out = same(PLANETS, max_tokens=4, temperature=0, typical_p=1.0, logit_bias=None, mirostat_mode=0)
         assert out["choices"] == llm(PLANETS, max_tokens=4, temperature=0)["choices"]
+
+
+def test_earlier_llama_cpp_pythons_arguments_are_ignored_as_there():
+    # LangChain's LlamaCpp passes these to Llama() (n_parts, f16_kv), tutorials n_gqa; llama-cpp-python
+    # 0.3 ignores them (**kwargs), and so does this Llama, but for a misspelt name (above) and f16_kv=False
+    langchain = dict(n_parts=-1, f16_kv=True, lora_base=None, seed=-1, logits_all=False, vocab_only=False,
+                     use_mlock=False, n_threads=None, n_batch=8, use_mmap=True, last_n_tokens_size=64, verbose=False)
+    with Llama(model_path=str(DEMO), n_ctx=128, n_gqa=8, low_vram=True, **langchain) as llm:
+        assert llm("def ", max_tokens=2, temperature=0)["usage"]["completion_tokens"] == 2
+    with pytest.raises(InvalidOptionError, match="f16_kv=False .* type_k=0, type_v=0"):
+        Llama(model_path=str(DEMO), f16_kv=False, verbose=False)
+
+
+def test_values_llama_cpp_python_passes_to_llama_cpp_are_taken_as_there(both):
+    # llama.cpp's "off" and "default": n_threads 0 or -1, top_k below 0, top_p above 1; top_p 0 keeps the
+    # most likely token; a whole float max_tokens; logprobs=True (the penalties' window -1: below)
+    theirs, ours = both(n_threads=0, n_threads_batch=-1)
+    assert ours.n_threads >= 1 and ours.n_threads_batch >= 1
+    tokens = ours.tokenize(b"def fib(n):")  # a text prompt differs there (test_a_token_prompt_completes...)
+    for sampling in (dict(top_k=-1, seed=1), dict(top_p=1.5, seed=2), dict(top_p=0, temperature=1.5, seed=3),
+                     dict(max_tokens=6.0, temperature=0)):
+        sampling = {"max_tokens": 6, **sampling}
+        assert ours(tokens, **sampling)["choices"] == theirs(tokens, **sampling)["choices"], sampling
+    assert ours(tokens, max_tokens=3, temperature=0, logprobs=True)["choices"][0]["logprobs"] == \
+        ours(tokens, max_tokens=3, temperature=0, logprobs=1)["choices"][0]["logprobs"]  # stock: True == 1
+
+
+def test_load_and_context_errors_are_value_errors_as_in_llama_cpp_python(llm, tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        Llama(model_path=str(tmp_path / "missing.gguf"), verbose=False)
+    (tmp_path / "text.gguf").write_text("not a model")
+    with pytest.raises(ValueError, match="not a GGUF"):
+        Llama(model_path=str(tmp_path / "text.gguf"), verbose=False)
+    with pytest.raises(ValueError, match="does not fit the context"):  # llama-cpp-python: "exceed context window"
+        llm(PLANETS * 200, max_tokens=2)
+
+
+def test_a_call_goes_ahead_of_a_stream_left_open_as_in_llama_cpp_python(llm):
+    # a loop left by break (or an exception in it), the stream still referenced: llama-cpp-python's
+    # next call runs, and so does this Llama's; the stream then ends
+    expected = llm(PLANETS, max_tokens=4, temperature=0)["choices"]
+    stream = llm(PLANETS, max_tokens=16, temperature=0, stream=True)
+    for _ in stream:
+        break
+    chat = llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, stream=True)
+    next(chat)
+    assert llm(PLANETS, max_tokens=4, temperature=0)["choices"] == expected
+    with pytest.raises(EngineBusyError, match="ended by a later call"):
+        next(stream)
+    tokens = llm.generate(llm.tokenize(b"def "), temp=0)
+    next(tokens)
+    llm.reset()
+    with pytest.raises(EngineBusyError, match="ended by a later call"):
+        next(tokens)
+    done = llm(PLANETS, max_tokens=4, temperature=0, stream=True)
+    assert list(done) and llm(PLANETS, max_tokens=4, temperature=0)["choices"] == expected
+    assert list(done) == []  # one read to its end is over, not ended by the call
+
+
+def test_a_stream_left_open_on_one_thread_does_not_hold_up_the_others(llm):
+    # a web worker's client went away mid-stream, its iterator still held: another thread's call runs
+    import threading
+    expected = llm("hi", max_tokens=3, temperature=0)["choices"]
+    held, answers = [], []
+
+    def client_gone():
+        held.append(llm(PLANETS, max_tokens=16, temperature=0, stream=True))
+        next(held[0])
+    worker = threading.Thread(target=client_gone)
+    worker.start()
+    worker.join()
+    other = threading.Thread(target=lambda: answers.append(llm("hi", max_tokens=3, temperature=0)["choices"]),
+                             daemon=True)
+    other.start()
+    other.join(timeout=60)
+    assert answers == [expected]
 
 
 @pytest.mark.parametrize("call, fragment", [
@@ -539,7 +633,7 @@ def test_generate_refuses_what_it_cannot_do_at_the_call(llm):
     with pytest.raises(InvalidOptionError, match="mirostat_mode must be 0"):
         llm.generate(tokens, mirostat_mode=3)
     with pytest.raises(InvalidOptionError, match="top_p"):
-        llm.generate(tokens, top_p=0)
+        llm.generate(tokens, top_p=-0.5)
     tokens_out = llm.generate(tokens, temp=0)
     next(tokens_out)
     with pytest.raises(InvalidOptionError, match="sent into the generator"):
@@ -615,8 +709,15 @@ def test_the_penalties_window_is_last_n_tokens_size_as_in_llama_cpp_python(both)
         assert out == theirs(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"]
         texts.append(out[0]["text"])
     assert texts[0] != texts[1]  # a window of 4 tokens penalizes less
+    # -1: the whole context, as llama.cpp's --repeat-last-n -1 (llama-cpp-python hands -1 to a sampler
+    # that takes it as 0, no penalty: not what the value means)
+    with Llama(model_path=str(DEMO), last_n_tokens_size=-1, **SMALL) as whole, \
+            Llama(model_path=str(DEMO), last_n_tokens_size=SMALL["n_ctx"], **SMALL) as n_ctx:
+        assert whole.last_n_tokens_size == SMALL["n_ctx"]
+        assert whole(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"] == \
+            n_ctx(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"]
     with pytest.raises(InvalidOptionError, match="penalty_last_n .* must be >= 0"):
-        Llama(model_path=str(DEMO), last_n_tokens_size=-1, verbose=False)
+        Llama(model_path=str(DEMO), last_n_tokens_size=-2, verbose=False)
 
 
 def test_mirostat_is_stock_llama_cpp_pythons_at_temperature_1(both):
@@ -807,6 +908,8 @@ def test_readme_embeddings_are_stock_llama_cpp_pythons(both):
 def test_embed_without_embedding_true_is_refused_as_in_llama_cpp_python(llm):
     with pytest.raises(InvalidOptionError, match="embedding=True"):
         llm.create_embedding("Hello, world!")
+    with pytest.raises(RuntimeError, match="embedding=True"):  # what llama-cpp-python raises
+        llm.embed("Hello, world!")
 
 
 def _assert_logprobs_equal(out: dict, expected: dict) -> None:
@@ -1032,6 +1135,15 @@ def test_openai_v1_chat_completions_are_the_openai_packages_types(llm):
 def test_bad_tools_are_refused_by_name(chat_llm, tools, tool_choice, fragment):
     with pytest.raises(InvalidOptionError, match=fragment):
         chat_llm.create_chat_completion(ASKED, tools=tools, tool_choice=tool_choice, max_tokens=2)
+
+
+def test_content_parts_a_template_cannot_take_are_its_refusal(chat_llm):
+    # OpenAI's content parts, which the template concatenates: llama-cpp-python raises the template's
+    # TypeError, ours an InvalidOptionError saying so (it named the native binding's signature)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    with pytest.raises(InvalidOptionError, match="the model's chat template refuses these messages: can only"):
+        chat_llm.create_chat_completion(parts, max_tokens=2)
+    assert chat_llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=2)["choices"]
 
 
 def test_a_forced_tool_call_takes_no_other_constraint(chat_llm):

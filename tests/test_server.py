@@ -437,6 +437,20 @@ def test_prompt_longer_than_the_context_is_400(client):
                                        max_tokens=4, stream=True)
 
 
+def test_anthropics_x_api_key_header_carries_the_key_as_llama_server_takes_it(server):
+    # Claude Code sends ANTHROPIC_API_KEY as X-Api-Key; llama-server reads it where Authorization is absent
+    u = urlparse(server)
+    for key, status in ((API_KEY, 200), ("wrong", 401)):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        try:
+            conn.request("GET", "/v1/models", headers={"X-Api-Key": key})
+            response = conn.getresponse()
+            response.read()
+        finally:
+            conn.close()
+        assert response.status == status, key
+
+
 def test_a_wrong_or_missing_key_is_401_except_on_health(server):
     wrong = openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

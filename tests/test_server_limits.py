@@ -63,13 +63,13 @@ def assert_error(status: int, out: dict, expected_status: int, param: str | None
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "x", "top_k": 3_000_000_000}, "top_k"),
-    ({"prompt": "x", "top_k": -1}, "top_k"),
+    ({"prompt": "x", "top_k": -3_000_000_000}, "top_k"),
     ({"prompt": "x", "temperature": -0.5}, "temperature"),
     ({"prompt": "x", "temperature": 2.5}, "temperature"),
-    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
     ({"prompt": "x", "min_p": 1.5}, "min_p"),
     ({"prompt": "x", "repeat_penalty": 0}, "repeat_penalty"),
-    ({"prompt": "x", "seed": 2**40}, "seed"),
+    ({"prompt": "x", "seed": 2**32}, "seed"),
     ({"prompt": "x", "seed": -2}, "seed"),
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "x", "typical_p": 0}, "typical_p"),
@@ -122,6 +122,53 @@ def test_a_utf8_encoded_surrogate_is_400(server):
 ])
 def test_json_too_deep_or_with_numbers_too_long_is_400(server, raw):
     assert_error(*post_raw(server, raw), 400, code="invalid_json")
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "user": [Infinity]}',
+                                 b'{"input": "x", "metadata": {"a": -Infinity}}'])
+def test_nan_and_infinity_are_no_json_and_400(server, raw):
+    # Python's json takes them; an answer that echoes one (the Responses API's metadata) was a 500
+    path = "/v1/responses" if b'"input"' in raw else "/v1/completions"
+    assert_error(*post_raw(server, raw, path), 400, code="invalid_json")
+
+
+@pytest.mark.parametrize("body, path, fragment", [
+    ({"prompt": "x", "max_tokens": 2, "grammar": "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000},
+     "/v1/completions", "grammar: 20001 rules and parenthesized groups"),
+    ({"prompt": "x", "max_tokens": 2, "grammar": "".join(f"r{i} ::= r{i + 1}\n" for i in range(100_000))},
+     "/completion", "grammar: 100000 rules"),
+    ({"prompt": "x", "max_tokens": 2, "json_schema": '{"type": "array", "items": ' * 3000 + "{}" + "}" * 3000},
+     "/completion", "json_schema: nested 3001 levels deep"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+      "response_format": {"type": "json_object", "schema": '{"properties": {"a": ' * 10_000 + "{}" + "}}" * 10_000}},
+     "/v1/chat/completions", "json_schema: nested"),
+])
+def test_a_grammar_or_schema_llama_cpp_would_recurse_through_too_deep_is_400(server, body, path, fragment):
+    # each ended the server (a stack overflow in llama.cpp's grammar parser or JSON-schema converter),
+    # or held a sequence for 20 s and 3 GB, from a body of 40-350 KB
+    status, out = post_raw(server, json.dumps(body).encode(), path)
+    assert_error(status, out, 400)
+    assert fragment in out["error"]["message"], out
+    assert request("GET", server + "/health", key=None)[0] == 200
+
+
+def test_values_llama_server_and_openai_take_are_taken(server):
+    # a uint32 seed, top_k -1 (off), n/echo/best_of null (left out), and an assistant's message as the
+    # openai package's model_dump() writes it (null refusal, audio, function_call, annotations), with
+    # llama-server's reasoning_content
+    for body in ({"prompt": "x", "max_tokens": 2, "seed": 2**32 - 1, "top_k": -1},
+                 {"prompt": "x", "max_tokens": 2, "n": None, "echo": None, "best_of": None}):
+        status, out = post_raw(server, json.dumps(body).encode())
+        assert status == 200 and out["usage"]["completion_tokens"] == 2, out
+    reply = {"role": "assistant", "content": "Hello", "refusal": None, "annotations": None, "audio": None,
+             "function_call": None, "tool_calls": None, "reasoning_content": "The user greets."}
+    body = {"messages": [{"role": "user", "content": "hi"}, reply, {"role": "user", "content": "and?"}],
+            "max_tokens": 2}
+    status, out = post_raw(server, json.dumps(body).encode(), "/v1/chat/completions")
+    assert status == 200 and out["usage"]["completion_tokens"] == 2, out
+    status, out = post_raw(server, json.dumps({**body, "messages": [{**reply, "refusal": "no"}]}).encode(),
+                           "/v1/chat/completions")
+    assert_error(status, out, 400, "messages[0]")
 
 
 def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(server):

@@ -28,3 +28,4 @@ MAX_LOGIT_BIAS = 1024  # token ids a request's logit_bias biases (OpenAI's clien
 MAX_EMBEDDING_INPUTS = 2048  # texts one embeddings request embeds (OpenAI's bound)
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs, also a completion's logprobs here
 INT32_MAX = 2**31 - 1  # llama.cpp's integers (token ids, top_k): a larger one is out of range
+UINT32_MAX = 2**32 - 1  # llama.cpp's seeds

@@ -24,7 +24,8 @@ def api_keys(given: str | None, path=None) -> tuple[str, ...]:
 
 class BearerAuth:
     """With API keys, every path but the open ones (HEALTH_PATHS, for probes; is_open's, e.g. the web
-    pages) needs the header `Authorization: Bearer KEY`, KEY one of them; else 401 as OpenAI answers it."""
+    pages) needs the header `Authorization: Bearer KEY` (or, as llama-server takes it, Anthropic's
+    `X-Api-Key: KEY`), KEY one of them; else 401 as OpenAI answers it."""
 
     def __init__(self, app, api_keys: tuple[str, ...], is_open: Callable[[str], bool] = lambda path: False) -> None:
         self.app = app
@@ -34,15 +35,18 @@ class BearerAuth:
     async def __call__(self, scope, receive, send) -> None:
         if (scope["type"] == "http" and self.api_keys and scope["path"] not in HEALTH_PATHS
                 and not self.is_open(scope["path"])):
-            header = dict(scope["headers"]).get(b"authorization")
-            if header is None:
-                error = APIError(401, "no API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
-            else:
+            headers = dict(scope["headers"])
+            header = headers.get(b"authorization")
+            if header is not None:
                 scheme, _, token = header.partition(b" ")
-                error = None
-                if scheme.lower() != b"bearer" or \
-                        not any([hmac.compare_digest(token.strip(), key) for key in self.api_keys]):
-                    error = APIError(401, "incorrect API key", "invalid_api_key")
+                token = token if scheme.lower() == b"bearer" else None
+            else:
+                token = headers.get(b"x-api-key")
+            error = None
+            if header is None and token is None:
+                error = APIError(401, "no API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
+            elif token is None or not any([hmac.compare_digest(token.strip(), key) for key in self.api_keys]):
+                error = APIError(401, "incorrect API key", "invalid_api_key")
             if error is not None:
                 response = error.response()
                 response.headers["WWW-Authenticate"] = "Bearer"

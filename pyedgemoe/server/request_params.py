@@ -16,7 +16,7 @@ from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exposed_fields, sampler_order
 from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
-                                     MAX_STOP_STRINGS, MAX_TOP_LOGPROBS)
+                                     MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, UINT32_MAX)
 from pyedgemoe.server.openai_errors import APIError
 from pyedgemoe.tool_calls import from_functions
 
@@ -37,11 +37,15 @@ def _number(name: str, value) -> float:
     return float(value)
 
 
-def _integer(name: str, value) -> int:
-    """An integer that llama.cpp's int32 holds (a larger one is no setting anyone means)."""
+def _any_integer(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(name, "an integer", value)
-    if not -INT32_MAX <= value <= INT32_MAX:
+    return value
+
+
+def _integer(name: str, value) -> int:
+    """An integer that llama.cpp's int32 holds (a larger one is no setting anyone means)."""
+    if not -INT32_MAX <= _any_integer(name, value) <= INT32_MAX:
         raise invalid(name, f"an integer in [{-INT32_MAX}, {INT32_MAX}]", value)
     return value
 
@@ -51,9 +55,13 @@ def _in_range(check, low: float, high: float, low_open: bool = False):
     def checked(name: str, value):
         value = check(name, value)
         if value > high or value < low or (low_open and value == low):
-            raise invalid(name, f"in {'(' if low_open else '['}{low:g}, {high:g}]", value)
+            raise invalid(name, f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]", value)
         return value
     return checked
+
+
+def _bound(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def _one_of(choices: tuple[str, ...]):
@@ -162,7 +170,9 @@ def _content(i: int, value) -> str:
     raise invalid(f"messages[{i}].content", "a string or a list of text parts", value)
 
 
-_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+# OpenAI's fields of an assistant's message that its SDK's model_dump() writes as null, sent back as they are
+_NULL_MESSAGE_KEYS = {"refusal", "audio", "function_call", "annotations"}
 
 
 def _messages(name: str, value) -> list[dict]:
@@ -172,7 +182,7 @@ def _messages(name: str, value) -> list[dict]:
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise invalid(f"messages[{i}]", "an object with 'role' and 'content'", m)
-        unknown = sorted(set(m) - _MESSAGE_KEYS)
+        unknown = sorted(set(m) - _MESSAGE_KEYS - {k for k in _NULL_MESSAGE_KEYS if k in m and m[k] is None})
         if unknown:
             raise APIError(400, f"unsupported field(s) in messages[{i}]: {', '.join(unknown)}",
                            "unknown_parameter", f"messages[{i}]")
@@ -188,7 +198,10 @@ def _messages(name: str, value) -> list[dict]:
                            f"messages[{i}].content")
         if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
             raise invalid(f"messages[{i}].tool_call_id", "a string", m["tool_call_id"])
-        message = {k: v for k, v in m.items() if k in ("role", "tool_calls", "tool_call_id")}
+        if not isinstance(m.get("reasoning_content", ""), (str, type(None))):  # llama-server's: the thoughts
+            raise invalid(f"messages[{i}].reasoning_content", "a string", m["reasoning_content"])
+        message = {k: v for k, v in m.items() if k in ("role", "tool_calls", "tool_call_id", "reasoning_content")
+                   and v is not None}
         content = m.get("content")
         out.append({**message, "content": None if content is None and calls is not None else _content(i, content)})
     return out
@@ -217,10 +230,10 @@ def _function_call(name: str, value) -> str | dict:
 # settings (SamplingParams' fields with a flag, by their type, within OpenAI's ranges where it has
 # them, else the Engine's; a JSON schema may be an object) and the stop strings
 _BY_TYPE = {float: _number, int: _integer, str: _text}
-_RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, 0, INT32_MAX),
-           "top_p": _in_range(_number, 0, 1, low_open=True),
+_RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, -INT32_MAX, INT32_MAX),
+           "top_p": _in_range(_number, 0, 1),
            "typical_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
-           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_integer, RANDOM_SEED, INT32_MAX),
+           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_any_integer, RANDOM_SEED, UINT32_MAX),
            "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2),
            "mirostat_mode": _in_range(_integer, 0, 2), "mirostat_tau": _in_range(_number, 0, 1e6),
            "mirostat_eta": _in_range(_number, 0, 1e6), "reasoning_budget_tokens": _in_range(_integer, -1, INT32_MAX)}
@@ -431,7 +444,7 @@ def parse_body(raw: bytes) -> dict:
     """The body as a JSON object, nested at most MAX_JSON_DEPTH deep, every string of it text that
     UTF-8 can encode (JSON's escapes can write a lone surrogate, "\\ud800", which no tokenizer takes)."""
     try:
-        body = json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except UnicodeDecodeError as e:
         raise APIError(400, f"the request body is not UTF-8: {e.reason} at byte {e.start}", "invalid_json") from None
     except json.JSONDecodeError as e:
@@ -445,6 +458,11 @@ def parse_body(raw: bytes) -> dict:
         raise APIError(400, "the request body must be a JSON object", "invalid_json")
     _check_tree(body)
     return body
+
+
+def _not_json(constant: str):
+    """Python's json takes NaN and Infinity, which JSON has not (nor an answer that echoes them)."""
+    raise APIError(400, f"the request body is not valid JSON: {constant} is no JSON value", "invalid_json")
 
 
 def _check_tree(body: dict) -> None:
@@ -487,7 +505,7 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
     neutral_values = _NEUTRAL if neutral_values is None else neutral_values
     refuse_unknown(body, {*parameters, *_IGNORED, *neutral_values})
     for name, neutral in neutral_values.items():
-        if name in body and body[name] not in neutral:
+        if body.get(name) is not None and body[name] not in neutral:  # null: left out
             raise APIError(400, f"'{name}' = {_shown(body[name])} is not supported (only "
                            f"{' or '.join(json.dumps(v) for v in neutral)})", "unsupported_parameter", name)
     if body.get(required) is None:
