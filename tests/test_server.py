@@ -437,6 +437,26 @@ def test_prompt_longer_than_the_context_is_400(client):
                                        max_tokens=4, stream=True)
 
 
+@pytest.mark.parametrize("include_usage", [True, False, None])
+def test_a_stream_ends_with_its_usage_where_stream_options_ask_as_openais(client, include_usage):
+    # OpenAI's and llama-server's: the finish reason's chunk, then the usage alone (no choices) if asked
+    options = {} if include_usage is None else {"stream_options": {"include_usage": include_usage}}
+    whole = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=4, temperature=0, stream=True, **options))
+    if include_usage:
+        usage = chunks[-1].usage  # its cached tokens: the prompt's, reused from the request before
+        assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == \
+            (whole.usage.prompt_tokens, whole.usage.completion_tokens)
+        chunks = chunks[:-1]
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)
+    completion = list(client.completions.create(model=MODEL_ID, prompt="def ", max_tokens=3, stream=True,
+                                                **options))
+    assert (completion[-1].usage is not None and completion[-1].choices == []) == bool(include_usage)
+
+
 def test_anthropics_x_api_key_header_carries_the_key_as_llama_server_takes_it(server):
     # Claude Code sends ANTHROPIC_API_KEY as X-Api-Key; llama-server reads it where Authorization is absent
     u = urlparse(server)
@@ -628,11 +648,12 @@ def test_a_chat_as_llama_cpp_s_ui_sends_it_is_answered(server):
     status, text = request("POST", server + "/v1/chat/completions", json.dumps(body).encode())
     assert status == 200
     events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
-    assert events[-1]["usage"]["completion_tokens"] <= 6
-    assert events[-1]["timings"]["predicted_n"] == events[-1]["usage"]["completion_tokens"]  # what the UI shows
+    assert "usage" not in events[-1] and events[-1]["choices"][0]["finish_reason"]  # no include_usage asked
+    end = events[-1]["timings"]  # what the UI shows
+    assert 0 < end["predicted_n"] <= 6
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     assert [("prompt_progress" in e) for e in events[:len(progress) + 1]] == [False] + [True] * len(progress)
-    assert progress[-1]["processed"] == progress[-1]["total"] == events[-1]["usage"]["prompt_tokens"]
+    assert progress[-1]["processed"] == progress[-1]["total"] == end["prompt_n"] + end["cache_n"]
     text = events[len(progress) + 1:]
     assert "timings" not in events[0] and all("timings" in e for e in events[1:])
     assert [e["timings"]["prompt_n"] for e in events[1:len(progress) + 1]] == \

@@ -85,6 +85,20 @@ def _has_output(chunk: dict, openai: bool) -> bool:
         choice["finish_reason"] is not None
 
 
+def _openai_end(chunk: dict, include_usage: bool) -> list[dict]:
+    """The chunks OpenAI ends a stream with: the finish reason's without the usage, then, asked for
+    (stream_options.include_usage), the usage's alone, with no choices; llama-server's timings on
+    the last of them, as there. Other chunks go as they are."""
+    if "usage" not in chunk:
+        return [chunk]
+    finish = {k: v for k, v in chunk.items() if k not in ("usage", "timings")}
+    last = {**{k: chunk[k] for k in ("id", "object", "created", "model")}, "choices": [], "usage": chunk["usage"]}
+    ends = [finish, last] if include_usage else [finish]
+    if "timings" in chunk:
+        ends[-1] = {**ends[-1], "timings": chunk["timings"]}
+    return ends
+
+
 def _joined_logprobs(chunks: list[dict], keys: tuple[str, ...], empty: dict) -> dict | None:
     """The chunks' logprobs as one: each key's lists joined (None when none carries any)."""
     parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"] is not None]
@@ -194,13 +208,14 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         return {**chunk, "model": model_id}
 
     async def generate(request: Request, start, stream: bool, join, openai: bool = True,
-                       events: EventFormat = OPENAI_EVENTS) -> Response:
+                       events: EventFormat = OPENAI_EVENTS, include_usage: bool | None = None) -> Response:
         """Queues start (an Engine call that streams chunks) and answers with its chunks: as events
         when streamed (in the events' format), else joined into one object. An error before the first
         token (the prompt does not fit, a bad option) is an error response; one while streaming is an
         error event. openai: OpenAI's chunks, each named by the model, the events ending in [DONE];
         else llama-server's, as they come (its last one named, without `stop: false`; response_fields
-        may leave it only some fields) and the last one the end."""
+        may leave it only some fields) and the last one the end. include_usage (OpenAI's endpoints'):
+        a stream's usage in a chunk of its own, or none (_openai_end)."""
         generation = queue.generate(start, request.is_disconnected)
         name = named if openai else lambda chunk: chunk
         chunks: list[dict] = []  # streamed: those up to the first text, sent once the prompt is known to fit
@@ -213,18 +228,20 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
             generation.abandon()
             raise from_engine_error(e) from None
         if stream:
-            return StreamingResponse(_events(generation, chunks, name, events if openai else NATIVE_EVENTS),
+            end = (lambda chunk: [chunk]) if include_usage is None else \
+                functools.partial(_openai_end, include_usage=include_usage)
+            return StreamingResponse(_events(generation, chunks, name, events if openai else NATIVE_EVENTS, end),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         if not chunks:  # the client left before its turn
             raise APIError(499, "the client closed the request")
         return JSONResponse(join(chunks))
 
-    async def _events(generation: Generation, first: list[dict], name, events: EventFormat):
+    async def _events(generation: Generation, first: list[dict], name, events: EventFormat, end):
         try:
             for chunk in first:
-                yield events.chunk(chunk)
+                yield "".join(map(events.chunk, end(chunk)))
             while (chunk := await generation.next()) is not None:
-                yield events.chunk(name(chunk))
+                yield "".join(map(events.chunk, end(name(chunk))))
             if events.done:
                 yield events.done
         except Exception as e:  # noqa: BLE001 - the stream has started: the error is an event
@@ -290,7 +307,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         r = await request_body(request, COMPLETION_PARAMETERS, "prompt")
         start = functools.partial(engine.create_completion, r.prompt, stream=True, spm_infill=spm_infill,
                                   **r.engine_kwargs)
-        return await generate(request, start, r.stream, _joined_completion)
+        return await generate(request, start, r.stream, _joined_completion, include_usage=r.include_usage)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
@@ -298,7 +315,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         r = await request_body(request, CHAT_PARAMETERS, "messages")
         kwargs = _chat_keywords(r, chat_defaults)
         start = controls.arm(lambda: engine.create_chat_completion(r.messages, stream=True, **kwargs), kwargs)
-        return await generate(request, start, r.stream, _joined_chat_completion)
+        return await generate(request, start, r.stream, _joined_chat_completion, include_usage=r.include_usage)
 
     @app.post("/completion")
     @app.post("/completions")

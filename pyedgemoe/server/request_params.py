@@ -279,13 +279,22 @@ _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_pred
 # code editors' plugins send (which llama-server does not implement either)
 _IGNORED = {"user", "stream_options", "cache_prompt", "sse_ping_interval",
             "backend_sampling", "t_max_prompt_ms"}
+def _stream_options(name: str, value) -> dict:
+    """OpenAI's stream_options: include_usage (a last chunk of the usage, with no choices)."""
+    if not (isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
+            and all(isinstance(v, bool) for v in value.values())):
+        raise invalid(name, '{"include_usage": true or false}', value)
+    return value
+
+
 # OpenAI parameters accepted only at the value(s) meaning "off"
 _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
 # logprobs: a completion's is the count of most likely tokens (OpenAI's completions), a chat's a
 # switch with top_logprobs the count (OpenAI's chat)
 # (a suffix: the prompt is the text before a gap for the model to fill, fill_in_middle.py)
-COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "suffix": _text, "logprobs": _logprobs_count}
-CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
+COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "suffix": _text, "logprobs": _logprobs_count,
+                         "stream_options": _stream_options}
+CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "stream_options": _stream_options, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
                    "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
                    "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
@@ -424,6 +433,7 @@ class GenerationRequest:
     keyword arguments for it; only those given, so the Engine's defaults hold for the rest."""
     model: str | None
     stream: bool
+    include_usage: bool = False  # OpenAI's stream_options
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     engine_kwargs: dict = field(default_factory=dict)
@@ -526,6 +536,8 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
         value = check(name, value)
         if name == "stream":
             request.stream = value
+        elif name == "stream_options":
+            request.include_usage = value.get("include_usage", False)
         elif name == "prompt":
             request.prompt = value
         elif name == "messages":
