@@ -195,6 +195,8 @@ def run(
     if prompt_cache is not None and chat:
         fail("--prompt-cache keeps one prompt's state (as llama-completion's); a --chat session is not one: give "
              "one of them")
+    if prompt_cache is not None and not prompt_cache.parent.is_dir():  # before the run, not after it
+        fail(f"--prompt-cache {prompt_cache}: no directory {prompt_cache.parent}")
     ctx = context_size(model, ctx)
     if dry_run:
         print_plan(model, ctx, sampling.seed, engine_options)
@@ -579,7 +581,7 @@ def embed_command(
     try:
         text = read_text_file(file, escape) if file is not None else process_escapes(prompt) if escape else prompt
     except OSError as e:
-        fail(f"cannot read the texts: {e}")
+        fail(f"cannot read the texts: {e.strerror or e}{f': {file}' if file is not None else ''}")
     texts = split_texts(text, separator)
     engine_options["n_batch"] = max(engine_options["n_batch"], ctx)  # a text may fill the context, as there
     with command_errors():
@@ -616,7 +618,7 @@ def tokenize_command(
     try:
         raw = sys.stdin.buffer.read() if stdin else file.read_bytes() if file is not None else prompt.encode()
     except OSError as e:
-        fail(f"cannot read the text: {e.strerror or e}")
+        fail(f"cannot read {'stdin' if stdin else file if file is not None else 'the text'}: {e.strerror or e}")
     text = raw.decode("utf-8", errors="replace")
     text = process_escapes(text) if escape else text
     with command_errors():
@@ -824,7 +826,7 @@ def inspect(
 
 @app.command("convert")
 def convert_command(
-    src: str = typer.Argument(..., help="HF model directory, HF repo id, or a standard llama.cpp GGUF"),
+    src: str = typer.Argument(..., metavar="SRC", help="HF model directory, HF repo id, or a standard llama.cpp GGUF"),
     out: Path = typer.Option(..., "-o", "--out", help="the multi-precision GGUF to write"),
     high: str = typer.Option("q8_0", "--high", help="type of the HIGH expert copies (f32 f16 bf16 q8_0 q6_K q5_K q4_K)"),
     low: str = typer.Option("q4_K", "--low", help="type of the LOW expert copies (q4_0 q4_K q3_K q2_K ...)"),

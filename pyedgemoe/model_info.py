@@ -147,7 +147,8 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         where = non_utf8_string(path)
         if where is not None:
             raise ModelLoadError(f"corrupt GGUF header in {path}: {where} is not valid UTF-8") from None
-        raise ModelLoadError(f"corrupt GGUF header in {path}: {e}") from None
+        raise ModelLoadError(f"corrupt GGUF header: {e}" if str(path) in str(e) else
+                             f"corrupt GGUF header in {path}: {e}") from None
 
     sizes = [os.path.getsize(f) for f in info["files"]]
     for i, (shard, size) in enumerate(zip(info["files"], sizes)):

@@ -77,7 +77,9 @@ def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
     if tool_choice == "required":
-        if tools is None or len(tools) != 1:
+        if not tools:
+            raise InvalidOptionError('tool_choice "required" asks for a call of a tool, and no tools are given')
+        if len(tools) != 1:
             raise InvalidOptionError('tool_choice "required" forces a call of the one tool given: with several, '
                                      'name one ({"type": "function", "function": {"name": ...}})')
         return tools[0]["function"]

@@ -54,7 +54,7 @@ def test_the_text_from_a_file_or_stdin_whole_with_its_escapes(tmp_path):
 
 @pytest.mark.parametrize("args, message", [([str(DEMO)], "give the text with -p TEXT, -f FILE or --stdin"),
                                            (["/nonexistent.gguf", "-p", "x"], "model file not found"),
-                                           ([str(DEMO), "-f", "/nonexistent.txt"], "cannot read the text")])
+                                           ([str(DEMO), "-f", "/nonexistent.txt"], "cannot read /nonexistent.txt: No such file")])
 def test_bad_input_is_one_error_line(args, message):
     r = tokenize(*args)
     assert r.returncode == 1 and r.stderr.decode().startswith("error: ") and message in r.stderr.decode()

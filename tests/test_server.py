@@ -482,6 +482,7 @@ def test_a_wrong_or_missing_key_is_401_except_on_health(server):
     assert status == 401
     for path in ("/health", "/v1/health"):  # llama-server's two
         assert request("GET", server + path, key=None) == (200, {"status": "ok", "model": MODEL_ID, "queue_depth": 0})
+        assert request("HEAD", server + path, key=None)[0] == 200  # a probe's `curl -I`
     assert request("GET", server + "/models")[1] == request("GET", server + "/v1/models")[1]
 
 

@@ -327,6 +327,26 @@ def test_a_body_a_page_may_send_anywhere_is_415(server, content_type):
     assert_error(*post_typed(server, content_type, b'{"prompt": "x"}'), 415, code="unsupported_media_type")
 
 
+def test_headers_beyond_the_limit_are_refused(server):
+    # a head that arrives in one read passed h11's limit of an incomplete one
+    u = urlparse(server)
+    sock = raw_connection(server)
+    try:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: %s:%d\r\nX-Pad: %s\r\n\r\n"
+                     % (u.hostname.encode(), u.port, b"a" * 100_000))
+        status, out = read_response(sock)
+    finally:
+        sock.close()
+    assert_error(status, out, 431, code="request_header_fields_too_large")
+
+
+def test_a_compressed_body_is_415_naming_its_encoding(server):
+    # gzip's bytes were read as JSON and refused as "not UTF-8"
+    import gzip
+    assert_error(*post_typed(server, b"application/json\r\nContent-Encoding: gzip", gzip.compress(b'{"prompt": "x"}')),
+                 415, code="unsupported_media_type")
+
+
 def ticks_while(work) -> float:
     """The longest a Python thread that ticks every millisecond had to wait while work() ran on
     another thread (seconds): long when work holds the GIL."""

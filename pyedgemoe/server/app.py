@@ -32,10 +32,10 @@ from pyedgemoe.server import anthropic_api, llama_server_api, metrics, responses
 from pyedgemoe.server.embeddings_api import add_embedding_routes
 from pyedgemoe.server.engine_queue import EngineQueue, Generation
 from pyedgemoe.server.expert_view import expert_view
-from pyedgemoe.server.limits import Limits
+from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
 from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
-from pyedgemoe.server.request_guards import JSONBody, SameSite
+from pyedgemoe.server.request_guards import HeadSize, JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
                                              NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
@@ -278,8 +278,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     def chat_prompt_length(r: GenerationRequest) -> int:
         return len(chat_text_tokens(engine, chat_prompt(r)))
 
-    @app.get("/health")
-    @app.get("/v1/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: probes' `curl -I`, which llama-server answers
+    @app.api_route("/v1/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "queue_depth": queue.waiting}
 
@@ -411,5 +411,6 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
     app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)
     app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
+    app.add_middleware(HeadSize, max_bytes=MAX_HEAD_BYTES)
     app.add_middleware(RequestCounting, counts=requests)  # outermost: refusals are counted too
     return app

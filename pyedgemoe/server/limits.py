@@ -20,7 +20,7 @@ class Limits:
     max_connections: int = 64  # open at once; a request on one more is answered 503 (uvicorn's limit_concurrency)
 
 
-MAX_HEAD_BYTES = 16 * 2**10  # a request's line and headers (h11's default); more is a 400
+MAX_HEAD_BYTES = 16 * 2**10  # a request's line and headers (h11's default); more is a 400 or 431
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a body (a JSON schema's included)
 MAX_STOP_STRINGS = 16  # llama-cpp-python's clients send a few; each is searched for after every token
 MAX_STOP_CHARS = 512  # each

@@ -12,9 +12,11 @@
   browser that sends none sends an Origin, which SameSite checks) or application/x-www-form-urlencoded
   (`curl -d`'s; a browser's form encodes `{` as `%7B`, so its bodies are never JSON): llama-server
   reads any body as JSON. Other types (text/plain, multipart/form-data: what a page's form can send
-  to any site) are 415. The body is at most max_bytes (413, refused from
+  to any site) are 415, and so is a compressed body (Content-Encoding). The body is at most max_bytes (413, refused from
   its Content-Length before it is read, so no `100 Continue` invites it), and it arrives within
   timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on.
+- HeadSize: a request line and headers of more than max_bytes are 431. h11 refuses a head still
+  incomplete beyond its limit, but one that arrives in one read passes it (a 100 KB head did).
 A request refused before its body was read leaves its client a moment to send the rest, which is
 discarded, before the connection closes (http_protocol.py).
 """
@@ -42,6 +44,23 @@ def _is_local_or_address(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class HeadSize:
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            size = len(scope["method"]) + len(scope["raw_path"]) + len(scope["query_string"]) + \
+                sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # ": ", CRLF
+            if size > self.max_bytes:
+                error = APIError(431, f"the request line and headers are larger than {self.max_bytes} bytes",
+                                 "request_header_fields_too_large")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class SameSite:
@@ -111,6 +130,10 @@ class JSONBody:
         if media_type not in _READ_AS_JSON:
             raise APIError(415, f"the body must be JSON sent as 'Content-Type: application/json', not "
                            f"{media_type.decode('latin-1')!r}", "unsupported_media_type")
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding != b"identity":  # a compressed body would be read as bytes that are no JSON
+            raise APIError(415, f"the body must be sent uncompressed, not as 'Content-Encoding: "
+                           f"{encoding.decode('latin-1')}'", "unsupported_media_type")
         length = headers.get(b"content-length")  # h11 checked it is digits
         if length is not None and int(length) > self.max_bytes:
             raise self._too_large()
