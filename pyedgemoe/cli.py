@@ -872,10 +872,10 @@ def export_command(
 @model_options(without=("flash_attn", "batch_size", "ubatch_size", "cache_type_k", "cache_type_v", "no_warmup"))
 def bench(
     model: Path,
-    prompt_tokens: list[int] = typer.Option([16], "--prompt-tokens", "-p", "--n-prompt",
-                                            help="repeatable: 16 and 128 is HOBBIT's grid (llama-bench's -p)"),
-    output_tokens: list[int] = typer.Option([32], "--output-tokens", "-n", "--n-gen",
-                                            help="repeatable: 32 and 128 is HOBBIT's grid (llama-bench's -n)"),
+    prompt_tokens: list[str] = typer.Option(["16"], "--prompt-tokens", "-p", "--n-prompt",
+                                            help="repeatable or comma-separated: 16,128 is HOBBIT's grid (llama-bench's -p)"),
+    output_tokens: list[str] = typer.Option(["32"], "--output-tokens", "-n", "--n-gen",
+                                            help="repeatable or comma-separated: 32,128 is HOBBIT's grid (llama-bench's -n)"),
     repeats: int = typer.Option(3, "--repeats", "-r", "--repetitions",
                                 help="runs per engine and cell; medians are reported"),
     warmup: int = typer.Option(1, "--warmup", help="runs of the first engine before each cell's, not kept"),
@@ -929,13 +929,22 @@ def bench(
             ours_options[name] = engine_options[name]
     threads = engine_options["n_threads"]
     try:
-        cli_main(model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
+        cli_main(model, prompt_tokens=_int_list(prompt_tokens, "--prompt-tokens"),
+                 output_tokens=_int_list(output_tokens, "--output-tokens"), repeats=repeats,
                  threads=threads, vs_llama_cpp=vs_llama_cpp, engines=engines, mem_cap=mem_cap,
                  flash_attn=flash_attn, ours_options=ours_options, json_path=json_path,
                  decode_input=decode_input, stock_repack=not stock_no_repack, warmup=0 if no_warmup else warmup,
                  load=load, against_min=against_min)
     except PyEdgeMoEError as e:
         fail(str(e))
+
+
+def _int_list(values: list[str], flag: str) -> list[int]:
+    """llama-bench's lists: a flag given several times, or values comma-separated (-p 16,128)."""
+    try:
+        return [int(v) for value in values for v in value.split(",")]
+    except ValueError:
+        fail(f"{flag} takes integers, several comma-separated or the flag repeated, got {' '.join(values)!r}")
 
 
 def main() -> None:

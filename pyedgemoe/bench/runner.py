@@ -222,8 +222,10 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
         raise BenchmarkError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
     if decode_input not in DECODE_INPUTS:
         raise BenchmarkError(f"decode_input must be one of {', '.join(DECODE_INPUTS)}")
-    if repeats < 1 or prompt_tokens < 1 or output_tokens < 1 or threads < 1 or warmup < 0:
-        raise BenchmarkError("repeats, prompt_tokens, output_tokens and threads must be >= 1, warmup >= 0")
+    for name, value, least in (("repeats", repeats, 1), ("prompt_tokens", prompt_tokens, 1),
+                               ("output_tokens", output_tokens, 1), ("threads", threads, 1), ("warmup", warmup, 0)):
+        if value < least:  # a cell times a prompt and a decode after it: llama-bench's -p 0 has no counterpart
+            raise BenchmarkError(f"{name} must be >= {least}, got {value}")
     if mem_cap_bytes is not None:
         check_cgroup_v1()
     files = model_files(model)
