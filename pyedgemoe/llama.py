@@ -21,6 +21,8 @@ import functools
 import inspect
 import os
 import random
+import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -108,8 +110,8 @@ def _takes_the_context(method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         stream = self._open() if self._open is not None else None
-        if stream is not None:
-            stream.end_for_a_call()
+        while stream is not None and not stream.end_for_a_call():
+            time.sleep(0.001)  # being read on another thread: it ends at its next pause
         return method(self, *args, **kwargs)
     return call
 
@@ -118,10 +120,11 @@ class _Stream:
     """A stream a Llama returned (completion or chat chunks, generate's tokens). In llama-cpp-python a
     call goes ahead of a stream still open (a loop left by break, a client gone): the Llama's next
     call that uses the context ends it here, on whichever thread (one being read on another thread
-    at that instant goes on, and the call waits for it). Read after that, it raises EngineBusyError."""
+    at that instant, when its step is done). Read after that, it raises EngineBusyError."""
 
     def __init__(self, items: Generator):
         self._items, self._ended_by_a_call = items, False
+        self._reader: int | None = None  # the thread reading it this instant
 
     def __iter__(self) -> "_Stream":
         return self
@@ -132,19 +135,25 @@ class _Stream:
     def send(self, value):
         if self._ended_by_a_call:
             raise EngineBusyError("this stream was ended by a later call of its Llama, which took the context")
-        return self._items.send(value)
+        self._reader = threading.get_ident()
+        try:
+            return self._items.send(value)
+        finally:
+            self._reader = None
 
     def close(self) -> None:
         self._items.close()
 
-    def end_for_a_call(self) -> None:
-        if inspect.getgeneratorstate(self._items) == inspect.GEN_CLOSED:
-            return
+    def end_for_a_call(self) -> bool:
+        """Whether the stream is over now (False: it is being read this instant, on another thread)."""
+        if inspect.getgeneratorstate(self._items) == inspect.GEN_CLOSED or self._reader == threading.get_ident():
+            return True  # over, or the call is the stream's own (a prompt cache's save at its end)
         try:
             self._items.close()
-        except ValueError:  # being read this instant ("generator already executing")
-            return
+        except ValueError:  # "generator already executing"
+            return False
         self._ended_by_a_call = True
+        return True
 
 
 class Llama:
