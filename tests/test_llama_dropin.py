@@ -344,6 +344,22 @@ def test_a_stream_left_open_on_one_thread_does_not_hold_up_the_others(llm):
     other.start()
     other.join(timeout=60)
     assert answers == [expected]
+    # a stream still being read (a slow client's), on another thread: the call ends it between two
+    # chunks, and its reader is told so
+    ended = []
+
+    def slow_client():
+        try:
+            for _ in llm(PLANETS, max_tokens=200, temperature=0, stream=True, stop=[]):
+                time.sleep(0.01)
+        except EngineBusyError:
+            ended.append(True)
+    reader = threading.Thread(target=slow_client)
+    reader.start()
+    time.sleep(0.1)
+    assert llm("hi", max_tokens=3, temperature=0)["choices"] == expected
+    reader.join(timeout=60)
+    assert ended == [True]
 
 
 @pytest.mark.parametrize("call, fragment", [
