@@ -269,7 +269,7 @@ def test_openais_legacy_functions_are_a_chats_tools(client):
     ({"functions": [{"name": "f"}], "function_call": {"name": "f", "x": 1}}, "function_call"),
     ({"tools": {"get_weather": WEATHER}}, "tools"),
     ({"tools": [WEATHER], "tool_choice": 3}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, None),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nowhere"}}}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": 1}]}]},
      "messages[0].tool_calls"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),

@@ -4,6 +4,7 @@ AuthenticationError, ...)."""
 from __future__ import annotations
 
 import logging
+import re
 
 from starlette.responses import JSONResponse
 
@@ -12,6 +13,8 @@ from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoE
 # OpenAI's error types, by HTTP status (any other 4xx: invalid_request_error)
 _TYPES = {500: "server_error", 503: "server_error"}
 INTERNAL_ERROR = "internal server error (the server's log has the details)"
+# the setting an Engine's message is about: "top_p must be ...", "grammar: ...", "tools[0].function: ..."
+_NAMED = re.compile(r"([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)*)(?::| must | names )")
 
 
 class APIError(Exception):
@@ -41,7 +44,8 @@ def from_engine_error(e: Exception) -> APIError:
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), "context_length_exceeded")
     if isinstance(e, InvalidOptionError):
-        return APIError(400, str(e), "invalid_value")
+        named = _NAMED.match(str(e))
+        return APIError(400, str(e), "invalid_value", named.group(1) if named else None)
     if isinstance(e, PyEdgeMoEError):
         return APIError(500, str(e), type(e).__name__)
     # a bug: its text (a binding's signature, a path) is for the log, not for the client
