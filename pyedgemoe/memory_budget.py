@@ -437,12 +437,13 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
-                     available: Available = None, refuse: bool = True) -> tuple[int, str | None]:
+                     available: Available = None, refuse: bool = True, minimum_bytes: int = 0) -> tuple[int, str | None]:
     """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced).
     An explicit budget that does not fit beside the non-expert weights, the context and the
     allowance is refused with the numbers (InvalidOptionError); refuse=False leaves that to the
     caller (a GPU's budget: devices.check_fits_device). shown: the value as the user gave it,
-    without the "~". A model without experts caches none: only its context is checked."""
+    without the "~". Where what fits is below minimum_bytes (the smallest cache that runs), no cache
+    is offered but MAPPED. A model without experts caches none: only its context is checked."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
     cache = budget if expert_bytes else 0
@@ -450,6 +451,11 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
         return budget, None
     if room <= 0:
         raise _no_room_error(non_expert_bytes, context, available, where)
+    if room < minimum_bytes:
+        raise InvalidOptionError(
+            f"expert cache {shown}{UP_TO if up_to else ''} does not fit: {_available_text(available, where)}, less "
+            f"{_beside_the_cache(non_expert_bytes, context)}, leaves {format_bytes(room)}, below the smallest cache "
+            f"that runs ({format_bytes(minimum_bytes)}); --expert-cache {MAPPED}: {MAPPED_NOTE}")
     if up_to:
         return room, (f"expert cache {shown}{UP_TO} reduced to what fits: {format_bytes(room)} instead of "
                       f"{format_bytes(budget)}, for {format_bytes(expert_bytes)} of experts "
@@ -462,6 +468,13 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
         f"{format_bytes(budget + non_expert_bytes + context + RUN_ALLOWANCE_BYTES)}, and "
         f"{_available_text(available, where)}; the largest expert cache that fits is {format_bytes(room)} "
         f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
+
+
+def is_share(value) -> bool:
+    """Whether value is an expert cache's share of the experts in range ("25%", "60%~")."""
+    amount = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*%", value.strip().removesuffix(UP_TO).strip()) \
+        if isinstance(value, str) else None
+    return amount is not None and 0 < float(amount.group(1)) <= 100
 
 
 def _out_of_range(value, expert_bytes: int) -> InvalidOptionError:
@@ -493,7 +506,8 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
     if isinstance(value, int):
         if value <= 0:
             raise _out_of_range(value, expert_bytes)
-        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, held, context, available, refuse)
+        budget, note = fit_expert_cache(value, str(value), False, expert_bytes, held, context, available, refuse,
+                                        minimum_bytes)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
@@ -510,5 +524,6 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
             f"invalid expert_cache {value!r}: use bytes, a size like '300MiB' or '4GiB', a percentage like '50%', "
             f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
-    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, held, context, available, refuse)
+    budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, held, context, available, refuse,
+                                    minimum_bytes)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"

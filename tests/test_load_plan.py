@@ -169,7 +169,25 @@ def test_a_size_is_the_cache_and_turns_repacking_off():
 
 def test_a_size_that_does_not_fit_is_refused_with_the_largest_that_does():
     with pytest.raises(InvalidOptionError, match="does not fit.*the largest expert cache that fits"):
-        plan(expert_cache="100%", memory=40 * MiB)
+        plan(expert_cache="100%", memory=48 * MiB)
+
+
+@pytest.mark.parametrize("asked", ["100%", "100%~", "5MiB~"])
+def test_where_no_cache_that_runs_fits_the_refusal_offers_the_mapped_experts(asked):
+    # it offered the room left (3.26 MiB here), which the next load refused as below the minimum (4 MiB)
+    with pytest.raises(InvalidOptionError, match=r"leaves 3.26 MiB, below the smallest cache that runs \(4.00 MiB\); "
+                                                 r"--expert-cache mmap"):
+        plan(expert_cache=asked, memory=40 * MiB)
+
+
+def test_a_dense_model_takes_a_share_of_its_no_experts_as_a_moe_model_would():
+    # a script's --expert-cache 25% over several models: "out of range" on a dense one
+    dense = dataclasses.replace(moe(), n_experts=0, expert_bytes_per_layer={}, high_expert_bytes_per_layer={})
+    for asked in ("25%", "60%~"):
+        p = plan(info=dense, expert_cache=asked)
+        assert not p.offload and p.expert_cache is None
+    with pytest.raises(InvalidOptionError, match="out of range"):
+        plan(info=dense, expert_cache="-5%")
 
 
 def test_a_device_budget_beyond_its_free_memory_is_refused():
