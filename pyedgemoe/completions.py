@@ -319,13 +319,14 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         chunk = {**head, "object": "chat.completion.chunk"}
         first = {"role": "assistant"} if function is None else {**EMPTY_DELTA, "role": "assistant"}
         yield {**chunk, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}]}
-        done = 0
+        done, named = 0, True
         with closing(run):
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
                     yield _progress_chunk(chunk, piece, run)
                     continue
-                delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id)
+                delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id, named)
+                named = not parse_tool_calls  # llama-cpp-python's stream names the call in every piece
                 yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
                                              "finish_reason": None}], **run.chunk_timings()}
                 done = run.n_tokens

@@ -459,7 +459,9 @@ class Engine(Vocabulary):
 
     # -- text generation ------------------------------------------------------------------------
     def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
-        return self.tokenize(prompt, add_bos=True, special=False) if isinstance(prompt, str) else as_token_ids(prompt, "prompt")
+        """A prompt's tokens: a text's special-token text parsed, as llama-completion, llama-server and
+        llama-cpp-python parse it (a chat template rendered by the caller)."""
+        return self.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else as_token_ids(prompt, "prompt")
 
     def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, stop: str | list[str] | None = None,
                  stream: bool = False, ignore_eos: bool = False, special: bool = False,

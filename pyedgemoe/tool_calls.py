@@ -106,7 +106,12 @@ def call_message(name: str, arguments: str, call_id: str) -> dict:
 EMPTY_DELTA = {"role": None, "content": None, "function_call": None, "tool_calls": None}
 
 
-def call_delta(name: str, arguments: str, call_id: str) -> dict:
-    """A stream chunk's delta of a forced call's next piece of arguments."""
-    return {**EMPTY_DELTA, "function_call": {"name": name, "arguments": arguments},
-            "tool_calls": [tool_call(name, arguments, call_id, index=0)]}
+def call_delta(name: str, arguments: str, call_id: str, named: bool = True) -> dict:
+    """A stream chunk's delta of a forced call's next piece of arguments; named: with the call's id
+    and name (llama-cpp-python's, in every piece; OpenAI's and llama-server's, in the first alone:
+    a client joins the pieces' strings, those too)."""
+    if named:
+        return {**EMPTY_DELTA, "function_call": {"name": name, "arguments": arguments},
+                "tool_calls": [tool_call(name, arguments, call_id, index=0)]}
+    return {**EMPTY_DELTA, "function_call": {"arguments": arguments},
+            "tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}

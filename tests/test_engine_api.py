@@ -230,6 +230,17 @@ def test_logits_shape_and_dtype(eng):
     assert np.isfinite(out).all()
 
 
+def test_a_text_prompts_special_tokens_are_parsed_as_llama_completion_and_llama_server_parse_them(tiny_model):
+    # a chat template rendered by the caller and sent as text: /v1/completions took <|im_start|> as text
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with Engine(tiny_model("qwen3_moe")[0], n_ctx=128, n_threads=2) as eng:
+        parsed = eng.tokenize(text, add_bos=True, special=True)
+        assert len(parsed) < len(eng.tokenize(text, add_bos=True))
+        out = eng.create_completion(text, max_tokens=4, temperature=0)
+        assert out["usage"]["prompt_tokens"] == len(parsed)
+        assert out["choices"][0]["text"] == eng.create_completion(parsed, max_tokens=4, temperature=0)["choices"][0]["text"]
+
+
 def test_errors_are_typed(eng, tmp_path, mixtral_gguf):
     with pytest.raises(ModelLoadError):
         Engine(tmp_path / "missing.gguf")

@@ -243,6 +243,12 @@ def test_a_forced_tool_call_is_openais_tool_call_and_the_conversation_goes_on(cl
     pieces = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
     assert "".join(p.function.arguments for p in pieces) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the id and the name in the first piece alone, as OpenAI's and llama-server's: the openai package
+    # joins every piece's strings (it made "get_weatherget_weather...")
+    assert pieces[0].function.name == "get_weather" and all(p.id is None and p.function.name is None for p in pieces[1:])
+    with client.chat.completions.stream(**kwargs, tool_choice=forced) as stream:
+        joined = stream.get_final_completion().choices[0].message.tool_calls[0]
+    assert (joined.function.name, joined.function.arguments) == (call.function.name, call.function.arguments)
     answered = [*asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
     r = client.chat.completions.create(model=MODEL_ID, messages=answered, tools=[WEATHER], max_tokens=4,
