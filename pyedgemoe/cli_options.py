@@ -317,8 +317,8 @@ def chat_template_options(command=None, *, request_defaults: bool = False):
             None, "--chat-template-kwargs", help=f"the chat template's variables{where}, a JSON object, e.g. "
             "'{\"enable_thinking\": false}' (llama.cpp's)")),
         ("reasoning", str, typer.Option("auto", "-rea", "--reasoning", help=f"a reasoning model's thinking{where}: on, "
-                                        "off (the template's enable_thinking, as Qwen3's) or auto (the template's "
-                                        "default), as llama.cpp's")),
+                                        "off (the template's enable_thinking, as Qwen3's) or auto (on, where the "
+                                        "template has the switch), as llama.cpp's")),
         ("reasoning_effort", str, typer.Option("default", "--reasoning-effort", help=f"the template's "
                                                f"reasoning_effort{where} (low, medium, high: GPT-OSS's), as "
                                                "llama.cpp's; default: the template's")),

@@ -226,11 +226,13 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
               template_kwargs: dict | None = None, parallel_tool_calls: bool | None = None,
               parse_tool_calls: bool = True, reasoning_format: str | None = None,
               thinking_tags: bool = False, continue_final_message=None,
-              add_generation_prompt: bool | None = None) -> tuple[str, ChatTurn | None]:
+              add_generation_prompt: bool | None = None, jinja2_formatter: bool = False) -> tuple[str, ChatTurn | None]:
     """A chat's prompt text, and where the answer is parsed in the model's format (tool calls,
     thoughts; thinking_tags: a reasoning budget's or control's; the last message continued, or no
     generation prompt: llama-server's continue_final_message, add_generation_prompt) the ChatTurn it
-    is the text of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it."""
+    is the text of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it,
+    given what llama.cpp's tools give a template (LLAMA_CPP_VARIABLES) where template_kwargs do not say,
+    or with jinja2_formatter, as llama-cpp-python's Jinja2ChatFormatter, nothing more."""
     check_messages(messages)
     tools = check_tools(tools)
     check_tool_choice(tool_choice)
@@ -243,22 +245,29 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
         turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format,
                         continued, add_generation_prompt is not False and not continued)
         return turn.prompt, turn
-    return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
+    variables = template_kwargs if jinja2_formatter else {**LLAMA_CPP_VARIABLES, **(template_kwargs or {})}
+    return engine.format_chat(messages, tools, tool_choice, variables), None
+
+
+# what llama.cpp's tools (llama-server, llama-cli) give a chat template besides the messages and tools:
+# its thoughts open (common_chat_templates_inputs' default, where --reasoning is not off)
+LLAMA_CPP_VARIABLES = {"enable_thinking": True}
 
 
 def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
     """The tokens of messages (and the tools, for the template) formatted with the model's template,
-    as llama-cpp-python does (no tool calls parsed, no BOS but the template's)."""
-    return chat_text_tokens(engine, chat_text(engine, messages, tools, tool_choice, parse_tool_calls=False)[0], False)
+    as llama-cpp-python does (its Jinja2ChatFormatter, no tool calls parsed)."""
+    text = chat_text(engine, messages, tools, tool_choice, parse_tool_calls=False, jinja2_formatter=True)[0]
+    return chat_text_tokens(engine, text, jinja2_formatter=True)
 
 
-def chat_text_tokens(engine, text: str, bos: bool = True) -> list[int]:
-    """The tokens of a chat's prompt text: special tokens as such, a BOS ahead unless it has one
-    (bos False: none but the text's, as llama-cpp-python tokenizes what its Jinja2ChatFormatter renders)."""
+def chat_text_tokens(engine, text: str, jinja2_formatter: bool = False) -> list[int]:
+    """The tokens of a chat's prompt text: special tokens as such, a BOS ahead unless it has one (with
+    jinja2_formatter none but the text's, as llama-cpp-python tokenizes what its Jinja2ChatFormatter renders)."""
     bos_id = engine.token_bos()
     bos_text = engine.token_piece(bos_id, special=True).decode("utf-8", "replace") if bos_id is not None else None
     starts_with_bos = bos_text is not None and text.startswith(bos_text)
-    return engine.tokenize(text, add_bos=bos and not starts_with_bos, special=True)
+    return engine.tokenize(text, add_bos=not jinja2_formatter and not starts_with_bos, special=True)
 
 
 def create_chat_completion(engine, messages: list[dict], max_tokens: int | None, stop: str | list[str] | None,
@@ -267,15 +276,16 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
                            reasoning_format: str | None = None, continue_final_message=None,
                            add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                           return_progress: bool = False, bos: bool = True):
+                           return_progress: bool = False, jinja2_formatter: bool = False):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
-    (pyedgemoe.tool_calls). bos: chat_text_tokens's."""
+    (pyedgemoe.tool_calls). jinja2_formatter: chat_text's and chat_text_tokens's."""
     check_n_probs("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
     text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,
-                           reasoning_format, wants_thinking_tags(sampling), continue_final_message, add_generation_prompt)
+                           reasoning_format, wants_thinking_tags(sampling), continue_final_message, add_generation_prompt,
+                           jinja2_formatter)
     function = forced_tool(tools, tool_choice) if turn is None else None
     # the grammar of a call (a forced one's arguments, a format's calls), which no other may join
     calls_grammar = {"json_schema": function.get("parameters", {"type": "object"})} if function is not None \
@@ -288,7 +298,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                                  "reasoning_format), as llama-server")
     thinking = turn.thinking() if turn is not None else {}
     sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
-    run = TextRun(engine, chat_text_tokens(engine, text, bos), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
+    run = TextRun(engine, chat_text_tokens(engine, text, jinja2_formatter), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token,
                   progress=stream and return_progress)

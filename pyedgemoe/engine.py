@@ -512,7 +512,7 @@ class Engine(Vocabulary):
                                parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
                                reasoning_format: str | None = None, continue_final_message=None,
                                add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                               return_progress: bool = False, bos: bool = True, **sampling):
+                               return_progress: bool = False, jinja2_formatter: bool = False, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
@@ -521,13 +521,15 @@ class Engine(Vocabulary):
         thoughts as reasoning_content. chat_template_kwargs: more of the template's variables
         ({"enable_thinking": False}). continue_final_message (True, "content", "reasoning_content"): the
         last message, the assistant's, is continued, the answer what follows it; add_generation_prompt
-        False: none (llama-server's). timings_per_token, return_progress: as for create_completion. bos
-        False: no BOS ahead of the template's text but its own (llama-cpp-python's). sampling: as for
-        generate (temperature: CHAT_TEMPERATURE)."""
+        False: none (llama-server's). timings_per_token, return_progress: as for create_completion.
+        jinja2_formatter: the template rendered and tokenized as llama-cpp-python's Jinja2ChatFormatter
+        does (no variable but the messages' and tools', no BOS but the template's); else as llama.cpp's
+        tools do. sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
                                                   chat_template_kwargs, reasoning_format, continue_final_message,
-                                                  add_generation_prompt, timings_per_token, return_progress, bos)
+                                                  add_generation_prompt, timings_per_token, return_progress,
+                                                  jinja2_formatter)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

@@ -713,7 +713,8 @@ class Llama:
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
-            tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format, bos=False,
+            tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
+            jinja2_formatter=True,
             **self._scoring(_sampling(locals(), self.last_n_tokens_size))))
         return self._streaming(_stream_named(out, model, "", None)) if stream else _named(out, model)
 

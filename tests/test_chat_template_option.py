@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from pyedgemoe import Engine, InvalidOptionError, Llama
 from pyedgemoe.chat_template import CHATML, TEMPLATE_KEY
 from pyedgemoe.completions import chat_text
 from test_server import request, start_server, stop_server
+
+REPO = Path(__file__).resolve().parents[1]
 
 TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}[assistant] {% endif %}")
@@ -37,6 +40,20 @@ def test_every_reader_of_the_template_takes_the_one_given(qwen3):
             reply = llm.create_chat_completion(MESSAGES, max_tokens=4, temperature=0)
             expected = eng.create_completion(eng.tokenize(RENDERED, special=True), max_tokens=4, temperature=0)
             assert reply["choices"][0]["message"]["content"] == expected["choices"][0]["text"]
+
+
+def test_a_thinking_template_is_given_what_llama_cpp_gives_it_and_the_drop_in_what_llama_cpp_python_does(qwen3):
+    # QwQ's template closes the thought where `enable_thinking` is not true: undefined in the Python
+    # rendering, it closed it there, while llama.cpp's (tools, reasoning_format) left it open, as llama-server
+    llama_cpp = pytest.importorskip("llama_cpp")
+    source = (REPO / "native/vendor/llama.cpp/models/templates/Qwen-QwQ-32B.jinja").read_text()
+    with Engine(qwen3, n_ctx=256, n_threads=2, chat_template=source) as eng:
+        plain = chat_text(eng, MESSAGES)[0]
+        assert plain.endswith("<think>\n") and plain == chat_text(eng, MESSAGES, reasoning_format="auto")[0]
+        assert chat_text(eng, MESSAGES, template_kwargs={"enable_thinking": False})[0].endswith("</think>")
+    stock = llama_cpp.llama_chat_format.Jinja2ChatFormatter(template=source, eos_token="<|im_end|>", bos_token="")
+    with Llama(model_path=qwen3, n_ctx=256, chat_template=source, verbose=False) as llm:
+        assert chat_text(llm.engine, MESSAGES, jinja2_formatter=True)[0] == stock(messages=MESSAGES).prompt
 
 
 def test_chatml_by_name_as_llama_cpp(qwen3):

@@ -144,7 +144,7 @@ def test_chat_completion_is_the_engines_at_temperature_0(chat_llm, demo_chat):
                 {"role": "user", "content": "def fib(n):"}]
     out = chat_llm.create_chat_completion(messages=messages, max_tokens=12, temperature=0)
     with Engine(demo_chat, **SMALL) as eng:
-        expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0, bos=False)
+        expected = eng.create_chat_completion(messages, max_tokens=12, temperature=0, jinja2_formatter=True)
         with_bos = eng.create_chat_completion(messages, max_tokens=12, temperature=0)
     assert out["object"] == "chat.completion"
     assert out["choices"] == expected["choices"]

@@ -104,7 +104,7 @@ THINKING = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 
 
 @pytest.mark.parametrize("args, shown", [
-    ([], "thinking=unset effort=unset"), (["-rea", "off"], "thinking=False effort=unset"),
+    ([], "thinking=True effort=unset"), (["-rea", "off"], "thinking=False effort=unset"),
     (["--reasoning", "on", "--reasoning-effort", "high"], "thinking=True effort=high"),
     (["--chat-template-kwargs", '{"enable_thinking": false}', "-rea", "auto"], "thinking=False effort=unset"),
 ])
@@ -131,7 +131,7 @@ def test_openais_reasoning_effort_is_the_templates_as_llama_servers(tmp_path):
             status, out = request("POST", url + "/apply-template", json.dumps(body).encode(), key=None)
             assert status == 200, out
             return out["prompt"]
-        assert applied({"reasoning_effort": "low"}).endswith("thinking=unset effort=low")
+        assert applied({"reasoning_effort": "low"}).endswith("thinking=True effort=low")
         assert applied({"reasoning_effort": "none"}).endswith("thinking=False effort=unset")
         assert applied({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}) \
             .endswith("effort=high")
