@@ -61,6 +61,11 @@ def test_a_streamed_response_is_the_same_as_a_whole_one(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert final.usage.output_tokens == whole.usage.output_tokens and final.status == whole.status
+    # a message announced empty, its part then added: a client building it from the events had two parts
+    added = next(e for e in events if e.type == "response.output_item.added" and e.item.type == "message")
+    assert added.item.content == [] and len(final.output[-1].content) == 1
+    cut = client.responses.create(**{**kwargs, "max_output_tokens": 2})  # cut: the message too, as OpenAI's
+    assert cut.status == "incomplete" and cut.output[-1].status == "incomplete"
 
 
 def test_a_function_chosen_is_a_function_call_item_whole_and_streamed(client):

@@ -225,14 +225,15 @@ class ResponseShape:
         if message.get("reasoning_content"):
             output.append({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "status": "completed",
                            "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
+        finish = choice["finish_reason"]
         if message.get("content"):
             output.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-                           "status": "completed", "content": [_text_part(message["content"])]})
+                           "status": "incomplete" if finish == "length" else "completed",
+                           "content": [_text_part(message["content"])]})
         for call in message.get("tool_calls") or ():
             output.append({"id": f"fc_{call['id']}", "type": "function_call", "status": "completed",
                            "call_id": call["id"], "name": call["function"]["name"],
                            "arguments": call["function"]["arguments"]})
-        finish = choice["finish_reason"]
         return self._head("incomplete" if finish == "length" else "completed", output, _usage(completion["usage"]),
                           finish)
 
@@ -245,18 +246,20 @@ class ResponseShape:
     def _open(self, item: dict) -> str:
         out = self._close()
         self._item = item
-        out += self._event("response.output_item.added", {"output_index": len(self._output), "item": item})
+        # a message is announced empty, its part then added (OpenAI's clients build it from the events)
+        announced = {**item, "content": []} if item["type"] == "message" else item
+        out += self._event("response.output_item.added", {"output_index": len(self._output), "item": announced})
         if item["type"] == "message":
             out += self._event("response.content_part.added", {"item_id": item["id"], "output_index": len(self._output),
                                                                "content_index": 0, "part": _text_part("")})
         return out
 
-    def _close(self) -> str:
+    def _close(self, status: str = "completed") -> str:
         item, self._item = self._item, None
         if item is None:
             return ""
         at, out = {"item_id": item["id"], "output_index": len(self._output)}, ""
-        item["status"] = "completed"
+        item["status"] = status
         if item["type"] == "reasoning":
             out += self._event("response.reasoning_text.done", {**at, "content_index": 0,
                                                                 "text": item["content"][0]["text"]})
@@ -308,10 +311,10 @@ class ResponseShape:
                     "item_id": self._item["id"], "output_index": len(self._output), "delta": function["arguments"]})
         finish = choice["finish_reason"]
         if finish is not None:
-            out += self._close()
+            status = "incomplete" if finish == "length" else "completed"  # the last item's too, as OpenAI's
+            out += self._close(status)
             # response.completed even where the text was cut (its status says so), as llama-server: OpenAI's
             # clients' stream helpers wait for that event and know no response.incomplete
-            status = "incomplete" if finish == "length" else "completed"
             out += self._event("response.completed", {"response": self._head(status, self._output,
                                                                              _usage(chunk["usage"]), finish)})
         return out
