@@ -639,6 +639,8 @@ def test_props_and_slots_answer_as_llama_server_does(server):
     assert settings["n_ctx"] == N_CTX and settings["params"]["temperature"] == 0.2  # the chat's default
     assert settings["params"]["n_predict"] == -1
     assert settings["params"]["frequency_penalty"] == settings["params"]["presence_penalty"] == 0.0
+    from pyedgemoe.chat_template import CHATML
+    assert props["chat_template"] == CHATML  # the demo model has none: the one in use, as llama-server's
     assert request("GET", server + "/slots") == (200, [{"id": 0, "n_ctx": N_CTX, "is_processing": False}])
 
 

@@ -66,6 +66,8 @@ def test_a_streamed_response_is_the_same_as_a_whole_one(client):
     assert added.item.content == [] and len(final.output[-1].content) == 1
     cut = client.responses.create(**{**kwargs, "max_output_tokens": 2})  # cut: the message too, as OpenAI's
     assert cut.status == "incomplete" and cut.output[-1].status == "incomplete"
+    seeded = {**kwargs, "temperature": 1.0, "extra_body": {"seed": 11}}  # llama-server passes a seed on
+    assert client.responses.create(**seeded).output_text == client.responses.create(**seeded).output_text
 
 
 def test_a_function_chosen_is_a_function_call_item_whole_and_streamed(client):

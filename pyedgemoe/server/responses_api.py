@@ -40,10 +40,10 @@ _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature",
            "truncation", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
            "safety_identifier", "stream_options", "top_logprobs", "max_tool_calls", "background",
            "previous_response_id", "conversation", "prompt", "context_management", "moderation", "access_programs",
-           "image"}
+           "image", "seed"}  # seed: llama-server's, passed on to the chat
 _STORED = ("previous_response_id", "conversation", "prompt")  # what would need responses kept
 _PASSED = {"temperature": "temperature", "top_p": "top_p", "parallel_tool_calls": "parallel_tool_calls",
-           "stream": "stream", "max_output_tokens": "max_tokens"}
+           "stream": "stream", "max_output_tokens": "max_tokens", "seed": "seed"}
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from pyedgemoe.chat_template import CHATML, TEMPLATE_KEY
 from pyedgemoe.generation import CHAT_TEMPERATURE, SamplingParams
 
 STATIC = Path(__file__).parent / "static"
@@ -81,7 +82,7 @@ class WebUI:
                     "total_slots": engine.n_parallel, "model_alias": model_id, "model_path": engine.model_path,
                     "modalities": {"vision": False, "video": False, "audio": False},
                     "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True, "ui": self.pages,
-                    "chat_template": engine.metadata.get("tokenizer.chat_template", ""),
+                    "chat_template": engine.metadata.get(TEMPLATE_KEY) or CHATML,  # the one in use (llama-server's)
                     "bos_token": _token_text(engine, engine.token_bos()),
                     "eos_token": _token_text(engine, engine.token_eos()),
                     "build_info": f"pyedgemoe {version('pyedgemoe')}", "is_sleeping": False}
