@@ -274,11 +274,13 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens,
            "timings_per_token": _boolean, "return_progress": _boolean, **_SAMPLING}
-# accepted and ignored: they change nothing generated. After OpenAI's, llama-server's that its web UI
-# sends (its streaming options, how it shows a reasoning model's thoughts), and the prompt's time limit
+# accepted and ignored: they change nothing generated. After OpenAI's (stream_options: where the
+# endpoint is not OpenAI's), llama-server's that its web UI sends (its streaming options, how it shows a reasoning model's thoughts), and the prompt's time limit
 # code editors' plugins send (which llama-server does not implement either)
 _IGNORED = {"user", "stream_options", "cache_prompt", "sse_ping_interval",
             "backend_sampling", "t_max_prompt_ms"}
+
+
 def _stream_options(name: str, value) -> dict:
     """OpenAI's stream_options: include_usage (a last chunk of the usage, with no choices)."""
     if not (isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
@@ -294,9 +296,9 @@ _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
 # (a suffix: the prompt is the text before a gap for the model to fill, fill_in_middle.py)
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "suffix": _text, "logprobs": _logprobs_count,
                          "stream_options": _stream_options}
-CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "stream_options": _stream_options, "max_completion_tokens": _max_tokens, "logprobs": _boolean,
-                   "top_logprobs": _logprobs_count, "response_format": _response_format, "tools": _tools,
-                   "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
+CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "stream_options": _stream_options,
+                   "max_completion_tokens": _max_tokens, "logprobs": _boolean, "top_logprobs": _logprobs_count,
+                   "response_format": _response_format, "tools": _tools, "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
                    "reasoning_format": _one_of(REASONING_FORMATS), "reasoning_effort": _effort,
                    "thinking_budget_tokens": _RANGES["reasoning_budget_tokens"],
