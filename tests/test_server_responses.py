@@ -128,7 +128,7 @@ def test_a_json_schema_format_constrains_the_text(client):
     ({"input": "x", "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "temperature": 3}, "temperature"),
-    ({"input": "x", "seed": 3}, "seed"),
+    ({"input": "x", "seed": "3"}, "seed"),
     ({"input": "x", "instructions": 5}, "instructions"),
 ])
 def test_bad_requests_are_400s_naming_what(server, body, param):
