@@ -318,11 +318,11 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
     # the input embedding's rows, mapped beside a CPU's expert cache or mapped experts
     cold = info.cold_embedding_bytes if info.is_moe and not device else 0
-    asked = options.expert_cache
-    if not info.is_moe and is_share(asked):
-        asked = "auto"  # a share of no experts: a dense model runs as it would without one (a script's --expert-cache 25%)
+    expert_cache = options.expert_cache
+    if not info.is_moe and is_share(expert_cache):  # a share of no experts (a script's --expert-cache 25%):
+        expert_cache = "auto"  # a dense model runs as it would without one
     budget, note = parse_expert_cache(
-        asked, info.high_expert_bytes, info.non_expert_bytes, context,
+        expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
         repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
         minimum_bytes=0 if device else info.minimum_cache_bytes)
