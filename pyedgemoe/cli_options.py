@@ -29,7 +29,7 @@ from pyedgemoe import llama_log, moe_placement
 from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
-from pyedgemoe.generation import SamplingParams, exposed_fields
+from pyedgemoe.generation import WHOLE_CONTEXT, SamplingParams, exposed_fields
 from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model, offline_asked
@@ -238,8 +238,8 @@ def model_options(command=None, *, without: tuple[str, ...] = ()):
 # object; llama-cpp-python's server has no penalty window)
 _LLAMA_CPP_SAMPLING = (
     ("penalty_last_n", Optional[int], typer.Option(
-        None, "--repeat-last-n", help="the recent tokens the penalties count (0: off), as llama.cpp's "
-        f"(default: {SamplingParams.penalty_last_n})")),
+        None, "--repeat-last-n", help="the recent tokens the penalties count (0: off, -1: the context), as "
+        f"llama.cpp's (default: {SamplingParams.penalty_last_n})")),
     ("logit_bias", Optional[list[str]], typer.Option(
         None, "-l", "--logit-bias", help="TOKEN_ID(+/-)BIAS: add BIAS to the token's logit (15043-inf: never that "
         "token), as llama.cpp's -l; can be given several times")),
@@ -277,8 +277,8 @@ def sampling_options(command=None, *, request_defaults: bool = False):
         given = {f.name: params.pop(f.name) for f in fields}
         window, biases = (params.pop(name) for name, _, _ in _LLAMA_CPP_SAMPLING)
         if window is not None:
-            if window < 0:
-                raise InvalidOptionError(f"--repeat-last-n must be >= 0 (0: off), got {window}")
+            if window < WHOLE_CONTEXT:
+                raise InvalidOptionError(f"--repeat-last-n must be >= -1 (0: off, -1: the context), got {window}")
             given["penalty_last_n"] = window
         if biases:
             given["logit_bias"] = [_logit_bias(b) for b in biases]

@@ -309,7 +309,8 @@ class Engine(Vocabulary):
         sampling = SamplingParams.of(sampling)
         with self._sequence_turn():
             sequence = self._decoder.sequences[0]
-            return self._decoder.sample_next(sequence, sampling.sampler(self._live_model(), self.seed, sequence.tokens))
+            return self._decoder.sample_next(sequence, sampling.sampler(self._live_model(), self.n_ctx, self.seed,
+                                                                        sequence.tokens))
 
     def reset(self) -> None:
         """Forgets what the one sequence holds (its KV cache)."""
@@ -408,8 +409,9 @@ class Engine(Vocabulary):
         timings = GenerationStats(n_prompt_tokens=len(prompt))
         self.last_timings = timings
         budget = self.n_ctx - len(prompt) if max_tokens is None else min(max_tokens, self.n_ctx - len(prompt))
-        generation = Generation(self._decoder, prompt, budget, sampling.sampler(self._live_model(), self.seed, prompt),
-                                ignore_eos, timings, fresh or sampling.seed is not None, feed_tokens, n_probs,
+        sampler = sampling.sampler(self._live_model(), self.n_ctx, self.seed, prompt)
+        generation = Generation(self._decoder, prompt, budget, sampler, ignore_eos, timings,
+                                fresh or sampling.seed is not None, feed_tokens, n_probs,
                                 self.draft_model if sampling.draft_model is None else sampling.draft_model,
                                 sampling.prompt_logits, progress)
         tokens = self._batcher.generate(generation) if self._batcher is not None else self._one_sequence(generation)

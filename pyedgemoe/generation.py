@@ -33,6 +33,7 @@ from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
 
 RANDOM_SEED = -1  # llama.cpp's seed for a random one (its CLI's and server's default)
+WHOLE_CONTEXT = -1  # llama.cpp's window of recent tokens (penalties, DRY) that is the whole context
 # llama.cpp's sampler names (common_sampler_types_from_names) and letters (llama-server's "edskypmxt"),
 # in its default order, then the infill sampler; their other names
 SAMPLER_NAMES = {"penalties": "e", "dry": "d", "top_n_sigma": "s", "top_k": "k", "typ_p": "y", "top_p": "p",
@@ -85,7 +86,7 @@ class SamplingParams:
     dry_allowed_length: int = field(default=2, metadata=_flag("--dry-allowed-length", "DRY: the repetitions "
                                                                                       "longer than this are penalized"))
     dry_penalty_last_n: int = field(default=64, metadata=_flag("--dry-penalty-last-n", "DRY: the recent tokens "
-                                                                                       "searched (0: off)"))
+                                                                                       "searched (0: off, -1: the context)"))
     # the text that ends a repetition for DRY
     dry_sequence_breakers: tuple[str, ...] = field(default=("\n", ":", '"', "*"), metadata=_flag(None))
     xtc_probability: float = field(default=0.0, metadata=_flag(
@@ -189,12 +190,14 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not np.isfinite(getattr(self, name)):
                 raise InvalidOptionError(f"{name} must be a finite number, got {getattr(self, name)}")
-        if self.penalty_last_n < 0:
-            raise InvalidOptionError(f"penalty_last_n (the penalties' window) must be >= 0, got {self.penalty_last_n}")
+        for name in ("penalty_last_n", "dry_penalty_last_n"):
+            if getattr(self, name) < WHOLE_CONTEXT:
+                raise InvalidOptionError(f"{name} (the window of recent tokens) must be >= -1 (0: off, -1: the "
+                                         f"context), got {getattr(self, name)}")
         if self.mirostat_mode not in (0, 1, 2):
             raise InvalidOptionError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
         for name in ("mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold",
-                     "dynatemp_range", "dynatemp_exponent", "dry_allowed_length", "dry_penalty_last_n"):
+                     "dynatemp_range", "dynatemp_exponent", "dry_allowed_length"):
             if not (np.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
                 raise InvalidOptionError(f"{name} must be a number >= 0, got {getattr(self, name)}")
         if not np.isfinite(self.top_n_sigma):
@@ -234,9 +237,19 @@ class SamplingParams:
         """The GBNF that constrains the text: the grammar, or the JSON schema's; "" for none."""
         return schema_grammar(self.json_schema) if self.json_schema is not None else self.grammar or ""
 
-    def sampler(self, model, default_seed: int | None, prompt: list[int]) -> TokenSampler:
-        """A sampler of these settings (the seed: its own, else default_seed, else a random one)
-        whose native chain has seen the prompt's last penalty_last_n tokens (with penalize_prompt)."""
+    def within(self, n_ctx: int) -> "SamplingParams":
+        """These settings with the windows of WHOLE_CONTEXT given as n_ctx tokens, as llama.cpp's
+        common arguments and llama-server resolve them."""
+        return dataclasses.replace(self, **{name: n_ctx for name in ("penalty_last_n", "dry_penalty_last_n")
+                                            if getattr(self, name) == WHOLE_CONTEXT})
+
+    def sampler(self, model, n_ctx: int, default_seed: int | None, prompt: list[int]) -> TokenSampler:
+        """A sampler of these settings within a context of n_ctx tokens (the seed: its own, else
+        default_seed, else a random one) whose native chain has seen the prompt's last
+        penalty_last_n tokens (with penalize_prompt)."""
+        return self.within(n_ctx)._sampler(model, default_seed, prompt)
+
+    def _sampler(self, model, default_seed: int | None, prompt: list[int]) -> TokenSampler:
         seed = next((s for s in (self.seed, default_seed) if s is not None), RANDOM_SEED)
         grammar = self.grammar_text()
         try:

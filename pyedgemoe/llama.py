@@ -203,8 +203,7 @@ class Llama:
         if kwargs.get("f16_kv") is False:
             raise InvalidOptionError("f16_kv=False (an F32 KV cache) is type_k=0, type_v=0 since llama-cpp-python 0.2")
         kwargs = {name: value for name, value in kwargs.items() if name not in IGNORED_LEGACY_ARGS}
-        if last_n_tokens_size != -1:  # -1: the whole context, as llama.cpp's penalty_last_n (below)
-            SamplingParams(penalty_last_n=last_n_tokens_size).validate()
+        SamplingParams(penalty_last_n=last_n_tokens_size).validate()
         # llama-cpp-python's n_threads 0 and llama.cpp's -1: the default
         n_threads, n_threads_batch = (None if isinstance(n, int) and not isinstance(n, bool) and n <= 0 else n
                                       for n in (n_threads, n_threads_batch))
@@ -225,7 +224,7 @@ class Llama:
         self.kv_overrides, self.tensor_split, self.numa = kv_overrides, tensor_split, 0
         self.lora_base, self.lora_path, self.lora_scale = None, lora_path, lora_scale
         self.cache = None  # set_cache's
-        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there (-1: n_ctx, below)
+        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as there (-1: the context)
         # logits_all: scores, made at its first use; row i the logits after the first i + 1 tokens of
         # _scored (NaN: not computed)
         self._logits_all = logits_all
@@ -248,8 +247,6 @@ class Llama:
             # the thread counts the run starts with (the defaults' fewer while the machine is busy)
             n_threads, n_threads_batch = self.engine.plan.n_threads, self.engine.plan.n_threads_batch
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
-        if last_n_tokens_size == -1 and self._engine is not None:
-            self.last_n_tokens_size = self.n_ctx()
         try:
             self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
         except InvalidOptionError:
@@ -863,8 +860,9 @@ def _named(result: dict, model: str | None) -> dict:
 
 
 def _stream_named(chunks: Iterator[dict], model: str | None, echo: str, text_key: str | None) -> Iterator[dict]:
+    """The chunks as _named gives results, their end without the usage and timings (stock's have none)."""
     for i, chunk in enumerate(chunks):
         if i == 0 and echo:
             choice = chunk["choices"][0]
             chunk = {**chunk, "choices": [{**choice, text_key: echo + choice[text_key]}]}
-        yield _named(chunk, model)
+        yield _named({k: v for k, v in chunk.items() if k not in ("usage", "timings")}, model)

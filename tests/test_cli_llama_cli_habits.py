@@ -164,12 +164,15 @@ def test_logit_bias_and_the_penalties_window_are_llama_cpps(engine):
     r = run("-p", "def main(", "-n", "32", "--repeat-penalty", "2", "--repeat-last-n", "0", *GREEDY)
     assert r.returncode == 0 and r.stdout == expected + "\n"
     assert expected != engine.generate("def main(", 32, temperature=0.0, repeat_penalty=2.0)  # the window matters
+    expected = engine.generate("def main(", 32, temperature=0.0, repeat_penalty=2.0, penalty_last_n=-1)
+    r = run("-p", "def main(", "-n", "32", "--repeat-penalty", "2", "--repeat-last-n", "-1", *GREEDY)
+    assert r.returncode == 0 and r.stdout == expected + "\n"  # -1: the context, as llama-cli's
 
 
 @pytest.mark.parametrize("arguments, message", [
     (["-l", "1+x"], "error: --logit-bias takes TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf, got '1+x'"),
     (["-l", "99999+1"], "error: logit_bias: token id 99999 out of range"),
-    (["--repeat-last-n", "-1"], "error: --repeat-last-n must be >= 0 (0: off), got -1"),
+    (["--repeat-last-n", "-2"], "error: --repeat-last-n must be >= -1 (0: off, -1: the context), got -2"),
     (["-t", "100000"], "error: n_threads must be at most 512"),  # libgomp ended the process
     (["-tb", "513"], "error: n_threads_batch must be at most 512"),
 ])

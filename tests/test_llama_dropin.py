@@ -132,6 +132,7 @@ def test_completion_stream_chunks_join_to_the_completion(llm):
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [whole["finish_reason"]]
     echoed = list(llm("def __init__(self", max_tokens=16, temperature=0, stream=True, echo=True))
     assert "".join(c["choices"][0]["text"] for c in echoed) == "def __init__(self" + whole["text"]
+    assert {tuple(sorted(c)) for c in chunks} == {("choices", "created", "id", "model", "object")}  # as stock's
 
 
 def test_model_names_the_result(llm):
@@ -175,6 +176,7 @@ def test_chat_completion_streams_the_role_then_the_content_then_the_finish_reaso
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-1]) == whole["message"]["content"]
     assert chunks[-1]["choices"][0]["delta"] == {}
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+    assert {tuple(sorted(c)) for c in chunks} == {("choices", "created", "id", "model", "object")}  # as stock's
 
 
 # -- tokens -----------------------------------------------------------------------------------
@@ -729,10 +731,10 @@ def test_the_penalties_window_is_last_n_tokens_size_as_in_llama_cpp_python(both)
     # that takes it as 0, no penalty: not what the value means)
     with Llama(model_path=str(DEMO), last_n_tokens_size=-1, **SMALL) as whole, \
             Llama(model_path=str(DEMO), last_n_tokens_size=SMALL["n_ctx"], **SMALL) as n_ctx:
-        assert whole.last_n_tokens_size == SMALL["n_ctx"]
+        assert whole.last_n_tokens_size == -1  # as stock keeps it
         assert whole(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"] == \
             n_ctx(tokens, max_tokens=48, temperature=0, repeat_penalty=1.3)["choices"]
-    with pytest.raises(InvalidOptionError, match="penalty_last_n .* must be >= 0"):
+    with pytest.raises(InvalidOptionError, match="penalty_last_n .* must be >= -1"):
         Llama(model_path=str(DEMO), last_n_tokens_size=-2, verbose=False)
 
 

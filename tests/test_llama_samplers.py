@@ -78,7 +78,8 @@ def test_xtc_top_n_sigma_and_dynamic_temperature_are_stock_llama_cpps_seeded(mod
 
 @pytest.mark.parametrize("sampling, message", [
     (dict(dry_multiplier=-1.0), "dry_multiplier must be a number >= 0"),
-    (dict(dry_penalty_last_n=-1), "dry_penalty_last_n must be a number >= 0"),
+    (dict(dry_penalty_last_n=-2), r"dry_penalty_last_n \(the window of recent tokens\) must be >= -1"),
+    (dict(penalty_last_n=-2), r"penalty_last_n \(the window of recent tokens\) must be >= -1"),
     (dict(xtc_probability=float("nan")), "xtc_probability must be a number >= 0"),
     (dict(top_n_sigma=float("inf")), "top_n_sigma must be a finite number"),
     (dict(dry_sequence_breakers=["\n", ""]), "dry_sequence_breakers must be a list of non-empty strings"),
@@ -88,6 +89,15 @@ def test_xtc_top_n_sigma_and_dynamic_temperature_are_stock_llama_cpps_seeded(mod
 def test_a_bad_setting_is_a_typed_error(sampling, message):
     with Engine(DEMO, **SETTINGS) as eng, pytest.raises(InvalidOptionError, match=message):
         eng.generate("x", 2, **sampling)
+
+
+def test_a_window_of_minus_one_is_the_whole_context():
+    """llama.cpp's -1 for the penalties' and DRY's windows (--repeat-last-n, --dry-penalty-last-n)."""
+    with Engine(DEMO, **SETTINGS) as eng:
+        for name, penalty in (("penalty_last_n", dict(repeat_penalty=1.5)), ("dry_penalty_last_n", dict(dry_multiplier=2))):
+            whole = eng.generate(PROMPT, 48, temperature=0.0, **penalty, **{name: -1})
+            assert whole == eng.generate(PROMPT, 48, temperature=0.0, **penalty, **{name: eng.n_ctx})
+            assert whole != eng.generate(PROMPT, 48, temperature=0.0, **penalty, **{name: 2}), name
 
 
 def test_the_cli_takes_llama_cpps_flags():

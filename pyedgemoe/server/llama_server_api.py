@@ -49,11 +49,9 @@ def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, mo
     for theirs, ours in _SAMPLING_NAMES.items():
         if theirs in options:
             options[ours] = options.pop(theirs)
-    if options.get("penalty_last_n") == -1:  # llama-server's: the context's size
-        options["penalty_last_n"] = engine.n_ctx
     if "logit_bias" in options:
         options["logit_bias"] = _token_biases(engine, options["logit_bias"])
-    sampling = SamplingParams.of(options)
+    sampling = SamplingParams.of(options).within(engine.n_ctx)  # -1 windows as llama-server reports them
     generation, picks = engine._generation(tokens, max_tokens, sampling, ignore_eos, n_probs=n_probs or None,
                                            progress=progress)
     settings = _settings(sampling, max_tokens, stop, n_probs, ignore_eos, stream)
