@@ -20,6 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from pyedgemoe.chat_formats import REASONING_FORMATS, has_thinking_tags
 from pyedgemoe.cli_chat import NO_THINKING_TAGS, run_chat
 from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
+from pyedgemoe.cli_interactive import Interaction, run_interactive
 from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.llama_flags import screened
 from pyedgemoe.cli_options import (chat_template_options, model_name, model_options, model_source, sampling_options,
@@ -137,9 +138,21 @@ def run(
                                      "the line read), then exit, as llama-cli's -st"),
     reverse_prompt: Optional[list[str]] = typer.Option(None, "-r", "--reverse-prompt",
                                                        help="stop generating where this text comes (the output ends "
-                                                            "before it; with --chat, the reply); as llama.cpp's -r, "
-                                                            "can be given several times"),
-    escape: bool = escape_option("-p, -f and -r"),
+                                                            "before it; with --chat, the reply; with -i, the turn, "
+                                                            "after it); as llama.cpp's -r, can be given several times"),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="llama-completion's interactive mode: the "
+                                     "text is completed until a reverse prompt (-r), an end-of-generation token or -n "
+                                     "tokens, then a line read goes into it and the completion goes on (no chat "
+                                     "template; Ctrl-C gives the turn back, Ctrl-C while reading or EOF ends it)"),
+    interactive_first: bool = typer.Option(False, "-if", "--interactive-first", help="-i, reading a line first"),
+    in_prefix: str = typer.Option("", "--in-prefix", help="with -i: text put before each line read"),
+    in_suffix: str = typer.Option("", "--in-suffix", help="with -i: text put after each line read"),
+    in_prefix_bos: bool = typer.Option(False, "--in-prefix-bos", help="with -i: the model's BOS before each line "
+                                       "read (and --in-prefix)"),
+    multiline: bool = typer.Option(False, "-mli", "--multiline-input", help="with -i or --chat: read lines until "
+                                   "one ends in '\\' (without it, a line ending in '\\' goes on to the next one; "
+                                   "one ending in '/' ends the input without its newline), as llama.cpp's -mli"),
+    escape: bool = escape_option("-p, -f, -r, --in-prefix and --in-suffix"),
     prompt_cache: Optional[Path] = typer.Option(None, "--prompt-cache", help="a file of the prompt's evaluated state "
                                                 "(its KV cache): read where it exists, so that a prompt beginning "
                                                 "with its tokens skips them, and written after the run, as "
@@ -163,12 +176,20 @@ def run(
 
     if prompt is not None and file is not None:
         fail("give the prompt with -p or -f, not both")
+    interactive = interactive or interactive_first
+    if chat is None and interactive:  # as llama-completion with -no-cnv
+        chat = False
     if chat is None:  # as llama-cli: a conversation unless there is a text to complete; a chat's own flag makes one
         chat = system_prompt is not None or system_prompt_file is not None or single_turn or bool(template_kwargs) \
             or sampling.reasoning_budget_tokens >= 0 or reasoning_format != "none" \
             or (prompt is None and file is None and not as_json and prompt_cache is None)
     if chat and as_json:
         fail("--json prints one object for one prompt; --chat is a conversation: give one of them")
+    if interactive and (chat or as_json or prompt_cache is not None):
+        fail("-i completes a text by turns; --chat (a conversation), --json and --prompt-cache (one prompt's) are "
+             "not that: give one of them")
+    if (in_prefix or in_suffix or in_prefix_bos) and not interactive:
+        fail("--in-prefix, --in-suffix and --in-prefix-bos are -i's: give -i too")
     if system_prompt_file is not None:
         if system_prompt is not None:
             fail("give the system message with -sys or -sysf, not both")
@@ -210,11 +231,12 @@ def run(
             fail(f"cannot read prompt file: {e}")
     elif prompt is not None and escape:  # as llama.cpp reads them (its -e, on by default)
         prompt = process_escapes(prompt)
-    if prompt is None and not chat:
-        fail("no prompt: give -p TEXT, -f FILE or --chat")
+    if prompt is None and not chat and not interactive:
+        fail("no prompt: give -p TEXT, -f FILE, --chat or -i")
     if (special or verbose_prompt) and chat:
         fail("--special and --verbose-prompt are a completion's (-p, -f): a --chat session has neither")
     stop = [process_escapes(s) if escape else s for s in reverse_prompt or []]
+    in_prefix, in_suffix = (process_escapes(s) if escape else s for s in (in_prefix, in_suffix))
     max_tokens = None if n_predict == -1 else n_predict
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
@@ -224,7 +246,11 @@ def run(
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
                 ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs,
-                                 reasoning_format)
+                                 reasoning_format, multiline)
+            elif interactive:
+                ended = run_interactive(eng, prompt or "", max_tokens, sampling, ignore_eos, Interaction(
+                    tuple(stop), in_prefix, in_suffix, in_prefix_bos, multiline, escape, interactive_first),
+                    display_prompt, special)
             elif as_json:
                 tokens = eng.tokenize(prompt)
                 print_prompt_tokens(eng, prompt, tokens) if verbose_prompt else None

@@ -1,6 +1,7 @@
 """`pyedgemoe run --chat`: a conversation as llama.cpp's llama-cli holds one (tools/cli in the
 vendored llama.cpp). -sys/--system-prompt is the system message; -p (or -f) the first user
-message, echoed as if typed; each line read is the next. The whole history goes through the chat
+message, echoed as if typed; each line read is the next (a line ending in '\\' goes on to the next one,
+as llama-cli reads them: cli_input). The whole history goes through the chat
 template each turn, and the engine reuses the KV cache of the common prefix. Ctrl-C during a reply
 stops the reply (what came so far stays in the history); Ctrl-C at the prompt, EOF or /exit end
 the session. llama-cli's commands (COMMANDS): /regen answers the last message again, /clear
@@ -18,6 +19,7 @@ import typer
 
 from pyedgemoe.chat_formats import has_thinking_tags
 from pyedgemoe.chat_template import TEMPLATE_KEY
+from pyedgemoe.cli_input import read_input
 from pyedgemoe.generation import SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -31,12 +33,13 @@ THINKING = ("[Start thinking]\n\n", "\n[End thinking]\n\n")  # llama-cli's marks
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
              sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False,
-             template_kwargs: dict | None = None, reasoning_format: str | None = None) -> bool:
+             template_kwargs: dict | None = None, reasoning_format: str | None = None, multiline: bool = False) -> bool:
     """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit, or after the
     first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r);
     template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
     reasoning_format (--reasoning-format auto, deepseek): a reply's thoughts apart, shown between
-    THINKING's marks as llama-cli shows them and kept as the message's reasoning_content."""
+    THINKING's marks as llama-cli shows them and kept as the message's reasoning_content; multiline:
+    llama-cli's -mli (cli_input)."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     if sampling.reasoning_budget_tokens >= 0 and not has_thinking_tags(eng, template_kwargs):
@@ -50,14 +53,16 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
             line, first_message = first_message, None
             sys.stdout.write(f"> {line}\n")
         else:
+            sys.stdout.write("> ")
+            sys.stdout.flush()
             try:
-                line = input("> ")
-            except EOFError:
-                typer.echo("")
-                return True
+                line = read_input(multiline)
             except KeyboardInterrupt:
                 typer.echo("")
                 return False
+            if line is None:  # EOF
+                typer.echo("")
+                return True
         command, _, argument = line.strip().partition(" ")
         if command in EXIT_COMMANDS:
             return True

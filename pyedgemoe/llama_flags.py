@@ -27,7 +27,6 @@ NOTED = {
     "--kv-offload": "the KV cache is where the load plan puts it (--mode)",
     "--no-op-offload": "no op is offloaded to a GPU beside an expert cache",
     "--cache-ram": "a prompt's state stays in its sequence's KV cache; no other copy is kept",
-    "--multiline-input": "a chat's message is one line (/read FILE puts a file in one)",
     "--no-perf": "the timings are pyedgemoe's own",
 }
 
