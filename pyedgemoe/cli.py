@@ -252,7 +252,7 @@ def run(
                     tuple(stop), in_prefix, in_suffix, in_prefix_bos, multiline, escape, interactive_first),
                     display_prompt, special)
             elif as_json:
-                tokens = eng.tokenize(prompt)
+                tokens = eng.prompt_tokens(prompt)
                 print_prompt_tokens(eng, prompt, tokens) if verbose_prompt else None
                 ids = list(eng.generate_tokens(tokens, max_tokens, sampling, ignore_eos=ignore_eos))
                 t = eng.last_timings
@@ -265,7 +265,7 @@ def run(
                 }))
                 ended = True
             else:
-                print_prompt_tokens(eng, prompt, eng.tokenize(prompt)) if verbose_prompt else None
+                print_prompt_tokens(eng, prompt, eng.prompt_tokens(prompt)) if verbose_prompt else None
                 ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop, special)
             if cache is not None:
                 save_prompt_cache(cache, eng.last_timings)

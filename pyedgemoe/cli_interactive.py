@@ -37,7 +37,7 @@ def run_interactive(eng, prompt: str, max_tokens: int | None, sampling: Sampling
                     interaction: Interaction, display_prompt: bool, special: bool) -> bool:
     """The session (an empty prompt: the reader's turn first); False when Ctrl-C while reading ended
     it, True on EOF or a full context."""
-    tokens = eng.tokenize(prompt, special=True)
+    tokens = eng.prompt_tokens(prompt)
     shown = prompt  # the text so far, where the reverse prompts are looked for
     if display_prompt:
         sys.stdout.write(prompt)

@@ -179,7 +179,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
     generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
     completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
     check_n_probs("logprobs", logprobs)
-    tokens = engine._prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
+    tokens = engine.prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
     run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs,
                   timings_per_token=timings_per_token, progress=stream and return_progress)
     head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),

@@ -91,7 +91,7 @@ def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool
     or [n_embd] where the context pools. One llama_decode of at most n_batch tokens (n_ubatch where
     it pools): those past it are dropped (truncate, llama-cpp-python's default) or refused.
     normalize: every vector scaled to unit length (L2)."""
-    ids = engine._prompt_tokens(text)
+    ids = engine.prompt_tokens(text)
     if not ids:
         raise InvalidOptionError("embed needs at least one token")
     limit, what = max_tokens(engine)

@@ -460,7 +460,7 @@ class Engine(Vocabulary):
                 "prefetched_bytes_read": stats["prefetches"]["bytes_read"]}
 
     # -- text generation ------------------------------------------------------------------------
-    def _prompt_tokens(self, prompt: str | list[int]) -> list[int]:
+    def prompt_tokens(self, prompt: str | list[int]) -> list[int]:
         """A prompt's tokens: a text's special-token text parsed, as llama-completion, llama-server and
         llama-cpp-python parse it (a chat template rendered by the caller)."""
         return self.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else as_token_ids(prompt, "prompt")
@@ -473,7 +473,7 @@ class Engine(Vocabulary):
         tokens (to max_tokens); special: special tokens' text too (llama.cpp's -sp). sampling:
         SamplingParams's settings by name (temperature, top_k, top_p, min_p, repeat_penalty, seed,
         grammar, json_schema, draft_model; or OpenAI's response_format)."""
-        pieces = TextRun(self, self._prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
+        pieces = TextRun(self, self.prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
                          ignore_eos, special_tokens=range(self.n_vocab) if special else frozenset()).pieces()
         return pieces if stream else "".join(pieces)
 

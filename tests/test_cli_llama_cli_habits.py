@@ -4,6 +4,7 @@
 -sp/--special, --verbose-prompt, --keep, --simple-io, -kvu; bench's -p, -n, -r and --no-warmup."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,18 @@ def test_verbose_prompt_prints_the_prompts_tokens(engine):
     assert f"prompt: 'hello world'\nnumber of tokens in prompt = {len(tokens)}\n" in r.stderr
     for token in tokens:
         assert f"{token:6d} -> '{engine.token_piece(token, special=True).decode()}'" in r.stderr
+
+
+def test_json_and_verbose_prompt_take_the_prompts_special_tokens_as_the_run_does(engine):
+    # llama-completion parses special-token text in a prompt; so do the streamed run, --json and
+    # --verbose-prompt alike
+    prompt = f"x{engine.token_piece(engine.token_eos(), special=True).decode()}y"
+    tokens = engine.prompt_tokens(prompt)
+    assert len(tokens) < len(engine.tokenize(prompt))  # the special token's text is one token
+    shown = run("--verbose-prompt", "-p", prompt, "-n", "3", *GREEDY)
+    assert shown.returncode == 0 and f"number of tokens in prompt = {len(tokens)}\n" in shown.stderr
+    as_json = json.loads(run("--json", "-p", prompt, "-n", "3", *GREEDY).stdout)
+    assert as_json["n_prompt_tokens"] == len(tokens) and as_json["text"] + "\n" == shown.stdout
 
 
 def test_keep_simple_io_and_kv_unified_are_llama_cpps(engine):
