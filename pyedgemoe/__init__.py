@@ -19,12 +19,27 @@ from pyedgemoe.errors import (
     ModelLoadError,
     PyEdgeMoEError,
 )
-from pyedgemoe.engine import Engine
-from pyedgemoe.expert_options import ExpertOptions
-from pyedgemoe.llama import Llama, LlamaGrammar, LlamaState, LlamaTokenizer
-from pyedgemoe.llama_cache import LlamaCache, LlamaDiskCache, LlamaRAMCache
-from pyedgemoe.speculative import LlamaDraftModel, LlamaPromptLookupDecoding
-from pyedgemoe.token_sampler import LogitsProcessorList, StoppingCriteriaList
+
+# the names of the modules below, imported at their first use: `pyedgemoe` (the command) starts
+# without them, so that Ctrl-C while it starts is its exit status 130 (__main__)
+_LAZY = {
+    "pyedgemoe.engine": ("Engine",),
+    "pyedgemoe.expert_options": ("ExpertOptions",),
+    "pyedgemoe.llama": ("Llama", "LlamaGrammar", "LlamaState", "LlamaTokenizer"),
+    "pyedgemoe.llama_cache": ("LlamaCache", "LlamaDiskCache", "LlamaRAMCache"),
+    "pyedgemoe.speculative": ("LlamaDraftModel", "LlamaPromptLookupDecoding"),
+    "pyedgemoe.token_sampler": ("LogitsProcessorList", "StoppingCriteriaList"),
+}
+
+
+def __getattr__(name: str):
+    module = next((m for m, names in _LAZY.items() if name in names), None)
+    if module is None:
+        raise AttributeError(f"module 'pyedgemoe' has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
 
 __all__ = [
     "Engine",

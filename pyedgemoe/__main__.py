@@ -1,3 +1,15 @@
-from pyedgemoe.cli import main
+"""The `pyedgemoe` command (and python -m pyedgemoe): pyedgemoe.cli's main, imported here so that
+Ctrl-C while it is imported (a second or so) is exit status 130, as after, not a traceback."""
+import sys
 
-main()
+
+def main() -> None:
+    try:
+        from pyedgemoe.cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.exit(130)
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -980,6 +981,11 @@ def main() -> None:
     such (pyedgemoe.llama_flags)."""
     command = typer.main.get_command(app)
     read_llama_cpp_variables(command)
+    if sys.stdin is None:  # closed (<&-): read as empty, as llama.cpp's tools read it
+        sys.stdin = open(os.devnull)
+    if sys.stdout is None:  # closed (>&-): what a command writes cannot go anywhere
+        typer.echo("error: the standard output is closed", err=True)
+        sys.exit(1)
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
         status = command.main(screened(command, sys.argv[1:]), standalone_mode=False,
@@ -997,6 +1003,10 @@ def main() -> None:
         sys.exit(130)
     except PyEdgeMoEError as e:  # a command that did not catch its own: still one line
         typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except OSError as e:  # the output could not be written (a full disk: > /dev/full), ...
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what it holds goes nowhere at exit
+        typer.echo(f"error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", err=True)
         sys.exit(1)
 
 

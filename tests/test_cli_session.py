@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from pyedgemoe import Engine
 from test_cli import assert_one_line_error, cli
@@ -154,6 +157,33 @@ def test_ctrl_c_during_a_run_prints_its_timings(tmp_path):
     assert proc.returncode == 130, err
     assert "prompt eval:" in err and "       eval: " in err and "note: interrupted (Ctrl-C)" in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.25, 0.4])
+def test_ctrl_c_while_the_command_starts_is_status_130_without_a_traceback(delay):
+    # the first second or so is Python importing the CLI (pyedgemoe.__main__)
+    proc = start([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", PROMPT, "-n", "4000", "-t", "1"],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (130, -signal.SIGINT), err  # -SIGINT: before Python took the signal over
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_output_that_cannot_be_written_is_one_error_line():
+    run = [sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1"]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(run, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.splitlines()[-1] == "error: No space left on device", r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    closed = subprocess.run(run, preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True, timeout=120)
+    assert closed.returncode == 1 and closed.stderr == "error: the standard output is closed\n", closed.stderr
+    # a closed stdin reads as empty: the tokens of no text
+    empty = subprocess.run([*CLI, "tokenize", str(DEMO), "--stdin", "--ids"], preexec_fn=lambda: os.close(0),
+                           capture_output=True, text=True, timeout=120)
+    expected = cli("tokenize", DEMO, "--stdin", "--ids", input_text="")
+    assert empty.returncode == 0 and empty.stdout == expected.stdout, empty.stderr
 
 
 def test_make_demo_prints_the_prompt_once():
