@@ -20,6 +20,7 @@ import typer
 from pyedgemoe.chat_formats import has_thinking_tags
 from pyedgemoe.chat_template import TEMPLATE_KEY
 from pyedgemoe.cli_input import read_input
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError
 from pyedgemoe.generation import SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -83,7 +84,15 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         else:
             messages.append({"role": "user", "content": files + line})
             files = ""
-        messages.append(_reply(eng, messages, max_tokens, sampling, stop, template_kwargs, reasoning_format))
+        try:
+            messages.append(_reply(eng, messages, max_tokens, sampling, stop, template_kwargs, reasoning_format))
+        except (ContextOverflowError, InvalidOptionError) as e:  # this message's: said, and the session goes on
+            if single_turn:
+                raise
+            typer.echo(f"error: {e}", err=True)
+            if messages[-1]["role"] == "user":
+                messages.pop()
+            continue
         if single_turn:
             return True
 

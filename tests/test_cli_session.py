@@ -80,6 +80,21 @@ def test_chat_p_is_the_first_user_message_and_sys_the_system_message():
     assert r.stdout == expected + "> \n"
 
 
+def test_a_chat_message_beyond_the_context_is_an_error_line_and_the_session_goes_on():
+    # as llama-cli: the error shown, the next message answered (without the one that did not fit)
+    r = cli("run", DEMO, "--chat", "-c", "256", "-n", "4", "--temp", "0", input_text="x " * 3000 + "\nhi\n")
+    assert r.returncode == 0, r.stderr
+    assert [l for l in r.stderr.splitlines() if l.startswith("error:")] == [
+        "error: prompt of 3025 tokens does not fit the context of 256 tokens with room for 1 generated (raise n_ctx "
+        "/ --ctx)"]
+    with Engine(DEMO, n_ctx=256) as eng:
+        reply = eng.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4,
+                                           temperature=0)["choices"][0]["message"]["content"]
+    assert r.stdout == f"> > {reply}\n> \n"
+    single = cli("run", DEMO, "-st", "-c", "256", "-n", "4", "-p", "x " * 3000)
+    assert_one_line_error(single, "does not fit the context of 256 tokens")
+
+
 def test_chat_with_a_model_without_a_template_says_chatml_is_used():
     r = cli("run", DEMO, "--chat", "-n", "2", input_text="hi\n")
     assert r.returncode == 0, r.stderr
