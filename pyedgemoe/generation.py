@@ -38,9 +38,11 @@ WHOLE_CONTEXT = -1  # llama.cpp's window of recent tokens (penalties, DRY) that 
 # in its default order, then the infill sampler; their other names
 SAMPLER_NAMES = {"penalties": "e", "dry": "d", "top_n_sigma": "s", "top_k": "k", "typ_p": "y", "top_p": "p",
                  "min_p": "m", "xtc": "x", "temperature": "t", "infill": "i"}
-_SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "typical-p": "typ_p", "typical": "typ_p",
-                    "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
-                    "top-n-sigma": "top_n_sigma"}
+# llama.cpp's other names of them (common_sampler_types_from_names, which lower-cases a name first):
+# "top-k" and "topk" for top_k, ...; and older ones
+_SAMPLER_ALIASES = {**{alias: name for name in SAMPLER_NAMES if "_" in name
+                       for alias in (name.replace("_", "-"), name.replace("_", ""))},
+                    "nucleus": "top_p", "typical-p": "typ_p", "typical": "typ_p", "typ": "typ_p", "temp": "temperature"}
 CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (a completion's: 0.8)
 
 
@@ -283,7 +285,8 @@ def sampler_order(value) -> str:
             else value.split(";")
     else:
         parts = list(value) if isinstance(value, (list, tuple)) else [None]
-    names = [_SAMPLER_ALIASES.get(p, p) if isinstance(p, str) else None for p in parts]  # None: not a name
+    # None: not a name
+    names = [_SAMPLER_ALIASES.get(p.lower(), p.lower()) if isinstance(p, str) else None for p in parts]
     unknown = [n for n in names if n not in SAMPLER_NAMES]
     if unknown or not names or len(set(names)) != len(names):
         raise InvalidOptionError(f"samplers must be llama.cpp's samplers, each once, in an order: "

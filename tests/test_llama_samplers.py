@@ -110,6 +110,14 @@ def test_the_cli_takes_llama_cpps_flags():
                                         dry_allowed_length=1) + "\n"
 
 
+def test_a_samplers_names_are_llama_cpps_in_any_case():
+    # common_sampler_types_from_names: canonical, kebab-case and no-dash names, any case, and a few others
+    from pyedgemoe.generation import sampler_order
+    assert sampler_order("topk;Min-P;TEMP;topnsigma;nucleus") == "top_k;min_p;temperature;top_n_sigma;top_p"
+    assert sampler_order(["TOP_K", "typp", "XTC"]) == "top_k;typ_p;xtc"
+    assert sampler_order("kpt") == "top_k;top_p;temperature"  # llama-server's letters
+
+
 def test_samplers_in_an_order_are_stock_llama_cpps_common_sampler(model):
     """An order given: llama.cpp's common sampler, those samplers in that order, then the distribution
     (no temperature where the order has none; penalties only where it names them)."""
