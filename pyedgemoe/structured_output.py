@@ -58,7 +58,8 @@ def schema_grammar(schema: str) -> str:
     try:
         return _native.json_schema_to_grammar(schema)
     except ValueError as e:
-        raise InvalidOptionError(f"json_schema: {e}") from None
+        first, *errors = str(e).splitlines()  # llama.cpp's converter: each error on a line of its own
+        raise InvalidOptionError(f"json_schema: {first} {'; '.join(errors)}".rstrip()) from None
 
 
 def response_format_keywords(response_format: dict | None) -> dict:

@@ -93,6 +93,9 @@ def test_response_format_text_constrains_nothing(eng):
     ({"json_schema": "{not json"}, "json_schema: .*parse error"),
     ({"json_schema": {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}},
      "json_schema: JSON schema conversion failed"),
+    # the converter's errors on one line ("; " between them)
+    ({"json_schema": {"type": "foo", "properties": {"a": {"type": "bar"}}}},
+     r"^json_schema: JSON schema conversion failed: JSON schema error at #: unrecognized type foo$"),
     ({"grammar": YES_NO, "json_schema": SCHEMA}, "either a grammar or a json_schema"),
     ({"response_format": {"type": "xml"}}, "response_format: type must be"),
     ({"grammar": 42}, "grammar must be text"),
