@@ -292,13 +292,18 @@ def context_size(model: Path, ctx: int | None) -> int:
     of it, which can be a KV cache of many GiB)."""
     if ctx is not None:
         return ctx
+    trained = trained_context(model)
+    return min(trained, DEFAULT_CTX) if trained else DEFAULT_CTX
+
+
+def trained_context(model: Path) -> int:
+    """The model's training context (0: its file does not say)."""
     from pyedgemoe.model_info import read_model_info
 
     try:
-        trained = training_context(read_model_info(model).metadata)
+        return training_context(read_model_info(model).metadata)
     except PyEdgeMoEError as e:
         fail(str(e))
-    return min(trained, DEFAULT_CTX) if trained else DEFAULT_CTX
 
 
 def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingParams, ignore_eos: bool,
@@ -495,8 +500,10 @@ def perplexity_command(
     model: Path,
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="the text to score (e.g. wikitext-2's "
                                         "wiki.test.raw); with --kl-divergence, the base's tokens instead"),
-    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size"),
-    chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default: all)"),
+    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size "
+                            "(0: the model's training context)"),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default, or -1 as "
+                                         "in llama.cpp: all)"),
     decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
                                      "an expert cache, loaded) as generation does"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -513,10 +520,14 @@ def perplexity_command(
     from pyedgemoe.kl_divergence import BaseWriter
     from pyedgemoe.perplexity import MIN_N_CTX, perplexity, text_tokens
 
+    if ctx == 0:  # llama.cpp's: the model's
+        ctx = trained_context(model)
     if ctx < MIN_N_CTX:
         fail(f"--ctx must be at least {MIN_N_CTX} tokens for perplexity, got {ctx}")
+    if chunks == -1:
+        chunks = None
     if chunks is not None and chunks <= 0:
-        fail(f"--chunks must be a positive number of chunks, got {chunks}")
+        fail(f"--chunks must be a positive number of chunks (or -1: all), got {chunks}")
     if kl_divergence:
         if kl_base is None:
             fail("--kl-divergence compares with a base: give --kl-divergence-base FNAME (written by a run with -f)")

@@ -252,6 +252,19 @@ def test_bench_takes_llama_benchs_flags(monkeypatch):
     assert (given["prompt_tokens"], given["output_tokens"], given["repeats"], given["warmup"]) == ([16], [32], 3, 1)
 
 
+def test_perplexity_takes_llama_cpps_defaults_c_0_and_chunks_minus_1(engine, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text((Path(__file__).parent / "test_cli.py").read_text())
+    trained = int(engine.metadata[f"{engine.metadata['general.architecture']}.context_length"])
+
+    def ppl(*args):
+        r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "perplexity", str(DEMO), "-f", str(text), "-t", "1",
+                            "--json", *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return {k: v for k, v in json.loads(r.stdout).items() if k in ("ppl", "n_ctx", "n_chunks")}
+    assert ppl("-c", "0", "--chunks", "-1") == ppl("-c", str(trained)) == {**ppl("-c", str(trained)), "n_ctx": trained}
+
+
 @pytest.mark.parametrize("command", ["run", "serve", "perplexity"])
 def test_list_devices_needs_no_model(command):
     """As llama.cpp's --list-devices: the devices (none but the CPU in a CPU build), then exit."""
