@@ -113,7 +113,8 @@ def run(
     system_prompt_file: Optional[Path] = typer.Option(None, "-sysf", "--system-prompt-file",
                                                       help="read --system-prompt from a file (as llama.cpp's -sysf)"),
     n_predict: int = typer.Option(128, "-n", "--predict", "--n-predict",
-                                  help="tokens to generate (-1: until the context is full)"),
+                                  help="tokens to generate (-1, or -2 as in llama.cpp: until the context is "
+                                       "full)"),
     ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size",
                                       help="context size in tokens, rounded up to a multiple of "
                                       f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
@@ -223,8 +224,8 @@ def run(
     if dry_run:
         print_plan(model, ctx, sampling.seed, engine_options)
         return
-    if n_predict < -1:
-        fail(f"--n-predict must be >= -1, got {n_predict}")
+    if n_predict < -2:
+        fail(f"--n-predict must be >= -2 (-1, -2: until the context is full), got {n_predict}")
     if file is not None:
         try:
             prompt = read_text_file(file, escape)
@@ -238,7 +239,7 @@ def run(
         fail("--special and --verbose-prompt are a completion's (-p, -f): a --chat session has neither")
     stop = [process_escapes(s) if escape else s for s in reverse_prompt or []]
     in_prefix, in_suffix = (process_escapes(s) if escape else s for s in (in_prefix, in_suffix))
-    max_tokens = None if n_predict == -1 else n_predict
+    max_tokens = None if n_predict < 0 else n_predict  # to a full context (llama.cpp's -1 would shift it, not here)
     # the seed is the Engine's: a call's own seed would evaluate each chat turn afresh (Engine._generation)
     seed, sampling = sampling.seed, dataclasses.replace(sampling, seed=None)
     with command_errors():

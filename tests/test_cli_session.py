@@ -60,6 +60,9 @@ def test_a_generation_stopped_by_a_full_context_says_so():
             "(-n 400 asked for more: raise --ctx)") in r.stderr
     full = json.loads(cli("run", DEMO, "-p", PROMPT, "-n", "400", "--ignore-eos", "--temp", "0", "--json").stdout)
     assert (len(full["tokens"]), full["finish_reason"], full["context_full"]) == (256 - n_prompt, "length", True)
+    for n in ("-1", "-2"):  # llama.cpp's: until the context is full (-1 with a context shift there)
+        to_the_end = json.loads(cli("run", DEMO, "-p", PROMPT, "-n", n, "--ignore-eos", "--temp", "0", "--json").stdout)
+        assert to_the_end["tokens"] == full["tokens"]
     short = cli("run", DEMO, "-p", PROMPT, "-n", "4", "--ignore-eos", "--temp", "0")
     assert "context" not in short.stderr and "stopped" not in short.stderr
     assert json.loads(cli("run", DEMO, "-p", PROMPT, "-n", "4", "--ignore-eos", "--json").stdout)["context_full"] is False
