@@ -24,8 +24,8 @@ from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
 from pyedgemoe.cli_interactive import Interaction, run_interactive
 from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.llama_flags import screened
-from pyedgemoe.cli_options import (chat_template_options, model_name, model_options, model_source, sampling_options,
-                                   speculative_options)
+from pyedgemoe.cli_options import (chat_template_options, log_options, model_name, model_options, model_source,
+                                   sampling_options, speculative_options)
 from pyedgemoe.cli_report import context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
@@ -634,6 +634,7 @@ def embed_command(
 
 @app.command("tokenize")
 @model_source()
+@log_options
 def tokenize_command(
     model: Path,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the text"),
@@ -647,10 +648,14 @@ def tokenize_command(
     escape: bool = escape_option("-p, -f and --stdin"),
     override_kv: Optional[str] = typer.Option(None, "--override-kv", help="the model's metadata replaced, "
                                               "KEY=TYPE:VALUE[,...] as llama.cpp's"),
+    verbose: bool = None,
 ) -> None:
     """The tokens of a text, as llama.cpp's llama-tokenize prints them (the vocabulary alone is
     loaded): each id and its text, or with --ids the list of ids."""
+    from pyedgemoe import _native
     from pyedgemoe.vocabulary import VocabularyFile
+
+    _native.set_verbose(verbose)
 
     if not (stdin or file is not None or prompt is not None):
         fail("give the text with -p TEXT, -f FILE or --stdin")

@@ -247,6 +247,16 @@ _LLAMA_CPP_SAMPLING = (
 _LOGIT_BIAS = re.compile(r"\s*(\d+)\s*([+-])(.+)")
 
 
+def log_options(command):
+    """Adds -v and llama.cpp's --log-* flags to a typer command that loads no Engine (tokenize's
+    vocabulary), which gets whether to be verbose as `verbose`."""
+    verbose = next(o[:3] for o in _ENGINE_OPTIONS if o[0] == "verbose")
+
+    def collect(params: dict) -> bool:
+        return llama_log.apply(*(params.pop(o[0]) for o in (verbose, *llama_log.OPTIONS)))
+    return _with_options(command, "verbose", [verbose, *llama_log.OPTIONS], collect)
+
+
 def sampling_options(command=None, *, request_defaults: bool = False):
     """Adds SamplingParams's flags to a typer command, which gets them as `sampling`; a setting with
     a file flag (--grammar-file, --json-schema-file) can be read from a file instead. With

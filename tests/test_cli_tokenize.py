@@ -59,3 +59,11 @@ def test_bad_input_is_one_error_line(args, message):
     r = tokenize(*args)
     assert r.returncode == 1 and r.stderr.decode().startswith("error: ") and message in r.stderr.decode()
     assert len(r.stderr.decode().strip().splitlines()) == 1
+
+
+def test_the_log_flags_are_taken_as_in_llama_tokenize():
+    quiet = tokenize(str(DEMO), "-p", "hello", "--ids", "--log-disable")
+    loud = tokenize(str(DEMO), "-p", "hello", "--ids", "-v")
+    assert quiet.returncode == loud.returncode == 0 and quiet.stdout == loud.stdout == tokenize(str(DEMO), "-p", "hello",
+                                                                                                "--ids").stdout
+    assert quiet.stderr == b"" and b"llama_model_load: vocab only" in loud.stderr  # -v: llama.cpp's log
