@@ -54,9 +54,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "repack": LoadOption(bool, "repacked copies of the weights, as llama.cpp makes them",
                          "off where experts stream through an expert cache or stay mapped, or where the copies "
                          "would not fit beside the mapped experts; else on"),
-    "n_gpu_layers": LoadOption(int, "llama.cpp's habit: 0 is --mode cpu; -1 or a layer count, the GPU where this "
-                               "build has one (--mode auto; every layer goes to the GPU), else the CPU",
-                               "--mode decides", short_flag="-ngl"),
+    "n_gpu_layers": LoadOption(str, "llama.cpp's habit: 0 is --mode cpu; -1, all or a layer count, the GPU where "
+                               "this build has one (--mode auto; every layer goes to the GPU), else the CPU; auto: "
+                               "--mode decides", "--mode decides", short_flag="-ngl"),
     "tensor_split": LoadOption(str, "with several --device: the layers' shares per device, e.g. 3,1 (llama.cpp's "
                                "--tensor-split)", "by the devices' free memory"),
     "rpc": LoadOption(str, "other machines' devices: HOST:PORT[,HOST:PORT...] of `pyedgemoe rpc-server`s "
@@ -276,8 +276,11 @@ def _load_option(name: str, value):
             raise InvalidOptionError(f"host_cache must be bytes, a size like '8GiB' or 'auto', got {value!r}")
         if isinstance(value, int) and value < 0:
             raise InvalidOptionError(f"host_cache must be >= 0, got {value}")
-    elif isinstance(value, bool) or not isinstance(value, int) or value < -1:  # n_gpu_layers
-        raise InvalidOptionError(f"n_gpu_layers must be -1 (all), 0 (none) or a layer count, got {value!r}")
+    else:  # n_gpu_layers: a count, or llama.cpp's words for -1 and for none given
+        value = {"all": -1, "auto": None}.get(value, value) if isinstance(value, str) else value
+        value = int(value) if isinstance(value, str) and value.removeprefix("-").isdigit() else value
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+            raise InvalidOptionError(f"n_gpu_layers must be -1 or all, 0 (none), a layer count or auto, got {value!r}")
     return value
 
 
@@ -291,7 +294,8 @@ class ExpertOptions:
         unknown = sorted(set(given) - set(OPTION_NAMES))
         if unknown:
             raise unknown_option(unknown[0], OPTION_NAMES, "expert option")
-        self.given = {name: _converted(name, value) for name, value in given.items() if value is not None}
+        converted = {name: _converted(name, value) for name, value in given.items() if value is not None}
+        self.given = {name: value for name, value in converted.items() if value is not None}  # -ngl auto: none
         t1 = self.given.get("t1", default("t1"))
         self._checked({"t2": max(default("t2"), t1), **self.given})
 

@@ -270,13 +270,15 @@ def test_ngl_is_llama_cpps_habit_for_the_mode(mixtral_gguf):
     # 0 layers on the GPU is the CPU; any other count the GPU where the build has one (--mode auto),
     # else the CPU, as llama.cpp runs; Llama(n_gpu_layers=...) means the same (test_llama_dropin)
     has_gpu = bool(gpu_devices())
-    for ngl, mode in (("0", "cpu"), ("99", "auto" if has_gpu else "cpu"), ("-1", "auto" if has_gpu else "cpu")):
+    gpu = "auto" if has_gpu else "cpu"
+    for ngl, mode in (("0", "cpu"), ("99", gpu), ("-1", gpu), ("all", gpu), ("auto", "auto" if has_gpu else "cpu")):
         ok = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", "--temp", "0", "-ngl", ngl)
         assert ok.returncode == 0, ok.stderr
         plan = cli("run", mixtral_gguf, "-ngl", ngl, "--dry-run")
         assert plan.returncode == 0 and f"  mode          {mode}  (" in plan.stdout, plan.stdout
     for args, message in ((["-ngl", "0", "--mode", "gpu"], "error: -ngl 0 means --mode cpu, not --mode gpu"),
-                          (["-ngl", "99", "--mode", "cpu"], "error: -ngl 99 asks for the GPU and --mode cpu")):
+                          (["-ngl", "99", "--mode", "cpu"], "error: -ngl 99 asks for the GPU and --mode cpu"),
+                          (["-ngl", "most"], "error: n_gpu_layers must be -1 or all, 0 (none), a layer count or auto")):
         r = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", *args)
         assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(message)
 
