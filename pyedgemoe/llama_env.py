@@ -2,7 +2,8 @@
 (`LLAMA_ARG_MODEL=model.gguf LLAMA_ARG_CTX_SIZE=8192 pyedgemoe serve`, as a llama-server container
 is configured): a flag on the command line wins over its variable, as in llama.cpp. A
 boolean one takes llama.cpp's positive sense (LLAMA_ARG_REPACK=0 is --no-repack), "1", "true", "on"
-or "0", "false", "off". A LLAMA_ARG_ variable that names no option of the command is said in a note.
+or "0", "false", "off"; LLAMA_ARG_NO_REPACK set, whatever its value, is --no-repack too, as there. A
+LLAMA_ARG_ variable that names no option of the command is said in a note.
 """
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ def read_llama_cpp_variables(command) -> None:
                 own = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
                 param.envvar = [*own, variable] if own else variable  # one: its name alone in errors
                 read.add(variable)
+                if param.secondary_opts:  # a flag with a negative: llama.cpp takes LLAMA_ARG_NO_... set as off
+                    negative = variable.replace("LLAMA_ARG_", "LLAMA_ARG_NO_", 1)
+                    read.add(negative)
+                    if negative in os.environ:
+                        os.environ[variable] = "0"
         sub.callback = _noting_unread(sub.callback, name, read)
 
 

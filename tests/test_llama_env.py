@@ -77,6 +77,9 @@ def test_a_boolean_variable_takes_llama_cpp_s_positive_sense():
         plan = cli("run", str(DEMO), "-p", "x", "--dry-run", LLAMA_ARG_REPACK=value).stdout
         return re.search(r"repack\s+(\w+)", plan)[1]
     assert (repack("1"), repack("on"), repack("0"), repack("false")) == ("on", "on", "off", "off")
+    # llama.cpp's LLAMA_ARG_NO_ variable of a flag with a negative: set (to anything) is off, over the other
+    plan = cli("run", str(DEMO), "-p", "x", "--dry-run", LLAMA_ARG_NO_REPACK="", LLAMA_ARG_REPACK="1")
+    assert re.search(r"repack\s+(\w+)", plan.stdout)[1] == "off" and "note:" not in plan.stderr, plan.stderr
 
 
 def test_a_variable_the_command_does_not_read_is_noted():
