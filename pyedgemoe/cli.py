@@ -122,7 +122,9 @@ def run(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
-    color: bool = typer.Option(False, "--color", help="the prompt in color (ANSI yellow), the generated text plain"),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", "-co", help="the prompt in color (ANSI yellow), "
+                                         "the generated text plain; as llama.cpp's -co, also on, off or auto "
+                                         "(default: auto, on a terminal)"),
     special: bool = typer.Option(False, "-sp", "--special", help="special tokens' text in the output (<|im_end|>, "
                                  "...), as llama.cpp's -sp"),
     verbose_prompt: bool = typer.Option(False, "--verbose-prompt", help="print the prompt's tokens (on stderr) "
@@ -268,6 +270,7 @@ def run(
                 ended = True
             else:
                 print_prompt_tokens(eng, prompt, eng.prompt_tokens(prompt)) if verbose_prompt else None
+                color = sys.stdout.isatty() if color is None else color  # llama.cpp's auto
                 ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop, special)
             if cache is not None:
                 save_prompt_cache(cache, eng.last_timings)

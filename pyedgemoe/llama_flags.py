@@ -31,6 +31,13 @@ NOTED = {
 }
 
 
+# llama.cpp's flags of a value on|off|auto (is_truthy, is_falsey, is_autoy) where the command's own is
+# a switch (-> its negative): the value folded into it (auto: the switch's default, left out)
+SWITCHES = {"-co": "--no-color", "--color": "--no-color"}
+_VALUES = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
+           **dict.fromkeys(("off", "disabled", "false", "0"), False), **dict.fromkeys(("auto", "-1"), None)}
+
+
 def _load() -> dict[str, dict]:
     with resources.files("pyedgemoe").joinpath("llama_cpp_flags.json").open() as f:
         flags = json.load(f)
@@ -60,6 +67,12 @@ def screened(command, args: list[str]) -> list[str]:
         flag = arg.split("=", 1)[0]
         if arg == "--":
             return out + args[i:]
+        value = arg.split("=", 1)[1] if "=" in arg else args[i + 1] if i + 1 < len(args) else None
+        if flag in SWITCHES and flag in ours and value is not None and value.lower() in _VALUES:
+            on = _VALUES[value.lower()]
+            out += [] if on is None else [flag if on else SWITCHES[flag]]
+            i += 1 if "=" in arg else 2
+            continue
         if flag in ours:  # one of the command's own: its value goes with it
             takes = ours[flag] and "=" not in arg
             out += args[i:i + 1 + takes]

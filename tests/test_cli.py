@@ -39,6 +39,10 @@ def test_run_streams_the_prompt_and_greedy_text_and_prints_timings(mixtral_gguf)
     assert hidden.stdout == text + "\n"
     colored = cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2", "--color")
     assert colored.stdout == "\033[33mhello world\033[0m" + text + "\n"
+    # llama.cpp's -co on|off|auto (auto, the default: on a terminal; not this pipe)
+    for flags, expected in ((["-co", "on"], colored), (["--color=off"], r), (["-co", "auto"], r), (["--no-color"], r)):
+        assert cli("run", mixtral_gguf, "-p", "hello world", "-n", "8", "--temp", "0", "-t", "2",
+                   *flags).stdout == expected.stdout, flags
 
 
 def test_run_json_reports_tokens_and_timings(tiny_model):
