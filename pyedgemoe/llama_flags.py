@@ -38,6 +38,25 @@ _VALUES = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
            **dict.fromkeys(("off", "disabled", "false", "0"), False), **dict.fromkeys(("auto", "-1"), None)}
 
 
+# llama-bench's flags (tools/llama-bench, a parser of its own: `pyedgemoe bench`'s), each a value (a
+# list, comma-separated) but BENCH_BARE's; BENCH_SWITCHES: those of 0/1 (on|off|auto) whose counterpart
+# here is a switch, its flags for on and off
+BENCH_FLAGS = (
+    ("-h", "--help"), ("--version",), ("-m", "--model"), ("-hf", "-hfr", "--hf-repo"), ("-hff", "--hf-file"),
+    ("-hft", "--hf-token"), ("--offline",), ("-p", "--n-prompt"), ("-n", "--n-gen"), ("-pg",), ("-d", "--n-depth"),
+    ("-b", "--batch-size"), ("-ub", "--ubatch-size"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"),
+    ("-dev", "--device"), ("--list-devices",), ("-t", "--threads"), ("-C", "--cpu-mask"), ("--cpu-strict",),
+    ("--poll",), ("-ngl", "--n-gpu-layers"), ("-ncmoe", "--n-cpu-moe"), ("-rpc", "--rpc"), ("-sm", "--split-mode"),
+    ("-lm", "--load-mode"), ("-lzm", "--lazy-mode"), ("-mg", "--main-gpu"), ("-nkvo", "--no-kv-offload"), ("--numa",),
+    ("-fa", "--flash-attn"), ("-embd", "--embeddings"), ("-nopo", "--no-op-offload"), ("--no-host",), ("--repack",),
+    ("-ts", "--tensor-split"), ("-ot", "--override-tensor"), ("-r", "--repetitions"), ("--prio",), ("--delay",),
+    ("-o", "--output"), ("-oe", "--output-err"), ("-v", "--verbose"), ("--progress",), ("--no-warmup",),
+    ("-fitt", "--fit-target"), ("-fitc", "--fit-ctx"),
+)
+BENCH_BARE = ("--help", "--version", "--offline", "--list-devices", "--verbose", "--progress", "--no-warmup")
+BENCH_SWITCHES = {"--flash-attn": ("--flash-attn", None), "--repack": ("--repack", "--no-repack")}
+
+
 def _load() -> dict[str, dict]:
     with resources.files("pyedgemoe").joinpath("llama_cpp_flags.json").open() as f:
         flags = json.load(f)
@@ -68,6 +87,12 @@ def screened(command, args: list[str]) -> list[str]:
         if arg == "--":
             return out + args[i:]
         value = arg.split("=", 1)[1] if "=" in arg else args[i + 1] if i + 1 < len(args) else None
+        bench_names = next((names for names in BENCH_FLAGS if flag in names), None) if name == "bench" else None
+        if bench_names is not None:
+            taken, used = _bench_flag(flag, arg, value, bench_names, ours)
+            out += taken
+            i += used
+            continue
         if flag in SWITCHES and flag in ours and value is not None and value.lower() in _VALUES:
             on = _VALUES[value.lower()]
             out += [] if on is None else [flag if on else SWITCHES[flag]]
@@ -96,3 +121,30 @@ def screened(command, args: list[str]) -> list[str]:
         typer.echo(f"note: {arg}{value}: llama.cpp's; {note}: not used", err=True)
         i += 1 + (known["value"] and "=" not in arg)
     return out
+
+
+def _bench_flag(flag: str, arg: str, value: str | None, names: tuple[str, ...], ours: dict) -> tuple[list[str], int]:
+    """A llama-bench flag (arg, then value, the next argument) as `bench` takes it: its own flag, a
+    0/1 folded into a switch, a NOTED one said in a note; (the arguments, how many were read)."""
+    long = names[-1]
+    valued = long not in BENCH_BARE and "=" not in arg
+    used = 1 + (valued and value is not None)
+    value = arg.split("=", 1)[1] if "=" in arg else value if valued else None
+    if long in BENCH_SWITCHES:
+        if value is None or value.lower() not in _VALUES:
+            raise UsageError(f"{flag} takes one of on, off, auto (1, 0): `pyedgemoe bench` measures one setting of "
+                             f"it, got {value!r}")
+        on = _VALUES[value.lower()]
+        switch = BENCH_SWITCHES[long][0 if on else 1] if on is not None else None
+        return [switch] if switch else [], used
+    spelled = next((n for n in names if n in ours), None)  # the command's own name of it
+    if spelled is not None:
+        return [spelled, *([value] if ours[spelled] and value is not None else [])], used
+    note = next((NOTED[n] for n in names if n in NOTED), None)
+    if note is None:
+        raise UsageError(f"{flag} is llama-bench's{f' {long}' if long != flag else ''}, which `pyedgemoe bench` does "
+                         "not take (`pyedgemoe bench --help` lists its flags)")
+    typer.echo(f"note: {arg}{f' {value}' if valued and value is not None else ''}: llama-bench's; {note}: not used",
+               err=True)
+    return [], used
+

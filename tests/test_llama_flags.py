@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -69,3 +70,24 @@ def test_a_guides_command_line_runs_with_notes():
     plain = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", "def", "-n", "4", "--temp", "0",
                             "-t", "1", "--no-display-prompt"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == plain.stdout and r.stderr.count("llama.cpp's;") == 3
+
+
+def test_the_bench_table_is_llama_benchs():
+    source = (REPO / "native" / "vendor" / "llama.cpp" / "tools" / "llama-bench" / "llama-bench.cpp").read_text()
+    parsed = [tuple(re.findall(r'arg == "([^"]+)"', line)) for line in source.splitlines()
+              if re.search(r'if \((llama_supports_rpc\(\) && \()?arg == "', line)]
+    assert tuple(parsed) == llama_flags.BENCH_FLAGS
+
+
+def test_bench_takes_llama_benchs_flags_with_their_values(capsys):
+    args = ["bench", "m.gguf", "-fa", "1", "--repack", "0", "-nkvo", "1", "-p", "8", "-r", "1", "--no-warmup"]
+    assert llama_flags.screened(COMMAND, args) == ["bench", "m.gguf", "--flash-attn", "--no-repack", "-p", "8", "-r",
+                                                   "1", "--no-warmup"]
+    assert capsys.readouterr().err == "note: -nkvo 1: llama-bench's; the KV cache is where the load plan puts it " \
+                                      "(--mode): not used\n"
+    assert llama_flags.screened(COMMAND, ["bench", "m.gguf", "-fa", "auto", "--flash-attn=off"]) == ["bench", "m.gguf"]
+    for args, message in ((["-o", "json"], "-o is llama-bench's --output, which `pyedgemoe bench` does not take"),
+                          (["-pg", "8,4"], "-pg is llama-bench's, which `pyedgemoe bench` does not take"),
+                          (["-fa", "0,1"], "-fa takes one of on, off, auto (1, 0): `pyedgemoe bench` measures one")):
+        with pytest.raises(typer._click.exceptions.UsageError, match=re.escape(message)):
+            llama_flags.screened(COMMAND, ["bench", "m.gguf", *args])
