@@ -317,8 +317,9 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
     False when Ctrl-C stopped it."""
     pieces = eng.generate(prompt, max_tokens, stop=stop, stream=True, ignore_eos=ignore_eos, special=special,
                           **dataclasses.asdict(sampling))
-    if display_prompt:
+    if display_prompt:  # shown before its evaluation, as llama.cpp does
         sys.stdout.write(f"{PROMPT_COLOR}{prompt}{RESET_COLOR}" if color else prompt)
+        sys.stdout.flush()
     interrupted = False
     try:
         for piece in pieces:
@@ -330,9 +331,11 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
     sys.stdout.write("\n")
     sys.stdout.flush()
     t = eng.last_timings
-    print_timings(t.to_dict())
+    evaluated = t.prefill_seconds > 0  # else Ctrl-C came while the prompt was evaluated: no timings yet
+    if evaluated:
+        print_timings(t.to_dict())
     if interrupted:
-        typer.echo("note: interrupted (Ctrl-C)", err=True)
+        typer.echo(f"note: interrupted (Ctrl-C){'' if evaluated else ' while the prompt was evaluated'}", err=True)
     elif context_full(t.finish_reason, t.n_decoded, max_tokens):
         typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {eng.n_ctx} positions is full"
                    + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)

@@ -177,6 +177,20 @@ def test_ctrl_c_during_a_run_prints_its_timings(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+def test_ctrl_c_while_the_prompt_is_evaluated_gives_no_timings_it_does_not_have(tmp_path):
+    out, text = tmp_path / "out.txt", tmp_path / "long.txt"
+    text.write_text("def f(x):\n    return x\n" * 600)  # 6000 tokens in ubatches of 32: seconds of prefill
+    with open(out, "w") as stdout:
+        proc = start([*CLI, "run", str(DEMO), "-f", str(text), "-c", "8192", "-b", "32", "-ub", "32", "-n", "5", "-t",
+                      "1"], stdout=stdout, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: out.stat().st_size > 100, proc)  # the prompt, shown before its evaluation
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "note: interrupted (Ctrl-C) while the prompt was evaluated" in err and "prompt eval:" not in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("delay", [0.1, 0.25, 0.4])
 def test_ctrl_c_while_the_command_starts_is_status_130_without_a_traceback(delay):
     # the first second or so is Python importing the CLI (pyedgemoe.__main__)
