@@ -631,7 +631,8 @@ class Llama:
                           model: str | None = None, stopping_criteria=None, logits_processor=None, grammar=None,
                           logit_bias: dict[int, float] | None = None):
         """Text completion: Engine.create_completion's OpenAI-style dict (or, stream=True, its chunks).
-        As llama-cpp-python: a text prompt's special-token text is parsed, max_tokens None or <= 0
+        As llama-cpp-python: a text prompt's special-token text is parsed and the model's separator
+        token put after it (_text_prompt_tokens), max_tokens None or <= 0
         generates until the context is full, echo puts the prompt before the text (and, not
         streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
         LlamaGrammar. suffix: fill in the middle, the text between prompt and suffix (the model's
@@ -642,7 +643,7 @@ class Llama:
         if suffix is not None:
             tokens = completion_prompt(self.engine, prompt, suffix, self.spm_infill)
         elif isinstance(prompt, str):
-            tokens = self.engine.tokenize(prompt, add_bos=True, special=True)
+            tokens = self._text_prompt_tokens(prompt)
         else:
             tokens = as_token_ids(prompt, "prompt")
         prompt_text = prompt if isinstance(prompt, str) else \
@@ -662,6 +663,18 @@ class Llama:
         return self._streaming(_stream_named(out, model, prompt_text if echo else "", "text"))
 
     __call__ = create_completion
+
+    def _text_prompt_tokens(self, prompt: str) -> list[int]:
+        """llama-cpp-python's tokens of a text prompt (its _create_completion's bos_tokens +
+        prefix_tokens + eos_tokens): the model's BOS where it adds one, the text with special-token
+        text parsed, then the model's separator token, or its EOS where it has none but adds one. Its
+        rule, not llama.cpp's tools' (the Engine's): a model with a SEP gets it after every text prompt,
+        whatever tokenizer.ggml.add_sep_token says; a token prompt is taken as it is."""
+        bos, sep, eos = self._vocab.token_bos(), self._vocab.token_sep(), self._vocab.token_eos()
+        start = [bos] if self._vocab.add_bos and bos is not None else []
+        end = sep if sep is not None else eos if self._vocab.add_eos else None
+        text = self.engine.tokenize(prompt, add_bos=False, special=True) if prompt else []
+        return start + text + ([end] if end is not None else [])
 
     def _echoed_logprobs(self, tokens: list[int], n: int, generated: dict, prompt_length: int) -> dict:
         """llama-cpp-python's logprobs with echo: the prompt's tokens but a leading BOS (the first

@@ -166,6 +166,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
     arch = str(kv.get("general.architecture", "unknown"))
 
     _check_hyperparameters(path, kv, arch)
+    _check_experts(path, kv, arch)
 
     def arch_int(key: str) -> int:
         return _integer(kv.get(f"{arch}.{key}")) or 0
@@ -256,6 +257,35 @@ def _check_hyperparameters(path: str, kv: dict, arch: str) -> None:
             raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {value!r}, not a count")
     if _TOKENS_KEY in kv and not isinstance(kv[_TOKENS_KEY], dict):
         raise ModelLoadError(f"corrupt GGUF header in {path}: {_TOKENS_KEY} is {kv[_TOKENS_KEY]!r}, not an array")
+
+
+LLAMA_MAX_EXPERTS = 1024  # llama.cpp's (src/llama-hparams.h)
+
+
+def _check_experts(path: str, kv: dict, arch: str) -> None:
+    """llama.cpp's checks of the experts' counts at load (llama-model.cpp's GGML_ASSERTs, which end
+    the process), made first: a file that fails one is a ModelLoadError. A per-layer array is left
+    to llama.cpp."""
+    def count(name: str) -> int | None:
+        value = kv.get(f"{arch}.{name}", 0)
+        return None if isinstance(value, dict) else _integer(value)
+    n_expert, used, groups, groups_used = (count(name) for name in ("expert_count", "expert_used_count",
+                                                                    "expert_group_count", "expert_group_used_count"))
+    if None in (n_expert, used, groups, groups_used):
+        return
+    key = f"{arch}.expert"
+    problems = (
+        (n_expert > LLAMA_MAX_EXPERTS, f"{key}_count is {n_expert}, more than llama.cpp takes ({LLAMA_MAX_EXPERTS})"),
+        (used > n_expert, f"{key}_used_count is {used}, more than {key}_count ({n_expert})"),
+        (n_expert and not used, f"{key}_used_count is 0 (or absent) with {n_expert} experts"),
+        (n_expert and groups >= n_expert, f"{key}_group_count is {groups}, not fewer than the experts ({n_expert})"),
+        (groups > 1 and (n_expert % groups or groups_used >= groups), f"{key}_group_count {groups} does not divide "
+         f"the experts ({n_expert}) or is not more than {key}_group_used_count ({groups_used})"),
+        (not n_expert and groups, f"{key}_group_count is {groups} without experts"),
+    )
+    problem = next((text for failed, text in problems if failed), None)
+    if problem is not None:
+        raise ModelLoadError(f"corrupt GGUF header in {path}: {problem}")
 
 
 def _checked_format(path: str, kv: dict) -> int:

@@ -53,6 +53,25 @@ class Vocabulary(ABC):
         """Whether the model puts BOS before tokenized text (llama_vocab_get_add_bos)."""
         return self._live_model().add_bos
 
+    # The native Model has no accessor of these two: they are read from the header as llama_vocab::load
+    # reads them (the header's key, else the default of the tokenizer's kind).
+    def token_sep(self) -> int | None:
+        """The model's separator token (llama_vocab_sep, BERT's [SEP]); None where it has none:
+        tokenizer.ggml.seperator_token_id (llama.cpp's spelling), else 102 for a WordPiece ("bert")
+        vocabulary; an id outside the vocabulary is none."""
+        metadata = self.metadata
+        given = metadata.get("tokenizer.ggml.seperator_token_id", "")
+        sep = int(given) if given.isdigit() else 102 if metadata.get("tokenizer.ggml.model") == "bert" else None
+        return sep if sep is not None and sep < self.n_vocab else None
+
+    @property
+    def add_eos(self) -> bool:
+        """Whether the model puts EOS after tokenized text (llama_vocab_get_add_eos):
+        tokenizer.ggml.add_eos_token, else only a T5 ("t5") vocabulary does."""
+        metadata = self.metadata
+        given = metadata.get("tokenizer.ggml.add_eos_token")
+        return given == "true" if given is not None else metadata.get("tokenizer.ggml.model") == "t5"
+
     def is_eog(self, token: int) -> bool:
         """Whether token ends a generation (EOS, EOT, ...)."""
         return self._live_model().is_eog(token)

@@ -29,17 +29,23 @@ def tiny_model():
 
 
 def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str | None = None,
-                 chat_template: str | None = None) -> Path:
+                 chat_template: str | None = None, keys: dict[str, bool | int | None] | None = None) -> Path:
     """A copy of `src` with another architecture name, with tensor `shrink` cut to half its experts,
-    or with another chat template."""
+    with another chat template, or with `keys` set (an int as a uint32, as llama.cpp's counts and ids)
+    or, None, removed."""
+    keys = keys or {}
     import gguf
     from pyedgemoe.convert.from_gguf import copy_kv, open_gguf, tensor_ne
     from pyedgemoe.convert.gguf_out import GGUFOutput
     reader = open_gguf(src)
     o = GGUFOutput(out, arch=arch or reader.get_field("general.architecture").contents())
-    copy_kv(reader, o.writer, skip=lambda k: chat_template is not None and k == gguf.Keys.Tokenizer.CHAT_TEMPLATE)
+    copy_kv(reader, o.writer, skip=lambda k: chat_template is not None and k == gguf.Keys.Tokenizer.CHAT_TEMPLATE
+            or k in keys)
     if chat_template is not None:
         o.writer.add_chat_template(chat_template)
+    for key, value in keys.items():
+        if value is not None:
+            (o.writer.add_bool if isinstance(value, bool) else o.writer.add_uint32)(key, value)
     for t in reader.tensors:
         ne = tensor_ne(t)
         data = reader.bytes_of(t)

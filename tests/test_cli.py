@@ -3,6 +3,7 @@ stderr, --json, and one-line errors with a non-zero exit for bad input."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from pyedgemoe import Engine
+from conftest import rewrite_gguf
+from pyedgemoe import Engine, ModelLoadError
 from pyedgemoe.devices import gpu_devices
 
 
@@ -324,3 +326,17 @@ def test_jinja_is_taken_as_llama_cpps_command_lines_give_it(mixtral_gguf):
     r = cli("run", mixtral_gguf, "-p", "hello world", "-n", "4", "--temp", "0", "-t", "2", "--jinja")
     assert r.returncode == 0 and r.stdout == cli("run", mixtral_gguf, "-p", "hello world", "-n", "4", "--temp", "0",
                                                   "-t", "2").stdout
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"llama.expert_used_count": 9}, "llama.expert_used_count is 9, more than llama.expert_count (4)"),
+    ({"llama.expert_used_count": None}, "llama.expert_used_count is 0 (or absent) with 4 experts"),
+    ({"llama.expert_group_count": 3}, "llama.expert_group_count 3 does not divide the experts (4)"),
+])
+def test_expert_counts_llama_cpp_would_abort_on_are_a_load_error(mixtral_gguf, tmp_path, keys, message):
+    # llama.cpp's loader asserts them (the process ends, the Python API's host with it): checked first
+    bad = rewrite_gguf(mixtral_gguf, tmp_path / "bad.gguf", keys=keys)
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
+        Engine(bad, n_ctx=128)
+    assert_one_line_error(cli("run", bad, "-p", "x", "-n", "1"), message)
+

@@ -94,6 +94,13 @@ def stock(demo_high):
     theirs.close()
 
 
+def text_prompt(eng, text: str) -> list[int]:
+    """The tokens llama-cpp-python's create_completion makes of a text prompt on the demo model: BOS,
+    the text, then its separator token, <|endoftext|> (tokenizer.ggml.seperator_token_id), which the
+    Engine, as llama.cpp's tools, does not add."""
+    return eng.tokenize(text, special=True) + [int(eng.metadata["tokenizer.ggml.seperator_token_id"])]
+
+
 def stock_usage(usage: dict) -> dict:
     """The Engine's usage as llama-cpp-python's Llama gives it: without OpenAI's details."""
     return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
@@ -102,7 +109,7 @@ def stock_usage(usage: dict) -> dict:
 # -- llama-cpp-python's README examples --------------------------------------------------------
 def test_readme_completion_is_the_engines_at_temperature_0(llm, eng):
     output = llm(PLANETS, max_tokens=32, stop=["Q:", "\n"], echo=False, temperature=0)
-    expected = eng.create_completion(PLANETS, max_tokens=32, stop=["Q:", "\n"], temperature=0)
+    expected = eng.create_completion(text_prompt(eng, PLANETS), max_tokens=32, stop=["Q:", "\n"], temperature=0)
     assert output["object"] == "text_completion" and output["model"] == str(DEMO)
     assert output["choices"] == expected["choices"]
     assert output["usage"] == stock_usage(expected["usage"])
@@ -119,10 +126,11 @@ def test_call_is_create_completion_and_sampling_follows_llama_cpp_pythons_seed_s
     seeds = [random.Random(7).randint(0, 2**32)]
     seeds.append(random.Random(seeds[0]).randint(0, 2**32))
     with Llama(model_path=str(DEMO), seed=7, **SMALL) as seeded, Engine(DEMO, flash_attn=False, **SMALL) as engine:
+        prompt = text_prompt(engine, "def ")
         assert seeded("def ", max_tokens=12)["choices"] == \
-            engine.create_completion("def ", max_tokens=12, seed=seeds[0])["choices"]
+            engine.create_completion(prompt, max_tokens=12, seed=seeds[0])["choices"]
         assert seeded.create_completion("def ", max_tokens=12)["choices"] == \
-            engine.create_completion("def ", max_tokens=12, seed=seeds[1])["choices"]
+            engine.create_completion(prompt, max_tokens=12, seed=seeds[1])["choices"]
 
 
 def test_completion_stream_chunks_join_to_the_completion(llm):
@@ -239,13 +247,52 @@ def test_vocab_only_tokenizes_as_stock_llama_cpp_python_without_the_weights(demo
 
 @pytest.mark.parametrize("prompt", [PLANETS, "def __init__(self", "import os\n"])
 def test_a_token_prompt_completes_as_stock_llama_cpp_python(stock, prompt):
-    # a text prompt differs there: this file names <|endoftext|> its separator token and stock
-    # llama-cpp-python appends that to text prompts (pyedgemoe tokenizes as llama.cpp does)
+    # a token prompt is taken as it is: no BOS, no separator token added
     theirs, ours = stock
     tokens = ours.tokenize(prompt.encode("utf-8"))
     expected = theirs(tokens, max_tokens=32, stop=["Q:", "\n"], temperature=0)
     output = ours(tokens, max_tokens=32, stop=["Q:", "\n"], temperature=0)
     assert output["choices"] == expected["choices"] and output["usage"] == expected["usage"]
+
+
+def test_a_text_prompt_ends_with_the_models_separator_token_as_in_stock_llama_cpp_python(both):
+    # llama-cpp-python's _create_completion puts the model's SEP (its EOS where it has none but adds
+    # one) after a text prompt's tokens: this file's separator token is <|endoftext|>, 0, its BOS too
+    # (tokenizer.ggml.seperator_token_id), so "def foo" is [BOS, def, foo, SEP], 4 tokens there
+    theirs, ours = both(seed=7, logits_all=True)
+    sep = int(ours.metadata["tokenizer.ggml.seperator_token_id"])
+    assert ours.tokenize(b"def foo") == theirs.tokenize(b"def foo") == [ours.token_bos(), 314, 7093]  # none there
+    greedy = dict(max_tokens=4, temperature=0)
+    out, expected = ours("def foo", **greedy), theirs("def foo", **greedy)
+    assert out["choices"][0]["text"] == expected["choices"][0]["text"] == '(path):\n    """'
+    assert out["usage"] == expected["usage"] and out["usage"]["prompt_tokens"] == 4
+    assert list(ours.input_ids[:4]) == list(theirs.input_ids[:4]) == [ours.token_bos(), 314, 7093, sep]
+    for kwargs in (dict(max_tokens=16), dict(max_tokens=16, seed=1337), dict(max_tokens=8, temperature=0, echo=True)):
+        out = ours.create_completion("def fib(n):", **kwargs)  # seeds: each call takes the next, alike
+        expected = theirs.create_completion("def fib(n):", **kwargs)
+        assert out["choices"] == expected["choices"] and out["usage"] == expected["usage"], kwargs
+    streamed = "".join(c["choices"][0]["text"] for c in ours("def foo", stream=True, **greedy))
+    assert streamed == '(path):\n    """'
+    # echoed logprobs: the prompt's tokens but BOS tokens, so without the SEP here, then the completion's
+    out, expected = (llm("x = ", max_tokens=4, temperature=0, logprobs=2, echo=True) for llm in (ours, theirs))
+    assert out["choices"][0]["text"] == expected["choices"][0]["text"]
+    _assert_logprobs_equal(out["choices"][0]["logprobs"], expected["choices"][0]["logprobs"])
+
+
+@pytest.mark.parametrize("keys, end", [
+    ({"tokenizer.ggml.seperator_token_id": None}, []),  # no SEP, no EOS added: nothing
+    ({"tokenizer.ggml.seperator_token_id": None, "tokenizer.ggml.add_eos_token": True}, [0]),  # the EOS
+    ({"tokenizer.ggml.seperator_token_id": 5, "tokenizer.ggml.add_eos_token": True}, [5]),  # the SEP, not the EOS
+    ({"tokenizer.ggml.seperator_token_id": 5, "tokenizer.ggml.add_sep_token": False}, [5]),  # add_sep is not read
+    ({"tokenizer.ggml.seperator_token_id": 99999}, []),  # outside the vocabulary: none
+], ids=["none", "eos", "sep-over-eos", "sep-without-add-sep", "sep-out-of-range"])
+def test_what_ends_a_text_prompt_is_stock_llama_cpp_pythons_rule(both, demo_high, tmp_path, keys, end):
+    # its eos_tokens: [SEP if the model has one else EOS], kept where it has a SEP or adds EOS
+    theirs, ours = both(path=rewrite_gguf(demo_high, tmp_path / "keys.gguf", keys=keys), n_ctx=128)
+    out, expected = (llm("def foo", max_tokens=4, temperature=0) for llm in (ours, theirs))
+    assert out["choices"] == expected["choices"] and out["usage"] == expected["usage"]
+    n = out["usage"]["prompt_tokens"]
+    assert list(ours.input_ids[:n]) == list(theirs.input_ids[:n]) == [ours.token_bos(), 314, 7093] + end
 
 
 # -- arguments --------------------------------------------------------------------------------
@@ -396,11 +443,11 @@ def test_unsupported_sampling_arguments_are_refused_by_name(llm):
 
 def test_pyedgemoe_keywords_reach_the_engine():
     with Llama(model_path=str(DEMO), expert_cache="25%", prefetch="hobbit", **SMALL) as cached, \
-            Engine(DEMO, expert_cache="25%", prefetch="hobbit", **SMALL) as engine:
+            Engine(DEMO, expert_cache="25%", prefetch="hobbit", flash_attn=False, **SMALL) as engine:  # Llama's
         assert cached.engine.expert_residency is not None
         assert cached.engine.stats()["experts"]["prefetch"] == engine.stats()["experts"]["prefetch"]
         assert cached(PLANETS, max_tokens=8, temperature=0)["choices"] == \
-               engine.create_completion(PLANETS, max_tokens=8, temperature=0)["choices"]
+               engine.create_completion(text_prompt(engine, PLANETS), max_tokens=8, temperature=0)["choices"]
 
 
 def test_kv_cache_types_must_agree():
@@ -606,7 +653,11 @@ def test_a_prompt_cache_of_llama_cpp_python_serves_completions_and_chats(llm, ma
         cached("Something else entirely", max_tokens=2, temperature=0)
         follow = PLANETS + first + " And the moons?"
         again = cached(follow, max_tokens=8, temperature=0)["choices"][0]["text"]
-        assert cached.engine.last_timings.n_cached_prompt_tokens >= len(cached.tokenize(PLANETS.encode()))
+        # the cached state is the first prompt, its separator token, then the completion: the follow-up
+        # shares the prompt's tokens up to the last, a space that the text after it tokenizes with
+        shared = Llama.longest_token_prefix(cached.tokenize(PLANETS.encode()), cached.tokenize(follow.encode()))
+        assert shared == len(cached.tokenize(PLANETS.encode())) - 1
+        assert cached.engine.last_timings.n_cached_prompt_tokens >= shared
         assert again == llm(follow, max_tokens=8, temperature=0)["choices"][0]["text"]
         chat = [{"role": "user", "content": "Name a planet."}]
         reply = cached.create_chat_completion(chat, max_tokens=6, temperature=0, stream=True)
@@ -962,8 +1013,8 @@ def test_completion_logprobs_are_stock_llama_cpp_pythons(both, logits_all):
 
 
 def test_echoed_logprobs_put_the_prompts_before_the_completions(llm):
-    # stock llama-cpp-python's echo fails on a token prompt and adds a separator token to a text
-    # prompt of this file: the prompt's log-probabilities here are the model's own (Engine.logits)
+    # stock llama-cpp-python's echo fails on a token prompt: the prompt's log-probabilities here are
+    # the model's own (Engine.logits); the separator token after it is the BOS, left out as there
     prompt = llm.tokenize(PLANETS.encode("utf-8"))
     llm.reset()  # each evaluates the whole prompt
     plain = llm(PLANETS, max_tokens=6, temperature=0, logprobs=2)["choices"][0]
