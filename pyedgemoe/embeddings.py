@@ -79,10 +79,11 @@ def pooling_type(engine) -> int:
 
 def max_tokens(engine) -> tuple[int, str]:
     """The most tokens one embed() evaluates, and the setting that bounds it: a pooled text is pooled
-    within one pass of the model (n_ubatch), a text's rows come from one llama_decode (n_batch)."""
-    if pooling_type(engine) != POOLING_NONE:
-        return engine.n_ubatch, "n_ubatch"
-    return engine.plan.n_batch, "n_batch"
+    within one pass of the model (n_ubatch), a text's rows come from one llama_decode (n_batch), all
+    within the context (n_ctx, named first where it is as small: it bounds the others)."""
+    pooled = [(engine.n_ubatch, "n_ubatch")] if pooling_type(engine) != POOLING_NONE else []
+    n_ctx = min(engine.n_ctx, engine.plan.n_ctx or engine.n_ctx)  # a sequence's, at most the context asked for
+    return min([(n_ctx, "n_ctx"), *pooled, (engine.plan.n_batch, "n_batch")], key=lambda bound: bound[0])
 
 
 def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool = True) -> np.ndarray:

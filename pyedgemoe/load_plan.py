@@ -307,7 +307,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         raise InvalidOptionError(f"--link-share divides --mode split's misses; this run's mode is {mode}")
 
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
-    n_ubatch = min(options.n_batch, options.n_ubatch)
+    n_batch = min(options.n_batch, options.n_ctx or options.n_batch)  # llama.cpp's, the context asked for
+    n_ubatch = min(n_batch, options.n_ubatch)
     checkpoint_bytes = checkpoint_size(-(-fixed_bytes // options.n_parallel))
     checkpoints, reasons["ctx_checkpoints"] = _checkpoints(expert_options["ctx_checkpoints"], checkpoint_bytes)
     # the checkpoints are host memory: with a GPU the context's memory is the device's
@@ -387,7 +388,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         fill=fill, fill_ranking=MappingProxyType(fill_ranking(calibration, info.n_experts) if offload else {}),
         precision_map=precision_map, path_statistics=path_statistics, stand_ins=stand_ins, big_little=big_little,
         no_drafts=no_drafts,
-        n_ctx=options.n_ctx, n_batch=options.n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
+        n_ctx=options.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
         flash_attn=_flash_attn(options), swa_full=_swa_full(expert_options), ctx_checkpoints=checkpoints,

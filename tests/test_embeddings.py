@@ -90,6 +90,13 @@ def test_a_pooled_text_is_one_pass_of_the_model(model):
         np.testing.assert_array_equal(eng.embed(ids), eng.embed(ids[:16]))
     with Engine(model, n_batch=64, n_ubatch=16, **SMALL) as eng:  # a row per token: a batch's worth
         assert eng.embed(ids[:64]).shape[0] == 64
+    # a context smaller than the pass: its bound, named (llama-cpp-python truncates to min(n_ctx, n_batch))
+    with Engine(model, pooling="mean", **{**SMALL, "n_ctx": 32}) as eng:
+        long = eng.tokenize(TEXT * 20, add_bos=True)
+        assert len(long) > 32
+        with pytest.raises(InvalidOptionError, match=f"{len(long)} tokens exceed n_ctx 32"):
+            eng.embed(long, truncate=False)
+        np.testing.assert_array_equal(eng.embed(long), eng.embed(long[:32]))
 
 
 def test_pooling_values_that_are_refused(model):
