@@ -1,0 +1,43 @@
+"""Native calls in flight while the interpreter exits.
+
+A decode releases the GIL while llama.cpp computes. Where the program ends while another (a daemon)
+thread decodes, Python's finalization makes that thread exit as it takes the GIL back; it leaves
+through the native module's C++ frames, where the unwinding ends in std::terminate (the process
+exited 1 with "llama.cpp stopped on an internal check ..."). So at exit (atexit, which runs before
+finalization) the calls in flight finish first, and one begun after that raises instead."""
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Callable
+
+EXIT_WAIT_S = 60.0  # the longest the exit waits for the decodes in flight (a long prompt's batch)
+
+_state = threading.Condition()
+_in_flight = 0
+_exiting = False
+
+
+def in_flight(call: Callable) -> Callable:
+    """call, counted while it runs; begun once the exit began, a RuntimeError."""
+    def counted(*args, **kwargs):
+        global _in_flight
+        with _state:
+            if _exiting:
+                raise RuntimeError("the program is exiting: no more decodes")
+            _in_flight += 1
+        try:
+            return call(*args, **kwargs)
+        finally:
+            with _state:
+                _in_flight -= 1
+                _state.notify_all()
+    return counted
+
+
+@atexit.register
+def _finish_in_flight() -> None:
+    global _exiting
+    with _state:
+        _exiting = True
+        _state.wait_for(lambda: _in_flight == 0, timeout=EXIT_WAIT_S)
