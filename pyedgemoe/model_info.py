@@ -193,7 +193,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
     cold_embedding = by_name.get("token_embd.weight", 0) if "output.weight" in by_name else 0  # tied: read whole
     multi_precision = FORMAT_VERSION_KEY in kv
     version = _checked_format(path, kv) if multi_precision else None
-    _check_low_copies(path, [t["name"] for t in info["tensors"]], multi_precision)
+    _check_low_copies(path, {t["name"]: tuple(t["shape"]) for t in info["tensors"]}, multi_precision)
     return ModelInfo(
         path=path,
         files=tuple(info["files"]),
@@ -304,17 +304,21 @@ def _checked_format(path: str, kv: dict) -> int:
     return version
 
 
-def _check_low_copies(path: str, names: list[str], multi_precision: bool) -> None:
-    """docs/format.md: a multi-precision file has a LOW copy of every expert tensor, a standard one none."""
-    present = set(names)
-    for name in names:
+def _check_low_copies(path: str, shapes: dict[str, tuple], multi_precision: bool) -> None:
+    """docs/format.md: a multi-precision file has a LOW copy of every expert tensor, of its shape; a
+    standard one none. shapes: each tensor's, by name."""
+    for name in shapes:
         if is_low_copy(name):
             if not multi_precision:
                 raise ModelLoadError(f"corrupt GGUF header in {path}: it has the LOW expert copy {name} but no "
                                      f"{FORMAT_VERSION_KEY} (docs/format.md)")
-            if expert_stack_layer(name) is None or name.removesuffix(LOW_COPY_SUFFIX) + ".weight" not in present:
+            high = name.removesuffix(LOW_COPY_SUFFIX) + ".weight"
+            if expert_stack_layer(name) is None or high not in shapes:
                 raise ModelLoadError(f"corrupt GGUF header in {path}: {name} is not the LOW copy of an expert tensor")
-        elif multi_precision and parse_expert_tensor(name) is not None and low_copy_name(name) not in present:
+            if shapes[name] != shapes[high]:
+                raise ModelLoadError(f"corrupt GGUF header in {path}: the LOW copy {name} has shape "
+                                     f"{list(shapes[name])}, its tensor {list(shapes[high])}")
+        elif multi_precision and parse_expert_tensor(name) is not None and low_copy_name(name) not in shapes:
             raise ModelLoadError(f"corrupt GGUF header in {path}: multi-precision, but the expert tensor {name} "
                                  f"has no LOW copy {low_copy_name(name)}")
 

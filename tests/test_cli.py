@@ -340,3 +340,12 @@ def test_expert_counts_llama_cpp_would_abort_on_are_a_load_error(mixtral_gguf, t
         Engine(bad, n_ctx=128)
     assert_one_line_error(cli("run", bad, "-p", "x", "-n", "1"), message)
 
+
+
+def test_a_low_copy_of_another_shape_is_refused_by_inspect_run_and_export(tmp_path):
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+    bad = rewrite_gguf(demo, tmp_path / "bad.gguf", shrink="blk.0.ffn_up_exps.lowbit")  # half its experts
+    message = "the LOW copy blk.0.ffn_up_exps.lowbit has shape"
+    for args in (["inspect", bad], ["run", bad, "-p", "x", "-n", "1"], ["export", bad, "-o", tmp_path / "out.gguf"]):
+        assert_one_line_error(cli(*args), message)
+    assert not (tmp_path / "out.gguf").exists()

@@ -75,6 +75,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
                                         force=force, dry_run=dry_run, progress=progress, n_threads=n_threads,
                                         calibration=calibration, name=name)
         return Plan.from_dict(result) if isinstance(result, dict) else result
+    if path.exists():  # a FIFO, a device: never opened (reading one may block or never end)
+        raise ConversionError(f"not a file or directory: {path}")
     if from_hf.looks_like_repo_id(str(src)):
         if low_from is not None:
             raise ConversionError("--low-from applies to GGUF sources only")

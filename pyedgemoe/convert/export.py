@@ -26,14 +26,17 @@ from pyedgemoe.convert.from_gguf import (
     tensor_ne,
     tensor_type_name,
 )
-from pyedgemoe.convert.gguf_out import GGUFOutput, create_partial_file, llama_file_type
+from pyedgemoe.convert.gguf_out import (
+    GGUFOutput,
+    create_partial_file,
+    llama_file_type,
+    output_target,
+    terminate_cleanly,
+)
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import (
-    FORMAT_VERSION,
-    FORMAT_VERSION_KEY,
     HIGH_TYPE_KEY,
     KEY_PREFIX,
-    LOW_COPY_SUFFIX,
     LOW_TYPE_KEY,
     is_expert_tensor,
     is_low_copy,
@@ -49,10 +52,9 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
     model, out = Path(model), Path(out)
     if precision not in PRECISIONS:
         raise ConversionError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    if out.exists() and not force:
-        raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    target = output_target(out, force)
     reader = open_gguf(model, "model")
-    if out.exists() and out.resolve() in {f.resolve() for f in reader.files}:
+    if target in {f.resolve() for f in reader.files}:
         raise ConversionError(f"output {out} is the input")
     arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
     if not arch:
@@ -66,10 +68,8 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
             return _copy_file(model, out, force=force, progress=progress)
         # a split one is written as one file (llama-gguf-split --merge's)
 
-    version = kv_value(reader, FORMAT_VERSION_KEY)
-    if version is not None and int(version) > FORMAT_VERSION:
-        raise ConversionError(f"{model} has {FORMAT_VERSION_KEY} {version}; this pyedgemoe reads "
-                              f"version {FORMAT_VERSION} and older — upgrade pyedgemoe")
+    # open_gguf's header check refused a format version this pyedgemoe does not read, and an expert
+    # tensor without its LOW copy or with one of another shape
     by_name = {t.name: t for t in reader.tensors}
     expert_type = kv_value(reader, {"high": HIGH_TYPE_KEY, "low": LOW_TYPE_KEY}[precision])
 
@@ -84,14 +84,7 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
             continue
         source = t
         if precision == "low" and is_expert_tensor(t.name):
-            source = by_name.get(low_copy_name(t.name))
-            if source is None:
-                output.abort()
-                raise ConversionError(f"{model}: expert tensor {t.name} has no {LOW_COPY_SUFFIX} copy")
-            if tensor_ne(source) != tensor_ne(t):
-                output.abort()
-                raise ConversionError(f"{model}: {source.name} has shape {tensor_ne(source)}, "
-                                      f"{t.name} has {tensor_ne(t)}")
+            source = by_name[low_copy_name(t.name)]  # of t's shape: open_gguf's header check
         output.add_tensor(t.name, tensor_ne(t), tensor_type_name(source),
                           (lambda s=source: copy_chunks(reader.file_of(s), s)))
     return output.finish(progress=progress)
@@ -99,20 +92,22 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
 
 def _copy_file(src: Path, out: Path, *, force: bool, progress: bool) -> Path:
     """Copy `src` to `out` through a temp file in out's directory (no partial file on failure)."""
-    directory = out.parent
+    target = output_target(out, force)
+    directory = target.parent
     if not directory.is_dir():
         raise ConversionError(f"output directory {directory} does not exist")
     tmp = None
     try:
-        tmp = create_partial_file(out)
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 16 * 1024 * 1024)
-            fout.flush()
-            os.fsync(fout.fileno())
-        if out.exists() and not force:
-            raise ConversionError(f"{out} appeared while writing; pass --force to overwrite it")
-        os.replace(tmp, out)
-        tmp = None
+        with terminate_cleanly():
+            tmp = create_partial_file(target)
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 16 * 1024 * 1024)
+                fout.flush()
+                os.fsync(fout.fileno())
+            if target.exists() and not force:
+                raise ConversionError(f"{out} appeared while writing; pass --force to overwrite it")
+            os.replace(tmp, target)
+            tmp = None
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ConversionError(f"disk full while writing {out}; no output file was left behind") from None

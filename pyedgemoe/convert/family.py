@@ -69,6 +69,9 @@ def permute_rope(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarra
             .reshape(w.shape))
 
 
+# config.json's names of the number of experts each token uses (llama.cpp's find_hparam order)
+EXPERTS_USED_KEYS = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts")
+
 _MULTIMODAL_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.",
                         "sound_encoder.", "sound_projection.", "speech_embeddings.")
 _MULTIMODAL_PARTS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.",
@@ -135,6 +138,11 @@ class Family:
             if all(self.hparams.get(k) is None for k in keys):
                 raise ConversionError(f"config.json has no {' / '.join(keys)}, which llama.cpp's "
                                       f"{self.llama_arch} model needs")
+        n_used = self.find(EXPERTS_USED_KEYS, optional=True)
+        if n_used is not None and n_used > self.n_experts:
+            # llama.cpp's loader asserts n_expert_used <= n_expert; transformers' topk fails too
+            raise ConversionError(f"config.json says {n_used} experts per token, but the model has "
+                                  f"{self.n_experts} experts")
         rope = self.rope_parameters.get("full_attention", self.rope_parameters)
         if rope.get("rope_type") == "yarn" and rope.get("factor") is not None \
                 and rope.get("original_max_position_embeddings") is None:
@@ -142,7 +150,15 @@ class Family:
 
     def _rope_parameters(self) -> dict:
         # llama.cpp's TextModel.__init__: top-level rope keys mirrored into rope_parameters
-        rp = dict(self.hparams.get("rope_parameters", self.hparams.get("rope_scaling")) or {})
+        params, scaling = self.hparams.get("rope_parameters") or {}, self.hparams.get("rope_scaling") or {}
+        if params and any(params.get("rope_type" if k == "type" else k) != v for k, v in scaling.items()):
+            # transformers (whose AutoConfig llama.cpp's converter reads) takes rope_scaling alone and
+            # the model class's default rope_theta in place of rope_parameters': not the file's numbers
+            raise ConversionError(
+                f"config.json has rope_scaling {scaling} beside rope_parameters {params}, and they disagree; "
+                f"transformers would take rope_scaling alone, with its class's default rope_theta: move "
+                f"the scaling into rope_parameters and remove rope_scaling")
+        rp = dict(params or scaling)
         rope_theta = self.find(["global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta",
                                 "rotary_emb_base"], optional=True)
         local_theta = self.find(["local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
@@ -378,7 +394,7 @@ class Family:
             w.add_layer_norm_eps(eps)
         if (n := self.find(["num_local_experts", "num_experts", "n_routed_experts"], optional=True)) is not None:
             w.add_expert_count(n)
-        if (n := self.find(["num_experts_per_tok", "num_experts_per_token", "top_k_experts"], optional=True)) is not None:
+        if (n := self.find(EXPERTS_USED_KEYS, optional=True)) is not None:
             w.add_expert_used_count(n)
         if (n := self.hparams.get("n_group")) is not None:
             w.add_expert_group_count(n)

@@ -25,10 +25,11 @@ from pyedgemoe.convert.gguf_out import (
     ggml_type,
     ggml_type_name,
     llama_file_type,
+    output_target,
     tensor_nbytes,
 )
-from pyedgemoe.convert.plan import check_type, fitting_type
-from pyedgemoe.errors import ConversionError
+from pyedgemoe.convert.plan import check_type, fitting_type, type_of_most_bytes
+from pyedgemoe.errors import ConversionError, ModelLoadError
 from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
 
 # Float rows per requantization chunk: bounds the float32 scratch to 64 MiB whatever the tensor size.
@@ -62,46 +63,42 @@ class GGUFSource:
 
 
 def open_gguf(path: Path, what: str = "GGUF") -> GGUFSource:
-    """The GGUF at `path` (a split one's first shard: its shards found as llama.cpp finds them)."""
+    """The GGUF at `path` (a split one's first shard: its shards found as llama.cpp finds them).
+
+    Its header is checked first as `inspect` and `run` check it (model_info.read_model_info: ggml's
+    own parser, which bounds every count and length by the file's size, and tensor data within the
+    files): gguf-py's reader believes whatever a header claims, a 2^60-element array included."""
+    from pyedgemoe.model_info import read_model_info
+
     path = Path(path)
-    first = _open_file(path, what)
-    if (kv_value(first, "split.count") or 1) <= 1:  # llama.cpp's LLM_KV_SPLIT_COUNT
-        return GGUFSource([first], [path])
-    from pyedgemoe import _native
-
-    try:
-        files = [Path(f) for f in _native.read_gguf_info(str(path))["files"]]
-    except RuntimeError as e:
-        raise ConversionError(f"{what} {path}: {e}") from None
-    return GGUFSource([first] + [_open_file(f, what) for f in files[1:]], files)
-
-
-def _open_file(path: Path, what: str) -> gguf.GGUFReader:
-    """A GGUFReader over one file, its header checked."""
-    if not path.is_file():
+    if not path.exists():
         raise ConversionError(f"{what} not found: {path}")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ConversionError(f"not a GGUF file (bad magic): {path}")
+    try:
+        files = [Path(f) for f in read_model_info(path).files]
+    except ModelLoadError as e:
+        raise ConversionError(str(e)) from None
+    return GGUFSource([_open_file(f) for f in files], files)
+
+
+def _open_file(path: Path) -> gguf.GGUFReader:
+    """A GGUFReader over one file whose header ggml has read (open_gguf)."""
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as e:  # gguf-py raises ValueError/struct.error/IndexError on damage
         raise ConversionError(f"corrupt or truncated GGUF {path}: {e}") from None
-    size = path.stat().st_size
     for t in reader.tensors:
-        # gguf-py reads any count of dims; ggml's tensors have 1 to GGML_MAX_DIMS (4)
+        # ggml reads a tensor of 0 dimensions as a scalar; gguf-py's shape is then empty
         if not 1 <= len(t.shape) <= 4:
             raise ConversionError(f"corrupt GGUF {path}: tensor {t.name} has {len(t.shape)} dimensions, "
                                   f"expected 1 to 4")
-        if t.data_offset + t.n_bytes > size:
-            raise ConversionError(f"truncated GGUF {path}: tensor {t.name} ends past the end of the file")
     _check_strings(reader, path)
     return reader
 
 
 def _check_strings(reader: gguf.GGUFReader, path: Path) -> None:
     """ConversionError naming the first string value that is not UTF-8. gguf-py decodes key and
-    tensor names as it reads the header, string values only when asked (field.contents())."""
+    tensor names as it reads the header, string values only when asked (field.contents()); ggml's
+    header check (read_model_info) decodes the scalar ones, not the elements of arrays."""
     for field in reader.fields.values():
         if not field.types or gguf.GGUFValueType.STRING not in (field.types[0], field.types[-1]):
             continue
@@ -257,8 +254,8 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     """
     src, out = Path(src), Path(out)
     n_threads = n_threads or os.cpu_count() or 1
-    high = check_type(high, "HIGH")
-    base = check_type(base, "base") if base is not None else None
+    high = check_type(high, "--high")
+    base = check_type(base, "--base") if base is not None else None
 
     reader = open_gguf(src, "source GGUF")
     arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
@@ -280,10 +277,10 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     if low_from is not None:
         low_reader, low_tensors, low = _open_low_from(Path(low_from), arch, experts)
     else:
-        low = check_type(low, "LOW")
+        low = check_type(low, "--low")
 
-    if not force and Path(out).exists() and not dry_run:
-        raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    if not dry_run:
+        output_target(out, force)
     if Path(out).resolve() in {f.resolve() for f in reader.files + (low_reader.files if low_reader else [])}:
         raise ConversionError(f"output {out} is one of the inputs")
 
@@ -367,10 +364,7 @@ def _open_low_from(path: Path, arch: str, experts: list) -> tuple[GGUFSource, di
                                   f"the source has {tensor_ne(t)}; not the same model")
     # A k-quant "mix" (Q4_K_M) stores some expert tensors in a larger type; the tensor infos carry
     # each one's type, and edgemoe.low_type records the type of most LOW bytes.
-    by_type: Counter = Counter()
-    for lt in by_name.values():
-        by_type[tensor_type_name(lt)] += int(lt.n_bytes)
-    low = by_type.most_common(1)[0][0]
+    low = type_of_most_bytes((tensor_type_name(lt), int(lt.n_bytes)) for lt in by_name.values())
     return reader, by_name, low
 
 

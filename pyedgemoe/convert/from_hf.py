@@ -32,6 +32,7 @@ from pyedgemoe.convert.gguf_out import (
     GGUFOutput,
     edgemoe_metadata,
     llama_file_type,
+    output_target,
     row_nbytes,
     tensor_nbytes,
 )
@@ -385,7 +386,8 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
     family.write_hparams(writer, llama_file_type(plan.high_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokenizer_mod.write_vocab(writer, hf_dir, family.vocab_size, family.tokenizer_style)
-    edgemoe_metadata(writer, plan.high_type, plan.low_type, provenance, calibration)
+    edgemoe_metadata(writer, plan.type_of_most_bytes("high"), plan.type_of_most_bytes("low"), provenance,
+                     calibration)
 
 
 def _model_name(hf_dir: Path, total_params: int) -> str | None:
@@ -423,11 +425,11 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q
     """
     src, out = Path(src), Path(out)
     n_threads = n_threads or os.cpu_count() or 1
-    high = check_type(high, "HIGH")
-    low = check_type(low, "LOW")
-    base = check_type(base or "f16", "base")
-    if not dry_run and out.exists() and not force:
-        raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    high = check_type(high, "--high")
+    low = check_type(low, "--low")
+    base = check_type(base or "f16", "--base")
+    if not dry_run:
+        output_target(out, force)
 
     with HFCheckpoint(src) as ckpt:
         family = family_for(ckpt.config)

@@ -12,12 +12,15 @@ import errno
 import json
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -132,13 +135,10 @@ class GGUFOutput:
     """
 
     def __init__(self, out_path: Path, *, arch: str, force: bool = False):
-        self.out_path = Path(out_path)
+        self.out_path = Path(out_path)  # as given: what messages name and finish() returns
         self.force = force
-        if self.out_path.exists() and not force:
-            raise ConversionError(f"{self.out_path} exists; pass force=True (--force) to overwrite it")
-        if self.out_path.is_dir():
-            raise ConversionError(f"{self.out_path} is a directory")
-        directory = self.out_path.parent
+        self._target = output_target(self.out_path, force)
+        directory = self._target.parent
         if not directory.is_dir():
             raise ConversionError(f"output directory {directory} does not exist")
         if not os.access(directory, os.W_OK):
@@ -196,14 +196,19 @@ class GGUFOutput:
         if self._finished:
             raise ConversionError("GGUFOutput.finish called twice")
         self._finished = True
-        directory = self.out_path.parent
+        with terminate_cleanly():
+            self._write_and_rename(progress)
+        return self.out_path
+
+    def _write_and_rename(self, progress: bool) -> None:
+        directory = self._target.parent
         try:
-            self._tmp_path = create_partial_file(self.out_path)
+            self._tmp_path = create_partial_file(self._target)
             self._check_free_space(directory)
             self._write_all(progress)
-            if self.out_path.exists() and not self.force:
-                raise ConversionError(f"{self.out_path} appeared while writing; pass force=True to overwrite it")
-            os.replace(self._tmp_path, self.out_path)
+            if self._target.exists() and not self.force:
+                raise ConversionError(f"{self.out_path} appeared while writing; pass --force to overwrite it")
+            os.replace(self._tmp_path, self._target)
             self._tmp_path = None
             _fsync_dir(directory)
         except ConversionError:
@@ -223,7 +228,6 @@ class GGUFOutput:
             if isinstance(e, MemoryError):
                 raise ConversionError(f"out of memory while writing {self.out_path}") from None
             raise ConversionError(f"writing {self.out_path} failed: {type(e).__name__}: {e}") from e
-        return self.out_path
 
     def abort(self) -> None:
         """Close and remove the temp file, if any. Safe to call more than once."""
@@ -290,6 +294,41 @@ class GGUFOutput:
         w.close()
         bar.done()
         bar.enabled = False
+
+
+def output_target(out: Path, force: bool) -> Path:
+    """The file to write for the output path `out`: a symlink's target, as llama.cpp's tools write
+    through the path. ConversionError if it exists and `force` is not given, or if it is not a
+    regular file: the finished file replaces the target, and a device (as root, /dev/null), a FIFO
+    or a directory must not become a regular file."""
+    target = Path(os.path.realpath(out))
+    if target.exists():
+        if not target.is_file():
+            raise ConversionError(f"{out} exists and is not a regular file; give a file's path as the output")
+        if not force:
+            raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    return target
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """SIGTERM (timeout, docker stop) in the block raises SystemExit(143), the status a shell gives
+    a process SIGTERM ends, so that the writers' cleanup removes their temp file as on Ctrl-C. Only
+    where SIGTERM would end the process (the default action, in the main thread): a handler of the
+    embedding program's own, or an ignored SIGTERM, is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def create_partial_file(out_path: Path) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -18,6 +18,11 @@ from pyedgemoe.sysmem import format_bytes
 
 ROLES = ("base", "high", "low")
 
+# The types ggml's quantizer writes (ggml_quantize_chunk); it ends the process on any other (f64, the
+# integers, the q8_1/q8_K of its dot products) with a failed GGML_ASSERT.
+_QUANTIZER_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_K", "q5_K", "q5_1", "q5_0", "q4_K", "q4_1", "q4_0",
+                    "q3_K", "q2_K", "iq4_xs", "iq4_nl", "iq3_s", "iq3_xxs", "mxfp4", "nvfp4", "tq2_0",
+                    "tq1_0", "q1_0", "iq2_s", "iq2_xs", "iq2_xxs", "iq1_m", "iq1_s")
 # Quantizing these in ggml needs an importance matrix (ggml_quantize_requires_imatrix); we have none.
 _NEEDS_IMATRIX = {"iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"}
 
@@ -30,22 +35,26 @@ _FALLBACK = {
 }
 
 
-def check_type(type_name: str, role: str) -> str:
-    """A user-given type name in ggml's spelling ("q4_k" -> "q4_K"); ConversionError if ggml's
-    quantizer cannot produce it without an importance matrix."""
+def check_type(type_name: str, option: str) -> str:
+    """A user-given type name in ggml's spelling ("q4_k" -> "q4_K"); ConversionError naming
+    `option` ("--high", "--low", "--base") if ggml's quantizer cannot produce it without an
+    importance matrix."""
     try:
         name = ggml_type_name(ggml_type(type_name))
     except ConversionError as e:
-        raise ConversionError(f"{role} type: {e}") from None
+        raise ConversionError(f"{option} type: {e}") from None
+    if name not in _QUANTIZER_TYPES:
+        takes = ", ".join(t for t in _QUANTIZER_TYPES if t not in _NEEDS_IMATRIX)
+        raise ConversionError(f"{option} {name}: ggml's quantizer does not write this type; {option} takes {takes}")
     if name in _NEEDS_IMATRIX:
-        raise ConversionError(f"{role} type {name} needs an importance matrix, which pyedgemoe does not "
+        raise ConversionError(f"{option} type {name} needs an importance matrix, which pyedgemoe does not "
                               f"compute; choose q2_K or larger")
     if name != "f32":
         from pyedgemoe import _native
         try:
             _native.quantize(np.zeros((1, block_size(name)), dtype=np.float32), name, 1)
         except Exception as e:
-            raise ConversionError(f"{role} type {name} is not supported by ggml's quantizer: {e}") from None
+            raise ConversionError(f"{option} type {name} is not supported by ggml's quantizer: {e}") from None
     return name
 
 
@@ -57,6 +66,16 @@ def fitting_type(type_name: str, row_len: int) -> str:
     if fallback is not None and row_len % block_size(fallback) == 0:
         return fallback
     return "f16"
+
+
+def type_of_most_bytes(sizes: Iterable[tuple[str, int]]) -> str:
+    """Of (type, nbytes) pairs, the type that holds the most bytes: what `edgemoe.high_type` and
+    `edgemoe.low_type` name (docs/format.md) where row-length fallbacks or a k-quant mix give a
+    precision's tensors more than one type."""
+    by_type: Counter = Counter()
+    for type_name, nbytes in sizes:
+        by_type[type_name] += nbytes
+    return by_type.most_common(1)[0][0]
 
 
 @dataclass
@@ -111,6 +130,10 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def type_of_most_bytes(self, role: str) -> str:
+        """The type of most of the bytes of the tensors of `role` (the requested one unless fallbacks)."""
+        return type_of_most_bytes((t.type, t.nbytes) for t in self.tensors if t.role == role)
 
     def fallbacks(self) -> list[PlannedTensor]:
         return [t for t in self.tensors if t.fell_back]
