@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pyedgemoe.errors import ExpertLoadError
+from pyedgemoe.errors import EngineBusyError, ExpertLoadError
 from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
@@ -96,7 +96,11 @@ class Batcher:
             self._leave(r)
 
     def _queued(self, r: _Request) -> _Request:
-        """r, waiting for a free sequence."""
+        """r, waiting for a free sequence; EngineBusyError from the model's thread (a generation's
+        Python hook calling its Engine), which would wait on itself."""
+        if threading.current_thread() is self._thread:
+            raise EngineBusyError("a generation's logits_processor, stopping_criteria or draft_model called its own "
+                                  "Engine, which runs that generation: it would wait on itself")
         with self._cond:
             if self._closing:
                 raise RuntimeError("this Engine is closed")
@@ -117,7 +121,8 @@ class Batcher:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # closed by a generation's hook: it ends after this step
+            self._thread.join()
 
     # -- the model's thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -161,7 +166,7 @@ class Batcher:
                 with self._cond:
                     for r in self._running:
                         self._end(r, ExpertLoadError(str(e)))
-            except Exception as e:  # noqa: BLE001 - handed to the consumers, who raise it
+            except BaseException as e:  # noqa: BLE001 - handed to the consumers, who raise it (a hook's exit too)
                 with self._cond:
                     for r in admitted + stepping:
                         self._end(r, e)
@@ -221,7 +226,7 @@ class Batcher:
             result = r.task(r.sequence)
         except ExpertLoadError:
             raise
-        except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
+        except BaseException as e:  # noqa: BLE001 - handed to r's consumer, who raises it
             result = e
         self._end(r, result)
         r.closed = True
@@ -233,7 +238,7 @@ class Batcher:
             return work()
         except ExpertLoadError:
             raise
-        except Exception as e:  # noqa: BLE001 - handed to r's consumer, who raises it
+        except BaseException as e:  # noqa: BLE001 - handed to r's consumer, who raises it (KeyboardInterrupt too)
             self._end(r, e)
             return None
 

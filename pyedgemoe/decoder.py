@@ -201,6 +201,7 @@ class Decoder:
                 self.keep(sequence, 0)
 
     def is_eog(self, token: int) -> bool:
+        self.live()  # RuntimeError once closed (a generation's hook may close its Engine)
         return self.model.is_eog(token)
 
     @contextmanager

@@ -248,6 +248,7 @@ class Engine(Vocabulary):
         """work(the seq-th sequence of the KV cache) once no generation holds it (pyedgemoe.slot_files)."""
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.n_parallel:
             raise InvalidOptionError(f"sequence {seq!r} out of range [0, {self.n_parallel})")
+        self._live()
         if self._batcher is not None:
             return self._batcher.on_sequence(work, seq)
         with self._sequence_turn():
@@ -284,6 +285,7 @@ class Engine(Vocabulary):
     def tokens(self) -> list[int]:
         """What the one sequence holds (its KV cache), token by token: a generation whose prompt
         starts with them evaluates only the rest."""
+        self._live()
         return list(self._decoder.sequences[0].tokens)
 
     def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray | None:
@@ -505,7 +507,7 @@ class Engine(Vocabulary):
     @functools.cached_property
     def chat_format(self) -> "_native.ChatFormat":
         """llama.cpp's chat formats over the model's template (pyedgemoe.chat_formats)."""
-        return _native.ChatFormat(self._model)
+        return _native.ChatFormat(self._live_model())
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, *,
                                stop: str | list[str] | None = None, stream: bool = False,

@@ -111,7 +111,7 @@ def _takes_the_context(method):
     def call(self, *args, **kwargs):
         stream = self._open() if self._open is not None else None
         while stream is not None and not stream.end_for_a_call():
-            time.sleep(0.001)  # being read on another thread: it ends at its next pause
+            time.sleep(0.001)  # being read on another thread: it ends when its step is done
         return method(self, *args, **kwargs)
     return call
 
@@ -125,6 +125,7 @@ class _Stream:
     def __init__(self, items: Generator):
         self._items, self._ended_by_a_call = items, False
         self._reader: int | None = None  # the thread reading it this instant
+        self._end_asked = False  # a call waits for it to end (end_for_a_call): its reader ends it
 
     def __iter__(self) -> "_Stream":
         return self
@@ -133,6 +134,12 @@ class _Stream:
         return self.send(None)
 
     def send(self, value):
+        if self._end_asked and not self._ended_by_a_call:
+            try:
+                self._items.close()
+            except ValueError:  # the waiting call closes it this instant
+                pass
+            self._ended_by_a_call = True
         if self._ended_by_a_call:
             raise EngineBusyError("this stream was ended by a later call of its Llama, which took the context")
         self._reader = threading.get_ident()
@@ -150,7 +157,8 @@ class _Stream:
             return True  # over, or the call is the stream's own (a prompt cache's save at its end)
         try:
             self._items.close()
-        except ValueError:  # "generator already executing"
+        except ValueError:  # "generator already executing": its reader ends it before its next step
+            self._end_asked = True
             return False
         self._ended_by_a_call = True
         return True

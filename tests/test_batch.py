@@ -92,6 +92,39 @@ def test_a_logits_processor_that_fails_ends_its_generation_alone(batched, alone)
     assert banned == batched.generate(PROMPTS[0], 8, temperature=0, ignore_eos=True)
 
 
+@pytest.mark.parametrize("leaving", [KeyboardInterrupt, SystemExit])
+def test_a_hook_that_interrupts_or_exits_reaches_its_caller_and_the_engine_goes_on(batched, alone, leaving):
+    # as with one sequence: the exception in the caller, the batcher's thread alive for the next call
+    def interrupting(ids, logits):
+        raise leaving()
+    with pytest.raises(leaving):
+        batched.generate(PROMPTS[0], 8, temperature=0, logits_processor=interrupting)
+    assert batched.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+
+
+def test_a_hook_that_calls_its_own_engine_is_refused_not_a_deadlock(batched, alone):
+    def reentrant(ids, logits):
+        batched.generate("x", 1)
+        return logits
+    with pytest.raises(EngineBusyError, match="called its own Engine"):
+        batched.generate(PROMPTS[0], 4, temperature=0, logits_processor=reentrant)
+    assert batched.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2])
+def test_an_engine_closed_by_its_generations_hook_says_it_is_closed(n_parallel):
+    with Engine(DEMO, n_ctx=N_CTX, n_parallel=n_parallel, **OPTIONS) as eng:
+        def closing(ids, logits):
+            eng.close()
+            return logits
+        with pytest.raises(RuntimeError, match="this Engine is closed"):
+            eng.generate(PROMPTS[0], 4, temperature=0, logits_processor=closing)
+        for after in (lambda: eng.chat_format, lambda: eng.tokens if n_parallel == 1 else eng.n_ctx,
+                      lambda: eng.on_sequence(0, lambda sequence: "ran")):
+            with pytest.raises(RuntimeError, match="this Engine is closed"):
+                after()
+
+
 def test_a_seeded_generation_reuses_no_prefix_and_repeats_itself(batched):
     kwargs = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1, seed=7)
     first = batched.generate(PROMPTS[1], 16, **kwargs)

@@ -409,6 +409,24 @@ def test_a_stream_left_open_on_one_thread_does_not_hold_up_the_others(llm):
     assert llm("hi", max_tokens=3, temperature=0)["choices"] == expected
     reader.join(timeout=60)
     assert ended == [True]
+    # a reader that takes each chunk at once (a tight loop, no pause between two): it ends its
+    # stream before its next step, not at the stream's end
+    read = {"n": 0}
+
+    def fast_client():
+        try:
+            for _ in llm(PLANETS, max_tokens=200, temperature=0, stream=True, stop=[],
+                         logit_bias={llm.token_eos(): float("-inf")}):
+                read["n"] += 1
+        except EngineBusyError:
+            read["ended at"] = read["n"]
+    reader = threading.Thread(target=fast_client)
+    reader.start()
+    while read["n"] < 5:
+        time.sleep(0.001)
+    assert llm("hi", max_tokens=3, temperature=0)["choices"] == expected
+    reader.join(timeout=60)
+    assert read["ended at"] < 100, read
 
 
 @pytest.mark.parametrize("call, fragment", [
