@@ -234,6 +234,7 @@ def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[Model
     calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])
+    memory_budget.check_room_to_measure()
     return info, plan_load(info, options, this_machine(), *context_memory(info, options), calibration=calibration)
 
 

@@ -30,6 +30,9 @@ from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroup_v1, pa
 # tiny test models, the demo model, the test_memory_* models and the 7-9 GB OLMoE and Qwen3
 # geometries.
 RUN_ALLOWANCE_BYTES = 16 * 1024**2
+# What measuring a context takes (context_memory: llama.cpp builds the model's graph and reserves
+# its scheduler without the weights), 24 MiB on the demo model: the room checked before it
+MEASURING_BYTES = 32 * 1024**2
 # auto rounds the expert cache it gives down to a multiple of this: the room it measures moves by
 # a few hundred KiB from run to run (the process's own pages, the page cache), and with LOW copies
 # a cache of another size decodes other tokens (docs/benchmarks.md, "Prefetching with LOW copies").
@@ -378,6 +381,15 @@ def _measured(available: Available) -> tuple[int, str]:
 
 def _available_text(available: int, where: str) -> str:
     return f"{format_bytes(available)} available" + (f" {where}" if where else "")
+
+
+def check_room_to_measure() -> None:
+    """InvalidOptionError where there is less room than measuring the context takes: a cgroup's cap
+    that small would end the process (the OOM killer) before a load's own check could refuse."""
+    available, where = available_memory()
+    if available < MEASURING_BYTES:
+        raise InvalidOptionError(f"not enough memory: measuring the model's context takes about "
+                                 f"{format_bytes(MEASURING_BYTES)}, and {_available_text(available, where)}")
 
 
 def _beside_the_cache(non_expert_bytes: int, context: int) -> str:

@@ -124,3 +124,18 @@ def test_perplexity_under_a_cap_keeps_room_for_its_chunks_logits(model, cap, tmp
                           "--chunks", "1", "--json"], limit)
     assert r["returncode"] == 0, r["stderr"][-2000:]
     assert json.loads(r["stdout"])["n_chunks"] == 1
+
+
+@pytest.mark.parametrize("command", [["run", "-p", "x", "-n", "2"], ["run", "--dry-run"], ["serve", "--port", "0"]])
+def test_a_cap_below_what_measuring_the_context_takes_is_refused_not_killed(command):
+    # the interpreter's own memory and a few MiB: measuring the context (llama.cpp's graph) took the
+    # rest and the OOM killer ended the process before a load's check could refuse
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+
+    def cli(model: Path, limit: int) -> dict:
+        return run_capped_child([sys.executable, "-m", "pyedgemoe", command[0], str(model), *command[1:], "-t", "1"],
+                                limit)
+    base = cli(demo.parent / "missing.gguf", 4 * 2**30)["cgroup_max_usage"]  # what comes before the model's plan
+    r = cli(demo, base + 8 * 2**20)
+    assert r["returncode"] == 1, r
+    assert r["stderr"].strip().splitlines()[-1].startswith("error: not enough memory: measuring the model's context")
