@@ -17,6 +17,7 @@ stream left open (_Stream).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -135,10 +136,8 @@ class _Stream:
 
     def send(self, value):
         if self._end_asked and not self._ended_by_a_call:
-            try:
+            with contextlib.suppress(ValueError):  # "already executing": the waiting call closes it this instant
                 self._items.close()
-            except ValueError:  # the waiting call closes it this instant
-                pass
             self._ended_by_a_call = True
         if self._ended_by_a_call:
             raise EngineBusyError("this stream was ended by a later call of its Llama, which took the context")
