@@ -418,6 +418,9 @@ def test_a_model_without_low_copies_is_calibrated_with_a_note(models, tmp_path):
     (("--budget", "1KiB"), "below the minimum"),
     (("--max-tokens", "10"), "max_tokens must be"),
     (("--grid-step", "0.3"), "divide 1"),
+    (("--grid-step", "0"), "divide 1"),  # a ZeroDivisionError's traceback
+    (("--grid-step", "0.01"), "at least 1/20"),  # 176,851 replays
+    (("--budget", "mmap"), "needs an expert cache budget"),  # a TypeError's traceback
 ])
 def test_bad_calibrate_options_are_one_line_errors(models, tmp_path, args, message):
     model = tmp_path / "model.gguf"
@@ -440,11 +443,17 @@ def test_a_dense_model_is_a_one_line_error(tiny_model, models):
     assert_one_line_error(r, "no experts")
 
 
-def test_a_sidecar_of_another_version_is_refused(models, tmp_path):
+@pytest.mark.parametrize("sidecar, message", [
+    ({"version": 2, "t1": 0.5, "t2": 0.9}, "not version 1"),
+    ({"version": True, "t1": 0.5, "t2": 0.9}, "not version 1"),  # JSON's true is no version
+    ({"version": 1, "t1": True, "t2": True}, "no valid t1 <= t2"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "policy_weights": None}, "invalid policy_weights"),  # was a TypeError
+])
+def test_a_sidecar_that_is_not_one_is_refused(models, tmp_path, sidecar, message):
     model = tmp_path / "model.gguf"
     shutil.copyfile(models["q4"], model)
-    (tmp_path / "model.gguf.calibration.json").write_text(json.dumps({"version": 2, "t1": 0.5, "t2": 0.9}))
-    with pytest.raises(InvalidOptionError, match="not version 1"):
+    (tmp_path / "model.gguf.calibration.json").write_text(json.dumps(sidecar))
+    with pytest.raises(InvalidOptionError, match=message):
         Engine(model, expert_cache="50%", **SETTINGS)
 
 

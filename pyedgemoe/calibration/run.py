@@ -43,6 +43,7 @@ from pyedgemoe.calibration.trace import (expert_usage, prediction_accuracy, reco
                                          trace_path)
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, TextTooShortError
+from pyedgemoe.memory_budget import MAPPED
 from pyedgemoe.model_info import read_model_info
 
 DEFAULT_BUDGET = "25%"
@@ -108,8 +109,9 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     info = read_model_info(model_path)
     if not info.is_moe:
         raise InvalidOptionError(f"{model_path} has no experts ({info.architecture} is dense): nothing to calibrate")
-    if budget is None or (isinstance(budget, str) and budget.strip().lower() == "auto"):
-        raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%)")
+    if budget is None or (isinstance(budget, str) and budget.strip().lower() in ("auto", MAPPED)):
+        raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%), not "
+                                 f"{budget!r}")
     weight_grid(grid_step)  # a bad step fails before the model runs, and so does a bad bound
     edgemoe.check_min_agreement(min_agreement)
     sidecar = os.fspath(sidecar if sidecar is not None else sidecar_path(model_path))

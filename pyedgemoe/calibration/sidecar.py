@@ -46,14 +46,13 @@ def read_sidecar(path: str | os.PathLike) -> dict:
 
 
 def _checked(data, what: str) -> dict:
-    if not isinstance(data, dict) or data.get("version") != SIDECAR_VERSION:
+    if not (isinstance(data, dict) and _integer(data.get("version")) and data["version"] == SIDECAR_VERSION):
         raise InvalidOptionError(f"{what} is not version {SIDECAR_VERSION} (run pyedgemoe calibrate again)")
     t1, t2, weights = data.get("t1"), data.get("t2"), data.get("policy_weights")
-    if not (isinstance(t1, (int, float)) and isinstance(t2, (int, float)) and 0 <= t1 <= t2 <= 1):
+    if not (_number(t1) and _number(t2) and t1 <= t2 <= 1):
         raise InvalidOptionError(f"{what} has no valid t1 <= t2 in [0, 1] (run pyedgemoe calibrate again)")
-    if weights is not None and not (isinstance(weights, list) and len(weights) == 4
-                                    and all(isinstance(w, (int, float)) and w >= 0 for w in weights)
-                                    and sum(weights) > 0):
+    if "policy_weights" in data and not (isinstance(weights, list) and len(weights) == 4
+                                         and all(_number(w) for w in weights) and sum(weights) > 0):
         raise InvalidOptionError(f"{what} has invalid policy_weights (four non-negative numbers)")
     _check_tables(data, what)
     return data
