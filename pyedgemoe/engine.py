@@ -20,6 +20,7 @@ import numpy as np
 
 from pyedgemoe import _native, completions, embeddings, kv_overrides, rope_scaling
 from pyedgemoe.batch import Batcher
+from pyedgemoe.calibration.sidecar import is_low_experts
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
 from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError, RemoteDeviceError
@@ -587,6 +588,8 @@ class Engine(Vocabulary):
         ...]}) only ever in LOW, every other one only in HIGH. Empties the expert cache."""
         if self.expert_residency is None:
             raise InvalidOptionError("a precision map needs an expert cache (expert_cache=...)")
+        if not is_low_experts(low):
+            raise InvalidOptionError(f"a precision map is {{layer: [expert, ...]}} of integers, got {low!r}"[:200])
         try:
             with self._decoder.lock:
                 self._model.set_expert_precision_map({int(l): [int(e) for e in es] for l, es in low.items()})

@@ -430,6 +430,20 @@ def test_bad_calibrate_options_are_one_line_errors(models, tmp_path, args, messa
     assert not (tmp_path / "model.gguf.calibration.json").exists()
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(t1=0.5), "calibrate sets t1 itself"),  # a TypeError ("multiple values")
+    (dict(expert_options=ExpertOptions(t2=0.95)), "calibrate sets t2 itself"),
+    (dict(expert_cache="50%"), "calibrate sets expert_cache itself"),
+    (dict(system="edgemoe", size_budget="x"), "size_budget must be a number"),
+    (dict(min_agreement="x"), "min_agreement must be a number"),
+    (dict(grid_step="a"), "the grid step must divide 1"),
+])
+def test_calibrate_from_python_refuses_what_it_sets_and_bounds_that_are_no_numbers(models, kwargs, message):
+    from pyedgemoe.calibration.run import calibrate
+    with pytest.raises(InvalidOptionError, match=message):
+        calibrate(models["q4"], open(models["text"]).read(), write=False, n_threads=1, **kwargs)
+
+
 def test_a_short_text_is_a_one_line_error(models, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("a few words only")

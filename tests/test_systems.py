@@ -215,6 +215,9 @@ def test_a_bad_precision_map_is_a_clear_error(mp_model):
     with Engine(mp_model, **SETTINGS, expert_cache="50%") as eng:
         with pytest.raises(InvalidOptionError, match="no expert 99"):
             eng.set_precision_map({0: [99]})
+        for low in (None, [1], {0: [2**40]}, {0: ["a"]}, {0: [1.7]}):  # tracebacks, or 1.7 taken as 1
+            with pytest.raises(InvalidOptionError, match="a precision map is"):
+                eng.set_precision_map(low)
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,13 @@ PROFILE_TOKENS = 128          # calibration tokens each expert's importance is m
 MAP_TOKENS = 1024             # calibration tokens each candidate map is measured on
 
 
-def check_min_agreement(min_agreement: float) -> None:
-    """A top-1 agreement bound (a share of the tokens), or InvalidOptionError."""
+def check_bounds(loss_budget, min_agreement, size_budget=None) -> None:
+    """The bounds a map or gamma is chosen for are numbers, the agreement a share of the tokens (their
+    other ranges are checked where they are used); else InvalidOptionError."""
+    for name, value in (("loss_budget", loss_budget), ("min_agreement", min_agreement), ("size_budget", size_budget)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise InvalidOptionError(f"{name} must be a number, got {value!r}")
     if not 0 <= min_agreement <= 1:
         raise InvalidOptionError(f"the agreement bound must be in [0, 1], got {min_agreement!r}")
 
@@ -62,7 +67,7 @@ def precision_map(model_path: str | os.PathLike, tokens: list[int], *, loss_budg
         raise InvalidOptionError("EdgeMoE's precision map needs at least 2 tokens of text")
     if loss_budget < 0:
         raise InvalidOptionError(f"the loss budget must be >= 0, got {loss_budget!r}")
-    check_min_agreement(min_agreement)
+    check_bounds(loss_budget, min_agreement, size_budget)
     n_ctx = max(min(n_ctx, len(tokens)), 16)
     profiled = tokens[:min(PROFILE_TOKENS, n_ctx)]
     options = dict(engine_options, low_precision=True, skip=False, prefetch="none", static_precision=False,

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from pyedgemoe.calibration.edgemoe import DEFAULT_LOSS_BUDGET, DEFAULT_MIN_AGREEMENT, check_min_agreement
+from pyedgemoe.calibration.edgemoe import DEFAULT_LOSS_BUDGET, DEFAULT_MIN_AGREEMENT, check_bounds
 from pyedgemoe.decoder import top_probability
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError
@@ -38,7 +38,7 @@ def choose_gamma(confidence: np.ndarray, agrees: np.ndarray, min_agreement: floa
     "fallback_rate"}. Tokens are kept little most confident first, until the first that breaks a
     bound. A gamma above every confidence (1.0: every token redone big) when even the most
     confident does."""
-    check_min_agreement(min_agreement)
+    check_bounds(loss_budget, min_agreement)
     confidence, agrees = np.asarray(confidence, dtype=np.float64), np.asarray(agrees, dtype=bool)
     n = len(confidence)
     if n == 0:

@@ -76,6 +76,10 @@ class CalibrationResult:
         return {**self.data, "sidecar_path": self.sidecar, "trace_path": self.trace}
 
 
+# the Engine arguments of the calibration run, set by calibrate (below)
+CALIBRATION_RUN = ("n_ctx", "n_batch", "expert_cache", "t1", "t2", "fill_cache", "trace_routing")
+
+
 def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = DEFAULT_BUDGET,
               split=None, n_ctx: int = DEFAULT_N_CTX, max_tokens: int | None = DEFAULT_MAX_TOKENS,
               trace: str | os.PathLike | None = None, sidecar: str | os.PathLike | None = None,
@@ -113,7 +117,12 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         raise InvalidOptionError("calibration needs an expert cache budget (a size or a share, e.g. 25%), not "
                                  f"{budget!r}")
     weight_grid(grid_step)  # a bad step fails before the model runs, and so does a bad bound
-    edgemoe.check_min_agreement(min_agreement)
+    edgemoe.check_bounds(loss_budget, min_agreement, size_budget)
+    given = set(engine_options) | set(getattr(engine_options.get("expert_options"), "given", ()))
+    taken = [name for name in CALIBRATION_RUN if name in given]
+    if taken:
+        raise InvalidOptionError(f"calibrate sets {', '.join(taken)} itself (the cache is budget=, and t1 = t2 = 1 "
+                                 "record the model's own routing)")
     sidecar = os.fspath(sidecar if sidecar is not None else sidecar_path(model_path))
     previous = _previous_calibration(sidecar, force) if write else None
     if system not in (None, "hobbit", "edgemoe", "mobile"):

@@ -80,7 +80,12 @@ def _layer(key) -> bool:
 
 
 def _experts(x) -> bool:
-    return isinstance(x, list) and all(_integer(e) for e in x)
+    return isinstance(x, list) and all(_integer(e) and 0 <= e < 2**31 for e in x)
+
+
+def is_low_experts(x) -> bool:
+    """An EdgeMoE map's LOW experts: {layer: [expert, ...]} (a layer as an integer or its text)."""
+    return isinstance(x, dict) and all(_layer(k) and _experts(v) for k, v in x.items())
 
 
 def _square(x) -> bool:
@@ -118,8 +123,7 @@ def _check_tables(data: dict, what: str) -> None:
         raise invalid("expert_usage", "per layer, a list of counts")
     precision_map = data.get("precision_map")
     if precision_map is not None and not (
-            isinstance(precision_map, dict) and isinstance(precision_map.get("low"), dict)
-            and all(_layer(k) and _experts(v) for k, v in precision_map["low"].items())
+            isinstance(precision_map, dict) and is_low_experts(precision_map.get("low"))
             and _integer(precision_map.get("n_low")) and _integer(precision_map.get("n_experts"))
             and 0 <= precision_map["n_low"] <= precision_map["n_experts"]):
         raise invalid("precision_map", "the LOW experts per layer, n_low and n_experts")
