@@ -211,7 +211,8 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
         fill += f" ({plan.reasons['fill']})"
     share = experts["prefill_low_share"]
     precision = ("mixed precision" + (" with skips" if experts["skip"] else "")
-                 + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else "lossless"
+                 + (f", prefill low share {share:g}" if share else "")) if experts["mixed_precision"] else \
+        "skip-only (lossy: the misses of the SKIP band are skipped)" if experts["skip"] else "lossless"
     lossy = []
     if experts["big_little"] > 0:
         lossy.append(f"lossy big-little decoding (a token keeps half its experts when its top probability reaches "

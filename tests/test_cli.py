@@ -240,6 +240,7 @@ def test_expert_cache_run_gives_the_resident_tokens_and_reports_misses(tiny_mode
     (("--expert-cache", "25%"), "fill in the background, prefetch none (experts of 24.00 KiB: too small for the "
                                 "compute to hide their reads)"),
     (("--repack",), "lossless, repack on"),
+    (("--skip",), "eviction adaptive, skip-only (lossy: the misses of the SKIP band are skipped), repack off"),
     (("--no-fill-background", "--io", "buffered", "--io-threads", "2", "--prefetch", "hobbit"),
      "io buffered with 2 reads in flight, fill at load, prefetch hobbit"),
     (("--expert-cache", "25%", "--no-fill-cache", "--cache-policy", "lfu", "-t", "2"),
