@@ -458,6 +458,9 @@ def test_a_dense_model_is_a_one_line_error(tiny_model, models):
 
 
 @pytest.mark.parametrize("sidecar, message", [
+    # another model's (its top-k, its experts per layer): its thresholds and tables were applied here
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "n_experts_used": 99}, "is another model's"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "expert_usage": {"0": [1, 2, 3]}}, "is another model's"),
     ({"version": 2, "t1": 0.5, "t2": 0.9}, "not version 1"),
     ({"version": True, "t1": 0.5, "t2": 0.9}, "not version 1"),  # JSON's true is no version
     ({"version": 1, "t1": True, "t2": True}, "no valid t1 <= t2"),

@@ -181,9 +181,27 @@ def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None
     """The model's calibration: the sidecar next to it, else the one embedded in its metadata, else
     None. A sidecar or embedded calibration that cannot be read is an error."""
     path = sidecar_path(model_path)
+    kv = read_model_info(model_path).metadata if metadata is None else metadata
     if os.path.exists(path):
-        return read_sidecar(path)
-    return embedded_calibration(model_path, metadata)
+        return _of_the_model(read_sidecar(path), kv, f"calibration sidecar {path}")
+    data = embedded_calibration(model_path, kv)
+    return None if data is None else _of_the_model(data, kv, f"calibration embedded in {os.fspath(model_path)}")
+
+
+def _of_the_model(data: dict, kv: dict, what: str) -> dict:
+    """data, where what it records of the model it was made on (its top-k, its experts per layer)
+    is the model's: a calibration of another model is an InvalidOptionError."""
+    arch = kv.get("general.architecture")
+    n_used, n_expert = (kv.get(f"{arch}.{key}") for key in ("expert_used_count", "expert_count"))
+    usage = data.get("expert_usage")
+    if ("n_experts_used" in data and isinstance(n_used, int) and data["n_experts_used"] != n_used) or (
+            isinstance(usage, dict) and isinstance(n_expert, int)
+            and any(isinstance(counts, list) and len(counts) != n_expert for counts in usage.values())):
+        raise InvalidOptionError(f"{what} is another model's (top-{data.get('n_experts_used')} of "
+                                 f"{next((len(c) for c in usage.values()), '?') if isinstance(usage, dict) else '?'} "
+                                 f"experts; this one routes top-{n_used} of {n_expert}): run pyedgemoe calibrate "
+                                 "on this model")
+    return data
 
 
 def write_sidecar(data: dict, path: str | os.PathLike) -> str:
