@@ -15,7 +15,7 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.context_checkpoints import Checkpoints, cuts
-from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError
+from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError, RemoteDeviceError
 from pyedgemoe.generation import KVSequence, SequenceState
 from pyedgemoe.native_exit import in_flight
 
@@ -42,11 +42,15 @@ class Decoder:
         self.big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}
         # (seq, n): the last decode's last output is the logits after sequence seq's first n tokens
         self.last_output: tuple[int, int] | None = None
+        self._lost: str | None = None  # a remote device's error (_expert_errors)
 
     def live(self):
-        """The native context; RuntimeError once closed."""
+        """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost."""
         if self._ctx is None:
             raise RuntimeError("this Engine is closed")
+        if self._lost is not None:
+            raise RemoteDeviceError(f"{self._lost} earlier: this Engine can only be closed (its KV cache and "
+                                    "weights were there)")
         return self._ctx
 
     def close(self) -> None:
@@ -207,13 +211,17 @@ class Decoder:
     @contextmanager
     def _expert_errors(self):
         """An expert read that failed: the native side cleared the KV cache, so every sequence lost
-        what it held; raised as pyedgemoe's ExpertLoadError."""
+        what it held; raised as pyedgemoe's ExpertLoadError. A remote device (an RPC worker) lost:
+        its part of the model with it, so every later call raises too (live)."""
         try:
             yield
         except _native.ExpertLoadError as e:
             for s in self.sequences:
                 s.tokens.clear()
             raise ExpertLoadError(str(e)) from None
+        except RemoteDeviceError as e:
+            self._lost = str(e)
+            raise
 
     def _decode_big_little(self, ctx, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:
         """MoBiLE: the token through each layer's top-k/2 experts; when its top output probability is

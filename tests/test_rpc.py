@@ -162,6 +162,8 @@ def test_a_worker_lost_mid_generation_is_an_error_within_seconds_and_the_engine_
     result = scenario("fault", path, worker.endpoint, how, worker.proc.pid, 2)
     assert result["first"]  # it ran before
     assert result["error"] == f"RemoteDeviceError: RPC server {worker.endpoint}: connection lost or timed out"
+    assert result["again"] == f"{result['error']} earlier: this Engine can only be closed (its KV cache and " \
+                              "weights were there)"
     assert result["seconds"] < within
     assert result["closed"]
     if how == "SIGSTOP":

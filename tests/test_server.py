@@ -406,6 +406,14 @@ def test_a_chat_template_refusing_the_messages_is_400():
     assert error.status == 400 and "must alternate" in error.message
 
 
+def test_a_lost_remote_device_is_503():  # the Engine's calls raise it from then on (decoder.Decoder.live)
+    from pyedgemoe.errors import RemoteDeviceError
+    from pyedgemoe.server.openai_errors import from_engine_error
+
+    error = from_engine_error(RemoteDeviceError("RPC server 127.0.0.1:1: connection lost or timed out"))
+    assert error.status == 503 and error.message == "RPC server 127.0.0.1:1: connection lost or timed out"
+
+
 def test_bad_json_is_400(server):
     status, body = request("POST", server + "/v1/completions", b'{"prompt": "x",')
     assert status == 400

@@ -8,7 +8,7 @@ import re
 
 from starlette.responses import JSONResponse
 
-from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoEError
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, PyEdgeMoEError, RemoteDeviceError
 
 # OpenAI's error types, by HTTP status (any other 4xx: invalid_request_error)
 _TYPES = {500: "server_error", 503: "server_error"}
@@ -38,7 +38,8 @@ class APIError(Exception):
 
 def from_engine_error(e: Exception) -> APIError:
     """The API error of an exception the Engine raised: what the request asked for is the client's
-    fault (400), anything else (an expert that cannot be read, a bug) the server's (500)."""
+    fault (400), a remote device lost unavailable (503), anything else (an expert that cannot be read, a
+    bug) the server's (500)."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, ContextOverflowError):
@@ -46,6 +47,8 @@ def from_engine_error(e: Exception) -> APIError:
     if isinstance(e, InvalidOptionError):
         named = _NAMED.match(str(e))
         return APIError(400, str(e), "invalid_value", named.group(1) if named else None)
+    if isinstance(e, RemoteDeviceError):  # a worker lost: the server cannot answer (nor can it later)
+        return APIError(503, str(e), type(e).__name__)
     if isinstance(e, PyEdgeMoEError):
         return APIError(500, str(e), type(e).__name__)
     # a bug: its text (a binding's signature, a path) is for the log, not for the client

@@ -81,8 +81,13 @@ def fault(path: str, endpoint: str, how: str, server_pid: int, timeout_s: int) -
     except Exception as e:  # what the caller sees is the point
         error = f"{type(e).__name__}: {e}"
     seconds = time.monotonic() - t0
+    try:  # the Engine's next call: the same loss, not text from a model half gone
+        eng.time_generation(IDS[:8], 8)
+        again = None
+    except Exception as e:
+        again = f"{type(e).__name__}: {e}"
     eng.close()
-    return {"first": first, "error": error, "seconds": seconds, "closed": True}
+    return {"first": first, "error": error, "again": again, "seconds": seconds, "closed": True}
 
 
 if __name__ == "__main__":
