@@ -470,7 +470,7 @@ def serve(
         chat_defaults["chat_template_kwargs"] = template_kwargs
     try:
         from pyedgemoe.server.middleware import api_keys
-        from pyedgemoe.server.serve import bind_socket, serve as serve_engine
+        from pyedgemoe.server.serve import serve as serve_engine
     except ImportError as e:
         fail(f"the server needs its extra ({e.name} is missing): pip install 'pyedgemoe[server]'")
     try:
@@ -480,6 +480,7 @@ def serve(
     if (api_key is not None or api_key_file is not None) and not keys:
         fail("--api-key / --api-key-file give no key")
     from pyedgemoe.engine import Engine
+    from pyedgemoe.listen import bind_socket
 
     try:
         sock = bind_socket(host, port)

@@ -208,6 +208,9 @@ class SamplingParams:
                 and all(isinstance(b, str) and b for b in self.dry_sequence_breakers)):
             raise InvalidOptionError(f"dry_sequence_breakers must be a list of non-empty strings, got "
                                      f"{self.dry_sequence_breakers!r}"[:200])
+        if hasattr(self.draft_model, "create_completion"):  # a Llama or an Engine: called, it ran a whole completion
+            raise InvalidOptionError("draft_model is a drafter, f(input_ids) -> token ids (LlamaPromptLookupDecoding, "
+                                     "...), not a model: pyedgemoe runs no draft model (llama.cpp's -md)")
         processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
         for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria]),
                             ("draft_model", [self.draft_model]), ("prompt_logits", [self.prompt_logits])):

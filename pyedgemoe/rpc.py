@@ -15,6 +15,7 @@ import socket
 
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError, RemoteDeviceError
+from pyedgemoe.listen import bind_socket
 
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server's
 DEFAULT_HOST = "127.0.0.1"
@@ -59,4 +60,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, threads: int = 1, 
     """Serve this machine's CPU at host:port until stopped (llama.cpp's rpc-server)."""
     if not 0 < port < 65536:
         raise InvalidOptionError(f"--port {port}: not a TCP port")
+    try:  # its reason, before llama.cpp's server starts (which says only that it stopped)
+        bind_socket(host, port).close()
+    except OSError as e:
+        raise InvalidOptionError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     _native.rpc_serve(f"{host}:{port}", cache_dir, threads)

@@ -127,3 +127,22 @@ def test_a_damaged_file_is_one_error_line(demo_high, tmp_path):
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 1 and lines[-1].startswith("error: prompt cache"), (name, lines)
         assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+@pytest.mark.parametrize("arch", ["jamba", "qwen3_next"])
+def test_a_hybrid_models_state_files_are_read_back(arch, tiny_model, tmp_path):
+    # a recurrent layer's state is one cell at the last position: the file's check took it for damage
+    from pyedgemoe import slot_files
+
+    model = tiny_model(arch)[0]
+    prompt = "The quick brown fox jumps over the lazy dog. Then"
+    alone = run(model, "-p", prompt).stdout
+    cache = tmp_path / "prompt.bin"
+    assert run(model, "-p", prompt, "--prompt-cache", str(cache)).stdout == alone
+    assert run(model, "-p", prompt, "--prompt-cache", str(cache)).stdout == alone
+    with Engine(model, n_ctx=256, n_threads=1, n_parallel=2) as eng:  # a server's slot, saved and restored
+        expected = eng.generate(prompt, 8, temperature=0)
+        saved = slot_files.save(eng, 0, str(tmp_path), "slot.bin")
+        slot_files.erase(eng, 0)
+        assert slot_files.restore(eng, 0, str(tmp_path), "slot.bin")["n_restored"] == saved["n_saved"] > 0
+        assert eng.generate(prompt, 8, temperature=0) == expected

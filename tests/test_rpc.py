@@ -216,5 +216,8 @@ def test_a_worker_lost_while_the_model_loads_is_one_error_naming_it(tiny_model):
 def test_rpc_server_refuses_a_port_in_use(workers):
     (worker,) = workers(1)
     out = cli("rpc-server", "--port", worker.port, timeout=60)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1] == f"error: the RPC server at {worker.endpoint} stopped (is the port in use?)"
+    assert out.returncode == 1 and out.stdout == ""  # refused before llama.cpp's server prints its banner
+    assert out.stderr.strip().splitlines() == [f"error: cannot listen on {worker.endpoint}: Address already in use"]
+    unknown = cli("rpc-server", "--host", "not.a.host.invalid", "--port", 1, timeout=60)
+    assert unknown.returncode == 1 and unknown.stderr.strip().splitlines()[-1].startswith(
+        "error: cannot listen on not.a.host.invalid:1: ")  # its reason, not "is the port in use?"

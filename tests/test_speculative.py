@@ -155,6 +155,8 @@ def test_a_drafter_s_bad_guess_is_an_error_naming_it(cached):
         greedy(cached, prompt, 8, lambda ids: np.array([cached.n_vocab + 5]))
     with pytest.raises(InvalidOptionError, match="draft_model must be callable"):
         greedy(cached, prompt, 8, "ngram-simple")
+    with pytest.raises(InvalidOptionError, match="draft_model is a drafter.* not a model"):  # llama.cpp's -md habit
+        greedy(cached, prompt, 8, cached)
     assert greedy(cached, prompt, 4) == greedy(cached, prompt, 4)  # the Engine goes on
 
 

@@ -271,15 +271,18 @@ void set_sequence_state(Context & c, int seq, const nb::bytes & data, bool parti
 }
 
 // Whether sequence seq's KV cache holds the positions of tokens, each of the vocabulary: a damaged
-// file can load. (A window-sized cache of sliding-window layers holds the last window's at least.)
+// file can load. (A window-sized cache of sliding-window layers holds the last window's at least; a
+// recurrent or hybrid model's state is one cell, at the last position.)
 bool holds(const Context & c, int seq, const std::vector<llama_token> & tokens) {
     const llama_memory_t memory = llama_get_memory(c.ctx);
     const llama_pos n = (llama_pos) tokens.size(), first = llama_memory_seq_pos_min(memory, seq);
     const bool in_vocab = std::all_of(tokens.begin(), tokens.end(), [&](llama_token t) { return t >= 0 && t < c.n_vocab; });
     if (n == 0) return llama_memory_seq_pos_max(memory, seq) == -1;
-    const llama_pos window = llama_model_n_swa(c.model->model);
+    const llama_model * model = c.model->model;
+    // the last positions the memory holds at least (0: all of them)
+    const llama_pos kept = llama_model_is_recurrent(model) || llama_model_is_hybrid(model) ? 1 : llama_model_n_swa(model);
     return in_vocab && llama_memory_seq_pos_max(memory, seq) == n - 1 &&
-           (window == 0 ? first == 0 : first >= 0 && first <= std::max(0, n - window));
+           (kept == 0 ? first == 0 : first >= 0 && first <= std::max(0, n - kept));
 }
 
 // A session file, llama.cpp's (llama_state_save_file: its tokens, then the context's state: the KV

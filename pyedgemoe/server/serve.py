@@ -17,20 +17,6 @@ from pyedgemoe.server.http_protocol import HeadTimeoutProtocol
 from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (port 0: a free one); raises OSError."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
