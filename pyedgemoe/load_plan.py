@@ -377,7 +377,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
     notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + \
-        _unused_low_from(expert_options, native, budget, info) + \
+        _unused_low_from(expert_options, native, budget, info) + _unused_thresholds(expert_options, native) + \
         _crowded_threads(options.n_threads, options.n_threads_batch, machine.cores)
     reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
     threads = _threads(options.n_threads, options.n_threads_batch, machine.cores, reads_core)
@@ -499,6 +499,15 @@ def _crowded_threads(n_threads: int | None, n_threads_batch: int | None, cores: 
         return []
     return [f"{given} threads on the {cores.cpus} CPU{'s' if cores.cpus != 1 else ''} this process may use: "
             f"they take turns there and each step waits for the last of them (the default: {cores.n})"]
+
+
+def _unused_thresholds(expert_options: ExpertOptions, native: _native.ExpertOptions | None) -> list[str]:
+    """--t1 and --t2 split the misses between HIGH, LOW and skipped: with neither, they are unused."""
+    given = [f"--{name} {expert_options[name]:g}" for name in ("t1", "t2") if name in expert_options.given]
+    if not given or (native is not None and (native.low_precision or native.skip)):
+        return []
+    return [f"{' and '.join(given)} unused: this run has no LOW copies and skips nothing (the thresholds take effect "
+            "with a multi-precision GGUF, --low-from or --skip)"]
 
 
 def _unused_low_from(expert_options: ExpertOptions, native: _native.ExpertOptions | None, budget,

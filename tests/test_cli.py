@@ -350,3 +350,12 @@ def test_a_low_copy_of_another_shape_is_refused_by_inspect_run_and_export(tmp_pa
     for args in (["inspect", bad], ["run", bad, "-p", "x", "-n", "1"], ["export", bad, "-o", tmp_path / "out.gguf"]):
         assert_one_line_error(cli(*args), message)
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_thresholds_that_cannot_take_effect_are_said_unused(mixtral_gguf):
+    # a standard GGUF without --low-from or --skip: no LOW copies, nothing skipped
+    r = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", "--expert-cache", "50%", "--t1", "0.5", "--t2", "0.8")
+    assert r.returncode == 0, r.stderr
+    assert "note: --t1 0.5 and --t2 0.8 unused: this run has no LOW copies and skips nothing" in r.stderr
+    skipping = cli("run", mixtral_gguf, "-p", "hi", "-n", "2", "--expert-cache", "50%", "--t1", "0.5", "--skip")
+    assert skipping.returncode == 0 and "unused" not in skipping.stderr
