@@ -403,6 +403,14 @@ def test_convert_refuses_a_calibration_that_is_not_one(models, tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_a_model_whose_experts_have_biases_is_calibrated_with_a_note_saying_so(models, tiny_model, tmp_path):
+    # GPT-OSS: its LOW copies there, low precision off (a pass per precision would add the biases twice)
+    mp = convert_gguf(tiny_model("gpt_oss")[0], tmp_path / "gpt_oss.gguf", high="q8_0", low="q4_0", progress=False)
+    r = cli("calibrate", mp, "-f", models["text"], *CALIBRATE_ARGS)
+    assert r.returncode == 0, r.stderr
+    assert "gpt-oss's experts have biases" in r.stderr and "no LOW expert copies" not in r.stderr
+
+
 def test_a_model_without_low_copies_is_calibrated_with_a_note(models, tmp_path):
     high = export(models["q4"], tmp_path / "high.gguf", precision="high", progress=False)
     r = cli("calibrate", high, "-f", models["text"], *CALIBRATE_ARGS)

@@ -156,7 +156,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     weights = np.asarray(routing["weights"], dtype=np.float32)
     t1, t2 = choose_thresholds(weights, split)
     achieved = split_of(precision_demands(weights, t1, t2))
-    if not residency["mixed_precision"]:
+    if not residency["mixed_precision"] and info.expert_biases:
+        notes.append(f"{info.architecture}'s experts have biases, which a pass per precision would add twice: "
+                     "low precision stays off, the thresholds take effect with --skip alone, and the replay loads "
+                     "everything in HIGH")
+    elif not residency["mixed_precision"]:
         notes.append("the model has no LOW expert copies: the thresholds take effect with --low-from "
                      "(or a multi-precision GGUF); the replay loads everything in HIGH")
     if k == 1:
