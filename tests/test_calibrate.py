@@ -411,6 +411,15 @@ def test_a_model_whose_experts_have_biases_is_calibrated_with_a_note_saying_so(m
     assert "gpt-oss's experts have biases" in r.stderr and "no LOW expert copies" not in r.stderr
 
 
+def test_bounds_of_another_system_are_said_unused(models, tmp_path):
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(models["q4"], model)
+    r = cli("calibrate", model, "-f", models["text"], *CALIBRATE_ARGS, "--loss-budget", "5%", "--size-budget", "50%")
+    assert r.returncode == 0, r.stderr
+    assert "note: the size budget is --system edgemoe's: unused" in r.stderr
+    assert "note: the loss budget and the agreement bound are --system edgemoe's and mobile's: unused" in r.stderr
+
+
 def test_a_model_without_low_copies_is_calibrated_with_a_note(models, tmp_path):
     high = export(models["q4"], tmp_path / "high.gguf", precision="high", progress=False)
     r = cli("calibrate", high, "-f", models["text"], *CALIBRATE_ARGS)

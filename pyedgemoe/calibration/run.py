@@ -132,6 +132,11 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     # refused before the model runs: an architecture whose experts the stand-ins cannot compute
     stand_in_costs = stand_in_stats.StandInCosts(model_path, info.architecture) if stand_ins else None
     notes: list[str] = []
+    if size_budget is not None and system != "edgemoe":
+        notes.append("the size budget is --system edgemoe's: unused")
+    if system not in ("edgemoe", "mobile") and (loss_budget, min_agreement) != (edgemoe.DEFAULT_LOSS_BUDGET,
+                                                                               edgemoe.DEFAULT_MIN_AGREEMENT):
+        notes.append("the loss budget and the agreement bound are --system edgemoe's and mobile's: unused")
     start = time.perf_counter()
     # t1 = t2 = 1: every selection HIGH, so the routing recorded is the model's own (module doc);
     # an empty cache at the start, as in the replay
