@@ -450,7 +450,7 @@ def _held_experts(budget: int, note: str, asked, expert_options: ExpertOptions,
     if not any(expert_options.given.get(name) for name in ("low_precision", "skip", "static_precision")):
         if budget < high:
             return budget, note, expert_options
-        what = "every expert resident in HIGH (lossless, nothing skipped" + \
+        what = "every expert resident in HIGH (no LOW copy, nothing skipped" + \
             ("; the LOW copies unused: --low-precision uses them)" if info.multi_precision else ")")
         capped = f", capped at what they take ({format_bytes(budget)} asked for)" if budget > high else ""
         return high, f"expert cache {asked}: {format_bytes(high)}, {what}{capped}", \
