@@ -88,7 +88,8 @@ class SamplingParams:
     dry_allowed_length: int = field(default=2, metadata=_flag("--dry-allowed-length", "DRY: the repetitions "
                                                                                       "longer than this are penalized"))
     dry_penalty_last_n: int = field(default=64, metadata=_flag("--dry-penalty-last-n", "DRY: the recent tokens "
-                                                                                       "searched (0: off, -1: the context)"))
+                                                                                       "searched (0: off, -1: the "
+                                                                                       "context)"))
     # the text that ends a repetition for DRY
     dry_sequence_breakers: tuple[str, ...] = field(default=("\n", ":", '"', "*"), metadata=_flag(None))
     xtc_probability: float = field(default=0.0, metadata=_flag(
