@@ -197,7 +197,7 @@ def _of_the_model(data: dict, kv: dict, what: str) -> dict:
     if ("n_experts_used" in data and isinstance(n_used, int) and data["n_experts_used"] != n_used) or (
             isinstance(usage, dict) and isinstance(n_expert, int)
             and any(isinstance(counts, list) and len(counts) != n_expert for counts in usage.values())):
-        raise InvalidOptionError(f"{what} is another model's (top-{data.get('n_experts_used')} of "
+        raise InvalidOptionError(f"{what} is another model's (top-{data.get('n_experts_used', '?')} of "
                                  f"{next((len(c) for c in usage.values()), '?') if isinstance(usage, dict) else '?'} "
                                  f"experts; this one routes top-{n_used} of {n_expert}): run pyedgemoe calibrate "
                                  "on this model")
