@@ -41,26 +41,8 @@ def __getattr__(name: str):
     value = globals()[name] = getattr(importlib.import_module(module), name)
     return value
 
-__all__ = [
-    "Engine",
-    "ExpertOptions",
-    # llama-cpp-python's names (`from llama_cpp import ...` -> `from pyedgemoe import ...`)
-    "Llama",
-    "LlamaGrammar",
-    "LlamaState",
-    "LlamaTokenizer",
-    "LlamaCache",
-    "LlamaRAMCache",
-    "LlamaDiskCache",
-    "LlamaDraftModel",
-    "LlamaPromptLookupDecoding",
-    "LogitsProcessorList",
-    "StoppingCriteriaList",
-    "PyEdgeMoEError",
-    "ModelLoadError",
-    "ContextOverflowError",
-    "EngineBusyError",
-    "ExpertLoadError",
-    "InvalidOptionError",
-    "ConversionError",
-]
+
+# the lazy names (llama-cpp-python's among them: `from llama_cpp import ...` -> `from pyedgemoe import ...`)
+# and the errors
+__all__ = [*(name for names in _LAZY.values() for name in names), "PyEdgeMoEError", "ModelLoadError",
+           "ContextOverflowError", "EngineBusyError", "ExpertLoadError", "InvalidOptionError", "ConversionError"]

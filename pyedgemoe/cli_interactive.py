@@ -67,8 +67,7 @@ def run_interactive(eng, prompt: str, max_tokens: int | None, sampling: Sampling
                 remaining = max_tokens
                 continue
         if len(tokens) >= eng.n_ctx:
-            typer.echo(f"note: the context of {eng.n_ctx} positions is full", err=True)
-            return True
+            return _context_full(eng)
         generated, end, text = _complete(eng, tokens, remaining, sampling, ignore_eos, special, shown, interaction)
         tokens, shown, interacting = tokens + generated, shown + text, True
         if end == "eog" and interaction.reverse_prompts:  # as llama-completion: the first one goes into the text
@@ -81,8 +80,7 @@ def run_interactive(eng, prompt: str, max_tokens: int | None, sampling: Sampling
         sys.stdout.flush()
         if end == "full":
             print_timings(eng.last_timings.to_dict())
-            typer.echo(f"note: the context of {eng.n_ctx} positions is full", err=True)
-            return True
+            return _context_full(eng)
         if remaining is not None:
             remaining -= len(generated)
             remaining = max_tokens if remaining <= 0 else remaining
@@ -113,6 +111,12 @@ def _complete(eng, tokens: list[int], budget: int | None, sampling: SamplingPara
     elif end is None:
         end = "length" if budget is not None and len(generated) >= budget else "full"
     return generated, end, text + _show(stream.flush())
+
+
+def _context_full(eng) -> bool:
+    """The session's end where the context is full, said (True: not Ctrl-C's)."""
+    typer.echo(f"note: the context of {eng.n_ctx} positions is full", err=True)
+    return True
 
 
 def _show(piece: str) -> str:
