@@ -610,9 +610,9 @@ def test_stopping_the_server_ends_a_stream_with_an_error_event(tmp_path):
     proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS)
     conn, response = open_stream(url, 1500, key=None)
     stopped = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     events = [line for line in response.read().decode().split("\n") if line]
-    proc.wait(timeout=30)
+    assert proc.wait(timeout=30) == 0  # stopped as asked, as llama-server
     assert time.monotonic() - stopped < 5  # not uvicorn's graceful timeout: the generation ended
     assert json.loads(events[-1][len("data: "):])["error"]["code"] == "server_shutting_down"
     assert "Traceback" not in (tmp_path / "server.log").read_text()

@@ -4,6 +4,7 @@ The socket is bound before the model loads (a port in use fails at once, not aft
 and listens only once the model is loaded (until then connections are refused, not queued)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import sys
@@ -29,6 +30,13 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engine_queue) -> None:
         super().__init__(config)
         self.engine_queue = engine_queue
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            # stopped as asked, the process exits 0, as llama-server's does; uvicorn would raise the signal again
+            self._captured_signals.clear()
 
     async def shutdown(self, sockets=None) -> None:
         self.engine_queue.stop()
