@@ -126,13 +126,13 @@ class Decoder:
     def save_file(self, path: str, sequence: KVSequence, n: int) -> None:
         """The context's state holding sequence's first n positions (the context's one sequence), in
         llama.cpp's session file (llama_state_save_file): what follows them is dropped."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             self.keep(sequence, n)
             self.live().save_state_file(path, sequence.tokens)
 
     def load_file(self, path: str, sequence: KVSequence) -> None:
         """sequence (the context's one) holds what a session file holds; RuntimeError naming why not."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             self.last_output = None
             sequence.tokens.clear()
             sequence.tokens[:] = self.live().load_state_file(path)
@@ -140,27 +140,27 @@ class Decoder:
     def save_sequence_file(self, path: str, sequence: KVSequence) -> int:
         """What sequence holds, in llama-server's slot file (llama_state_seq_save_file); the bytes
         written (RuntimeError naming why none)."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             return self.live().save_sequence_file(path, sequence.seq, sequence.tokens)
 
     def load_sequence_file(self, path: str, sequence: KVSequence) -> int:
         """sequence holds what a slot file holds; the bytes read (RuntimeError naming why not: then
         it holds nothing)."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             self.last_output = None
             sequence.tokens.clear()
             sequence.tokens[:], read = self.live().load_sequence_file(path, sequence.seq)
             return read
 
     def save(self, sequence: KVSequence) -> SequenceState:
-        with self.lock:
+        with self._expert_errors(), self.lock:
             return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq))
 
     def restore(self, sequence: KVSequence, state: SequenceState) -> None:
         """sequence holds what state says it held."""
         if not isinstance(state, SequenceState):
             raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
-        with self.lock:
+        with self._expert_errors(), self.lock:
             self.keep(sequence, 0)
             try:
                 self.live().set_sequence_state(sequence.seq, state.kv)
@@ -220,7 +220,7 @@ class Decoder:
                 s.tokens.clear()
             raise ExpertLoadError(str(e)) from None
         except RemoteDeviceError as e:
-            self._lost = str(e)
+            self._lost = self._lost or str(e)  # the first loss (live() raises it again, "earlier")
             raise
 
     def _decode_big_little(self, ctx, ids: list[int], pos: int, all_logits: bool) -> np.ndarray:

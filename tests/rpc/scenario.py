@@ -2,7 +2,7 @@
 process's life, so each scenario is a process of its own) and prints one JSON line.
 
     python scenario.py tokens MODEL ENDPOINTS      # every mode, all local and over the servers
-    python scenario.py fault MODEL ENDPOINT SIGNAL SERVER_PID TIMEOUT_S
+    python scenario.py fault MODEL ENDPOINT SIGNAL SERVER_PID TIMEOUT_S CALL
 """
 from __future__ import annotations
 
@@ -69,28 +69,33 @@ def tokens(path: str, endpoints: str) -> dict:
     return out
 
 
-def fault(path: str, endpoint: str, how: str, server_pid: int, timeout_s: int) -> dict:
+def fault(path: str, endpoint: str, how: str, server_pid: int, timeout_s: int, call: str) -> dict:
+    """call: the first call after the worker is lost, "generate" or "save_state"."""
     device = rpc.connect(endpoint, timeout_s=timeout_s)[0]
     eng = Engine(path, **SETTINGS, n_gpu_layers=-1, device=device)
     first = eng.time_generation(IDS[:8], 4)["tokens"]
+    calls = {"generate": lambda: eng.time_generation(IDS[:8], 8), "save_state": eng.save_state}
     os.kill(server_pid, getattr(signal, how))
     t0 = time.monotonic()
     try:
-        eng.time_generation(IDS[:8], 8)
+        calls[call]()
         error = None
     except Exception as e:  # what the caller sees is the point
         error = f"{type(e).__name__}: {e}"
     seconds = time.monotonic() - t0
-    try:  # the Engine's next call: the same loss, not text from a model half gone
-        eng.time_generation(IDS[:8], 8)
-        again = None
-    except Exception as e:
-        again = f"{type(e).__name__}: {e}"
+    again = []
+    for later in (calls["generate"], calls["save_state"]):  # the same loss, not text from a model half gone
+        try:
+            later()
+            again.append(None)
+        except Exception as e:
+            again.append(f"{type(e).__name__}: {e}")
     eng.close()
     return {"first": first, "error": error, "again": again, "seconds": seconds, "closed": True}
 
 
 if __name__ == "__main__":
     what, args = sys.argv[1], sys.argv[2:]
-    result = tokens(*args) if what == "tokens" else fault(args[0], args[1], args[2], int(args[3]), int(args[4]))
+    result = tokens(*args) if what == "tokens" else fault(args[0], args[1], args[2], int(args[3]), int(args[4]),
+                                                                        args[5])
     print(json.dumps(result))
