@@ -258,14 +258,18 @@ Embeddings embed(Context & self, const std::vector<llama_token> & tokens, int se
 nb::bytes sequence_state(const Context & c, int seq, bool partial) {
     const llama_state_seq_flags flags = partial ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0;
     std::vector<uint8_t> data(llama_state_seq_get_size_ext(c.ctx, seq, flags));
+    log_clear_recent();
     const size_t n = llama_state_seq_get_data_ext(c.ctx, data.data(), data.size(), seq, flags);
+    if (n == 0 && !data.empty()) throw_with_log("cannot read the sequence's state");
     return nb::bytes(data.data(), n);
 }
 
 // Sequence seq holds what sequence_state gave (of a context of the same model and settings).
 void set_sequence_state(Context & c, int seq, const nb::bytes & data, bool partial) {
     const llama_state_seq_flags flags = partial ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0;
+    log_clear_recent();
     if (llama_state_seq_set_data_ext(c.ctx, (const uint8_t *) data.c_str(), data.size(), seq, flags) != data.size()) {
+        throw_if_remote_lost();
         throw nb::value_error("the saved state does not fit this context (another model, or other settings)");
     }
 }

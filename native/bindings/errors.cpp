@@ -139,7 +139,14 @@ static std::string as_utf8(const std::string & text) {
     return out;
 }
 
+void throw_if_remote_lost() {
+    const std::string log = log_recent_errors();
+    const size_t at = log.find("RPC server ");
+    if (at != std::string::npos) throw std::runtime_error(log.substr(at, log.find('\n', at) - at));
+}
+
 void throw_with_log(const std::string & what) {
+    throw_if_remote_lost();
     std::string detail = log_recent_errors();
     for (size_t at; (at = detail.find('\n')) != std::string::npos;) detail.replace(at, 1, "; ");  // one error line
     throw std::runtime_error(as_utf8(detail.empty() ? what : what + ": " + detail));

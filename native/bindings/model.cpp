@@ -102,13 +102,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
         nb::gil_scoped_release release;
         model = llama_model_load_from_file(path.c_str(), params);
     }
-    if (!model) {
-        // a worker lost during the load: llama.cpp's loader logs patch 0006's error, which names it
-        const std::string log = log_recent_errors();
-        const size_t at = log.find("RPC server ");
-        if (at != std::string::npos) throw std::runtime_error(log.substr(at, log.find('\n', at) - at));
-        throw_with_log("failed to load model from " + path);
-    }
+    if (!model) throw_with_log("failed to load model from " + path);  // a worker lost: its error alone
     const std::string log = log_recent_errors();
     if (const size_t at = log.find("failed to mlock"); mlock && at != std::string::npos) {
         llama_model_free(model);  // llama.cpp warns and goes on unlocked: asked for, that is an error here

@@ -38,6 +38,10 @@ void log_set_verbose(bool verbose);
 // The last error/warning lines llama.cpp logged since log_clear_recent(), joined by newlines.
 std::string log_recent_errors();
 void log_clear_recent();
+// A remote device lost (an RPC worker; patch 0006), where llama.cpp logged it since log_clear_recent():
+// its error line, alone, which pyedgemoe raises as RemoteDeviceError (rpc.cpp).
+void throw_if_remote_lost();
+// what, with the errors llama.cpp logged since log_clear_recent() (a remote device lost: that alone).
 [[noreturn]] void throw_with_log(const std::string & what);
 
 // Owns a llama_model; contexts keep their Model alive (nb::keep_alive).
