@@ -44,10 +44,10 @@ class TokenSampler:
             self.chain.end_reasoning()
             self.reasoning_control = None
         if self.logits_processor is None and self.stopping_criteria is None:
-            return self.chain.sample(context, i)
+            return self._sample(context, i)
         logits, input_ids = context.output_logits(i), np.array(ids, dtype=np.intc)
         if self.logits_processor is None:
-            token = self.chain.sample(context, i)
+            token = self._sample(context, i)
         else:  # the processor may change its logits in place: the stopping criteria's are the pick's own
             mine = logits.copy() if self.stopping_criteria is not None else logits
             changed = np.asarray(self.logits_processor(input_ids, mine), dtype=np.float32)
@@ -57,10 +57,19 @@ class TokenSampler:
             if np.isnan(changed).any() or not (changed > -np.inf).any():  # the chain would pick garbage
                 raise InvalidOptionError("logits_processor returned logits with NaN, or with no token left "
                                          "(every logit -inf)")
-            token = self.chain.sample_logits(context, np.ascontiguousarray(changed))
+            token = self._sample(context, np.ascontiguousarray(changed))
         if self.stopping_criteria is not None:
             self.stopped = bool(self.stopping_criteria(input_ids, logits))
         return token
+
+    def _sample(self, context, output) -> int:
+        """The chain's pick from output (an index of the last decode's outputs, or logits); a
+        grammar that allows no token there is an InvalidOptionError."""
+        try:
+            return self.chain.sample_logits(context, output) if isinstance(output, np.ndarray) \
+                else self.chain.sample(context, output)
+        except ValueError as e:
+            raise InvalidOptionError(str(e)) from None
 
 
 class LogitsProcessorList(list):

@@ -152,6 +152,40 @@ def test_a_grammar_or_schema_llama_cpp_would_recurse_through_too_deep_is_400(ser
     assert request("GET", server + "/health", key=None)[0] == 200
 
 
+@pytest.mark.parametrize("temperature", [0, 0.8])
+@pytest.mark.parametrize("body, path", [
+    ({"prompt": "x", "grammar": "root ::= [5-1]"}, "/v1/completions"),  # an empty character range
+    ({"prompt": "x", "json_schema": {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}},
+     "/v1/completions"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+          "type": "integer", "minimum": 5, "maximum": 1}}}}, "/v1/chat/completions"),
+])
+def test_a_grammar_nothing_satisfies_is_400_and_the_server_goes_on(server, body, path, temperature):
+    # greedy, llama.cpp's grammar aborted the server on the end of generation it then took; sampled, a 500
+    status, out = post_raw(server, json.dumps({**body, "max_tokens": 4, "temperature": temperature}).encode(), path)
+    assert_error(status, out, 400)
+    assert "no token is allowed here" in out["error"]["message"], out
+    assert request("GET", server + "/health", key=None)[0] == 200
+
+
+def test_a_slow_grammar_does_not_hold_the_other_requests(server):
+    # each pick takes about half a second here (llama.cpp's grammar stacks, ambiguous repetitions):
+    # the server's event loop went without the GIL meanwhile (/health took up to 15 s with 4 stars)
+    body = {"prompt": "Data: ", "grammar": 'root ::= ([a-z]* [a-z]* [a-z]*)+ "."', "max_tokens": 6, "temperature": 0}
+    slow = threading.Thread(target=post_raw, args=(server, json.dumps(body).encode()))
+    slow.start()
+    time.sleep(0.5)
+    waits = []
+    while slow.is_alive() and len(waits) < 10:
+        t0 = time.monotonic()
+        assert request("GET", server + "/health", key=None)[0] == 200
+        waits.append(time.monotonic() - t0)
+        time.sleep(0.2)
+    slow.join()
+    assert len(waits) >= 3 and max(waits) < 0.25, waits
+
+
 def test_values_llama_server_and_openai_take_are_taken(server):
     # a uint32 seed, top_k -1 (off), n/echo/best_of null (left out), and an assistant's message as the
     # openai package's model_dump() writes it (null refusal, audio, function_call, annotations), with

@@ -105,6 +105,16 @@ def test_a_bad_grammar_or_schema_is_an_invalid_option_naming_it(eng, kwargs, mes
         eng.generate("x = ", 4, **kwargs)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("kwargs", [{"grammar": "root ::= [5-1]"},
+                                    {"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}])
+def test_a_grammar_nothing_satisfies_is_an_invalid_option_and_the_engine_goes_on(eng, kwargs, temperature):
+    # greedy, llama.cpp's grammar aborted the process on the end of generation it then took
+    with pytest.raises(InvalidOptionError, match="no token is allowed here"):
+        eng.generate("x = ", 4, temperature=temperature, seed=1, **kwargs)
+    assert eng.generate("Answer: ", 4, grammar=YES_NO, temperature=0) in ("yes.", "no.")
+
+
 def test_the_json_schema_converter_is_llama_cpps(eng):
     grammar = _native.json_schema_to_grammar(json.dumps({"enum": ["red", "green"]}))
     assert grammar.splitlines()[0] == 'root ::= ("\\"red\\"" | "\\"green\\"")'

@@ -17,6 +17,7 @@ class expert_store;
 struct llama_model;
 struct llama_context;
 struct llama_sampler;
+struct llama_token_data;
 struct llama_model_kv_override;
 
 namespace nb = nanobind;
@@ -77,6 +78,7 @@ struct Sampler {
     llama_sampler * penalties = nullptr;  // in the chain, or none: the prompt's tokens go to it and DRY alone
     llama_sampler * repetition = nullptr;  // DRY, in the chain, or none
     llama_sampler * reasoning = nullptr;  // the reasoning budget, in the chain, or none
+    std::vector<llama_token_data> candidates;  // a pick's, kept between picks (as llama.cpp's chain keeps its own)
     ~Sampler();
 };
 

@@ -222,22 +222,41 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
     self->reasoning = budget;
 }
 
-// Samples from logits given (llama-cpp-python's logits processors changed them) as
-// llama_sampler_sample does from a context's, and records the pick.
+// The chain's pick from logits (n_vocab of them), recorded (for the penalties and the grammar), as
+// llama_sampler_sample picks from a context's, without the GIL (a grammar's stacks can take long). A
+// pick no token is allowed for (a grammar nothing satisfies, such as an empty range [5-1], or every
+// logit -inf) is a ValueError: llama.cpp takes a ruled-out token then, and its grammar aborts on an
+// end of generation or throws on another.
+llama_token pick(Sampler & s, const float * logits, int n_vocab) {
+    nb::gil_scoped_release release;
+    s.candidates.resize(n_vocab);
+    for (int t = 0; t < n_vocab; ++t) s.candidates[t] = {t, logits[t], 0.0f};
+    llama_token_data_array array = {s.candidates.data(), s.candidates.size(), -1, false};
+    llama_sampler_apply(s.chain, &array);
+    if (array.selected < 0 || array.selected >= (int64_t) array.size || !(array.data[array.selected].logit > -INFINITY)) {
+        throw nb::value_error("no token is allowed here: the grammar (or the logits) rule out every one; a grammar "
+                              "nothing satisfies, such as an empty character range [5-1]?");
+    }
+    const llama_token token = array.data[array.selected].id;
+    llama_sampler_accept(s.chain, token);
+    return token;
+}
+
+// Samples from logits given (llama-cpp-python's logits processors changed them).
 llama_token sample_logits(Sampler & s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits,
                           int n_vocab) {
     if ((int) logits.shape(0) != n_vocab) {
         throw nb::value_error(("the logits have " + std::to_string(logits.shape(0)) + " values, the vocabulary " +
                                std::to_string(n_vocab) + " tokens").c_str());
     }
-    std::vector<llama_token_data> candidates(n_vocab);
-    for (int t = 0; t < n_vocab; ++t) candidates[t] = {t, logits(t), 0.0f};
-    llama_token_data_array array = {candidates.data(), candidates.size(), -1, false};
-    llama_sampler_apply(s.chain, &array);
-    if (array.selected < 0 || array.selected >= (int64_t) array.size) throw nb::value_error("no token left to sample");
-    const llama_token token = array.data[array.selected].id;
-    llama_sampler_accept(s.chain, token);
-    return token;
+    return pick(s, logits.data(), n_vocab);
+}
+
+// Samples from the logits of output i of the context's last llama_decode (-1: its last).
+llama_token sample(Sampler & s, Context & c, int i) {
+    const float * logits = llama_get_logits_ith(c.ctx, i);
+    if (!logits) throw nb::value_error(("the last decode has no output " + std::to_string(i)).c_str());
+    return pick(s, logits, c.n_vocab);
 }
 
 }  // namespace
@@ -260,8 +279,7 @@ void register_sampler(nb::module_ & m) {
              nb::arg("reasoning_message") = "", nb::arg("reasoning_control") = false)
         // Samples from the logits of output i of the last llama_decode (-1: its last) and records
         // the pick (for the penalties and the grammar).
-        .def("sample", [](Sampler & s, Context & c, int i) { return llama_sampler_sample(s.chain, c.ctx, i); },
-             nb::arg("context"), nb::arg("i") = -1)
+        .def("sample", &sample, nb::arg("context"), nb::arg("i") = -1)
         .def("sample_logits", [](Sampler & s, Context & c, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits) {
                  return sample_logits(s, logits, c.n_vocab);
              }, nb::arg("context"), nb::arg("logits"))
