@@ -43,6 +43,10 @@ class Decoder:
         # (seq, n): the last decode's last output is the logits after sequence seq's first n tokens
         self.last_output: tuple[int, int] | None = None
         self._lost: str | None = None  # a remote device's error (_expert_errors)
+        # the model, as a saved state names it: what its KV cache's layout and meaning depend on (not
+        # the weights' types: llama.cpp checks the architecture alone)
+        self.identity = (f"{model.metadata().get('general.architecture', '?')}, {model.n_layer} layers of "
+                         f"{model.n_embd}, {model.n_vocab} tokens, {model.n_params} parameters")
 
     def live(self):
         """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost."""
@@ -154,12 +158,15 @@ class Decoder:
 
     def save(self, sequence: KVSequence) -> SequenceState:
         with self._expert_errors(), self.lock:
-            return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq))
+            return SequenceState(tuple(sequence.tokens), self.live().sequence_state(sequence.seq), self.identity)
 
     def restore(self, sequence: KVSequence, state: SequenceState) -> None:
         """sequence holds what state says it held."""
         if not isinstance(state, SequenceState):
             raise InvalidOptionError(f"load_state takes what save_state gave, got {type(state).__name__}")
+        if state.model and state.model != self.identity:
+            raise InvalidOptionError(f"load_state: the state is of another model ({state.model}); this one is "
+                                     f"{self.identity}")
         with self._expert_errors(), self.lock:
             self.keep(sequence, 0)
             try:

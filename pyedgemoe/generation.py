@@ -444,9 +444,12 @@ class KVSequence:
 @dataclass(frozen=True)
 class SequenceState:
     """What a KVSequence held, to restore (Engine.save_state, load_state): its tokens and its KV
-    cache as llama.cpp saves a sequence (llama_state_seq_get_data)."""
+    cache as llama.cpp saves a sequence (llama_state_seq_get_data), and the model's identity (the
+    KV cache of another model of the same shapes loads, and gives garbage). "": a state pickled
+    before it was recorded."""
     tokens: tuple[int, ...]
     kv: bytes
+    model: str = ""
 
 
 @dataclass(frozen=True)

@@ -326,3 +326,16 @@ def test_an_auto_cache_leaves_room_for_the_predictors_stacked_routers(mixtral_gg
     assert budgets[1] == info.high_expert_bytes // 2
     assert budgets[1] - budgets[3] == memory_budget.predictor_bytes(info.metadata, 3) > 0
 
+
+
+def test_a_saved_state_loads_into_its_model_and_not_into_another_of_the_same_shapes(eng, tiny_model):
+    # the dense llama and mixtral share the KV cache's shapes: llama.cpp's sequence state loaded, and
+    # the other model went on from a cache it never wrote (garbage)
+    eng.generate("hello world, this", 2, temperature=0)
+    state = eng.save_state()
+    expected = eng.generate("hello world, this", 4, temperature=0)
+    with Engine(tiny_model("llama")[0], n_ctx=256, n_threads=2) as other:
+        with pytest.raises(InvalidOptionError, match=r"load_state: the state is of another model \(llama, "):
+            other.load_state(state)
+    eng.load_state(state)
+    assert eng.generate("hello world, this", 4, temperature=0) == expected
