@@ -8,7 +8,8 @@ Three ways to ask, one result (GBNF text for the sampler):
 - OpenAI's response_format: {"type": "json_object"} is any JSON object (llama.cpp's
   grammars/json.gbnf, as llama-cpp-python), {"type": "json_object", "schema": {...}}
   (llama-cpp-python's JSON schema mode) and {"type": "json_schema", "json_schema": {"schema":
-  {...}}} (OpenAI's structured outputs) that schema; {"type": "text"} none.
+  {...}}} (OpenAI's structured outputs) that schema (none, or {}: any object, as llama-server's);
+  {"type": "text"} none.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def response_format_keywords(response_format: dict | None) -> dict:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
             raise InvalidOptionError("response_format: json_schema must be an object with the schema under 'schema', "
                                      f"got {spec!r}")
-        return {"json_schema": schema_text(spec.get("schema", {}))}
+        # an absent or empty schema is any object, as llama-server takes it (OpenAI's has an object at its root)
+        schema = spec.get("schema")
+        return {"json_schema": schema_text({"type": "object"} if schema is None or schema == {} else schema)}
     raise InvalidOptionError(f"response_format: type must be 'text', 'json_object' or 'json_schema', "
                              f"got {response_format!r}")

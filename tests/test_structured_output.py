@@ -82,6 +82,15 @@ def test_a_chat_completions_response_format_gives_json_of_its_schema(eng, respon
     assert_matches_schema(out["choices"][0]["message"]["content"])
 
 
+@pytest.mark.parametrize("spec", [{"name": "a"}, {"name": "a", "schema": {}}])
+def test_a_json_schema_response_format_without_a_schema_is_any_object(eng, spec):
+    # as llama-server takes it; it gave bare numbers and strings
+    for seed in range(4):
+        out = eng.create_chat_completion(MESSAGES, 30, temperature=1.0, seed=seed,
+                                         response_format={"type": "json_schema", "json_schema": spec})
+        assert out["choices"][0]["message"]["content"].lstrip().startswith("{"), out
+
+
 def test_response_format_text_constrains_nothing(eng):
     assert eng.create_chat_completion(MESSAGES, 12, temperature=0, response_format={"type": "text"})["choices"] == \
         eng.create_chat_completion(MESSAGES, 12, temperature=0)["choices"]
@@ -278,3 +287,14 @@ def test_a_bad_grammar_on_the_cli_is_one_error_line(args, message):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grammar", "root ::= foo"], "error: grammar: error parsing grammar: Undefined rule identifier 'foo'"),
+    (["-j", '{"type": "foo"}'], "error: json_schema: JSON schema conversion failed"),
+])
+def test_serve_refuses_a_bad_default_grammar_or_schema_at_start(args, message):
+    # it served, and refused every request naming a grammar the client never sent
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "serve", str(DEMO), "-t", "1", "--port", "0", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith(message), r.stderr
