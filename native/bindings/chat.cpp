@@ -180,7 +180,7 @@ void register_chat(nb::module_ & m) {
         .def("apply", &apply, nb::arg("messages"), nb::arg("tools"), nb::arg("tool_choice"),
              nb::arg("parallel_tool_calls"), nb::arg("template_kwargs") = "{}", nb::arg("reasoning_format") = "none",
              nb::arg("continue_final_message") = "", nb::arg("add_generation_prompt") = true,
-             nb::rv_policy::take_ownership, nb::call_guard<nb::gil_scoped_release>());
+             nb::rv_policy::take_ownership, nb::call_guard<gil_released>());
     nb::class_<ChatTurn>(m, "ChatTurn")
         .def_prop_ro("prompt", [](const ChatTurn & t) { return t.params.prompt; })
         .def_prop_ro("format", [](const ChatTurn & t) { return std::string(common_chat_format_name(t.params.format)); })
@@ -199,9 +199,9 @@ void register_chat(nb::module_ & m) {
         .def_prop_ro("continued", [](const ChatTurn & t) { return message_json(t.continued).dump(); })
         .def("parse", [](ChatTurn & t, const std::string & text, bool is_partial) {
                  return message_json(parse(t, text, is_partial)).dump();
-             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<nb::gil_scoped_release>())
+             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<gil_released>())
         // a JSON list of OpenAI's chat stream deltas
         .def("deltas", [](ChatTurn & t, const std::string & text, bool is_partial) {
                  return deltas(t, text, is_partial).dump();
-             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<nb::gil_scoped_release>());
+             }, nb::arg("text"), nb::arg("is_partial"), nb::call_guard<gil_released>());
 }

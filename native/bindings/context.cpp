@@ -74,7 +74,7 @@ void create(Context * self, Model & model, uint32_t n_ctx, uint32_t n_batch, uin
     log_clear_recent();
     llama_context * ctx;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         ctx = llama_init_from_model(model.model, params);
     }
     if (!ctx) throw_with_log("failed to create a context");
@@ -161,7 +161,7 @@ Logits decode(Context & self, const std::vector<llama_token> & tokens, int pos0,
 
     std::pair<int32_t, std::string> result;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         llama_batch batch = llama_batch_init(n_batch, 0, 1);
         for (int start = 0; start < n; start += n_batch) {
             const int count = std::min(n_batch, n - start);
@@ -198,7 +198,7 @@ void decode_step(Context & self, const std::vector<llama_token> & tokens, const 
     for (int i = 0; i < n; i++) check_positions(self, seqs[i], positions[i], positions[i]);
     std::pair<int32_t, std::string> result;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         llama_batch batch = llama_batch_init(n, 0, 1);
         batch.n_tokens = n;
         for (int i = 0; i < n; i++) {
@@ -235,7 +235,7 @@ Embeddings embed(Context & self, const std::vector<llama_token> & tokens, int se
     nb::capsule owner(out, [](void * p) noexcept { delete[] (float *) p; });
     std::pair<int32_t, std::string> result;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         llama_batch batch = llama_batch_init(n, 0, 1);
         fill_batch(batch, tokens, 0, n, 0, seq, true);
         llama_set_embeddings(self.ctx, true);
@@ -295,7 +295,7 @@ void save_state_file(Context & c, const std::string & path, const std::vector<ll
     log_clear_recent();
     bool ok;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         ok = llama_state_save_file(c.ctx, path.c_str(), tokens.data(), tokens.size());
     }
     if (!ok) throw_with_log("cannot write the state file " + path);
@@ -308,7 +308,7 @@ std::vector<llama_token> load_state_file(Context & c, const std::string & path) 
     log_clear_recent();
     bool ok;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         ok = llama_state_load_file(c.ctx, path.c_str(), tokens.data(), tokens.size(), &n);
     }
     if (c.model->residency) c.model->residency->start_sequence();  // a sequence begins anew, as after clear()
@@ -355,7 +355,7 @@ std::vector<size_t> context_memory_bytes(const std::string & path, const std::ve
     model_params.devices = cpu_only;
     std::vector<llama_model_kv_override> overrides = parse_kv_overrides(kv_overrides);
     if (!overrides.empty()) model_params.kv_overrides = overrides.data();
-    nb::gil_scoped_release release;
+    gil_released release;
     log_clear_recent();
     llama_model * model = llama_model_load_from_file(path.c_str(), model_params);
     if (!model) throw_with_log("failed to load model from " + path);
@@ -384,7 +384,7 @@ size_t save_sequence_file(Context & c, const std::string & path, int seq, const 
     log_clear_recent();
     size_t written;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         written = llama_state_seq_save_file(c.ctx, path.c_str(), seq, tokens.data(), tokens.size());
     }
     if (written == 0) throw_with_log("cannot write the slot file " + path);
@@ -400,7 +400,7 @@ std::pair<std::vector<llama_token>, size_t> load_sequence_file(Context & c, cons
     size_t n = 0, read;
     log_clear_recent();
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         read = llama_state_seq_load_file(c.ctx, path.c_str(), seq, tokens.data(), tokens.size(), &n);
     }
     tokens.resize(read == 0 ? 0 : n);

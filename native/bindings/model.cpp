@@ -99,7 +99,7 @@ void load(Model * self, const std::string & path, bool use_mmap, bool experts_on
     log_clear_recent();
     llama_model * model;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         model = llama_model_load_from_file(path.c_str(), params);
     }
     if (!model) throw_with_log("failed to load model from " + path);  // a worker lost: its error alone
@@ -172,7 +172,7 @@ std::vector<llama_token> tokenize(const Model & m, const std::string & text, boo
     std::vector<llama_token> tokens;
     int32_t got = 0;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         const int32_t n = -llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), nullptr, 0, add_special, parse_special);
         tokens.resize(std::max(n, 0));
         if (n > 0) got = llama_tokenize(vocab_of(m), text.data(), (int32_t) text.size(), tokens.data(), n, add_special, parse_special);
@@ -226,7 +226,7 @@ nb::bytes detokenize(const Model & m, const std::vector<llama_token> & tokens, b
     std::string text;
     int32_t n;
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         text.resize(tokens.size() * 8 + 16);
         n = llama_detokenize(vocab_of(m), tokens.data(), (int32_t) tokens.size(), text.data(), (int32_t) text.size(), remove_special, unparse_special);
         if (n < 0) {

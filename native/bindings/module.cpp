@@ -6,6 +6,8 @@ NB_MODULE(_native, m) {
     m.doc() = "pyedgemoe native layer: vendored llama.cpp behind a thin binding";
     log_install();
     abort_install();
+    gil_released_install();
+    nb::set_leak_warnings(false);  // objects a daemon thread held at exit are not leaks of the bindings
     llama_backend_init();
 
     m.def("llama_version", []() { return std::string(llama_version()); });

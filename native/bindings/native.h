@@ -22,6 +22,20 @@ struct llama_model_kv_override;
 
 namespace nb = nanobind;
 
+// Releases the GIL for llama.cpp's work (nb::gil_scoped_release, which the bindings use in its place).
+// A thread other than the main one that comes back while Python finalizes waits for the process's
+// end: CPython (before 3.14) ends such a thread as it takes the GIL, with pthread_exit, whose
+// unwinding through these frames (a destructor: noexcept) ended the process in std::terminate.
+struct gil_released {
+    gil_released();
+    ~gil_released();
+    gil_released(const gil_released &) = delete;
+    gil_released & operator=(const gil_released &) = delete;
+private:
+    PyThreadState * state;
+};
+void gil_released_install();  // at import: which thread is the main one
+
 // A numpy array that owns v's data.
 template <typename T>
 nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {

@@ -52,7 +52,7 @@ Bytes quantize(F32Matrix data, const std::string & type_name, int n_threads) {
     const float * src = data.data();
     ggml_quantize_init(type);
     {
-        nb::gil_scoped_release release;
+        gil_released release;
         parallel_rows(n_rows, n_threads, [&](int64_t first, int64_t last) {
             ggml_quantize_chunk(type, src + first * n_per_row, out + first * row_size, 0, last - first, n_per_row, nullptr);
         });

@@ -59,7 +59,7 @@ const expert_residency & live(const Model & m) {
 nb::dict interruptible_fill(const std::function<expert_fill_stats(const std::function<bool()> &)> & fill) {
     expert_fill_stats filled;
     try {
-        nb::gil_scoped_release release;
+        gil_released release;
         filled = fill([] {
             nb::gil_scoped_acquire acquire;
             return PyErr_CheckSignals() != 0;

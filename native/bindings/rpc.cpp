@@ -17,7 +17,7 @@ namespace {
 std::vector<std::string> rpc_add_server(const std::string & endpoint) {
     ggml_backend_reg_t reg = nullptr;
     {
-        nb::gil_scoped_release release;  // connecting can take the connect timeout
+        gil_released release;  // connecting can take the connect timeout
         reg = ggml_backend_rpc_add_server(endpoint.c_str());
     }
     if (!reg) throw nb::value_error(("the RPC server " + endpoint + " has no devices").c_str());
@@ -36,7 +36,7 @@ void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int 
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu) throw std::runtime_error("this build has no CPU device to serve");
     std::signal(SIGINT, SIG_DFL);  // Python's handler would only run once the loop returned
-    nb::gil_scoped_release release;
+    gil_released release;
     ggml_backend_rpc_start_server(endpoint.c_str(), cache_dir.empty() ? nullptr : cache_dir.c_str(),
                                   (size_t) n_threads, 1, &cpu);
     throw std::runtime_error("the RPC server at " + endpoint + " stopped (is the port in use?)");

@@ -228,7 +228,7 @@ void create(Sampler * self, const Model & model, float temperature, int top_k, f
 // logit -inf) is a ValueError: llama.cpp takes a ruled-out token then, and its grammar aborts on an
 // end of generation or throws on another.
 llama_token pick(Sampler & s, const float * logits, int n_vocab) {
-    nb::gil_scoped_release release;
+    gil_released release;
     s.candidates.resize(n_vocab);
     for (int t = 0; t < n_vocab; ++t) s.candidates[t] = {t, logits[t], 0.0f};
     llama_token_data_array array = {s.candidates.data(), s.candidates.size(), -1, false};
