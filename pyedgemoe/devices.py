@@ -22,6 +22,16 @@ BUILD_HINT = ("build with `make setup GGML_VULKAN=1` (or GGML_CUDA=1) and run wh
               "(docs/gpu.md), or lend another machine's devices with --rpc HOST:PORT (docs/distributed.md)")
 
 
+# Mesa 22.3.6's lavapipe (Debian 12's Vulkan on the CPU) ends the process in ggml-vulkan's flash
+# attention once decodes follow a prompt: stock llama.cpp's too (llama-bench -fa 1 -pg 48,16: SIGSEGV)
+FLASH_ATTENTION_FAILS = "llvmpipe"  # in such a device's description
+
+
+def flash_attention_fails(devices) -> bool:
+    """Whether ggml-vulkan's flash attention ends the process on one of devices (FLASH_ATTENTION_FAILS)."""
+    return any(FLASH_ATTENTION_FAILS in d["description"] for d in devices)
+
+
 def gpu_devices() -> list[dict]:
     """This build's GPUs (name, description, type, free_bytes, total_bytes), in ggml's order."""
     return [d for d in _native.devices() if d["type"] in GPU_TYPES]

@@ -29,7 +29,7 @@ from pyedgemoe.calibration import stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import native_entries
 from pyedgemoe.calibration.sidecar import load_calibration
 from pyedgemoe.context_checkpoints import DEFAULT_LIMIT as DEFAULT_CHECKPOINTS, checkpoint_bytes as checkpoint_size
-from pyedgemoe.devices import BUILD_HINT, check_fits_device, gpu_devices, host_cache_bytes
+from pyedgemoe.devices import BUILD_HINT, check_fits_device, flash_attention_fails, gpu_devices, host_cache_bytes
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
 from pyedgemoe.generation import SamplingParams
@@ -257,7 +257,7 @@ def context_memory(info: ModelInfo, options: LoadOptions) -> tuple[int, int]:
     try:
         measured = _native.context_memory_bytes(
             info.path, kv_overrides.items(options.expert_options["override_kv"]), sizes, options.n_batch,
-            options.n_ubatch, _flash_attn(options), kv_type_id(options.kv_type), options.n_parallel,
+            options.n_ubatch, _flash_attn_type(options.flash_attn), kv_type_id(options.kv_type), options.n_parallel,
             _swa_full(options.expert_options))
     except ValueError as e:
         raise InvalidOptionError(str(e)) from None
@@ -281,9 +281,20 @@ def context_error(n_ctx: int, e: RuntimeError) -> ModelLoadError:
     return ModelLoadError(f"cannot create a context of {n_ctx} tokens: {e}")
 
 
-def _flash_attn(options: LoadOptions) -> int:
+def _flash_attn_type(flash_attn: bool | None) -> int:
     """llama.cpp's flash attention type: -1 it decides, 0 off, 1 on."""
-    return -1 if options.flash_attn is None else int(bool(options.flash_attn))
+    return -1 if flash_attn is None else int(bool(flash_attn))
+
+
+def _flash_attn(given: bool | None, devices: tuple[dict, ...]) -> tuple[bool | None, list[str]]:
+    """Flash attention as given (None: llama.cpp decides), but off where it ends the process
+    (devices.flash_attention_fails: lavapipe), with a note; asked for there, an InvalidOptionError."""
+    if not flash_attention_fails(devices):
+        return given, []
+    why = "ggml-vulkan's flash attention ends the process on lavapipe (Mesa's llvmpipe), stock llama.cpp's too"
+    if given:
+        raise InvalidOptionError(f"-fa on: {why}: -fa off or auto")
+    return False, [f"flash attention off: {why}"] if given is None else []
 
 
 def _swa_full(expert_options: ExpertOptions) -> bool:
@@ -303,6 +314,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     mode, reasons["mode"] = _mode(expert_options, bool(machine.gpus))
     layer_devices, reasons["device"] = _devices(mode, expert_options["device"], machine.gpus)
     device = layer_devices[0] if layer_devices else None
+    flash_attn, fa_notes = _flash_attn(options.flash_attn, layer_devices)
     tensor_split = _tensor_split(expert_options["tensor_split"], layer_devices)
     expert_options = expert_options.merged(mode=mode)
     if "link_share" in expert_options.given and mode != "split":
@@ -315,7 +327,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     checkpoints, reasons["ctx_checkpoints"] = _checkpoints(expert_options["ctx_checkpoints"], checkpoint_bytes)
     # the checkpoints are host memory: with a GPU the context's memory is the device's
     held = 0 if device else checkpoints * checkpoint_bytes * options.n_parallel
-    context = context_bytes(info.metadata, kv_bytes + held, options.n_ctx, n_ubatch, options.flash_attn,
+    context = context_bytes(info.metadata, kv_bytes + held, options.n_ctx, n_ubatch, flash_attn,
                             options.n_parallel, options.n_logits,
                             expert_options["prefetch_depth"] if predicting else 0, every_output=device is not None)
     devices_free = _spread(layer_devices)  # where the expert pools go: the layers' devices
@@ -376,7 +388,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
                  f"{info.architecture}'s recurrent layers cannot drop a rejected guess" if info.recurrent else "")
     precision_map, path_statistics, stand_ins = _calibrated_tables(native, calibration) if offload else (None, None, None)
     fill, reasons["fill"] = _fill(native if offload else None, precision_map, info)
-    notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + \
+    notes = _context_notes(info, options.n_ctx, options.n_parallel, expert_options) + fa_notes + \
         _unused_low_from(expert_options, native, budget, info) + _unused_thresholds(expert_options, native) + \
         _crowded_threads(options.n_threads, options.n_threads_batch, machine.cores)
     reads_core = bool(reasons["prefetch"]) and expert_options["prefetch"] != "none"
@@ -393,7 +405,7 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         n_ctx=options.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_parallel=options.n_parallel,
         n_logits=options.n_logits,
         kv_type=kv_type_id(options.kv_type), trace_routing=options.trace_routing, seed=options.seed,
-        flash_attn=_flash_attn(options), swa_full=_swa_full(expert_options), ctx_checkpoints=checkpoints,
+        flash_attn=_flash_attn_type(flash_attn), swa_full=_swa_full(expert_options), ctx_checkpoints=checkpoints,
         checkpoint_bytes=checkpoint_bytes,
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)

@@ -631,3 +631,18 @@ def test_context_checkpoints_restore_the_devices_recurrent_states(tiny_model, mo
             replies[n] = list(eng.generate_tokens(departed, 16, greedy))
             reused[n] = eng.last_timings.n_cached_prompt_tokens
     assert replies[4] == replies[0] and reused == {4: 116, 0: 0}
+
+
+@pytest.mark.skipif(not any("llvmpipe" in d["description"] for d in gpu_devices()), reason="lavapipe's own fault")
+def test_flash_attention_is_off_on_lavapipe_unless_asked_and_refused_when_asked(tiny_model):
+    # the default (-fa auto) ended every run whose decodes followed a prompt in a segfault
+    prompt = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+    args = [sys.executable, "-m", "pyedgemoe.cli", "run", str(tiny_model("qwen3_moe")[0]), "-p", prompt, "-n", "8",
+            "-t", "2", "--temp", "0", "-c", "256"]
+    auto, off = (subprocess.run(args + fa, capture_output=True, text=True, timeout=300) for fa in ([], ["-fa", "off"]))
+    assert auto.returncode == 0 and "note: flash attention off: ggml-vulkan's flash attention" in auto.stderr, auto.stderr
+    assert auto.stdout == off.stdout and off.returncode == 0
+    on = subprocess.run(args + ["-fa", "on"], capture_output=True, text=True, timeout=300)
+    assert on.returncode == 1 and on.stderr.splitlines()[-1].startswith("error: -fa on: ggml-vulkan's flash attention")
+    with pytest.raises(InvalidOptionError, match="-fa on: ggml-vulkan's flash attention"):
+        Engine(tiny_model("qwen3_moe")[0], n_ctx=256, n_threads=2, flash_attn=True)
