@@ -493,7 +493,8 @@ def serve(
                           **engine_options) as eng:
             print_model_note(eng, model)
             # the defaults' grammar or schema, checked as run checks its own (not refused with every request)
-            eng.generate_tokens([0], 0, SamplingParams.of(sampling)).close()
+            defaults = SamplingParams.of({k: v for k, v in sampling.items() if k != "max_tokens"})
+            eng.generate_tokens([0], 0, defaults).close()
             if sampling.get("reasoning_budget_tokens", -1) >= 0 and not has_thinking_tags(eng):
                 typer.echo(f"note: {NO_THINKING_TAGS}", err=True)
             serve_engine(eng, sock, model_id=alias or model_name(command, model), model_aliases=(model.name, str(model)),

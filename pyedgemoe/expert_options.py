@@ -91,6 +91,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
 NATIVE_NAMES: tuple[str, ...] = tuple(_native.ExpertOptions.names)
 OPTION_NAMES: tuple[str, ...] = NATIVE_NAMES + tuple(LOAD_OPTIONS)
 _DEFAULTS = _native.ExpertOptions()
+FLOAT_MAX = 3.4028234663852886e38  # a C float's largest
 
 
 def default_mode(has_gpu: bool) -> str:
@@ -241,7 +242,7 @@ def _load_option(name: str, value):
         if not isinstance(value, bool):
             raise InvalidOptionError(f"{name} must be True or False, got {value!r}")
     elif name == "device":
-        if not isinstance(value, str):
+        if not isinstance(value, str) or not value.strip():  # llama.cpp's -dev '': "invalid device"
             raise InvalidOptionError(f"device must be a device's name, got {value!r}")
     elif name == "tensor_split":  # "3,1" or a list of numbers, as Llama(tensor_split=[...]) takes it
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
@@ -249,7 +250,8 @@ def _load_option(name: str, value):
             shares = [float(x) for x in str(text).split(",")]
         except ValueError:
             shares = []
-        if not shares or any(not s >= 0 for s in shares) or not sum(shares) > 0:
+        # llama.cpp divides by their sum as a float: an infinite one made its load fail on an internal check
+        if not shares or any(not s >= 0 for s in shares) or not 0 < sum(shares) < FLOAT_MAX:
             raise InvalidOptionError(f"tensor_split must be shares per device like 3,1, got {value!r}")
         value = ",".join(f"{s:g}" for s in shares)
     elif name == "rpc":  # a list of servers as Engine(rpc=[...]) takes it, or llama.cpp's comma list

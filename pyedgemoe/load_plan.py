@@ -360,13 +360,14 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
                                         machine.memory[0])
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
         note += f"; {reasons['repack']}"
-    # every expert copy a run can load: with --low-from, its LOW copies are in the other file
-    copies = info.high_expert_bytes + _low_copy_bytes(info, expert_options)
-    host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, copies,
-                                                    machine.memory[0], repack and info.repacked_expert_bytes > 0)
-
     # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
     native = expert_options.resolve(info, calibration, options.n_parallel) if info.is_moe else None
+    # every expert copy the run loads: LOW ones with low precision on (top-1 routing has none; with
+    # --low-from they are in the other file), as the residency layer's layout has them
+    copies = info.high_expert_bytes + (_low_copy_bytes(info, expert_options)
+                                       if native is not None and native.low_precision and info.n_experts_used > 1 else 0)
+    host_bytes, reasons["host_cache"] = _host_cache(expert_options["host_cache"], mode, offload, copies,
+                                                    machine.memory[0], repack and info.repacked_expert_bytes > 0)
     reasons["prefetch"] = ""  # why prefetch is what it is, when chosen here
     if offload and not device and options.n_parallel == 1 and "prefetch" not in expert_options.given \
             and not native.big_little:
@@ -550,7 +551,7 @@ def _mode(options: ExpertOptions, has_gpu: bool) -> tuple[str, str]:
         return "cpu", "--device none: no GPU"
     if layers == 0 and given not in (None, "cpu"):
         raise InvalidOptionError(f"-ngl 0 means --mode cpu, not --mode {given}")
-    if layers not in (None, 0) and given == "cpu":
+    if layers not in (None, 0) and given == "cpu" and has_gpu:  # without a GPU, -ngl N is the CPU too
         raise InvalidOptionError(f"-ngl {layers} asks for the GPU and --mode cpu for none: give one")
     if given is not None and given != "cpu" and not has_gpu:
         raise InvalidOptionError(f"--mode {given} needs a GPU and this build found none: {BUILD_HINT}")
@@ -631,11 +632,14 @@ def _host_cache(value, mode: str, offload: bool, expert_bytes: int, available: i
             raise InvalidOptionError("--host-cache is the host tier of --mode gpu, coop, split or auto")
         return 0, "--mode cpu has no host tier"
     twice = repacks and mode in ("split", "auto")
-    host_bytes = host_cache_bytes(value, expert_bytes, available, layouts=2 if twice else 1)
-    if mode in ("coop", "split") and host_bytes == 0 and offload:
+    host_bytes = host_cache_bytes(value, expert_bytes, available, layouts=2 if twice else 1)  # checked, used or not
+    if not offload:
+        return 0, "every expert resident: no host tier" + (" (--host-cache unused)" if value not in (None, "auto") else "")
+    if mode in ("coop", "split") and host_bytes == 0:
         raise InvalidOptionError(f"--mode {mode} computes the device's misses from the host tier: give it a --host-cache")
     if value not in (None, "auto"):
-        return host_bytes, "given"
+        held = expert_bytes * (2 if twice else 1)  # what the residency layer's tier takes of it at most
+        return (host_bytes, "given") if host_bytes <= held else (held, "given, capped at every expert copy")
     return host_bytes, ("auto: every expert copy" + (" in split's two layouts (pinned, repacked)" if twice else "")
                         + ", or what RAM has free")
 

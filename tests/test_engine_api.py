@@ -56,6 +56,7 @@ def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
     (dict(n_parallel=None), "n_parallel must be a positive integer"),
     (dict(system=[]), "system must be a system's name"),
     (dict(io_threads=2**40), "io_threads must be an integer within 32 bits"),
+    (dict(io_threads=100_000, expert_cache="25%"), r"io_threads must be an integer in 1\.\.256"),  # it hung
     (dict(policy_weights=-1), "policy weights must be four numbers"),
     (dict(low_from=-1), "low_from must be a file's path"),
 ])

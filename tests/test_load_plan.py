@@ -66,6 +66,10 @@ def test_ngl_0_is_the_cpu_even_with_a_gpu():
     assert plan(gpus=(GPU,), n_gpu_layers=0).mode == "cpu"
 
 
+def test_ngl_and_mode_cpu_agree_on_a_build_without_a_gpu():
+    assert plan(n_gpu_layers=99, mode="cpu").mode == "cpu"
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(n_gpu_layers=0, mode="gpu"), "-ngl 0 means --mode cpu, not --mode gpu"),
     (dict(n_gpu_layers=20, mode="cpu"), "-ngl 20 asks for the GPU and --mode cpu for none"),
@@ -116,15 +120,31 @@ def test_several_devices_hold_the_layers_the_first_the_expert_pools_split_as_giv
         plan(gpus=(GPU, other), device="GPU0,GPU0")
     with pytest.raises(InvalidOptionError, match=r"--tensor-split 1,1,1: 3 shares for the layers' devices \(GPU0,GPU1\)"):
         plan(gpus=(GPU, other), device="GPU0,GPU1", tensor_split="1,1,1")
-    with pytest.raises(InvalidOptionError, match="tensor_split must be shares per device like 3,1"):
-        plan(gpus=(GPU, other), tensor_split="1,x")
+    for bad in ("1,x", "inf", [float("inf")], "3.5e38", "1e400", "2e38,2e38"):  # an infinite sum: an internal check
+        with pytest.raises(InvalidOptionError, match="tensor_split must be shares per device like 3,1"):
+            plan(gpus=(GPU, other), tensor_split=bad)
+    with pytest.raises(InvalidOptionError, match="device must be a device's name, got ''"):  # llama.cpp's -dev ''
+        plan(gpus=(GPU,), device="")
 
 
 # -- the host tier -------------------------------------------------------------------------------------
 def test_the_host_tier_auto_holds_every_expert_copy_or_what_ram_has_free():
-    assert plan(gpus=(GPU,), mode="gpu").host_cache_bytes == EXPERT_BYTES
-    tight = plan(gpus=(GPU,), mode="gpu", memory=RESERVE_SLACK_BYTES + 10 * MiB)
+    assert plan(gpus=(GPU,), mode="gpu", expert_cache="25%").host_cache_bytes == EXPERT_BYTES
+    tight = plan(gpus=(GPU,), mode="gpu", expert_cache="25%", memory=RESERVE_SLACK_BYTES + 10 * MiB)
     assert tight.host_cache_bytes == 10 * MiB  # the runtime's own slack stays free
+
+
+def test_the_host_tier_holds_the_low_copies_only_where_low_precision_uses_them():
+    info = dataclasses.replace(moe(multi_precision=True), low_expert_bytes_per_layer={layer: MiB for layer in range(4)})
+    assert plan(gpus=(GPU,), mode="gpu", expert_cache="25%", info=info).host_cache_bytes == EXPERT_BYTES + 4 * MiB
+    off = plan(gpus=(GPU,), mode="gpu", expert_cache="25%", info=info, low_precision=False)
+    assert off.host_cache_bytes == EXPERT_BYTES  # the residency layer loads no LOW copy
+
+
+def test_every_expert_resident_on_the_gpu_has_no_host_tier():
+    p = plan(gpus=(GPU,), mode="gpu", host_cache="1GiB")
+    assert not p.offload and p.host_cache_bytes == 0
+    assert p.reasons["host_cache"] == "every expert resident: no host tier (--host-cache unused)"
 
 
 def test_the_host_tier_auto_holds_the_low_copies_of_a_low_from_file_too(monkeypatch, tmp_path):
@@ -139,9 +159,12 @@ def test_the_host_tier_auto_holds_the_low_copies_of_a_low_from_file_too(monkeypa
         EXPERT_BYTES + EXPERT_BYTES // 2
 
 
-def test_a_host_tier_given_is_its_size_and_cpu_mode_has_none():
-    assert plan(gpus=(GPU,), mode="gpu", host_cache="50%").host_cache_bytes == EXPERT_BYTES // 2
-    assert plan(gpus=(GPU,), mode="gpu", host_cache=0).host_cache_bytes == 0
+def test_a_host_tier_given_is_its_size_capped_at_every_expert_copy_and_cpu_mode_has_none():
+    assert plan(gpus=(GPU,), mode="gpu", expert_cache="25%", host_cache="50%").host_cache_bytes == EXPERT_BYTES // 2
+    assert plan(gpus=(GPU,), mode="gpu", expert_cache="25%", host_cache=0).host_cache_bytes == 0
+    for size in ("1000TiB", 10**30):  # beyond a C integer: the native call refused it (a TypeError)
+        p = plan(gpus=(GPU,), mode="gpu", expert_cache="25%", host_cache=size)
+        assert (p.host_cache_bytes, p.reasons["host_cache"]) == (EXPERT_BYTES, "given, capped at every expert copy")
     with pytest.raises(InvalidOptionError, match="host tier of --mode gpu, coop, split or auto"):
         plan(host_cache="1GiB")
 

@@ -14,7 +14,10 @@ std::string number(double x) {
 
 void check_expert_options(const expert_options & o) {
     auto require = [](bool ok, const std::string & why) { if (!ok) throw std::invalid_argument(why); };
-    require(o.io_threads >= 1, "io_threads must be a positive integer, got " + std::to_string(o.io_threads));
+    // a thread each: 100,000 of them took minutes to start (an NVMe queue keeps far fewer busy)
+    constexpr int kMaxIoThreads = 256;
+    require(o.io_threads >= 1 && o.io_threads <= kMaxIoThreads, "io_threads must be an integer in 1.." +
+            std::to_string(kMaxIoThreads) + ", got " + std::to_string(o.io_threads));
     require(o.prefetch_depth >= 1, "prefetch_depth must be a positive integer, got " + std::to_string(o.prefetch_depth));
     require(o.low_cache > 0 && o.low_cache < 1, "low_cache must be a fraction in (0, 1), got " + number(o.low_cache));
     require(o.t1 >= 0 && o.t1 <= 1, "t1 must be between 0 and 1, got " + number(o.t1));
