@@ -256,6 +256,35 @@ def test_a_forced_tool_call_is_openais_tool_call_and_the_conversation_goes_on(cl
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
 
 
+def test_a_forced_calls_message_goes_back_as_the_openai_package_gives_it(client):
+    """The answer of a forced call has the legacy function_call beside tool_calls (llama-cpp-python's):
+    OpenAI's tool loop sends it back, as the message object or its model_dump()."""
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    message = client.chat.completions.create(model=MODEL_ID, messages=asked, tools=[WEATHER], tool_choice=forced,
+                                             max_tokens=16, temperature=0).choices[0].message
+    assert message.function_call is not None
+    for sent in (message, message.model_dump(), {**message.model_dump(), "annotations": []}):
+        answered = [*asked, sent, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}]
+        r = client.chat.completions.create(model=MODEL_ID, messages=answered, tools=[WEATHER], max_tokens=2,
+                                           temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_a_non_streamed_chat_with_tools_has_logprobs_a_stream_none(client, reference):
+    """llama-server refuses logprobs only in a stream parsed for calls (its server-common.cpp)."""
+    kwargs = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
+                  max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    got = client.chat.completions.create(model=MODEL_ID, **kwargs).choices[0]
+    expected = reference.create_chat_completion(**kwargs)["choices"][0]
+    assert got.message.content == expected["message"]["content"]
+    assert [(t.token, t.logprob) for t in got.logprobs.content] == \
+        [(t["token"], pytest.approx(t["logprob"], abs=1e-3)) for t in expected["logprobs"]["content"]]
+    assert all(len(t.top_logprobs) == 2 for t in got.logprobs.content)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model=MODEL_ID, **kwargs, stream=True)
+
+
 def test_openais_legacy_functions_are_a_chats_tools(client):
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
     kwargs = dict(model=MODEL_ID, messages=asked, max_tokens=48, temperature=0)
@@ -498,6 +527,22 @@ def test_a_wrong_or_missing_key_is_401_except_on_health(server):
         assert request("GET", server + path, key=None) == (200, {"status": "ok", "model": MODEL_ID, "queue_depth": 0})
         assert request("HEAD", server + path, key=None)[0] == 200  # a probe's `curl -I`
     assert request("GET", server + "/models")[1] == request("GET", server + "/v1/models")[1]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/models", f"/v1/models/{MODEL_ID}", "/metrics", "/metrics/experts",
+                                  "/props", "/slots", "/health"])
+def test_head_is_answered_as_get_without_the_body(server, path):
+    """As llama-server's HTTP layer (cpp-httplib) answers HEAD: the GET's status and headers."""
+    u = urlparse(server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.request("HEAD", path, headers={"Authorization": f"Bearer {API_KEY}"})
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() == b""
+        assert response.getheader("Content-Type").startswith(("application/json", "text/plain"))
+    finally:
+        conn.close()
+    assert request("HEAD", server + "/v1/completions")[0] == 405  # no GET there
 
 
 def test_several_keys_and_a_key_file_as_llama_servers(tiny_model, tmp_path):

@@ -148,12 +148,14 @@ def test_a_conversation_with_a_tool_result_continues_as_the_chat_would(client, e
     ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": "no"}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": [""]}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": ["s"] * 17}, "stop_sequences"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": {"a": 1}}, "model"),
 ])
 def test_bad_requests_are_400s_naming_what(server, body, param):
     status, answer = request("POST", server + "/v1/messages", json.dumps({"model": "m", **body}).encode(), key=None)
-    assert status == 400 and answer["error"]["message"], answer
-    if param is not None:
-        assert answer["error"]["param"] == param, answer
+    assert status == 400 and param in answer["error"]["message"], answer  # the name the client sent
+    assert answer["error"]["param"] == param, answer
 
 
 def test_anthropics_client_raises_its_own_error_and_takes_what_it_sends(client):

@@ -1,6 +1,7 @@
 """`pyedgemoe serve` and its connections: sockets held open by a trickle (slowloris) are closed,
 connections past `--max-connections` are refused, a web page of another site cannot use the server
-(Host and Origin checked), a queued client that leaves leaves the queue, and the access log does
+(Host and Origin checked), a queued client that leaves leaves the queue, a generation whose client
+leaves ends, and the access log does
 not take a client's word for its address (X-Forwarded-For).
 
 The real server in a subprocess (tests/test_server.py's) with a 2 s --timeout, over raw sockets."""
@@ -14,7 +15,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from test_server import SERVER_ARGS, open_stream, start_server, stop_server
+from test_server import SERVER_ARGS, metric_values, open_stream, start_server, stop_server
+from test_server_llama_api import FIM_OVERRIDES
 
 TIMEOUT = 2.0
 MAX_CONNECTIONS = 40
@@ -24,7 +26,7 @@ MAX_CONNECTIONS = 40
 def served(tmp_path_factory):
     log = tmp_path_factory.mktemp("connections") / "server.log"
     proc, url = start_server(log, *SERVER_ARGS, "--timeout", str(TIMEOUT), "--max-connections",
-                             str(MAX_CONNECTIONS), "--allowed-hosts", "my.box")
+                             str(MAX_CONNECTIONS), "--allowed-hosts", "my.box", "--override-kv", FIM_OVERRIDES)  # /infill
     yield url, log
     stop_server(proc)
 
@@ -128,6 +130,40 @@ def test_a_queued_client_that_leaves_leaves_the_queue(server):
         time.sleep(0.05)
     stream.sock.shutdown(socket.SHUT_RDWR)
     stream.close()
+
+
+def running(url: str) -> float:
+    return metric_values(url)[("pyedgemoe_requests_running", ())]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "a", "max_tokens": 1500}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1500}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1500}),
+    ("/v1/responses", {"input": "a", "max_output_tokens": 1500}),
+    ("/completion", {"prompt": "a", "n_predict": 1500}),
+    ("/infill", {"input_prefix": "def f(", "input_suffix": "\n", "n_predict": 1500}),
+])
+def test_a_client_that_leaves_a_non_streamed_generation_ends_it(served, path, body):
+    """Answered 499 (counted so, no traceback), and the next request runs at once."""
+    url, log = served
+    leaving = connect(url)
+    data = json.dumps({**body, "temperature": 0, "ignore_eos": True} if path in ("/completion", "/infill")
+                      else body).encode()
+    leaving.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+    deadline = time.monotonic() + 10
+    while running(url) != 1:
+        assert time.monotonic() < deadline, "the generation never started"
+        time.sleep(0.05)
+    time.sleep(0.3)  # tokens generated
+    before = metric_values(url).get(("pyedgemoe_requests_total", (("code", "499"), ("path", path))), 0)
+    leaving.close()
+    left = time.monotonic()
+    assert get(url, "/v1/completions", body={"prompt": "x", "max_tokens": 2})[0] == 200
+    assert time.monotonic() - left < 3, "the generation went on after its client left"
+    assert metric_values(url)[("pyedgemoe_requests_total", (("code", "499"), ("path", path)))] == before + 1
+    assert "Traceback" not in log.read_text()
 
 
 @pytest.mark.parametrize("host, status", [

@@ -93,6 +93,19 @@ def test_a_parameter_out_of_range_is_400_naming_it(server, body, param):
     assert_error(*post_raw(server, json.dumps(body).encode()), 400, param)
 
 
+@pytest.mark.parametrize("name, low, high", [("max_tokens", -5, 3_000_000_000), ("top_k", -3_000_000_000,
+                                                                                   3_000_000_000)])
+def test_an_integer_out_of_range_is_told_the_one_range_whichever_side(server, name, low, high):
+    messages = []
+    for value in (low, high):
+        body = {"messages": [{"role": "user", "content": "hi"}], name: value}
+        status, out = post_raw(server, json.dumps(body).encode(), "/v1/chat/completions")
+        assert_error(status, out, 400, name)
+        messages.append(out["error"]["message"].replace(str(value), "V"))
+    assert messages[0] == messages[1], messages
+    assert "an integer in [" in messages[0]
+
+
 def test_a_token_id_outside_the_vocabulary_says_the_vocabulary(server):
     status, out = post_raw(server, json.dumps({"prompt": [1, 99999]}).encode())
     assert_error(status, out, 400, "prompt")
@@ -203,6 +216,20 @@ def test_values_llama_server_and_openai_take_are_taken(server):
     status, out = post_raw(server, json.dumps({**body, "messages": [{**reply, "refusal": "no"}]}).encode(),
                            "/v1/chat/completions")
     assert_error(status, out, 400, "messages[0]")
+
+
+@pytest.mark.parametrize("echoed", [
+    {"function_call": {"name": "g", "arguments": "{}"}},  # not the message's call
+    {"function_call": {"name": "f", "arguments": "{\"a\": 1}"}},
+    {"function_call": {"name": "f", "arguments": "{}"}, "tool_calls": None},  # a call the message has not
+    {"annotations": [{"type": "url_citation"}]},
+])
+def test_an_assistants_echoed_field_that_says_more_than_its_message_is_400(server, echoed):
+    reply = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}], **echoed}
+    body = {"messages": [{"role": "user", "content": "hi"}, reply, {"role": "tool", "tool_call_id": "c1",
+                                                                    "content": "ok"}], "max_tokens": 2}
+    assert_error(*post_raw(server, json.dumps(body).encode(), "/v1/chat/completions"), 400, "messages[1]")
 
 
 def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(server):
@@ -372,6 +399,22 @@ def test_headers_beyond_the_limit_are_refused(server):
     finally:
         sock.close()
     assert_error(status, out, 431, code="request_header_fields_too_large")
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nNo-Colon-Here\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\n\r\n",  # no Host
+    b"NOT HTTP\r\n\r\n",
+])
+def test_a_request_that_is_not_http_is_400_in_openais_shape(server, head):
+    sock = raw_connection(server)
+    try:
+        sock.sendall(head)
+        status, out = read_response(sock)
+    finally:
+        sock.close()
+    assert_error(status, out, 400, code="invalid_http")
 
 
 def test_a_compressed_body_is_415_naming_its_encoding(server):

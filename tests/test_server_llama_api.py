@@ -217,7 +217,7 @@ def test_infill_needs_the_models_fill_in_the_middle_tokens(model, tmp_path):
     ("/completion", {"prompt": [1, {"x": 1}]}, "'prompt' must be a non-empty string, or a list of strings"),
     ("/completion", {"prompt": "x", "logit_bias": [["ab"]]}, "'logit_bias' must be [[token, bias], ...]"),
     ("/completion", {"prompt": "x", "logit_bias": {"5": True}}, "'logit_bias[5]' must be a number"),
-    ("/completion", {"prompt": "x", "repeat_last_n": -2}, "'repeat_last_n' must be in [-1,"),
+    ("/completion", {"prompt": "x", "repeat_last_n": -2}, "'repeat_last_n' must be an integer in [-1,"),
     ("/completion", {}, "'prompt' is required"),
     ("/infill", {"input_prefix": "a"}, "'input_suffix' is required"),
     ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": 1}]}, "'input_extra' must be"),

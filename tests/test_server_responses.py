@@ -130,10 +130,15 @@ def test_a_json_schema_format_constrains_the_text(client):
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "seed": "3"}, "seed"),
     ({"input": "x", "instructions": 5}, "instructions"),
+    ({"input": "x", "max_output_tokens": -3}, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": "3"}, "max_output_tokens"),
+    ({"input": "x", "model": [None]}, "model"),
+    ({"input": "x", "tools": [{"type": False}, {"type": "function", "name": "f", "parameters": {}}]}, "tools[0]"),
 ])
 def test_bad_requests_are_400s_naming_what(server, body, param):
     status, answer = request("POST", server + "/v1/responses", json.dumps({"model": "m", **body}).encode(), key=None)
     assert status == 400 and answer["error"]["param"] == param, answer
+    assert param in answer["error"]["message"], answer  # the name the client sent
 
 
 def test_openais_client_raises_its_own_error(client):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import invalid, refuse_unknown
+from pyedgemoe.server.request_params import check_stop, invalid, model_name, refuse_unknown
 
 # the request's fields (others are refused by name): those of Anthropic's API (its Python client's
 # Messages.create, 2.14; temperature, top_p and top_k of earlier versions, as llama-server takes them)
@@ -105,6 +105,7 @@ def _tool_choice(value) -> str | dict:
 def chat_request(body) -> dict:
     """The chat completion request of an Anthropic Messages request (APIError naming what is wrong)."""
     refuse_unknown(body, _FIELDS)  # body: a JSON object (parse_body)
+    model_name(body)  # any name is answered, but a name it must be
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise APIError(400, "'messages' is required: a non-empty list", "missing_required_parameter", "messages")
     messages = [{"role": "system", "content": _text_of("system", body["system"])}] if "system" in body else []
@@ -117,7 +118,7 @@ def chat_request(body) -> dict:
         stops = body["stop_sequences"]
         if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
             raise invalid("stop_sequences", "a list of non-empty strings", stops)
-        request["stop"] = body["stop_sequences"]  # each checked as a chat's stop strings
+        request["stop"] = check_stop("stop_sequences", stops)  # bounded as a chat's stop strings
     if "tools" in body:
         if not isinstance(body["tools"], list):
             raise invalid("tools", "a list of tools", body["tools"])

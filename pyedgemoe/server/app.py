@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -232,7 +233,7 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
                 functools.partial(_openai_end, include_usage=include_usage)
             return StreamingResponse(_events(generation, chunks, name, events if openai else NATIVE_EVENTS, end),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
-        if not chunks:  # the client left before its turn
+        if not generation.finished:  # the client left before its turn or during the generation
             raise APIError(499, "the client closed the request")
         return JSONResponse(join(chunks))
 
@@ -266,20 +267,31 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         # on a thread of its own: the checks of a large body leave the event loop free for others
         return await asyncio.to_thread(checked, await request.body(), parameters, required, neutral, convert)
 
-    def chat_prompt(r: GenerationRequest) -> str:
-        """The prompt text of a chat request (its messages, tools and template's variables)."""
+    def chat_rendering(r: GenerationRequest) -> tuple[str, object]:
+        """The prompt text of a chat request (its messages, tools and template's variables), and its
+        ChatTurn where the answer is parsed for calls or thoughts (completions.chat_text)."""
         given = _chat_keywords(r, chat_defaults)
         return chat_text(engine, r.messages, given.get("tools"), given.get("tool_choice"),
                          given.get("chat_template_kwargs"), given.get("parallel_tool_calls"),
                          reasoning_format=given.get("reasoning_format"), thinking_tags=wants_thinking_tags(given),
                          continue_final_message=given.get("continue_final_message"),
-                         add_generation_prompt=given.get("add_generation_prompt"))[0]
+                         add_generation_prompt=given.get("add_generation_prompt"))
+
+    def chat_prompt(r: GenerationRequest) -> str:
+        return chat_rendering(r)[0]
+
+    async def answer_is_parsed(r: GenerationRequest) -> bool:
+        """Whether the chat's answer is parsed for calls or thoughts (the Engine's stream then gives no logprobs)."""
+        try:
+            return await asyncio.to_thread(lambda: chat_rendering(r)[1] is not None)
+        except Exception as e:  # noqa: BLE001 - shaped as OpenAI's error
+            raise from_engine_error(e) from None
 
     def chat_prompt_length(r: GenerationRequest) -> int:
         return len(chat_text_tokens(engine, chat_prompt(r)))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: probes' `curl -I`, which llama-server answers
-    @app.api_route("/v1/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "queue_depth": queue.waiting}
 
@@ -314,6 +326,12 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     async def chat_completions(request: Request) -> Response:
         r = await request_body(request, CHAT_PARAMETERS, "messages")
         kwargs = _chat_keywords(r, chat_defaults)
+        if not r.stream and kwargs.get("logprobs") and await answer_is_parsed(r):
+            # the Engine's stream parsed for calls or thoughts has no logprobs (llama-server's rule,
+            # for a stream): its whole answer, which its client's leaving does not cut short
+            def whole():
+                yield engine.create_chat_completion(r.messages, stream=False, **kwargs)
+            return await generate(request, controls.arm(whole, kwargs), False, lambda chunks: chunks[-1])
         start = controls.arm(lambda: engine.create_chat_completion(r.messages, stream=True, **kwargs), kwargs)
         return await generate(request, start, r.stream, _joined_chat_completion, include_usage=r.include_usage)
 
@@ -407,6 +425,9 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     add_slot_routes(app, engine, queue, slot_directory)
     add_embedding_routes(app, engine, queue, prompt_bound, model_id, check_model, embeddings)
     web_ui.add_routes(app, engine, model_id, queue, request_defaults)  # last: llama.cpp's UI files under every other path
+    for route in app.routes:  # HEAD (probes' `curl -I`) answered as GET without the body, as llama-server's cpp-httplib
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            route.methods.add("HEAD")
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
     app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
     app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)

@@ -75,6 +75,7 @@ class Generation:
     def __init__(self) -> None:
         self._chunks: asyncio.Queue = asyncio.Queue()
         self.abandoned = False  # the response stopped reading: its client left
+        self.finished = False  # the Engine gave its last chunk (not cut short: its client left)
 
     def _put(self, item) -> None:
         self._chunks.put_nowait(item)
@@ -145,7 +146,6 @@ class EngineQueue:
         async def gone() -> bool:
             return generation.abandoned or self.stopping or await client_gone()
 
-        finished = False
         try:
             if await self._turns.take(gone):
                 self.running += 1
@@ -156,7 +156,7 @@ class EngineQueue:
                             while not await gone():
                                 chunk = await self.call(next, chunks, _END)
                                 if chunk is _END:
-                                    finished = True
+                                    generation.finished = True
                                     break
                                 generation._put(chunk)
                         finally:
@@ -165,7 +165,7 @@ class EngineQueue:
                 finally:
                     self.running -= 1
                     self._turns.give_back()
-            if self.stopping and not finished:
+            if self.stopping and not generation.finished:
                 generation._put(APIError(503, "the server is shutting down", "server_shutting_down"))
         except Exception as e:  # noqa: BLE001 - handed to the response, which shapes it
             generation._put(e)

@@ -10,6 +10,9 @@ A request refused before its body was read (413: its Content-Length too large) l
 coming: uvicorn discards it, for LINGER_SECONDS at most, then the connection is closed. Closing at
 once would reset the connection under the client's feet (unread data), and a client that sends
 its body before reading the answer might never see the 413.
+
+A request h11 cannot parse (a negative Content-Length, a header line without a colon, no Host) is
+answered 400 in OpenAI's error shape, as every other error, not with uvicorn's plain text.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import asyncio
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from pyedgemoe.server.openai_errors import APIError
 
 LINGER_SECONDS = 2.0
 
@@ -56,6 +61,16 @@ class HeadTimeoutProtocol(H11Protocol):
         unread_body = self.conn.their_state is h11.SEND_BODY
         self._await_head(min(LINGER_SECONDS, self.head_timeout_seconds) if unread_body else self.head_timeout_seconds)
         super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        body = APIError(400, "the request is not valid HTTP/1.1 (its request line or headers)",
+                        "invalid_http").response().body
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self._stop_waiting()

@@ -33,9 +33,9 @@ def prompt_tokens(engine, prompt: str | list[int | str]) -> list[int]:
 
 def completion_chunks(engine, tokens: list[int], options: dict, stream: bool, model_id: str) -> Iterator[dict]:
     """The answer to a /completion (or /infill) of tokens, options its body's settings as
-    request_params checked them: streamed, llama-server's event for each token whose text is
-    whole UTF-8 and a last one with the totals; else that one with the whole text. Bad settings
-    raise here, before the first chunk."""
+    request_params checked them: llama-server's event for each token whose text is whole UTF-8 and
+    a last one with the totals, and, not streamed, the whole text (the answer; the others only
+    mark the progress). Bad settings raise here, before the first chunk."""
     options = dict(options)
     max_tokens = options.pop("max_tokens", None)
     stop = options.pop("stop", [])
@@ -124,14 +124,14 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
             return
         if n_probs:
             probabilities.append(_probability(engine, logprob, text))
-        if stream:
-            chunk = {"index": 0, "content": _text(text), "tokens": [token], "stop": False, "id_slot": 0,
-                     "tokens_predicted": len(slot.tokens), "tokens_evaluated": n_prompt}
-            if n_probs:
-                chunk["completion_probabilities"] = probabilities[-1:]
-            if per_token:  # timings_per_token: the timings so far
-                chunk["timings"] = generation.timings.llama_server_timings(len(slot.tokens))
-            yield chunk
+        # non-streamed too: between two chunks the server looks whether the client is still there (EngineQueue)
+        chunk = {"index": 0, "content": _text(text), "tokens": [token], "stop": False, "id_slot": 0,
+                 "tokens_predicted": len(slot.tokens), "tokens_evaluated": n_prompt}
+        if n_probs:
+            chunk["completion_probabilities"] = probabilities[-1:]
+        if per_token:  # timings_per_token: the timings so far
+            chunk["timings"] = generation.timings.llama_server_timings(len(slot.tokens))
+        yield chunk
 
     try:
         for token in picks:

@@ -43,21 +43,21 @@ def _any_integer(name: str, value) -> int:
     return value
 
 
-def _integer(name: str, value) -> int:
-    """An integer that llama.cpp's int32 holds (a larger one is no setting anyone means)."""
-    if not -INT32_MAX <= _any_integer(name, value) <= INT32_MAX:
-        raise invalid(name, f"an integer in [{-INT32_MAX}, {INT32_MAX}]", value)
-    return value
+def _in_range(kind: type, low: float, high: float, low_open: bool = False):
+    """The check of a number (kind float) or an integer (kind int) with low <= value <= high (low < value
+    when low_open): its one message states the range."""
+    check, what = (_number, "a number") if kind is float else (_any_integer, "an integer")
 
-
-def _in_range(check, low: float, high: float, low_open: bool = False):
-    """check, then low <= value <= high (low < value when low_open)."""
     def checked(name: str, value):
         value = check(name, value)
         if value > high or value < low or (low_open and value == low):
-            raise invalid(name, f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]", value)
+            raise invalid(name, f"{what} in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]", value)
         return value
     return checked
+
+
+# an integer that llama.cpp's int32 holds (a larger one is no setting anyone means)
+_integer = _in_range(int, -INT32_MAX, INT32_MAX)
 
 
 def _bound(bound: float) -> str:
@@ -125,15 +125,15 @@ def _logit_bias(name: str, value) -> dict[int, float]:
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
             raise invalid(name, "an object whose keys are token ids", value)
-        out[int(key)] = _in_range(_number, -100, 100)(f"{name}[{key}]", bias)
+        out[int(key)] = _in_range(float, -100, 100)(f"{name}[{key}]", bias)
     return out
 
 
-_logprobs_count = _in_range(_integer, 0, MAX_TOP_LOGPROBS)
-_max_tokens = _in_range(_integer, -1, INT32_MAX)  # -1: until the end (llama-server's n_predict), as null
+_logprobs_count = _in_range(int, 0, MAX_TOP_LOGPROBS)
+check_max_tokens = _in_range(int, -1, INT32_MAX)  # -1: until the end (llama-server's n_predict), as null
 
 
-def _stop(name: str, value) -> list[str]:
+def check_stop(name: str, value) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise invalid(name, "a non-empty string or a list of them", value)
@@ -171,8 +171,20 @@ def _content(i: int, value) -> str:
 
 
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
-# OpenAI's fields of an assistant's message that its SDK's model_dump() writes as null, sent back as they are
-_NULL_MESSAGE_KEYS = {"refusal", "audio", "function_call", "annotations"}
+# OpenAI's fields of an assistant's message that its SDK's model_dump() writes, sent back as they are
+_ECHOED_MESSAGE_KEYS = {"refusal", "audio", "function_call", "annotations"}
+
+
+def _is_echo(m: dict, key: str) -> bool:
+    """Whether m[key] (an _ECHOED_MESSAGE_KEYS') says nothing the message does not: null, no
+    annotations (OpenAI's answer has an empty list), or the legacy function_call of the message's
+    first tool call (a forced call's answer has both, tool_calls.call_message)."""
+    value = m[key]
+    if value is None or key == "annotations" and value == []:
+        return True
+    calls = m.get("tool_calls")
+    return key == "function_call" and isinstance(calls, list) and bool(calls) and _is_tool_call(calls[0]) and \
+        value == {"name": calls[0]["function"]["name"], "arguments": calls[0]["function"].get("arguments", "")}
 
 
 def _messages(name: str, value) -> list[dict]:
@@ -182,7 +194,7 @@ def _messages(name: str, value) -> list[dict]:
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise invalid(f"messages[{i}]", "an object with 'role' and 'content'", m)
-        unknown = sorted(set(m) - _MESSAGE_KEYS - {k for k in _NULL_MESSAGE_KEYS if k in m and m[k] is None})
+        unknown = sorted(set(m) - _MESSAGE_KEYS - {k for k in _ECHOED_MESSAGE_KEYS if k in m and _is_echo(m, k)})
         if unknown:
             raise APIError(400, f"unsupported field(s) in messages[{i}]: {', '.join(unknown)}",
                            "unknown_parameter", f"messages[{i}]")
@@ -230,13 +242,13 @@ def _function_call(name: str, value) -> str | dict:
 # settings (SamplingParams' fields with a flag, by their type, within OpenAI's ranges where it has
 # them, else the Engine's; a JSON schema may be an object) and the stop strings
 _BY_TYPE = {float: _number, int: _integer, str: _text}
-_RANGES = {"temperature": _in_range(_number, 0, 2), "top_k": _in_range(_integer, -INT32_MAX, INT32_MAX),
-           "top_p": _in_range(_number, 0, 1),
-           "typical_p": _in_range(_number, 0, 1, low_open=True), "min_p": _in_range(_number, 0, 1),
-           "repeat_penalty": _in_range(_number, 0, 1e6, low_open=True), "seed": _in_range(_any_integer, RANDOM_SEED, UINT32_MAX),
-           "frequency_penalty": _in_range(_number, -2, 2), "presence_penalty": _in_range(_number, -2, 2),
-           "mirostat_mode": _in_range(_integer, 0, 2), "mirostat_tau": _in_range(_number, 0, 1e6),
-           "mirostat_eta": _in_range(_number, 0, 1e6), "reasoning_budget_tokens": _in_range(_integer, -1, INT32_MAX)}
+_RANGES = {"temperature": _in_range(float, 0, 2), "top_k": _integer,
+           "top_p": _in_range(float, 0, 1),
+           "typical_p": _in_range(float, 0, 1, low_open=True), "min_p": _in_range(float, 0, 1),
+           "repeat_penalty": _in_range(float, 0, 1e6, low_open=True), "seed": _in_range(int, RANDOM_SEED, UINT32_MAX),
+           "frequency_penalty": _in_range(float, -2, 2), "presence_penalty": _in_range(float, -2, 2),
+           "mirostat_mode": _in_range(int, 0, 2), "mirostat_tau": _in_range(float, 0, 1e6),
+           "mirostat_eta": _in_range(float, 0, 1e6), "reasoning_budget_tokens": _in_range(int, -1, INT32_MAX)}
 
 
 def _field_check(name: str):
@@ -266,13 +278,13 @@ def _samplers(name: str, value) -> str:
                        f"({', '.join(SAMPLER_NAMES)}; {''.join(SAMPLER_NAMES.values())})", value) from None
 
 
-_SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": _stop,
+_SAMPLING = {**{f.name: _field_check(f.name) for f in exposed_fields()}, "json_schema": _schema, "stop": check_stop,
              "logit_bias": _logit_bias, "dry_sequence_breakers": _breakers, "samplers": _samplers}
 # max_tokens and its other names (chat's newer one; llama-server's)
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 # the reasoning budget's names (llama-server's: the first before the second; -1 is the server's default)
 _BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
-_COMMON = {"model": None, "stream": _boolean, "max_tokens": _max_tokens, "n_predict": _max_tokens,
+_COMMON = {"model": None, "stream": _boolean, "max_tokens": check_max_tokens, "n_predict": check_max_tokens,
            "timings_per_token": _boolean, "return_progress": _boolean, **_SAMPLING}
 # accepted and ignored: they change nothing generated. After OpenAI's (stream_options: where the
 # endpoint is not OpenAI's), llama-server's that its web UI sends (its streaming options, how it shows a reasoning model's thoughts), and the prompt's time limit
@@ -297,7 +309,7 @@ _NEUTRAL = {"n": (1,), "echo": (False,), "best_of": (1,)}
 COMPLETION_PARAMETERS = {**_COMMON, "prompt": _prompt, "suffix": _text, "logprobs": _logprobs_count,
                          "stream_options": _stream_options}
 CHAT_PARAMETERS = {**_COMMON, "messages": _messages, "stream_options": _stream_options,
-                   "max_completion_tokens": _max_tokens, "logprobs": _boolean, "top_logprobs": _logprobs_count,
+                   "max_completion_tokens": check_max_tokens, "logprobs": _boolean, "top_logprobs": _logprobs_count,
                    "response_format": _response_format, "tools": _tools, "tool_choice": _tool_choice, "functions": _of_type(list, "a list of functions"),
                    "function_call": _function_call, "parallel_tool_calls": _boolean, "chat_template_kwargs": _object,
                    "reasoning_format": _one_of(REASONING_FORMATS), "reasoning_effort": _effort,
@@ -357,10 +369,10 @@ def _paths(name: str, value) -> list[str]:
 # the sampling settings, and a prompt that may mix text and token ids; /infill adds the text around
 # the gap (input_prefix, input_suffix), other files (input_extra) and the gap's start (prompt)
 NATIVE_COMPLETION_PARAMETERS = {
-    **_COMMON, "max_completion_tokens": _max_tokens, "prompt": _native_prompt, "logit_bias": _native_logit_bias,
+    **_COMMON, "max_completion_tokens": check_max_tokens, "prompt": _native_prompt, "logit_bias": _native_logit_bias,
     "n_probs": _logprobs_count, "logprobs": _logprobs_count, "ignore_eos": _boolean, "return_tokens": _boolean,
-    "repeat_last_n": _in_range(_integer, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"],
-    "n_indent": _in_range(_integer, 0, INT32_MAX), "t_max_predict_ms": _in_range(_integer, 0, INT32_MAX),
+    "repeat_last_n": _in_range(int, -1, INT32_MAX), "mirostat": _RANGES["mirostat_mode"],
+    "n_indent": _in_range(int, 0, INT32_MAX), "t_max_predict_ms": _in_range(int, 0, INT32_MAX),
     "response_fields": _paths}
 INFILL_PARAMETERS = {**NATIVE_COMPLETION_PARAMETERS, "prompt": _text, "input_prefix": _text, "input_suffix": _text,
                      "input_extra": _extra_context}
@@ -407,7 +419,7 @@ def _embedding_inputs(name: str, value) -> list[str | list[int | str]]:
 EMBEDDING_PARAMETERS = {"input": (_embedding_inputs, None), "content": (_embedding_inputs, None),
                         "model": (_of_type(str, "a model's name"), None), "user": (_text, None),
                         "encoding_format": (_one_of(("float", "base64")), "float"),
-                        "embd_normalize": (_in_range(_integer, -1, 1000), 2)}
+                        "embd_normalize": (_in_range(int, -1, 1000), 2)}
 
 
 def refuse_unknown(body: dict, known) -> None:
@@ -510,6 +522,14 @@ def _path(where) -> str:
     return "".join(reversed(parts)).lstrip(".")
 
 
+def model_name(body: dict) -> str | None:
+    """The body's model (null or missing: None), a 400 where it is no name."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid("model", "a string", model)
+    return model
+
+
 def parse_generation(body: dict, parameters: dict, required: str, neutral_values: dict | None = None) -> GenerationRequest:
     """Checks body against parameters (COMPLETION_PARAMETERS, CHAT_PARAMETERS, ...); required is the
     one that must be there ("prompt" or "messages"); neutral_values: the parameters taken only at
@@ -522,9 +542,7 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
                            f"{' or '.join(json.dumps(v) for v in neutral)})", "unsupported_parameter", name)
     if body.get(required) is None:
         raise APIError(400, f"'{required}' is required", "missing_required_parameter", required)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid("model", "a string", model)
+    model = model_name(body)
     lengths = {name: body[name] for name in _LENGTHS if body.get(name) is not None}
     if len(set(map(json.dumps, lengths.values()))) > 1:  # which one holds would be a guess
         raise APIError(400, " and ".join(f"'{k}' ({_shown(v)})" for k, v in lengths.items()) + " disagree: give one",

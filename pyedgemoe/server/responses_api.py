@@ -32,7 +32,7 @@ import time
 import uuid
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import invalid, refuse_unknown
+from pyedgemoe.server.request_params import check_max_tokens, invalid, model_name, refuse_unknown
 
 # the request's fields (others are refused by name): OpenAI's Python client's responses.create (3.51)
 _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
@@ -43,7 +43,7 @@ _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature",
            "image", "seed"}  # seed: llama-server's, passed on to the chat
 _STORED = ("previous_response_id", "conversation", "prompt")  # what would need responses kept
 _PASSED = {"temperature": "temperature", "top_p": "top_p", "parallel_tool_calls": "parallel_tool_calls",
-           "stream": "stream", "max_output_tokens": "max_tokens", "seed": "seed"}
+           "stream": "stream", "seed": "seed"}
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -111,7 +111,9 @@ def _tools(tools) -> list[dict]:
         raise invalid("tools", "a list of tools", tools)
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
+        if not isinstance(tool.get("type"), str):
+            raise invalid(f"tools[{i}]", 'a tool with its "type"', tool)
+        if tool["type"] != "function":
             continue  # a tool of OpenAI's service: not this server's, as llama-server leaves it out
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("parameters", {}), (dict, type(None))):
             raise invalid(f"tools[{i}]", 'a function tool with "name" and "parameters"', tool)
@@ -146,6 +148,7 @@ def _response_format(text) -> dict | None:
 def chat_request(body) -> dict:
     """The chat completion request of a Responses request (APIError naming what is wrong)."""
     refuse_unknown(body, _FIELDS)  # body: a JSON object (parse_body)
+    model_name(body)  # any name is answered, but a name it must be
     for name in _STORED:
         if body.get(name) is not None:
             raise APIError(400, f"'{name}' needs stored responses, which this server does not keep: send the "
@@ -169,6 +172,8 @@ def chat_request(body) -> dict:
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     request = {chat: body[name] for name, chat in _PASSED.items() if body.get(name) is not None}
     request["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        request["max_tokens"] = check_max_tokens("max_output_tokens", body["max_output_tokens"])
     tools = _tools(body["tools"]) if body.get("tools") is not None else []
     if tools:
         request["tools"] = tools
