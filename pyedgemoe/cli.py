@@ -33,6 +33,7 @@ from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
 from pyedgemoe.prompt_cache import PromptCache
 from pyedgemoe.server.limits import Limits
 from pyedgemoe.sysmem import format_bytes, parse_size
+from pyedgemoe.text_stream import utf8
 
 DEFAULT_CTX = 4096  # run --ctx left unset: at most this much of the model's training context
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -670,7 +671,7 @@ def tokenize_command(
     if not (stdin or file is not None or prompt is not None):
         fail("give the text with -p TEXT, -f FILE or --stdin")
     try:
-        raw = sys.stdin.buffer.read() if stdin else file.read_bytes() if file is not None else prompt.encode()
+        raw = sys.stdin.buffer.read() if stdin else file.read_bytes() if file is not None else utf8(prompt)
     except OSError as e:
         fail(f"cannot read {'stdin' if stdin else file if file is not None else 'the text'}: {e.strerror or e}")
     text = raw.decode("utf-8", errors="replace")

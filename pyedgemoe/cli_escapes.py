@@ -7,6 +7,8 @@ import re
 
 import typer
 
+from pyedgemoe.text_stream import utf8
+
 # llama.cpp's string_process_escapes: \n \r \t \' \" \\ and \xHH (a byte); any other \ is kept as is
 _ESCAPE = re.compile(rb"\\(?:([nrt'\"\\])|x([0-9A-Fa-f]{2}))")
 _SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
@@ -15,7 +17,7 @@ _SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\":
 def process_escapes(text: str) -> str:
     """text with llama.cpp's escape sequences replaced; bytes given by \\xHH that are not UTF-8 become
     U+FFFD."""
-    raw = _ESCAPE.sub(lambda m: _SIMPLE[m[1]] if m[1] else bytes([int(m[2], 16)]), text.encode("utf-8"))
+    raw = _ESCAPE.sub(lambda m: _SIMPLE[m[1]] if m[1] else bytes([int(m[2], 16)]), utf8(text))
     return raw.decode("utf-8", errors="replace")
 
 

@@ -21,7 +21,7 @@ from typing import Container, Iterator
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import CHAT_TEMPERATURE, PromptProgress, SamplingParams, TokenLogprob
-from pyedgemoe.text_stream import TextStream
+from pyedgemoe.text_stream import TextStream, utf8
 from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
 from pyedgemoe.chat_formats import ChatTurn, continuation, parses, wants_thinking_tags
 
@@ -33,6 +33,11 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
         raise InvalidOptionError(f"stop must be a string or a list of strings, got {stop!r}"[:200])
+    try:
+        for s in stops:  # text that can be UTF-8, as the generated text is
+            utf8(s)
+    except InvalidOptionError as e:
+        raise InvalidOptionError(f"stop: {e}") from None
     return list(stops)
 
 

@@ -119,6 +119,18 @@ class Decoder:
         del sequence.tokens[n:]
         return n
 
+    def rewind(self, sequence: KVSequence, n: int) -> None:
+        """sequence holds its first n tokens (a memory that cannot drop a part evaluates them again)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(sequence.tokens):
+            raise InvalidOptionError(f"the context can keep 0 to the {len(sequence.tokens)} tokens it holds, "
+                                     f"got {n!r}"[:200])
+        with self.lock:
+            held = list(sequence.tokens)
+            kept = self.keep(sequence, n)
+            if kept < n:
+                self.decode(held[kept:n], kept, sequence)
+                sequence.tokens[:] = held[:n]
+
     def clear(self) -> None:
         """Forgets every sequence."""
         with self.lock:

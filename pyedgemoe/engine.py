@@ -315,11 +315,11 @@ class Engine(Vocabulary):
             return self._decoder.sample_next(sequence, sampling.sampler(self._live_model(), self.n_ctx, self.seed,
                                                                         sequence.tokens))
 
-    def reset(self) -> None:
-        """Forgets what the one sequence holds (its KV cache)."""
+    def reset(self, keep: int = 0) -> None:
+        """Forgets what the one sequence holds (its KV cache) after its first keep tokens (0: all)."""
         self._single_sequence("reset")
         with self._sequence_turn():
-            self._decoder.clear()
+            self._decoder.rewind(self._decoder.sequences[0], keep) if keep else self._decoder.clear()
 
     def save_state(self) -> SequenceState:
         """What the one sequence holds (its tokens and KV cache), for load_state."""

@@ -64,6 +64,10 @@ UNSUPPORTED_COMPLETION_ARGS: dict[str, object] = {"tfs_z": 1.0}
 # those of generate and sample (penalize_nl is accepted: llama-cpp-python ignores it too)
 UNSUPPORTED_GENERATE_ARGS: dict[str, object] = {"tfs_z": 1.0}
 UNSUPPORTED_CHAT_ARGS: dict[str, object] = {"tfs_z": 1.0}
+# llama-cpp-python's sampler chain at a temperature below 0 (its _init_sampler): a pick from the whole
+# distribution after the penalties, the logit bias and the grammar; the other samplers at "off"
+WHOLE_DISTRIBUTION = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+                      "mirostat_mode": 0}
 # the sampling settings of Llama's methods besides those with a CLI flag (generation.exposed_fields)
 _PYTHON_SAMPLING = ("logit_bias", "logits_processor", "stopping_criteria")
 
@@ -182,14 +186,14 @@ class Llama:
     chat_format (None: as llama-cpp-python chooses, llama-2 for a model without a template, its formatter
     of a template it knows, else the model's template; "chat_template.default" where it has one;
     llama-cpp-python's named formats, pyedgemoe.named_chat_formats, and "chatml-function-calling",
-    pyedgemoe.chatml_function_calling), chat_handler (a handler of llama-cpp-python's, text-only, which
-    answers every chat in place of the format's) and draft_model (speculative decoding by a drafter such as
-    LlamaPromptLookupDecoding, pyedgemoe.speculative's or llama_cpp.llama_speculative's: its guesses
-    are checked in one batch, the tokens those of the picks), spm_infill (create_completion's suffix
-    after the prefix: the suffix first, pyedgemoe.fill_in_middle), vocab_only (the vocabulary alone, no
-    weights: tokenize, detokenize, the special tokens, metadata; what needs the weights raises
-    InvalidOptionError). Any other keyword is pyedgemoe's own
-    and goes to Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
+    pyedgemoe.chatml_function_calling; as there an attribute read at each chat), chat_handler (a handler
+    of llama-cpp-python's, text-only, which answers every chat in place of the format's) and draft_model
+    (speculative decoding by a drafter such as LlamaPromptLookupDecoding, pyedgemoe.speculative's or
+    llama_cpp.llama_speculative's: its guesses are checked in one batch, the tokens those of the picks),
+    spm_infill (create_completion's suffix after the prefix: the suffix first, pyedgemoe.fill_in_middle),
+    vocab_only (the vocabulary alone, no weights: tokenize, detokenize, the special tokens, metadata;
+    what needs the weights raises InvalidOptionError). Any other keyword is pyedgemoe's own and goes to
+    Engine: expert_cache, expert_options, system, mode, device, host_cache, kv_type,
     the expert options (io, prefetch, ...).
     """
 
@@ -254,8 +258,11 @@ class Llama:
             # the thread counts the run starts with (the defaults' fewer while the machine is busy)
             n_threads, n_threads_batch = self.engine.plan.n_threads, self.engine.plan.n_threads_batch
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
+        # as there, an attribute read at each chat: set later, it answers the chats from then on
+        self.chat_format = chat_format if chat_format is not None or self.chat_handler is not None \
+            else named_chat_formats.default_format(self._vocab.metadata.get("tokenizer.chat_template"))
         try:
-            self.chat_format, self._chat_handler = self._check_chat_format(chat_format)
+            self._format_handler()
         except InvalidOptionError:
             self.close()
             raise
@@ -290,19 +297,16 @@ class Llama:
             engine_kwargs["kv_type"] = kv_type
         return Engine(model_path, **keywords, **engine_kwargs)
 
-    def _check_chat_format(self, chat_format: str | None) -> tuple[str | None, Callable | None]:
-        """The chat format, and the handler of one llama-cpp-python's formats (None: the Engine's
-        formatting, the model's template); a format neither is refused. None given, llama-cpp-python's
-        choice (named_chat_formats.default_format), unless a chat_handler answers the chats."""
-        template = self._vocab.metadata.get("tokenizer.chat_template")
-        if chat_format is None and self.chat_handler is None:
-            chat_format = named_chat_formats.default_format(template)
+    def _format_handler(self) -> Callable | None:
+        """The handler of chat_format (as there, the format set now): one of llama-cpp-python's formats',
+        or None for the Engine's formatting (the model's template); a format neither is refused."""
+        chat_format, template = self.chat_format, self._vocab.metadata.get("tokenizer.chat_template")
         if chat_format == chatml_function_calling.NAME:
-            return chat_format, chatml_function_calling.create_chat_completion
+            return chatml_function_calling.create_chat_completion
         if chat_format in named_chat_formats.FORMATTERS:
-            return chat_format, functools.partial(named_chat_formats.create_chat_completion, chat_format=chat_format)
+            return functools.partial(named_chat_formats.create_chat_completion, chat_format=chat_format)
         if chat_format is None or chat_format == "chat_template.default" and template is not None:
-            return chat_format, None
+            return None
         raise InvalidOptionError(
             f"chat_format {chat_format!r} is not supported: give chat_format=None (as llama-cpp-python: the model's "
             f"own template, else {named_chat_formats.WITHOUT_TEMPLATE}){', chat_template.default' if template else ''}, "
@@ -383,8 +387,8 @@ class Llama:
         return -1 if nl is None else nl
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of UTF-8 text (bytes that are not, as llama.cpp reads them); add_bos adds the model's
-        BOS where it uses one, special parses special-token text such as <|im_start|>."""
+        """Token ids of UTF-8 text (bytes that are not, a U+FFFD each: Vocabulary.tokenize); add_bos adds
+        the model's BOS where it uses one, special parses special-token text such as <|im_start|>."""
         return self._vocab.tokenize(text, add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
@@ -403,8 +407,18 @@ class Llama:
     # -- evaluation and state -----------------------------------------------------------------
     @property
     def n_tokens(self) -> int:
-        """The tokens the context holds (evaluated by eval or the last generation)."""
+        """The tokens the context holds (evaluated by eval or the last generation); set to k <= that,
+        as llama-cpp-python's attribute, the context keeps its first k (eval goes on after them)."""
         return len(self.engine.tokens)
+
+    @n_tokens.setter
+    @_takes_the_context
+    def n_tokens(self, k: int) -> None:
+        held = len(self.engine.tokens)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= held:
+            raise InvalidOptionError(f"n_tokens can be set to a count of the tokens the context holds, 0 to "
+                                     f"{held}, got {k!r}"[:200])
+        self.engine.reset(keep=int(k))
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -640,9 +654,9 @@ class Llama:
         """Text completion: Engine.create_completion's OpenAI-style dict (or, stream=True, its chunks).
         As llama-cpp-python: a text prompt's special-token text is parsed and the model's separator
         token put after it (_text_prompt_tokens), max_tokens None or <= 0
-        generates until the context is full, echo puts the prompt before the text (and, not
-        streamed, its tokens' logprobs before the completion's), grammar is GBNF text or a
-        LlamaGrammar. suffix: fill in the middle, the text between prompt and suffix (the model's
+        generates until the context is full, echo puts the prompt before the text and its tokens'
+        logprobs before the completion's (a stream leaves it out, as there), grammar is GBNF text or
+        a LlamaGrammar. suffix: fill in the middle, the text between prompt and suffix (the model's
         fill-in-the-middle tokens, pyedgemoe.fill_in_middle; a model without them is refused, where
         llama-cpp-python 0.3 puts token 0 in their place)."""
         refuse_unsupported("create_completion", UNSUPPORTED_COMPLETION_ARGS, dict(tfs_z=tfs_z))
@@ -653,21 +667,20 @@ class Llama:
             tokens = self._text_prompt_tokens(prompt)
         else:
             tokens = as_token_ids(prompt, "prompt")
-        prompt_text = prompt if isinstance(prompt, str) else \
-            self.detokenize(as_token_ids(prompt, "prompt")).decode("utf-8", errors="ignore") if echo else ""
         self._from_cache(tokens)
         self._take_seed(seed)
         sampling = self._scoring(_sampling(locals(), self.last_n_tokens_size))
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
                                                         logprobs, sampling, prompt_length=len(prompt)))
         if not stream:
-            if echo:
+            if echo:  # a stream's chunks leave the prompt out, as there
                 choice = out["choices"][0]
-                choice["text"] = prompt_text + choice["text"]
+                choice["text"] = (prompt if isinstance(prompt, str) else self.detokenize(
+                    as_token_ids(prompt, "prompt")).decode("utf-8", errors="ignore")) + choice["text"]
                 if logprobs is not None:
                     choice["logprobs"] = self._echoed_logprobs(tokens, logprobs, choice["logprobs"], len(prompt))
             return _named(out, model)
-        return self._streaming(_stream_named(out, model, prompt_text if echo else "", "text"))
+        return self._streaming(_stream_named(out, model))
 
     __call__ = create_completion
 
@@ -719,7 +732,7 @@ class Llama:
         schema mode) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}. tools and
         tool_choice (or OpenAI's legacy functions and function_call) as llama-cpp-python takes them with a
         model's template (pyedgemoe.tool_calls); with one of llama-cpp-python's chat formats, its handler's answer."""
-        handler = self.chat_handler or self._chat_handler
+        handler = self.chat_handler or self._format_handler()  # llama-cpp-python's precedence
         if handler is not None:  # llama-cpp-python's protocol (LlamaChatCompletionHandler): every argument by name
             arguments = {name: value for name, value in locals().items() if name not in ("self", "messages", "handler")}
             return handler(llama=self, messages=messages, **arguments)
@@ -733,7 +746,7 @@ class Llama:
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
             jinja2_formatter=True,
             **self._scoring(_sampling(locals(), self.last_n_tokens_size))))
-        return self._streaming(_stream_named(out, model, "", None)) if stream else _named(out, model)
+        return self._streaming(_stream_named(out, model)) if stream else _named(out, model)
 
 
     def create_chat_completion_openai_v1(self, *args, **kwargs):
@@ -819,17 +832,23 @@ def _sampling(arguments: dict, penalty_last_n: int) -> dict:
     """The sampling settings among a method's arguments (SamplingParams' fields, by the same names,
     but the seed: the Engine's, _take_seed); a LlamaGrammar (pyedgemoe's or llama-cpp-python's) as
     its GBNF text. As llama-cpp-python's, the penalties count the generated tokens only, the last
-    penalty_last_n of them (its last_n_tokens_size)."""
+    penalty_last_n of them (its last_n_tokens_size); a temperature below 0 its WHOLE_DISTRIBUTION (the
+    Engine's is greedy)."""
     names = [f.name for f in exposed_fields() if f.name != "seed"] + list(_PYTHON_SAMPLING)
     settings = {name: arguments[name] for name in names if name in arguments}
     settings["penalize_prompt"], settings["penalty_last_n"] = False, penalty_last_n
     # a value llama.cpp's sampler takes as "off" (llama-cpp-python passes it on)
-    if isinstance(settings.get("top_p"), (int, float)) and not isinstance(settings["top_p"], bool) \
-            and settings["top_p"] > 1:
+    if _is_number(settings.get("top_p")) and settings["top_p"] > 1:
         settings["top_p"] = 1.0
+    if _is_number(settings.get("temperature")) and settings["temperature"] < 0:
+        settings.update(WHOLE_DISTRIBUTION)
     if settings.get("grammar") is not None and not isinstance(settings["grammar"], str):
         settings["grammar"] = getattr(settings["grammar"], "_grammar", settings["grammar"])
     return settings
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _checked_handler(chat_handler: Callable | None) -> Callable | None:
@@ -879,10 +898,7 @@ def _named(result: dict, model: str | None) -> dict:
     return result if model is None else {**result, "model": model}
 
 
-def _stream_named(chunks: Iterator[dict], model: str | None, echo: str, text_key: str | None) -> Iterator[dict]:
+def _stream_named(chunks: Iterator[dict], model: str | None) -> Iterator[dict]:
     """The chunks as _named gives results, their end without the usage and timings (stock's have none)."""
-    for i, chunk in enumerate(chunks):
-        if i == 0 and echo:
-            choice = chunk["choices"][0]
-            chunk = {**chunk, "choices": [{**choice, text_key: echo + choice[text_key]}]}
+    for chunk in chunks:
         yield _named({k: v for k, v in chunk.items() if k not in ("usage", "timings")}, model)

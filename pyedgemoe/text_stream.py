@@ -11,14 +11,15 @@ from pyedgemoe.errors import InvalidOptionError
 
 
 def utf8(text: str | bytes) -> bytes:
-    """text as UTF-8 (bytes: as they are); InvalidOptionError where it cannot be (a lone surrogate,
-    which JSON's and Python's escapes can write, or no text at all)."""
+    """text as UTF-8 (bytes: as they are; the bytes Python read from the command line or a file
+    name, U+DC80-U+DCFF, as they were); InvalidOptionError where it cannot be (another lone
+    surrogate, which JSON's and Python's escapes can write, or no text at all)."""
     if isinstance(text, bytes):
         return text
     if not isinstance(text, str):
         raise InvalidOptionError(f"text must be a string (or UTF-8 bytes), got {text!r}"[:200])
     try:
-        return text.encode("utf-8")
+        return text.encode("utf-8", errors="surrogateescape")
     except UnicodeEncodeError as e:
         raise InvalidOptionError(f"the text cannot be UTF-8: {e.reason} at character {e.start}") from None
 

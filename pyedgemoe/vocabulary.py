@@ -15,7 +15,9 @@ from pyedgemoe.generation import as_token_ids
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.text_stream import utf8
 
-# bytes that are not UTF-8, as llama.cpp's tokenizer reads them: each byte that begins no whole character a U+FFFD
+# bytes that are not UTF-8, as llama.cpp's BPE pre-tokenizer reads them (unicode_cpts_from_utf8): each
+# byte that begins no whole character a U+FFFD. (A SentencePiece vocabulary's byte fallback would take
+# the byte itself, and llama.cpp decodes overlong forms: there, stock's tokens differ.)
 codecs.register_error("pyedgemoe-llama-bytes", lambda e: ("\ufffd", e.start + 1))
 
 
@@ -77,7 +79,7 @@ class Vocabulary(ABC):
         return self._live_model().is_eog(token)
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text (bytes not UTF-8 as llama.cpp reads them); add_bos: the model's BOS first (if it
+        """Token ids of text (bytes not UTF-8 a U+FFFD each, above); add_bos: the model's BOS first (if it
         uses one); special: <|im_start|> is one."""
         return self._live_model().tokenize(utf8(text).decode("utf-8", errors="pyedgemoe-llama-bytes"), add_bos, special)
 

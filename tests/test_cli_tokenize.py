@@ -3,6 +3,7 @@ the tokens are stock llama.cpp's (through llama-cpp-python's vocab_only Llama, t
 printed as llama-tokenize prints them: `%6d -> 'piece'` a line, or `--ids` a list."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,16 @@ def test_the_log_flags_are_taken_as_in_llama_tokenize():
     assert quiet.returncode == loud.returncode == 0 and quiet.stdout == loud.stdout == tokenize(str(DEMO), "-p", "hello",
                                                                                                 "--ids").stdout
     assert quiet.stderr == b"" and b"llama_model_load: vocab only" in loud.stderr  # -v: llama.cpp's log
+
+
+@pytest.mark.parametrize("command", [["tokenize"], ["run", "-n", "2", "-t", "1", "--temp", "0"], ["embed", "-t", "1"]])
+def test_an_argument_of_bytes_that_are_not_utf8_is_read_as_a_file_of_them_is(tmp_path, command):
+    # Python reads them as lone surrogates (U+DCFF), whose encoding was a traceback
+    file = tmp_path / "text.txt"
+    file.write_bytes(b"a\xffb")
+    by_argument = subprocess.run([sys.executable, "-m", "pyedgemoe", command[0], str(DEMO), "-p", os.fsdecode(b"a\xffb"),
+                                  *command[1:]], capture_output=True, timeout=300)
+    by_file = subprocess.run([sys.executable, "-m", "pyedgemoe", command[0], str(DEMO), "-f", str(file), *command[1:]],
+                             capture_output=True, timeout=300)
+    assert by_argument.returncode == 0 and b"Traceback" not in by_argument.stderr, by_argument.stderr
+    assert by_argument.stdout == by_file.stdout

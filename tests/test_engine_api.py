@@ -42,7 +42,8 @@ def test_a_token_id_outside_the_vocabulary_is_an_invalid_option(eng, call):
     lambda eng: eng.create_chat_completion([{"role": "user", "content": "a\udfff"}], max_tokens=2),
     lambda eng: eng.create_completion("hi", max_tokens=2, grammar='root ::= "\ud800"'),
     lambda eng: eng.create_completion("hi", max_tokens=2, json_schema='{"const": "\ud800"}'),
-], ids=["tokenize", "prompt", "chat", "grammar", "json_schema"])
+    lambda eng: eng.generate("hi", 2, stop=["a", "\ud800"]),  # it was taken, and never matched
+], ids=["tokenize", "prompt", "chat", "grammar", "json_schema", "stop"])
 def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
     # a lone surrogate, which Python's and JSON's escapes can write (before: UnicodeEncodeError, or
     # a TypeError naming the native signature)
