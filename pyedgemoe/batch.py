@@ -42,6 +42,7 @@ class _Request:
     sequence: KVSequence | None = None
     task: Callable[[KVSequence], object] | None = None  # work of its own on a free sequence (embed)
     seq: int | None = None  # the sequence the task needs (a slot file's), else any free one
+    thread: int = field(default_factory=threading.get_ident)  # the thread that started it (its consumer's)
 
     @property
     def prompt(self) -> list[int]:
@@ -104,6 +105,10 @@ class Batcher:
         with self._cond:
             if self._closing:
                 raise RuntimeError("this Engine is closed")
+            held = [q for q in self._running if q.thread == r.thread and not (q.closed or q.done)]
+            if len(held) == len(self._sequences):  # only this thread can free one: it would wait on itself
+                raise EngineBusyError(f"every sequence ({len(held)}) holds a generation this thread started and has "
+                                      "not taken to its end: take one to its end or close() it before starting another")
             self._pending.append(r)
             self._cond.notify_all()
         return r

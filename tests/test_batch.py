@@ -174,3 +174,15 @@ def test_one_sequence_engine_refuses_a_second_open_generation_on_the_same_thread
             eng.generate(PROMPTS[1], 4, temperature=0)
         assert head + "".join(first) == alone[PROMPTS[0]]  # the open one is unharmed
         assert eng.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+
+
+def test_a_thread_whose_open_generations_hold_every_sequence_is_refused_another_not_left_waiting(batched, alone):
+    # it waited forever for a sequence only it could free (a one-sequence Engine refuses at once)
+    streams = [batched.generate(p, 32, temperature=0, ignore_eos=True, stream=True) for p in PROMPTS[:4]]
+    heads = [next(s) for s in streams]
+    with pytest.raises(EngineBusyError, match=r"every sequence \(4\) holds a generation this thread started"):
+        batched.generate(PROMPTS[0], 4, temperature=0)
+    assert heads[0] + "".join(streams[0]) == alone[PROMPTS[0]]  # one taken to its end frees its sequence
+    assert batched.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+    for s in streams[1:]:
+        s.close()
