@@ -636,6 +636,19 @@ def test_parallel_clients_each_get_their_solo_answer_and_decode_together(paralle
     assert max(running) <= 2
 
 
+def test_parallel_completions_name_the_slot_each_ran_in(parallel_server):
+    # llama-server's id_slot, which POST /slots/N?action=save takes: it was 0 for every request
+    body = json.dumps({"prompt": "def add(a, b):", "n_predict": 200, "temperature": 0, "ignore_eos": True}).encode()
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(request("POST", parallel_server + "/completion", body,
+                                                                      key=None)[1])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(a["id_slot"] for a in answers) == [0, 1]
+
+
 def test_parallel_a_client_leaving_frees_its_sequence_for_the_queue(parallel_server):
     parallel = openai.OpenAI(base_url=parallel_server + "/v1", api_key="none", max_retries=0, timeout=120)
     first = open_stream(parallel_server, 1500, key=None)

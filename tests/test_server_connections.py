@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import socket
 import time
 from urllib.parse import urlparse
@@ -164,6 +165,48 @@ def test_a_client_that_leaves_a_non_streamed_generation_ends_it(served, path, bo
     assert time.monotonic() - left < 3, "the generation went on after its client left"
     assert metric_values(url)[("pyedgemoe_requests_total", (("code", "499"), ("path", path)))] == before + 1
     assert "Traceback" not in log.read_text()
+
+
+def count(url: str, path: str, code: str) -> float:
+    return metric_values(url).get(("pyedgemoe_requests_total", (("code", code), ("path", path))), 0)
+
+
+@pytest.mark.parametrize("how", ["mid-body", "mid-stream"])
+def test_a_client_that_leaves_is_counted_499_not_500_or_200(served, how):
+    url, log = served
+    before = {code: count(url, "/v1/completions", code) for code in ("200", "499", "500")}
+    if how == "mid-body":  # the body never finishes: no answer at all (it was counted a 500)
+        sock = connect(url)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\":")
+        time.sleep(0.3)
+        sock.close()
+    else:  # the 200 went out, its end did not (it was counted a 200)
+        conn, _ = open_stream(url, 1500, key=None)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+    deadline = time.monotonic() + 5
+    while count(url, "/v1/completions", "499") != before["499"] + 1:
+        assert time.monotonic() < deadline, metric_values(url)
+        time.sleep(0.1)
+    assert {code: count(url, "/v1/completions", code) for code in ("200", "500")} == \
+        {code: before[code] for code in ("200", "500")}
+    assert "Traceback" not in log.read_text()
+
+
+def test_stopping_the_server_answers_a_body_still_arriving_503_at_once(tmp_path):
+    # uvicorn waited its graceful 5 s for the body, then cancelled its read: a traceback and a 500
+    proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS)
+    sock = connect(url)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"prompt\":")
+    time.sleep(0.3)
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    answer = sock.recv(65536)
+    assert proc.wait(timeout=30) == 0 and time.monotonic() - stopped < 3
+    assert answer.startswith(b"HTTP/1.1 503") and b'"server_shutting_down"' in answer
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 
 @pytest.mark.parametrize("host, status", [

@@ -429,7 +429,8 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
         if isinstance(route, APIRoute) and "GET" in route.methods:
             route.methods.add("HEAD")
     # the last added is the outermost: counted, then the site checked, then the key, then the body read
-    app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds)
+    app.add_middleware(JSONBody, max_bytes=limits.max_body_bytes, timeout_seconds=limits.timeout_seconds,
+                       stopping=lambda: queue.stopping)
     app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)
     app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
     app.add_middleware(HeadSize, max_bytes=MAX_HEAD_BYTES)

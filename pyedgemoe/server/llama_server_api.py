@@ -116,6 +116,9 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
     n_prompt = len(generation.prompt)
     probabilities = []  # n_probs: of each token whose text was sent (the end-of-generation token's too)
 
+    def id_slot() -> int:  # the sequence it runs on, as llama-server's slot (a slot file's POST /slots/N)
+        return generation.sequence.seq if generation.sequence is not None else 0
+
     def event(token: int, is_eog: bool = False) -> Iterator[dict]:
         logprob = (generation.end[1] if is_eog else generation.logprobs[len(slot.tokens)]) if n_probs else None
         text = slot.take(token, is_eog)
@@ -125,7 +128,7 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
         if n_probs:
             probabilities.append(_probability(engine, logprob, text))
         # non-streamed too: between two chunks the server looks whether the client is still there (EngineQueue)
-        chunk = {"index": 0, "content": _text(text), "tokens": [token], "stop": False, "id_slot": 0,
+        chunk = {"index": 0, "content": _text(text), "tokens": [token], "stop": False, "id_slot": id_slot(),
                  "tokens_predicted": len(slot.tokens), "tokens_evaluated": n_prompt}
         if n_probs:
             chunk["completion_probabilities"] = probabilities[-1:]
@@ -136,8 +139,8 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
     try:
         for token in picks:
             if isinstance(token, PromptProgress):  # return_progress: how far the prompt's evaluation is
-                progress = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
-                            "tokens_evaluated": n_prompt, "prompt_progress": token.llama_server()}
+                progress = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": id_slot(),
+                            "tokens_predicted": 0, "tokens_evaluated": n_prompt, "prompt_progress": token.llama_server()}
                 if per_token:  # as its other chunks: the evaluation's so far
                     progress["timings"] = token.stats().llama_server_timings(0)
                 yield progress
@@ -150,12 +153,12 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
     if generation.end is not None:  # picked after the last token taken (not when a stop or limit ended it)
         yield from event(generation.end[0], is_eog=True)
     if stream and slot.sent < len(slot.text):  # what a stop string might have begun, once it cannot
-        yield {"index": 0, "content": _text(slot.text[slot.sent:]), "tokens": [], "stop": False, "id_slot": 0,
+        yield {"index": 0, "content": _text(slot.text[slot.sent:]), "tokens": [], "stop": False, "id_slot": id_slot(),
                "tokens_predicted": len(slot.tokens), "tokens_evaluated": n_prompt}
     stop_type = "eos" if generation.end is not None else "word" if slot.stopping_word is not None else "limit"
     text = _text(slot.text)
     last = {"index": 0, "content": "" if stream else text, "tokens": slot.tokens if return_tokens and not stream else [],
-            "id_slot": 0, "stop": True, "model": model_id, "tokens_predicted": len(slot.tokens),
+            "id_slot": id_slot(), "stop": True, "model": model_id, "tokens_predicted": len(slot.tokens),
             "tokens_evaluated": n_prompt, "generation_settings": settings,
             "prompt": engine.detokenize(generation.prompt, special=True), "has_new_line": slot.has_new_line,
             "truncated": False, "stop_type": stop_type, "stopping_word": _text(slot.stopping_word or b""),

@@ -56,7 +56,8 @@ class BearerAuth:
 
 
 class RequestCounting:
-    """Counts each HTTP request by path and the status it was answered with."""
+    """Counts each HTTP request by path and the status it was answered with: 499 where its client
+    left before the answer's end (mid-body, mid-stream), as the server's own 499s."""
 
     def __init__(self, app, counts: RequestCounts) -> None:
         self.app = app
@@ -66,15 +67,23 @@ class RequestCounting:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500  # unless a response starts
+        status, answered, left = 500, False, False  # 500 unless a response starts
+
+        async def receive_and_note_leaving():
+            nonlocal left
+            message = await receive()
+            left = left or message["type"] == "http.disconnect"
+            return message
 
         async def send_and_note_status(message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_note_status)
+            await self.app(scope, receive_and_note_leaving, send_and_note_status)
         finally:
-            self.counts.add(scope["path"], status)
+            self.counts.add(scope["path"], 499 if left and not answered else status)

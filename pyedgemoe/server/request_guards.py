@@ -14,7 +14,9 @@
   reads any body as JSON. Other types (text/plain, multipart/form-data: what a page's form can send
   to any site) are 415, and so is a compressed body (Content-Encoding). The body is at most max_bytes (413, refused from
   its Content-Length before it is read, so no `100 Continue` invites it), and it arrives within
-  timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on.
+  timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on. A
+  body still arriving when the server stops is answered 503 then (uvicorn waited for it, then
+  cancelled its read: a traceback and a 500).
 - HeadSize: a request line and headers of more than max_bytes are 431. h11 refuses a head still
   incomplete beyond its limit, but one that arrives in one read passes it (a 100 KB head did).
 A request refused before its body was read leaves its client a moment to send the rest, which is
@@ -27,6 +29,8 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from pyedgemoe.server.openai_errors import APIError
+
+STOPPING_CHECK_SECONDS = 0.25  # how often a body's read looks whether the server is stopping
 
 def _host_name(host: str) -> str:
     """The name or address of a Host header (or an Origin's netloc), without its port."""
@@ -95,10 +99,11 @@ _READ_AS_JSON = (b"application/json", b"", b"application/x-www-form-urlencoded")
 
 
 class JSONBody:
-    def __init__(self, app, max_bytes: int, timeout_seconds: float) -> None:
+    def __init__(self, app, max_bytes: int, timeout_seconds: float, stopping) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_seconds = timeout_seconds
+        self.stopping = stopping  # () -> whether the server is stopping
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -108,7 +113,7 @@ class JSONBody:
             body = await self._body(scope, receive)
         except APIError as e:
             # a body too slow is a connection to close (slowloris); one refused unread is discarded
-            await e.response({"Connection": "close"} if e.status == 408 else None)(scope, receive, send)
+            await e.response({"Connection": "close"} if e.status in (408, 503) else None)(scope, receive, send)
             return
         if body is None:  # the client left
             return
@@ -137,11 +142,19 @@ class JSONBody:
         length = headers.get(b"content-length")  # h11 checked it is digits
         if length is not None and int(length) > self.max_bytes:
             raise self._too_large()
+        loop = asyncio.get_running_loop()
+        deadline, read = loop.time() + self.timeout_seconds, asyncio.ensure_future(self._read(receive))
         try:
-            return await asyncio.wait_for(self._read(receive), self.timeout_seconds)
-        except asyncio.TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {self.timeout_seconds:g} s",
-                           "request_timeout") from None
+            while not read.done():
+                if self.stopping():
+                    raise APIError(503, "the server is shutting down", "server_shutting_down")
+                if loop.time() >= deadline:
+                    raise APIError(408, f"the request body did not arrive within {self.timeout_seconds:g} s",
+                                   "request_timeout")
+                await asyncio.wait({read}, timeout=min(STOPPING_CHECK_SECONDS, deadline - loop.time()))
+            return read.result()
+        finally:
+            read.cancel()
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than the server's limit of {self.max_bytes} bytes "
