@@ -4,14 +4,21 @@ A decode releases the GIL while llama.cpp computes. Where the program ends while
 thread decodes, Python's finalization makes that thread exit as it takes the GIL back; it leaves
 through the native module's C++ frames, where the unwinding ends in std::terminate (the process
 exited 1 with "llama.cpp stopped on an internal check ..."). So at exit (atexit, which runs before
-finalization) the calls in flight finish first, and one begun after that raises instead."""
+finalization) the calls in flight finish first, and one begun after that raises instead; then every
+thread that comes back from a native call (a sampler's pick, a tokenization: any that released the GIL)
+waits there for the process's end (native gil_released), one waiting for the GIL just then first
+taking it."""
 from __future__ import annotations
 
 import atexit
 import threading
+import time
 from typing import Callable
 
+from pyedgemoe import _native
+
 EXIT_WAIT_S = 60.0  # the longest the exit waits for the decodes in flight (a long prompt's batch)
+GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finalization
 
 _state = threading.Condition()
 _in_flight = 0
@@ -41,3 +48,7 @@ def _finish_in_flight() -> None:
     with _state:
         _exiting = True
         _state.wait_for(lambda: _in_flight == 0, timeout=EXIT_WAIT_S)
+    # from now on a thread coming back from llama.cpp waits there for the end (native gil_released),
+    # and one already waiting for the GIL takes it now, before finalization would end it in native frames
+    _native.exiting_threads_wait()
+    time.sleep(GIL_HANDOVER_S)

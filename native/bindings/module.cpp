@@ -6,7 +6,7 @@ NB_MODULE(_native, m) {
     m.doc() = "pyedgemoe native layer: vendored llama.cpp behind a thin binding";
     log_install();
     abort_install();
-    gil_released_install();
+    gil_released_install(m);
     nb::set_leak_warnings(false);  // objects a daemon thread held at exit are not leaks of the bindings
     llama_backend_init();
 

@@ -34,7 +34,7 @@ struct gil_released {
 private:
     PyThreadState * state;
 };
-void gil_released_install();  // at import: which thread is the main one
+void gil_released_install(nb::module_ & m);  // at import: which thread is the main one; exiting_threads_wait
 
 // A numpy array that owns v's data.
 template <typename T>
