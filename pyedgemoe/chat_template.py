@@ -33,8 +33,16 @@ def template_source(value: str) -> str:
     return source
 
 
+class _Refusal(jinja2.exceptions.TemplateError):
+    """A template's own raise_exception(...): it refuses the messages (Gemma 2 a system message)."""
+
+
+class ChatTemplateRefusal(InvalidOptionError):
+    """render_chat's error where the template's own raise_exception refused the messages."""
+
+
 def _raise(message: str):
-    raise jinja2.exceptions.TemplateError(message)
+    raise _Refusal(message)
 
 
 class _GenerationTags(jinja2.ext.Extension):
@@ -70,13 +78,18 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str, e
     tools and tool_choice (OpenAI's) go to the template, as llama-cpp-python hands them (ChatML and
     llama.cpp's built-in templates show no tools); template_kwargs are more of its variables
     (llama-server's chat_template_kwargs: {"enable_thinking": false}), over those. A template that
-    refuses the messages (and no fallback that takes them) is InvalidOptionError."""
+    refuses the messages (its raise_exception, as Gemma 2's of a system message: stock llama-cpp-python
+    and Transformers raise it) is ChatTemplateRefusal in its words; one whose code fails on them
+    (ZeroDivisionError, the sandbox's OverflowError), InvalidOptionError naming the error, where no
+    fallback takes them."""
     if template:
         try:
             return _environment().from_string(template).render({
                 "messages": messages, "add_generation_prompt": True, "bos_token": bos_token, "eos_token": eos_token,
                 "tools": tools, "tool_choice": tool_choice, **(template_kwargs or {})})
-        except (jinja2.exceptions.TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
+        except _Refusal as e:
+            raise ChatTemplateRefusal(f"the chat template refuses these messages: {e}") from None
+        except Exception as e:
             # a template's own code fails on messages it does not expect (Qwen3's tests `in` on a
             # content that is null: TypeError)
             pairs = [(m["role"], m.get("content") or "") for m in messages]
@@ -85,6 +98,6 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str, e
                 text = native_fallback(pairs)
                 if text is not None:
                     return text
-            raise InvalidOptionError(f"the model's chat template refuses these messages: {e}") from None
+            raise InvalidOptionError(f"the chat template fails on these messages: {type(e).__name__}: {e}") from None
     env = ImmutableSandboxedEnvironment()
     return env.from_string(CHATML).render(messages=messages, add_generation_prompt=True)

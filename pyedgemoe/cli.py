@@ -26,7 +26,7 @@ from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.llama_flags import screened
 from pyedgemoe.cli_options import (chat_template_options, log_options, model_name, model_options, model_source,
                                    sampling_options, speculative_options)
-from pyedgemoe.cli_report import context_full, print_stats, print_timings
+from pyedgemoe.cli_report import context_full, print_context_full, print_stats, print_timings
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
@@ -337,9 +337,8 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
         print_timings(t.to_dict())
     if interrupted:
         typer.echo(f"note: interrupted (Ctrl-C){'' if evaluated else ' while the prompt was evaluated'}", err=True)
-    elif context_full(t.finish_reason, t.n_decoded, max_tokens):
-        typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {eng.n_ctx} positions is full"
-                   + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)
+    else:
+        print_context_full(t, eng.n_ctx, max_tokens)
     return not interrupted
 
 
@@ -617,7 +616,7 @@ def embed_command(
     """The texts' embeddings, as llama.cpp's llama-embedding prints them: a row per token, or a
     vector per text with --pooling mean, cls or last."""
     from pyedgemoe.cli_embed import FORMATS, formatted, split_texts
-    from pyedgemoe.embeddings import POOLING_NONE, pooling_type
+    from pyedgemoe.embeddings import FLAGS, POOLING_NONE, check_one_pass, pooling_type
     from pyedgemoe.engine import Engine
 
     if (prompt is None) == (file is None):
@@ -637,7 +636,11 @@ def embed_command(
     with command_errors():
         with Engine(model, n_ctx=ctx, **engine_options) as eng:
             print_model_note(eng, model)
-            rows = [eng.embed(eng.tokenize(t, add_bos=True, special=True), truncate=False) for t in texts]
+            rows = []
+            for t in texts:
+                ids = eng.tokenize(t, add_bos=True, special=True)
+                check_one_pass(eng, len(ids), FLAGS)  # in the CLI's words
+                rows.append(eng.embed(ids, truncate=False))
             pooled = pooling_type(eng) != POOLING_NONE
     sys.stdout.buffer.write(formatted(rows, texts, pooled, output_format, normalization))
     sys.stdout.flush()

@@ -20,6 +20,7 @@ import typer
 from pyedgemoe.chat_formats import has_thinking_tags
 from pyedgemoe.chat_template import TEMPLATE_KEY
 from pyedgemoe.cli_input import read_input
+from pyedgemoe.cli_report import print_context_full
 from pyedgemoe.errors import ContextOverflowError, InvalidOptionError
 from pyedgemoe.generation import SamplingParams
 
@@ -121,7 +122,8 @@ def _globbed(pattern: str) -> str:
 def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: SamplingParams, stop: list[str],
            template_kwargs: dict | None, reasoning_format: str | None) -> dict:
     """The assistant's message replying to messages, streamed to stdout (its thoughts, where parsed
-    apart, between THINKING's marks); Ctrl-C stops it where it is."""
+    apart, between THINKING's marks), with a note where the context filled up before it ended; Ctrl-C
+    stops it where it is."""
     reply, thoughts, interrupted = [], [], False
     chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
                                         chat_template_kwargs=template_kwargs or None, reasoning_format=reasoning_format,
@@ -145,5 +147,7 @@ def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: Sampling
     sys.stdout.flush()
     if interrupted:
         typer.echo("note: reply interrupted (Ctrl-C at the prompt ends the session)", err=True)
+    else:
+        print_context_full(eng.last_timings, eng.n_ctx, max_tokens)
     message = {"role": "assistant", "content": "".join(reply)}
     return {**message, "reasoning_content": "".join(thoughts)} if thoughts else message

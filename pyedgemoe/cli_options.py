@@ -64,7 +64,8 @@ _ENGINE_OPTIONS = (
     ("batch_size", int, typer.Option(LoadOptions.n_batch, "-b", "--batch-size",
                                      help="tokens of the prompt per llama_decode, as llama.cpp's -b"), "n_batch"),
     ("ubatch_size", int, typer.Option(LoadOptions.n_ubatch, "-ub", "--ubatch-size",
-                                      help="tokens per pass of the model, at most --batch-size, as llama.cpp's -ub"),
+                                      help="tokens per pass of the model, at most --batch-size (0: --batch-size), "
+                                           "as llama.cpp's -ub"),
      "n_ubatch"),
     ("flash_attn", Optional[str], typer.Option(None, "-fa", "--flash-attn",
                                                help="flash attention: on, off or auto (llama.cpp decides; the "

@@ -28,6 +28,14 @@ def context_full(finish_reason: str, n_decoded: int, max_tokens: int | None) -> 
     return finish_reason == "length" and (max_tokens is None or n_decoded < max_tokens)
 
 
+def print_context_full(t, n_ctx: int, max_tokens: int | None) -> None:
+    """A note on stderr where a generation (its GenerationStats t) stopped because the context of
+    n_ctx positions was full (context_full)."""
+    if context_full(t.finish_reason, t.n_decoded, max_tokens):
+        typer.echo(f"note: stopped after {t.n_decoded} generated tokens: the context of {n_ctx} positions is full"
+                   + ("" if max_tokens is None else f" (-n {max_tokens} asked for more: raise --ctx)"), err=True)
+
+
 def _layer_line(name: str, c: dict, prefetched: dict | None) -> str:
     """requests = hits + misses + skipped; bytes read = on demand + prefetched."""
     hit_rate = c["hits"] / c["requests"] if c["requests"] else 0.0

@@ -13,11 +13,13 @@
 """
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from contextlib import closing
 from typing import Container, Iterator
 
+from pyedgemoe.chat_template import ChatTemplateRefusal
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import CHAT_TEMPERATURE, PromptProgress, SamplingParams, TokenLogprob
@@ -47,7 +49,7 @@ def usage(n_prompt: int, n_completion: int, n_cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": n_cached}}
 
 
-def check_n_probs(name: str, n: int | None) -> None:
+def check_count(name: str, n: int | None) -> None:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
         raise InvalidOptionError(f"{name} must be an integer >= 0, got {n!r}")
 
@@ -68,6 +70,7 @@ class TextRun:
         self._timings_per_token = timings_per_token
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
+        check_count("max_tokens", max_tokens)  # before the tail is added: a negative one is refused as given
         self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
         allowed = max_tokens + CHARACTER_TAIL if max_tokens else max_tokens
         self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs,
@@ -183,7 +186,7 @@ def create_completion(engine, prompt: str | list[int], max_tokens: int | None, s
     """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
     generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
     completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
-    check_n_probs("logprobs", logprobs)
+    check_count("logprobs", logprobs)
     tokens = engine.prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
     run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs,
                   timings_per_token=timings_per_token, progress=stream and return_progress)
@@ -236,8 +239,9 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
     thoughts; thinking_tags: a reasoning budget's or control's; the last message continued, or no
     generation prompt: llama-server's continue_final_message, add_generation_prompt) the ChatTurn it
     is the text of (llama.cpp's rendering); else the model's template as Engine.format_chat renders it,
-    given what llama.cpp's tools give a template (LLAMA_CPP_VARIABLES) where template_kwargs do not say,
-    or with jinja2_formatter, as llama-cpp-python's Jinja2ChatFormatter, nothing more."""
+    given what llama.cpp's tools give a template (llama_cpp_variables) where template_kwargs do not say
+    (what the template refuses, as llama.cpp renders it), or with jinja2_formatter, as llama-cpp-python's
+    Jinja2ChatFormatter, nothing more."""
     check_messages(messages)
     tools = check_tools(tools)
     check_tool_choice(tool_choice)
@@ -250,13 +254,26 @@ def chat_text(engine, messages: list[dict], tools: list[dict] | None = None, too
         turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format,
                         continued, add_generation_prompt is not False and not continued)
         return turn.prompt, turn
-    variables = template_kwargs if jinja2_formatter else {**LLAMA_CPP_VARIABLES, **(template_kwargs or {})}
-    return engine.format_chat(messages, tools, tool_choice, variables), None
+    if jinja2_formatter:
+        return engine.format_chat(messages, tools, tool_choice, template_kwargs), None
+    try:
+        return engine.format_chat(messages, tools, tool_choice, {**llama_cpp_variables(), **(template_kwargs or {})}), None
+    except ChatTemplateRefusal as refusal:
+        # llama.cpp's rendering takes what a template refuses where it knows how (Gemma 2's system
+        # message merged into the first user's): llama-server's prompt; else the template's words
+        try:
+            turn = ChatTurn(engine, messages, tools, tool_choice, parallel_tool_calls, template_kwargs, reasoning_format)
+        except InvalidOptionError:
+            raise refusal from None
+        return turn.prompt, turn
 
 
-# what llama.cpp's tools (llama-server, llama-cli) give a chat template besides the messages and tools:
-# its thoughts open (common_chat_templates_inputs' default, where --reasoning is not off)
-LLAMA_CPP_VARIABLES = {"enable_thinking": True}
+def llama_cpp_variables() -> dict:
+    """What llama.cpp's tools (llama-server, llama-cli) give a chat template besides the messages and
+    tools: its thoughts open (common_chat_templates_inputs' default, where --reasoning is not off) and
+    today's date, local time (common_chat_extra_context)."""
+    now = datetime.datetime.now()
+    return {"enable_thinking": True, "date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
 
 
 def chat_prompt_tokens(engine, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> list[int]:
@@ -285,7 +302,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
     (pyedgemoe.tool_calls). jinja2_formatter: chat_text's and chat_text_tokens's."""
-    check_n_probs("top_logprobs", top_logprobs)
+    check_count("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
     text, turn = chat_text(engine, messages, tools, tool_choice, template_kwargs, parallel_tool_calls, parse_tool_calls,

@@ -19,6 +19,8 @@ POOLING_TYPES: dict[str, int] = {"none": 0, "mean": 1, "cls": 2, "last": 3}
 POOLING_NONE = POOLING_TYPES["none"]
 POOLING_HELP = ("how embeddings pool a text's rows: none (a vector per token), mean, cls or last (llama.cpp's "
                 "--pooling; for embed and serve --embeddings)")
+# the CLI's options (run, embed, serve) of the settings that bound one embedding pass (max_tokens)
+FLAGS = {"n_ubatch": "-ub", "n_batch": "-b", "n_ctx": "-c"}
 _RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK: a reranker's score, from a classification head
 _NO_RANK = ("rank pooling scores documents with a reranking model's classification head, which a generative MoE "
             "model has not (llama.cpp stops on it): use none, mean, cls or last")
@@ -86,6 +88,21 @@ def max_tokens(engine) -> tuple[int, str]:
     return min([(n_ctx, "n_ctx"), *pooled, (engine.plan.n_batch, "n_batch")], key=lambda bound: bound[0])
 
 
+def check_one_pass(engine, n_tokens: int, flags: dict[str, str] | None = None) -> None:
+    """InvalidOptionError where n_tokens are more than one embed() evaluates (max_tokens): the bound
+    and the setting that raises it, by the Engine's names, or by flags (the CLI's FLAGS, which has no
+    truncate=True to advise)."""
+    limit, what = max_tokens(engine)
+    if n_tokens <= limit:
+        return
+    name = flags or {setting: setting for setting in FLAGS}
+    # n_ctx bounding less than the context: the batch, which llama.cpp caps at the n_ctx asked (a context is rounded up)
+    bound = f"the batch of {limit} tokens ({name['n_batch']}, at most the {name['n_ctx']} asked)" \
+        if what == "n_ctx" and limit < engine.n_ctx else f"{name[what]} {limit}"
+    fix = f"raise {name[what]}" if flags else f"truncate=True drops the rest, or raise {what}"
+    raise InvalidOptionError(f"{n_tokens} tokens exceed {bound}: embed evaluates a text in one pass ({fix})")
+
+
 def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool = True) -> np.ndarray:
     """float32 embeddings of text (tokenized with BOS) or token ids, on a sequence that holds nothing
     before or after (n_parallel > 1: a free one, queued for as a generation): [n_tokens, n_embd],
@@ -95,12 +112,9 @@ def embed(engine, text: str | list[int], normalize: bool = False, truncate: bool
     ids = engine.prompt_tokens(text)
     if not ids:
         raise InvalidOptionError("embed needs at least one token")
-    limit, what = max_tokens(engine)
-    if len(ids) > limit:
-        if not truncate:
-            raise InvalidOptionError(f"{len(ids)} tokens exceed {what} {limit}: embed evaluates one pass "
-                                     f"(truncate=True drops the rest, or raise {what})")
-        ids = ids[:limit]
+    if not truncate:
+        check_one_pass(engine, len(ids))
+    ids = ids[:max_tokens(engine)[0]]
     engine._check_fits(len(ids), 0)
     if engine._batcher is not None:
         rows = engine._batcher.embed(ids)

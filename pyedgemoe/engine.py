@@ -51,8 +51,8 @@ class Engine(Vocabulary):
         process may run on, within its cgroup's CPU quota, pyedgemoe.threads; the decode leaves one of them to the expert reads when prefetch, left unset, is on:
         expert_options.auto_prefetch; the core goes back to the decode if prefetching stops itself).
     n_batch: tokens per llama_decode call during prefill; n_ubatch: tokens llama.cpp computes at
-        once, splitting each call's batch (llama.cpp's micro-batch; at most n_batch, and fewer where
-        the expert cache needs it: a ubatch's experts of one layer all in slots at once).
+        once, splitting each call's batch (llama.cpp's micro-batch; at most n_batch, 0 for n_batch, and
+        fewer where the expert cache needs it: a ubatch's experts of one layer all in slots at once).
     seed: default sampling seed (None or -1, as in llama.cpp: random).
     flash_attn: True/False, or None to let llama.cpp decide (its default).
     kv_type: KV cache element type, "f16" (llama.cpp's default), "f32", "q8_0", ...
@@ -370,9 +370,7 @@ class Engine(Vocabulary):
 
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
-            room = f" with room for {n_more} generated" if n_more else ""
-            raise ContextOverflowError(f"prompt of {n_prompt} tokens does not fit the context of {self.n_ctx} "
-                                       f"tokens{room} (raise n_ctx / --ctx)")
+            raise ContextOverflowError.of_prompt(n_prompt, n_more, self.n_ctx, self.n_parallel, self._live().n_ctx)
 
     def generate_tokens(self, prompt_tokens: list[int], max_tokens: int | None,
                         sampling: SamplingParams, *, ignore_eos: bool = False,
@@ -397,8 +395,7 @@ class Engine(Vocabulary):
         prompt = as_token_ids(prompt_tokens, "prompt")
         if not prompt:
             raise InvalidOptionError("the prompt is empty (no tokens)")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
-            raise InvalidOptionError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        completions.check_count("max_tokens", max_tokens)
         if feed_tokens is not None:
             if self._batcher is not None:
                 raise InvalidOptionError("feed_tokens needs n_parallel=1")
@@ -406,7 +403,7 @@ class Engine(Vocabulary):
             if max_tokens is None or len(feed_tokens) < max_tokens - 1:
                 raise InvalidOptionError(f"feed_tokens needs max_tokens - 1 tokens, got {len(feed_tokens)} "
                                          f"for max_tokens {max_tokens}")
-        self._check_fits(len(prompt), 1 if max_tokens else 0)
+        self._check_fits(len(prompt), 0 if max_tokens == 0 else 1)  # room for a token, unless none is asked for
         if sampling.prompt_logits is not None:
             check_logits_fit(self.info.metadata, len(prompt), self.n_logits, self.plan.spare_bytes, self.plan.ubatch_tokens)
         timings = GenerationStats(n_prompt_tokens=len(prompt))

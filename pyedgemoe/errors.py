@@ -12,7 +12,25 @@ class ModelLoadError(PyEdgeMoEError, ValueError):
 
 class ContextOverflowError(PyEdgeMoEError, ValueError):
     """The prompt (plus what was asked to be generated) does not fit the context window (a
-    ValueError, as llama-cpp-python's "Requested tokens ... exceed context window")."""
+    ValueError, as llama-cpp-python's "Requested tokens ... exceed context window"). n_prompt_tokens
+    and n_ctx (a sequence's positions; 0 where the message is about something else) are llama-server's
+    fields of its error."""
+
+    def __init__(self, message: str, n_prompt_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+    @classmethod
+    def of_prompt(cls, n_prompt: int, n_more: int, n_ctx: int, n_parallel: int = 1,
+                  n_ctx_total: int = 0) -> "ContextOverflowError":
+        """A prompt of n_prompt tokens that leaves no room for n_more generated ones in a sequence's
+        n_ctx positions (with n_parallel > 1: its share of the context's n_ctx_total)."""
+        room = f" with room for {n_more} generated" if n_more else ""
+        share = f", each sequence's share of n_ctx {n_ctx_total} across n_parallel {n_parallel}" \
+            if n_parallel > 1 else ""
+        fix = "raise n_ctx / --ctx" + (", or lower n_parallel / --parallel" if n_parallel > 1 else "")
+        return cls(f"prompt of {n_prompt} tokens does not fit the context of {n_ctx} tokens{room}{share} ({fix})",
+                   n_prompt, n_ctx)
 
 
 class InvalidOptionError(PyEdgeMoEError, ValueError):

@@ -36,7 +36,7 @@ import numpy as np
 from pyedgemoe import chatml_function_calling, completions, embeddings, named_chat_formats, rope_scaling
 from pyedgemoe.completions import chat_prompt_tokens, completion_logprobs
 from pyedgemoe.engine import Engine
-from pyedgemoe.errors import EngineBusyError, InvalidOptionError
+from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError
 from pyedgemoe.expert_options import OPTION_NAMES
 from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
@@ -121,6 +121,21 @@ def _takes_the_context(method):
     return call
 
 
+def _stock_overflow(method):
+    """A Llama method's prompt that does not fit the context, in llama-cpp-python's words: its server
+    (llama_cpp/server/errors.py) and programs parse "Requested tokens (N) exceed context window of M"."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except ContextOverflowError as e:
+            if not e.n_ctx:  # not a prompt's
+                raise
+            raise ContextOverflowError(f"Requested tokens ({e.n_prompt_tokens}) exceed context window of {e.n_ctx}",
+                                       e.n_prompt_tokens, e.n_ctx) from None
+    return call
+
+
 class _Stream:
     """A stream a Llama returned (completion or chat chunks, generate's tokens). In llama-cpp-python a
     call goes ahead of a stream still open (a loop left by break, a client gone): the Llama's next
@@ -171,7 +186,7 @@ class Llama:
     """A GGUF model, used the way llama_cpp.Llama is; `engine` is the pyedgemoe Engine behind it.
 
     Supported from llama-cpp-python: model_path, n_ctx (0: the model's training context), n_batch
-    (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch),
+    (tokens per llama_decode), n_ubatch (tokens llama.cpp computes at once, at most n_batch; 0: n_batch),
     n_threads, n_threads_batch, seed, flash_attn, type_k == type_v, verbose, n_gpu_layers (the
     Engine's and the CLI's -ngl: 0 the CPU, unless pyedgemoe's mode is given; -1 or > 0 the GPU
     where the build has one, mode auto, else the CPU, as llama-cpp-python runs), last_n_tokens_size
@@ -626,7 +641,7 @@ class Llama:
             raise InvalidOptionError(f"input must be a text or a list of texts, got {input!r}"[:200])
         for text in [input] if isinstance(input, str) else input:
             tokens = self.tokenize(text)
-            tokens = tokens[:self.n_batch] if truncate else tokens
+            tokens = tokens[:embeddings.max_tokens(self.engine)[0]] if truncate else tokens  # usage: those embedded
             data.append(self.engine.embed(tokens, normalize=normalize, truncate=truncate).tolist())
             n_tokens += len(tokens)
         out = data[0] if isinstance(input, str) else data
@@ -641,6 +656,7 @@ class Llama:
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
     # -- generation ---------------------------------------------------------------------------
+    @_stock_overflow
     @_takes_the_context
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
@@ -715,6 +731,7 @@ class Llama:
             out[key] += generated[key]
         return out
 
+    @_stock_overflow
     @_takes_the_context
     def create_chat_completion(self, messages: list[dict], functions=None, function_call=None, tools=None,
                                tool_choice=None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,

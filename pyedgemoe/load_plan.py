@@ -70,6 +70,8 @@ class LoadOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidOptionError(f"{name} must be a non-negative integer, got {value!r}")
+        if type(self.n_ubatch) is int and self.n_ubatch == 0:  # llama.cpp's 0: a pass of the whole batch
+            object.__setattr__(self, "n_ubatch", self.n_batch)
         for name in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_parallel"):
             value = getattr(self, name)
             if (value is not None or name not in ("n_threads", "n_threads_batch")) and \

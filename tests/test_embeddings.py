@@ -94,7 +94,8 @@ def test_a_pooled_text_is_one_pass_of_the_model(model):
     with Engine(model, pooling="mean", **{**SMALL, "n_ctx": 32}) as eng:
         long = eng.tokenize(TEXT * 20, add_bos=True)
         assert len(long) > 32
-        with pytest.raises(InvalidOptionError, match=f"{len(long)} tokens exceed n_ctx 32"):
+        with pytest.raises(InvalidOptionError, match=rf"{len(long)} tokens exceed the batch of 32 tokens \(n_batch, at "
+                           r"most the n_ctx asked\): .* or raise n_ctx\)"):
             eng.embed(long, truncate=False)
         np.testing.assert_array_equal(eng.embed(long), eng.embed(long[:32]))
 
@@ -154,7 +155,8 @@ def test_the_embed_command_prints_llama_embeddings_json_and_table(model):
     ([], "-p or -f"),
     (["-p", "x", "--embd-output-format", "yaml"], "--embd-output-format"),
     (["-p", "x", "--pooling", "rank"], "reranking"),
-    (["-p", "word " * 80, "--pooling", "mean", "-ub", "32"], "n_ubatch 32"),
+    (["-p", "word " * 80, "--pooling", "mean", "-ub", "32"], "exceed -ub 32: embed evaluates a text in one pass "
+                                                             "(raise -ub)"),
     (["-p", "x", "--embd-normalize", "-3"], "--embd-normalize"),
 ])
 def test_the_embed_command_refuses_in_one_line(model, args, message):

@@ -44,7 +44,7 @@ def test_a_released_template_renders_as_llama_cpp_python_renders_it(template: Pa
         expected = Jinja2ChatFormatter(template=source, eos_token="</s>", bos_token="<s>")(
             messages=messages, tools=tools).prompt
     except Exception:  # the template refuses the chat: ours refuses it too, saying why
-        with pytest.raises(InvalidOptionError, match="the model's chat template refuses these messages: ."):
+        with pytest.raises(InvalidOptionError, match="the chat template (refuses|fails on) these messages: ."):
             render_chat(source, messages, bos_token="<s>", eos_token="</s>", tools=tools)
         return
     assert render_chat(source, messages, bos_token="<s>", eos_token="</s>", tools=tools) == expected

@@ -29,7 +29,6 @@ from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.server.request_params import EMBEDDING_PARAMETERS, PromptBound, parse_fields
 
 NOT_ENABLED = "This server does not support embeddings. Start it with `--embeddings`"
-SERVE_FLAGS = {"n_ubatch": "-ub", "n_batch": "-b", "n_ctx": "-c"}  # what raises each bound of an input's tokens
 NOT_POOLED = ("Pooling type 'none' is not OAI compatible. Please use a different pooling type (serve --pooling mean, "
               "last or cls)")
 
@@ -59,7 +58,7 @@ def add_embedding_routes(app: FastAPI, engine, queue, prompt_bound: PromptBound,
                 raise APIError(400, f"input {i} has no tokens: input content cannot be empty", "invalid_value", "input")
             if len(ids) > limit:
                 raise APIError(400, f"input {i} of {len(ids)} tokens is too large to embed: at most {what} {limit} "
-                               f"(serve {SERVE_FLAGS[what]} raises it)", "context_length_exceeded", "input")
+                               f"(serve {embeddings.FLAGS[what]} raises it)", "context_length_exceeded", "input")
         return q, tokens
 
     async def answer(request: Request, openai: bool):

@@ -161,7 +161,8 @@ def _chunks(engine, slot: _Slot, generation, picks: Iterator[int], stream: bool,
             "id_slot": id_slot(), "stop": True, "model": model_id, "tokens_predicted": len(slot.tokens),
             "tokens_evaluated": n_prompt, "generation_settings": settings,
             "prompt": engine.detokenize(generation.prompt, special=True), "has_new_line": slot.has_new_line,
-            "truncated": False, "stop_type": stop_type, "stopping_word": _text(slot.stopping_word or b""),
+            "truncated": n_prompt + generation.timings.n_decoded >= engine.n_ctx,  # stopped as the context was full
+            "stop_type": stop_type, "stopping_word": _text(slot.stopping_word or b""),
             "tokens_cached": n_prompt + max(len(slot.tokens) - 1, 0),
             "timings": generation.timings.llama_server_timings(len(slot.tokens))}  # the end-of-generation token in
     if n_probs and not stream:

@@ -19,18 +19,21 @@ _NAMED = re.compile(r"([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)*)(?::| must | names )")
 
 class APIError(Exception):
     """A request the server answers with an error; code is OpenAI's machine-readable reason
-    (e.g. "model_not_found"), param the request parameter at fault."""
+    (e.g. "model_not_found"), param the request parameter at fault, extra more fields of the error
+    (llama-server's)."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.extra = extra or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+                          "param": self.param, "code": self.code, **self.extra}}
 
     def response(self, headers: dict | None = None) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
@@ -42,8 +45,9 @@ def from_engine_error(e: Exception) -> APIError:
     bug) the server's (500)."""
     if isinstance(e, APIError):
         return e
-    if isinstance(e, ContextOverflowError):
-        return APIError(400, str(e), "context_length_exceeded")
+    if isinstance(e, ContextOverflowError):  # with llama-server's counts, which its web UI's context dialog shows
+        return APIError(400, str(e), "context_length_exceeded",
+                        extra={"n_prompt_tokens": e.n_prompt_tokens, "n_ctx": e.n_ctx})
     if isinstance(e, InvalidOptionError):
         named = _NAMED.match(str(e))
         return APIError(400, str(e), "invalid_value", named.group(1) if named else None)

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
 
 from pyedgemoe.chat_formats import REASONING_FORMATS
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError
 from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exposed_fields, sampler_order
 from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
                                      MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, UINT32_MAX)
-from pyedgemoe.server.openai_errors import APIError
+from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.tool_calls import from_functions
 
 
@@ -161,12 +161,16 @@ def _prompt(name: str, value) -> str | list[int]:
 
 
 def _content(i: int, value) -> str:
-    """A message's text: a string, or OpenAI's list of parts, all of type text."""
+    """A message's text: a string, or OpenAI's list of parts, all of type text, one a line after the
+    first that has text (llama-server's concat_content_parts)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                        and isinstance(p.get("text"), str) for p in value):
-        return "".join(p["text"] for p in value)
+        text = ""
+        for p in value:
+            text += f"\n{p['text']}" if text else p["text"]
+        return text
     raise invalid(f"messages[{i}].content", "a string or a list of text parts", value)
 
 
@@ -594,6 +598,7 @@ class PromptBound:
 
     def __init__(self, engine) -> None:
         self.n_ctx = engine.n_ctx
+        self.n_parallel, self.n_ctx_total = engine.n_parallel, engine._live().n_ctx  # the sequences sharing the context
         self.n_vocab = engine.n_vocab
         # special=True: a chat's template text is tokenized with its special tokens
         self.max_piece_bytes = max(1, max(len(engine.token_piece(t, special=True)) for t in range(self.n_vocab)))
@@ -607,8 +612,8 @@ class PromptBound:
 
     def check_tokens(self, tokens: list[int], name: str = "prompt") -> None:
         if len(tokens) > self.n_ctx:
-            raise APIError(400, f"prompt of {len(tokens)} tokens does not fit the context of {self.n_ctx} tokens",
-                           "context_length_exceeded")
+            raise from_engine_error(ContextOverflowError.of_prompt(len(tokens), 0, self.n_ctx, self.n_parallel,
+                                                                   self.n_ctx_total))
         bad = next((t for t in tokens if t >= self.n_vocab), None)
         if bad is not None:
             raise APIError(400, f"'{name}' has the token id {bad}, out of the vocabulary [0, {self.n_vocab})",

@@ -13,6 +13,8 @@ from types import MappingProxyType
 
 import uvicorn
 
+from pyedgemoe.completions import chat_text
+from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.server.app import create_app
 from pyedgemoe.server.http_protocol import HeadTimeoutProtocol
 from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
@@ -21,6 +23,18 @@ from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _check_chat_template(engine, chat_defaults: Mapping) -> None:
+    """InvalidOptionError where the chat template cannot render a user's message alone as a chat
+    with the server's defaults is rendered: refused at start, as llama-server refuses a template its
+    example fails on (common_chat_format_example), rather than with every chat."""
+    try:
+        chat_text(engine, [{"role": "user", "content": "test"}],
+                  template_kwargs=chat_defaults.get("chat_template_kwargs"),
+                  reasoning_format=chat_defaults.get("reasoning_format"))
+    except InvalidOptionError as e:
+        raise InvalidOptionError(f"{e} (a user's message alone, tried at start)") from None
 
 
 class _Server(uvicorn.Server):
@@ -49,6 +63,7 @@ def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[st
           embeddings: bool = False, spm_infill: bool = False, web_pages: bool = True, log_level: str = "info",
           slot_directory: str | None = None) -> None:
     """Serves engine on sock until the process is told to stop."""
+    _check_chat_template(engine, chat_defaults)
     app = create_app(engine, model_id=model_id, model_aliases=model_aliases, api_keys=api_keys, limits=limits,
                      allowed_hosts=allowed_hosts, chat_defaults=chat_defaults, request_defaults=request_defaults,
                      embeddings=embeddings, spm_infill=spm_infill, web_pages=web_pages, slot_directory=slot_directory)
