@@ -52,7 +52,8 @@ def post_raw(url: str, body: bytes, path: str = "/v1/completions") -> tuple[int,
 def assert_error(status: int, out: dict, expected_status: int, param: str | None = None, code: str | None = None):
     assert status == expected_status, out
     error = out["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    extra = {"n_prompt_tokens", "n_ctx"} if error.get("code") == "context_length_exceeded" else set()  # llama-server's
+    assert set(error) - extra == {"message", "type", "param", "code"}
     if param is not None:
         assert error["param"] == param, error
     if code is not None:
@@ -352,6 +353,27 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(served, 
     assert "bytes" in out["error"]["message"]
     assert took < 2, took
     assert not watch.failures and watch.slowest < HEALTH_WITHIN, watch.slowest
+
+
+def test_a_body_of_many_small_values_is_refused_before_python_makes_them(served, server):
+    """200,000 messages in 7 MB took the parser 125 MiB (a capped server was OOM-killed): a body's
+    arrays and objects, and its values, are counted on its text first. A prompt of 500,000 token
+    ids is parsed (and refused by the context)."""
+    _, proc, _ = served
+    many = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 200_000, "max_tokens": 4}).encode()
+    with HealthWatch(server, proc.pid) as watch:
+        status, out = post_raw(server, many, "/v1/chat/completions")
+        time.sleep(0.2)
+    assert_error(status, out, 400, code="invalid_json")
+    assert out["error"]["message"] == "the request body has more than 32768 arrays and objects"
+    # the body read (its pieces, then joined) and little more: the parse took 18 times the body
+    assert watch.max_rss - watch.rss_before <= 3 * len(many) + READ_BUFFERS, (watch.rss_before, watch.max_rss)
+    assert_error(*post_raw(server, json.dumps({"prompt": [1000] * 600_000}).encode()), 400, code="invalid_json")
+    # brackets, commas and escaped quotes inside strings are text
+    text = json.dumps({"prompt": '"{[,:\\' * 200_000 + "x", "max_tokens": 1}).encode()
+    assert_error(*post_raw(server, text), 400, code="context_length_exceeded")
+    assert_error(*post_raw(server, json.dumps({"prompt": [1000] * 500_000}).encode()), 400,
+                 code="context_length_exceeded")
 
 
 def post_typed(server: str, content_type: bytes | None, body: bytes) -> tuple[int, dict]:

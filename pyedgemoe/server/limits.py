@@ -22,6 +22,11 @@ class Limits:
 
 MAX_HEAD_BYTES = 16 * 2**10  # a request's line and headers (h11's default); more is a 400 or 431
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a body (a JSON schema's included)
+# a body's arrays and objects, and its values, counted before it is parsed: Python's parser makes a
+# few hundred bytes of each object and tens of each value (a 7 MB body of 200,000 messages took
+# 125 MiB), so these bound a parse to about 40 MiB, where --max-body alone does not
+MAX_JSON_CONTAINERS = 2**15
+MAX_JSON_VALUES = 2**19  # a prompt of token ids: a value each
 MAX_STOP_STRINGS = 16  # llama-cpp-python's clients send a few; each is searched for after every token
 MAX_STOP_CHARS = 512  # each
 MAX_LOGIT_BIAS = 1024  # token ids a request's logit_bias biases (OpenAI's clients send a few)

@@ -6,8 +6,10 @@ default, e.g. `n: 1`, `presence_penalty: 0`).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import get_args, get_type_hints
@@ -15,7 +17,8 @@ from typing import get_args, get_type_hints
 from pyedgemoe.chat_formats import REASONING_FORMATS
 from pyedgemoe.errors import ContextOverflowError, InvalidOptionError
 from pyedgemoe.generation import RANDOM_SEED, SAMPLER_NAMES, SamplingParams, exposed_fields, sampler_order
-from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
+from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_CONTAINERS, MAX_JSON_DEPTH,
+                                     MAX_JSON_VALUES, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
                                      MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, UINT32_MAX)
 from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.tool_calls import from_functions
@@ -469,8 +472,10 @@ class GenerationRequest:
 
 
 def parse_body(raw: bytes) -> dict:
-    """The body as a JSON object, nested at most MAX_JSON_DEPTH deep, every string of it text that
-    UTF-8 can encode (JSON's escapes can write a lone surrogate, "\\ud800", which no tokenizer takes)."""
+    """The body as a JSON object, nested at most MAX_JSON_DEPTH deep, of at most MAX_JSON_CONTAINERS
+    arrays and objects and MAX_JSON_VALUES values, every string of it text that UTF-8 can encode
+    (JSON's escapes can write a lone surrogate, "\\ud800", which no tokenizer takes)."""
+    _check_count(raw)
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except UnicodeDecodeError as e:
@@ -486,6 +491,27 @@ def parse_body(raw: bytes) -> dict:
         raise APIError(400, "the request body must be a JSON object", "invalid_json")
     _check_tree(body)
     return body
+
+
+_JSON_STRING = re.compile(rb'"[^"]*"')  # once its escaped quotes and backslashes are taken out
+
+
+def _check_count(raw: bytes) -> None:
+    """A 400 for a body of more arrays and objects, or values, than the limits, counted outside its
+    strings (where a bracket or comma is text), before Python's parser makes them; a string at a
+    time (a regular expression over a whole string of escapes keeps a frame for each)."""
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw  # no copies of most bodies
+    containers = values = end = 0
+    for string in itertools.chain(_JSON_STRING.finditer(text), [None]):
+        start = len(text) if string is None else string.start()
+        containers += text.count(b"{", end, start) + text.count(b"[", end, start)
+        values += text.count(b",", end, start) + text.count(b":", end, start)
+        if containers > MAX_JSON_CONTAINERS:
+            raise APIError(400, f"the request body has more than {MAX_JSON_CONTAINERS} arrays and objects",
+                           "invalid_json")
+        if values >= MAX_JSON_VALUES:
+            raise APIError(400, f"the request body has more than {MAX_JSON_VALUES} values", "invalid_json")
+        end = string and string.end()
 
 
 def _not_json(constant: str):
