@@ -2,6 +2,7 @@
 cached in tests/.models so a second run does not rebuild them."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -84,3 +85,17 @@ def recording_completions(llm):
         return create_completion(**kwargs)
     llm.create_completion = recorded
     return llm
+
+
+@contextlib.contextmanager
+def in_process_server(engine, model_id: str):
+    """A client of the server's app over engine, in this process (FastAPI's TestClient, no socket)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from pyedgemoe.server.app import create_app
+
+    app = create_app(engine, model_id=model_id)
+    with TestClient(app) as client:
+        yield client
+    app.state.engine_queue.close()

@@ -13,6 +13,7 @@ import pytest
 
 from pyedgemoe import ContextOverflowError, Engine, InvalidOptionError, Llama
 from pyedgemoe.generation import SamplingParams
+from conftest import in_process_server
 from test_cli import assert_one_line_error, cli
 
 N_CTX = 256  # -c 64, rounded up as llama.cpp allocates a context
@@ -34,15 +35,8 @@ def engine(model):
 
 @pytest.fixture(scope="module")
 def client(engine):
-    pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
-
-    from pyedgemoe.server.app import create_app
-
-    app = create_app(engine, model_id="m")
-    with TestClient(app) as c:
+    with in_process_server(engine, "m") as c:
         yield c
-    app.state.engine_queue.close()
 
 
 @pytest.fixture(scope="module")

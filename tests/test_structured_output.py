@@ -19,6 +19,7 @@ import pytest
 from pyedgemoe import Engine, InvalidOptionError, _native
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.structured_output import JSON_GRAMMAR
+from conftest import in_process_server
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
 SMALL = {"n_ctx": 512, "n_threads": 2}
@@ -193,15 +194,8 @@ def test_the_batcher_constrains_and_scores_each_sequence_as_alone(eng):
 # -- the server ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client(eng):
-    pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
-
-    from pyedgemoe.server.app import create_app
-
-    app = create_app(eng, model_id="demo")
-    with TestClient(app) as client:
+    with in_process_server(eng, "demo") as client:
         yield client
-    app.state.engine_queue.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])
