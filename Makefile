@@ -10,8 +10,10 @@ CUDA_ARCH ?= 89
 VULKAN_INCLUDE := $(CURDIR)/native/vendor/vulkan/usr/include
 CMAKE_ARGS ?= $(if $(GGML_CUDA),$(CUDA_FLAGS),) $(if $(GGML_VULKAN),$(VULKAN_FLAGS),)
 export CMAKE_ARGS
-# ccache (when installed) keeps rebuilds of llama.cpp cheap.
+# ccache (when installed) keeps rebuilds of llama.cpp cheap, also in another clone's folder (its paths
+# are hashed relative to the clone: CI's fresh clone finds what an earlier one compiled).
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
+export CCACHE_BASEDIR ?= $(CURDIR)
 
 .PHONY: setup setup-test native native-vulkan native-cuda test test-fast test-device demo bench clean vulkan-deps \
         ui browser-deps \
