@@ -26,9 +26,9 @@ def url_of(sock: socket.socket) -> str:
 
 
 def _check_chat_template(engine, chat_defaults: Mapping) -> None:
-    """InvalidOptionError where the chat template cannot render a user's message alone as a chat
-    with the server's defaults is rendered: refused at start, as llama-server refuses a template its
-    example fails on (common_chat_format_example), rather than with every chat."""
+    """InvalidOptionError where the chat template cannot render a user's message alone, with the
+    server's chat defaults: refused at start, as llama-server refuses a template its example fails
+    on (common_chat_format_example), rather than with every chat."""
     try:
         chat_text(engine, [{"role": "user", "content": "test"}],
                   template_kwargs=chat_defaults.get("chat_template_kwargs"),
