@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyedgemoe.errors import EngineBusyError, ExpertLoadError
+from pyedgemoe.native_exit import closed_error
 from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
@@ -104,7 +105,7 @@ class Batcher:
                                   "Engine, which runs that generation: it would wait on itself")
         with self._cond:
             if self._closing:
-                raise RuntimeError("this Engine is closed")
+                raise closed_error("this Engine is closed")
             held = [q for q in self._running if q.thread == r.thread and not (q.closed or q.done)]
             if len(held) == len(self._sequences):  # only this thread can free one: it would wait on itself
                 raise EngineBusyError(f"every sequence ({len(held)}) holds a generation this thread started and has "
@@ -139,7 +140,7 @@ class Batcher:
                     self._drop_closed()
                 if self._closing:
                     for r in self._pending + self._running:
-                        self._end(r, RuntimeError("this Engine is closed"))
+                        self._end(r, closed_error("this Engine is closed"))
                     return
                 deadline = time.monotonic() + GATHER_SECONDS
                 while any(not r.want and not r.closed and not r.done for r in self._running):

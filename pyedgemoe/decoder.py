@@ -17,7 +17,7 @@ from pyedgemoe import _native
 from pyedgemoe.context_checkpoints import Checkpoints, cuts
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError, RemoteDeviceError
 from pyedgemoe.generation import KVSequence, SequenceState
-from pyedgemoe.native_exit import in_flight
+from pyedgemoe.native_exit import closed_error, in_flight
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -51,7 +51,7 @@ class Decoder:
     def live(self):
         """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost."""
         if self._ctx is None:
-            raise RuntimeError("this Engine is closed")
+            raise closed_error("this Engine is closed")
         if self._lost is not None:
             raise RemoteDeviceError(f"{self._lost} earlier: this Engine can only be closed (its KV cache and "
                                     "weights were there)")

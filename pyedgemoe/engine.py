@@ -30,6 +30,7 @@ from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
 from pyedgemoe.load_plan import LoadOptions, LoadPlan, context_error, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
+from pyedgemoe.native_exit import close_at_exit
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 from pyedgemoe.vocabulary import Vocabulary
 
@@ -165,7 +166,7 @@ class Engine(Vocabulary):
         self._turn_owner: int | None = None  # the thread that took it
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
         # closed when collected or at exit: else the batcher's thread holds the native objects past teardown (leaks)
-        self._closer = weakref.finalize(self, _close_parts, self._batcher, self._decoder)
+        self._closer = close_at_exit(self, _close_parts, self._batcher, self._decoder)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
 

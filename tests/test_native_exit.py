@@ -1,5 +1,6 @@
 """A program that ends while another (daemon) thread decodes or tokenizes exits as Python's programs
-do: the decode in flight finishes first (pyedgemoe.native_exit), and a thread that comes back from
+do: the decode in flight finishes first (pyedgemoe.native_exit), the daemon thread ends silently (no
+"this Engine is closed" traceback), and a thread that comes back from
 llama.cpp while Python finalizes waits for the end (native gil_released), where its exit through the
 native module's frames ended the process in std::terminate (status 1) or a segfault."""
 from __future__ import annotations
@@ -33,9 +34,8 @@ TOKENIZING = """while True:
 
 
 @pytest.mark.parametrize("n_parallel, work, after", [(1, DECODING, 0.2), (2, DECODING, 0.2), (1, TOKENIZING, 1.0)])
-def test_exiting_while_a_daemon_thread_decodes_is_status_0(n_parallel, work, after):
+def test_exiting_while_a_daemon_thread_decodes_is_status_0_and_silent(n_parallel, work, after):
     for _ in range(3):  # the exit lands at another point of the work each time
         script = SCRIPT.format(path=str(DEMO), n_parallel=n_parallel, work=work, after=after)
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and r.stdout == "done\n", r.stderr
-        assert "llama.cpp stopped" not in r.stderr and "nanobind: leaked" not in r.stderr
+        assert (r.returncode, r.stdout, r.stderr) == (0, "done\n", "")
