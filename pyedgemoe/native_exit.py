@@ -5,9 +5,10 @@ thread decodes, Python's finalization makes that thread exit as it takes the GIL
 through the native module's C++ frames, where the unwinding ends in std::terminate (the process
 exited 1 with "llama.cpp stopped on an internal check ..."). So at exit (atexit, which runs before
 finalization) the calls in flight finish first, and one begun after that raises instead; then the
-Engines still open are closed (their batchers' threads ended); then every thread that comes back from
-a native call (a sampler's pick, a tokenization: any that released the GIL) waits there for the
-process's end (native gil_released), one waiting for the GIL just then first taking it.
+Engines still open are closed (their batchers' threads ended); then every other native call (a
+sampler's pick, a tokenization: any that releases the GIL) in flight finishes, and a thread that comes
+back from one, or begins one, waits there for the process's end (native gil_released), one waiting
+for the GIL just then first taking it.
 
 What the exit raises in the daemon threads still using an Engine (ProgramExiting) ends them silently, as
 the process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback."""
@@ -78,9 +79,10 @@ def _finish_in_flight() -> None:
         _state.wait_for(lambda: _in_flight == 0, timeout=EXIT_WAIT_S)
     for closer in list(_open):
         closer()
-    # from now on a thread coming back from llama.cpp waits there for the end (native gil_released),
-    # and one already waiting for the GIL takes it now, before finalization would end it in native frames
-    _native.exiting_threads_wait()
+    # from now on a thread coming back from llama.cpp, or going there, waits for the end (native
+    # gil_released) once the calls in flight ended; one already waiting for the GIL takes it now,
+    # before finalization would end it in native frames
+    _native.exiting_threads_wait(EXIT_WAIT_S)
     time.sleep(GIL_HANDOVER_S)
 
 

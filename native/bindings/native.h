@@ -26,13 +26,18 @@ namespace nb = nanobind;
 // A thread other than the main one that comes back while Python finalizes waits for the process's
 // end: CPython (before 3.14) ends such a thread as it takes the GIL, with pthread_exit, whose
 // unwinding through these frames (a destructor: noexcept) ended the process in std::terminate.
+// Once the exit began (exiting_threads_wait), such a thread waits before llama.cpp's work instead,
+// and the exit waits for the work in flight: else it ran on while the process tore down what it
+// reads (a segfault at exit, one run in tens, from a daemon thread tokenizing).
+// awaited = false: a call that does not return (a server's loop), which the exit does not wait for.
 struct gil_released {
-    gil_released();
+    explicit gil_released(bool awaited = true);
     ~gil_released();
     gil_released(const gil_released &) = delete;
     gil_released & operator=(const gil_released &) = delete;
 private:
     PyThreadState * state;
+    bool awaited;
 };
 void gil_released_install(nb::module_ & m);  // at import: which thread is the main one; exiting_threads_wait
 

@@ -36,7 +36,7 @@ void rpc_serve(const std::string & endpoint, const std::string & cache_dir, int 
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu) throw std::runtime_error("this build has no CPU device to serve");
     std::signal(SIGINT, SIG_DFL);  // Python's handler would only run once the loop returned
-    gil_released release;
+    gil_released release(false);  // the loop does not return
     ggml_backend_rpc_start_server(endpoint.c_str(), cache_dir.empty() ? nullptr : cache_dir.c_str(),
                                   (size_t) n_threads, 1, &cpu);
     throw std::runtime_error("the RPC server at " + endpoint + " stopped (is the port in use?)");
