@@ -99,3 +99,11 @@ def in_process_server(engine, model_id: str):
     with TestClient(app) as client:
         yield client
     app.state.engine_queue.close()
+
+
+def latin_square(rows, a, b) -> list[tuple]:
+    """(row, x, y) for each row and each x of a, with y going round b by row and x (a and b of one
+    length, rows at least as many): every pair of any two of the three factors is met, in
+    len(rows) * len(a) cases where the whole product has len(b) times more."""
+    assert len(a) == len(b) <= len(rows)
+    return [(row, x, b[(i + j) % len(b)]) for i, row in enumerate(rows) for j, x in enumerate(a)]

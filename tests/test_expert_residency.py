@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MOE_ARCHITECTURES, tiny_moe
+from conftest import MOE_ARCHITECTURES, latin_square, tiny_moe
 from pyedgemoe import Engine
 from pyedgemoe.convert.export import export
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError
@@ -73,9 +73,13 @@ def resident_cache():
     return resident
 
 
-@pytest.mark.parametrize("io", IO_MODES)
-@pytest.mark.parametrize("budget", ["100%", "50%", "minimum"])
-@pytest.mark.parametrize("arch,outtype", MODELS, ids=[f"{a}-{t}" for a, t in MODELS])
+# every model at every budget, every io mode at every budget and with every model (all pairs of
+# the three: the io modes read the same bytes whatever the model)
+OFFLOADED_RUNS = latin_square(MODELS, ["100%", "50%", "minimum"], IO_MODES)
+
+
+@pytest.mark.parametrize("arch,outtype,budget,io", [(*m, b, io) for m, b, io in OFFLOADED_RUNS],
+                         ids=[f"{a}-{t}-{b}-{io}" for (a, t), b, io in OFFLOADED_RUNS])
 def test_offloaded_run_equals_resident_run(tiny_model, resident_cache, arch, outtype, budget, io):
     check_offloaded_equals_resident(tiny_model(arch, outtype)[0], budget, io, resident_cache)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_moe  # scripts/, on the path by tests/conftest.py
+from conftest import latin_square
 
 from pyedgemoe import Engine, load_plan
 from pyedgemoe.devices import gpu_devices
@@ -74,9 +75,12 @@ def references(tiny_model):
     return get
 
 
-@pytest.mark.parametrize("budget", ["50%", "25%", "minimum"])
-@pytest.mark.parametrize("mode", ["gpu", "coop", "split"])
-@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
+# every mode with every architecture and at every budget, every architecture at every budget (all
+# pairs of the three)
+LOSSLESS_RUNS = latin_square(MOE_ARCHITECTURES, ["gpu", "coop", "split"], ["50%", "25%", "minimum"])
+
+
+@pytest.mark.parametrize("arch,mode,budget", LOSSLESS_RUNS, ids=["-".join(run) for run in LOSSLESS_RUNS])
 def test_device_tier_is_lossless(tiny_model, references, arch, mode, budget):
     path = tiny_model(arch)[0]
     # split: half the misses each way (the rates measured at load send a tiny model's all to the link)
