@@ -22,7 +22,7 @@ from typing import Callable
 
 from pyedgemoe import _native
 
-EXIT_WAIT_S = 60.0  # the longest the exit waits for the decodes in flight (a long prompt's batch)
+EXIT_WAIT_S = 60.0  # the longest the exit waits for the decodes, then the other native calls, in flight
 GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finalization
 
 _state = threading.Condition()
@@ -54,7 +54,7 @@ def close_at_exit(obj, close: Callable, *args) -> weakref.finalize:
 
 
 def in_flight(call: Callable) -> Callable:
-    """call, counted while it runs; begun once the exit began, a RuntimeError."""
+    """call, counted while it runs; begun once the exit began, a ProgramExiting."""
     def counted(*args, **kwargs):
         global _in_flight
         with _state:
