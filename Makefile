@@ -95,13 +95,19 @@ test-device: setup-test native-vulkan
 	mkdir -p build/xdg && chmod 700 build/xdg
 	$(DEVICE_TEST_ENV) $(PY) -m pytest -q tests/device
 
+# The CPU suite's files on TEST_WORKERS processes (pytest-xdist; a file's tests in one, as its fixtures
+# are module-scoped; the tiny models are built under a lock): in one process it keeps about one core
+# busy (28 min on 2 cores, 21 on two workers).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: setup-test
-	$(PY) -m pytest -q tests --ignore=tests/device
+	$(PY) -m pytest -q $(XDIST) tests --ignore=tests/device
 	$(MAKE) test-device
 
 # The same without the tests marked slow (more than ~5 s each on 2 cores).
 test-fast: setup-test
-	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/device
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests --ignore=tests/device
 
 # The GPU check (docs/gpu.md). gpu-kit: what a lent GPU machine runs, built here (CUDA sm_90, about
 # 20 minutes on 2 cores; with ccache a rebuild after a change of ours takes a minute): build/gpu-kit.tar.xz,
