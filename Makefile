@@ -97,7 +97,7 @@ test-device: setup-test native-vulkan
 
 # The CPU suite's files on TEST_WORKERS processes (pytest-xdist; a file's tests in one, as its fixtures
 # are module-scoped; the tiny models are built under a lock): in one process it keeps about one core
-# busy (28 min on 2 cores, 21 on two workers).
+# busy (fresh clones on 2 cores: 29.6 min in one process, 21-24 on two workers).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
