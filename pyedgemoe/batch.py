@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyedgemoe.errors import EngineBusyError, ExpertLoadError
-from pyedgemoe.native_exit import closed_error
 from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
+from pyedgemoe.native_exit import closed_error
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
 # that their tokens share the step; a consumer that takes longer is stepped in a later one.

@@ -28,7 +28,7 @@ namespace nb = nanobind;
 // unwinding through these frames (a destructor: noexcept) ended the process in std::terminate.
 // Once the exit began (exiting_threads_wait), such a thread waits before llama.cpp's work instead,
 // and the exit waits for the work in flight: else it ran on while the process tore down what it
-// reads (a segfault at exit, one run in tens, from a daemon thread tokenizing).
+// reads (a segfault at exit, seen once: a daemon thread tokenizing).
 // awaited = false: a call that does not return (a server's loop), which the exit does not wait for.
 struct gil_released {
     explicit gil_released(bool awaited = true);
