@@ -17,7 +17,7 @@ from pyedgemoe import _native
 from pyedgemoe.context_checkpoints import Checkpoints, cuts
 from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError, RemoteDeviceError
 from pyedgemoe.generation import KVSequence, SequenceState
-from pyedgemoe.native_exit import closed_error, in_flight
+from pyedgemoe.native_exit import closed_error
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -36,7 +36,7 @@ class Decoder:
         self.sequences = [KVSequence(s, checkpoints=Checkpoints(checkpoints, checkpoint_bytes) if checkpoints
                                      else None) for s in range(n_seq)]
         self.n_ubatch = n_ubatch
-        self._governed = in_flight(governed)  # the exit waits for a decode in flight (native_exit)
+        self._governed = governed
         self.big_little = big_little  # MoBiLE's gamma; 0: off
         self.no_drafts = no_drafts  # why a batch of drafted tokens cannot be verified here ("": it can)
         self.big_little_counts = {"little_tokens": 0, "fallbacks": 0, "prefetched": 0}

@@ -1,17 +1,16 @@
 """Native calls in flight while the interpreter exits.
 
-A decode releases the GIL while llama.cpp computes. Where the program ends while another (a daemon)
-thread decodes, Python's finalization makes that thread exit as it takes the GIL back; it leaves
-through the native module's C++ frames, where the unwinding ends in std::terminate (the process
-exited 1 with "llama.cpp stopped on an internal check ..."). So at exit (atexit, which runs before
-finalization) the calls in flight finish first, and one begun after that raises instead; then the
-Engines still open are closed (their batchers' threads ended); then every other native call (a
-sampler's pick, a tokenization: any that releases the GIL) in flight finishes, and a thread that comes
-back from one, or begins one, waits there for the process's end (native gil_released), one waiting
-for the GIL just then first taking it.
+A decode, a tokenization, a sampler's pick release the GIL while llama.cpp works. Where the program
+ends while another (a daemon) thread is in such a call, Python's finalization makes that thread exit
+as it takes the GIL back; it leaves through the native module's C++ frames, where the unwinding ends
+in std::terminate (the process exited 1 with "llama.cpp stopped on an internal check ..."), and a call
+that runs on while the process tears down what it reads may segfault. So at exit (atexit, which runs
+before finalization) the Engines still open are closed (their batchers' threads ended); then the
+native calls in flight finish, and a thread that comes back from one, or would begin one, waits there
+for the process's end (native gil_released), one waiting for the GIL just then first taking it.
 
-What the exit raises in the daemon threads still using an Engine (ProgramExiting) ends them silently, as
-the process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback."""
+What a daemon thread still using a closed Engine meets then (ProgramExiting) ends it silently, as the
+process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback."""
 from __future__ import annotations
 
 import atexit
@@ -22,11 +21,9 @@ from typing import Callable
 
 from pyedgemoe import _native
 
-EXIT_WAIT_S = 60.0  # the longest the exit waits for the decodes, then the other native calls, in flight
+EXIT_WAIT_S = 60.0  # the longest the exit waits for the native calls in flight (a long prompt's batch)
 GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finalization
 
-_state = threading.Condition()
-_in_flight = 0
 _exiting = False
 _open: set[weakref.finalize] = set()  # the closers of the Engines open (close_at_exit)
 
@@ -42,8 +39,9 @@ def closed_error(what: str) -> RuntimeError:
 
 
 def close_at_exit(obj, close: Callable, *args) -> weakref.finalize:
-    """weakref.finalize(obj, close, *args), called at exit by _finish_in_flight, once the decodes in
-    flight finished (weakref's own exit hook may run before it)."""
+    """weakref.finalize(obj, close, *args), called at exit by _finish_in_flight, where the exit has
+    begun (closed_error) and before the native calls' wait, which would stop a batcher's thread it
+    joins (not by weakref's own exit hook, which may come first)."""
     def closing():
         _open.discard(closer)
         close(*args)
@@ -53,30 +51,11 @@ def close_at_exit(obj, close: Callable, *args) -> weakref.finalize:
     return closer
 
 
-def in_flight(call: Callable) -> Callable:
-    """call, counted while it runs; begun once the exit began, a ProgramExiting."""
-    def counted(*args, **kwargs):
-        global _in_flight
-        with _state:
-            if _exiting:
-                raise ProgramExiting("the program is exiting: no more decodes")
-            _in_flight += 1
-        try:
-            return call(*args, **kwargs)
-        finally:
-            with _state:
-                _in_flight -= 1
-                _state.notify_all()
-    return counted
-
-
 @atexit.register
 def _finish_in_flight() -> None:
     global _exiting
     _quiet_when_exiting()
-    with _state:
-        _exiting = True
-        _state.wait_for(lambda: _in_flight == 0, timeout=EXIT_WAIT_S)
+    _exiting = True
     for closer in list(_open):
         closer()
     # from now on a thread coming back from llama.cpp, or going there, waits for the end (native
