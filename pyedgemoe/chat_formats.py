@@ -81,6 +81,10 @@ class ChatTurn:
                                            continued, add_generation_prompt)
         except ValueError as e:
             raise InvalidOptionError(f"llama.cpp's chat format of the template: {e}") from None
+        if tools and tool_choice == "required" and not self._turn.grammar:  # else the answer would be free text
+            raise InvalidOptionError('tool_choice "required": llama.cpp finds no format of tool calls in this model\'s '
+                                     'chat template; name the function to call ({"type": "function", "function": '
+                                     '{"name": ...}}), which is answered in JSON')
         self.prompt = self._turn.prompt
         self._continued = json.loads(self._turn.continued)  # a message continued: not the answer's
         self.stops = list(self._turn.additional_stops)

@@ -35,7 +35,9 @@ from pyedgemoe.server.limits import Limits
 from pyedgemoe.sysmem import format_bytes, parse_size
 from pyedgemoe.text_stream import utf8
 
-DEFAULT_CTX = 4096  # run --ctx left unset: at most this much of the model's training context
+DEFAULT_CTX = 4096  # run's and serve's --ctx left unset: at most this much of the model's training context
+CTX_HELP = (f"context size in tokens, rounded up to a multiple of {KV_CELL_MULTIPLE} as llama.cpp allocates it "
+            f"(default: the model's training context, at most {DEFAULT_CTX}; 0 = the model's)")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run Mixture-of-Experts GGUF models with a bounded expert memory.",
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,10 +118,7 @@ def run(
     n_predict: int = typer.Option(128, "-n", "--predict", "--n-predict",
                                   help="tokens to generate (-1, or -2 as in llama.cpp: until the context is "
                                        "full)"),
-    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size",
-                                      help="context size in tokens, rounded up to a multiple of "
-                                      f"{KV_CELL_MULTIPLE} as llama.cpp allocates it (default: the model's training "
-                                      f"context, at most {DEFAULT_CTX}; 0 = the model's)"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help=CTX_HELP),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="go on past end-of-generation tokens (to -n)"),
     display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt",
                                         help="print the prompt before the generated text, as llama.cpp does"),
@@ -389,7 +388,7 @@ def serve(
                                                 "(# starts a comment), as llama-server's"),
     parallel: int = typer.Option(1, "-np", "--parallel", help="requests decoded together, in one batch per step "
                                  "(the others queue); the context is shared: -c / N positions each (docs/server.md)"),
-    ctx: int = typer.Option(4096, "-c", "--ctx", "--ctx-size", help="context size in tokens (0 = the model's)"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help=CTX_HELP),
     max_body: str = typer.Option(format_bytes(Limits.max_body_bytes, 0), "--max-body",
                                  help="largest request body (e.g. 8MiB); a larger one is refused (413) unread"),
     timeout: float = typer.Option(Limits.timeout_seconds, "--timeout",
@@ -489,7 +488,7 @@ def serve(
     with command_errors():
         # -s is the Engine's seed, as run's: a request's own seed evaluates its prompt afresh (Engine._generation)
         seed = sampling.pop("seed", None)
-        with sock, Engine(model, n_ctx=ctx, n_parallel=parallel, draft_model=draft_model, seed=seed,
+        with sock, Engine(model, n_ctx=context_size(model, ctx), n_parallel=parallel, draft_model=draft_model, seed=seed,
                           **engine_options) as eng:
             print_model_note(eng, model)
             # the defaults' grammar or schema, checked as run checks its own (not refused with every request)

@@ -96,7 +96,7 @@ def _complete(eng, tokens: list[int], budget: int | None, sampling: SamplingPara
     try:
         for token in picks:
             generated.append(token)
-            text += _show(stream.push(eng.token_piece(token, special)))
+            text += _show("".join(stream.push(eng.token_piece(token, special))))
             if _ends_in_reverse_prompt(shown + text, interaction):
                 end = "reverse"
                 break
@@ -107,10 +107,10 @@ def _complete(eng, tokens: list[int], budget: int | None, sampling: SamplingPara
     if end is None and generation.end is not None:  # an end-of-generation token
         end = "eog"
         generated.append(generation.end[0])
-        text += _show(stream.push(eng.token_piece(generation.end[0], special)))
+        text += _show("".join(stream.push(eng.token_piece(generation.end[0], special))))
     elif end is None:
         end = "length" if budget is not None and len(generated) >= budget else "full"
-    return generated, end, text + _show(stream.flush())
+    return generated, end, text + _show("".join(stream.flush()))
 
 
 def _context_full(eng) -> bool:

@@ -55,28 +55,32 @@ def check_count(name: str, n: int | None) -> None:
 
 
 class TextRun:
-    """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it;
-    n_tokens counts the tokens taken so far, generation.logprobs their TokenLogprobs (n_probs). A
-    character cut by max_tokens is finished first, as llama-cpp-python's completions do (their
-    count of the bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more. timings_per_token:
+    """One generation's text (Engine._generation; bad arguments raise here): pieces() yields it, a
+    piece a token (TextStream's: "" for a token ending inside a character); n_tokens counts the
+    tokens taken so far, n_shown those whose pieces were given, generation.logprobs their TokenLogprobs
+    (n_probs). max_tokens is where a generation ends, as in llama.cpp's tools; finish_character: a
+    character it cuts is finished first, as llama-cpp-python's completions do (their count of the
+    bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more. timings_per_token:
     a streamed chunk carries the timings so far (chunk_timings). progress: pieces() yields a
     PromptProgress as the prompt's evaluation begins and after each llama_decode of it."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
                  special_tokens: Container[int] = frozenset(), timings_per_token: bool = False,
-                 progress: bool = False):
+                 progress: bool = False, finish_character: bool = False):
         self._engine = engine
         self._timings_per_token = timings_per_token
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
         check_count("max_tokens", max_tokens)  # before the tail is added: a negative one is refused as given
         self._max_tokens, self._bytes, self._missing = max_tokens, b"", 0
-        allowed = max_tokens + CHARACTER_TAIL if max_tokens else max_tokens
+        self._finish_character = finish_character
+        allowed = max_tokens + CHARACTER_TAIL if max_tokens and finish_character else max_tokens
         self.generation, self._tokens = engine._generation(prompt_tokens, allowed, sampling, ignore_eos, n_probs=n_probs,
                                                            progress=progress)
         self._text = TextStream(stop)
         self.n_tokens = 0
+        self.n_shown = 0  # the tokens whose text pieces() gave (the others: held back, or a stop string's)
         self.finish_reason = "length"
 
     def close(self) -> None:
@@ -97,11 +101,10 @@ class TextRun:
                 continue
             self.n_tokens += 1
             raw = self._engine.token_piece(token, special=token in self._special)
-            self._bytes = self._bytes[-3:] + raw  # the text's last bytes: what _bytes_missing reads
-            self._missing = _bytes_missing(self._bytes, self._missing)
-            piece = self._text.push(raw)
-            if piece:
-                yield piece
+            if self._finish_character:
+                self._bytes = self._bytes[-3:] + raw  # the text's last bytes: what _bytes_missing reads
+                self._missing = _bytes_missing(self._bytes, self._missing)
+            yield from self._shown(self._text.push(raw))
             if self._text.stopped:
                 self._tokens.close()
                 self.finish_reason = self.generation.timings.finish_reason = "stop"  # the Engine's last_timings too
@@ -113,9 +116,12 @@ class TextRun:
                 break
         else:
             self.finish_reason = self.generation.timings.finish_reason
-        tail = self._text.flush()
-        if tail:
-            yield tail
+        yield from self._shown(self._text.flush())
+
+    def _shown(self, pieces: list[str]) -> Iterator[str]:
+        for piece in pieces:
+            self.n_shown += 1
+            yield piece
 
     def timings(self) -> dict:
         """llama-server's timings of the generation so far."""
@@ -182,42 +188,44 @@ def chat_logprobs(engine, taken: list[TokenLogprob]) -> dict:
 def create_completion(engine, prompt: str | list[int], max_tokens: int | None, stop: str | list[str] | None,
                       stream: bool, logprobs: int | None, sampling: dict, prompt_length: int | None = None,
                       suffix: str | None = None, spm_infill: bool = False, timings_per_token: bool = False,
-                      return_progress: bool = False):
+                      return_progress: bool = False, finish_character: bool = False):
     """Engine.create_completion's result (or chunks). prompt_length: the text offset of the first
     generated token (default llama-cpp-python's, len(prompt)). suffix: the text after the gap the
-    completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt)."""
+    completion fills, prompt the text (or tokens) before it (fill_in_middle.fim_prompt).
+    finish_character: TextRun's."""
     check_count("logprobs", logprobs)
     tokens = engine.prompt_tokens(prompt) if suffix is None else completion_prompt(engine, prompt, suffix, spm_infill)
     run = TextRun(engine, tokens, max_tokens, SamplingParams.of(sampling), stop_list(stop), n_probs=logprobs,
-                  timings_per_token=timings_per_token, progress=stream and return_progress)
+                  timings_per_token=timings_per_token, progress=stream and return_progress,
+                  finish_character=finish_character)
     head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
             "model": engine.model_path}
 
-    def shaped(start: int) -> dict | None:
-        """The logprobs of the tokens taken since start."""
-        if logprobs is None or (stream and start == run.n_tokens):
+    def shaped(start: int, end: int) -> dict | None:
+        """The logprobs of the tokens taken from start to end."""
+        if logprobs is None or (stream and start == end):
             return None
-        return completion_logprobs(engine, run.generation.logprobs, start, run.n_tokens,
+        return completion_logprobs(engine, run.generation.logprobs, start, end,
                                    len(prompt) if prompt_length is None else prompt_length)
 
-    def choice(text: str, start: int, finish_reason: str | None) -> dict:
-        return {"text": text, "index": 0, "logprobs": shaped(start), "finish_reason": finish_reason}
+    def choice(text: str, start: int, end: int, finish_reason: str | None) -> dict:
+        return {"text": text, "index": 0, "logprobs": shaped(start, end), "finish_reason": finish_reason}
 
     if not stream:
         text = "".join(run.pieces())
-        return {**head, "choices": [choice(text, 0, run.finish_reason)], **run.totals()}
+        return {**head, "choices": [choice(text, 0, run.n_tokens, run.finish_reason)], **run.totals()}
 
-    def chunks():
+    def chunks():  # a chunk a token, as llama-cpp-python's; the last, the tokens of a stop string
         done = 0
         with closing(run):
             for piece in run.pieces():
                 if isinstance(piece, PromptProgress):
-                    yield {**head, "choices": [choice("", done, None)], "prompt_progress": piece.llama_server(),
+                    yield {**head, "choices": [choice("", done, done, None)], "prompt_progress": piece.llama_server(),
                            **run.chunk_timings(piece)}
                     continue
-                yield {**head, "choices": [choice(piece, done, None)], **run.chunk_timings()}
-                done = run.n_tokens
-        yield {**head, "choices": [choice("", done, run.finish_reason)], **run.totals()}
+                yield {**head, "choices": [choice(piece, done, run.n_shown, None)], **run.chunk_timings()}
+                done = run.n_shown
+        yield {**head, "choices": [choice("", done, run.n_tokens, run.finish_reason)], **run.totals()}
     return chunks()
 
 
@@ -298,10 +306,11 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            parse_tool_calls: bool = True, template_kwargs: dict | None = None,
                            reasoning_format: str | None = None, continue_final_message=None,
                            add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                           return_progress: bool = False, jinja2_formatter: bool = False):
+                           return_progress: bool = False, jinja2_formatter: bool = False,
+                           finish_character: bool = False):
     """Engine.create_chat_completion's result (or chunks): the tool calls (and thoughts) the model
     writes parsed (pyedgemoe.chat_formats), or a tool choice that forces a call answered with it
-    (pyedgemoe.tool_calls). jinja2_formatter: chat_text's and chat_text_tokens's."""
+    (pyedgemoe.tool_calls). jinja2_formatter: chat_text's and chat_text_tokens's; finish_character: TextRun's."""
     check_count("top_logprobs", top_logprobs)
     if top_logprobs is not None and not logprobs:
         raise InvalidOptionError("top_logprobs needs logprobs=True")
@@ -323,7 +332,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     run = TextRun(engine, chat_text_tokens(engine, text, jinja2_formatter), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,
                   special_tokens=turn.special_tokens if turn else frozenset(), timings_per_token=timings_per_token,
-                  progress=stream and return_progress)
+                  progress=stream and return_progress, finish_character=finish_character)
     if turn is not None:
         return _parsed_chat(engine, run, turn, stream, logprobs)
     uid = uuid.uuid4()
@@ -333,18 +342,19 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
     def finish_reason() -> str:
         return "tool_calls" if function is not None and run.finish_reason != "length" else run.finish_reason
 
-    def shaped(start: int) -> dict | None:
-        """The logprobs of the tokens taken since start."""
-        if not logprobs or (stream and start == run.n_tokens):
+    def shaped(start: int, end: int) -> dict | None:
+        """The logprobs of the tokens taken from start to end."""
+        if not logprobs or (stream and start == end):
             return None
-        return chat_logprobs(engine, run.generation.logprobs[start:run.n_tokens])
+        return chat_logprobs(engine, run.generation.logprobs[start:end])
 
     if not stream:
         text = "".join(run.pieces())
         message = call_message(function["name"], text, call_id) if function is not None \
             else {"role": "assistant", "content": text}
         return {**head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "logprobs": shaped(0), "finish_reason": finish_reason()}],
+                "choices": [{"index": 0, "message": message, "logprobs": shaped(0, run.n_tokens),
+                             "finish_reason": finish_reason()}],
                 **run.totals()}
 
     def chunks():
@@ -359,11 +369,11 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                     continue
                 delta = {"content": piece} if function is None else call_delta(function["name"], piece, call_id, named)
                 named = not parse_tool_calls  # llama-cpp-python's stream names the call in every piece
-                yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done),
+                yield {**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": shaped(done, run.n_shown),
                                              "finish_reason": None}], **run.chunk_timings()}
-                done = run.n_tokens
+                done = run.n_shown
         last = {} if function is None else EMPTY_DELTA
-        yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done),
+        yield {**chunk, "choices": [{"index": 0, "delta": last, "logprobs": shaped(done, run.n_tokens),
                                      "finish_reason": finish_reason()}], **run.totals()}
     return chunks()
 

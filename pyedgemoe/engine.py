@@ -470,7 +470,7 @@ class Engine(Vocabulary):
                  stream: bool = False, ignore_eos: bool = False, special: bool = False,
                  **sampling) -> str | Iterator[str]:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an
-        iterator of text pieces as they are produced. ignore_eos: go on past end-of-generation
+        iterator of its pieces as they are produced, one a token (text_stream.TextStream). ignore_eos: go on past end-of-generation
         tokens (to max_tokens); special: special tokens' text too (llama.cpp's -sp). sampling:
         SamplingParams's settings by name (temperature, top_k, top_p, min_p, repeat_penalty, seed,
         grammar, json_schema, draft_model; or OpenAI's response_format)."""
@@ -515,7 +515,8 @@ class Engine(Vocabulary):
                                parse_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
                                reasoning_format: str | None = None, continue_final_message=None,
                                add_generation_prompt: bool | None = None, timings_per_token: bool = False,
-                               return_progress: bool = False, jinja2_formatter: bool = False, **sampling):
+                               return_progress: bool = False, jinja2_formatter: bool = False,
+                               finish_character: bool = False, **sampling):
         """OpenAI-style chat completion, shaped like llama_cpp.Llama.create_chat_completion's result.
         logprobs=True: each token's log-probability, with the top_logprobs most likely tokens'.
         tools, tool_choice, parallel_tool_calls (default: where the template shows several calls):
@@ -527,12 +528,13 @@ class Engine(Vocabulary):
         False: none (llama-server's). timings_per_token, return_progress: as for create_completion.
         jinja2_formatter: the template rendered and tokenized as llama-cpp-python's Jinja2ChatFormatter
         does (no variable but the messages' and tools', no BOS but the template's); else as llama.cpp's
-        tools do. sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
+        tools do. finish_character: a character max_tokens cuts finished first, as llama-cpp-python does
+        (completions.TextRun). sampling: as for generate (temperature: CHAT_TEMPERATURE)."""
         return completions.create_chat_completion(self, messages, max_tokens, stop, stream, logprobs, top_logprobs,
                                                   sampling, tools, tool_choice, parallel_tool_calls, parse_tool_calls,
                                                   chat_template_kwargs, reasoning_format, continue_final_message,
                                                   add_generation_prompt, timings_per_token, return_progress,
-                                                  jinja2_formatter)
+                                                  jinja2_formatter, finish_character)
 
     # -- routing trace (calibration) ---------------------------------------------------------------
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:

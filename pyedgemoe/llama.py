@@ -182,6 +182,11 @@ class _Stream:
         return True
 
 
+def _generator(stream: _Stream) -> Generator:
+    """A stream as a Llama returns it: a generator, as llama-cpp-python's are (inspect.isgenerator)."""
+    return (yield from stream)
+
+
 class Llama:
     """A GGUF model, used the way llama_cpp.Llama is; `engine` is the pyedgemoe Engine behind it.
 
@@ -603,10 +608,10 @@ class Llama:
             save()
         return chunks()
 
-    def _streaming(self, items: Generator) -> "_Stream":
+    def _streaming(self, items: Generator) -> Generator:
         stream = _Stream(items)
         self._open = weakref.ref(stream)
-        return stream
+        return _generator(stream)
 
     def set_seed(self, seed: int) -> None:
         """The seed the next generation given none derives its own from (llama-cpp-python's)."""
@@ -687,7 +692,8 @@ class Llama:
         self._take_seed(seed)
         sampling = self._scoring(_sampling(locals(), self.last_n_tokens_size))
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
-                                                        logprobs, sampling, prompt_length=len(prompt)))
+                                                        logprobs, sampling, prompt_length=len(prompt),
+                                                        finish_character=True))
         if not stream:
             if echo:  # a stream's chunks leave the prompt out, as there
                 choice = out["choices"][0]
@@ -761,7 +767,7 @@ class Llama:
         out = self._saved(self.engine.create_chat_completion(
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
-            jinja2_formatter=True,
+            jinja2_formatter=True, finish_character=True,
             **self._scoring(_sampling(locals(), self.last_n_tokens_size))))
         return self._streaming(_stream_named(out, model)) if stream else _named(out, model)
 

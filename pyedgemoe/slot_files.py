@@ -33,7 +33,13 @@ def save(engine, seq: int, directory: str, filename: str) -> dict:
     """Sequence seq's tokens and KV cache into directory/filename; llama-server's answer."""
     path = os.path.join(directory, checked_filename(filename))
     start = time.perf_counter()
-    n_tokens, written = engine.on_sequence(seq, lambda s: (len(s.tokens), engine._decoder.save_sequence_file(path, s)))
+
+    def write(sequence) -> tuple[int, int]:
+        try:
+            return len(sequence.tokens), engine._decoder.save_sequence_file(path, sequence)
+        except RuntimeError as e:  # a directory of that name, the slot directory gone
+            raise _file_error(e, path, filename) from None
+    n_tokens, written = engine.on_sequence(seq, write)
     return {"id_slot": seq, "filename": filename, "n_saved": n_tokens, "n_written": written,
             "timings": {"save_ms": (time.perf_counter() - start) * 1000}}
 
@@ -49,12 +55,16 @@ def restore(engine, seq: int, directory: str, filename: str) -> dict:
         try:
             read = engine._decoder.load_sequence_file(path, sequence)
         except RuntimeError as e:
-            raise InvalidOptionError(f"slot file {filename!r}: {str(e).splitlines()[0].replace(path, filename)}") \
-                from None
+            raise _file_error(e, path, filename) from None
         return len(sequence.tokens), read
     n_tokens, read = engine.on_sequence(seq, load)
     return {"id_slot": seq, "filename": filename, "n_restored": n_tokens, "n_read": read,
             "timings": {"restore_ms": (time.perf_counter() - start) * 1000}}
+
+
+def _file_error(e: RuntimeError, path: str, filename: str) -> InvalidOptionError:
+    """llama.cpp's words why a slot file cannot be written or read, the file named as the request names it."""
+    return InvalidOptionError(f"slot file {filename!r}: {str(e).splitlines()[0].replace(path, filename)}")
 
 
 def erase(engine, seq: int) -> dict:

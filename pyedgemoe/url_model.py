@@ -78,8 +78,15 @@ def cache_directory() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama.cpp"
 
 
+def _split(url: str) -> urllib.parse.SplitResult:
+    try:
+        return urllib.parse.urlsplit(url)
+    except ValueError as e:  # a bracketed host left open, a port that is not a number
+        raise ModelLoadError(f"-mu: {url!r} is not a URL: {e}") from None
+
+
 def _name(url: str) -> str:
-    name = urllib.parse.urlsplit(url).path.split("/")[-1]  # as written: %2F stays in the name, not a folder
+    name = _split(url).path.split("/")[-1]  # as written: %2F stays in the name, not a folder
     if not name or name in (".", ".."):
         raise ModelLoadError(f"-mu: the URL {url!r} names no file")
     return name
@@ -87,7 +94,7 @@ def _name(url: str) -> str:
 
 def _parts(url: str) -> list[str]:
     """url, or where it names a shard of a split GGUF, every shard's URL in order (the first first)."""
-    scheme = urllib.parse.urlsplit(url).scheme
+    scheme = _split(url).scheme
     if scheme not in ("http", "https"):
         raise ModelLoadError(f"-mu takes an http:// or https:// URL, got {url!r}")
     shards = shard_names(url.split("#")[0].split("?")[0])

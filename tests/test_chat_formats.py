@@ -184,6 +184,17 @@ def test_tools_refuse_a_grammar_beside_them_and_messages_the_template_cannot_tak
         engine.create_chat_completion([{"role": "user", "content": {"text": "hi"}}], tools=TOOLS)
 
 
+def test_required_is_refused_where_the_template_has_no_format_of_calls(tiny_model):
+    # the tiny Qwen3-MoE's own template is bare ChatML: "required" would be ignored, the answer free text
+    with Engine(str(tiny_model("qwen3_moe")[0]), n_ctx=256, verbose=False) as plain:
+        with pytest.raises(InvalidOptionError, match='tool_choice "required": llama.cpp finds no format'):
+            plain.create_chat_completion([{"role": "user", "content": "Weather?"}], tools=TOOLS, tool_choice="required")
+        named = {"type": "function", "function": {"name": WEATHER["function"]["name"]}}
+        out = plain.create_chat_completion([{"role": "user", "content": "Weather?"}], tools=TOOLS, tool_choice=named,
+                                           max_tokens=4)
+        assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == WEATHER["function"]["name"]
+
+
 def test_llama_cpps_rendering_leaves_the_gil_to_other_threads(engine):
     # a server renders a long conversation or many tools on the Engine's thread: meanwhile /health
     # and the others' requests run (a 10 ms tick on this thread goes on)

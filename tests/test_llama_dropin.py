@@ -141,6 +141,23 @@ def test_completion_stream_chunks_join_to_the_completion(llm):
     assert {tuple(sorted(c)) for c in chunks} == {("choices", "created", "id", "model", "object")}  # as stock's
 
 
+@pytest.mark.parametrize("arch, kwargs", [("qwen3_moe", {"prompt": "Hello world", "max_tokens": 4, "stop": "or x"}),
+                                          ("gpt_oss", {"prompt": "hello world", "max_tokens": 8})])
+def test_a_stream_is_a_generator_of_a_chunk_a_token_as_in_llama_cpp_python(both, tiny_model, arch, kwargs):
+    # a token held back while it may begin a stop string is held whole; one ending inside a UTF-8
+    # character is a chunk of its own, "" (these prompts make both: "' wor'" begins "or x"; GPT-OSS's bytes)
+    theirs, ours = both(path=tiny_model(arch)[0], logits_all=True)
+    chunks = []
+    for llm in (theirs, ours):
+        stream = llm(**kwargs, temperature=0, logprobs=1, stream=True)
+        assert inspect.isgenerator(stream)
+        chunks.append([(c["choices"][0]["text"], c["choices"][0]["logprobs"] and c["choices"][0]["logprobs"]["tokens"])
+                       for c in stream])
+    assert chunks[1] == chunks[0]
+    assert all(tokens == [text] for text, tokens in chunks[1][:-1])
+    assert "".join(text for text, _ in chunks[1]) == ours(**kwargs, temperature=0)["choices"][0]["text"]
+
+
 def test_a_stream_leaves_echo_out_as_in_llama_cpp_python(both):
     # llama-cpp-python echoes the prompt in a whole completion alone (pyedgemoe serve's stream echoes it, as OpenAI's)
     theirs, ours = both()

@@ -151,12 +151,13 @@ def test_openais_reasoning_effort_is_the_templates_as_llama_servers(tmp_path):
 
 
 def test_no_webui_serves_the_api_alone_as_llama_server(tmp_path):
-    proc, url = start_server(tmp_path / "server.log", "-t", "1", "-c", "512", "--no-webui")
+    # no -c: the model's training context (256 positions), as run's default (at most 4096)
+    proc, url = start_server(tmp_path / "server.log", "-t", "1", "--no-webui")
     try:
         for page in ("/", "/experts", "/index.html"):
             assert request("GET", url + page, key=None)[0] == 404
         status, props = request("GET", url + "/props", key=None)
-        assert status == 200 and props["ui"] is False
+        assert status == 200 and props["ui"] is False and props["default_generation_settings"]["n_ctx"] == 256
         assert request("POST", url + "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}).encode(),
                        key=None)[0] == 200
     finally:

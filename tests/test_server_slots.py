@@ -83,6 +83,16 @@ def test_a_damaged_or_foreign_file_is_refused_and_the_slot_goes_on(server, tmp_p
     assert completion(url, PROMPT)["timings"]["cache_n"] == 0  # the slot holds nothing after a failed restore
 
 
+def test_a_slot_file_that_cannot_be_written_is_a_400_and_the_server_goes_on(server):
+    url, saved = server
+    (saved / "adir").mkdir()
+    completion(url, PROMPT)
+    status, body = slot(url, 0, "save", "adir")
+    assert status == 400 and "slot file 'adir'" in body["error"]["message"] and "Is a directory" in body["error"]["message"]
+    assert str(saved) not in json.dumps(body)
+    assert slot(url, 0, "save", "fine.bin")[0] == 200
+
+
 def test_without_a_slot_directory_slot_actions_are_refused(tmp_path):
     proc, url = start_server(tmp_path / "server.log", *ARGS)
     try:

@@ -116,6 +116,7 @@ def test_a_download_that_fails_is_one_error_line_and_leaves_no_file(served, tmp_
 @pytest.mark.parametrize("args, error", [
     (("-mu", "ftp://host/m.gguf"), "-mu takes an http:// or https:// URL, got 'ftp://host/m.gguf'"),
     (("-mu", "http://127.0.0.1:9/"), "the URL 'http://127.0.0.1:9/' names no file"),
+    (("-mu", "http://[::1/m.gguf"), "-mu: 'http://[::1/m.gguf' is not a URL: Invalid IPv6 URL"),
     (("-mu", "http://127.0.0.1:9/m.gguf", str(DEMO)), "give the model once: MODEL, -m MODEL, -hf USER/MODEL[:QUANT] "
                                                        "or -mu URL (given: MODEL, -mu)"),
     (("-mu", "http://127.0.0.1:9/m.gguf"), "cannot download http://127.0.0.1:9/m.gguf"),
