@@ -829,6 +829,8 @@ class LlamaGrammar:
     @classmethod
     def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
         """The grammar of a JSON schema (JSON text), by llama.cpp's converter."""
+        if not isinstance(json_schema, str):  # as llama-cpp-python's json.loads refuses it
+            raise TypeError(f"json_schema must be a JSON text (json.dumps(schema)), not {type(json_schema).__name__}")
         return cls(_grammar=schema_grammar(json_schema))
 
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from pyedgemoe import _native, kv_overrides
-from pyedgemoe.errors import ModelLoadError
+from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.gguf_format import (
     FORMAT_VERSION,
     FORMAT_VERSION_KEY,
@@ -162,10 +162,14 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
             raise ModelLoadError(f"tensor {t['name']!r} in {path} has type {t['type']}: model weights are float or "
                                  "quantized types, which llama.cpp computes with")
 
+    problem = _hyperparameter_problem(info["kv"])
+    if problem:
+        raise ModelLoadError(f"corrupt GGUF header in {path}: {problem}")
     kv = kv_overrides.applied(info["kv"], overrides)
     arch = str(kv.get("general.architecture", "unknown"))
-
-    _check_hyperparameters(path, kv, arch)
+    problem = _hyperparameter_problem(kv)
+    if problem:
+        raise InvalidOptionError(f"--override-kv: {problem}")
     _check_experts(path, kv, arch)
 
     def arch_int(key: str) -> int:
@@ -247,16 +251,20 @@ _HYPERPARAMETERS = ("block_count", "expert_count", "expert_used_count", "expert_
 _TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
-def _check_hyperparameters(path: str, kv: dict, arch: str) -> None:
+def _hyperparameter_problem(kv: dict) -> str | None:
+    """What is wrong with the _HYPERPARAMETERS and the vocabulary of kv (a file's, or with
+    --override-kv's in place), if anything."""
+    arch = str(kv.get("general.architecture", "unknown"))
     for name in _HYPERPARAMETERS:
         key = f"{arch}.{name}"
         value = kv.get(key)
         if value is None or isinstance(value, dict):  # absent, or an array (model_info gives its length)
             continue
         if _integer(value) is None or value < 0:
-            raise ModelLoadError(f"corrupt GGUF header in {path}: {key} is {value!r}, not a count")
+            return f"{key} is {value!r}, not a count"
     if _TOKENS_KEY in kv and not isinstance(kv[_TOKENS_KEY], dict):
-        raise ModelLoadError(f"corrupt GGUF header in {path}: {_TOKENS_KEY} is {kv[_TOKENS_KEY]!r}, not an array")
+        return f"{_TOKENS_KEY} is {kv[_TOKENS_KEY]!r}, not an array"
+    return None
 
 
 LLAMA_MAX_EXPERTS = 1024  # llama.cpp's (src/llama-hparams.h)

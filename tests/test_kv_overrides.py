@@ -67,6 +67,7 @@ def test_a_dict_becomes_llama_cpps_text_each_value_as_llama_cpp_reads_it():
     ("general.name=str:" + "x" * 128, "at most 127 bytes"),
     (f"{USED}=int:{2**63}", "beyond a 64-bit integer"),
     ('general.name=str:"a\rb"', "no line break"),  # found by fuzzing: Python's csv module raised
+    ("qwen3moe.context_length=int:-5", "--override-kv: qwen3moe.context_length is -5, not a count"),
 ])
 def test_an_override_llama_cpp_would_drop_or_stop_on_is_one_error(qwen3, override, message):
     with pytest.raises(InvalidOptionError, match=message):

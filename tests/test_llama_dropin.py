@@ -1034,6 +1034,13 @@ def test_grammar_constrains_as_in_llama_cpp_pythons_test_real_llama(both):
         assert out["text"] in ("true", "false") and out["text"] == expected["choices"][0]["text"]
 
 
+def test_a_json_schema_grammar_takes_json_text_and_refuses_a_dict_as_llama_cpp_python():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert "root" in LlamaGrammar.from_json_schema(json.dumps(schema))._grammar
+    with pytest.raises(TypeError, match=r"json_schema must be a JSON text \(json.dumps\(schema\)\), not dict"):
+        LlamaGrammar.from_json_schema(schema)
+
+
 def test_save_and_load_state_as_in_llama_cpp_pythons_test_real_llama(both):
     theirs, ours = both()
     numbers = 'root ::= "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "10"'

@@ -89,6 +89,10 @@ def assert_error(status: int, out: dict, expected_status: int, param: str | None
     ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(2000)}}, "logit_bias"),
     ({"prompt": "x", "mirostat_mode": 3}, "mirostat_mode"),
     ({"prompt": "x", "mirostat_tau": -1}, "mirostat_tau"),
+    # taken and not used, but of their senders' types (llama-server's, OpenAI's)
+    ({"prompt": "x", "cache_prompt": "x"}, "cache_prompt"),
+    ({"prompt": "x", "sse_ping_interval": -2}, "sse_ping_interval"),
+    ({"prompt": "x", "user": 5}, "user"),
 ])
 def test_a_parameter_out_of_range_is_400_naming_it(server, body, param):
     assert_error(*post_raw(server, json.dumps(body).encode()), 400, param)

@@ -293,19 +293,21 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": check_max_tokens, "n_predict": check_max_tokens,
            "timings_per_token": _boolean, "return_progress": _boolean, **_SAMPLING}
-# accepted and ignored: they change nothing generated. After OpenAI's (stream_options: where the
-# endpoint is not OpenAI's), llama-server's that its web UI sends (its streaming options, how it shows a reasoning model's thoughts), and the prompt's time limit
-# code editors' plugins send (which llama-server does not implement either)
-_IGNORED = {"user", "stream_options", "cache_prompt", "sse_ping_interval",
-            "backend_sampling", "t_max_prompt_ms"}
-
-
 def _stream_options(name: str, value) -> dict:
     """OpenAI's stream_options: include_usage (a last chunk of the usage, with no choices)."""
     if not (isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
             and all(isinstance(v, bool) for v in value.values())):
         raise invalid(name, '{"include_usage": true or false}', value)
     return value
+
+
+# accepted and ignored (they change nothing generated), their values checked as their senders'
+# servers check them: OpenAI's (stream_options: where the endpoint is not OpenAI's), llama-server's
+# that its web UI sends (its streaming options, how it shows a reasoning model's thoughts), and the
+# prompt's time limit code editors' plugins send (which llama-server does not implement either)
+_IGNORED = {"user": _text, "stream_options": _stream_options, "cache_prompt": _boolean,
+            "sse_ping_interval": _in_range(int, -1, INT32_MAX), "backend_sampling": _boolean,
+            "t_max_prompt_ms": _integer}
 
 
 # OpenAI parameters accepted only at the value(s) meaning "off"
@@ -581,6 +583,8 @@ def parse_generation(body: dict, parameters: dict, required: str, neutral_values
     budgets = {}
     for name, value in body.items():
         check = parameters.get(name)
+        if check is None and value is not None and name in _IGNORED:
+            _IGNORED[name](name, value)
         if check is None or value is None:  # null: as if not given (OpenAI's defaults are the Engine's)
             continue
         value = check(name, value)
