@@ -412,12 +412,9 @@ class Llama:
         return self._vocab.tokenize(text, add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
-        """The bytes of tokens (special: with special tokens' text); after prev_tokens, only what
-        tokens add to them. As llama-cpp-python: the token pieces joined, the space a leading BOS
-        gives the first word dropped."""
-        if prev_tokens is not None:
-            before = self.detokenize(prev_tokens, special=special)
-            return self.detokenize([*prev_tokens, *tokens], special=special)[len(before):]
+        """The bytes of tokens (special: with special tokens' text), as llama-cpp-python's: the token
+        pieces joined, the space a leading BOS gives the first word dropped; prev_tokens is read by its
+        Hugging Face tokenizers alone, not by the model's own, which this is."""
         tokens = as_token_ids(tokens)
         text = b"".join(self._vocab.token_piece(t, special) for t in tokens)
         if tokens and tokens[0] == self.token_bos() and text.startswith(b" "):

@@ -221,6 +221,13 @@ def test_tokenize_and_detokenize_round_trip_bytes(llm, eng):
     assert b"".join(llm.detokenize(tokens[i:i + 1], prev_tokens=tokens[:i]) for i in range(len(tokens))) == text
 
 
+def test_detokenize_leaves_prev_tokens_to_hugging_face_tokenizers_as_llama_cpp_python(both, tiny_model):
+    theirs, ours = both(path=tiny_model("mixtral")[0], n_ctx=256)  # SentencePiece: a word's leading space
+    tokens = ours.tokenize(b" hello world", add_bos=False)
+    for prev in (None, [ours.token_bos()], tokens[:1]):
+        assert ours.detokenize(tokens, prev_tokens=prev) == theirs.detokenize(tokens, prev_tokens=prev)
+
+
 def test_special_token_text_is_parsed_only_with_special(llm):
     marker = llm.detokenize([llm.token_eos()], special=True)
     assert marker == b"<|endoftext|>" and llm.detokenize([llm.token_eos()]) == b""
