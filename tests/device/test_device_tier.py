@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_moe  # scripts/, on the path by tests/conftest.py
-from conftest import latin_square
+from conftest import REPO, latin_square
 
 from pyedgemoe import Engine, load_plan
 from pyedgemoe.devices import gpu_devices
@@ -650,3 +650,14 @@ def test_flash_attention_is_off_on_lavapipe_unless_asked_and_refused_when_asked(
     assert on.returncode == 1 and on.stderr.splitlines()[-1].startswith("error: -fa on: ggml-vulkan's flash attention")
     with pytest.raises(InvalidOptionError, match="-fa on: ggml-vulkan's flash attention"):
         Engine(tiny_model("qwen3_moe")[0], n_ctx=256, n_threads=2, flash_attn=True)
+
+
+def test_the_gpu_checks_cell_runs_here_with_the_rehearsals_settings(monkeypatch):
+    # a cell of ours in `make gpu-rehearse` (scripts/gpu_check.py's measure; the demo's vocabulary, smaller than
+    # those of its benchmark files, bounds the decode's walk): lavapipe's settings (flash attention off) let it run
+    import gpu_check  # scripts/
+    from pyedgemoe.bench import worker
+    monkeypatch.setattr(gpu_check, "fixed_decode_token_ids", lambda n: worker.fixed_decode_token_ids(n, 8192))
+    sizes = {**gpu_check.SIZES[True], "repeats": 1}
+    cell = gpu_check.measure(REPO / "models" / "demo.gguf", "gpu", "25%", sizes, threads=2)
+    assert cell["chosen_mode"] == "gpu" and cell["decode_tps"] > 0 and cell["uploads"] > 0
