@@ -14,6 +14,7 @@ from pyedgemoe.errors import (
     ConversionError,
     ContextOverflowError,
     EngineBusyError,
+    EngineClosedError,
     ExpertLoadError,
     InvalidOptionError,
     ModelLoadError,
@@ -45,4 +46,5 @@ def __getattr__(name: str):
 # the lazy names (llama-cpp-python's among them: `from llama_cpp import ...` -> `from pyedgemoe import ...`)
 # and the errors
 __all__ = [*(name for names in _LAZY.values() for name in names), "PyEdgeMoEError", "ModelLoadError",
-           "ContextOverflowError", "EngineBusyError", "ExpertLoadError", "InvalidOptionError", "ConversionError"]
+           "ContextOverflowError", "EngineBusyError", "EngineClosedError", "ExpertLoadError", "InvalidOptionError",
+           "ConversionError"]

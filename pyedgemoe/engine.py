@@ -540,21 +540,23 @@ class Engine(Vocabulary):
     def record_routing(self, on: bool = True, inputs: bool = False) -> None:
         """Start (or stop) recording every MoE layer's routing (an expert cache's): with the predictor's guesses
         for an Engine made with trace_routing=True (else -1), and with inputs (such an Engine's) each layer input."""
+        model = self._live_model()
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
         if inputs and not self.plan.trace_routing:
             raise InvalidOptionError("recording the layers' inputs needs an Engine made with trace_routing=True")
         with self._decoder.lock:
-            self._model.set_expert_tracing(on, inputs)
+            model.set_expert_tracing(on, inputs)
 
     def take_routing_trace(self) -> dict:
         """The routing recorded since the last call, as numpy arrays: "ubatch" and "layer" [n] (one
         record per token and MoE layer, in compute order), "ids" and "weights" [n, n_experts_used],
         "inputs" [n, n_embd] where recorded."""
+        model = self._live_model()
         if self.expert_residency is None:
             raise InvalidOptionError("recording the routing needs an expert cache (expert_cache=...)")
         with self._decoder.lock:
-            return dict(self._model.take_expert_trace())
+            return dict(model.take_expert_trace())
 
     # -- telemetry ---------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -57,6 +57,10 @@ class EngineBusyError(PyEdgeMoEError, RuntimeError):
     generation neither taken to its end nor closed): another would wait on it forever."""
 
 
+class EngineClosedError(PyEdgeMoEError, RuntimeError):
+    """A use of an Engine (or a Llama) after close(), or of what it made (a stream, a batch)."""
+
+
 class RemoteDeviceError(PyEdgeMoEError, RuntimeError):
     """A remote device's worker (`--rpc`, docs/distributed.md) could not be reached, was lost, or gave
     no reply within its timeout; the message names it. The Engine can only be closed afterwards."""

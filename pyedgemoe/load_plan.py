@@ -87,6 +87,8 @@ class LoadOptions:
             raise InvalidOptionError(
                 f"n_parallel={self.n_parallel} is more sequences than llama.cpp decodes together: at most "
                 f"{MAX_SEQUENCES}, and at most n_batch and n_ctx (here {batch}), a batch holding a token of each")
+        if not (self.flash_attn is None or isinstance(self.flash_attn, bool)):  # a string would be true
+            raise InvalidOptionError(f"flash_attn must be True, False or None (llama.cpp decides), got {self.flash_attn!r}")
         if self.system is not None and not isinstance(self.system, str):
             raise InvalidOptionError(f"system must be a system's name, got {self.system!r}")
         SamplingParams(seed=self.seed).validate()

@@ -20,6 +20,7 @@ import weakref
 from typing import Callable
 
 from pyedgemoe import _native
+from pyedgemoe.errors import EngineClosedError
 
 EXIT_WAIT_S = 60.0  # the longest the exit waits for the native calls in flight (a long prompt's batch)
 GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finalization
@@ -28,14 +29,14 @@ _exiting = False
 _open: set[weakref.finalize] = set()  # the closers of the Engines open (close_at_exit)
 
 
-class ProgramExiting(RuntimeError):
+class ProgramExiting(EngineClosedError):
     """A thread's use of an Engine after the program's exit began (only daemon threads run then)."""
 
 
-def closed_error(what: str) -> RuntimeError:
+def closed_error(what: str) -> EngineClosedError:
     """The error for a use of something closed ("this Engine is closed"); ProgramExiting once the
     exit began (the exit closes the Engines left open)."""
-    return ProgramExiting(f"the program is exiting: {what}") if _exiting else RuntimeError(what)
+    return ProgramExiting(f"the program is exiting: {what}") if _exiting else EngineClosedError(what)
 
 
 def close_at_exit(obj, close: Callable, *args) -> weakref.finalize:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_moe
-from pyedgemoe import ContextOverflowError, Engine, InvalidOptionError, ModelLoadError
+from pyedgemoe import ContextOverflowError, Engine, EngineClosedError, InvalidOptionError, ModelLoadError
 
 # <|endoftext|>, <|im_start|>, <|im_end|>: the end-of-generation tokens are among them
 SPECIAL_IDS = set(range(len(tiny_moe.SPECIAL_TOKENS)))
@@ -56,6 +56,7 @@ def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
     (dict(n_batch=None), "n_batch must be a positive integer"),
     (dict(n_parallel=None), "n_parallel must be a positive integer"),
     (dict(system=[]), "system must be a system's name"),
+    (dict(flash_attn="off"), "flash_attn must be True, False or None"),  # it was on: a string is true
     (dict(io_threads=2**40), "io_threads must be an integer within 32 bits"),
     (dict(io_threads=100_000, expert_cache="25%"), r"io_threads must be an integer in 1\.\.256"),  # it hung
     (dict(policy_weights=-1), "policy weights must be four numbers"),
@@ -281,11 +282,11 @@ def test_closed_engine_refuses_work_and_holds_no_model(mixtral_gguf, tmp_path):
     e.close()
     # the model is freed with the context, not when the Engine object goes: no mapping of its file left
     assert _mapping_rss_bytes(path) == (0, 0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(EngineClosedError):
         e.logits([1])
     for use in (lambda: e.tokenize("hi"), lambda: e.detokenize([1]), lambda: e.token_piece(1), lambda: e.n_vocab,
-                lambda: e.metadata):
-        with pytest.raises(RuntimeError, match="this Engine is closed"):
+                lambda: e.metadata, e.take_routing_trace):  # (an AttributeError was the routing trace's)
+        with pytest.raises(EngineClosedError, match="this Engine is closed"):
             use()
 
 
