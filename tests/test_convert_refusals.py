@@ -196,14 +196,15 @@ def test_rope_scaling_alone_or_agreeing_with_rope_parameters_is_written(tiny_mod
 
 # -- SIGTERM -------------------------------------------------------------------------------------------
 
-def test_sigterm_while_writing_leaves_no_file_and_exits_143(tmp_path):
-    script = textwrap.dedent("""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # (SIGHUP: the terminal closed; it left the file)
+def test_sigterm_or_sighup_while_writing_leaves_no_file_and_exits_as_the_signal(tmp_path, sig):
+    script = textwrap.dedent(f"""
         import os, signal, sys
         import numpy as np
         from pyedgemoe.convert.gguf_out import GGUFOutput
 
-        def produce():  # as `timeout` or `docker stop` would, half-way through the tensor data
-            os.kill(os.getpid(), signal.SIGTERM)
+        def produce():  # as `timeout`, `docker stop` or a closed ssh session would, half-way through
+            os.kill(os.getpid(), {int(sig)})
             return np.zeros(8, dtype=np.float32)
 
         out = GGUFOutput(sys.argv[1], arch="llama")
@@ -212,7 +213,7 @@ def test_sigterm_while_writing_leaves_no_file_and_exits_143(tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.gguf")], capture_output=True,
                        text=True, timeout=60)
-    assert r.returncode == 143, r.stderr
+    assert r.returncode == 128 + sig, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -30,6 +30,7 @@ from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_
 from pyedgemoe.sysmem import format_bytes
 
 ALIGNMENT = 4096
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # ended by them, a conversion leaves no temp file
 
 # numpy dtypes a produce() callback may return instead of raw bytes, per ggml type.
 _NUMPY_DTYPE_OF_TYPE = {
@@ -312,23 +313,26 @@ def output_target(out: Path, force: bool) -> Path:
 
 @contextmanager
 def terminate_cleanly() -> Iterator[None]:
-    """SIGTERM (timeout, docker stop) in the block raises SystemExit(143), the status a shell gives
-    a process SIGTERM ends, so that the writers' cleanup removes their temp file as on Ctrl-C. Only
-    where SIGTERM would end the process (the default action, in the main thread): a handler of the
-    embedding program's own, or an ignored SIGTERM, is left alone."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    """SIGTERM (timeout, docker stop) or SIGHUP (the terminal closed, an ssh session dropped) in the
+    block raises SystemExit(128 + the signal), the status a shell gives a process the signal ends, so
+    that the writers' cleanup removes their temp file as on Ctrl-C. Only where the signal would end
+    the process (the default action, in the main thread): a handler of the embedding program's own,
+    or an ignored signal (nohup's SIGHUP), is left alone."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    taken = [s for s in TERMINATING_SIGNALS if signal.getsignal(s) is signal.SIG_DFL]
 
     def terminate(signum, frame):
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, terminate)
+    for s in taken:
+        signal.signal(s, terminate)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in taken:
+            signal.signal(s, signal.SIG_DFL)
 
 
 def create_partial_file(out_path: Path) -> Path:
