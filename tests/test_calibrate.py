@@ -401,6 +401,10 @@ def test_convert_refuses_a_calibration_that_is_not_one(models, tmp_path):
     r = cli("convert", models["src"], "-o", tmp_path / "out.gguf", "--calibration", tmp_path / "missing.json")
     assert_one_line_error(r, "cannot read the calibration sidecar")
     assert not (tmp_path / "out.gguf").exists()
+    # another model's (the demo's 16 experts a layer): embedded, every run of the file refused it
+    r = cli("convert", models["src"], "-o", tmp_path / "out.gguf", "--calibration", REPO / "models" / "demo.gguf.calibration.json")
+    assert_one_line_error(r, "--calibration is another model's")
+    assert list(tmp_path.glob("*.gguf*")) == []
 
 
 def test_a_model_whose_experts_have_biases_is_calibrated_with_a_note_saying_so(models, tiny_model, tmp_path):

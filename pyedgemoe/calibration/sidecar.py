@@ -183,12 +183,12 @@ def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None
     path = sidecar_path(model_path)
     kv = read_model_info(model_path).metadata if metadata is None else metadata
     if os.path.exists(path):
-        return _of_the_model(read_sidecar(path), kv, f"calibration sidecar {path}")
+        return of_the_model(read_sidecar(path), kv, f"calibration sidecar {path}")
     data = embedded_calibration(model_path, kv)
-    return None if data is None else _of_the_model(data, kv, f"calibration embedded in {os.fspath(model_path)}")
+    return None if data is None else of_the_model(data, kv, f"calibration embedded in {os.fspath(model_path)}")
 
 
-def _of_the_model(data: dict, kv: dict, what: str) -> dict:
+def of_the_model(data: dict, kv: dict, what: str) -> dict:
     """data, where what it records of the model it was made on (its top-k, its experts per layer)
     is the model's: a calibration of another model is an InvalidOptionError."""
     arch = kv.get("general.architecture")

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import gguf
 import numpy as np
 
-from pyedgemoe.errors import ConversionError
+from pyedgemoe.errors import ConversionError, InvalidOptionError
 from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, PROVENANCE_KEY
 from pyedgemoe.sysmem import format_bytes
 
@@ -104,7 +104,12 @@ def edgemoe_metadata(writer: gguf.GGUFWriter, high_type: str, low_type: str, pro
     writer.add_string(LOW_TYPE_KEY, ggml_type_name(ggml_type(low_type)))
     writer.add_string(PROVENANCE_KEY, json.dumps(prov, sort_keys=True))
     if calibration is not None:
-        from pyedgemoe.calibration.sidecar import calibration_metadata
+        from pyedgemoe.calibration.sidecar import calibration_metadata, of_the_model
+        kv = {key: v.value for shard in writer.kv_data for key, v in shard.items()}  # the model's, written already
+        try:
+            of_the_model(calibration, kv, "--calibration")
+        except InvalidOptionError as e:
+            raise ConversionError(str(e)) from None
         add = {"f32": writer.add_float32, "f32_array": writer.add_array, "string": writer.add_string}
         for key, value, kind in calibration_metadata(calibration):
             add[kind](key, value)
