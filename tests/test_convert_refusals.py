@@ -112,6 +112,13 @@ def test_a_type_ggml_cannot_quantize_to_is_refused_naming_the_option(tiny_model,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("threads", [0, -3, 9999, 2.5])
+def test_a_thread_count_run_would_refuse_is_refused(tiny_model, tmp_path, threads):
+    with pytest.raises(ConversionError, match=r"--threads must be an integer in 1\.\.512"):
+        convert(tiny_model("mixtral")[1], tmp_path / "out.gguf", n_threads=threads, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- the output path ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("what", ["fifo", "directory", "device"])

@@ -55,7 +55,11 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
     ConversionError, and no file is left under `out` unless the conversion succeeds.
     """
     from pyedgemoe.convert import from_hf
+    from pyedgemoe.load_plan import MAX_THREADS
 
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                  or not 1 <= n_threads <= MAX_THREADS):
+        raise ConversionError(f"--threads must be an integer in 1..{MAX_THREADS}, got {n_threads!r}")
     calibration = _read_calibration(calibration)
 
     path = Path(src)
