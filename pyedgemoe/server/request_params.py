@@ -293,6 +293,8 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict")
 _BUDGETS = ("reasoning_budget_tokens", "thinking_budget_tokens")
 _COMMON = {"model": None, "stream": _boolean, "max_tokens": check_max_tokens, "n_predict": check_max_tokens,
            "timings_per_token": _boolean, "return_progress": _boolean, **_SAMPLING}
+
+
 def _stream_options(name: str, value) -> dict:
     """OpenAI's stream_options: include_usage (a last chunk of the usage, with no choices)."""
     if not (isinstance(value, dict) and set(value) <= {"include_usage", "include_obfuscation"}
