@@ -210,6 +210,8 @@ def test_sigterm_or_sighup_while_writing_leaves_no_file_and_exits_as_the_signal(
         import numpy as np
         from pyedgemoe.convert.gguf_out import GGUFOutput
 
+        signal.signal({int(sig)}, signal.SIG_DFL)  # as in a terminal (a test run under nohup ignores SIGHUP)
+
         def produce():  # as `timeout`, `docker stop` or a closed ssh session would, half-way through
             os.kill(os.getpid(), {int(sig)})
             return np.zeros(8, dtype=np.float32)

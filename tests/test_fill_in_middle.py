@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from pyedgemoe import Engine, InvalidOptionError
+from pyedgemoe import Engine, InvalidOptionError, completions
 from pyedgemoe.llama import Llama
 from test_server import request, start_server, stop_server
 
@@ -38,8 +38,12 @@ def fim(engine, prefix: list[int], suffix: list[int], spm: bool = False) -> list
     return bos + (after + before if spm else before + after) + [FIM["mid"]]
 
 
-def greedy_text(engine, tokens: list[int], n: int) -> str:
-    return engine.generate(tokens, n, temperature=0.0)
+def greedy_text(engine, tokens: list[int], n: int, finish_character: bool = False) -> str:
+    """The Engine's greedy continuation of tokens, n tokens (finish_character: a character the last
+    cuts finished first, as Llama gives it, llama-cpp-python's way; the server's is exact)."""
+    out = completions.create_completion(engine, tokens, n, None, False, None, {"temperature": 0.0},
+                                        finish_character=finish_character)
+    return out["choices"][0]["text"]
 
 
 def words(engine, text: str) -> list[int]:
@@ -52,18 +56,18 @@ def test_a_suffix_fills_the_middle_with_the_models_tokens(model, engine, spm):
     with Llama(model, kv_overrides=OVERRIDES, spm_infill=spm, **SMALL) as llm:
         out = llm.create_completion(PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0.0)
         assert llm.engine.tokens[:len(expected)] == expected
-        assert out["choices"][0]["text"] == greedy_text(engine, expected, 8)
+        assert out["choices"][0]["text"] == greedy_text(engine, expected, 8, finish_character=True)
 
 
 def test_a_token_prompt_and_an_empty_suffix_take_the_same_shape(model, engine):
     prefix = words(engine, PREFIX)
     with Llama(model, kv_overrides=OVERRIDES, **SMALL) as llm:
         out = llm(prefix, suffix="", max_tokens=4, temperature=0.0, echo=True)
-    assert out["choices"][0]["text"] == PREFIX + greedy_text(engine, fim(engine, prefix, []), 4)
+    assert out["choices"][0]["text"] == PREFIX + greedy_text(engine, fim(engine, prefix, []), 4, finish_character=True)
 
 
 def test_a_suffix_streams_the_same_text(model, engine):
-    expected = greedy_text(engine, fim(engine, words(engine, PREFIX), words(engine, SUFFIX)), 8)
+    expected = greedy_text(engine, fim(engine, words(engine, PREFIX), words(engine, SUFFIX)), 8, finish_character=True)
     with Llama(model, kv_overrides=OVERRIDES, **SMALL) as llm:
         chunks = llm.create_completion(PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0.0, stream=True)
         assert "".join(c["choices"][0]["text"] for c in chunks) == expected
