@@ -458,7 +458,8 @@ class Check:
     def stock(self, name: str, flags: list[str], timeout: float, env: dict | None = None) -> dict:
         s = self.sizes
         cmd = [str(Path(self.args.kit) / "bin" / "llama-bench"), "-m", self.result["models"][name]["path"],
-               "-ngl", "99", *(["-t", str(self.threads)] if self.threads else []), "-fa", str(int(s["flash_attn"])), "-b", "512", "-ub", "512",
+               "-ngl", "99", *(["-t", str(self.threads)] if self.threads else []), "-fa", str(int(s["flash_attn"])),
+               "-b", "512", "-ub", "512",
                "-p", f"{TTFT_PROMPT},{s['prefill']}", "-n", str(s["decode"]), "-r", str(s["repeats"]), "-o", "json", *flags]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
