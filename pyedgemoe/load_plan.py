@@ -340,11 +340,12 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     expert_cache = options.expert_cache
     if not info.is_moe and is_share(expert_cache):  # a share of no experts (a script's --expert-cache 25%):
         expert_cache = "auto"  # a dense model runs as it would without one
+    most_held = _most_held(info, expert_options)
     budget, note = parse_expert_cache(
         expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
         repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
-        minimum_bytes=0 if device else info.minimum_cache_bytes)
+        minimum_bytes=0 if device else info.minimum_cache_bytes(), most_bytes=most_held)
     asked = str(options.expert_cache or "auto").strip().lower()
     if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
         budget, note = _addressable(budget, note, layer_devices, info)
@@ -355,7 +356,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     offload = budget not in (None, MAPPED) and info.is_moe
     embedding_mapped = (offload or experts_mapped) and cold > 0
     if offload:
-        budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info)
+        budget, note, expert_options = _held_experts(budget, note, options.expert_cache, expert_options, info,
+                                                     most_held)
     if offload and device:
         check_fits_device(budget, devices_free)
     loras = _loras(expert_options, info, offload)
@@ -380,6 +382,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
                                                       options.n_threads is not None)
         expert_options = expert_options.merged(prefetch=prefetch)
         native = expert_options.resolve(info, calibration, options.n_parallel)
+    if offload and not device:
+        _above_minimum(budget, info, native.low_precision and info.n_experts_used > 1)
     if native is not None and not offload and (native.big_little > 0 or native.static_precision
                                                or native.prefetch.name == "edgemoe" or native.stand_in > 0):
         raise InvalidOptionError("big_little, static_precision, stand_in and prefetch edgemoe act on the expert cache: "
@@ -458,27 +462,49 @@ def _mmap(expert_options: ExpertOptions, offload: bool, experts_mapped: bool) ->
     return True, "every weight resident, mapped from the file as llama.cpp does"
 
 
-def _held_experts(budget: int, note: str, asked, expert_options: ExpertOptions,
-                  info: ModelInfo) -> tuple[int, str, ExpertOptions]:
-    """A cache with room for every expert in HIGH holds every expert in HIGH: no LOW copies, no skips,
-    unless asked for (--low-precision, --skip, --static-precision, or a --system that sets them); and
-    never more bytes than its copies can take. (budget, the note, the options)."""
+def _low_asked(expert_options: ExpertOptions) -> bool:
+    """Whether the run asks for LOW copies or skips (--low-precision, --skip, --static-precision, or a
+    --system that sets them): else a cache with room for every expert in HIGH holds them all in HIGH."""
+    return any(expert_options.given.get(name) for name in ("low_precision", "skip", "static_precision"))
+
+
+def _most_held(info: ModelInfo, expert_options: ExpertOptions) -> int:
+    """The most bytes an expert cache takes: every HIGH copy, and where LOW copies are asked for
+    (_low_asked) every LOW copy too, the LOW tier taking low_cache of the budget, the HIGH tier the
+    rest (expert-budget.cpp)."""
     high = info.high_expert_bytes
-    if not any(expert_options.given.get(name) for name in ("low_precision", "skip", "static_precision")):
-        if budget < high:
-            return budget, note, expert_options
+    if not _low_asked(expert_options):
+        return high
+    low, share = _low_copy_bytes(info, expert_options), expert_options["low_cache"]
+    return max(high + low, math.ceil(low / share), math.ceil(high / (1 - share)))
+
+
+def _held_experts(budget: int, note: str, asked, expert_options: ExpertOptions, info: ModelInfo,
+                  most: int) -> tuple[int, str, ExpertOptions]:
+    """A cache with room for every expert in HIGH holds every expert in HIGH: no LOW copies, no skips,
+    unless asked for (_low_asked); and never more bytes than its copies can take (most: _most_held).
+    (budget, the note, the options)."""
+    if budget < most or (budget == most and _low_asked(expert_options)):
+        return budget, note, expert_options
+    if not _low_asked(expert_options):
         what = "every expert resident in HIGH (no LOW copy, nothing skipped" + \
             ("; the LOW copies unused: --low-precision uses them)" if info.multi_precision else ")")
-        capped = f", capped at what they take ({format_bytes(budget)} asked for)" if budget > high else ""
-        return high, f"expert cache {asked}: {format_bytes(high)}, {what}{capped}", \
+        capped = f", capped at what they take ({format_bytes(budget)} asked for)" if budget > most else ""
+        return most, f"expert cache {asked}: {format_bytes(most)}, {what}{capped}", \
             expert_options.merged(low_precision=False)
-    # the LOW tier takes low_cache of the budget, the HIGH tier the rest (expert-budget.cpp)
-    low, share = _low_copy_bytes(info, expert_options), expert_options["low_cache"]
-    held = max(high + low, math.ceil(low / share), math.ceil(high / (1 - share)))
-    if budget <= held:
-        return budget, note, expert_options
-    return held, (f"expert cache {asked}: {format_bytes(held)}, room for every HIGH and LOW copy with LOW's share "
-                  f"of {share:.0%} ({format_bytes(budget)} asked for)"), expert_options
+    return most, (f"expert cache {asked}: {format_bytes(most)}, room for every HIGH and LOW copy with LOW's share "
+                  f"of {expert_options['low_cache']:.0%} ({format_bytes(budget)} asked for)"), expert_options
+
+
+def _above_minimum(budget: int, info: ModelInfo, low: bool) -> None:
+    """Refuses a CPU's expert cache below the smallest the runtime takes (ModelInfo.minimum_cache_bytes),
+    as the load would, so that --dry-run says so too; low: LOW copies in the cache."""
+    minimum = info.minimum_cache_bytes(low)
+    if budget < minimum:
+        raise InvalidOptionError(
+            f"expert cache budget {budget} bytes ({format_bytes(budget)}) is below the minimum of {minimum} bytes "
+            f"({format_bytes(minimum)}): one layer's top-{info.n_experts_used} experts must fit"
+            + (" in HIGH, and all but one of them in LOW" if low else ""))
 
 
 def _low_copy_bytes(info: ModelInfo, expert_options: ExpertOptions) -> int:

@@ -453,16 +453,18 @@ def auto_expert_cache(expert_bytes: int, non_expert_bytes: int, context: int, av
 
 
 def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, non_expert_bytes: int, context: int,
-                     available: Available = None, refuse: bool = True, minimum_bytes: int = 0) -> tuple[int, str | None]:
+                     available: Available = None, refuse: bool = True, minimum_bytes: int = 0,
+                     most_bytes: int | None = None) -> tuple[int, str | None]:
     """(the budget, or with up_to what fits if less; None, or a sentence saying it was reduced).
     An explicit budget that does not fit beside the non-expert weights, the context and the
     allowance is refused with the numbers (InvalidOptionError); refuse=False leaves that to the
     caller (a GPU's budget: devices.check_fits_device). shown: the value as the user gave it,
     without the "~". Where what fits is below minimum_bytes (the smallest cache that runs), no cache
-    is offered but MAPPED. A model without experts caches none: only its context is checked."""
+    is offered but MAPPED. most_bytes: the most the cache's copies take (a budget above it is capped
+    there, and checked as that much). A model without experts caches none: only its context is checked."""
     available, where = _measured(available)
     room = room_for_experts_bytes(non_expert_bytes, context, available)
-    cache = budget if expert_bytes else 0
+    cache = min(budget, most_bytes or budget) if expert_bytes else 0
     if cache <= room or not (refuse or up_to):
         return budget, None
     if room <= 0:
@@ -502,13 +504,14 @@ def _out_of_range(value, expert_bytes: int) -> InvalidOptionError:
 def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_bytes: int,
                        context: int, available: Available = None, refuse: bool = True,
                        repacked_expert_bytes: int = 0, cold_bytes: int = 0,
-                       minimum_bytes: int = 0) -> tuple[int | str | None, str]:
+                       minimum_bytes: int = 0, most_bytes: int | None = None) -> tuple[int | str | None, str]:
     """(bytes of the expert cache, None = every expert resident, or MAPPED; a sentence for the user).
     value: None / "auto", "mmap" (MAPPED), bytes (int), "300MiB", "4GiB", "1.5GB", or "50%" of the
     expert bytes; a size with a trailing "~" is that much or what fits, if less. context:
-    context_bytes(). available, repacked_expert_bytes, cold_bytes, minimum_bytes: as for auto_expert_cache. A size that does
-    not fit is refused (fit_expert_cache; refuse=False: the caller checks it); so is MAPPED when the
-    non-expert weights and the context do not fit."""
+    context_bytes(). available, repacked_expert_bytes, cold_bytes, minimum_bytes: as for
+    auto_expert_cache. A size that does not fit is refused (fit_expert_cache, with most_bytes;
+    refuse=False: the caller checks it); so is MAPPED when the non-expert weights and the context do
+    not fit."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return auto_expert_cache(expert_bytes, non_expert_bytes, context, available, repacked_expert_bytes, cold_bytes,
                                  minimum_bytes)
@@ -523,7 +526,7 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
         if value <= 0:
             raise _out_of_range(value, expert_bytes)
         budget, note = fit_expert_cache(value, str(value), False, expert_bytes, held, context, available, refuse,
-                                        minimum_bytes)
+                                        minimum_bytes, most_bytes)
         return budget, note or f"expert cache: {value} bytes"
     shown = value.strip()
     up_to = shown.endswith(UP_TO)
@@ -541,5 +544,5 @@ def parse_expert_cache(value: str | int | None, expert_bytes: int, non_expert_by
             f"'auto', '{MAPPED}', or a size with a trailing '{UP_TO}' for up to that much ('60%{UP_TO}': what fits if less)"
         ) from None
     budget, note = fit_expert_cache(budget, shown, up_to, expert_bytes, held, context, available, refuse,
-                                    minimum_bytes)
+                                    minimum_bytes, most_bytes)
     return budget, note or f"expert cache: {budget / 1024**2:.1f} MiB for {expert_bytes / 1024**2:.1f} MiB of experts"

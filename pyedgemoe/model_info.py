@@ -81,17 +81,16 @@ class ModelInfo:
     def low_expert_bytes(self) -> int:
         return sum(self.low_expert_bytes_per_layer.values())
 
-    @property
-    def minimum_cache_bytes(self) -> int:
+    def minimum_cache_bytes(self, low: bool = True) -> int:
         """The smallest expert cache the runtime takes (native/src/expert-budget.cpp): per pool of
-        layers with one expert shape, one layer's top-k experts in HIGH, and with LOW copies all but
-        one of them in LOW too."""
+        layers with one expert shape, one layer's top-k experts in HIGH, and with LOW copies (low:
+        low precision on) all but one of them in LOW too."""
         if not self.is_moe:
             return 0
         k, n = self.n_experts_used, self.n_experts
-        shapes = {(self.high_expert_bytes_per_layer.get(l, b), self.low_expert_bytes_per_layer.get(l, 0))
+        shapes = {(self.high_expert_bytes_per_layer.get(l, b), self.low_expert_bytes_per_layer.get(l, 0) if low else 0)
                   for l, b in self.expert_bytes_per_layer.items()}
-        return sum(k * high // n + (k - 1) * low // n for high, low in shapes)
+        return sum(k * high // n + (k - 1) * low_bytes // n for high, low_bytes in shapes)
 
     def to_dict(self) -> dict:
         return {

@@ -50,7 +50,7 @@ def test_100_percent_with_low_precision_asked_for_keeps_a_low_tier():
     assert experts["mixed_precision"] and experts["low_slots"] > 0 and experts["high_slots"] < N_EXPERTS
 
 
-@pytest.mark.parametrize("asked", ["1TiB~", "1GiB"])
+@pytest.mark.parametrize("asked", ["1TiB~", "1GiB", "10TiB"])  # 10TiB: checked against memory as what it holds
 def test_a_size_beyond_the_experts_is_capped_and_says_so(asked):
     r = cli("run", DEMO, "-p", PROMPT, "-n", "2", "--expert-cache", asked, "--json")
     assert r.returncode == 0, r.stderr
@@ -65,6 +65,21 @@ def test_a_size_beyond_the_experts_is_capped_and_says_so(asked):
     assert (experts["high_slots"], experts["low_slots"]) == (N_EXPERTS, N_EXPERTS)
     assert experts["pool_bytes"] == INFO.high_expert_bytes + INFO.low_expert_bytes
     assert "room for every HIGH and LOW copy" in eng.expert_cache_note
+
+
+def test_dry_run_refuses_a_cache_below_the_minimum_as_the_run_does_and_takes_one_above_it():
+    """The smallest cache is one layer's top-k experts in HIGH, and with low precision on all but one in
+    LOW too (expert-budget.cpp): --dry-run says what the run would, for either."""
+    lossless, mixed = INFO.minimum_cache_bytes(low=False), INFO.minimum_cache_bytes(low=True)
+    assert lossless < mixed
+    for low, minimum in (("--no-low-precision", lossless), ("--low-precision", mixed)):
+        for dry in (["--dry-run"], ["-p", PROMPT, "-n", "1"]):
+            r = cli("run", DEMO, *dry, "--expert-cache", str(minimum - 1), low)
+            assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
+            assert f"below the minimum of {minimum} bytes" in r.stderr, r.stderr
+    for dry in (["--dry-run"], ["-p", PROMPT, "-n", "1"]):  # lossless, below the minimum with LOW copies
+        r = cli("run", DEMO, *dry, "--expert-cache", str(lossless), "--no-low-precision")
+        assert r.returncode == 0, r.stderr
 
 
 def layer_lines(stderr: str) -> dict[str, dict[str, int]]:
