@@ -841,7 +841,8 @@ def inspect(
     lines = [
         f"file            {info.path} ({format_bytes(info.file_bytes)}"
         + (f" in {len(info.files)} shards)" if len(info.files) > 1 else ")"),
-        f"architecture    {info.architecture}" + (f" ({info.name})" if info.name else ""),
+        # the file's strings, quoted where a control character would break the layout or the terminal
+        f"architecture    {_printable(info.architecture)}" + (f" ({_printable(info.name)})" if info.name else ""),
         f"layers          {info.n_layers}",
     ]
     two_copies = info.multi_precision and info.is_moe
@@ -879,6 +880,10 @@ def inspect(
     else:
         lines.append("multi-precision no")
     typer.echo("\n".join(lines))
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else ascii(text)
 
 
 @app.command("convert")

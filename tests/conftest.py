@@ -30,10 +30,10 @@ def tiny_model():
 
 
 def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str | None = None,
-                 chat_template: str | None = None, keys: dict[str, bool | int | None] | None = None) -> Path:
+                 chat_template: str | None = None, keys: dict[str, bool | int | str | None] | None = None) -> Path:
     """A copy of `src` with another architecture name, with tensor `shrink` cut to half its experts,
-    with another chat template, or with `keys` set (an int as a uint32, as llama.cpp's counts and ids)
-    or, None, removed."""
+    with another chat template, or with `keys` set (an int as a uint32, as llama.cpp's counts and ids,
+    a str as a string) or, None, removed."""
     keys = keys or {}
     import gguf
     from pyedgemoe.convert.from_gguf import copy_kv, open_gguf, tensor_ne
@@ -46,7 +46,9 @@ def rewrite_gguf(src: Path, out: Path, *, arch: str | None = None, shrink: str |
         o.writer.add_chat_template(chat_template)
     for key, value in keys.items():
         if value is not None:
-            (o.writer.add_bool if isinstance(value, bool) else o.writer.add_uint32)(key, value)
+            add = o.writer.add_bool if isinstance(value, bool) else \
+                o.writer.add_string if isinstance(value, str) else o.writer.add_uint32
+            add(key, value)
     for t in reader.tensors:
         ne = tensor_ne(t)
         data = reader.bytes_of(t)

@@ -146,6 +146,17 @@ def test_inspect_reports_experts(mixtral_gguf):
     assert "experts" in text.stdout and "multi-precision no" in text.stdout
 
 
+def test_inspect_quotes_a_files_name_with_control_characters(mixtral_gguf, tmp_path):
+    """A file's name is the file's to choose: a newline or a terminal's escape in it is shown quoted, on
+    the line it belongs to (it broke the layout, and an escape reached the terminal)."""
+    hostile = rewrite_gguf(mixtral_gguf, tmp_path / "named.gguf", keys={"general.name": "tiny\nlayers   99\x1b[2J"})
+    r = cli("inspect", hostile)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and r.stdout.splitlines()[1] == \
+        "architecture    llama ('tiny\\nlayers   99\\x1b[2J')", r.stdout
+    assert json.loads(cli("inspect", hostile, "--json").stdout)["name"] == "tiny\nlayers   99\x1b[2J"
+
+
 def test_missing_model_file(tmp_path):
     assert_one_line_error(cli("run", tmp_path / "nope.gguf", "-p", "x"), "not found")
 

@@ -112,6 +112,14 @@ def test_a_type_ggml_cannot_quantize_to_is_refused_naming_the_option(tiny_model,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["two\nlines", "\x1b[2Jcleared", "  ", 7])
+def test_a_name_that_is_not_one_printable_line_is_refused(tiny_model, tmp_path, name):
+    """general.name is a line of `inspect`, of llama.cpp's load log and of every tool that lists models."""
+    with pytest.raises(ConversionError, match=r"--name must be a name on one line"):
+        convert(tiny_model("mixtral")[1], tmp_path / "out.gguf", name=name, progress=False)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("threads", [0, -3, 9999, 2.5])
 def test_a_thread_count_run_would_refuse_is_refused(tiny_model, tmp_path, threads):
     with pytest.raises(ConversionError, match=r"--threads must be an integer in 1\.\.512"):

@@ -60,6 +60,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0
     if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
                                   or not 1 <= n_threads <= MAX_THREADS):
         raise ConversionError(f"--threads must be an integer in 1..{MAX_THREADS}, got {n_threads!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip() or not name.isprintable()):
+        raise ConversionError(f"--name must be a name on one line, without control characters, got {name!r}")
     calibration = _read_calibration(calibration)
 
     path = Path(src)
