@@ -328,8 +328,9 @@ def stream_text(eng, prompt: str, max_tokens: Optional[int], sampling: SamplingP
     except KeyboardInterrupt:  # as llama.cpp: the timings of what was generated, then exit status 130
         pieces.close()
         interrupted = True
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    finally:  # the text's line ends, before an error's line too (a terminal shows both streams)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     t = eng.last_timings
     evaluated = t.prefill_seconds > 0  # else Ctrl-C came while the prompt was evaluated: no timings yet
     if evaluated:

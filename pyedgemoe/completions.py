@@ -24,7 +24,8 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import CHAT_TEMPERATURE, PromptProgress, SamplingParams, TokenLogprob
 from pyedgemoe.text_stream import TextStream, utf8
-from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_message, check_tool_choice, check_tools, forced_tool
+from pyedgemoe.tool_calls import EMPTY_DELTA, call_delta, call_grammar, call_message, check_tool_choice, check_tools, \
+    forced_tool
 from pyedgemoe.chat_formats import ChatTurn, continuation, parses, wants_thinking_tags
 
 
@@ -319,7 +320,7 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
                            jinja2_formatter)
     function = forced_tool(tools, tool_choice) if turn is None else None
     # the grammar of a call (a forced one's arguments, a format's calls), which no other may join
-    calls_grammar = {"json_schema": function.get("parameters", {"type": "object"})} if function is not None \
+    calls_grammar = {"grammar": call_grammar(tools, function)} if function is not None \
         else turn.sampling() if turn is not None else {}
     if calls_grammar and any(sampling.get(k) is not None for k in ("grammar", "json_schema", "response_format")):
         raise InvalidOptionError("tool calls have a grammar of their own: give no grammar, json_schema or "
@@ -328,6 +329,8 @@ def create_chat_completion(engine, messages: list[dict], max_tokens: int | None,
         raise InvalidOptionError("logprobs are not given in a stream parsed for tool calls or thoughts (tools, "
                                  "reasoning_format), as llama-server")
     thinking = turn.thinking() if turn is not None else {}
+    if sampling.get("json_schema") in ({}, "{}"):  # any object, as llama-server's chat takes an empty schema
+        sampling = {**sampling, "json_schema": {"type": "object"}}
     sampling = SamplingParams.of({**sampling, **calls_grammar, **thinking}, temperature=CHAT_TEMPERATURE)
     run = TextRun(engine, chat_text_tokens(engine, text, jinja2_formatter), max_tokens, sampling, stop_list(stop) + (turn.stops if turn else []),
                   n_probs=(top_logprobs or 0) if logprobs else None,

@@ -28,7 +28,8 @@ import numpy as np
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.speculative import DraftControl
-from pyedgemoe.structured_output import check_grammar, check_schema, response_format_keywords, schema_grammar, schema_text
+from pyedgemoe.grammar_limits import check_grammar, check_schema
+from pyedgemoe.structured_output import response_format_keywords, schema_grammar, schema_text
 from pyedgemoe.text_stream import utf8
 from pyedgemoe.token_sampler import TokenSampler
 

@@ -14,38 +14,12 @@ Three ways to ask, one result (GBNF text for the sampler):
 from __future__ import annotations
 
 import json
-import re
 
 from pyedgemoe import _native
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.grammar_limits import json_objects, check_grammar, check_schema
 
 JSON_GRAMMAR: str = _native.JSON_GRAMMAR  # any JSON object
-# llama.cpp's grammar parser and sampler recurse through a grammar's rules and parenthesized groups,
-# its JSON-schema converter through a schema's levels: on an 8 MiB stack 20,000 nested groups, a chain
-# of 100,000 rules and a schema 10,000 levels deep ended the process. Far beyond any real grammar or schema:
-MAX_GRAMMAR_RULES = 5000  # rules and groups together
-MAX_SCHEMA_DEPTH = 64  # nested objects and arrays
-_GBNF_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*')  # strings, classes, comments
-_JSON_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-def check_grammar(grammar: str) -> None:
-    """InvalidOptionError, naming grammar, for GBNF of more rules and groups than MAX_GRAMMAR_RULES."""
-    bare = _GBNF_LITERALS.sub(" ", grammar)
-    size = bare.count("::=") + bare.count("(")
-    if size > MAX_GRAMMAR_RULES:
-        raise InvalidOptionError(f"grammar: {size} rules and parenthesized groups, more than {MAX_GRAMMAR_RULES} (llama.cpp's "
-                                 "grammar parser recurses through them)")
-
-
-def check_schema(schema: str) -> None:
-    """InvalidOptionError, naming json_schema, for JSON text nested deeper than MAX_SCHEMA_DEPTH."""
-    depth = deepest = 0
-    for bracket in re.findall(r"[\[\]{}]", _JSON_STRINGS.sub('""', schema)):
-        depth += 1 if bracket in "[{" else -1
-        deepest = max(deepest, depth)
-    if deepest > MAX_SCHEMA_DEPTH:
-        raise InvalidOptionError(f"json_schema: nested {deepest} levels deep, more than {MAX_SCHEMA_DEPTH}")
 
 
 def schema_text(schema: str | dict | bool) -> str:
@@ -53,14 +27,30 @@ def schema_text(schema: str | dict | bool) -> str:
     return schema if isinstance(schema, str) else json.dumps(schema)
 
 
-def schema_grammar(schema: str) -> str:
-    """GBNF for the JSON texts a JSON schema (JSON text) describes; InvalidOptionError, naming
-    json_schema, for JSON that does not parse or a schema the converter does not support."""
+def schema_grammar(schema: str, name: str = "json_schema") -> str:
+    """GBNF for the JSON texts a JSON schema (JSON text) describes; InvalidOptionError, naming name,
+    for JSON that does not parse, a schema the converter does not support, or beyond its limits
+    (grammar_limits)."""
+    check_schema(schema, name)
     try:
-        return _native.json_schema_to_grammar(schema)
+        grammar = _native.json_schema_to_grammar(_closed_tuples(schema))
     except ValueError as e:
         first, *errors = str(e).splitlines()  # llama.cpp's converter: each error on a line of its own
-        raise InvalidOptionError(f"json_schema: {first} {'; '.join(errors)}".rstrip()) from None
+        raise InvalidOptionError(f"{name}: {first} {'; '.join(errors)}".rstrip()) from None
+    check_grammar(grammar, name)
+    return grammar
+
+
+def _closed_tuples(schema: str) -> str:
+    """The schema without "items": false beside "prefixItems" (a tuple of those items only, as Draft
+    2020-12 closes one), which llama.cpp's converter refuses and its tuples are without it."""
+    if '"prefixItems"' not in schema:
+        return schema
+    document = json.loads(schema)
+    for node in json_objects(document):
+        if "prefixItems" in node and node.get("items") is False:
+            del node["items"]
+    return json.dumps(document)
 
 
 def response_format_keywords(response_format: dict | None) -> dict:

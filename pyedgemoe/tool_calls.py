@@ -16,6 +16,7 @@ llama-server does: pyedgemoe.chat_formats, which leaves a tool choice naming a f
 from __future__ import annotations
 
 from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.structured_output import schema_grammar, schema_text
 
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -88,6 +89,15 @@ def forced_tool(tools: list[dict] | None, tool_choice) -> dict | None:
     if function is None:
         raise InvalidOptionError(f"tool_choice names {name!r}, which is not among the tools")
     return function
+
+
+def call_grammar(tools: list[dict], function: dict) -> str:
+    """The grammar of a forced call's arguments: its function's parameters' schema (none, or {}: any
+    object, as OpenAI's arguments are), its errors naming the tool as the request does."""
+    i = next(i for i, t in enumerate(tools) if t["function"] is function)
+    parameters = function.get("parameters")
+    return schema_grammar(schema_text({"type": "object"} if parameters in (None, {}) else parameters),
+                          f"tools[{i}].function.parameters")
 
 
 def tool_call(name: str, arguments: str, call_id: str, index: int | None = None) -> dict:

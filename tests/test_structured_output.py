@@ -109,6 +109,20 @@ def test_response_format_text_constrains_nothing(eng):
     ({"grammar": YES_NO, "json_schema": SCHEMA}, "either a grammar or a json_schema"),
     ({"response_format": {"type": "xml"}}, "response_format: type must be"),
     ({"grammar": 42}, "grammar must be text"),
+    # each hung the process, its memory growing without end (a reversed range wrapped to 1.8e19 copies)
+    ({"grammar": 'root ::= "x"{3,1}'}, r"grammar: .*repetition \{3,1\} has its minimum above its maximum"),
+    ({"json_schema": {"type": "string", "pattern": "^a{3,1}$"}}, r"json_schema: .*repetition \{3,1\}"),
+    ({"json_schema": {"type": "string", "minLength": 3, "maxLength": 1}},
+     "json_schema: minLength 3 is above maxLength 1: no value meets both"),
+    # the converter wrote a grammar of one item, which the text then followed
+    ({"json_schema": {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}},
+     "json_schema: minItems 3 is above maxItems 1"),
+    # the converter dropped the bound (any integer), or failed without naming it
+    ({"json_schema": {"type": "integer", "minimum": 1e19}}, "json_schema: an integer's minimum 1e.19 is beyond 64 bits"),
+    ({"json_schema": {"type": "integer", "maximum": -1e19}}, "json_schema: an integer's maximum -1e.19 is beyond 64 bits"),
+    # the converter's time grows with the cube of an object's optional properties (1,000: 3.4 s)
+    ({"json_schema": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}},
+     "json_schema: an object of 300 optional properties, more than 256"),
 ])
 def test_a_bad_grammar_or_schema_is_an_invalid_option_naming_it(eng, kwargs, message):
     with pytest.raises(InvalidOptionError, match=message):
@@ -117,12 +131,82 @@ def test_a_bad_grammar_or_schema_is_an_invalid_option_naming_it(eng, kwargs, mes
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("kwargs", [{"grammar": "root ::= [5-1]"},
-                                    {"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}])
+                                    {"json_schema": {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}}])
 def test_a_grammar_nothing_satisfies_is_an_invalid_option_and_the_engine_goes_on(eng, kwargs, temperature):
     # greedy, llama.cpp's grammar aborted the process on the end of generation it then took
     with pytest.raises(InvalidOptionError, match="no token is allowed here"):
         eng.generate("x = ", 4, temperature=temperature, seed=1, **kwargs)
     assert eng.generate("Answer: ", 4, grammar=YES_NO, temperature=0) in ("yes.", "no.")
+
+
+def ref_chain(n_refs: int, depth: int) -> dict:
+    """A schema of n_refs $defs, each an object nested depth levels deep around a $ref of the next."""
+    defs = {}
+    for i in range(n_refs):
+        inner = {"$ref": f"#/$defs/a{i + 1}"} if i + 1 < n_refs else {"type": "integer"}
+        for _ in range(depth):
+            inner = {"type": "object", "properties": {"p": inner}, "required": ["p"]}
+        defs[f"a{i}"] = inner
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+@pytest.mark.parametrize("schema, message", [
+    (ref_chain(8000, 0), "json_schema: 8000 \\$ref targets, more than 1000"),
+    # 1,000 $refs of 30 levels: 30,000 levels of the converter's recursion, on its thread's stack;
+    # then a grammar of 61,000 rules, which llama.cpp's parser would recurse through
+    (ref_chain(1000, 30), r"json_schema: 6\d{4} rules and parenthesized groups, more than 5000"),
+])
+def test_a_schema_the_converter_recurses_through_deeply_is_refused_not_a_crash(eng, schema, message):
+    # a chain of 8,000 $refs (a body of 290 KB) ended the process: a stack overflow in the converter
+    with pytest.raises(InvalidOptionError, match=message):
+        eng.generate("x = ", 4, json_schema=schema)
+
+
+def test_the_schema_converter_leaves_the_gil_to_other_threads(eng):
+    """A schema of 250 optional properties takes the converter a tenth of a second: the server's
+    other requests (its event loop) go on meanwhile."""
+    schema = json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(250)}})
+    ticks, done = [], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.001)
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        for _ in range(5):
+            _native.json_schema_to_grammar(schema)
+    finally:
+        done.set()
+        ticker.join()
+    assert len(ticks) > 20  # with the GIL held throughout: the one tick before the first call
+
+
+@pytest.mark.parametrize("declared", [("a", "b"), ("items[]", "^")])
+def test_other_properties_keys_are_json_strings(eng, declared):
+    """Beside the declared properties, a key of additionalProperties: the converter let a raw tab or a
+    lone backslash begin it (here, seed 5 wrote one), and took a declared key's "]" or "^" into its
+    character classes unescaped (a grammar that did not parse; one that took any character)."""
+    schema = {"type": "object", "properties": {key: {"type": "integer"} for key in declared},
+              "additionalProperties": {"type": "integer"}}
+    pushed = {eng.tokenize(c, add_bos=False)[0]: bias for c, bias in (("\t", 8.0), ('"', 4.0), ("\\", 4.0))}
+    stopped = 0
+    for seed in range(6):
+        out = eng.create_completion("x", max_tokens=48, json_schema=schema, temperature=1.0, seed=seed,
+                                    logit_bias=pushed)["choices"][0]
+        if out["finish_reason"] == "stop":
+            stopped += 1
+            assert all(isinstance(v, int) for v in json.loads(out["text"]).values()), out["text"]
+    assert stopped >= 2
+
+
+def test_a_tuple_closed_by_items_false_is_its_prefix_items(eng):
+    """Draft 2020-12 closes a tuple with "items": false, which llama.cpp's converter refused."""
+    schema = {"type": "array", "prefixItems": [{"type": "boolean"}, {"enum": ["a", "b"]}], "items": False}
+    for seed in range(3):
+        value = json.loads(eng.generate("x = ", 16, json_schema=schema, temperature=1.0, seed=seed))
+        assert type(value[0]) is bool and value[1] in ("a", "b") and len(value) == 2
 
 
 def test_the_json_schema_converter_is_llama_cpps(eng):
@@ -248,6 +332,30 @@ def test_the_server_refuses_a_bad_grammar_schema_or_logprobs_with_a_400(client, 
     assert r.status_code == 400 and message in r.json()["error"]["message"]
 
 
+def test_a_forced_tools_schema_is_named_as_the_request_names_it(client):
+    tools = [{"type": "function", "function": {"name": f, "parameters": p}}
+             for f, p in (("ok", {"type": "object"}), ("bad", {"type": "foo"}))]
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "tools": tools,
+                                                  "tool_choice": {"type": "function", "function": {"name": "bad"}}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools[1].function.parameters" and "unrecognized type foo" in error["message"], error
+
+
+@pytest.mark.parametrize("body", [
+    {"json_schema": {}},  # llama-server's chat: an empty schema is any object
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],  # OpenAI's arguments: an object
+     "tool_choice": {"type": "function", "function": {"name": "f"}}},
+])
+def test_an_empty_schema_in_a_chat_is_any_object(client, body):
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 6, "temperature": 1.5,
+                                                  "seed": 3, **body})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    text = message["tool_calls"][0]["function"]["arguments"] if "tools" in body else message["content"]
+    assert text.startswith("{"), text
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", str(DEMO), "-t", "2", "--temp", "0", *args],
@@ -281,6 +389,14 @@ def test_a_bad_grammar_on_the_cli_is_one_error_line(args, message):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), r.stderr
+
+
+def test_an_error_while_generating_ends_the_prompts_line_first():
+    """The prompt is shown before it is evaluated; an error found while generating (no token the
+    grammar allows) was then written on the prompt's line, in a terminal "xerror: ..."."""
+    r = run_cli("-p", "x", "-n", "4", "--grammar", "root ::= [5-1]")
+    assert r.returncode == 1 and r.stdout == "x\n", r
+    assert r.stderr.splitlines()[-1].startswith("error: no token is allowed here"), r.stderr
 
 
 @pytest.mark.parametrize("args, message", [
