@@ -481,9 +481,9 @@ def fit_expert_cache(budget: int, shown: str, up_to: bool, expert_bytes: int, no
     mib = 1024**2
     largest = f"{room // mib}MiB" if room >= mib else str(room)
     raise InvalidOptionError(
-        f"expert cache {shown} ({format_bytes(budget)}) does not fit: it needs {format_bytes(budget)} + "
-        f"{_beside_the_cache(non_expert_bytes, context)} = "
-        f"{format_bytes(budget + non_expert_bytes + context + RUN_ALLOWANCE_BYTES)}, and "
+        f"expert cache {shown} ({format_bytes(cache)}{', what its copies take' if cache < budget else ''}) does not "
+        f"fit: it needs {format_bytes(cache)} + {_beside_the_cache(non_expert_bytes, context)} = "
+        f"{format_bytes(cache + non_expert_bytes + context + RUN_ALLOWANCE_BYTES)}, and "
         f"{_available_text(available, where)}; the largest expert cache that fits is {format_bytes(room)} "
         f"(--expert-cache {largest}, or {shown}{UP_TO} for what fits)")
 

@@ -324,11 +324,19 @@ def test_the_engine_refuses_a_context_that_cannot_fit_before_loading(tiny_model)
         Engine(tiny_model("olmoe")[0], n_ctx=2**31 - 1, expert_cache="auto")
 
 
-def test_the_engine_refuses_an_expert_cache_that_cannot_fit_before_loading(tiny_model):
+def test_the_engine_refuses_an_expert_cache_that_cannot_fit_before_loading(tiny_model, monkeypatch):
     from pyedgemoe import Engine
+    from pyedgemoe.model_info import read_model_info
 
-    with pytest.raises(InvalidOptionError, match=r"expert cache 1000TiB \(.*\) does not fit: .*largest expert cache"):
-        Engine(tiny_model("olmoe")[0], expert_cache="1000TiB")
+    path = tiny_model("olmoe")[0]
+    half = read_model_info(path).high_expert_bytes // 2  # the room beside the rest, as this test has it
+    monkeypatch.setattr(memory_budget, "room_for_experts_bytes", lambda *_: half)
+    with pytest.raises(InvalidOptionError, match=r"expert cache 99% \(.*\) does not fit: .*largest expert cache"):
+        Engine(path, expert_cache="99%")
+    # a size beyond the experts is checked as what their copies take, which does not fit here either
+    with pytest.raises(InvalidOptionError, match=r"expert cache 1000TiB \(.* KiB, what its copies take\) does not fit: "
+                                                 r"it needs .* KiB \+ .*largest expert cache"):
+        Engine(path, expert_cache="1000TiB")
 
 
 VOCAB = {"general.architecture": "x", "x.vocab_size": 1000}  # 8,000 bytes of logits a token
