@@ -222,12 +222,12 @@ def run(
              "one of them")
     if prompt_cache is not None and not prompt_cache.parent.is_dir():  # before the run, not after it
         fail(f"--prompt-cache {prompt_cache}: no directory {prompt_cache.parent}")
-    ctx = context_size(model, ctx)
-    if dry_run:
-        print_plan(model, ctx, sampling.seed, engine_options)
-        return
     if n_predict < -2:
         fail(f"--n-predict must be >= -2 (-1, -2: until the context is full), got {n_predict}")
+    ctx = context_size(model, ctx)
+    if dry_run:
+        print_plan(model, ctx, sampling.seed, engine_options, draft_model)
+        return
     if file is not None:
         try:
             prompt = read_text_file(file, escape)
@@ -358,13 +358,14 @@ def save_prompt_cache(cache, timings) -> None:
                f"{timings.n_prompt_tokens} tokens reused" + (f", {saved} tokens saved" if saved else ""), err=True)
 
 
-def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict) -> None:
+def print_plan(model: Path, ctx: int, seed: Optional[int], engine_options: dict, draft_model=None) -> None:
     """run --dry-run: the plan Engine(model, ...) would execute, without loading the model."""
-    from pyedgemoe.load_plan import LoadOptions, plan_for
+    from pyedgemoe.load_plan import LoadOptions, check_drafts, plan_for
 
     try:
         _, plan = plan_for(model, LoadOptions(n_ctx=ctx, seed=seed, **{k: v for k, v in engine_options.items()
                                                                        if k != "verbose"}))
+        check_drafts(plan, draft_model)
     except PyEdgeMoEError as e:
         fail(str(e))
     typer.echo(f"plan for {model}:")

@@ -28,7 +28,7 @@ from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
-from pyedgemoe.load_plan import LoadOptions, LoadPlan, context_error, plan_for, serving_text
+from pyedgemoe.load_plan import LoadOptions, LoadPlan, check_drafts, context_error, plan_for, serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.native_exit import close_at_exit
 from pyedgemoe.threads import ThreadGovernor, cpu_load
@@ -128,8 +128,7 @@ class Engine(Vocabulary):
                            kv_type=kv_type, expert_cache=expert_cache, system=system, trace_routing=trace_routing,
                            expert_options=(expert_options or ExpertOptions()).with_keywords(options, Engine.__init__))
         self.info, self.plan = plan_for(model_path, load)  # ModelInfo, LoadPlan
-        if draft_model is not None and self.plan.no_drafts:
-            raise InvalidOptionError(f"speculative decoding (draft_model, --spec-type) cannot run: {self.plan.no_drafts}")
+        check_drafts(self.plan, draft_model)
         self.draft_model = SamplingParams.of({"draft_model": draft_model}).draft_model  # checked
         self.model_path = self.info.path
         _native.set_verbose(bool(verbose))

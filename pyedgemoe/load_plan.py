@@ -95,6 +95,13 @@ class LoadOptions:
         kv_type_id(self.kv_type)
 
 
+def check_drafts(plan: LoadPlan, draft_model) -> None:
+    """Refuses speculative decoding (a draft model, or --spec-type's guesses) where the plan cannot
+    verify a batch of guesses (LoadPlan.no_drafts)."""
+    if draft_model is not None and plan.no_drafts:
+        raise InvalidOptionError(f"speculative decoding (draft_model, --spec-type) cannot run: {plan.no_drafts}")
+
+
 def kv_type_id(kv_type: str) -> int:
     """The ggml type id of a KV cache type's name."""
     try:

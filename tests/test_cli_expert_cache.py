@@ -82,6 +82,11 @@ def test_dry_run_refuses_a_cache_below_the_minimum_as_the_run_does_and_takes_one
         assert r.returncode == 0, r.stderr
 
 
+def test_dry_run_refuses_a_token_count_the_run_refuses():
+    r = cli("run", DEMO, "-p", PROMPT, "-n", "-3", "--dry-run")
+    assert r.returncode == 1 and "error: --n-predict must be >= -2" in r.stderr and not r.stdout, r
+
+
 def layer_lines(stderr: str) -> dict[str, dict[str, int]]:
     """--stats' lines of layers and the total: requests = hits + misses + skipped, bytes read = on
     demand + prefetched."""

@@ -195,6 +195,15 @@ def test_a_drafter_for_a_model_with_recurrent_layers_is_refused(tiny_model):
         assert len(greedy(eng, [1, 17, 42, 99] * 5, 8)) == 8
 
 
+@pytest.mark.parametrize("dry", [["--dry-run"], ["-p", "hi", "-n", "4"]])
+def test_the_cli_refuses_a_drafter_that_cannot_run_in_its_dry_run_too(tiny_model, dry):
+    for model, more in ((tiny_model("qwen3_next")[0], []), (DEMO, ["--expert-cache", "25%", "--big-little", "0.5"])):
+        r = subprocess.run([sys.executable, "-m", "pyedgemoe.cli", "run", str(model), *dry, "--spec-type",
+                            "ngram-simple", *more], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
+        assert "speculative decoding (draft_model, --spec-type) cannot run" in r.stderr, r.stderr
+
+
 def test_several_sequences_check_their_guesses_in_one_step(cached):
     prompts = [COPY_PROMPT, CODE[200:900] + "\n" + CODE[200:260]]
     alone = {p: greedy(cached, cached.tokenize(p), 48) for p in prompts}
