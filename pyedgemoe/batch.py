@@ -6,9 +6,7 @@ sequence, then steps every running generation whose consumer asked for its next 
 llama_decode of one token per sequence. The experts that several sequences route to in a step
 are loaded once, which is what makes serving N clients cheaper per token than serving them in
 turn. Each sequence's rows are computed as when it decodes alone, so a generation's tokens do not
-depend on the others (tests/test_batch.py), but where a step of several rows rounds its sums
-differently from a one-row step (llama.cpp's CPU kernels do) and two tokens' logits tie within
-that rounding, as with speculative decoding (docs/speculative.md). A generation here is the Engine's one-sequence
+depend on the others (tests/test_batch.py). A generation here is the Engine's one-sequence
 Generation (generation.py), stepped with the others; every decode goes through the Decoder.
 
 A consumer (the iterator Batcher.generate returns, on any thread) blocks until its next token;

@@ -28,7 +28,8 @@ from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
 from pyedgemoe.generation import Generation, GenerationStats, SamplingParams, SequenceState, as_token_ids
-from pyedgemoe.load_plan import LoadOptions, LoadPlan, check_drafts, context_error, plan_for, serving_text
+from pyedgemoe.load_plan import LoadOptions, LoadPlan, capped_ubatch, check_drafts, context_error, plan_for, \
+    serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.native_exit import close_at_exit
 from pyedgemoe.threads import ThreadGovernor, cpu_load
@@ -140,8 +141,7 @@ class Engine(Vocabulary):
         # --mode auto as the residency layer chose it; every expert resident on the GPU is the GPU-centric mode
         self.mode = plan.mode if plan.mode != "auto" else self.expert_residency["mode"] if self.expert_residency else "gpu"
         # a ubatch's experts of one layer must all be in slots at once (docs/expert-residency.md)
-        cap = self.expert_residency["max_ubatch_tokens"] if self.expert_residency else 0
-        self.n_ubatch = min(plan.n_ubatch, cap) if cap > 0 else plan.n_ubatch
+        self.n_ubatch = capped_ubatch(plan, self.expert_residency)
         self.threads_note = plan.reasons["threads"]
         if verbose:
             print(f"pyedgemoe: {self.threads_note}", file=sys.stderr)

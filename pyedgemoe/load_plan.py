@@ -102,6 +102,19 @@ def check_drafts(plan: LoadPlan, draft_model) -> None:
         raise InvalidOptionError(f"speculative decoding (draft_model, --spec-type) cannot run: {plan.no_drafts}")
 
 
+def capped_ubatch(plan: LoadPlan, residency: dict | None) -> int:
+    """n_ubatch within the tokens whose experts one wave of the expert cache serves (models with
+    expert biases: docs/expert-residency.md). n_parallel sequences decode a token each in one
+    ubatch: more of them than that is refused."""
+    cap = residency["max_ubatch_tokens"] if residency else 0
+    if cap and plan.n_parallel > cap:
+        raise InvalidOptionError(f"n_parallel {plan.n_parallel} decodes {plan.n_parallel} tokens a step in one ubatch, "
+                                 f"and with this model's expert biases a ubatch's experts must all be in the expert "
+                                 f"cache at once: this one holds those of {cap} tokens (give a larger expert cache, "
+                                 f"or n_parallel {cap})")
+    return min(plan.n_ubatch, cap) if cap > 0 else plan.n_ubatch
+
+
 def kv_type_id(kv_type: str) -> int:
     """The ggml type id of a KV cache type's name."""
     try:

@@ -186,3 +186,23 @@ def test_a_thread_whose_open_generations_hold_every_sequence_is_refused_another_
     assert batched.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
     for s in streams[1:]:
         s.close()
+
+
+def test_more_sequences_than_an_expert_bias_models_cache_serves_in_a_step_are_refused_at_load(tiny_model):
+    """GPT-OSS's experts have biases: a ubatch's experts must all be in the cache at once, and a
+    step of N sequences is one ubatch of N tokens. Every generation failed ("no slot left for this
+    ubatch") where the cache held fewer tokens' experts than n_parallel."""
+    path = tiny_model("gpt_oss")[0]
+    with Engine(path, n_ctx=256, n_parallel=2, expert_cache="25%") as eng:
+        cap = eng.stats()["experts"]["max_ubatch_tokens"]
+        prompts = ["def foo(x):", "class Bar:", "Once upon"]
+        results = {}
+        threads = [threading.Thread(target=lambda p=p: results.update({p: eng.generate(p, 6, temperature=0)}))
+                   for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert 2 <= cap < 4 and sorted(results) == sorted(prompts)
+    with pytest.raises(InvalidOptionError, match=f"n_parallel 4 decodes 4 tokens a step .* holds those of {cap} tokens"):
+        Engine(path, n_ctx=256, n_parallel=4, expert_cache="25%")
