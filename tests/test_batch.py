@@ -204,5 +204,6 @@ def test_more_sequences_than_an_expert_bias_models_cache_serves_in_a_step_are_re
         for t in threads:
             t.join()
     assert 2 <= cap < 4 and sorted(results) == sorted(prompts)
-    with pytest.raises(InvalidOptionError, match=f"n_parallel 4 decodes 4 tokens a step .* holds those of {cap} tokens"):
+    with pytest.raises(InvalidOptionError,
+                       match=f"n_parallel 4 decodes 4 tokens a step .* holds those of {cap} tokens"):
         Engine(path, n_ctx=256, n_parallel=4, expert_cache="25%")

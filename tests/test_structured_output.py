@@ -118,8 +118,10 @@ def test_response_format_text_constrains_nothing(eng):
     ({"json_schema": {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}},
      "json_schema: minItems 3 is above maxItems 1"),
     # the converter dropped the bound (any integer), or failed without naming it
-    ({"json_schema": {"type": "integer", "minimum": 1e19}}, "json_schema: an integer's minimum 1e.19 is beyond 64 bits"),
-    ({"json_schema": {"type": "integer", "maximum": -1e19}}, "json_schema: an integer's maximum -1e.19 is beyond 64 bits"),
+    ({"json_schema": {"type": "integer", "minimum": 1e19}},
+     "json_schema: an integer's minimum 1e.19 is beyond 64 bits"),
+    ({"json_schema": {"type": "integer", "maximum": -1e19}},
+     "json_schema: an integer's maximum -1e.19 is beyond 64 bits"),
     # the converter's time grows with the cube of an object's optional properties (1,000: 3.4 s)
     ({"json_schema": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}},
      "json_schema: an object of 300 optional properties, more than 256"),
