@@ -256,7 +256,8 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
 def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:
     """The model's header, and the plan of loading it here (reads the calibration, measures the machine)."""
     info = read_model_info(model_path, options.expert_options["override_kv"])
-    calibration = load_calibration(os.fspath(model_path), info.metadata) if info.is_moe else None
+    # a calibration is judged against the file as made: one routed otherwise by --override-kv keeps its own
+    calibration = load_calibration(os.fspath(model_path), info.metadata_as_made) if info.is_moe else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])
     memory_budget.check_room_to_measure()

@@ -45,7 +45,8 @@ class ModelInfo:
     non_expert_bytes: int
     tensor_types: dict[str, int]  # ggml type name -> bytes of tensors of that type
     multi_precision: bool
-    metadata: dict = field(repr=False, default_factory=dict)
+    metadata: dict = field(repr=False, default_factory=dict)  # the header's key-values, --override-kv's in place
+    metadata_as_made: dict = field(repr=False, default_factory=dict)  # the header's own, without them
     # Multi-precision files only (None / empty for a standard file).
     format_version: int | None = None
     high_type: str | None = None  # edgemoe.high_type: ggml type of the HIGH expert copies
@@ -212,6 +213,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         tensor_types=dict(tensor_types),
         multi_precision=multi_precision,
         metadata=kv,
+        metadata_as_made=info["kv"],
         format_version=version,
         high_type=kv.get(HIGH_TYPE_KEY) if multi_precision else None,
         low_type=kv.get(LOW_TYPE_KEY) if multi_precision else None,

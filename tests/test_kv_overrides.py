@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from pyedgemoe import Engine, InvalidOptionError, Llama, ModelLoadError
 from pyedgemoe.kv_overrides import canonical, items
 
@@ -41,6 +42,18 @@ def test_the_expert_cache_serves_the_overridden_count_losslessly(qwen3):
         assert cached.create_completion(tokens, max_tokens=16, temperature=0)["choices"][0]["text"] == expected
         assert cached.expert_residency["n_expert_used"] == 1 and cached.info.n_experts_used == 1
         assert f"metadata      {USED}=int:1  (--override-kv)" in cached.plan.describe()
+
+
+def test_a_calibrated_model_routed_to_more_experts_keeps_its_calibration():
+    """docs/cli.md's example on the demo model, whose sidecar was calibrated at its own top-2: the
+    calibration is the file's, not another model's; lossless at 25 % as resident."""
+    demo, used = str(REPO / "models" / "demo.gguf"), "qwen3moe.expert_used_count=int:4"
+    with Engine(demo, override_kv=used, **SMALL) as resident, \
+            Engine(demo, override_kv=used, expert_cache="25%", low_precision=False, **SMALL) as cached:
+        assert cached.plan.fill_ranking and cached.info.n_experts_used == 4
+        tokens = resident.tokenize("Once upon a time")
+        expected = resident.create_completion(tokens, max_tokens=16, temperature=0)["choices"][0]["text"]
+        assert cached.create_completion(tokens, max_tokens=16, temperature=0)["choices"][0]["text"] == expected
 
 
 def test_a_tokenizer_override_reaches_llama_cpps_vocabulary(qwen3):
