@@ -354,6 +354,10 @@ class ExpertOptions:
         if low_precision and info.expert_biases:
             raise InvalidOptionError("low precision (mixed-precision experts) does not support models with expert "
                                      "biases (GPT-OSS): run with low precision off (--no-low-precision)")
+        rerouting = next((name for name in ("cache_routing", "stand_in") if given.get(name, 0) > 0), None)
+        if rerouting and info.fixed_routing:
+            raise InvalidOptionError(f"{rerouting} changes which experts a token uses, and this model's experts need "
+                                     f"the router's own choice: {info.fixed_routing}")
         # A step of several sequences needs more experts than one token: when a step's experts over
         # every layer outnumber the cache's slots, LRU evicts each layer's experts just before the
         # next step needs them (0-2 % hits on the demo at 25 %); HOBBIT's priority, with its

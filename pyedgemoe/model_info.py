@@ -63,6 +63,9 @@ class ModelInfo:
     largest_projection_share: float = 0.0
     # biases of the expert stacks (GPT-OSS's): resident, added by expert id, so no mixed precision
     expert_biases: bool = False
+    # why the FFN needs the router's own choice of experts ('' where any choice serves): what
+    # cache-aware routing and stand-ins cannot run on (native/src/expert-layout.cpp's reasons)
+    fixed_routing: str = ""
     # recurrent layers (alone or beside attention): their state cannot drop the last tokens it took
     recurrent: bool = False
 
@@ -223,8 +226,19 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         cold_embedding_bytes=cold_embedding,
         largest_projection_share=largest_share,
         expert_biases=any(t["name"].endswith("_exps.bias") for t in info["tensors"]),
+        fixed_routing=_fixed_routing(arch, [t["name"] for t in info["tensors"]]),
         recurrent=_native.architecture_is_recurrent(arch),
     )
+
+
+def _fixed_routing(arch: str, names: list[str]) -> str:
+    """ModelInfo.fixed_routing of a model of these tensors."""
+    if arch == "llama4":
+        return "llama4 applies its routing weights before the experts, not to their outputs"
+    if any(name.endswith("_exps.bias") for name in names):
+        return "expert biases (*_exps.bias), which the FFN adds by expert id"
+    scales = [name for name in names if name.endswith("_exps.scale")]
+    return f"per-expert scales ({scales[0]})" if scales else ""
 
 
 # ggml's types that hold no weights (integer indices, f64): no matmul or norm of llama.cpp takes them

@@ -108,6 +108,12 @@ def test_a_model_whose_ffn_indexes_by_expert_is_refused(tiny_model, tmp_path):
         Engine(scaled, n_ctx=64, expert_cache="50%", cache_routing=0.1)
     with Engine(scaled, n_ctx=64, expert_cache="50%") as eng:  # off: served as before
         assert eng.stats()["experts"]["cache_routing"] == 0
+    # --dry-run refuses what the run refuses: GPT-OSS's biases, stand-ins as cache-aware routing
+    r = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(tiny_model("gpt_oss")[0]), "--dry-run",
+                        "--expert-cache", "50%", "--stand-in", "0.5"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        "error: stand_in changes which experts a token uses, and this model's experts need the router's own choice: "
+        "expert biases (*_exps.bias), which the FFN adds by expert id"]
 
 
 def the_one_error_line(*options: str) -> str:
