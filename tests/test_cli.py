@@ -14,6 +14,7 @@ import pytest
 from conftest import rewrite_gguf
 from pyedgemoe import Engine, ModelLoadError
 from pyedgemoe.devices import gpu_devices
+from test_convert_hf import phimoe_model  # noqa: F401 (a fixture)
 
 
 def cli(*args, input_text=None, timeout=120):
@@ -313,6 +314,15 @@ def test_kv_cache_types_are_llama_cpps_ctk_and_ctv():
         assert r.stdout == eng.generate("def f(x):", 8, temperature=0) + "\n"
     assert_one_line_error(cli("run", demo, "-p", "hi", "-ctk", "q8_0"),
                           "-ctk q8_0 -ctv f16: pyedgemoe's KV cache takes one type for K and V")
+
+
+
+def test_a_context_llama_cpp_refuses_is_one_line_with_its_reason_alone(phimoe_model):
+    phimoe = phimoe_model[0]  # its vocabulary draws a warning from llama.cpp's load, which is not the reason
+    r = cli("run", phimoe, "-p", "hi", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off")
+    assert_one_line_error(r, "error: cannot create a context of 512 tokens: failed to create a context: "
+                          "llama_init_from_model: quantized V cache requires flash_attn to be enabled")
+    assert "control-looking token" not in r.stderr
 
 
 @pytest.mark.parametrize("flag", [["-ot", "exps=CPU"], ["--override-tensor", ".ffn_.*_exps.=CPU"], ["-cmoe"],

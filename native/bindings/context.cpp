@@ -361,6 +361,7 @@ std::vector<size_t> context_memory_bytes(const std::string & path, const std::ve
     if (!model) throw_with_log("failed to load model from " + path);
     std::vector<size_t> out;
     for (const uint32_t n_ctx : n_ctxs) {
+        log_clear_recent();  // the load's warnings (a vocabulary's) are not the context's reason
         llama_context * ctx = llama_init_from_model(
             model, memory_params(n_ctx, n_batch, n_ubatch, flash_attn, kv_type, n_seq_max, swa_full));
         if (!ctx) {
