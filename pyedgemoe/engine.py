@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -163,6 +163,7 @@ class Engine(Vocabulary):
                                 plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch)
         self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
         self._turn_owner: int | None = None  # the thread that took it
+        self.while_waiting: Callable[[], object] = lambda: None  # run every 10 ms by a thread waiting for it (llama.py)
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
         # closed when collected or at exit: else the batcher's thread holds the native objects past teardown (leaks)
         self._closer = close_at_exit(self, _close_parts, self._batcher, self._decoder)
@@ -238,12 +239,14 @@ class Engine(Vocabulary):
         if self._turn_owner == me:
             raise EngineBusyError("a generation of this Engine started on this thread is still open: take it to its "
                                   "end or close() it before starting another (or use n_parallel > 1)")
-        with self._turn:
-            self._turn_owner = me
-            try:
-                yield
-            finally:
-                self._turn_owner = None
+        while not self._turn.acquire(timeout=0.01):
+            self.while_waiting()
+        self._turn_owner = me
+        try:
+            yield
+        finally:
+            self._turn_owner = None
+            self._turn.release()
 
     def on_sequence(self, seq: int, work):
         """work(the seq-th sequence of the KV cache) once no generation holds it (pyedgemoe.slot_files)."""
@@ -497,10 +500,9 @@ class Engine(Vocabulary):
         completions.check_messages(messages)
         bos, eos = (self.token_piece(t, special=True).decode("utf-8", "replace") if t is not None else ""
                     for t in (self.token_bos(), self.token_eos()))
-        return render_chat(
-            self._model.chat_template, messages, bos_token=bos, eos_token=eos,
-            native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True), tools=tools, tool_choice=tool_choice,
-            template_kwargs=template_kwargs)
+        return render_chat(self._model.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools,
+                           native_fallback=lambda msgs: self._model.apply_chat_template(msgs, True),
+                           tool_choice=tool_choice, template_kwargs=template_kwargs)
 
     @functools.cached_property
     def chat_format(self) -> "_native.ChatFormat":
@@ -569,8 +571,7 @@ class Engine(Vocabulary):
             "model": {"architecture": self.info.architecture, "is_moe": self.info.is_moe,
                       "n_experts": self.info.n_experts, "n_experts_used": self.info.n_experts_used,
                       "expert_bytes": self.info.expert_bytes, "non_expert_bytes": self.info.non_expert_bytes},
-            "totals": self._totals.to_dict(), "last": self.last_timings.to_dict(),
-        }
+            "totals": self._totals.to_dict(), "last": self.last_timings.to_dict()}
         with self._decoder.lock:  # between two decodes
             out["memory"] = self._live().memory_breakdown()
             native_experts = self._model.expert_stats() if self.expert_residency is not None else None

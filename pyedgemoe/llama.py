@@ -42,6 +42,7 @@ from pyedgemoe.fill_in_middle import completion_prompt
 from pyedgemoe.generation import (SamplingParams, SequenceState, TokenLogprob, as_token_ids, exposed_fields,
                                   logits_to_logprobs, longest_token_prefix, token_logprob)
 from pyedgemoe.model_source import hub_download
+from pyedgemoe.native_exit import closed_error
 from pyedgemoe.structured_output import schema_grammar
 from pyedgemoe.tool_calls import from_functions
 from pyedgemoe.vocabulary import Vocabulary, VocabularyFile
@@ -111,12 +112,11 @@ class _EmbeddingsOff(InvalidOptionError, RuntimeError):
 
 
 def _takes_the_context(method):
-    """A Llama method that uses the context: as in llama-cpp-python, it goes ahead of a stream left open."""
+    """A Llama method that uses the context: as in llama-cpp-python, it goes ahead of the streams left open."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        stream = self._open() if self._open is not None else None
-        while stream is not None and not stream.end_for_a_call():
-            time.sleep(0.001)  # being read on another thread: it ends when its step is done
+        while not self._streams.end_for_a_call():
+            time.sleep(0.001)  # one being read on another thread: it ends when its step is done
         return method(self, *args, **kwargs)
     return call
 
@@ -182,6 +182,27 @@ class _Stream:
         return True
 
 
+class _OpenStreams:
+    """The streams a Llama returned, held weakly (one dropped closes itself). Every one is ended by a
+    call that takes the context, also while that call waits for the Engine's turn (Engine.while_waiting):
+    a stream started on another thread after the call's check holds the turn until it is ended."""
+
+    def __init__(self):
+        self._streams: weakref.WeakSet[_Stream] = weakref.WeakSet()
+        self._lock = threading.Lock()  # streams are added and ended from any thread
+
+    def add(self, stream: _Stream) -> None:
+        with self._lock:
+            self._streams.add(stream)
+
+    def end_for_a_call(self) -> bool:
+        """Ends each stream still open; whether all are over (False: one is being read this instant,
+        on another thread: it ends before its next step)."""
+        with self._lock:
+            streams = list(self._streams)
+        return all([stream.end_for_a_call() for stream in streams])  # a list: each one asked
+
+
 def _generator(stream: _Stream) -> Generator:
     """A stream as a Llama returns it: a generator, as llama-cpp-python's are (inspect.isgenerator)."""
     return (yield from stream)
@@ -230,7 +251,7 @@ class Llama:
                  verbose: bool = True, **kwargs):
         self._arguments = {name: value for name, value in locals().items() if name not in ("self", "kwargs")} \
             | kwargs  # __getstate__'s
-        self._open: weakref.ref | None = None  # the last stream returned (_Stream)
+        self._streams = _OpenStreams()
         if kwargs.get("f16_kv") is False:
             raise InvalidOptionError("f16_kv=False (an F32 KV cache) is type_k=0, type_v=0 since llama-cpp-python 0.2")
         kwargs = {name: value for name, value in kwargs.items() if name not in IGNORED_LEGACY_ARGS}
@@ -275,6 +296,7 @@ class Llama:
                 n_gpu_layers, tensor_split, use_mmap, use_mlock, kv_overrides, lora_path, lora_scale, pooling_type,
                 type_k, type_v, {**kwargs, **rope})
             self.model_path, self.n_batch = self.engine.model_path, self.engine.plan.n_batch
+            self.engine.while_waiting = self._streams.end_for_a_call
             # the thread counts the run starts with (the defaults' fewer while the machine is busy)
             n_threads, n_threads_batch = self.engine.plan.n_threads, self.engine.plan.n_threads_batch
         self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
@@ -353,7 +375,7 @@ class Llama:
             if isinstance(self._vocab, VocabularyFile) and not self._vocab.closed:
                 raise InvalidOptionError("this Llama holds a vocabulary alone (vocab_only=True): what it was asked "
                                          "needs the model's weights (load it without vocab_only)")
-            raise RuntimeError("this Llama is closed")
+            raise closed_error("this Llama is closed")
         return self._engine
 
     @property
@@ -607,7 +629,7 @@ class Llama:
 
     def _streaming(self, items: Generator) -> Generator:
         stream = _Stream(items)
-        self._open = weakref.ref(stream)
+        self._streams.add(stream)
         return _generator(stream)
 
     def set_seed(self, seed: int) -> None:

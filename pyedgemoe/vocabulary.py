@@ -13,6 +13,7 @@ from pyedgemoe import _native, kv_overrides
 from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.generation import as_token_ids
 from pyedgemoe.model_info import read_model_info
+from pyedgemoe.native_exit import closed_error
 from pyedgemoe.text_stream import utf8
 
 # bytes that are not UTF-8, as llama.cpp's BPE pre-tokenizer reads them (unicode_cpts_from_utf8): each
@@ -109,7 +110,7 @@ class VocabularyFile(Vocabulary):
 
     def _live_model(self):
         if self._model is None:
-            raise RuntimeError("this vocabulary is closed")
+            raise closed_error("this vocabulary is closed")
         return self._model
 
     @property

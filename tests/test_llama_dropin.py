@@ -21,7 +21,7 @@ import pytest
 
 import pyedgemoe
 from conftest import rewrite_gguf, tiny_moe
-from pyedgemoe import Engine, EngineBusyError, InvalidOptionError, Llama, LlamaGrammar
+from pyedgemoe import Engine, EngineBusyError, EngineClosedError, InvalidOptionError, Llama, LlamaGrammar
 from pyedgemoe.devices import gpu_devices
 from pyedgemoe.rope_scaling import LLAMA_CPP_PYTHON_DEFAULTS
 from pyedgemoe.llama import (UNSUPPORTED_CHAT_ARGS, UNSUPPORTED_COMPLETION_ARGS, UNSUPPORTED_GENERATE_ARGS,
@@ -457,6 +457,46 @@ def test_a_stream_left_open_on_one_thread_does_not_hold_up_the_others(llm):
     assert llm("hi", max_tokens=3, temperature=0)["choices"] == expected
     reader.join(timeout=60)
     assert read["ended at"] < 100, read
+
+
+@pytest.mark.parametrize("call", [lambda llm: llm("hi", max_tokens=2), lambda llm: llm.reset(), lambda llm: llm.eval([1]),
+                                  lambda llm: llm.sample(), lambda llm: llm.save_state(), lambda llm: llm.n_ctx(),
+                                  lambda llm: llm.n_tokens, lambda llm: llm.tokenize(b"hi")])
+@pytest.mark.parametrize("vocab_only", [False, True])
+def test_a_closed_llama_says_so_by_its_error_type(call, vocab_only):
+    # EngineClosedError (a RuntimeError, as llama-cpp-python's) from every method, not RuntimeError alone
+    llm = Llama(model_path=str(DEMO), vocab_only=vocab_only, **SMALL)
+    llm.close()
+    with pytest.raises(EngineClosedError, match="is closed"):
+        call(llm)
+
+
+def test_threads_that_leave_their_streams_open_go_ahead_of_each_others(llm):
+    # two web workers whose clients go away mid-stream, a third answering whole: each call ends the
+    # streams left open (their readers are told so), and the whole answers are the greedy text. Two
+    # calls could both pass the check before either's stream started: the one left out held the turn
+    # and both waited for ever.
+    import threading
+    expected = llm(PLANETS, max_tokens=6, temperature=0)["choices"][0]["text"]
+    texts, busy = [], []
+
+    def worker(streams: bool):
+        for _ in range(40):
+            if not streams:
+                texts.append(llm(PLANETS, max_tokens=6, temperature=0)["choices"][0]["text"])
+                continue
+            stream = llm(PLANETS, max_tokens=6, temperature=0, stream=True)
+            try:
+                next(stream), next(stream)  # then left open, as a loop left by break
+            except EngineBusyError:
+                busy.append(True)
+    threads = [threading.Thread(target=worker, args=(streams,), daemon=True) for streams in (True, True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert busy and texts and set(texts) == {expected}
 
 
 @pytest.mark.parametrize("call, fragment", [
