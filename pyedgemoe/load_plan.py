@@ -256,8 +256,10 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
 def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:
     """The model's header, and the plan of loading it here (reads the calibration, measures the machine)."""
     info = read_model_info(model_path, options.expert_options["override_kv"])
-    # a calibration is judged against the file as made: one routed otherwise by --override-kv keeps its own
-    calibration = load_calibration(os.fspath(model_path), info.metadata_as_made) if info.is_moe else None
+    # judged against the file as made (one routed otherwise by --override-kv keeps its own); none where
+    # the routing is recorded for a calibration (pyedgemoe calibrate: the model's own, the one it replaces aside)
+    calibration = load_calibration(os.fspath(model_path), info.metadata_as_made, info.n_experts_used) \
+        if info.is_moe and not options.trace_routing else None
     if options.expert_options["rpc"]:  # the workers' devices join this machine's before it is measured
         rpc.connect(options.expert_options["rpc"])
     memory_budget.check_room_to_measure()

@@ -486,6 +486,13 @@ def test_a_dense_model_is_a_one_line_error(tiny_model, models):
     ({"version": True, "t1": 0.5, "t2": 0.9}, "not version 1"),  # JSON's true is no version
     ({"version": 1, "t1": True, "t2": True}, "no valid t1 <= t2"),
     ({"version": 1, "t1": 0.5, "t2": 0.9, "policy_weights": None}, "invalid policy_weights"),  # was a TypeError
+    # were an OverflowError, a TypeError and numpy's ValueError where they were used
+    ({"version": 1, "t1": 10**400, "t2": 10**400}, "no valid t1 <= t2"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "big_little": [1]}, "invalid big_little"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "stand_ins": {"layers": {"0": {
+        "cost": [[0.0]], "swap_cost_quantiles": [0.0, 1.0]}}}}, "invalid stand_ins"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "policy_weights": [1e308] * 4}, "invalid policy_weights"),
+    ({"version": 1, "t1": 0.5, "t2": 0.9, "n_experts_used": "2"}, "invalid n_experts_used"),
 ])
 def test_a_sidecar_that_is_not_one_is_refused(models, tmp_path, sidecar, message):
     model = tmp_path / "model.gguf"
@@ -508,3 +515,12 @@ def test_the_calibrated_policy_is_the_one_for_the_mode_that_runs():
     # given wins; several sequences: hobbit
     assert ExpertOptions(low_precision=False, cache_policy="lru").resolve(info, calibration).cache_policy.name == "lru"
     assert ExpertOptions(low_precision=False).resolve(info, calibration, n_parallel=2).cache_policy.name == "hobbit"
+
+
+def test_only_the_text_the_tokens_need_is_tokenized_and_they_are_the_whole_texts(models):
+    from pyedgemoe.calibration.run import _text_tokens
+    text = TEXT * 40  # a corpus of megabytes was tokenized whole for the first max_tokens (2 GB for 50 MB)
+    with Engine(models["src"], **SETTINGS) as eng:
+        whole = eng.tokenize(text, add_bos=True, special=False)
+        assert _text_tokens(eng, text, 300) == whole[:300] and _text_tokens(eng, text, None) == whole
+        assert _text_tokens(eng, TEXT, 10**6) == eng.tokenize(TEXT, add_bos=True, special=False)

@@ -87,3 +87,37 @@ def test_the_demo_sidecar_has_no_absolute_path_and_names_only_files_shipped():
     # EdgeMoE's precision map and path statistics: --system edgemoe runs from it
     r = cli("run", DEMO, "-p", "def f(x):", "-n", "2", "--expert-cache", "25%", "--system", "edgemoe")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("old", ['{"version": 2, "t1": 0.5, "t2": 0.9}', '{"version": 1, "t1": 0.5,',
+                                 '{"version": 1, "t1": 0.5, "t2": 0.9, "n_experts_used": 7}'])
+def test_force_replaces_a_sidecar_that_cannot_be_used(models, model, old):  # noqa: F811
+    # damaged, or another model's: every run refused the model, and calibrate --force, which the
+    # refusal asks for, refused it too
+    with open(sidecar_path(model), "w") as f:
+        f.write(old)
+    r = calibrate(model, models["text"], "--force")
+    assert r.returncode == 0, r.stderr
+    assert "note: removed the sidecar replaced, which could not be used: " in r.stderr
+    assert read_sidecar(sidecar_path(model))["version"] == 1
+    assert cli("run", model, "-p", "hello", "-n", "2", "--expert-cache", "50%").returncode == 0
+
+
+def test_the_outputs_are_checked_before_the_model_runs(models, model, tmp_path):  # noqa: F811
+    # --trace naming the model overwrote it with the trace (and exited 0)
+    before = open(model, "rb").read()
+    assert_one_line_error(calibrate(model, models["text"], "--trace", model),
+                          "the trace (", "must be two files other than the model")
+    assert open(model, "rb").read() == before
+    assert_one_line_error(calibrate(model, models["text"], "--trace", sidecar_path(model)), "must be two files")
+    assert_one_line_error(calibrate(model, models["text"], "--trace", tmp_path), "a directory is there")
+    assert_one_line_error(calibrate(model, models["text"], "--trace", tmp_path / "no" / "t.npz"),
+                          "is not a directory")
+    assert not os.path.exists(sidecar_path(model))
+    assert os.listdir(tmp_path) == ["model.gguf"]  # no temporary file left either
+
+
+@pytest.mark.parametrize("option", [["--cache-routing", "0.1"], ["--big-little", "0.5"], ["--stand-in", "0.5"]])
+def test_calibrate_refuses_what_changes_the_routing_it_records(models, model, option):  # noqa: F811
+    assert_one_line_error(calibrate(model, models["text"], *option),
+                          f"calibrate records the model's own routing: {option[0][2:].replace('-', '_')} would change")

@@ -209,7 +209,8 @@ def test_calibrate_and_run_from_the_command_line(tmp_path):
 
 def test_experts_that_are_not_gated_silu_ffns_are_refused():
     from pyedgemoe.calibration.stand_ins import StandInCosts
-    with pytest.raises(InvalidOptionError, match="gated SiLU FFNs, which gpt-oss's are not"):
+    with pytest.raises(InvalidOptionError, match="gated SiLU FFNs, of the architectures checked to have "
+                                                 "them .*: not gpt-oss"):
         StandInCosts(DEMO, "gpt-oss")
 
 

@@ -36,7 +36,7 @@ from pyedgemoe.calibration import edgemoe, mobile, stand_ins as stand_in_stats
 from pyedgemoe.calibration.paths import path_accuracy, path_statistics
 from pyedgemoe.calibration.replay import (DEFAULT_GRID_STEP, CacheSetup, ReplayResult, against_min,
                                           best_lossless_policy, replay_steps, search_policy_weights, weight_grid)
-from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, read_sidecar, sidecar_path, write_sidecar
+from pyedgemoe.calibration.sidecar import SIDECAR_VERSION, of_the_model, read_sidecar, sidecar_path, write_sidecar
 from pyedgemoe.calibration.thresholds import (choose_thresholds, default_split, parse_split,
                                               precision_demands, split_of)
 from pyedgemoe.calibration.trace import (expert_usage, prediction_accuracy, record_trace, save_trace,
@@ -44,7 +44,7 @@ from pyedgemoe.calibration.trace import (expert_usage, prediction_accuracy, reco
 from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, TextTooShortError
 from pyedgemoe.memory_budget import MAPPED
-from pyedgemoe.model_info import read_model_info
+from pyedgemoe.model_info import ModelInfo, read_model_info
 
 DEFAULT_BUDGET = "25%"
 DEFAULT_N_CTX = 512
@@ -78,6 +78,7 @@ class CalibrationResult:
 
 # the Engine arguments of the calibration run, set by calibrate (below)
 CALIBRATION_RUN = ("n_ctx", "n_batch", "expert_cache", "t1", "t2", "fill_cache", "trace_routing")
+ROUTING_CHANGES = ("cache_routing", "stand_in", "big_little")  # options a run routes otherwise by
 
 
 def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = DEFAULT_BUDGET,
@@ -123,15 +124,21 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if taken:
         raise InvalidOptionError(f"calibrate sets {', '.join(taken)} itself (the cache is budget=, and t1 = t2 = 1 "
                                  "record the model's own routing)")
+    rerouted = [name for name in ROUTING_CHANGES if name in given]
+    if rerouted:
+        raise InvalidOptionError(f"calibrate records the model's own routing: {', '.join(rerouted)} would change it")
     sidecar = os.fspath(sidecar if sidecar is not None else sidecar_path(model_path))
-    previous = _previous_calibration(sidecar, force) if write else None
+    trace = os.fspath(trace if trace is not None else trace_path(model_path))
+    notes: list[str] = []
+    if write:
+        _check_outputs(model_path, trace, sidecar)
+    previous = _previous_calibration(sidecar, force, info, notes) if write else None
     if system not in (None, "hobbit", "edgemoe", "mobile"):
         raise InvalidOptionError(f"calibrate --system takes hobbit, edgemoe or mobile, got {system!r} (fate needs "
                                  "no calibration; lossless has nothing to calibrate)")
 
     # refused before the model runs: an architecture whose experts the stand-ins cannot compute
     stand_in_costs = stand_in_stats.StandInCosts(model_path, info.architecture) if stand_ins else None
-    notes: list[str] = []
     if size_budget is not None and system != "edgemoe":
         notes.append("the size budget is --system edgemoe's: unused")
     if system not in ("edgemoe", "mobile") and (loss_budget, min_agreement) != (edgemoe.DEFAULT_LOSS_BUDGET,
@@ -142,9 +149,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     # an empty cache at the start, as in the replay
     with Engine(model_path, n_ctx=n_ctx, n_batch=1, expert_cache=budget, t1=1.0, t2=1.0,
                 fill_cache=False, trace_routing=True, **engine_options) as eng:
-        tokens = eng.tokenize(text, add_bos=True, special=False)
-        if max_tokens is not None:
-            tokens = tokens[:max_tokens]
+        tokens = _text_tokens(eng, text, max_tokens)
         if len(tokens) < MIN_TOKENS:
             raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
                                     f"the text has only {len(tokens)}")
@@ -164,6 +169,9 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     if not residency["mixed_precision"] and info.expert_biases:
         notes.append(f"{info.architecture}'s experts have biases, which a pass per precision would add twice: "
                      "low precision stays off, the thresholds take effect with --skip alone, and the replay loads "
+                     "everything in HIGH")
+    elif not residency["mixed_precision"] and (info.multi_precision or "low_from" in given):
+        notes.append("low precision is off in this run (the budget, or --no-low-precision): the replay loads "
                      "everything in HIGH")
     elif not residency["mixed_precision"]:
         notes.append("the model has no LOW expert copies: the thresholds take effect with --low-from "
@@ -263,7 +271,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
         notes.append("kept the stand-ins of the sidecar replaced (--stand-ins computes them again)")
     result = CalibrationResult(data, notes=notes)
     if write:
-        result.trace = save_trace(routing, trace if trace is not None else trace_path(model_path))
+        result.trace = save_trace(routing, trace)
         result.sidecar = write_sidecar(data, sidecar)
     return result
 
@@ -273,9 +281,10 @@ def lossless_slots(residency: dict) -> int:
     return residency["budget_bytes"] // (residency["high_pool_bytes"] // residency["high_slots"])
 
 
-def _previous_calibration(sidecar: str, force: bool) -> dict | None:
-    """The sidecar a calibration would replace (None: none, or one that cannot be read); without
-    force, an InvalidOptionError: it is not replaced silently."""
+def _previous_calibration(sidecar: str, force: bool, info: ModelInfo, notes: list[str]) -> dict | None:
+    """The sidecar a calibration would replace (None: none); without force, an InvalidOptionError:
+    it is not replaced silently. One that cannot be read (damaged, another model's) is removed, so
+    that the runs here load without it (a note says so)."""
     if not os.path.exists(sidecar):
         return None
     if not force:
@@ -283,6 +292,34 @@ def _previous_calibration(sidecar: str, force: bool) -> dict | None:
                                  "(EdgeMoE's precision map in it is kept unless --system edgemoe computes it again, "
                                  "and so are its stand-ins unless --stand-ins does)")
     try:
-        return read_sidecar(sidecar)
-    except InvalidOptionError:
+        return of_the_model(read_sidecar(sidecar), info.metadata, f"calibration sidecar {sidecar}")
+    except InvalidOptionError as e:
+        os.unlink(sidecar)
+        notes.append(f"removed the sidecar replaced, which could not be used: {e}")
         return None
+
+
+def _check_outputs(model_path: str, trace: str, sidecar: str) -> None:
+    """Refused before the model runs: a trace or sidecar that would overwrite the model or each other,
+    or cannot be written where it is to go."""
+    if len({os.path.realpath(p) for p in (model_path, trace, sidecar)}) < 3:
+        raise InvalidOptionError(f"the trace ({trace}) and the sidecar ({sidecar}) must be two files other than "
+                                 "the model")
+    for what, path in (("trace", trace), ("sidecar", sidecar)):
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            raise InvalidOptionError(f"cannot write the {what} {path}: " + (
+                "a directory is there" if os.path.isdir(path) else f"{folder} is not a directory" if not
+                os.path.isdir(folder) else f"{folder} is not writable"))
+
+
+def _text_tokens(eng: Engine, text: str, max_tokens: int | None) -> list[int]:
+    """The text's first max_tokens tokens (None: all of them): only as much of it tokenized as they
+    need, doubling (a corpus of hundreds of megabytes took gigabytes tokenized whole)."""
+    size = len(text) if max_tokens is None else max_tokens * 8
+    while True:
+        tokens = eng.tokenize(text[:size], add_bos=True, special=False)
+        # 64 tokens past the cut: where the prefix ends, its last tokens may be cut otherwise than the text's
+        if size >= len(text) or len(tokens) > max_tokens + 64:
+            return tokens[:max_tokens]
+        size *= 2

@@ -12,6 +12,8 @@ import contextlib
 import json
 import math
 import os
+import threading
+from typing import IO, Callable
 
 import gguf
 
@@ -26,6 +28,7 @@ T1_KEY = CALIBRATION_KEY_PREFIX + "t1"
 T2_KEY = CALIBRATION_KEY_PREFIX + "t2"
 POLICY_WEIGHTS_KEY = CALIBRATION_KEY_PREFIX + "policy_weights"
 JSON_KEY = CALIBRATION_KEY_PREFIX + "json"  # the whole sidecar
+QUANTILE_POINTS = 101  # the stand-ins' swap costs' quantiles at 0, 0.01, ..., 1 (stand_ins.py)
 
 
 def sidecar_path(model_path: str | os.PathLike) -> str:
@@ -52,8 +55,10 @@ def _checked(data, what: str) -> dict:
     if not (_number(t1) and _number(t2) and t1 <= t2 <= 1):
         raise InvalidOptionError(f"{what} has no valid t1 <= t2 in [0, 1] (run pyedgemoe calibrate again)")
     if "policy_weights" in data and not (isinstance(weights, list) and len(weights) == 4
-                                         and all(_number(w) for w in weights) and sum(weights) > 0):
-        raise InvalidOptionError(f"{what} has invalid policy_weights (four non-negative numbers)")
+                                         and all(_number(w) for w in weights) and abs(sum(weights) - 1) < 1e-3):
+        raise InvalidOptionError(f"{what} has invalid policy_weights (four non-negative numbers of sum 1)")
+    if "n_experts_used" in data and not (_integer(data["n_experts_used"]) and 0 < data["n_experts_used"] < 2**31):
+        raise InvalidOptionError(f"{what} has an invalid n_experts_used (a positive integer)")
     _check_tables(data, what)
     return data
 
@@ -64,7 +69,10 @@ def _checked(data, what: str) -> dict:
 # the runtime's check (it knows the model).
 
 def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    """A finite number >= 0 (an integer within 64 bits: JSON's may have any number of digits)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return 0 <= x < 2**63
+    return isinstance(x, float) and math.isfinite(x) and x >= 0
 
 
 def _integer(x) -> bool:
@@ -138,9 +146,15 @@ def _check_tables(data: dict, what: str) -> None:
     if stand_ins is not None and not (
             isinstance(stand_ins, dict) and isinstance(stand_ins.get("layers"), dict)
             and all(_layer(k) and isinstance(t, dict) and _square(t.get("cost")) and _drop_costs(t)
-                    and isinstance(t.get("swap_cost_quantiles"), list) and len(t["swap_cost_quantiles"]) > 1
+                    and isinstance(t.get("swap_cost_quantiles"), list)
+                    and len(t["swap_cost_quantiles"]) == QUANTILE_POINTS
                     and all(_number(q) for q in t["swap_cost_quantiles"]) for k, t in stand_ins["layers"].items())):
-        raise invalid("stand_ins", "per layer, an n_expert x n_expert cost, n_expert drop costs and its swap costs' quantiles")
+        raise invalid("stand_ins", "per layer, an n_expert x n_expert cost, n_expert drop costs and its swap costs' "
+                      f"{QUANTILE_POINTS} quantiles")
+    big_little = data.get("big_little")
+    if big_little is not None and not (isinstance(big_little, dict) and _number(big_little.get("gamma"))
+                                       and big_little["gamma"] <= 1):
+        raise invalid("big_little", "MoBiLE's gamma in [0, 1]")
 
 
 def embedded_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
@@ -177,30 +191,36 @@ def _policy_weights(model_path: str | os.PathLike, what: str) -> list:
     return weights if isinstance(weights, list) else [weights]
 
 
-def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None) -> dict | None:
-    """The model's calibration: the sidecar next to it, else the one embedded in its metadata, else
-    None. A sidecar or embedded calibration that cannot be read is an error."""
+def load_calibration(model_path: str | os.PathLike, metadata: dict | None = None,
+                     routed_k: int | None = None) -> dict | None:
+    """The model's calibration: the sidecar next to it, else the one embedded in its metadata (the
+    file's own, without --override-kv's), else None. A sidecar or embedded calibration that cannot
+    be read is an error; so is another model's (of_the_model; routed_k: the top-k a run routes)."""
     path = sidecar_path(model_path)
     kv = read_model_info(model_path).metadata if metadata is None else metadata
     if os.path.exists(path):
-        return of_the_model(read_sidecar(path), kv, f"calibration sidecar {path}")
+        return of_the_model(read_sidecar(path), kv, f"calibration sidecar {path}", routed_k)
     data = embedded_calibration(model_path, kv)
-    return None if data is None else of_the_model(data, kv, f"calibration embedded in {os.fspath(model_path)}")
+    return None if data is None else of_the_model(data, kv, f"calibration embedded in {os.fspath(model_path)}",
+                                                  routed_k)
 
 
-def of_the_model(data: dict, kv: dict, what: str) -> dict:
-    """data, where what it records of the model it was made on (its top-k, its experts per layer)
-    is the model's: a calibration of another model is an InvalidOptionError."""
+def of_the_model(data: dict, kv: dict, what: str, routed_k: int | None = None) -> dict:
+    """data (checked), where what it records of the model it was made on is the model's (kv: its
+    metadata): its top-k (the file's, or routed_k where --override-kv routes otherwise: a
+    calibration of either is this model's) and its experts per layer; else InvalidOptionError."""
     arch = kv.get("general.architecture")
     n_used, n_expert = (kv.get(f"{arch}.{key}") for key in ("expert_used_count", "expert_count"))
-    usage = data.get("expert_usage")
-    if ("n_experts_used" in data and isinstance(n_used, int) and data["n_experts_used"] != n_used) or (
-            isinstance(usage, dict) and isinstance(n_expert, int)
-            and any(isinstance(counts, list) and len(counts) != n_expert for counts in usage.values())):
-        raise InvalidOptionError(f"{what} is another model's (top-{data.get('n_experts_used', '?')} of "
-                                 f"{next((len(c) for c in usage.values()), '?') if isinstance(usage, dict) else '?'} "
-                                 f"experts; this one routes top-{n_used} of {n_expert}): run pyedgemoe calibrate "
-                                 "on this model")
+    usage = data.get("expert_usage") if isinstance(data.get("expert_usage"), dict) else {}
+    differs = []
+    if "n_experts_used" in data and isinstance(n_used, int) and data["n_experts_used"] not in (n_used, routed_k):
+        differs.append(f"top-{data['n_experts_used']} routing; this one's is top-{n_used}")
+    sizes = sorted({len(counts) for counts in usage.values() if isinstance(counts, list)} - {n_expert})
+    if isinstance(n_expert, int) and sizes:
+        differs.append(f"{sizes[0]} experts a layer; this one has {n_expert}")
+    if differs:
+        raise InvalidOptionError(f"{what} is another model's ({', '.join(differs)}): run pyedgemoe calibrate on "
+                                 "this model")
     return data
 
 
@@ -208,12 +228,18 @@ def write_sidecar(data: dict, path: str | os.PathLike) -> str:
     """Writes data as JSON to path, one line per key (the path statistics and the map are large
     tables: a line each keeps the file short to read and to diff), atomically: a reader never
     sees half a file."""
+    lines = (f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items())
+    return write_whole(path, lambda f: f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode()))
+
+
+def write_whole(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> str:
+    """path, written by write(its file, binary) through a temporary file of its own beside it: a
+    reader never sees half a file, and two writers do not write into one."""
     path = os.fspath(path)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            lines = (f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items())
-            f.write("{\n" + ",\n".join(lines) + "\n}\n")
+        with open(tmp, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:  # Ctrl-C included: no half-written temp file left beside the model
         with contextlib.suppress(FileNotFoundError):

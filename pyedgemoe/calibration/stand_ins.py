@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pyedgemoe.calibration.sidecar import QUANTILE_POINTS
 from pyedgemoe.convert.from_gguf import GGUFSource, dequantized_rows, open_gguf, tensor_ne
 from pyedgemoe.errors import InvalidOptionError
 
 # llama.cpp architectures whose routed experts are gated SiLU FFNs without biases
 GATED_SILU = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "phimoe", "granitemoe")
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-QUANTILE_POINTS = 101  # the swap costs' quantiles at 0, 0.01, ..., 1
 CHUNK_FLOATS = 1 << 25  # the chosen experts' outputs of a chunk of records (128 MiB)
 
 
@@ -64,7 +64,8 @@ class StandInCosts:
 
     def __init__(self, model_path: str | os.PathLike, architecture: str):
         if architecture not in GATED_SILU:
-            raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, which {architecture}'s are not")
+            raise InvalidOptionError(f"stand-ins compute the experts as gated SiLU FFNs, of the architectures "
+                                     f"checked to have them ({', '.join(GATED_SILU)}): not {architecture}")
         self.model = open_gguf(Path(model_path), "model")
         self.tensors = {t.name: t for t in self.model.tensors}
         self.sums: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # il: (total [E, E], count, dropping [E])

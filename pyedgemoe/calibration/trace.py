@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from pyedgemoe.calibration.sidecar import write_whole
+
 TRACE_SUFFIX = ".routing-trace.npz"
 
 
@@ -51,10 +53,7 @@ def record_trace(engine, tokens: list[int], n_ctx: int, on_inputs: Callable[[dic
 
 def save_trace(trace: dict, path: str | os.PathLike) -> str:
     """Writes the trace's arrays to `path` (npz; exactly that name)."""
-    path = os.fspath(path)
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **{k: np.asarray(v) for k, v in trace.items()})
-    return path
+    return write_whole(path, lambda f: np.savez_compressed(f, **{k: np.asarray(v) for k, v in trace.items()}))
 
 
 def load_trace(path: str | os.PathLike) -> dict:
