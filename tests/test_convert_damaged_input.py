@@ -43,7 +43,7 @@ def _use_config(config: dict, hf_dir: Path, tmp_path: Path) -> None:
     if not (d / "model.safetensors").exists():
         (d / "model.safetensors").symlink_to(hf_dir / "model.safetensors")
     with HFCheckpoint(d) as ckpt:
-        family = family_for(ckpt.config)
+        family = family_for(ckpt.config, len(ckpt.names()))
     family.check_config()
     family.write_hparams(gguf.GGUFWriter(None, family.llama_arch), 0)
     family.attention_shapes()
@@ -71,11 +71,30 @@ def test_a_config_key_deleted_or_of_the_wrong_type_is_a_conversion_error(tiny_mo
 
 
 @pytest.mark.parametrize("arch, key", [("mixtral", "vocab_size"), ("deepseek_v2", "v_head_dim"),
-                                       ("deepseek_v2", "vocab_size"), ("phimoe", "rms_norm_eps")])
+                                       ("deepseek_v2", "vocab_size"), ("phimoe", "rms_norm_eps"),
+                                       # the last three converted, into files llama.cpp does not load
+                                       ("qwen3_moe", "max_position_embeddings"), ("qwen3_moe", "num_experts_per_tok"),
+                                       ("qwen2_moe", "shared_expert_intermediate_size")])
 def test_a_required_hyperparameter_missing_is_named(tiny_model, tmp_path, arch, key):
     config, hf_dir = _config(tiny_model, arch)
     del config[key]
-    with pytest.raises(ConversionError, match=f"config.json has no {key}, which llama.cpp's"):
+    with pytest.raises(ConversionError, match=f"config.json has no {key}( / [a-z_]+)*, which llama.cpp's"):
+        _use_config(config, hf_dir, tmp_path)
+
+
+def test_a_switch_written_as_text_is_refused(tiny_model, tmp_path):
+    # "false" is true to Python: DeepSeek's output matrix was dropped as tied, and the file gave garbage
+    config, hf_dir = _config(tiny_model, "deepseek_v2")
+    config["tie_word_embeddings"] = "false"
+    with pytest.raises(ConversionError, match="tie_word_embeddings is 'false', expected true or false"):
+        _use_config(config, hf_dir, tmp_path)
+
+
+def test_more_layers_than_tensors_is_refused_before_the_layers_are_named(tiny_model, tmp_path):
+    # gguf-py's name map of every layer was built first: a million layers took gigabytes
+    config, hf_dir = _config(tiny_model, "qwen3_moe")
+    config["num_hidden_layers"] = 10**6
+    with pytest.raises(ConversionError, match="config.json says 1000000 layers, but the checkpoint has only"):
         _use_config(config, hf_dir, tmp_path)
 
 

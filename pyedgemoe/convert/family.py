@@ -71,6 +71,10 @@ def permute_rope(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarra
 
 # config.json's names of the number of experts each token uses (llama.cpp's find_hparam order)
 EXPERTS_USED_KEYS = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts")
+LAYER_KEYS = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+# the context the model was trained for (llama.cpp's loader requires it)
+CONTEXT_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length",
+                "model_max_length")
 
 _MULTIMODAL_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.",
                         "sound_encoder.", "sound_projection.", "speech_embeddings.")
@@ -96,8 +100,8 @@ class Family:
     # find_hparam): checked once, when the family is made (`check_hparams`), so that a config without
     # one is an error naming it, not a KeyError where a family first reads it. Families add theirs.
     required_hparams: tuple[tuple[str, ...], ...] = (
-        ("n_layers", "num_hidden_layers", "n_layer", "num_layers"), ("hidden_size", "n_embd", "dim"),
-        ("num_attention_heads", "n_head", "n_heads"), ("moe_intermediate_size", "intermediate_size"))
+        LAYER_KEYS, ("hidden_size", "n_embd", "dim"), ("num_attention_heads", "n_head", "n_heads"),
+        ("moe_intermediate_size", "intermediate_size"), CONTEXT_KEYS, EXPERTS_USED_KEYS)
     permute_qk: bool = False                    # undo HF's RoPE permutation of q/k (llama-style)
     permute_biases: bool = False
     router_suffix: str = "mlp.gate.weight"
@@ -112,7 +116,7 @@ class Family:
     def __init__(self, config: dict):
         self.config = dict(config)
         self.hparams = self.config  # llama.cpp's name; set_gguf_parameters may edit it
-        self.n_layers = int(self.find(["n_layers", "num_hidden_layers", "n_layer", "num_layers"]))
+        self.n_layers = int(self.find(LAYER_KEYS))
         self.n_experts = int(self.find(self.n_expert_keys))
         self.tensor_map = gguf.get_tensor_name_map(self.gguf_arch, self.n_layers)
         self.rope_parameters = self._rope_parameters()
@@ -349,8 +353,7 @@ class Family:
     def write_hparams(self, w: gguf.GGUFWriter, file_type: int) -> None:
         """llama.cpp's TextModel.set_gguf_parameters; families add theirs after calling it."""
         w.add_block_count(self.n_layers)
-        if (n_ctx := self.find(["max_position_embeddings", "n_ctx", "n_positions", "max_length",
-                                "max_sequence_length", "model_max_length"], optional=True)) is not None:
+        if (n_ctx := self.find(CONTEXT_KEYS, optional=True)) is not None:
             w.add_context_length(n_ctx)
         if (n_embd := self.find(["hidden_size", "n_embd", "dim"], optional=True)) is not None:
             w.add_embedding_length(n_embd)

@@ -27,7 +27,7 @@ import numpy as np
 
 from pyedgemoe.convert import tokenizer as tokenizer_mod
 from pyedgemoe.convert.deepseek_v2 import DeepseekV2
-from pyedgemoe.convert.family import ExpertSource, ExpertStack, Family, StandIn, TensorOut
+from pyedgemoe.convert.family import LAYER_KEYS, ExpertSource, ExpertStack, Family, StandIn, TensorOut
 from pyedgemoe.convert.gguf_out import (
     GGUFOutput,
     edgemoe_metadata,
@@ -54,8 +54,10 @@ SUPPORTED_ARCHITECTURES: dict[str, type[Family]] = {a: f for f in FAMILIES for a
 _CHUNK_ELEMENTS = 16 * 1024 * 1024  # float32 elements per read chunk of a plain tensor (64 MiB)
 
 
-def family_for(config: dict) -> Family:
-    """The family object for a config.json; ConversionError listing the supported ones otherwise."""
+def family_for(config: dict, n_tensors: int) -> Family:
+    """The family object for a config.json of a checkpoint of n_tensors tensors; ConversionError
+    listing the supported ones otherwise, or for more layers than tensors (gguf-py's name map of
+    a million layers took gigabytes before a tensor was looked at)."""
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
     supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
@@ -68,6 +70,9 @@ def family_for(config: dict) -> Family:
         method = (config["quantization_config"] or {}).get("quant_method", "?")
         raise ConversionError(f"the checkpoint is already quantized ({method}); convert an unquantized "
                               f"(F32/F16/BF16) checkpoint")
+    layers = next((config[k] for k in LAYER_KEYS if config.get(k) is not None), 0)
+    if layers > n_tensors:
+        raise ConversionError(f"config.json says {layers} layers, but the checkpoint has only {n_tensors} tensors")
     return SUPPORTED_ARCHITECTURES[arch](config)
 
 
@@ -432,7 +437,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q
         output_target(out, force)
 
     with HFCheckpoint(src) as ckpt:
-        family = family_for(ckpt.config)
+        family = family_for(ckpt.config, len(ckpt.names()))
         plan = build_plan(ckpt, family, high=high, low=low, base=base, n_threads=n_threads,
                           source=source_label or str(src), out=str(out))
         provenance = {"source": source_label or str(src), "source_type": "hf", "low_from": None}

@@ -63,6 +63,8 @@ _NULLABLE_KEYS = {"head_dim", "sliding_window", "q_lora_rank", "num_key_value_he
                   "n_group", "topk_group", "decoder_sparse_step", "moe_layer_freq", "n_shared_experts",
                   "shared_expert_intermediate_size", "first_k_dense_replace", "rope_theta",
                   "partial_rotary_factor", "original_max_position_embeddings"}
+# switches: true or false (a string "false" is true to Python; transformers refuses it)
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "lm_head_bias", "is_causal", "norm_topk_prob", "mlp_bias")
 # special token ids (gguf-py's SpecialVocab reads them from config.json)
 _TOKEN_ID_KEYS = tuple(f"{t}_token_id" for t in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
 _MAX_SIZE = 2**31 - 1  # GGUF stores these as u32 (int32 in llama.cpp)
@@ -160,6 +162,9 @@ def _check_config(config: dict, path: Path) -> None:
         if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                 and value >= 0):
             raise bad(key, "a finite number >= 0")
+    for key in _BOOL_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise bad(key, "true or false")
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise bad("architectures", "a list of class names")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gguf
 
+from pyedgemoe.convert.family import Family
 from pyedgemoe.convert.qwen2_moe import Qwen2Moe
 
 
@@ -23,6 +24,7 @@ class Qwen3Moe(Qwen2Moe):
                        "blk.{bid}.ffn_gate_exps.weight", "blk.{bid}.ffn_down_exps.weight",
                        "blk.{bid}.ffn_up_exps.weight")
     loader_optional = ("output.weight", "blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
+    required_hparams = Family.required_hparams  # no shared expert
 
     def check_config(self) -> None:
         super().check_config()
