@@ -158,3 +158,19 @@ def test_a_token_that_is_not_utf8_is_named_with_its_index(tiny_model, tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(ConversionError, match=r"element 2 of key 'tokenizer.ggml.tokens' is not valid UTF-8"):
         convert_gguf(bad, tmp_path / "out.gguf", high="f32", low="f16", dry_run=True, progress=False)
+
+
+@pytest.mark.parametrize("arch, setting, message", [
+    # each converted (as llama.cpp's converter does) into a file whose logits were 1 to 3 off transformers'
+    ("qwen3_moe", {"norm_topk_prob": False}, "norm_topk_prob=false .* always renormalizes"),
+    ("qwen2_moe", {"norm_topk_prob": True}, "norm_topk_prob=true .* never renormalizes"),
+    ("olmoe", {"norm_topk_prob": True}, "norm_topk_prob=true .* never renormalizes"),
+    ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act=gelu .* with SiLU"),
+    ("qwen3_moe", {"rope_parameters": {"rope_theta": 1e6, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 128}},
+     "rope_type=llama3 .* no llama3 frequency scaling"),
+])
+def test_a_setting_llama_cpp_would_compute_otherwise_is_refused(tiny_model, tmp_path, arch, setting, message):
+    config, hf_dir = _config(tiny_model, arch)
+    with pytest.raises(ConversionError, match=f"config.json {message}"):
+        _use_config({**config, **setting}, hf_dir, tmp_path)

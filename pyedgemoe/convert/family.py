@@ -105,6 +105,9 @@ class Family:
     permute_qk: bool = False                    # undo HF's RoPE permutation of q/k (llama-style)
     permute_biases: bool = False
     router_suffix: str = "mlp.gate.weight"
+    # whether llama.cpp's model renormalizes a token's top-k routing weights (build_moe_ffn's norm_w),
+    # where config.json's norm_topk_prob may say otherwise (None: the family has no such switch)
+    normalizes_top_k: bool | None = None
     # llama.cpp's llama_model_<arch>::load_arch_tensors (src/models/<arch>.cpp) as GGUF names,
     # "{bid}" standing for every layer: the tensors it requires (flags 0) and those it takes when
     # present (TENSOR_NOT_REQUIRED). It refuses a file that lacks a required tensor ("tensor ...
@@ -147,7 +150,15 @@ class Family:
             # llama.cpp's loader asserts n_expert_used <= n_expert; transformers' topk fails too
             raise ConversionError(f"config.json says {n_used} experts per token, but the model has "
                                   f"{self.n_experts} experts")
+        act, norm = self.hparams.get("hidden_act"), self.hparams.get("norm_topk_prob")
+        if act not in (None, "silu", "swish"):
+            raise self.refuse(f"hidden_act={act}", f"llama.cpp's {self.llama_arch} model computes its FFNs with SiLU")
+        if None not in (norm, self.normalizes_top_k) and norm != self.normalizes_top_k:
+            raise self.refuse(f"norm_topk_prob={str(norm).lower()}", f"llama.cpp's {self.llama_arch} model "
+                              f"{'always' if self.normalizes_top_k else 'never'} renormalizes a token's top-k weights")
         rope = self.rope_parameters.get("full_attention", self.rope_parameters)
+        if rope.get("rope_type") == "llama3":  # transformers scales every frequency; llama.cpp's converter drops it
+            raise self.refuse("rope_type=llama3", f"llama.cpp's {self.llama_arch} model has no llama3 frequency scaling")
         if rope.get("rope_type") == "yarn" and rope.get("factor") is not None \
                 and rope.get("original_max_position_embeddings") is None:
             raise ConversionError("config.json has YaRN rope scaling without original_max_position_embeddings")

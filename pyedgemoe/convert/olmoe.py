@@ -15,6 +15,7 @@ class Olmoe(Family):
     name = "olmoe"
     hf_architectures = ("OlmoeForCausalLM",)
     gguf_arch = gguf.MODEL_ARCH.OLMOE
+    normalizes_top_k = False
     n_expert_keys = ("num_local_experts", "num_experts")
     required_hparams = (*Family.required_hparams, ("intermediate_size",))
     # src/models/olmoe.cpp: no attention output bias, no tied output layer

@@ -33,6 +33,7 @@ class Qwen2Moe(Family):
                        "blk.{bid}.ffn_down_shexp.weight", "blk.{bid}.ffn_up_shexp.weight")
     loader_optional = ("blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
     required_hparams = (*Family.required_hparams, ("shared_expert_intermediate_size",))  # the shared expert's shape
+    normalizes_top_k = False
 
     def is_moe_layer(self, bid: int) -> bool:
         step = int(self.hparams.get("decoder_sparse_step", 1) or 1)

@@ -25,6 +25,7 @@ class Qwen3Moe(Qwen2Moe):
                        "blk.{bid}.ffn_up_exps.weight")
     loader_optional = ("output.weight", "blk.{bid}.attn_q.bias", "blk.{bid}.attn_k.bias", "blk.{bid}.attn_v.bias")
     required_hparams = Family.required_hparams  # no shared expert
+    normalizes_top_k = True
 
     def check_config(self) -> None:
         super().check_config()
