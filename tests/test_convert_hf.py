@@ -555,6 +555,17 @@ def test_shapes_that_disagree_with_the_config_are_an_error(tiny_model, tmp_path)
     assert_fails_cleanly(d, tmp_path, r"down_proj.weight has shape \[64, 32\], config.json implies \[64, 48\]")
 
 
+def test_a_dense_layers_mlp_that_disagrees_with_the_config_is_an_error(tiny_model, tmp_path):
+    # DeepSeek-V2's leading dense layer (first_k_dense_replace): its MLP went unchecked, into a file
+    # llama.cpp refused ("check_tensor_dims")
+    d = broken_copy(tiny_model, tmp_path, "deepseek_v2")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["intermediate_size"] = 48
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_fails_cleanly(d, tmp_path, r"layers.0.mlp.(gate|up|down)_proj.weight has shape \[\d+, \d+\], config.json "
+                                      r"implies \[(64, 48|48, 64)\]")
+
+
 def test_fewer_layers_than_the_config_is_an_error(tiny_model, tmp_path):
     d = broken_copy(tiny_model, tmp_path)
     cfg = json.loads((d / "config.json").read_text())

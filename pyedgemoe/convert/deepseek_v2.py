@@ -131,14 +131,16 @@ class DeepseekV2(Family):
 
     def expected_shape(self, name: str):
         shape = super().expected_shape(name)
-        if shape is None and (n_shared := self.hparams.get("n_shared_experts")):
-            h, ff = self.hidden_size, self.expert_ff * int(n_shared)
-            for suffix, s in (("mlp.shared_experts.gate_proj.weight", (ff, h)),
-                              ("mlp.shared_experts.up_proj.weight", (ff, h)),
-                              ("mlp.shared_experts.down_proj.weight", (h, ff))):
-                if name.endswith(suffix):
+        if shape is not None:
+            return shape
+        h = self.hidden_size
+        # the shared experts, and the MLP of a leading dense layer (first_k_dense_replace)
+        for part, ff in (("mlp.shared_experts.", self.expert_ff * int(self.hparams.get("n_shared_experts") or 0)),
+                         ("mlp.", self.hparams.get("intermediate_size"))):
+            for suffix, s in (("gate_proj.weight", (ff, h)), ("up_proj.weight", (ff, h)), ("down_proj.weight", (h, ff))):
+                if ff and name.endswith(part + suffix):
                     return s
-        return shape
+        return None
 
     def write_hparams(self, w: gguf.GGUFWriter, file_type: int) -> None:
         hp = self.hparams
