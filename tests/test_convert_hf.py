@@ -566,6 +566,17 @@ def test_a_dense_layers_mlp_that_disagrees_with_the_config_is_an_error(tiny_mode
                                       r"implies \[(64, 48|48, 64)\]")
 
 
+def test_an_attention_bias_of_another_size_is_named(tiny_model, tmp_path):
+    # Mixtral takes optional q/k/v/o biases: one of the wrong size failed in the writer ("cannot reshape")
+    from safetensors.numpy import load_file, save_file
+    d = broken_copy(tiny_model, tmp_path, "mixtral")
+    (d / "model.safetensors").unlink()
+    tensors = load_file(tiny_model("mixtral")[1] / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(10, dtype=np.float32)
+    save_file(tensors, d / "model.safetensors")
+    assert_fails_cleanly(d, tmp_path, r"q_proj.bias has shape \[10\], config.json implies \[\d+\]")
+
+
 def test_fewer_layers_than_the_config_is_an_error(tiny_model, tmp_path):
     d = broken_copy(tiny_model, tmp_path)
     cfg = json.loads((d / "config.json").read_text())

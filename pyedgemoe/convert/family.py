@@ -337,11 +337,14 @@ class Family:
     # -- shapes ----------------------------------------------------------------------------------
 
     def attention_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Expected shapes of one layer's attention tensors, by name suffix after model.layers.N."""
+        """Expected shapes of one layer's attention tensors, by name suffix after model.layers.N (the
+        biases where a family has them: Qwen2-MoE's q/k/v, Mixtral's and Phi-MoE's optional ones)."""
         h, hd = self.hidden_size, self.head_dim
         q, kv = self.n_head * hd, self.n_head_kv * hd
         return {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-                "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q)}
+                "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+                "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+                "self_attn.o_proj.bias": (h,)}
 
     def expected_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape config.json implies for an HF tensor, or None if we do not check it."""

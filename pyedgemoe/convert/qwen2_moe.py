@@ -51,14 +51,6 @@ class Qwen2Moe(Family):
             raise self.refuse("shared_expert_intermediate_size=0", f"llama.cpp's {self.llama_arch} model requires "
                                                                    f"a shared expert in every layer")
 
-    def attention_shapes(self):
-        shapes = super().attention_shapes()
-        hd = self.head_dim
-        shapes.update({"self_attn.q_proj.bias": (self.n_head * hd,),  # Qwen1.5/2 only; Qwen3 has none
-                       "self_attn.k_proj.bias": (self.n_head_kv * hd,),
-                       "self_attn.v_proj.bias": (self.n_head_kv * hd,)})
-        return shapes
-
     def expected_shape(self, name: str):
         shape = super().expected_shape(name)
         if shape is None and (shared := self.hparams.get("shared_expert_intermediate_size")):
