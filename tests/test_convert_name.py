@@ -44,3 +44,12 @@ def test_name_says_it_outright(checkpoint, tiny_model, tmp_path):
     standard = tiny_model("qwen3_moe")[0]
     assert convert(standard, tmp_path / "b.gguf") == read_model_info(standard).name
     assert convert(standard, tmp_path / "c.gguf", "--name", "Renamed") == "Renamed"
+
+
+def test_a_model_cards_values_of_other_types_are_taken_as_text_or_left_out(checkpoint, tmp_path):
+    # YAML gives what it holds: gguf-py's writer raised on a license of 5 ("object of type 'int' has
+    # no len()") and on a list of a name
+    (checkpoint / "README.md").write_text("---\nlicense: 5\nmodel_name: [1, 2]\ntags: [moe, 3, [x]]\n---\n# Tiny\n")
+    assert convert(checkpoint, tmp_path / "card.gguf") == "card"
+    metadata = read_model_info(tmp_path / "card.gguf").metadata
+    assert metadata["general.license"] == "5" and metadata["general.tags"] == {"array_length": 2}  # moe, 3

@@ -14,6 +14,7 @@ whatever the model size.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -387,12 +388,34 @@ def _write_metadata(writer: gguf.GGUFWriter, plan: Plan, family: Family, hf_dir:
         metadata.name = _model_name(hf_dir, total) or _file_name(plan.out)
     if metadata.size_label is None and total > 0:
         metadata.size_label = gguf.size_label(total, shared, expert, count)
-    metadata.set_gguf_meta_model(writer)
+    _typed(metadata).set_gguf_meta_model(writer)
     family.write_hparams(writer, llama_file_type(plan.high_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokenizer_mod.write_vocab(writer, hf_dir, family.vocab_size, family.tokenizer_style)
     edgemoe_metadata(writer, plan.type_of_most_bytes("high"), plan.type_of_most_bytes("low"), provenance,
                      calibration)
+
+
+def _typed(metadata: gguf.Metadata) -> gguf.Metadata:
+    """metadata with each field of the type gguf-py's writer takes for it: a model card's YAML
+    gives what it holds (`license: 5`, `model_name: [1, 2]`), which the writer raised on. A number
+    where text goes becomes its text; what cannot be, nothing."""
+    def scalar(v) -> bool:
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    for field in dataclasses.fields(metadata):
+        value, kind = getattr(metadata, field.name), field.type
+        if value is None:
+            continue
+        if kind == "Optional[str]":
+            value = str(value) if scalar(value) else None
+        elif kind in ("Optional[int]", "Optional[float]"):
+            value = value if scalar(value) and not isinstance(value, str) else None
+        elif kind == "Optional[list[str]]":
+            value = [str(v) for v in value if scalar(v)] if isinstance(value, list) else None
+        elif kind == "Optional[list[dict]]":
+            value = [v for v in value if isinstance(v, dict)] if isinstance(value, list) else None
+        setattr(metadata, field.name, value)
+    return metadata
 
 
 def _model_name(hf_dir: Path, total_params: int) -> str | None:
@@ -402,7 +425,8 @@ def _model_name(hf_dir: Path, total_params: int) -> str | None:
     or a snapshot's hash."""
     try:
         card, config = gguf.Metadata.load_model_card(hf_dir), gguf.Metadata.load_hf_parameters(hf_dir)
-        return gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, config, None, total_params).name
+        name = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, config, None, total_params).name
+        return name if isinstance(name, str) else None  # a card's YAML may give a list
     except Exception:  # a model card gguf-py cannot parse
         return None
 
