@@ -354,6 +354,9 @@ class ExpertOptions:
         if low_precision and info.expert_biases:
             raise InvalidOptionError("low precision (mixed-precision experts) does not support models with expert "
                                      "biases (GPT-OSS): run with low precision off (--no-low-precision)")
+        if given.get("static_precision") and given.get("low_precision") is False:
+            raise InvalidOptionError("static_precision (EdgeMoE's map) serves its LOW experts in low precision: it "
+                                     "needs low precision on, not --no-low-precision")
         rerouting = next((name for name in ("cache_routing", "stand_in") if given.get(name, 0) > 0), None)
         if rerouting and info.fixed_routing:
             raise InvalidOptionError(f"{rerouting} changes which experts a token uses, and this model's experts need "

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tiny_moe
-from conftest import MOE_ARCHITECTURES
+from conftest import MOE_ARCHITECTURES, REPO
 from pyedgemoe import Engine, _native
 from pyedgemoe.calibration.paths import path_accuracy
 from pyedgemoe.calibration.run import calibrate
@@ -400,6 +400,12 @@ def test_a_bad_system_is_a_clear_error(tiny_model, system, error):
     path, _ = tiny_model("qwen3_moe")
     with pytest.raises(InvalidOptionError, match=error):
         Engine(path, **SETTINGS, expert_cache="50%", system=system)
+
+
+def test_edgemoe_without_low_precision_names_the_switch():
+    # the demo is multi-precision: "needs LOW expert copies (a multi-precision GGUF ...)" blamed the file
+    with pytest.raises(InvalidOptionError, match="static_precision .* needs low precision on, not --no-low-precision"):
+        Engine(REPO / "models" / "demo.gguf", **SETTINGS, expert_cache="50%", system="edgemoe", low_precision=False)
 
 
 def test_the_cli_says_one_error_line_for_a_bad_system(tiny_model):
