@@ -459,9 +459,9 @@ def test_a_stream_left_open_on_one_thread_does_not_hold_up_the_others(llm):
     assert read["ended at"] < 100, read
 
 
-@pytest.mark.parametrize("call", [lambda llm: llm("hi", max_tokens=2), lambda llm: llm.reset(), lambda llm: llm.eval([1]),
-                                  lambda llm: llm.sample(), lambda llm: llm.save_state(), lambda llm: llm.n_ctx(),
-                                  lambda llm: llm.n_tokens, lambda llm: llm.tokenize(b"hi")])
+@pytest.mark.parametrize("call", [lambda llm: llm("hi", max_tokens=2), lambda llm: llm.reset(),
+                                  lambda llm: llm.eval([1]), lambda llm: llm.sample(), lambda llm: llm.save_state(),
+                                  lambda llm: llm.n_ctx(), lambda llm: llm.n_tokens, lambda llm: llm.tokenize(b"hi")])
 @pytest.mark.parametrize("vocab_only", [False, True])
 def test_a_closed_llama_says_so_by_its_error_type(call, vocab_only):
     # EngineClosedError (a RuntimeError, as llama-cpp-python's) from every method, not RuntimeError alone

@@ -137,7 +137,8 @@ class DeepseekV2(Family):
         # the shared experts, and the MLP of a leading dense layer (first_k_dense_replace)
         for part, ff in (("mlp.shared_experts.", self.expert_ff * int(self.hparams.get("n_shared_experts") or 0)),
                          ("mlp.", self.hparams.get("intermediate_size"))):
-            for suffix, s in (("gate_proj.weight", (ff, h)), ("up_proj.weight", (ff, h)), ("down_proj.weight", (h, ff))):
+            for suffix, s in (("gate_proj.weight", (ff, h)), ("up_proj.weight", (ff, h)),
+                              ("down_proj.weight", (h, ff))):
                 if ff and name.endswith(part + suffix):
                     return s
         return None

@@ -158,7 +158,8 @@ class Family:
                               f"{'always' if self.normalizes_top_k else 'never'} renormalizes a token's top-k weights")
         rope = self.rope_parameters.get("full_attention", self.rope_parameters)
         if rope.get("rope_type") == "llama3":  # transformers scales every frequency; llama.cpp's converter drops it
-            raise self.refuse("rope_type=llama3", f"llama.cpp's {self.llama_arch} model has no llama3 frequency scaling")
+            raise self.refuse("rope_type=llama3",
+                              f"llama.cpp's {self.llama_arch} model has no llama3 frequency scaling")
         if rope.get("rope_type") == "yarn" and rope.get("factor") is not None \
                 and rope.get("original_max_position_embeddings") is None:
             raise ConversionError("config.json has YaRN rope scaling without original_max_position_embeddings")
