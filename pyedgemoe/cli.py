@@ -27,6 +27,7 @@ from pyedgemoe.llama_flags import screened
 from pyedgemoe.cli_options import (chat_template_options, log_options, model_name, model_options, model_source,
                                    sampling_options, speculative_options)
 from pyedgemoe.cli_report import context_full, print_context_full, print_stats, print_timings
+from pyedgemoe.convert.plan import DEFAULT_HIGH, DEFAULT_LOW
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import KV_CELL_MULTIPLE, training_context
@@ -892,8 +893,11 @@ def _printable(text: str) -> str:
 def convert_command(
     src: str = typer.Argument(..., metavar="SRC", help="HF model directory, HF repo id, or a standard llama.cpp GGUF"),
     out: Path = typer.Option(..., "-o", "--out", help="the multi-precision GGUF to write"),
-    high: str = typer.Option("q8_0", "--high", help="type of the HIGH expert copies (f32 f16 bf16 q8_0 q6_K q5_K q4_K)"),
-    low: str = typer.Option("q4_K", "--low", help="type of the LOW expert copies (q4_0 q4_K q3_K q2_K ...)"),
+    high: str = typer.Option(DEFAULT_HIGH, "--high",
+                             help="type of the HIGH expert copies (f32 f16 bf16 q8_0 q6_K q5_K q4_K)"),
+    low: Optional[str] = typer.Option(None, "--low", show_default=False,
+                                      help=f"type of the LOW expert copies (q4_0 q4_K q3_K q2_K ...; default "
+                                      f"{DEFAULT_LOW}, or --low-from's)"),
     base: Optional[str] = typer.Option(None, "--base", help="type of non-expert matrices (default: f16, or the GGUF's)"),
     low_from: Optional[Path] = typer.Option(None, "--low-from", help="take LOW experts from this lower quant GGUF"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import rewrite_gguf
 from pyedgemoe import Engine
+from pyedgemoe.convert import convert
 from pyedgemoe.convert.from_gguf import convert_gguf, open_gguf, tensor_ne
 from pyedgemoe.convert.gguf_out import GGUFOutput
 from pyedgemoe.errors import ConversionError
@@ -34,6 +35,7 @@ from pyedgemoe.gguf_format import (
     is_low_copy,
     low_copy_name,
 )
+from pyedgemoe.model_info import read_model_info
 
 SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
@@ -224,6 +226,31 @@ def test_low_from_of_another_architecture_is_refused(tiny_model, tmp_path):
     assert files_in(tmp_path) == ["other.gguf"]
 
 
+def test_low_beside_low_from_is_refused(tiny_model, tmp_path):
+    """Both name the LOW copies; --low was ignored beside --low-from."""
+    src, _ = tiny_model("qwen3_moe")
+    with pytest.raises(ConversionError, match="^--low q4_0 and --low-from both give the LOW copies"):
+        convert_gguf(src, tmp_path / "mp.gguf", low="q4_0", low_from=tiny_model("qwen3_moe", "q8_0")[0],
+                     progress=False)
+    assert files_in(tmp_path) == []
+
+
+def test_low_copies_larger_than_high_ones_are_refused(tiny_model, tmp_path):
+    """LOW is the copy read for an unimportant miss: one larger than HIGH was taken without a word."""
+    src, hf_dir = tiny_model("qwen3_moe")
+    for source in (src, hf_dir):
+        with pytest.raises(ConversionError, match=r"^--low q8_0 \(8\.5 bits per weight\) is larger than "
+                                                  r"--high q4_0 \(4\.5\)"):
+            convert(source, tmp_path / "mp.gguf", high="q4_0", low="q8_0", progress=False)
+    with pytest.raises(ConversionError, match=r"^--low-from .*q8_0\.gguf's type q8_0 \(8\.5 bits per weight\) "
+                                              r"is larger than --high q4_0"):
+        convert_gguf(src, tmp_path / "mp.gguf", high="q4_0", low_from=tiny_model("qwen3_moe", "q8_0")[0],
+                     progress=False)
+    assert files_in(tmp_path) == []
+    same = convert(src, tmp_path / "same.gguf", high="q8_0", low="q8_0", progress=False)
+    assert read_model_info(same).multi_precision
+
+
 # -- refusals ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("high,low", [("f32", "q4_K"), ("q6_K", "q4_0")])
@@ -390,7 +417,6 @@ def test_disk_full_while_writing_is_a_clear_error_and_no_file(tiny_disk):
 # -- model_info / inspect ------------------------------------------------------------------------
 
 def test_model_info_reports_the_bytes_of_each_precision(tiny_model, tmp_path):
-    from pyedgemoe.model_info import read_model_info
     src, _ = tiny_model("qwen3_moe")
     out = convert_gguf(src, tmp_path / "mp.gguf", high="q8_0", low="q4_0", progress=False)
     info = read_model_info(out)

@@ -140,7 +140,8 @@ def test_an_output_that_is_not_a_regular_file_is_left_alone(tiny_model, tmp_path
     else:
         out.symlink_to("/dev/null")  # the device itself is a link away: replacing it would need root
     kind = out.lstat().st_mode
-    for args in (("export", src, "-o", out, "--force"), ("convert", src, "-o", out, "--force", "--low", "f16")):
+    convert_args = ("convert", src, "-o", out, "--force", "--high", "f32", "--low", "f16")
+    for args in (("export", src, "-o", out, "--force"), convert_args):
         r = cli(*args)
         assert (r.returncode, r.stderr) == (1, f"error: {out} exists and is not a regular file; give a "
                                                f"file's path as the output\n"), args

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pyedgemoe.convert.plan import Plan
+from pyedgemoe.convert.plan import DEFAULT_HIGH, Plan
 from pyedgemoe.errors import ConversionError
 
 __all__ = ["convert", "Plan", "SUPPORTED_ARCHITECTURES", "ConversionError"]
@@ -37,7 +37,7 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0", low: str = "q4_K",
+def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAULT_HIGH, low: str | None = None,
             base: str | None = None, low_from: str | os.PathLike | None = None, force: bool = False,
             dry_run: bool = False, progress: bool = True, n_threads: int | None = None,
             calibration: str | os.PathLike | dict | None = None, name: str | None = None) -> Path | Plan:

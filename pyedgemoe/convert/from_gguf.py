@@ -28,7 +28,8 @@ from pyedgemoe.convert.gguf_out import (
     output_target,
     tensor_nbytes,
 )
-from pyedgemoe.convert.plan import check_type, fitting_type, type_of_most_bytes
+from pyedgemoe.convert.plan import (
+    DEFAULT_HIGH, DEFAULT_LOW, check_precisions, check_type, fitting_type, type_of_most_bytes)
 from pyedgemoe.errors import ConversionError, ModelLoadError
 from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
 
@@ -238,7 +239,7 @@ def _base_type_for(tensor, base: str | None) -> tuple[str, str]:
 
 # -- the conversion -------------------------------------------------------------------------------
 
-def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K", base: str | None = None,
+def convert_gguf(src: Path, out: Path, *, high: str = DEFAULT_HIGH, low: str | None = None, base: str | None = None,
                  low_from: Path | None = None, force: bool = False, dry_run: bool = False,
                  progress: bool = True, n_threads: int | None = None, calibration: dict | None = None,
                  name: str | None = None) -> Path | dict:
@@ -246,7 +247,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
 
     high, low: ggml type names of the expert copies. base: type of the non-expert weight matrices
     (None: keep the source's bytes). low_from: a lower quant of the same model whose expert tensors
-    become the LOW copies as they are (then `low` is ignored and the LOW type is that file's).
+    become the LOW copies as they are (then `low` is not given: the LOW type is that file's).
     dry_run: return the plan (a dict, see `format_plan`) and write nothing. calibration: a
     `pyedgemoe calibrate` sidecar's contents, embedded as `edgemoe.calibration.*` metadata. name:
     general.name (default: the source's). Raises ConversionError; never leaves a file under `out`
@@ -275,9 +276,13 @@ def convert_gguf(src: Path, out: Path, *, high: str = "q8_0", low: str = "q4_K",
     low_reader = None
     low_tensors: dict = {}
     if low_from is not None:
+        if low is not None:
+            raise ConversionError(f"--low {low} and --low-from both give the LOW copies; give one of them")
         low_reader, low_tensors, low = _open_low_from(Path(low_from), arch, experts)
+        check_precisions(high, low, f"--low-from {low_from}'s type")
     else:
-        low = check_type(low, "--low")
+        low = check_type(low or DEFAULT_LOW, "--low")
+        check_precisions(high, low)
 
     if not dry_run:
         output_target(out, force)

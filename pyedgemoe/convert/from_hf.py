@@ -41,7 +41,7 @@ from pyedgemoe.convert.hf_checkpoint import HFCheckpoint
 from pyedgemoe.convert.mixtral import Mixtral
 from pyedgemoe.convert.olmoe import Olmoe
 from pyedgemoe.convert.phimoe import PhiMoE
-from pyedgemoe.convert.plan import Plan, check_type, fitting_type
+from pyedgemoe.convert.plan import DEFAULT_HIGH, DEFAULT_LOW, Plan, check_precisions, check_type, fitting_type
 from pyedgemoe.convert.qwen2_moe import Qwen2Moe
 from pyedgemoe.convert.qwen3_moe import Qwen3Moe
 from pyedgemoe.errors import ConversionError
@@ -440,7 +440,7 @@ def _file_name(out: str) -> str:
 # the conversion
 
 
-def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q8_0", low: str = "q4_K",
+def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAULT_HIGH, low: str | None = None,
                base: str | None = None, force: bool = False, dry_run: bool = False, progress: bool = True,
                n_threads: int | None = None, source_label: str | None = None,
                model_name: str | None = None, calibration: dict | None = None) -> Path | Plan:
@@ -455,7 +455,8 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = "q
     src, out = Path(src), Path(out)
     n_threads = n_threads or os.cpu_count() or 1
     high = check_type(high, "--high")
-    low = check_type(low, "--low")
+    low = check_type(low or DEFAULT_LOW, "--low")
+    check_precisions(high, low)
     base = check_type(base or "f16", "--base")
     if not dry_run:
         output_target(out, force)

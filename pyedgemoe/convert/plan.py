@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import gguf
 import numpy as np
 
 from pyedgemoe.convert.gguf_out import block_size, ggml_type, ggml_type_name, tensor_nbytes
@@ -17,6 +18,7 @@ from pyedgemoe.errors import ConversionError
 from pyedgemoe.sysmem import format_bytes
 
 ROLES = ("base", "high", "low")
+DEFAULT_HIGH, DEFAULT_LOW = "q8_0", "q4_K"  # the expert copies' types when --high / --low are not given
 
 # The types ggml's quantizer writes (ggml_quantize_chunk); it ends the process on any other (f64, the
 # integers, the q8_1/q8_K of its dot products) with a failed GGML_ASSERT.
@@ -56,6 +58,20 @@ def check_type(type_name: str, option: str) -> str:
         except Exception as e:
             raise ConversionError(f"{option} type {name} is not supported by ggml's quantizer: {e}") from None
     return name
+
+
+def bits_per_weight(type_name: str) -> float:
+    blck, type_size = gguf.GGML_QUANT_SIZES[ggml_type(type_name)]
+    return 8 * type_size / blck
+
+
+def check_precisions(high: str, low: str, low_named_by: str = "--low") -> None:
+    """ConversionError if the LOW copies would take more bytes than the HIGH ones: LOW is the small
+    copy read for an unimportant miss (equal types are taken: a lossless second copy)."""
+    if bits_per_weight(low) > bits_per_weight(high):
+        raise ConversionError(f"{low_named_by} {low} ({bits_per_weight(low):g} bits per weight) is larger than "
+                              f"--high {high} ({bits_per_weight(high):g}): LOW is the smaller copy, read for "
+                              f"unimportant misses")
 
 
 def fitting_type(type_name: str, row_len: int) -> str:
