@@ -151,6 +151,8 @@ def test_a_conversation_with_a_tool_result_continues_as_the_chat_would(client, e
     ({"messages": [{"role": "user", "content": "x"}], "stop_sequences": ["s"] * 17}, "stop_sequences"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "model": {"a": 1}}, "model"),
+    ({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {
+        "type": "json_schema", "schema": {"$ref": "#/nowhere"}}}}, "output_config.format.schema"),
 ])
 def test_bad_requests_are_400s_naming_what(server, body, param):
     status, answer = request("POST", server + "/v1/messages", json.dumps({"model": "m", **body}).encode(), key=None)

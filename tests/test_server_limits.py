@@ -178,7 +178,7 @@ def test_a_grammar_or_schema_llama_cpp_would_recurse_through_too_deep_is_400(ser
     ({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
           "type": "integer", "minimum": 5, "maximum": 1}}}}, "/v1/chat/completions",
-     "json_schema: minimum 5 is above maximum 1"),  # refused before generating, by name
+     "response_format.json_schema.schema: minimum 5 is above maximum 1"),  # before generating, by its name
 ])
 def test_a_grammar_nothing_satisfies_is_400_and_the_server_goes_on(server, body, path, fragment, temperature):
     # greedy, llama.cpp's grammar aborted the server on the end of generation it then took; sampled, a 500

@@ -127,6 +127,7 @@ def test_a_json_schema_format_constrains_the_text(client):
     ({"input": [{"role": {"a": 1}, "content": "hi"}]}, "input[0]"),  # a 500 (found by fuzzing the bodies)
     ({"input": "x", "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {"type": "objekt"}}}}, "text.format.schema"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "seed": "3"}, "seed"),
     ({"input": "x", "instructions": 5}, "instructions"),

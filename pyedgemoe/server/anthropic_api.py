@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import check_stop, invalid, model_name, refuse_unknown
+from pyedgemoe.server.request_params import check_stop, invalid, model_name, refuse_unknown, schema_checked
 
 # the request's fields (others are refused by name): those of Anthropic's API (its Python client's
 # Messages.create, 2.14; temperature, top_p and top_k of earlier versions, as llama-server takes them)
@@ -140,7 +140,7 @@ def chat_request(body) -> dict:
         form = output["format"]
         if not isinstance(form, dict) or form.get("type") != "json_schema" or not isinstance(form.get("schema"), dict):
             raise invalid("output_config.format", '{"type": "json_schema", "schema": {...}}', form)
-        request["json_schema"] = form["schema"]
+        request["json_schema"] = schema_checked("output_config.format.schema", form["schema"])
     return request
 
 

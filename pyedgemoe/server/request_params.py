@@ -21,6 +21,7 @@ from pyedgemoe.server.limits import (INT32_MAX, MAX_EMBEDDING_INPUTS, MAX_JSON_C
                                      MAX_JSON_VALUES, MAX_LOGIT_BIAS, MAX_STOP_CHARS,
                                      MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, UINT32_MAX)
 from pyedgemoe.server.openai_errors import APIError, from_engine_error
+from pyedgemoe.structured_output import schema_grammar, schema_text
 from pyedgemoe.tool_calls import from_functions
 
 
@@ -111,11 +112,25 @@ def _schema(name: str, value) -> str | dict | bool:
     return value
 
 
+def schema_checked(name: str, schema: dict | bool) -> dict | bool:
+    """A schema given under `name`, checked where it came in: the grammar built from it later would
+    name the chat's json_schema, not the request's field. An empty one is any object (completions.py)."""
+    try:
+        if schema != {}:
+            schema_grammar(schema_text(schema), name)
+    except InvalidOptionError as e:
+        raise APIError(400, str(e), "invalid_value", name) from None
+    return schema
+
+
 def _response_format(name: str, value) -> dict:
     """OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", ...}; the Engine
     checks the rest (structured_output.py)."""
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise invalid(name, 'an object with a "type"', value)
+    spec = value.get("json_schema")
+    if value["type"] == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+        schema_checked(f"{name}.json_schema.schema", spec["schema"])
     return value
 
 

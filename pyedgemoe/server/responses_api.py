@@ -32,7 +32,7 @@ import time
 import uuid
 
 from pyedgemoe.server.openai_errors import APIError
-from pyedgemoe.server.request_params import check_max_tokens, invalid, model_name, refuse_unknown
+from pyedgemoe.server.request_params import check_max_tokens, invalid, model_name, refuse_unknown, schema_checked
 
 # the request's fields (others are refused by name): OpenAI's Python client's responses.create (3.51)
 _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
@@ -140,7 +140,8 @@ def _response_format(text) -> dict | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema" and isinstance(form.get("schema"), dict):
-        return {"type": "json_schema", "json_schema": {"name": form.get("name", "response"), "schema": form["schema"],
+        schema = schema_checked("text.format.schema", form["schema"])
+        return {"type": "json_schema", "json_schema": {"name": form.get("name", "response"), "schema": schema,
                                                        "strict": form.get("strict", False)}}
     raise invalid("text.format", 'of type "text", "json_object" or "json_schema" (with its "schema")', form)
 
