@@ -5,6 +5,7 @@ usage errors (unknown flags, values of the wrong type) exit with status 2.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,7 +21,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from pyedgemoe.chat_formats import REASONING_FORMATS, has_thinking_tags
 from pyedgemoe.cli_chat import NO_THINKING_TAGS, run_chat
-from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file
+from pyedgemoe.cli_escapes import escape_option, process_escapes, read_text_file, text_of
 from pyedgemoe.cli_interactive import Interaction, run_interactive
 from pyedgemoe.llama_env import read_llama_cpp_variables
 from pyedgemoe.llama_flags import screened
@@ -513,14 +514,15 @@ def perplexity_command(
     model: Path,
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="the text to score (e.g. wikitext-2's "
                                         "wiki.test.raw); with --kl-divergence, the base's tokens instead"),
-    ctx: int = typer.Option(512, "-c", "--ctx", "--ctx-size", help="tokens per chunk, llama-perplexity's --ctx-size "
-                            "(0: the model's training context)"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", show_default=False,
+                                      help="tokens per chunk, llama-perplexity's --ctx-size (default 512; 0: the "
+                                      "model's training context; with --kl-divergence, the base's)"),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="score at most this many chunks (default, or -1 as "
                                          "in llama.cpp: all)"),
     decode_mode: bool = typer.Option(False, "--decode-mode", help="one token per llama_decode, routed (and with "
                                      "an expert cache, loaded) as generation does"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    escape: bool = escape_option("the text"),
+    escape: bool = escape_option("the text", default=False),
     kl_base: Optional[Path] = typer.Option(None, "--kl-divergence-base", help="write the run's token "
                                            "probabilities to this file (llama-perplexity's; with --kl-divergence: "
                                            "read them from it)"),
@@ -531,12 +533,10 @@ def perplexity_command(
     """Perplexity of a text file as llama.cpp's llama-perplexity computes it (docs/perplexity.md)."""
     from pyedgemoe.engine import Engine
     from pyedgemoe.kl_divergence import BaseWriter
-    from pyedgemoe.perplexity import MIN_N_CTX, perplexity, text_tokens
+    from pyedgemoe.model_source import shard_names
+    from pyedgemoe.output_files import check_output, whole_file
+    from pyedgemoe.perplexity import DEFAULT_N_CTX, MIN_N_CTX, perplexity, text_tokens
 
-    if ctx == 0:  # llama.cpp's: the model's
-        ctx = trained_context(model)
-    if ctx < MIN_N_CTX:
-        fail(f"--ctx must be at least {MIN_N_CTX} tokens for perplexity, got {ctx}")
     if chunks == -1:
         chunks = None
     if chunks is not None and chunks <= 0:
@@ -546,7 +546,17 @@ def perplexity_command(
             fail("--kl-divergence compares with a base: give --kl-divergence-base FNAME (written by a run with -f)")
         if as_json:
             fail("--kl-divergence prints llama-perplexity's statistics; --json is perplexity's: give one of them")
+        for given, flag in ((file, "-f"), (ctx, "-c")):
+            if given is not None:
+                typer.echo(f"note: {flag} is unused: --kl-divergence evaluates the base's tokens in its chunks",
+                           err=True)
         return kl_divergence_run(model, kl_base, chunks, decode_mode, engine_options)
+    if ctx is None:
+        ctx = DEFAULT_N_CTX
+    if ctx == 0:  # llama.cpp's: the model's
+        ctx = trained_context(model)
+    if ctx < MIN_N_CTX:
+        fail(f"--ctx must be at least {MIN_N_CTX} tokens for perplexity, got {ctx}")
     if file is None:
         fail("no text: give -f FILE (or --kl-divergence with --kl-divergence-base)")
     try:
@@ -559,17 +569,16 @@ def perplexity_command(
         sys.stdout.flush()
 
     with command_errors():
-        with Engine(model, n_ctx=ctx, n_logits=ctx, **engine_options) as eng:
+        if kl_base is not None:  # a typo must not overwrite the model or the text (it did)
+            check_output(kl_base, "KL-divergence base", [file, *(model.parent / n for n in shard_names(model.name))])
+        with Engine(model, n_ctx=ctx, n_logits=ctx, **engine_options) as eng, \
+                whole_file(kl_base) if kl_base is not None else contextlib.nullcontext() as base_file:
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
-            tokens = text_tokens(eng, text)
+            tokens = text_tokens(eng, text, ctx, chunks)
             n_chunks = min(chunks or len(tokens), len(tokens) // ctx)
-            base = BaseWriter(kl_base, tokens, ctx, n_chunks) if kl_base is not None else None
-            try:
-                result = perplexity(eng, tokens, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
-                                    on_logits=base, one_token_per_step=decode_mode)
-            finally:
-                if base is not None:
-                    base.close()
+            base = BaseWriter(base_file, kl_base, tokens, ctx, n_chunks) if base_file is not None else None
+            result = perplexity(eng, tokens, n_ctx=ctx, n_chunks=chunks, on_chunk=None if as_json else print_running,
+                                on_logits=base, one_token_per_step=decode_mode)
             if as_json:
                 typer.echo(json.dumps({**result.to_dict(), "stats": eng.stats()}))
                 return
@@ -590,8 +599,9 @@ def kl_divergence_run(model: Path, base_path: Path, chunks: Optional[int], decod
         base = Base.read(base_path)
         with Engine(model, n_ctx=base.n_ctx, n_logits=base.n_ctx, **engine_options) as eng:
             print_model_note(eng, model)
-            typer.echo(HEADER)
-            divergence = compare(eng, base, chunks, decode_mode, on_chunk=lambda i, d: typer.echo(chunk_line(i, d)))
+            # the header with the first chunk's line: after compare's checks of the base against the model
+            divergence = compare(eng, base, chunks, decode_mode,
+                                 on_chunk=lambda i, d: typer.echo((HEADER + "\n" if i == 0 else "") + chunk_line(i, d)))
         typer.echo("")
         for line in summary(divergence):  # none for fewer than 100 positions, as llama-perplexity
             typer.echo(line)
@@ -617,6 +627,8 @@ def embed_command(
 ) -> None:
     """The texts' embeddings, as llama.cpp's llama-embedding prints them: a row per token, or a
     vector per text with --pooling mean, cls or last."""
+    import numpy as np
+
     from pyedgemoe.cli_embed import FORMATS, formatted, split_texts
     from pyedgemoe.embeddings import FLAGS, POOLING_NONE, check_one_pass, pooling_type
     from pyedgemoe.engine import Engine
@@ -639,11 +651,13 @@ def embed_command(
         with Engine(model, n_ctx=ctx, **engine_options) as eng:
             print_model_note(eng, model)
             rows = []
+            pooled = pooling_type(eng) != POOLING_NONE
             for t in texts:
                 ids = eng.tokenize(t, add_bos=True, special=True)
                 check_one_pass(eng, len(ids), FLAGS)  # in the CLI's words
-                rows.append(eng.embed(ids, truncate=False))
-            pooled = pooling_type(eng) != POOLING_NONE
+                # a text of no tokens (a blank line): a vector of zeros, or no rows, as llama-embedding gives
+                rows.append(eng.embed(ids, truncate=False) if ids else np.zeros((eng.n_embd,) if pooled else
+                                                                                (0, eng.n_embd), np.float32))
     sys.stdout.buffer.write(formatted(rows, texts, pooled, output_format, normalization))
     sys.stdout.flush()
 
@@ -679,8 +693,7 @@ def tokenize_command(
         raw = sys.stdin.buffer.read() if stdin else file.read_bytes() if file is not None else utf8(prompt)
     except OSError as e:
         fail(f"cannot read {'stdin' if stdin else file if file is not None else 'the text'}: {e.strerror or e}")
-    text = raw.decode("utf-8", errors="replace")
-    text = process_escapes(text) if escape else text
+    text = text_of(raw, escape)
     with command_errors():
         vocab = VocabularyFile(model, override_kv)
         tokens = vocab.tokenize(text, add_bos=not no_bos, special=not no_parse_special)

@@ -18,6 +18,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import IO
 
 import numpy as np
 
@@ -55,29 +56,25 @@ def expand(rows: np.ndarray, n_vocab: int) -> np.ndarray:
 
 
 class BaseWriter:
-    """A base file for tokens cut into n_chunks chunks of n_ctx: its header, then each chunk's rows
-    as perplexity's on_logits gives them (the file is made at the first)."""
+    """A base for tokens cut into n_chunks chunks of n_ctx, written into file (binary; path: what it
+    is to become, for messages): its header, then each chunk's rows as perplexity's on_logits gives
+    them (the header with the first)."""
 
-    def __init__(self, path, tokens: list[int], n_ctx: int, n_chunks: int) -> None:
-        self.path, self._head = path, (tokens[:n_ctx * n_chunks], n_ctx, n_chunks)
-        self._file = None
+    def __init__(self, file: IO[bytes], path, tokens: list[int], n_ctx: int, n_chunks: int) -> None:
+        self._file, self.path, self._head = file, path, (tokens[:n_ctx * n_chunks], n_ctx, n_chunks)
 
     def __call__(self, targets: np.ndarray, logits: np.ndarray) -> None:
-        if self._file is None:
-            tokens, n_ctx, n_chunks = self._head
-            try:
-                self._file = open(self.path, "wb")
-            except OSError as e:
-                raise InvalidOptionError(f"cannot write the KL-divergence base {self.path}: {e.strerror}") from None
-            self._file.write(MAGIC + struct.pack("<Iii", n_ctx, logits.shape[1], n_chunks))
-            self._file.write(np.asarray(tokens, dtype="<i4").tobytes())
-        block = max(1, BLOCK_BYTES // (8 * logits.shape[1]))
-        for start in range(0, len(logits), block):
-            self._file.write(compress(logits[start:start + block]).astype("<u2").tobytes())
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        try:
+            if self._head is not None:
+                tokens, n_ctx, n_chunks = self._head
+                self._file.write(MAGIC + struct.pack("<Iii", n_ctx, logits.shape[1], n_chunks))
+                self._file.write(np.asarray(tokens, dtype="<i4").tobytes())
+                self._head = None
+            block = max(1, BLOCK_BYTES // (8 * logits.shape[1]))
+            for start in range(0, len(logits), block):
+                self._file.write(compress(logits[start:start + block]).astype("<u2").tobytes())
+        except OSError as e:
+            raise InvalidOptionError(f"cannot write the KL-divergence base {self.path}: {e.strerror or e}") from None
 
 
 @dataclass
@@ -122,7 +119,12 @@ class Base:
                 raw = f.read(2 * n_rows * width)
                 if len(raw) != 2 * n_rows * width:
                     raise InvalidOptionError(f"{self.path}: cut short at chunk {i + 1} of {self.n_chunks}")
-                yield np.frombuffer(raw, dtype="<u2").reshape(n_rows, width)
+                rows = np.frombuffer(raw, dtype="<u2").reshape(n_rows, width)
+                head = np.ascontiguousarray(rows[:, :4]).view(np.float32)
+                if not (np.isfinite(head).all() and (head[:, 0] >= 0).all()):  # NaN read as "no divergence"
+                    raise InvalidOptionError(f"{self.path}: chunk {i + 1} holds a scale or a log probability that "
+                                             "is no finite number: a damaged base")
+                yield rows
 
 
 @dataclass

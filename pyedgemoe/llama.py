@@ -643,7 +643,7 @@ class Llama:
         self.engine.seed = self._seed & 0xFFFFFFFF  # as the uint32 llama.cpp's sampler takes
 
     def n_embd(self) -> int:
-        return int(self.metadata[f"{self.metadata['general.architecture']}.embedding_length"])
+        return self._vocab.n_embd
 
     def tokenizer(self) -> "LlamaTokenizer":
         return LlamaTokenizer(self)

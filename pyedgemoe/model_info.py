@@ -210,7 +210,8 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         n_layers=arch_int("block_count"),
         n_experts=arch_int("expert_count"),
         n_experts_used=arch_int("expert_used_count"),
-        n_experts_shared=arch_int("expert_shared_count"),
+        # Qwen2-MoE and its kin have one shared expert (ffn_*_shexp) and no count of them in the file
+        n_experts_shared=arch_int("expert_shared_count") or int(any("_shexp." in t["name"] for t in info["tensors"])),
         expert_bytes_per_layer=dict(expert_bytes),
         non_expert_bytes=total - n_expert_total,
         tensor_types=dict(tensor_types),

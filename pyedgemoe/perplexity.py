@@ -105,15 +105,17 @@ def _stderr_of_ppl(nll: np.ndarray, ppl: float) -> float:
     return math.sqrt(variance / (count - 1)) * ppl if variance > 0 else math.nan
 
 
-def text_tokens(engine, text_or_tokens: str | list[int]) -> list[int]:
+def text_tokens(engine, text_or_tokens: str | list[int], n_ctx: int | None = None,
+                n_chunks: int | None = None) -> list[int]:
     """The tokens perplexity scores: text tokenized as llama-perplexity does (BOS first where the
-    model adds it), or token ids as given."""
-    if engine.metadata.get("tokenizer.ggml.add_eos_token") == "true":
+    model adds it), or token ids as given. With n_chunks chunks of n_ctx asked for, only the text
+    they need is tokenized (at least two chunks': llama.cpp's rule)."""
+    if engine.add_eos:
         # llama-perplexity asserts the same: an EOS appended to the text would be scored
         raise InvalidOptionError("this model appends EOS to tokenized text; llama.cpp's perplexity does not "
                                  "support such models")
     if isinstance(text_or_tokens, str):
-        return engine.tokenize(text_or_tokens, add_bos=True, special=False)
+        return engine.first_tokens(text_or_tokens, None if n_chunks is None else max(n_chunks, 2) * n_ctx)
     return [int(t) for t in text_or_tokens]
 
 

@@ -9,6 +9,12 @@ import codecs
 
 from pyedgemoe.errors import InvalidOptionError
 
+# bytes that are not UTF-8, as llama.cpp's BPE pre-tokenizer reads them (unicode_cpts_from_utf8): each
+# byte that begins no whole character a U+FFFD. (A SentencePiece vocabulary's byte fallback would take
+# the byte itself, and llama.cpp decodes overlong forms: there, stock's tokens differ.)
+LLAMA_BYTES = "pyedgemoe-llama-bytes"
+codecs.register_error(LLAMA_BYTES, lambda e: ("\ufffd", e.start + 1))
+
 
 def utf8(text: str | bytes) -> bytes:
     """text as UTF-8 (bytes: as they are; the bytes Python read from the command line or a file

@@ -518,9 +518,8 @@ def test_the_calibrated_policy_is_the_one_for_the_mode_that_runs():
 
 
 def test_only_the_text_the_tokens_need_is_tokenized_and_they_are_the_whole_texts(models):
-    from pyedgemoe.calibration.run import _text_tokens
     text = TEXT * 40  # a corpus of megabytes was tokenized whole for the first max_tokens (2 GB for 50 MB)
     with Engine(models["src"], **SETTINGS) as eng:
         whole = eng.tokenize(text, add_bos=True, special=False)
-        assert _text_tokens(eng, text, 300) == whole[:300] and _text_tokens(eng, text, None) == whole
-        assert _text_tokens(eng, TEXT, 10**6) == eng.tokenize(TEXT, add_bos=True, special=False)
+        assert eng.first_tokens(text, 300) == whole[:300] and eng.first_tokens(text, None) == whole
+        assert eng.first_tokens(TEXT, 10**6) == eng.tokenize(TEXT, add_bos=True, special=False)

@@ -147,6 +147,12 @@ def test_inspect_reports_experts(mixtral_gguf):
     assert "experts" in text.stdout and "multi-precision no" in text.stdout
 
 
+def test_inspect_counts_a_shared_expert_the_file_has_no_count_of(tiny_model):
+    """Qwen2-MoE's one shared expert (ffn_*_shexp) was "0 shared": it has no expert_shared_count key."""
+    assert json.loads(cli("inspect", tiny_model("qwen2_moe")[0], "--json").stdout)["n_experts_shared"] == 1
+    assert json.loads(cli("inspect", tiny_model("qwen3_moe")[0], "--json").stdout)["n_experts_shared"] == 0
+
+
 def test_inspect_quotes_a_files_name_with_control_characters(mixtral_gguf, tmp_path):
     """A file's name is the file's to choose: a newline or a terminal's escape in it is shown quoted, on
     the line it belongs to (it broke the layout, and an escape reached the terminal)."""

@@ -81,3 +81,13 @@ def test_an_argument_of_bytes_that_are_not_utf8_is_read_as_a_file_of_them_is(tmp
                              capture_output=True, timeout=300)
     assert by_argument.returncode == 0 and b"Traceback" not in by_argument.stderr, by_argument.stderr
     assert by_argument.stdout == by_file.stdout
+
+
+def test_a_file_that_is_not_utf8_gives_llama_cpps_ids(stock, tmp_path):
+    """Each byte that begins no whole character is one U+FFFD, as llama.cpp's BPE reads it (a character
+    cut short was one U+FFFD for all its bytes, and its ids stock's otherwise)."""
+    raw = b"caf\xe9 \xe2\x82 ok \xff end"
+    file = tmp_path / "latin.txt"
+    file.write_bytes(raw)
+    r = tokenize(str(DEMO), "-f", str(file), "--ids")
+    assert r.returncode == 0 and r.stdout == f"{stock.tokenize(raw, True, True)}\n".encode()

@@ -151,6 +151,17 @@ def test_the_embed_command_prints_llama_embeddings_json_and_table(model):
     np.testing.assert_allclose(json.loads(unpooled), rows, atol=1e-7)  # a row per token, as given
 
 
+def test_a_blank_line_is_a_vector_of_zeros_as_llama_embedding_gives(model, tmp_path):
+    """A blank line in -f refused all of the texts ("embed needs at least one token"). (Qwen3 puts no
+    BOS first: its empty text has no token.)"""
+    file = tmp_path / "texts.txt"
+    file.write_text("line one\n\nline three")
+    out = json.loads(_embed_cli(model, "-f", str(file), "--pooling", "mean", "--embd-output-format", "json+").stdout)
+    vectors = [d["embedding"] for d in out["data"]]
+    assert len(vectors) == 3 and not any(vectors[1]) and all(any(v) for v in (vectors[0], vectors[2]))
+    assert [row[1] for row in out["cosineSimilarity"]] == [0.0, 1.0, 0.0]  # llama-embedding's 1.00 with itself
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "-p or -f"),
     (["-p", "x", "--embd-output-format", "yaml"], "--embd-output-format"),

@@ -14,6 +14,7 @@ import pytest
 
 from pyedgemoe import Engine, InvalidOptionError
 from pyedgemoe.kl_divergence import Base, BaseWriter, compare, compress, expand, summary
+from pyedgemoe.output_files import whole_file
 from pyedgemoe.perplexity import perplexity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,9 +40,9 @@ def base(demo_high, text, tmp_path_factory) -> tuple[Path, float]:
     path = tmp_path_factory.mktemp("kld") / "base.kld"
     with Engine(demo_high, n_ctx=N_CTX, n_logits=N_CTX, n_threads=1) as eng:
         tokens = eng.tokenize(text, add_bos=True)
-        writer = BaseWriter(path, tokens, N_CTX, N_CHUNKS)
-        result = perplexity(eng, tokens, n_ctx=N_CTX, n_chunks=N_CHUNKS, on_logits=writer)
-        writer.close()
+        with whole_file(path) as f:
+            result = perplexity(eng, tokens, n_ctx=N_CTX, n_chunks=N_CHUNKS,
+                                on_logits=BaseWriter(f, path, tokens, N_CTX, N_CHUNKS))
     return path, result.ppl
 
 
@@ -145,3 +146,45 @@ def test_a_base_of_another_vocabulary_is_refused_by_the_api(base, tiny_model):
     with Engine(tiny_model("qwen3_moe")[0], n_ctx=N_CTX, n_logits=N_CTX, n_threads=1) as eng:
         with pytest.raises(InvalidOptionError, match="another model's base"):
             compare(eng, Base.read(base[0]))
+
+
+def test_a_base_path_that_is_an_input_is_refused_and_a_failed_run_leaves_no_base(demo_high, text, tmp_path):
+    """A typo'd --kl-divergence-base naming the model or the text overwrote it (the model was then no GGUF)."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(text)
+    model = tmp_path / "model.gguf"
+    model.symlink_to(demo_high)
+    before = demo_high.stat().st_size, corpus.read_text()
+    for target in (model, demo_high, corpus):
+        out = run(str(model), "-f", str(corpus), "-c", str(N_CTX), "--chunks", "1", "--kl-divergence-base",
+                  str(target))
+        assert out.returncode == 1 and out.stderr.splitlines()[-1] == \
+            f"error: the KL-divergence base {target} is one of the command's inputs: give another file"
+    assert (demo_high.stat().st_size, corpus.read_text()) == before
+    # a run that fails once the base is begun (its text too short for the context) leaves none
+    corpus.write_text("a few words")
+    out = run(str(model), "-f", str(corpus), "-c", str(N_CTX), "--kl-divergence-base", str(tmp_path / "b.kld"))
+    assert out.returncode == 1 and "tokens" in out.stderr.splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "text.txt"]
+
+
+def test_a_base_of_no_finite_scale_is_damaged_not_without_divergence(base, demo_high, tmp_path):
+    """NaN scales gave "KL Divergence 0.00000" on every line, exit 0."""
+    damaged = tmp_path / "nan.kld"
+    raw = bytearray(base[0].read_bytes())
+    offset = Base.read(base[0]).offset
+    raw[offset:offset + 4] = struct.pack("<f", float("nan"))
+    damaged.write_bytes(bytes(raw))
+    out = run(str(demo_high), "--kl-divergence-base", str(damaged), "--kl-divergence")
+    assert out.returncode == 1 and out.stderr.splitlines()[-1] == (
+        f"error: {damaged}: chunk 1 holds a scale or a log probability that is no finite number: a damaged base")
+    assert out.stdout == ""  # llama-perplexity's header only with a line under it
+
+
+def test_the_text_and_context_beside_kl_divergence_are_noted_as_unused(base, demo_high, tmp_path):
+    out = run(str(demo_high), "--kl-divergence-base", str(base[0]), "--kl-divergence", "-c", "64", "-f", "x.txt",
+              "--chunks", "1")
+    assert out.returncode == 0, out.stderr
+    for flag in ("-f", "-c"):
+        assert f"note: {flag} is unused: --kl-divergence evaluates the base's tokens in its chunks" in out.stderr
+    assert out.stdout.splitlines()[1].startswith("   1 ")

@@ -45,6 +45,7 @@ from pyedgemoe.engine import Engine
 from pyedgemoe.errors import InvalidOptionError, TextTooShortError
 from pyedgemoe.memory_budget import MAPPED
 from pyedgemoe.model_info import ModelInfo, read_model_info
+from pyedgemoe.output_files import check_output
 
 DEFAULT_BUDGET = "25%"
 DEFAULT_N_CTX = 512
@@ -149,7 +150,7 @@ def calibrate(model_path: str | os.PathLike, text: str, *, budget: str | int = D
     # an empty cache at the start, as in the replay
     with Engine(model_path, n_ctx=n_ctx, n_batch=1, expert_cache=budget, t1=1.0, t2=1.0,
                 fill_cache=False, trace_routing=True, **engine_options) as eng:
-        tokens = _text_tokens(eng, text, max_tokens)
+        tokens = eng.first_tokens(text, max_tokens)
         if len(tokens) < MIN_TOKENS:
             raise TextTooShortError(f"calibration needs at least {MIN_TOKENS} tokens of text, "
                                     f"the text has only {len(tokens)}")
@@ -305,21 +306,5 @@ def _check_outputs(model_path: str, trace: str, sidecar: str) -> None:
     if len({os.path.realpath(p) for p in (model_path, trace, sidecar)}) < 3:
         raise InvalidOptionError(f"the trace ({trace}) and the sidecar ({sidecar}) must be two files other than "
                                  "the model")
-    for what, path in (("trace", trace), ("sidecar", sidecar)):
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-            raise InvalidOptionError(f"cannot write the {what} {path}: " + (
-                "a directory is there" if os.path.isdir(path) else f"{folder} is not a directory" if not
-                os.path.isdir(folder) else f"{folder} is not writable"))
-
-
-def _text_tokens(eng: Engine, text: str, max_tokens: int | None) -> list[int]:
-    """The text's first max_tokens tokens (None: all of them): only as much of it tokenized as they
-    need, doubling (a corpus of hundreds of megabytes took gigabytes tokenized whole)."""
-    size = len(text) if max_tokens is None else max_tokens * 8
-    while True:
-        tokens = eng.tokenize(text[:size], add_bos=True, special=False)
-        # 64 tokens past the cut: where the prefix ends, its last tokens may be cut otherwise than the text's
-        if size >= len(text) or len(tokens) > max_tokens + 64:
-            return tokens[:max_tokens]
-        size *= 2
+    check_output(trace, "trace", [])
+    check_output(sidecar, "sidecar", [])

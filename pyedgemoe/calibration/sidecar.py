@@ -8,18 +8,16 @@ middle two (load_calibration). It does not import the Engine, which reads it.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import threading
-from typing import IO, Callable
 
 import gguf
 
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.gguf_format import CALIBRATION_KEY_PREFIX
 from pyedgemoe.model_info import read_model_info
+from pyedgemoe.output_files import write_whole
 
 SIDECAR_SUFFIX = ".calibration.json"
 SIDECAR_VERSION = 1
@@ -230,22 +228,6 @@ def write_sidecar(data: dict, path: str | os.PathLike) -> str:
     sees half a file."""
     lines = (f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items())
     return write_whole(path, lambda f: f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode()))
-
-
-def write_whole(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> str:
-    """path, written by write(its file, binary) through a temporary file of its own beside it: a
-    reader never sees half a file, and two writers do not write into one."""
-    path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:  # Ctrl-C included: no half-written temp file left beside the model
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def check_calibration(data: dict) -> dict:

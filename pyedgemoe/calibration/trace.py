@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from pyedgemoe.calibration.sidecar import write_whole
+from pyedgemoe.output_files import write_whole
 
 TRACE_SUFFIX = ".routing-trace.npz"
 

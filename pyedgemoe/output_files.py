@@ -1,0 +1,48 @@
+"""Files a command writes beside what it reads (a calibration's sidecar and trace, a KL-divergence
+base): checked before the run, so that a wrong path fails at once and never overwrites an input,
+and written whole, so that no reader (nor the next run) finds half a file.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import IO, Callable, Iterator
+
+from pyedgemoe.errors import InvalidOptionError
+
+
+def check_output(path: str | os.PathLike, what: str, inputs: list[str | os.PathLike]) -> None:
+    """InvalidOptionError where the `what` file at path would overwrite one of inputs (through a
+    link too), or cannot be written there (a directory is there, its folder is none or not writable)."""
+    path = os.fspath(path)
+    if os.path.realpath(path) in {os.path.realpath(p) for p in inputs}:
+        raise InvalidOptionError(f"the {what} {path} is one of the command's inputs: give another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidOptionError(f"cannot write the {what} {path}: " + (
+            "a directory is there" if os.path.isdir(path) else f"{folder} is not a directory" if not
+            os.path.isdir(folder) else f"{folder} is not writable"))
+
+
+@contextlib.contextmanager
+def whole_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """A binary file that becomes path when the block ends without an error: a temporary file of its
+    own beside it until then (two writers do not write into one), removed on any error or Ctrl-C."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_whole(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> str:
+    """path, written by write(its file, binary) through whole_file."""
+    with whole_file(path) as f:
+        write(f)
+    return os.fspath(path)
