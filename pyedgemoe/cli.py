@@ -829,11 +829,12 @@ def rpc_server(
         fail(f"--threads must be >= 1, got {threads}")
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo(f"warning: the RPC protocol has no authentication: anyone who reaches {host}:{port} can use "
-                   "this machine's memory and CPU", err=True)
     try:
-        rpc.serve(host, port, threads or default_threads().n, str(cache or ""))
+        address = rpc.ipv4_address(host)
+        if not address.startswith("127."):
+            typer.echo(f"warning: the RPC protocol has no authentication: anyone who reaches {host}:{port} can use "
+                       "this machine's memory and CPU, and end the worker with a malformed request", err=True)
+        rpc.serve(address, port, threads or default_threads().n, str(cache or ""))
     except (PyEdgeMoEError, RuntimeError) as e:
         fail(str(e))
 

@@ -255,7 +255,8 @@ def _load_option(name: str, value):
             raise InvalidOptionError(f"tensor_split must be shares per device like 3,1, got {value!r}")
         value = ",".join(f"{s:g}" for s in shares)
     elif name == "rpc":  # a list of servers as Engine(rpc=[...]) takes it, or llama.cpp's comma list
-        value = ",".join(value) if isinstance(value, (list, tuple)) else value
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
         if not isinstance(value, str):
             raise InvalidOptionError(f"rpc must be HOST:PORT[,HOST:PORT...] or a list of them, got {value!r}")
         rpc.parse_servers(value)

@@ -123,9 +123,11 @@ def test_two_workers_are_two_devices_alone_or_together_and_give_the_local_tokens
 
 def test_servers_are_host_port_lists():
     assert rpc.parse_servers("10.0.0.2:50052, host.lan:7000") == [("10.0.0.2", 50052), ("host.lan", 7000)]
-    for bad in ("10.0.0.2", "host:", ":50052", "host:http", "host:70000"):
+    for bad in ("10.0.0.2", "host:", ":50052", "host:http", "host:70000", "host:\u00b2"):  # "²".isdigit()
         with pytest.raises(InvalidOptionError, match="HOST:PORT"):
             rpc.parse_servers(bad)
+    with pytest.raises(InvalidOptionError, match="takes no IPv6 address"):  # ggml splits at the first colon
+        rpc.parse_servers("[::1]:50052")
 
 
 def test_a_worker_that_is_not_there_is_an_error_naming_it():
@@ -222,4 +224,58 @@ def test_rpc_server_refuses_a_port_in_use(workers):
     assert out.stderr.strip().splitlines() == [f"error: cannot listen on {worker.endpoint}: Address already in use"]
     unknown = cli("rpc-server", "--host", "not.a.host.invalid", "--port", 1, timeout=60)
     assert unknown.returncode == 1 and unknown.stderr.strip().splitlines()[-1].startswith(
-        "error: cannot listen on not.a.host.invalid:1: ")  # its reason, not "is the port in use?"
+        "error: --host not.a.host.invalid: no IPv4 address (")  # its reason, not "is the port in use?"
+    # llama.cpp's server reads a dotted IPv4 address alone: a name or ::1 failed after its banner
+    ipv6 = cli("rpc-server", "--host", "::1", "--port", free_port(), timeout=60)
+    assert ipv6.returncode == 1 and ipv6.stdout == "" and ipv6.stderr.strip().splitlines() == [
+        "error: --host ::1: no IPv4 address (Address family for hostname not supported); llama.cpp's rpc-server "
+        "listens on IPv4 only"]
+
+
+def test_a_worker_named_by_its_host_name_serves():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--host", "localhost", "--port",
+                             str(port), "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None, proc.stderr.read()
+        out = subprocess.run([sys.executable, "-c", f"from pyedgemoe import rpc; print(rpc.connect('localhost:{port}'))"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert out.returncode == 0 and out.stdout == "['RPC0']\n", out.stderr
+
+
+def test_a_worker_busy_with_another_client_is_named_so(workers):
+    """A worker serves one client at a time: a second waited 120 s for a "handshake failed (not an
+    rpc-server, or another version of its protocol)"."""
+    (worker,) = workers(1)
+    with socket.create_connection(("127.0.0.1", worker.port)):  # a client that says nothing holds it
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", f"from pyedgemoe import rpc; rpc.connect('{worker.endpoint}')"],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "GGML_RPC_TIMEOUT_S": "2"})
+    assert out.returncode == 1 and time.monotonic() - t0 < 20
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"pyedgemoe.errors.RemoteDeviceError: RPC server {worker.endpoint}: no answer in 2 s: a worker serves one "
+        "client at a time (is another one using it?)")
+
+
+@pytest.mark.slow
+def test_a_server_whose_worker_is_lost_is_unhealthy(tiny_model, workers, tmp_path):
+    """/health answered 200 "ok" while every request got a 503: a load balancer kept sending them."""
+    from test_server import request, start_server, stop_server
+    (worker,) = workers(1)
+    proc, url = start_server(tmp_path / "log", "--rpc", worker.endpoint, "--device", "RPC0", "-ngl", "-1",
+                             "-t", "1", "-c", "256", model=tiny_model("qwen3_moe")[0])
+    try:
+        body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+        assert request("POST", url + "/v1/completions", body, key=None)[0] == 200
+        worker.proc.kill()
+        worker.proc.wait()
+        assert request("POST", url + "/v1/completions", body, key=None)[0] == 503
+        status, answer = request("GET", url + "/health", key=None)
+        assert status == 503 and "can only be closed" in answer["error"]["message"], answer
+    finally:
+        stop_server(proc)

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyedgemoe.chat_formats import joined_message, wants_thinking_tags
 from pyedgemoe.completions import chat_text, chat_text_tokens
+from pyedgemoe.errors import RemoteDeviceError
 from pyedgemoe.fill_in_middle import infill_tokens
 from pyedgemoe.server import anthropic_api, llama_server_api, metrics, responses_api
 from pyedgemoe.server.embeddings_api import add_embedding_routes
@@ -293,6 +294,10 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
     @app.get("/health")
     @app.get("/v1/health")
     async def health() -> dict:
+        try:
+            engine.n_ctx  # raises once a remote device (RPC worker) is lost: then no request can be answered
+        except RemoteDeviceError as e:
+            raise from_engine_error(e) from None
         return {"status": "ok", "model": model_id, "queue_depth": queue.waiting}
 
     @app.get("/metrics")

@@ -71,7 +71,8 @@ def tokens(path: str, endpoints: str) -> dict:
 
 def fault(path: str, endpoint: str, how: str, server_pid: int, timeout_s: int, call: str) -> dict:
     """call: the first call after the worker is lost, "generate" or "save_state"."""
-    device = rpc.connect(endpoint, timeout_s=timeout_s)[0]
+    os.environ["GGML_RPC_TIMEOUT_S"] = str(timeout_s)
+    device = rpc.connect(endpoint)[0]
     eng = Engine(path, **SETTINGS, n_gpu_layers=-1, device=device)
     first = eng.time_generation(IDS[:8], 4)["tokens"]
     calls = {"generate": lambda: eng.time_generation(IDS[:8], 8), "save_state": eng.save_state}
