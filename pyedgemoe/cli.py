@@ -820,7 +820,7 @@ def rpc_server(
 ) -> None:
     """Serve this machine's CPU to other machines' pyedgemoe or llama.cpp (`--rpc HOST:PORT`): llama.cpp's
     rpc-server (docs/distributed.md). Runs until stopped (Ctrl-C)."""
-    from pyedgemoe import rpc
+    from pyedgemoe import _native, rpc
     from pyedgemoe.threads import default_threads
 
     if not 0 < port < 65536:
@@ -834,6 +834,8 @@ def rpc_server(
         if not address.startswith("127."):
             typer.echo(f"warning: the RPC protocol has no authentication: anyone who reaches {host}:{port} can use "
                        "this machine's memory and CPU, and end the worker with a malformed request", err=True)
+        # ggml's log, as stock rpc-server prints it: why a client was dropped (its protocol version, ...)
+        _native.set_verbose(True)
         rpc.serve(address, port, threads or default_threads().n, str(cache or ""))
     except (PyEdgeMoEError, RuntimeError) as e:
         fail(str(e))

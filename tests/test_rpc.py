@@ -10,12 +10,14 @@ hangs (after the timeout); the Engine then closes cleanly. Each client is a proc
 (tests/rpc/scenario.py): registered RPC devices stay for a process's life."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,22 +44,26 @@ class Worker:
         """cgroup: a memory cgroup (v1) the worker runs in."""
         self.port = free_port()
         enter = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
+        self.log = tempfile.TemporaryFile()  # ggml's log (a pipe nobody read could fill and stop the worker)
         self.proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--port", str(self.port),
-                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=enter)
+                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=self.log, preexec_fn=enter)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
             except OSError:
-                assert self.proc.poll() is None, self.proc.communicate()
+                assert self.proc.poll() is None, self.stderr()
                 time.sleep(0.1)
         raise TimeoutError("the rpc-server did not start")
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def stop(self):
         self.proc.kill()
@@ -245,6 +251,20 @@ def test_a_worker_named_by_its_host_name_serves():
         proc.terminate()
         proc.wait(30)
     assert out.returncode == 0 and out.stdout == "['RPC0']\n", out.stderr
+
+
+def test_a_worker_says_why_it_dropped_a_client(workers):
+    """Only "Accepted client connection" and "Client connection closed" were printed: ggml's log, where
+    stock rpc-server says why (a client of another protocol version), was silenced."""
+    (worker,) = workers(1)
+    with socket.create_connection(("127.0.0.1", worker.port)) as client:
+        client.sendall(bytes([14]) + (3).to_bytes(8, "little") + b"abc")  # HELLO of another size
+        with contextlib.suppress(ConnectionResetError):
+            assert client.recv(1) == b""  # dropped
+    deadline = time.monotonic() + 10
+    while "HELLO request size mismatch (3 vs" not in worker.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "client needs upgrade to protocol v7.x" in worker.stderr()
 
 
 def test_a_worker_busy_with_another_client_is_named_so(workers):
