@@ -5,7 +5,6 @@ weights, a GGUF's vocabulary loaded alone as llama-tokenize loads it (`pyedgemoe
 llama-cpp-python's Llama(vocab_only=True))."""
 from __future__ import annotations
 
-import codecs
 import os
 from abc import ABC, abstractmethod
 
@@ -15,7 +14,6 @@ from pyedgemoe.generation import as_token_ids
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.native_exit import closed_error
 from pyedgemoe.text_stream import LLAMA_BYTES, utf8
-
 
 
 class Vocabulary(ABC):
@@ -57,8 +55,8 @@ class Vocabulary(ABC):
         """Whether the model puts BOS before tokenized text (llama_vocab_get_add_bos)."""
         return self._live_model().add_bos
 
-    # The native Model has no accessor of these two: they are read from the header as llama_vocab::load
-    # reads them (the header's key, else the default of the tokenizer's kind).
+    # The native Model has no accessor of this one: it is read from the header as llama_vocab::load
+    # reads it (the header's key, else the default of the tokenizer's kind).
     def token_sep(self) -> int | None:
         """The model's separator token (llama_vocab_sep, BERT's [SEP]); None where it has none:
         tokenizer.ggml.seperator_token_id (llama.cpp's spelling), else 102 for a WordPiece ("bert")
@@ -70,19 +68,18 @@ class Vocabulary(ABC):
 
     @property
     def add_eos(self) -> bool:
-        """Whether the model puts EOS after tokenized text (llama_vocab_get_add_eos):
-        tokenizer.ggml.add_eos_token, else only a T5 ("t5") vocabulary does."""
-        metadata = self.metadata
-        given = metadata.get("tokenizer.ggml.add_eos_token")
-        return given == "true" if given is not None else metadata.get("tokenizer.ggml.model") == "t5"
+        """Whether the model puts EOS after tokenized text (llama_vocab_get_add_eos, --override-kv's
+        value included; the native Model has no accessor of it: what tokenizing nothing gives past BOS)."""
+        model = self._live_model()
+        return len(model.tokenize("", True, False)) > int(model.add_bos)
 
     def is_eog(self, token: int) -> bool:
         """Whether token ends a generation (EOS, EOT, ...)."""
         return self._live_model().is_eog(token)
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text (bytes not UTF-8 a U+FFFD each, above); add_bos: the model's BOS first (if it
-        uses one); special: <|im_start|> is one."""
+        """Token ids of text (bytes not UTF-8 a U+FFFD each, as llama.cpp's BPE reads them: LLAMA_BYTES);
+        add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
         return self._live_model().tokenize(utf8(text).decode("utf-8", errors=LLAMA_BYTES), add_bos, special)
 
     def first_tokens(self, text: str, n: int | None) -> list[int]:

@@ -240,3 +240,16 @@ def test_only_the_text_the_chunks_need_is_tokenized(olmoe):
         whole = eng.tokenize(TEXT)
         assert text_tokens(eng, TEXT, N_CTX, 1) == whole[:2 * N_CTX]  # two chunks at least: llama.cpp's rule
         assert text_tokens(eng, TEXT, N_CTX, 5) == whole[:5 * N_CTX] and text_tokens(eng, TEXT) == whole
+
+
+@pytest.mark.parametrize("how", ["file", "override"])
+def test_a_model_that_appends_eos_is_refused_as_llama_perplexity_asserts(olmoe, tmp_path, how):
+    """--override-kv tokenizer.ggml.add_eos_token=bool:true got round the refusal (the file's header was read)."""
+    from conftest import rewrite_gguf
+    model = rewrite_gguf(olmoe, tmp_path / "eos.gguf", keys={"tokenizer.ggml.add_eos_token": True}) \
+        if how == "file" else olmoe
+    options = ["--override-kv", "tokenizer.ggml.add_eos_token=bool:true"] if how == "override" else []
+    (tmp_path / "text.txt").write_text(TEXT)
+    r = cli("perplexity", model, "-f", tmp_path / "text.txt", "--ctx", N_CTX, *options)
+    assert r.returncode == 1
+    assert_one_line_error(r, "this model appends EOS to tokenized text")
