@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pyedgemoe.errors import InvalidOptionError
-from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
+from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroups, parse_size
 
 # What a run grows by beside the weights, the expert cache and context_bytes(): Python's objects,
 # the sampler, thread stacks, the expert loader's staging buffers and the residency's bookkeeping.
@@ -46,7 +46,6 @@ VOCABULARY_TOKEN_BYTES = 384
 RESERVE_SLACK_BYTES = 384 * 1024**2
 ACTIVATION_BYTES = 4  # llama.cpp computes its intermediates in f32
 KV_CELL_MULTIPLE = 256  # llama.cpp pads n_ctx (and each sequence's share of it) to a multiple of this
-CGROUP_V2 = Path("/sys/fs/cgroup")
 UP_TO = "~"  # a trailing "~" on a size: that much, or what fits if less
 # expert_cache "mmap": no expert cache; the experts are computed from the mapped file, as llama.cpp
 # does, without repacked copies (--no-repack), so the page cache holds what memory allows; the
@@ -74,7 +73,8 @@ Available = int | tuple[int, str] | None
 
 def available_memory() -> tuple[int, str]:
     """(what this process can still use, where that number comes from): MemAvailable, capped by
-    the room under its cgroup's memory limit: the limit minus what is in use there, less the clean
+    the room under each memory cgroup limit on it (its own group's, and those of the groups above
+    it): the limit minus what is in use there, less the clean
     page cache charged to it, which the kernel drops when the group needs room (as MemAvailable
     counts it; a previous run's cached file would otherwise look like memory in use)."""
     available = None
@@ -84,21 +84,18 @@ def available_memory() -> tuple[int, str]:
     if available is None:
         raise OSError("no MemAvailable in /proc/meminfo")
     where = "according to MemAvailable"
-    # (name, limit, usage, memory.stat, its key prefix for the group and its descendants)
-    limits = [("cgroup v2", CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", CGROUP_V2 / "memory.stat", "")]
-    v1 = own_memory_cgroup_v1()
-    if v1 is not None:
-        limits.append(("cgroup v1", v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes", v1 / "memory.stat",
-                       "total_"))
-    for name, limit_file, usage_file, stat_file, prefix in limits:
+    files = {"cgroup v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_"),  # prefix: the group's
+             "cgroup v2": ("memory.max", "memory.current", "")}                         # and its descendants'
+    for name, group in own_memory_cgroups():  # its own group's limit, or one set above it (a parent's)
+        limit_file, usage_file, prefix = files[name]
         try:
-            limit_text = limit_file.read_text().strip()
+            limit_text = (group / limit_file).read_text().strip()
             if limit_text == "max":
                 continue
-            limit, usage = int(limit_text), int(usage_file.read_text().strip())
+            limit, usage = int(limit_text), int((group / usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
-        droppable = min(usage, _clean_page_cache(stat_file, prefix))
+        droppable = min(usage, _clean_page_cache(group / "memory.stat", prefix))
         if 0 < limit - usage + droppable < available:
             available = limit - usage + droppable
             where = f"under the {name} memory limit of {format_bytes(limit)} with {format_bytes(usage - droppable)} in use"

@@ -10,6 +10,7 @@ from pathlib import Path
 SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
               "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")  # the unified hierarchy's root, where cgroup v2 is mounted
 
 
 def parse_size(text: str, *, percent_of: int | None = None) -> int:
@@ -53,15 +54,30 @@ def memory_stat(stat_file: Path) -> dict[str, int]:
 def own_memory_cgroup_v1() -> Path | None:
     """The directory of this process's cgroup v1 memory group (where a limit set for it is
     written); None without a mounted cgroup v1 memory controller."""
+    return next((group for version, group in own_memory_cgroups() if version == "cgroup v1"), None)
+
+
+def own_memory_cgroups() -> list[tuple[str, Path]]:
+    """("cgroup v1" or "cgroup v2", directory) of this process's memory cgroup and of each one above it
+    up to the hierarchy's root, its own first: a limit set on any of them bounds it."""
     try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                group = CGROUP_V1_MEMORY / path.lstrip("/")
-                return group if group.is_dir() else None
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:  # no /proc/self/cgroup: no cgroup to speak of
-        return None
-    return None
+        return []
+    groups = []
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            version, root = "cgroup v1", CGROUP_V1_MEMORY
+        elif hierarchy == "0" and not controllers:
+            version, root = "cgroup v2", CGROUP_V2
+        else:
+            continue
+        group = root / path.lstrip("/")
+        if group.is_dir():
+            groups += [(version, group)] + [(version, above) for above in group.parents if root in above.parents
+                                            or above == root]
+    return groups
 
 
 def evict_from_page_cache(path: str | os.PathLike[str]) -> None:

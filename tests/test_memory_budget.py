@@ -279,8 +279,7 @@ def cgroup_v1_limit(tmp_path, monkeypatch):
     """This process in a cgroup v1 memory group with 1 MiB in use of a 2 MiB limit (no cgroup v2 limit)."""
     (tmp_path / "memory.limit_in_bytes").write_text(str(2 * MIB))
     (tmp_path / "memory.usage_in_bytes").write_text(str(1 * MIB))
-    monkeypatch.setattr(memory_budget, "own_memory_cgroup_v1", lambda: tmp_path)
-    monkeypatch.setattr(memory_budget, "CGROUP_V2", tmp_path / "no-cgroup-v2")
+    monkeypatch.setattr(memory_budget, "own_memory_cgroups", lambda: [("cgroup v1", tmp_path)])
 
 
 def test_available_memory_is_the_room_under_a_cgroup_limit_and_names_it(cgroup_v1_limit):
@@ -383,3 +382,31 @@ def test_the_predictors_stacked_routers_are_in_the_context_from_two_layers_ahead
              - memory_budget.context_bytes(QWEN3, KV, 4096, 512, None))
     assert grown == 141 * MIB
 
+
+
+def test_a_limit_set_on_a_parent_cgroup_bounds_the_run_as_its_own_would(tmp_path):
+    """A limit on the group above the process's (a container's, a systemd slice's) was not read: the
+    run sized its experts by the machine's memory and the kernel killed it, without a word."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pyedgemoe.bench.runner import BenchmarkError, check_cgroup_v1, memory_cgroup
+    try:
+        check_cgroup_v1()
+    except BenchmarkError as e:
+        pytest.skip(str(e))
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+    with memory_cgroup(64 * MIB) as parent:
+        child = parent / "run"
+        child.mkdir()
+        try:
+            run = subprocess.run([sys.executable, "-m", "pyedgemoe", "run", str(demo), "-p", "Once upon a time",
+                                  "-n", "4", "--expert-cache", "100%"], capture_output=True, text=True, timeout=120,
+                                 preexec_fn=lambda: (child / "cgroup.procs").write_text(str(os.getpid())))
+        finally:
+            child.rmdir()
+    assert run.returncode == 1, (run.returncode, run.stderr)
+    assert run.stderr.strip().splitlines()[-1].startswith("error: not enough memory"), run.stderr
+    assert "under the cgroup v1 memory limit of 64.00 MiB" in run.stderr
