@@ -10,10 +10,16 @@ import math
 import os
 
 import gguf
+import numpy as np
 
 from pyedgemoe.errors import InvalidOptionError
 
 EXPERT_TENSOR_MARK = "_exps."  # a routed experts' matrix: blk.N.ffn_up_exps.weight
+ALPHA_KEY = "adapter.lora.alpha"
+_FLOAT_MAX = float(np.finfo(np.float32).max)  # a scale is a C float: a larger one is infinite there
+# types ggml's matrix product does not take as a weight: llama.cpp loads such an adapter, and the
+# first token's product reads it as another type (a segmentation fault, stock's too)
+_NOT_MULTIPLIED = {gguf.GGMLQuantizationType[name] for name in ("F64", "I8", "I16", "I32", "I64")}
 
 
 def adapters(lora: str | None, lora_scaled: str | list | None) -> list[tuple[str, float]]:
@@ -24,8 +30,8 @@ def adapters(lora: str | None, lora_scaled: str | list | None) -> list[tuple[str
         for pair in lora_scaled:
             path, scale = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
             if not isinstance(path, (str, os.PathLike)) or isinstance(scale, bool) or \
-                    not isinstance(scale, (int, float)) or not math.isfinite(scale):
-                raise InvalidOptionError(f"a LoRA adapter is a path and a finite scale, got {pair!r}")
+                    not isinstance(scale, (int, float)) or not abs(scale) <= _FLOAT_MAX:
+                raise InvalidOptionError(f"a LoRA adapter is a path and a scale (a finite C float), got {pair!r}")
             out.append((os.fspath(path), float(scale)))
         return out
     for item in _items(lora_scaled, "lora_scaled"):
@@ -34,8 +40,9 @@ def adapters(lora: str | None, lora_scaled: str | list | None) -> list[tuple[str
             value = float(scale)
         except ValueError:
             value = math.nan
-        if not path or not math.isfinite(value):
-            raise InvalidOptionError(f"--lora-scaled takes FNAME:SCALE[,FNAME:SCALE...], got {item!r}")
+        if not path or not abs(value) <= _FLOAT_MAX:
+            raise InvalidOptionError(f"--lora-scaled takes FNAME:SCALE[,FNAME:SCALE...], a SCALE a finite C float, "
+                                     f"got {item!r}")
         out.append((path, value))
     return out
 
@@ -59,8 +66,10 @@ def check(path: str, architecture: str) -> list[str]:
     try:
         reader = gguf.GGUFReader(path)
         fields = {key: reader.fields[key].contents() for key in ("general.type", "general.architecture",
-                                                                  "adapter.type") if key in reader.fields}
+                                                                  "adapter.type", ALPHA_KEY) if key in reader.fields}
+        alpha_types = reader.fields[ALPHA_KEY].types if ALPHA_KEY in reader.fields else [gguf.GGUFValueType.FLOAT32]
         names = [t.name for t in reader.tensors]
+        odd = [(t.name, t.tensor_type.name) for t in reader.tensors if t.tensor_type in _NOT_MULTIPLIED]
     except (ValueError, OSError, KeyError, IndexError) as e:
         raise InvalidOptionError(f"{path} is not a GGUF LoRA adapter: {e}") from None
     if fields.get("general.type") != "adapter" or fields.get("adapter.type") != "lora":
@@ -70,6 +79,12 @@ def check(path: str, architecture: str) -> list[str]:
     if fields.get("general.architecture") != architecture:
         raise InvalidOptionError(f"{path} is a LoRA adapter for {fields.get('general.architecture')!r}, the model is "
                                  f"{architecture!r}")
+    # llama.cpp reads alpha as a float32 (another type ends the process on its internal check)
+    if alpha_types != [gguf.GGUFValueType.FLOAT32] or not math.isfinite(fields.get(ALPHA_KEY, 0.0)):
+        raise InvalidOptionError(f"{path}: {ALPHA_KEY} must be a finite float32, got {fields[ALPHA_KEY]!r}")
+    if odd:
+        raise InvalidOptionError(f"{path}: tensor {odd[0][0]} is of type {odd[0][1]}; llama.cpp applies adapters of "
+                                 "float (f32, f16, bf16) or quantized tensors")
     return sorted({name.rsplit(".lora_", 1)[0] for name in names if ".lora_" in name})
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyedgemoe.errors import InvalidOptionError
+from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 
 
 class TokenSampler:
@@ -69,6 +69,10 @@ class TokenSampler:
             return self.chain.sample_logits(context, output) if isinstance(output, np.ndarray) \
                 else self.chain.sample(context, output)
         except ValueError as e:
+            logits = output if isinstance(output, np.ndarray) else context.output_logits(output)
+            if np.isnan(logits).any() or np.isposinf(logits).any():  # no grammar's fault
+                raise PyEdgeMoEError("the model's logits are no numbers (NaN or infinite): its weights, or a LoRA "
+                                     "adapter's values or scale, overflow float32") from None
             raise InvalidOptionError(str(e)) from None
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pyedgemoe import Engine, InvalidOptionError, Llama
+from pyedgemoe.errors import PyEdgeMoEError
 
 SMALL = dict(n_ctx=256, n_threads=2, flash_attn=False, verbose=False)  # flash attention off: llama-cpp-python's
 PROMPT = b"An adapter changes the matrices it names by a low-rank product"
@@ -25,23 +26,23 @@ def qwen3(tiny_model):
     return str(tiny_model("qwen3_moe")[0])
 
 
-def write_adapter(model: str, out, targets: tuple[str, ...], rank: int = 4, alpha: float = 8.0,
-                  architecture: str | None = None) -> str:
+def write_adapter(model: str, out, targets: tuple[str, ...], rank: int = 4, alpha: float | int = 8.0,
+                  architecture: str | None = None, dtype=np.float32) -> str:
     """A LoRA adapter for model changing its matrices named by targets: lora_a [in, rank] and lora_b
     [rank, out] in ggml's order (each an expert's for the experts' matrices), random, each matrix's
-    the same in every adapter (seeded by its name)."""
+    the same in every adapter (seeded by its name); alpha a float32 (an int: an int32)."""
     reader = gguf.GGUFReader(model)
     writer = gguf.GGUFWriter(str(out), architecture or str(reader.fields["general.architecture"].contents()))
     writer.add_type("adapter")
     writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", alpha)
+    (writer.add_int32 if isinstance(alpha, int) else writer.add_float32)("adapter.lora.alpha", alpha)
     for t in reader.tensors:
         if any(t.name.endswith(f".{target}.weight") for target in targets):
             rng = np.random.default_rng(zlib.crc32(t.name.encode()))
             ne = [int(n) for n in t.shape]  # ggml's order: ne[0] the inputs, ne[1] the outputs, ne[2] the experts
             experts = ne[2:]
-            writer.add_tensor(f"{t.name}.lora_a", rng.normal(0, 0.3, (*experts, rank, ne[0])).astype(np.float32))
-            writer.add_tensor(f"{t.name}.lora_b", rng.normal(0, 0.3, (*experts, ne[1], rank)).astype(np.float32))
+            writer.add_tensor(f"{t.name}.lora_a", rng.normal(0, 0.3, (*experts, rank, ne[0])).astype(dtype))
+            writer.add_tensor(f"{t.name}.lora_b", rng.normal(0, 0.3, (*experts, ne[1], rank)).astype(dtype))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -103,6 +104,14 @@ def test_two_adapters_add_up(qwen3, tmp_path):
     (lambda model, tmp: model, "is not a LoRA adapter"),
     (lambda model, tmp: write_adapter(model, tmp / "llama.gguf", ATTENTION, architecture="llama"),
      "is a LoRA adapter for 'llama', the model is 'qwen3moe'"),
+    # each a segmentation fault at the first token (stock's too), or the end of the process on llama.cpp's check
+    (lambda model, tmp: write_adapter(model, tmp / "i32.gguf", ATTENTION, dtype=np.int32),
+     "is of type I32; llama.cpp applies adapters of float"),
+    (lambda model, tmp: write_adapter(model, tmp / "f64.gguf", ATTENTION, dtype=np.float64), "is of type F64"),
+    (lambda model, tmp: write_adapter(model, tmp / "alpha.gguf", ATTENTION, alpha=8),
+     "adapter.lora.alpha must be a finite float32, got 8"),
+    (lambda model, tmp: write_adapter(model, tmp / "nan.gguf", ATTENTION, alpha=float("nan")),
+     "adapter.lora.alpha must be a finite float32, got nan"),
 ])
 def test_a_wrong_adapter_is_refused_before_the_load(qwen3, tmp_path, make, message):
     adapter = make(qwen3, tmp_path)
@@ -118,11 +127,21 @@ def test_a_wrong_adapter_is_refused_before_the_load(qwen3, tmp_path, make, messa
     (dict(lora_scaled="x.gguf"), "--lora-scaled takes FNAME:SCALE"),
     (dict(lora_scaled="x.gguf:big"), "--lora-scaled takes FNAME:SCALE"),
     (dict(lora="a.gguf,,b.gguf"), "an empty path"),
-    (dict(lora_scaled=[("x.gguf", float("nan"))]), "a path and a finite scale"),
+    (dict(lora_scaled=[("x.gguf", float("nan"))]), "a path and a scale"),
+    (dict(lora_scaled="x.gguf:1e39"), "a SCALE a finite C float"),  # infinite there: NaN logits
 ])
 def test_a_bad_adapter_list_is_a_typed_error(qwen3, arguments, message):
     with pytest.raises(InvalidOptionError, match=message):
         Engine(qwen3, **arguments, **SMALL)
+
+
+def test_logits_an_adapter_overflows_are_named_so_not_a_grammar(qwen3, tmp_path):
+    """A scale of 1e30 made every logit NaN: "no token is allowed here: the grammar ... rule out every one"."""
+    adapter = write_adapter(qwen3, tmp_path / "adapter.gguf", ATTENTION)
+    with Engine(qwen3, lora_scaled=[(adapter, 1e30)], **SMALL) as eng:
+        with pytest.raises(PyEdgeMoEError, match="the model's logits are no numbers") as raised:
+            eng.generate(eng.tokenize(PROMPT.decode()), 2)
+    assert not isinstance(raised.value, InvalidOptionError)  # no fault of the request's (a server's 400)
 
 
 def test_the_cli_runs_with_an_adapter_as_the_engine_does(qwen3, tmp_path):
