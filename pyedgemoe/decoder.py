@@ -7,6 +7,7 @@ redoes a low-confidence token with the whole top-k.
 """
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from typing import Callable, Generator
@@ -28,7 +29,8 @@ def top_probability(logits: np.ndarray) -> float:
 
 class Decoder:
     def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = "",
-                 checkpoints: int = 0, checkpoint_bytes: int = 0, n_ubatch: int = 512):
+                 checkpoints: int = 0, checkpoint_bytes: int = 0, n_ubatch: int = 512,
+                 loras: tuple[tuple[str, float], ...] = ()):
         self.model = model
         self._ctx = ctx
         self.lock = threading.RLock()  # held while the native context or the expert cache is in use
@@ -44,9 +46,10 @@ class Decoder:
         self.last_output: tuple[int, int] | None = None
         self._lost: str | None = None  # a remote device's error (_expert_errors)
         # the model, as a saved state names it: what its KV cache's layout and meaning depend on (not
-        # the weights' types: llama.cpp checks the architecture alone)
+        # the weights' types: llama.cpp checks the architecture alone), with the LoRA adapters that change it
         self.identity = (f"{model.metadata().get('general.architecture', '?')}, {model.n_layer} layers of "
-                         f"{model.n_embd}, {model.n_vocab} tokens, {model.n_params} parameters")
+                         f"{model.n_embd}, {model.n_vocab} tokens, {model.n_params} parameters"
+                         + "".join(f", LoRA {os.path.basename(path)} at {scale:g}" for path, scale in loras))
 
     def live(self):
         """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost."""

@@ -160,7 +160,7 @@ class Engine(Vocabulary):
             raise context_error(plan.n_ctx, e) from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
         self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little,
-                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch)
+                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch, plan.loras)
         self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
         self._turn_owner: int | None = None  # the thread that took it
         self.while_waiting: Callable[[], object] = lambda: None  # run every 10 ms by a thread waiting for it (llama.py)

@@ -162,3 +162,18 @@ def test_the_benchmark_runs_stock_with_the_same_adapter(qwen3, tmp_path):
                         "-r", "1", "--no-warmup", "-n", "8", "-p", "16"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1].endswith("| yes |")  # the same tokens: the adapter in both
+
+
+def test_a_state_saved_with_an_adapter_is_refused_without_it(qwen3, tmp_path):
+    """The KV cache holds what the adapted weights made of the prompt: it loaded silently into a model
+    without the adapter (or with another scale), and the text went on from another model's state."""
+    adapter = write_adapter(qwen3, tmp_path / "adapter.gguf", ATTENTION)
+    with Engine(qwen3, lora_scaled=[(adapter, 0.5)], **SMALL) as adapted:
+        adapted.logits(adapted.tokenize(PROMPT.decode()))
+        state = adapted.save_state()
+    for options in ({}, dict(lora_scaled=[(adapter, 0.7)])):
+        with Engine(qwen3, **options, **SMALL) as other:
+            with pytest.raises(InvalidOptionError, match="LoRA adapter.gguf at 0.5"):
+                other.load_state(state)
+    with Engine(qwen3, lora_scaled=[(adapter, 0.5)], **SMALL) as same:
+        same.load_state(state)
