@@ -33,6 +33,7 @@ from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILAB
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.kv_overrides import as_dict
 from pyedgemoe.model_info import read_model_info
+from pyedgemoe.output_files import check_output, write_whole
 from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 from pyedgemoe.threads import default_threads
 
@@ -222,10 +223,15 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
         raise BenchmarkError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
     if decode_input not in DECODE_INPUTS:
         raise BenchmarkError(f"decode_input must be one of {', '.join(DECODE_INPUTS)}")
+    # a cell times a prompt and a decode after it: llama-bench's -p 0 has no counterpart; the first output
+    # token comes from the prefill's logits, so a decode speed needs two
     for name, value, least in (("repeats", repeats, 1), ("prompt_tokens", prompt_tokens, 1),
-                               ("output_tokens", output_tokens, 1), ("threads", threads, 1), ("warmup", warmup, 0)):
-        if value < least:  # a cell times a prompt and a decode after it: llama-bench's -p 0 has no counterpart
+                               ("output_tokens", output_tokens, 2), ("threads", threads, 1), ("warmup", warmup, 0)):
+        if value < least:
             raise BenchmarkError(f"{name} must be >= {least}, got {value}")
+    if STOCK in engines and read_model_info(model).multi_precision:
+        raise BenchmarkError(f"stock llama.cpp cannot load the multi-precision GGUF {model_path}: bench its standard "
+                             "export (pyedgemoe export MODEL --precision high -o OUT), or ours alone (--ours-only)")
     if mem_cap_bytes is not None:
         check_cgroup_v1()
     files = model_files(model)
@@ -237,9 +243,14 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
 
     # stock runs with the same metadata overrides (the same experts a token), RoPE scaling and LoRA
     # adapter, as llama-cpp-python takes them
-    overrides = as_dict((ours_options or {}).get("override_kv"))
-    stock = ({} if stock_repack else {"repack": False}) | ({"kv_overrides": overrides} if overrides else {}) | \
-        rope_scaling.as_llama_cpp_python(ours_options or {}) | lora.as_llama_cpp_python(ours_options or {})
+    ours = ours_options or {}
+    overrides = as_dict(ours.get("override_kv"))
+    # and, as llama-bench gives a setting to every run, the GPU layers, the locked memory and no repack
+    same = {stock_name: ours[name] for name, stock_name in (("n_gpu_layers", "n_gpu_layers"), ("mlock", "use_mlock"))
+            if name in ours}
+    stock = ({} if stock_repack and ours.get("repack") is not False else {"repack": False}) | \
+        ({"kv_overrides": overrides} if overrides else {}) | same | \
+        rope_scaling.as_llama_cpp_python(ours) | lora.as_llama_cpp_python(ours)
     options = {e: dict(ours_options or {}) if e == OURS else stock for e in engines}
 
     def run(engine: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -458,7 +469,15 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
         engines = (OURS, STOCK) if vs_llama_cpp else (OURS,)
     threads = threads or default_threads().n
     path = Path(model)
-    model_bytes = sum(f.stat().st_size for f in model_files(path)) if path.is_file() else None
+    if not path.is_file():
+        raise BenchmarkError(f"model file not found: {model}")
+    model_bytes = sum(f.stat().st_size for f in model_files(path))
+    if json_path is not None:  # before the runs: a report that cannot be written is known at once
+        try:
+            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+            check_output(json_path, "JSON report", model_files(path))
+        except (OSError, PyEdgeMoEError) as e:
+            raise BenchmarkError(str(e)) from None
     try:
         cap = None if mem_cap is None else parse_size(mem_cap, percent_of=model_bytes)
     except ValueError as e:
@@ -473,11 +492,9 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
                                      flash_attn=flash_attn, ours_options=ours_options,
                                      stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
                                      load=load, against_min=against_min, log=log)
-    if json_path is not None:
-        json_path = Path(json_path)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(format_report(results), end="", flush=True)
+    if json_path is not None:
+        write_whole(json_path, lambda f: f.write((json.dumps(results, indent=1) + "\n").encode()))
     failed = [r for r in results if "error" in r]
     if failed:  # the report stands; the exit status says it is not whole
         raise BenchmarkError(f"{len(failed)} of {len(results)} runs failed, the first: {failed[0]['engine']}: "

@@ -1,0 +1,43 @@
+"""What `pyedgemoe bench` refuses before its first run (a benchmark takes minutes: a setting it cannot
+finish with is one `error:` line at once, not a report of failed rows at the end)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo.gguf"
+
+
+def bench(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyedgemoe", "bench", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    # every stock row failed to load the file, and the exit came after all of ours
+    (["-r", "1"], "stock llama.cpp cannot load the multi-precision GGUF"),
+    # the first token comes from the prefill: 25481 tok/s for no decode at all
+    (["--ours-only", "-n", "1"], "output_tokens must be >= 2, got 1"),
+])
+def test_a_cell_that_cannot_be_measured_is_refused_before_the_runs(args, message):
+    r = bench(DEMO, *args)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.strip().splitlines() == [
+        next(line for line in r.stderr.splitlines() if line.startswith("error:"))]
+    assert message in r.stderr
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_the_runs(tmp_path):
+    """--json naming a directory failed after every run, and the report (printed after it) was lost."""
+    r = bench(DEMO, "--ours-only", "--json", tmp_path)
+    assert r.returncode == 1 and r.stderr.strip() == f"error: cannot write the JSON report {tmp_path}: a directory " \
+                                                      "is there"
+    r = bench(DEMO, "--ours-only", "--json", DEMO)
+    assert r.returncode == 1 and "is one of the command's inputs" in r.stderr and DEMO.stat().st_size > 0
+
+
+def test_a_missing_model_is_named_so_whatever_the_cap():
+    r = bench("/nonexistent.gguf", "--mem-cap", "50%")  # was "a percentage needs a reference size"
+    assert r.returncode == 1 and "model file not found" in r.stderr
