@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -217,6 +216,14 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak RSS since its exec: /proc's VmHWM (with mmap it counts the model pages it
+    touched). Not ru_maxrss: that keeps the peak of the process it was forked from (the runner's,
+    82 MiB, under every row)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, threads: int,
             flash_attn: bool = False, options: dict[str, Any] | None = None,
             decode_input: str = "greedy") -> dict[str, Any]:
@@ -244,8 +251,7 @@ def measure(engine: str, model: str, prompt_tokens: int, output_tokens: int, thr
         os.sched_setaffinity(0, cores)  # as it was, when measured in a process that goes on
     r["decode_tokens_per_second"] = (r["n_output_tokens"] / r["decode_seconds"]
                                      if r["decode_seconds"] > 0 else float("nan"))
-    # ru_maxrss is in KiB on Linux. With mmap it counts the model pages this process touched.
-    r["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    r["peak_rss_bytes"] = peak_rss_bytes()
     return {"engine": engine, "model": model, "threads": threads, "flash_attn": flash_attn,
             "options": options or {}, "decode_input": decode_input, **r}
 

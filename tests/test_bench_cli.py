@@ -1,5 +1,6 @@
-"""What `pyedgemoe bench` refuses before its first run (a benchmark takes minutes: a setting it cannot
-finish with is one `error:` line at once, not a report of failed rows at the end)."""
+"""`pyedgemoe bench`: what it refuses before its first run (a benchmark takes minutes: a setting it
+cannot finish with is one `error:` line at once, not a report of failed rows at the end), and the
+peak RSS it reports, the worker's own."""
 from __future__ import annotations
 
 import subprocess
@@ -41,3 +42,13 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_runs(tmp_path):
 def test_a_missing_model_is_named_so_whatever_the_cap():
     r = bench("/nonexistent.gguf", "--mem-cap", "50%")  # was "a percentage needs a reference size"
     assert r.returncode == 1 and "model file not found" in r.stderr
+
+
+def test_a_workers_peak_rss_is_its_own_not_the_runners():
+    """ru_maxrss keeps the peak of the process a worker was forked from: every row said 82 MiB, the
+    runner's, also a tiny model's under a cap of 60 MiB."""
+    child = ("import subprocess, sys; ballast = bytearray(300 << 20); ballast[::4096] = b'x' * len(ballast[::4096]); "
+             "print(subprocess.run([sys.executable, '-c', 'from pyedgemoe.bench.worker import peak_rss_bytes; "
+             "print(peak_rss_bytes())'], capture_output=True, text=True).stdout)")
+    peak = int(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60).stdout)
+    assert 0 < peak < 100 << 20
