@@ -52,3 +52,11 @@ def test_a_workers_peak_rss_is_its_own_not_the_runners():
              "print(peak_rss_bytes())'], capture_output=True, text=True).stdout)")
     peak = int(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60).stdout)
     assert 0 < peak < 100 << 20
+
+
+def test_settings_ours_refuses_end_the_benchmark_at_its_first_run():
+    """Ours failed at every repeat, while stock ran all of its, and the exit said so only at the end."""
+    r = bench(DEMO, "--ours-only", "-r", "3", "--expert-cache", "1")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("run of pyedgemoe") + r.stderr.count("pyedgemoe: ") <= 1, r.stderr  # the warm-up alone
+    assert r.stderr.strip().splitlines()[-1].startswith("error: pyedgemoe refused the settings: ")

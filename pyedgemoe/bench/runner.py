@@ -257,13 +257,17 @@ def run_benchmark(model_path: str | os.PathLike[str], *, engines: Sequence[str] 
         engine_options = {**options[engine], **(extra or {})}
         if mem_cap_bytes is None:
             with cpu_load(load):
-                return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                                   engine_options, decode_input, None, timeout_s)
-        for f in files:
-            evict_from_page_cache(f)
-        with memory_cgroup(mem_cap_bytes) as group, cpu_load(load):
-            return _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
-                               engine_options, decode_input, group, timeout_s)
+                r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                                engine_options, decode_input, None, timeout_s)
+        else:
+            for f in files:
+                evict_from_page_cache(f)
+            with memory_cgroup(mem_cap_bytes) as group, cpu_load(load):
+                r = _run_worker(engine, model, prompt_tokens, output_tokens, threads, flash_attn,
+                                engine_options, decode_input, group, timeout_s)
+        if r.get("refused"):  # every run would be: the others are not worth their minutes
+            raise BenchmarkError(f"{engine} refused the settings: {r['error']}")
+        return r
 
     active = list(engines)
     for _ in range(warmup):

@@ -36,6 +36,10 @@ class EngineUnavailable(Exception):
     """The requested engine cannot be imported in this environment."""
 
 
+class SettingsRefused(Exception):
+    """Ours refused the run's settings at load (a PyEdgeMoEError): every other run would too."""
+
+
 def prompt_token_ids(n: int, n_vocab: int | None = None) -> list[int]:
     """A fixed prompt of n token ids, identical for every engine and run.
 
@@ -160,8 +164,12 @@ def _run_pyedgemoe(model: str, prompt: list[int], n_out: int, threads: int, flas
     t0 = time.perf_counter()
     cores = len(os.sched_getaffinity(0))
     # options win over the run's settings (flash_attn=None: ours as llama.cpp decides, its default)
-    eng = Engine(model, **{"n_ctx": n_ctx_for(len(prompt), n_out), "n_batch": 512, "flash_attn": flash_attn,
-                           "n_threads": None if threads == cores else threads, **options})
+    from pyedgemoe.errors import PyEdgeMoEError
+    try:
+        eng = Engine(model, **{"n_ctx": n_ctx_for(len(prompt), n_out), "n_batch": 512, "flash_attn": flash_attn,
+                               "n_threads": None if threads == cores else threads, **options})
+    except PyEdgeMoEError as e:
+        raise SettingsRefused(str(e)) from None
     load_seconds = time.perf_counter() - t0
     if against_min:
         eng.record_routing(True)
@@ -276,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         status = 0
     except EngineUnavailable as e:
         result, status = {"engine": args.engine, "error": str(e), "unavailable": True}, EXIT_ENGINE_UNAVAILABLE
+    except SettingsRefused as e:
+        result, status = {"engine": args.engine, "error": str(e), "refused": True}, 1
     except Exception as e:
         result, status = {"engine": args.engine, "error": f"{type(e).__name__}: {e}"}, 1
     sys.stdout.write(json.dumps(result) + "\n")
