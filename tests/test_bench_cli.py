@@ -60,3 +60,32 @@ def test_settings_ours_refuses_end_the_benchmark_at_its_first_run():
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("run of pyedgemoe") + r.stderr.count("pyedgemoe: ") <= 1, r.stderr  # the warm-up alone
     assert r.stderr.strip().splitlines()[-1].startswith("error: pyedgemoe refused the settings: ")
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_benchmark_with_its_worker_and_cgroup(tmp_path):
+    """The worker went on measuring, reparented to init, and its memory cgroup was left behind."""
+    import os
+    import signal
+    import time
+
+    from pyedgemoe.bench.runner import BenchmarkError, check_cgroup_v1
+    from pyedgemoe.sysmem import CGROUP_V1_MEMORY
+    try:
+        check_cgroup_v1()
+    except BenchmarkError as e:
+        pytest.skip(str(e))
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "bench", str(DEMO), "--ours-only", "-r", "50",
+                                 "-n", "64", "--mem-cap", "200MiB"], stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while "rep 1]" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    groups = list(CGROUP_V1_MEMORY.rglob(f"pyedgemoe-bench-{proc.pid}"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert not any(g.exists() for g in groups) and not list(CGROUP_V1_MEMORY.rglob(f"pyedgemoe-bench-{proc.pid}"))
+    workers = subprocess.run(["pgrep", "-f", f"bench/worker.py --engine pyedgemoe --model {DEMO}"],
+                             capture_output=True, text=True).stdout.split()
+    assert not [w for w in workers if int(w) != os.getpid()]

@@ -33,7 +33,7 @@ from pyedgemoe.bench.worker import DECODE_INPUTS, ENGINES, EXIT_ENGINE_UNAVAILAB
 from pyedgemoe.errors import PyEdgeMoEError
 from pyedgemoe.kv_overrides import as_dict
 from pyedgemoe.model_info import read_model_info
-from pyedgemoe.output_files import check_output, write_whole
+from pyedgemoe.output_files import check_output, terminate_cleanly, write_whole
 from pyedgemoe.sysmem import CGROUP_V1_MEMORY, evict_from_page_cache, format_bytes, memory_stat, own_memory_cgroup_v1, parse_size
 from pyedgemoe.threads import default_threads
 
@@ -489,13 +489,14 @@ def cli_main(model: str | os.PathLike[str], *, prompt_tokens: int | Sequence[int
     prompts = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
     outputs = [output_tokens] if isinstance(output_tokens, int) else list(output_tokens)
     results: list[dict[str, Any]] = []
-    for pt in prompts:
-        for ot in outputs:
-            results += run_benchmark(path, engines=engines, prompt_tokens=pt, output_tokens=ot,
-                                     repeats=repeats, threads=threads, mem_cap_bytes=cap,
-                                     flash_attn=flash_attn, ours_options=ours_options,
-                                     stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
-                                     load=load, against_min=against_min, log=log)
+    with terminate_cleanly():  # SIGTERM too: the worker killed, its cgroup and the load's processes gone
+        for pt in prompts:
+            for ot in outputs:
+                results += run_benchmark(path, engines=engines, prompt_tokens=pt, output_tokens=ot,
+                                         repeats=repeats, threads=threads, mem_cap_bytes=cap,
+                                         flash_attn=flash_attn, ours_options=ours_options,
+                                         stock_repack=stock_repack, decode_input=decode_input, warmup=warmup,
+                                         load=load, against_min=against_min, log=log)
     print(format_report(results), end="", flush=True)
     if json_path is not None:
         write_whole(json_path, lambda f: f.write((json.dumps(results, indent=1) + "\n").encode()))

@@ -31,7 +31,6 @@ from pyedgemoe.convert.gguf_out import (
     create_partial_file,
     llama_file_type,
     output_target,
-    terminate_cleanly,
 )
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import (
@@ -42,6 +41,7 @@ from pyedgemoe.gguf_format import (
     is_low_copy,
     low_copy_name,
 )
+from pyedgemoe.output_files import terminate_cleanly
 
 PRECISIONS = ("high", "low")
 

@@ -12,25 +12,22 @@ import errno
 import json
 import os
 import secrets
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import gguf
 import numpy as np
 
 from pyedgemoe.errors import ConversionError, InvalidOptionError
 from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, PROVENANCE_KEY
+from pyedgemoe.output_files import terminate_cleanly
 from pyedgemoe.sysmem import format_bytes
 
 ALIGNMENT = 4096
-TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # ended by them, a conversion leaves no temp file
 
 # numpy dtypes a produce() callback may return instead of raw bytes, per ggml type.
 _NUMPY_DTYPE_OF_TYPE = {
@@ -314,30 +311,6 @@ def output_target(out: Path, force: bool) -> Path:
         if not force:
             raise ConversionError(f"{out} exists; pass --force to overwrite it")
     return target
-
-
-@contextmanager
-def terminate_cleanly() -> Iterator[None]:
-    """SIGTERM (timeout, docker stop) or SIGHUP (the terminal closed, an ssh session dropped) in the
-    block raises SystemExit(128 + the signal), the status a shell gives a process the signal ends, so
-    that the writers' cleanup removes their temp file as on Ctrl-C. Only where the signal would end
-    the process (the default action, in the main thread): a handler of the embedding program's own,
-    or an ignored signal (nohup's SIGHUP), is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    taken = [s for s in TERMINATING_SIGNALS if signal.getsignal(s) is signal.SIG_DFL]
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    for s in taken:
-        signal.signal(s, terminate)
-    try:
-        yield
-    finally:
-        for s in taken:
-            signal.signal(s, signal.SIG_DFL)
 
 
 def create_partial_file(out_path: Path) -> Path:
