@@ -390,10 +390,10 @@ class Engine(Vocabulary):
                     n_probs: int | None = None, progress: bool = False) -> tuple[Generation, Iterator[int]]:
         """generate_tokens, with the Generation (its own timings: last_timings is the latest generation's,
         whichever thread started it; its logprobs, with n_probs). fresh: forget the KV cache first (no prefix
-        reused; the expert cache's per-sequence records restart). A generation with a seed of its own is fresh:
-        reusing a prefix evaluates the prompt's last tokens in a smaller batch, whose sums the CPU kernels may
-        round differently, and the same seeded call must give the same tokens. progress: a PromptProgress among
-        the tokens as the prompt's evaluation begins and after each of its llama_decode calls."""
+        reused; the expert cache's per-sequence records restart). A seeded generation is fresh: reusing a prefix
+        evaluates the prompt's last tokens in a smaller batch, whose sums the CPU kernels may round otherwise, and
+        a seeded call gives the same tokens (a drafter's batches vary: docs/speculative.md). progress: a
+        PromptProgress among the tokens as the prompt's evaluation begins and after each of its llama_decode calls."""
         sampling.validate()
         prompt = as_token_ids(prompt_tokens, "prompt")
         if not prompt:
