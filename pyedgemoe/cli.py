@@ -1024,9 +1024,10 @@ def bench(
 
 
 def _int_list(values: list[str], flag: str) -> list[int]:
-    """llama-bench's lists: a flag given several times, or values comma-separated (-p 16,128)."""
+    """llama-bench's lists: a flag given several times, or values comma-separated (-p 16,128); a value
+    given twice is one cell (its runs are the cell's repeats)."""
     try:
-        return [int(v) for value in values for v in value.split(",")]
+        return list(dict.fromkeys(int(v) for value in values for v in value.split(",")))
     except ValueError:
         fail(f"{flag} takes integers, several comma-separated or the flag repeated, got {' '.join(values)!r}")
 
