@@ -89,3 +89,9 @@ def test_sigterm_ends_the_benchmark_with_its_worker_and_cgroup(tmp_path):
     workers = subprocess.run(["pgrep", "-f", f"bench/worker.py --engine pyedgemoe --model {DEMO}"],
                              capture_output=True, text=True).stdout.split()
     assert not [w for w in workers if int(w) != os.getpid()]
+
+
+def test_a_grid_value_given_twice_is_one_cell():
+    """-p 8,8 ran the cell twice and merged its rows into one, its repeats numbered 0, 0, 1, 1."""
+    from pyedgemoe.cli import _int_list
+    assert _int_list(["8,8", "16", "8"], "--prompt-tokens") == [8, 16]
