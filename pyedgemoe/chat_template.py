@@ -9,6 +9,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyedgemoe.errors import InvalidOptionError
@@ -27,9 +28,14 @@ def template_source(value: str) -> str:
         raise InvalidOptionError(f"chat_template must be a Jinja template (or chatml), got {value!r}"[:200])
     source = CHATML if value == "chatml" else value
     try:
-        _environment().parse(source)
+        parsed = _environment().parse(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise InvalidOptionError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+    # a name of llama.cpp's built-in templates (llama3, gemma, ...) is Jinja text that reads no message:
+    # every chat became the name itself
+    if "messages" not in jinja2.meta.find_undeclared_variables(parsed):
+        raise InvalidOptionError(f"the chat template {value[:40]!r} never reads the messages: give a Jinja chat "
+                                 "template (or chatml); llama.cpp's other built-in names are not taken")
     return source
 
 

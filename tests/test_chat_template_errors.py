@@ -115,9 +115,18 @@ def test_the_cli_says_a_refusal_in_one_line(qwen3, tmp_path):
 @pytest.mark.parametrize("command, arguments", [("run", ["-p", "Hi", "-st"]), ("serve", ["--port", "0", "-t", "1"])])
 def test_a_template_failing_on_a_user_message_alone_is_refused_at_start(qwen3, tmp_path, command, arguments):
     path = tmp_path / "div0.jinja"
-    path.write_text("{{ 1/0 }}")
+    path.write_text("{% for m in messages %}{{ 1/0 }}{% endfor %}")
     assert cli_error(command, qwen3, *arguments, "--chat-template-file", str(path)).startswith(
         "error: the chat template fails on these messages: ZeroDivisionError: division by zero")
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma", "bogusname", "{{ 'no messages read' }}"])
+def test_a_template_that_reads_no_message_is_refused(qwen3, name):
+    """llama.cpp's built-in names (but chatml) are Jinja text here that reads no message: every chat
+    became the name itself, answered without a word."""
+    assert cli_error("run", qwen3, "-p", "Hi", "-st", "--chat-template", name) == (
+        f"error: the chat template {name!r} never reads the messages: give a Jinja chat template (or chatml); "
+        "llama.cpp's other built-in names are not taken")
 
 
 def test_the_server_answers_a_refusal_or_a_failure_with_a_400_and_joins_text_parts_one_a_line(qwen3, tmp_path):
