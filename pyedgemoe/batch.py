@@ -5,8 +5,10 @@ One thread of the Batcher's own runs the model: it prefills each new generation 
 sequence, then steps every running generation whose consumer asked for its next token with one
 llama_decode of one token per sequence. The experts that several sequences route to in a step
 are loaded once, which is what makes serving N clients cheaper per token than serving them in
-turn. Each sequence's rows are computed as when it decodes alone, so a generation's tokens do not
-depend on the others (tests/test_batch.py). A generation here is the Engine's one-sequence
+turn. Each sequence's rows are the rows it gets alone up to rounding: a step's matrix products sum
+its sequences' rows together, which llama.cpp's kernels may round otherwise (logits some 1e-5 to
+1e-2 apart), so a generation's greedy tokens are its own alone but where two picks tie that closely
+(tests/test_batch.py). A generation here is the Engine's one-sequence
 Generation (generation.py), stepped with the others; every decode goes through the Decoder.
 
 A consumer (the iterator Batcher.generate returns, on any thread) blocks until its next token;
@@ -106,9 +108,13 @@ class Batcher:
         with self._cond:
             if self._closing:
                 raise closed_error("this Engine is closed")
-            held = [q for q in self._running if q.thread == r.thread and not (q.closed or q.done)]
-            if len(held) == len(self._sequences):  # only this thread can free one: it would wait on itself
-                raise EngineBusyError(f"every sequence ({len(held)}) holds a generation this thread started and has "
+            # a sequence is freed by its generation's thread; one waiting here for a sequence frees none
+            held = [q for q in self._running if not (q.closed or q.done)]
+            waiting = {q.thread for q in self._pending} | {r.thread}
+            if len(held) == len(self._sequences) and all(q.thread in waiting for q in held):
+                whose = "this thread" if all(q.thread == r.thread for q in held) else \
+                    "this thread or threads that wait for a sequence too"
+                raise EngineBusyError(f"every sequence ({len(held)}) holds a generation {whose} started and has "
                                       "not taken to its end: take one to its end or close() it before starting another")
             self._pending.append(r)
             self._cond.notify_all()

@@ -188,6 +188,32 @@ def test_a_thread_whose_open_generations_hold_every_sequence_is_refused_another_
         s.close()
 
 
+def test_threads_whose_open_generations_hold_every_sequence_and_wait_for_another_are_not_left_waiting(batched):
+    """Each of four threads holds a sequence with a stream it left open, then asks for another: each
+    waited for a sequence only a waiting thread could free, for ever. The last to ask is refused; once
+    its thread lets its stream go, the others get theirs."""
+    barrier, answers = threading.Barrier(4), {}
+
+    def ask(i: int) -> None:
+        held = batched.generate(PROMPTS[i], 32, temperature=0, ignore_eos=True, stream=True)
+        next(held)
+        barrier.wait()
+        try:
+            answers[i] = batched.generate(PROMPTS[i], 2, temperature=0, ignore_eos=True)
+        except EngineBusyError as e:
+            answers[i] = e
+        finally:
+            held.close()
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "left waiting"
+    refused = [a for a in answers.values() if isinstance(a, EngineBusyError)]
+    assert len(refused) == 1 and "threads that wait for a sequence too" in str(refused[0])
+
+
 def test_more_sequences_than_an_expert_bias_models_cache_serves_in_a_step_are_refused_at_load(tiny_model):
     """GPT-OSS's experts have biases: a ubatch's experts must all be in the cache at once, and a
     step of N sequences is one ubatch of N tokens. Every generation failed ("no slot left for this

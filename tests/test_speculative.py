@@ -20,7 +20,7 @@ from pyedgemoe.speculative import DraftControl, NgramSimple
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo.gguf"
-CODE = (REPO / "pyedgemoe" / "batch.py").read_text()[:1200]
+CODE = (Path(__file__).parent / "speculative" / "prompt.txt").read_text()  # batch.py's first 1200 characters once
 COPY_PROMPT = CODE + "\n\n" + CODE[:160]  # the text goes on as it did: guesses are taken
 LOSSLESS = dict(expert_cache="25%", system="lossless", n_threads=1)
 TIE = 0.02  # logits this close are a tie a batch's rounding may break either way
