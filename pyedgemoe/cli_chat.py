@@ -124,11 +124,11 @@ def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: Sampling
     """The assistant's message replying to messages, streamed to stdout (its thoughts, where parsed
     apart, between THINKING's marks), with a note where the context filled up before it ended; Ctrl-C
     stops it where it is."""
-    reply, thoughts, interrupted = [], [], False
-    chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
-                                        chat_template_kwargs=template_kwargs or None, reasoning_format=reasoning_format,
-                                        **dataclasses.asdict(sampling))
-    try:
+    reply, thoughts, interrupted, chunks = [], [], False, None
+    try:  # Ctrl-C while the chat is rendered and tokenized too (it ended the session)
+        chunks = eng.create_chat_completion(messages, max_tokens=max_tokens, stop=list(stop), stream=True,
+                                            chat_template_kwargs=template_kwargs or None,
+                                            reasoning_format=reasoning_format, **dataclasses.asdict(sampling))
         for chunk in chunks:
             delta = chunk["choices"][0]["delta"]
             thought, piece = delta.get("reasoning_content") or "", delta.get("content") or ""
@@ -141,7 +141,8 @@ def _reply(eng, messages: list[dict], max_tokens: int | None, sampling: Sampling
                 reply.append(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        chunks.close()
+        if chunks is not None:
+            chunks.close()
         interrupted = True
     sys.stdout.write("\n")
     sys.stdout.flush()

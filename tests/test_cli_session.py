@@ -225,3 +225,18 @@ def test_make_demo_prints_the_prompt_once():
     assert r.returncode == 0, r.stderr
     shown = r.stdout.split("--stats\n", 1)[1]  # after the command line it shows
     assert shown.count(demo.PROMPT) == 1 and shown.lstrip("\n").startswith(demo.PROMPT)
+
+
+def test_ctrl_c_while_a_chat_message_is_rendered_stops_the_reply_not_the_session(capsys):
+    """Ctrl-C just after a long message was sent (while the chat was rendered and tokenized) ended the
+    session with status 130."""
+    from pyedgemoe.cli_chat import _reply
+    from pyedgemoe.generation import SamplingParams
+
+    class Rendering:
+        def create_chat_completion(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    message = _reply(Rendering(), [{"role": "user", "content": "hi"}], 4, SamplingParams(), [], None, None)
+    assert message == {"role": "assistant", "content": ""}
+    assert "note: reply interrupted" in capsys.readouterr().err
