@@ -38,6 +38,7 @@ def run_interactive(eng, prompt: str, max_tokens: int | None, sampling: Sampling
     """The session (an empty prompt: the reader's turn first); False when Ctrl-C while reading ended
     it, True on EOF or a full context."""
     tokens = eng.prompt_tokens(prompt)
+    eng._check_fits(len(tokens), 1)  # a prompt the context cannot hold: plain completion's error (not a note, status 0)
     shown = prompt  # the text so far, where the reverse prompts are looked for
     if display_prompt:
         sys.stdout.write(prompt)

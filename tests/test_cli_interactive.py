@@ -123,3 +123,10 @@ def test_a_chat_message_goes_on_past_a_line_ending_in_a_backslash(eng):
     messages = [{"role": "user", "content": "def add(a, b):\n    return"}]
     reply = eng.create_chat_completion(messages, max_tokens=4, temperature=0)["choices"][0]["message"]["content"]
     assert r.returncode == 0 and r.stdout == f"> {reply}\n> \n", r.stderr
+
+
+def test_a_prompt_the_context_cannot_hold_is_plain_completions_error():
+    """-i with a prompt longer than the context printed it, noted the context full and exited 0."""
+    r = cli("run", DEMO, "-i", "-p", "word " * 400, "-c", "256", "-n", "4", input_text="more\n")
+    assert r.returncode == 1 and r.stdout == ""
+    assert_one_line_error(r, "does not fit the context of 256 tokens with room for 1 generated")
