@@ -74,9 +74,9 @@ Available = int | tuple[int, str] | None
 def available_memory() -> tuple[int, str]:
     """(what this process can still use, where that number comes from): MemAvailable, capped by
     the room under each memory cgroup limit on it (its own group's, and those of the groups above
-    it): the limit minus what is in use there, less the clean
-    page cache charged to it, which the kernel drops when the group needs room (as MemAvailable
-    counts it; a previous run's cached file would otherwise look like memory in use)."""
+    it): the limit minus what is in use there, less the clean page cache charged to it, which the
+    kernel drops when the group needs room (as MemAvailable counts it; a previous run's cached file
+    would otherwise look like memory in use)."""
     available = None
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
