@@ -246,6 +246,10 @@ def test_low_copies_larger_than_high_ones_are_refused(tiny_model, tmp_path):
                                               r"is larger than --high q4_0"):
         convert_gguf(src, tmp_path / "mp.gguf", high="q4_0", low_from=tiny_model("qwen3_moe", "q8_0")[0],
                      progress=False)
+    for source in (src, hf_dir):  # --low not given: its default is named
+        with pytest.raises(ConversionError, match=r"^the default --low q4_K \(4\.5 bits per weight\) is larger than "
+                                                  r"--high q2_K \(2\.625\)"):
+            convert(source, tmp_path / "mp.gguf", high="q2_K", progress=False)
     assert files_in(tmp_path) == []
     same = convert(src, tmp_path / "same.gguf", high="q8_0", low="q8_0", progress=False)
     assert read_model_info(same).multi_precision

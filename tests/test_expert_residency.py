@@ -123,7 +123,8 @@ def typed_model(tmp_path_factory):
     def make(expert_type: str) -> Path:
         out = folder / f"demo-{expert_type}.gguf"
         if not out.exists():
-            both = convert(high, folder / f"demo-{expert_type}.mp.gguf", high=expert_type, low="q4_0", progress=False)
+            both = convert(high, folder / f"demo-{expert_type}.mp.gguf", high=expert_type, low=expert_type,
+                           progress=False)  # the HIGH copies are the point; a LOW of more bits is refused
             export(both, out, precision="high", progress=False)
             assert read_model_info(out).tensor_types.get(expert_type, 0) > 0
         return out

@@ -281,8 +281,9 @@ def convert_gguf(src: Path, out: Path, *, high: str = DEFAULT_HIGH, low: str | N
         low_reader, low_tensors, low = _open_low_from(Path(low_from), arch, experts)
         check_precisions(high, low, f"--low-from {low_from}'s type")
     else:
+        named = "--low" if low else "the default --low"
         low = check_type(low or DEFAULT_LOW, "--low")
-        check_precisions(high, low)
+        check_precisions(high, low, named)
 
     if not dry_run:
         output_target(out, force)

@@ -455,8 +455,9 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DE
     src, out = Path(src), Path(out)
     n_threads = n_threads or os.cpu_count() or 1
     high = check_type(high, "--high")
+    named = "--low" if low else "the default --low"
     low = check_type(low or DEFAULT_LOW, "--low")
-    check_precisions(high, low)
+    check_precisions(high, low, named)
     base = check_type(base or "f16", "--base")
     if not dry_run:
         output_target(out, force)
