@@ -1,9 +1,11 @@
 """LoRA adapters, as llama.cpp loads them (`--lora FNAME[,FNAME...]`, `--lora-scaled FNAME:SCALE,...`;
 llama-cpp-python's `Llama(lora_path=..., lora_scale=...)`): GGUF adapters (llama.cpp's
 convert_lora_to_gguf.py writes them) applied by llama.cpp at every matrix they change. Checked here
-before the load: the file is an adapter for the model's architecture. An adapter that changes the
-routed experts' matrices needs them computed by llama.cpp's own graph, every expert resident (or
-mapped): the expert cache computes them itself (its pools), and would leave the adapter out."""
+before the load: the file is an adapter for the model's architecture, of tensors ggml multiplies
+and a float32 alpha (llama.cpp loads others, then crashes or stops on its check). An adapter that
+changes the routed experts' matrices needs them computed by llama.cpp's own graph, every expert
+resident (or mapped): the expert cache computes them itself (its pools), and would leave the
+adapter out."""
 from __future__ import annotations
 
 import math
