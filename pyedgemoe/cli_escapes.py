@@ -17,11 +17,7 @@ _SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\":
 def process_escapes(text: str) -> str:
     """text with llama.cpp's escape sequences replaced; bytes given by \\xHH that are not UTF-8 become
     U+FFFD as llama.cpp reads them (LLAMA_BYTES)."""
-    return _escaped(utf8(text)).decode("utf-8", errors=LLAMA_BYTES)
-
-
-def _escaped(raw: bytes) -> bytes:
-    return _ESCAPE.sub(lambda m: _SIMPLE[m[1]] if m[1] else bytes([int(m[2], 16)]), raw)
+    return text_of(utf8(text), escape=True)
 
 
 def read_text_file(path, escape: bool) -> str:
@@ -35,7 +31,9 @@ def read_text_file(path, escape: bool) -> str:
 def text_of(raw: bytes, escape: bool) -> str:
     """Bytes read as text, (escape) their escapes processed; bytes that are not UTF-8 a U+FFFD as
     llama.cpp reads them (LLAMA_BYTES)."""
-    return (_escaped(raw) if escape else raw).decode("utf-8", errors=LLAMA_BYTES)
+    if escape:
+        raw = _ESCAPE.sub(lambda m: _SIMPLE[m[1]] if m[1] else bytes([int(m[2], 16)]), raw)
+    return raw.decode("utf-8", errors=LLAMA_BYTES)
 
 
 def escape_option(where: str, default: bool = True):
