@@ -203,6 +203,26 @@ def test_ctrl_c_while_the_command_starts_is_status_130_without_a_traceback(delay
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+# Ctrl-C at the one moment it aborted the process: while nanobind creates the native module's enums
+CTRL_C_IN_THE_NATIVE_IMPORT = """
+import enum, os, runpy, signal, sys
+create = enum.EnumType.__call__
+def ctrl_c_while_native_enums_are_made(cls, *args, **kwargs):
+    if kwargs.get("module") == "pyedgemoe._native":
+        os.kill(os.getpid(), signal.SIGINT)
+    return create(cls, *args, **kwargs)
+enum.EnumType.__call__ = ctrl_c_while_native_enums_are_made
+sys.argv = ["pyedgemoe", "--version"]
+runpy.run_module("pyedgemoe", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_native_module_is_imported_is_status_130_not_an_abort():
+    r = subprocess.run([sys.executable, "-c", CTRL_C_IN_THE_NATIVE_IMPORT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130 and r.stdout == "", (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and "nanobind" not in r.stderr, r.stderr
+
+
 def test_output_that_cannot_be_written_is_one_error_line():
     run = [sys.executable, "-m", "pyedgemoe", "run", str(DEMO), "-p", PROMPT, "-n", "4", "-t", "1"]
     with open("/dev/full", "w") as full:
