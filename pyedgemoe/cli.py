@@ -134,7 +134,8 @@ def run(
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", "-cnv/-no-cnv", "--conversation/--no-conversation",
                                         help="interactive chat with the model's template (ChatML if it has none), as "
                                         "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
-                                        "end the session (default: a chat where no -p, -f or --json is given, or "
+                                        "end the session; a message that fails (e.g. too long for the context) is an "
+                                        "error line, the session goes on, and its exit status is then 1 (default: a chat where no -p, -f or --json is given, or "
                                         "where a chat's flag is: -sys, -sysf, -st, --reasoning-*, "
                                         "--chat-template-kwargs; as llama-cli)"),
     reasoning_format: str = typer.Option("none", "--reasoning-format", help=f"with --chat: a reply's thoughts, "
@@ -251,12 +252,12 @@ def run(
             print_model_note(eng, model)  # stderr: --json's stdout stays one object
             cache = PromptCache(eng, prompt_cache, prompt_cache_all, prompt_cache_ro) if prompt_cache else None
             if chat:
-                ended = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs,
-                                 reasoning_format, multiline)
+                status = run_chat(eng, prompt, system_prompt, max_tokens, sampling, stop, single_turn, template_kwargs,
+                                  reasoning_format, multiline)
             elif interactive:
-                ended = run_interactive(eng, prompt or "", max_tokens, sampling, ignore_eos, Interaction(
+                status = 0 if run_interactive(eng, prompt or "", max_tokens, sampling, ignore_eos, Interaction(
                     tuple(stop), in_prefix, in_suffix, in_prefix_bos, multiline, escape, interactive_first),
-                    display_prompt, special)
+                    display_prompt, special) else 130
             elif as_json:
                 tokens = eng.prompt_tokens(prompt)
                 print_prompt_tokens(eng, prompt, tokens) if verbose_prompt else None
@@ -269,19 +270,20 @@ def run(
                     "finish_reason": t.finish_reason,
                     "context_full": context_full(t.finish_reason, t.n_decoded, max_tokens), "stats": eng.stats(),
                 }))
-                ended = True
+                status = 0
             else:
                 print_prompt_tokens(eng, prompt, eng.prompt_tokens(prompt)) if verbose_prompt else None
                 color = sys.stdout.isatty() if color is None else color  # llama.cpp's auto
-                ended = stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop, special)
+                status = 0 if stream_text(eng, prompt, max_tokens, sampling, ignore_eos, display_prompt, color, stop,
+                                          special) else 130
             if cache is not None:
                 save_prompt_cache(cache, eng.last_timings)
             if as_json:
                 return
             if stats:
                 print_stats(eng.stats())
-            if not ended:
-                raise typer.Exit(130)
+            if status:
+                raise typer.Exit(status)
 
 
 PROMPT_COLOR, RESET_COLOR = "\033[33m", "\033[0m"  # run --color: llama.cpp's prompt color

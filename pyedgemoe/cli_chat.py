@@ -35,9 +35,10 @@ THINKING = ("[Start thinking]\n\n", "\n[End thinking]\n\n")  # llama-cli's marks
 
 def run_chat(eng, first_message: str | None, system_prompt: str | None, max_tokens: int | None,
              sampling: SamplingParams, stop: list[str] = (), single_turn: bool = False,
-             template_kwargs: dict | None = None, reasoning_format: str | None = None, multiline: bool = False) -> bool:
-    """The session; False when Ctrl-C at the prompt ended it, True on EOF or /exit, or after the
-    first reply with single_turn (llama-cli's -st). stop: strings that end a reply (-r);
+             template_kwargs: dict | None = None, reasoning_format: str | None = None, multiline: bool = False) -> int:
+    """The session, ended by EOF or /exit, or after the first reply with single_turn (llama-cli's -st);
+    its exit status: 130 where Ctrl-C at the prompt ended it, else 1 where a message got an error
+    instead of a reply (said, and the session went on: a script piping messages learns of it), 0. stop: strings that end a reply (-r);
     template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
     reasoning_format (--reasoning-format auto, deepseek): a reply's thoughts apart, shown between
     THINKING's marks as llama-cli shows them and kept as the message's reasoning_content; multiline:
@@ -50,6 +51,7 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
         typer.echo(COMMANDS, err=True)
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages, files = list(system), ""  # files: the text files read for the next message
+    failed = 0  # the status where the session ends: 1 once a message failed
     while True:
         if first_message is not None:
             line, first_message = first_message, None
@@ -61,13 +63,13 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
                 line = read_input(multiline)
             except KeyboardInterrupt:
                 typer.echo("")
-                return False
+                return 130
             if line is None:  # EOF
                 typer.echo("")
-                return True
+                return failed
         command, _, argument = line.strip().partition(" ")
         if command in EXIT_COMMANDS:
-            return True
+            return failed
         if command == "/clear":
             messages, files = list(system), ""
             typer.echo("note: chat history cleared", err=True)
@@ -91,11 +93,12 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
             if single_turn:
                 raise
             typer.echo(f"error: {e}", err=True)
+            failed = 1
             if messages[-1]["role"] == "user":
                 messages.pop()
             continue
         if single_turn:
-            return True
+            return 0
 
 
 def _read(path: str) -> str:

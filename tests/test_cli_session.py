@@ -84,9 +84,10 @@ def test_chat_p_is_the_first_user_message_and_sys_the_system_message():
 
 
 def test_a_chat_message_beyond_the_context_is_an_error_line_and_the_session_goes_on():
-    # as llama-cli: the error shown, the next message answered (without the one that did not fit)
+    # as llama-cli: the error shown, the next message answered (without the one that did not fit); the
+    # exit status 1 tells a script piping messages that one failed
     r = cli("run", DEMO, "--chat", "-c", "256", "-n", "4", "--temp", "0", input_text="x " * 3000 + "\nhi\n")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     assert [l for l in r.stderr.splitlines() if l.startswith("error:")] == [
         "error: prompt of 3025 tokens does not fit the context of 256 tokens with room for 1 generated (raise n_ctx "
         "/ --ctx)"]
