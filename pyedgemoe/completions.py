@@ -63,13 +63,15 @@ class TextRun:
     character it cuts is finished first, as llama-cpp-python's completions do (their count of the
     bytes it lacks, _bytes_missing): at most CHARACTER_TAIL tokens more. timings_per_token:
     a streamed chunk carries the timings so far (chunk_timings). progress: pieces() yields a
-    PromptProgress as the prompt's evaluation begins and after each llama_decode of it."""
+    PromptProgress as the prompt's evaluation begins and after each llama_decode of it. end_shown:
+    the text of the end-of-generation token that ended it too (llama-completion's with -sp)."""
 
     def __init__(self, engine, prompt_tokens: list[int], max_tokens: int | None, sampling: SamplingParams,
                  stop: list[str], ignore_eos: bool = False, n_probs: int | None = None,
                  special_tokens: Container[int] = frozenset(), timings_per_token: bool = False,
-                 progress: bool = False, finish_character: bool = False):
+                 progress: bool = False, finish_character: bool = False, end_shown: bool = False):
         self._engine = engine
+        self._end_shown = end_shown
         self._timings_per_token = timings_per_token
         self._special = special_tokens  # shown as their text (a tool-call format's tags)
         self.prompt_tokens = prompt_tokens
@@ -117,6 +119,8 @@ class TextRun:
                 break
         else:
             self.finish_reason = self.generation.timings.finish_reason
+            if self._end_shown and self.generation.end is not None:
+                yield from self._shown(self._text.push(self._engine.token_piece(self.generation.end[0], special=True)))
         yield from self._shown(self._text.flush())
 
     def _shown(self, pieces: list[str]) -> Iterator[str]:

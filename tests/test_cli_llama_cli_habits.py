@@ -189,13 +189,17 @@ def test_no_warmup_is_taken(engine):
 
 def test_special_tokens_are_shown_with_sp(engine):
     """-sp: special tokens' text in the output (a bias makes the model write the demo's one special
-    token, its end of text, and --ignore-eos goes on past it), in the stream and in --json's text."""
+    token, its end of text, and --ignore-eos goes on past it), in the stream and in --json's text; the
+    end-of-generation token that ends the text is shown too, as llama-completion shows it."""
     special = engine.token_piece(engine.token_eos(), special=True).decode()
-    forced = ["-l", f"{engine.token_eos()}+100", "--ignore-eos", *GREEDY]
-    plain, shown = run("-p", "x", "-n", "3", *forced), run("-sp", "-p", "x", "-n", "3", *forced)
+    forced = ["-l", f"{engine.token_eos()}+100", *GREEDY]
+    plain, shown = run("-p", "x", "-n", "3", "--ignore-eos", *forced), run("-sp", "-p", "x", "-n", "3", "--ignore-eos",
+                                                                             *forced)
     assert plain.returncode == shown.returncode == 0
     assert plain.stdout == "\n" and shown.stdout == special * 3 + "\n"
-    assert f'"text": "{special * 2}"' in run("-sp", "--json", "-p", "x", "-n", "2", *forced).stdout
+    assert f'"text": "{special * 2}"' in run("-sp", "--json", "-p", "x", "-n", "2", "--ignore-eos", *forced).stdout
+    ended = run("-sp", "-p", "x", "-n", "3", *forced)
+    assert ended.returncode == 0 and ended.stdout == special + "\n" and run("-p", "x", "-n", "3", *forced).stdout == "\n"
 
 
 def test_verbose_prompt_prints_the_prompts_tokens(engine):
