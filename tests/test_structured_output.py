@@ -8,6 +8,7 @@ grammar, not max_tokens, ends the text."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -71,6 +72,19 @@ def test_a_json_schema_gives_json_of_the_schema(eng, temperature):
         assert_matches_schema(text)
     assert eng.generate("x = ", 200, json_schema=json.dumps(SCHEMA), temperature=0) == \
         eng.generate("x = ", 200, json_schema=SCHEMA, temperature=0)  # the schema as JSON text or a dict
+
+
+# each was any string (llama.cpp's converter has no \d, \w, \s, and takes a pattern anchored at both
+# ends only), or let the text break the JSON (the dot and a negated class took a raw quote)
+@pytest.mark.parametrize("pattern", ["^\\d{3}-\\w{2}$", "^[\\d.]{4}$", "^.{6}$", "^[^a]{5}$", "^\\S{2}\\s\\D\\W$",
+                                     "\\d{2}", "^ab\\d", "\\d$"])
+def test_a_strings_pattern_is_followed_as_json_schema_reads_it(eng, pattern):
+    # the quote ends the text as soon as the pattern lets it; digits are liked, so that one comes soon
+    bias = {eng.tokenize('"', add_bos=False)[0]: 30.0, **{eng.tokenize(str(d), add_bos=False)[0]: 10.0 for d in range(10)}}
+    for seed in range(3):
+        text = eng.generate("x = ", 48, json_schema={"type": "string", "pattern": pattern}, temperature=1.0, seed=seed,
+                            logit_bias=bias)
+        assert re.search(pattern, json.loads(text), re.ASCII), (pattern, text)
 
 
 @pytest.mark.parametrize("response_format", [
