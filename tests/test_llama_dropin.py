@@ -1262,6 +1262,11 @@ def test_chat_logprobs_are_openai_shaped_with_stock_values(both, tiny_model):
         assert entry["token"] == bytes(entry["bytes"]).decode("utf-8", errors="ignore")
         assert entry["logprob"] == pytest.approx(float(expected_entry["logprob"]), abs=1e-5)
         assert [t["token"] for t in entry["top_logprobs"]] == [t["token"] for t in expected_entry["top_logprobs"]][:2]
+    # top_logprobs without logprobs: ignored, as stock ignores it (it was refused)
+    without = ours.create_chat_completion(messages, max_tokens=8, temperature=0, top_logprobs=2)
+    stock = theirs.create_chat_completion(messages, max_tokens=8, temperature=0, top_logprobs=2)
+    assert without["choices"][0]["message"] == stock["choices"][0]["message"] == expected["choices"][0]["message"]
+    assert without["choices"][0]["logprobs"] is None is stock["choices"][0]["logprobs"]
 
 
 def test_readme_json_mode_is_stock_llama_cpp_pythons(both, tiny_model):
