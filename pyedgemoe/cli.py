@@ -916,7 +916,9 @@ def convert_command(
     low: Optional[str] = typer.Option(None, "--low", show_default=False,
                                       help=f"type of the LOW expert copies (q4_0 q4_K q3_K q2_K ...; default "
                                       f"{DEFAULT_LOW}, or --low-from's)"),
-    base: Optional[str] = typer.Option(None, "--base", help="type of non-expert matrices (default: f16, or the GGUF's)"),
+    base: Optional[str] = typer.Option(None, "--base",
+                                       help="type of non-expert matrices (default: as llama.cpp's --outtype auto, "
+                                       "bf16 for a BF16 checkpoint, else f16; a GGUF's own)"),
     low_from: Optional[Path] = typer.Option(None, "--low-from", help="take LOW experts from this lower quant GGUF"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, write nothing"),

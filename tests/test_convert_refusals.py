@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -161,6 +162,53 @@ def test_an_output_symlink_is_written_through(tiny_model, tmp_path, command):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "target.gguf"]
 
 
+def _copy(src: Path, tmp_path: Path) -> Path:
+    """A copy of a tiny model (a checkpoint directory or a GGUF) to aim an output at."""
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("read", ["model.safetensors", "config.json", "tokenizer.json", "a link to the shard"])
+@pytest.mark.parametrize("force", [True, False])
+def test_an_output_that_is_a_file_the_conversion_reads_is_refused_even_with_force(tiny_model, tmp_path, read, force):
+    hf_dir = _copy(tiny_model("mixtral")[1], tmp_path)
+    out = hf_dir / read
+    if read == "a link to the shard":
+        out = tmp_path / "link.gguf"
+        out.symlink_to(hf_dir / "model.safetensors")
+    before = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+    with pytest.raises(ConversionError, match=rf"^the output {re.escape(str(out))} is one of the command's inputs: "
+                                              rf"give another file$"):
+        convert(hf_dir, out, force=force, progress=False)
+    assert {p.name: p.read_bytes() for p in hf_dir.iterdir()} == before
+
+
+def test_an_output_that_is_the_source_gguf_is_refused_on_the_cli_without_suggesting_force(tiny_model, tmp_path):
+    src = _copy(tiny_model("mixtral")[0], tmp_path)
+    r = cli("convert", src, "-o", src)
+    assert (r.returncode, r.stderr) == (1, f"error: the output {src} is one of the command's inputs: give another file\n")
+
+
+def test_disk_full_names_the_temporary_files_of_writes_that_were_killed(tiny_model, tmp_path, monkeypatch):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "out.gguf"
+    stale = tmp_path / f".out.gguf.{dead.pid}.0123abcd.partial"  # create_partial_file's name
+    running = tmp_path / f".out.gguf.{os.getpid()}.4567cdef.partial"
+    other = tmp_path / f".other.gguf.{dead.pid}.0123abcd.partial"
+    for p in (stale, running, other):
+        p.write_bytes(b"\0" * 2048)
+    full = os.statvfs(tmp_path)
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((*full[:4], 0, *full[5:])))  # f_bavail 0
+    with pytest.raises(ConversionError, match=r"^disk full while writing .*; 1 temporary file\(s\) of earlier writes "
+                                              r"that did not finish \(their process is gone\) hold 2\.0 KiB: "
+                                              rf"{re.escape(str(stale))}; remove them if no other machine is writing "
+                                              rf"them$"):
+        convert(tiny_model("mixtral")[1], out, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (stale, running, other))
+
+
 # -- config.json ---------------------------------------------------------------------------------------
 
 def _edited_checkpoint(tiny_model, tmp_path: Path, **changes) -> Path:
@@ -266,3 +314,20 @@ def test_low_type_names_the_type_of_most_low_bytes_after_fallbacks(tiny_model, t
     assert set(low_bytes) == {"q5_0", "f16"} and low_bytes["f16"] > low_bytes["q5_0"]
     info = read_model_info(out)
     assert info.metadata[LOW_TYPE_KEY] == info.low_type == "f16"
+
+
+def test_a_low_copy_a_fallback_makes_larger_than_its_high_copy_is_refused(tiny_model, tmp_path):
+    # rows of 64 and 32 fill q4_0 blocks but not q4_K's: LOW falls back to q5_0, 5.5 bits to HIGH's 4.5
+    _, hf_dir = tiny_model("qwen3_moe")
+    with pytest.raises(ConversionError, match=r"^blk\.0\.ffn_\w+_exps\.weight's LOW copy q5_0 \(5\.5 bits per weight\) "
+                                              r"is larger than its HIGH copy q4_0 \(4\.5\): LOW is the smaller copy, "
+                                              r"read for unimportant misses \(q5_0 instead of q4_K: rows of \d+ do not "
+                                              r"fill q4_K blocks\)$"):
+        convert(hf_dir, tmp_path / "out.gguf", high="q4_0", low="q4_K", dry_run=True, progress=False)
+
+
+def test_the_summary_line_names_the_types_written(tiny_model, tmp_path, capsys):
+    _, hf_dir = tiny_model("qwen3_moe")
+    convert(hf_dir, tmp_path / "out.gguf", high="q8_0", low="q4_K", progress=True)
+    summary = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("converting "))
+    assert ": experts q8_0 " in summary and " + q5_0 " in summary and "q4_K" not in summary, summary

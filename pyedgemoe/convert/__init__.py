@@ -46,7 +46,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAU
     src: a Hugging Face model directory (config.json + safetensors + tokenizer files), a standard
     llama.cpp GGUF, or a Hugging Face repo id ("org/name", downloaded with huggingface_hub).
     high, low: ggml types of the routed experts' two copies; base: type of the other weight
-    matrices (HF: default f16; GGUF: default the source's). low_from: GGUF sources only, a lower
+    matrices (HF: default as llama.cpp's `--outtype auto`, bf16 for a BF16 checkpoint, else f16;
+    GGUF: default the source's). low_from: GGUF sources only, a lower
     quant of the same model whose experts become the LOW copies. calibration: a `pyedgemoe
     calibrate` sidecar (path or contents) to embed as `edgemoe.calibration.*` metadata, which the
     runtime uses when the model has no sidecar of its own. name: the model's name (general.name;

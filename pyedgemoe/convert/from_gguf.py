@@ -30,6 +30,7 @@ from pyedgemoe.convert.gguf_out import (
 )
 from pyedgemoe.convert.plan import (
     DEFAULT_HIGH, DEFAULT_LOW, check_precisions, check_type, fitting_type, type_of_most_bytes)
+from pyedgemoe.convert.tensor_values import check_values
 from pyedgemoe.errors import ConversionError, ModelLoadError
 from pyedgemoe.gguf_format import FORMAT_VERSION_KEY, KEY_PREFIX, is_expert_tensor, is_low_copy, low_copy_name
 
@@ -189,10 +190,11 @@ def dequantized_rows(path: Path, tensor, r0: int, r1: int) -> np.ndarray:
     return _native.dequantize(chunk, src_type, r1 - r0, row_len)
 
 
-def requantize_chunks(path: Path, tensor, dst_type: str, n_threads: int) -> Iterator[np.ndarray]:
+def requantize_chunks(path: Path, tensor, dst_type: str, n_threads: int, option: str) -> Iterator[np.ndarray]:
     """A tensor converted from its type to `dst_type`, a group of rows at a time: read the rows,
-    dequantize them with ggml (f32: as they are), quantize them with ggml. ggml quantizes every
-    row on its own, so the pieces are exactly the bytes of converting the whole tensor at once."""
+    dequantize them with ggml (f32: as they are), check their values (check_values; `option` gave
+    the type), quantize them with ggml. ggml quantizes every row on its own, so the pieces are
+    exactly the bytes of converting the whole tensor at once."""
     from pyedgemoe import _native
 
     row_len = tensor_ne(tensor)[0]
@@ -202,6 +204,7 @@ def requantize_chunks(path: Path, tensor, dst_type: str, n_threads: int) -> Iter
     for r0 in range(0, n_rows, rows_per_chunk):
         r1 = min(n_rows, r0 + rows_per_chunk)
         rows = dequantized_rows(path, tensor, r0, r1)
+        check_values(rows, dst_type, tensor.name, option)
         if dst_type == "f32":
             q = np.ascontiguousarray(rows, dtype=np.float32)
         else:
@@ -216,8 +219,8 @@ def _keep(path: Path, tensor) -> Callable[[], Iterator[np.ndarray]]:
     return lambda: copy_chunks(path, tensor)
 
 
-def _convert(path: Path, tensor, dst_type: str, n_threads: int) -> Callable[[], Iterator[np.ndarray]]:
-    return lambda: requantize_chunks(path, tensor, dst_type, n_threads)
+def _convert(path: Path, tensor, dst_type: str, n_threads: int, option: str) -> Callable[[], Iterator[np.ndarray]]:
+    return lambda: requantize_chunks(path, tensor, dst_type, n_threads, option)
 
 
 def _base_type_for(tensor, base: str | None) -> tuple[str, str]:
@@ -286,9 +289,7 @@ def convert_gguf(src: Path, out: Path, *, high: str = DEFAULT_HIGH, low: str | N
         check_precisions(high, low, named)
 
     if not dry_run:
-        output_target(out, force)
-    if Path(out).resolve() in {f.resolve() for f in reader.files + (low_reader.files if low_reader else [])}:
-        raise ConversionError(f"output {out} is one of the inputs")
+        output_target(out, force, inputs=reader.files + (low_reader.files if low_reader else []))
 
     output = None if dry_run else GGUFOutput(out, arch=arch, force=force)
     writer = output.writer if output else gguf.GGUFWriter(None, arch)
@@ -316,17 +317,16 @@ def convert_gguf(src: Path, out: Path, *, high: str = DEFAULT_HIGH, low: str | N
             output.add_tensor(name, ne, type_name, produce)
 
     for t in reader.tensors:
-        ne, src_type = tensor_ne(t), tensor_type_name(t)
+        ne, src_type, file = tensor_ne(t), tensor_type_name(t), reader.file_of(t)
         if not is_expert_tensor(t.name):
             dst, action = _base_type_for(t, base)
-            produce = _keep(reader.file_of(t), t) if dst == src_type else _convert(reader.file_of(t), t, dst, n_threads)
+            produce = _keep(file, t) if dst == src_type else _convert(file, t, dst, n_threads, "--base")
             add(t.name, ne, dst, produce, src_type, action, "base")
             continue
-        file = reader.file_of(t)
         if src_type == high:
             add(t.name, ne, high, _keep(file, t), src_type, "copy", "high")
         else:
-            add(t.name, ne, high, _convert(file, t, high, n_threads), src_type, "requantize", "high")
+            add(t.name, ne, high, _convert(file, t, high, n_threads, "--high"), src_type, "requantize", "high")
         if low_reader is not None:
             lt = low_tensors[t.name]
             add(low_copy_name(t.name), ne, tensor_type_name(lt), _keep(low_reader.file_of(lt), lt),
@@ -334,7 +334,8 @@ def convert_gguf(src: Path, out: Path, *, high: str = DEFAULT_HIGH, low: str | N
         elif src_type == low:
             add(low_copy_name(t.name), ne, low, _keep(file, t), src_type, "copy", "low")
         else:
-            add(low_copy_name(t.name), ne, low, _convert(file, t, low, n_threads), src_type, "requantize", "low")
+            add(low_copy_name(t.name), ne, low, _convert(file, t, low, n_threads, "--low"), src_type, "requantize",
+                "low")
 
     summary = _plan_summary(src, out, arch, high, low, base, low_from, plan)
     if dry_run:

@@ -2,8 +2,10 @@
 
 The file is what llama.cpp's converter writes (tensor names, shapes, order, types, hparams,
 tokenizer) with the routed experts in the HIGH type, plus each stacked expert tensor's LOW copy
-under its `.lowbit` name right after it. Non-expert matrices are in BASE (default f16); 1-D
-tensors, norms, biases and routers stay F32, as llama.cpp writes them.
+under its `.lowbit` name right after it. Non-expert matrices are in BASE (default as llama.cpp's:
+bf16 for a BF16 checkpoint, else f16); 1-D tensors, norms, biases and routers stay F32, as
+llama.cpp writes them. Every value is checked as it passes (tensor_values.py): NaN or Inf, or one a
+16-bit type would write as inf, is refused naming the tensor.
 
 Memory: the plan is built from the safetensors headers alone. At write time each tensor is
 produced when the writer reaches it: a non-expert tensor is read (a chunk of rows at a time when
@@ -15,6 +17,7 @@ whatever the model size.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import os
 import re
@@ -44,6 +47,7 @@ from pyedgemoe.convert.phimoe import PhiMoE
 from pyedgemoe.convert.plan import DEFAULT_HIGH, DEFAULT_LOW, Plan, check_precisions, check_type, fitting_type
 from pyedgemoe.convert.qwen2_moe import Qwen2Moe
 from pyedgemoe.convert.qwen3_moe import Qwen3Moe
+from pyedgemoe.convert.tensor_values import check_values
 from pyedgemoe.errors import ConversionError
 from pyedgemoe.gguf_format import low_copy_name
 from pyedgemoe.sysmem import format_bytes
@@ -89,8 +93,10 @@ def _bid(name: str) -> int | None:
 # producing tensor data
 
 
-def _encode(data: np.ndarray, type_name: str, n_threads: int) -> np.ndarray:
-    """float32 data -> the bytes of `type_name` (an f32 array for f32), through ggml's quantizer."""
+def _encode(data: np.ndarray, type_name: str, n_threads: int, tensor: str, option: str) -> np.ndarray:
+    """float32 data of the checkpoint's `tensor` -> the bytes of `type_name` (an f32 array for f32),
+    through ggml's quantizer; refused if its values do not fit (check_values; `option` gave the type)."""
+    check_values(data, type_name, tensor, option)
     if type_name == "f32":
         return np.ascontiguousarray(data, dtype=np.float32)
     from pyedgemoe import _native
@@ -100,6 +106,7 @@ def _encode(data: np.ndarray, type_name: str, n_threads: int) -> np.ndarray:
 
 def _plain_producer(ckpt: HFCheckpoint, src: str, out: TensorOut, type_name: str,
                     n_threads: int) -> Callable[[], np.ndarray]:
+    """The data of a non-expert tensor (of the --base type, or f32)."""
     shape = tuple(out.shape)
 
     def produce() -> np.ndarray:
@@ -110,7 +117,7 @@ def _plain_producer(ckpt: HFCheckpoint, src: str, out: TensorOut, type_name: str
             data = out.transform(data)
         if tuple(data.shape) != shape:
             raise ConversionError(f"tensor {src}: got shape {list(data.shape)}, expected {list(shape)}")
-        return _encode(data, type_name, n_threads)
+        return _encode(data, type_name, n_threads, src, "--base")
     return produce
 
 
@@ -124,13 +131,14 @@ def _encode_by_rows(ckpt: HFCheckpoint, src: str, shape: tuple[int, ...], type_n
         out = np.empty(shape, dtype=np.float32)
         for r0 in range(0, n_rows, step):
             r1 = min(n_rows, r0 + step)
-            out[r0:r1] = ckpt.read_rows(src, r0, r1)
+            out[r0:r1] = _encode(ckpt.read_rows(src, r0, r1), type_name, n_threads, src, "--base")
         return out
     row_bytes = tensor_nbytes(type_name, list(reversed(shape[1:])))
     out = np.empty(n_rows * row_bytes, dtype=np.uint8)
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step)
-        out[r0 * row_bytes:r1 * row_bytes] = _encode(ckpt.read_rows(src, r0, r1), type_name, n_threads)
+        out[r0 * row_bytes:r1 * row_bytes] = _encode(ckpt.read_rows(src, r0, r1), type_name, n_threads, src,
+                                                     "--base")
     return out
 
 
@@ -140,8 +148,8 @@ def _read_expert(ckpt: HFCheckpoint, src: ExpertSource) -> np.ndarray:
     return ckpt.read_rows(src.name, src.index, src.index + 1)[0][src.row_start:src.row_stop]
 
 
-def _stack_producer(ckpt: HFCheckpoint, stack: ExpertStack, type_name: str,
-                    n_threads: int) -> Callable[[], np.ndarray]:
+def _stack_producer(ckpt: HFCheckpoint, stack: ExpertStack, type_name: str, n_threads: int,
+                    option: str) -> Callable[[], np.ndarray]:
     def produce() -> np.ndarray:
         rows, cols = stack.shape
         n = len(stack.sources)
@@ -155,11 +163,12 @@ def _stack_producer(ckpt: HFCheckpoint, stack: ExpertStack, type_name: str,
             if m.shape != (rows, cols):
                 raise ConversionError(f"expert {e} of {stack.merged_name}: shape {list(m.shape)}, "
                                       f"expected {[rows, cols]}")
+            data = _encode(m, type_name, n_threads, src.name, option)
             if type_name == "f32":
-                out[e] = m
+                out[e] = data
             else:
-                out[e * per_expert:(e + 1) * per_expert] = _encode(m, type_name, n_threads)
-            del m
+                out[e * per_expert:(e + 1) * per_expert] = data
+            del m, data
         return out
     return produce
 
@@ -204,11 +213,14 @@ def build_plan(ckpt: HFCheckpoint, family: Family, *, high: str, low: str, base:
         rows, cols = stack.shape
         ne = [cols, rows, len(stack.sources)]
         hf_source[gname] = stack.sources[0].name
-        for role, requested, name in (("high", high, gname), ("low", low, low_copy_name(gname))):
-            t, why = _type_for(requested, cols)
+        (high_t, high_why), (low_t, low_why) = _type_for(high, cols), _type_for(low, cols)
+        check_precisions(high_t, low_t, f"{gname}'s LOW copy", "its HIGH copy",
+                         why="; ".join(w for w in (high_why, low_why) if w))
+        for role, t, why, name in (("high", high_t, high_why, gname),
+                                   ("low", low_t, low_why, low_copy_name(gname))):
             action = why or f"{n_experts} experts stacked, {role.upper()}"
             plan.add(name, ne, t, role, src_type=src_dtype, action=action,
-                     produce=_stack_producer(ckpt, stack, t, n_threads))
+                     produce=_stack_producer(ckpt, stack, t, n_threads, f"--{role}"))
         stacks_done[stack.bid].add(stack.proj)
 
     pending: dict[int, dict[str, dict[int, str]]] = defaultdict(lambda: defaultdict(dict))
@@ -431,6 +443,26 @@ def _model_name(hf_dir: Path, total_params: int) -> str | None:
         return None
 
 
+def auto_base_type(ckpt: HFCheckpoint) -> str:
+    """The --base type when none is given: llama.cpp's `--outtype auto` (convert_hf_to_gguf.py,
+    ModelBase.__init__), the type of the first matrix stored as BF16 or F16, else f16. A BF16
+    checkpoint's weights may lie beyond f16's range."""
+    for name in ckpt.names():
+        entry = ckpt.entry(name)
+        if len(entry.shape) >= 2 and entry.dtype in ("BF16", "F16"):
+            return entry.dtype.lower()
+    return "f16"
+
+
+def files_read(hf_dir: Path) -> list[Path]:
+    """The files of a checkpoint directory a conversion reads (those a download fetches): the
+    output must not replace one of them."""
+    from pyedgemoe.convert import HF_ALLOW_PATTERNS
+    if not hf_dir.is_dir():
+        return []
+    return [p for p in hf_dir.iterdir() if any(fnmatch.fnmatch(p.name, pattern) for pattern in HF_ALLOW_PATTERNS)]
+
+
 def _file_name(out: str) -> str:
     """The output file's name as a model name: "qwen3-30b.mp.gguf" -> "qwen3-30b"."""
     return Path(out).name.removesuffix(".gguf").removesuffix(".mp")
@@ -447,8 +479,8 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DE
     """Convert the HF checkpoint directory `src` into the multi-precision GGUF `out`.
 
     high/low: ggml types of the expert copies; base: type of the other weight matrices (default
-    f16). dry_run: return the Plan, write nothing. source_label/model_name: what provenance and
-    general.name say (a repo id, when `src` is its download). calibration: a sidecar's contents,
+    auto_base_type's: bf16 for a BF16 checkpoint, else f16). dry_run: return the Plan, write
+    nothing. source_label/model_name: what provenance and general.name say (a repo id, when `src` is its download). calibration: a sidecar's contents,
     embedded as `edgemoe.calibration.*` metadata. Raises ConversionError and leaves
     no file under `out` unless it succeeds.
     """
@@ -458,11 +490,12 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DE
     named = "--low" if low else "the default --low"
     low = check_type(low or DEFAULT_LOW, "--low")
     check_precisions(high, low, named)
-    base = check_type(base or "f16", "--base")
+    base = check_type(base, "--base") if base is not None else None
     if not dry_run:
-        output_target(out, force)
+        output_target(out, force, inputs=files_read(src))
 
     with HFCheckpoint(src) as ckpt:
+        base = base or auto_base_type(ckpt)
         family = family_for(ckpt.config, len(ckpt.names()))
         plan = build_plan(ckpt, family, high=high, low=low, base=base, n_threads=n_threads,
                           source=source_label or str(src), out=str(out))
@@ -484,9 +517,10 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DE
             raise
         if progress:
             b = plan.bytes_by_role()
-            sys.stderr.write(f"converting {plan.source} ({family.name}) -> {out}: experts {high} "
-                             f"{format_bytes(b['high'], decimals=1)} + {low} {format_bytes(b['low'], decimals=1)}, "
-                             f"non-expert {base} {format_bytes(b['base'], decimals=1)}\n")
+            sys.stderr.write(f"converting {plan.source} ({family.name}) -> {out}: experts "
+                             f"{plan.types_written('high')} {format_bytes(b['high'], decimals=1)} + "
+                             f"{plan.types_written('low')} {format_bytes(b['low'], decimals=1)}, non-expert "
+                             f"{plan.types_written('base')} {format_bytes(b['base'], decimals=1)}\n")
             fallbacks = plan.fallbacks()
             if fallbacks:
                 sys.stderr.write(f"note: {len(fallbacks)} tensor(s) use a fallback type, e.g. "

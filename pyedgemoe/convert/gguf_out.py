@@ -8,26 +8,29 @@ interrupted write never leaves a file under the final name (docs/format.md, issu
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import sys
 import time
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import gguf
 import numpy as np
 
 from pyedgemoe.errors import ConversionError, InvalidOptionError
 from pyedgemoe.gguf_format import FORMAT_VERSION, FORMAT_VERSION_KEY, HIGH_TYPE_KEY, LOW_TYPE_KEY, PROVENANCE_KEY
-from pyedgemoe.output_files import terminate_cleanly
+from pyedgemoe.output_files import check_output, terminate_cleanly
 from pyedgemoe.sysmem import format_bytes
 
 ALIGNMENT = 4096
+_PARTIAL_TAG_BYTES = 4  # random bytes in a temp file's name (hex), beside the writer's PID
 
 # numpy dtypes a produce() callback may return instead of raw bytes, per ggml type.
 _NUMPY_DTYPE_OF_TYPE = {
@@ -222,7 +225,7 @@ class GGUFOutput:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise ConversionError(
                     f"disk full while writing {self.out_path} ({self.total_bytes:,} bytes of tensor data "
-                    f"needed); no output file was left behind") from None
+                    f"needed); no output file was left behind" + _stale_note(self._target)) from None
             raise ConversionError(f"cannot write {self.out_path}: {e}") from None
         except BaseException as e:  # KeyboardInterrupt included: never leave the temp file
             self.abort()
@@ -299,17 +302,21 @@ class GGUFOutput:
         bar.enabled = False
 
 
-def output_target(out: Path, force: bool) -> Path:
+def output_target(out: Path, force: bool, inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """The file to write for the output path `out`: a symlink's target, as llama.cpp's tools write
-    through the path. ConversionError if it exists and `force` is not given, or if it is not a
-    regular file: the finished file replaces the target, and a device (as root, /dev/null), a FIFO
-    or a directory must not become a regular file."""
+    through the path. ConversionError if it is not a regular file (the finished file replaces the
+    target, and a device (as root, /dev/null), a FIFO or a directory must not become a regular
+    file), if it is one of the files the conversion reads, `inputs` (also with `force`), or if it
+    exists and `force` is not given."""
     target = Path(os.path.realpath(out))
-    if target.exists():
-        if not target.is_file():
-            raise ConversionError(f"{out} exists and is not a regular file; give a file's path as the output")
-        if not force:
-            raise ConversionError(f"{out} exists; pass --force to overwrite it")
+    if target.exists() and not target.is_file():
+        raise ConversionError(f"{out} exists and is not a regular file; give a file's path as the output")
+    try:
+        check_output(out, "output", list(inputs))
+    except InvalidOptionError as e:
+        raise ConversionError(str(e)) from None
+    if target.exists() and not force:
+        raise ConversionError(f"{out} exists; pass --force to overwrite it")
     return target
 
 
@@ -317,7 +324,7 @@ def create_partial_file(out_path: Path) -> Path:
     """Create an empty, uniquely named temp file next to `out_path` (same file system, so the final
     rename is atomic), with the permissions a plain open() would give (mkstemp's are 0600)."""
     for _ in range(100):
-        tmp = out_path.parent / f".{out_path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+        tmp = out_path.parent / f".{out_path.name}.{os.getpid()}.{secrets.token_hex(_PARTIAL_TAG_BYTES)}.partial"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -325,6 +332,29 @@ def create_partial_file(out_path: Path) -> Path:
         os.close(fd)
         return tmp
     raise ConversionError(f"cannot create a temporary file next to {out_path}")
+
+
+def stale_partial_files(out_path: Path) -> list[Path]:
+    """The temp files (create_partial_file's) of earlier writes of `out_path` whose process is gone:
+    what a SIGKILL, a crash or a power cut leaves. Only named, never removed: a process of another
+    machine sharing the folder (NFS) may be writing one, and its PID means nothing here."""
+    name = re.compile(rf"\.{re.escape(out_path.name)}\.(\d+)\.[0-9a-f]{{{2 * _PARTIAL_TAG_BYTES}}}\.partial")
+    try:
+        entries = sorted(os.listdir(out_path.parent))
+    except OSError:
+        return []
+    return [out_path.parent / e for e in entries if (m := name.fullmatch(e)) and not _alive(int(m.group(1)))]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this PID runs on this machine (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's
+        return True
+    except (ProcessLookupError, OverflowError):  # none; a number no PID can be
+        return False
+    return True
 
 
 def _consumed() -> np.ndarray:
@@ -352,6 +382,19 @@ def _as_bytes(t: _PlannedTensor, arr: np.ndarray) -> memoryview:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
     arr = np.ascontiguousarray(arr)
     return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _stale_note(target: Path) -> str:
+    stale = stale_partial_files(target)
+    if not stale:
+        return ""
+    nbytes = 0
+    for p in stale:
+        with contextlib.suppress(OSError):  # removed meanwhile
+            nbytes += p.stat().st_size
+    return (f"; {len(stale)} temporary file(s) of earlier writes that did not finish (their process is gone) "
+            f"hold {format_bytes(nbytes, decimals=1)}: {', '.join(str(p) for p in stale)}; remove them if no "
+            f"other machine is writing them")
 
 
 def _fsync_dir(directory: Path) -> None:

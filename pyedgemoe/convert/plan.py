@@ -65,13 +65,15 @@ def bits_per_weight(type_name: str) -> float:
     return 8 * type_size / blck
 
 
-def check_precisions(high: str, low: str, low_named_by: str = "--low") -> None:
+def check_precisions(high: str, low: str, low_named_by: str = "--low", high_named_by: str = "--high",
+                     why: str = "") -> None:
     """ConversionError if the LOW copies would take more bytes than the HIGH ones: LOW is the small
-    copy read for an unimportant miss (equal types are taken: a lossless second copy)."""
+    copy read for an unimportant miss (equal types are taken: a lossless second copy). `why` ends
+    the message (a row-length fallback that made the types what they are)."""
     if bits_per_weight(low) > bits_per_weight(high):
         raise ConversionError(f"{low_named_by} {low} ({bits_per_weight(low):g} bits per weight) is larger than "
-                              f"--high {high} ({bits_per_weight(high):g}): LOW is the smaller copy, read for "
-                              f"unimportant misses")
+                              f"{high_named_by} {high} ({bits_per_weight(high):g}): LOW is the smaller copy, read "
+                              f"for unimportant misses" + (f" ({why})" if why else ""))
 
 
 def fitting_type(type_name: str, row_len: int) -> str:
@@ -84,14 +86,19 @@ def fitting_type(type_name: str, row_len: int) -> str:
     return "f16"
 
 
+def types_by_bytes(sizes: Iterable[tuple[str, int]]) -> list[str]:
+    """Of (type, nbytes) pairs, the types, the one that holds the most bytes first."""
+    by_type: Counter = Counter()
+    for type_name, nbytes in sizes:
+        by_type[type_name] += nbytes
+    return [type_name for type_name, _ in by_type.most_common()]
+
+
 def type_of_most_bytes(sizes: Iterable[tuple[str, int]]) -> str:
     """Of (type, nbytes) pairs, the type that holds the most bytes: what `edgemoe.high_type` and
     `edgemoe.low_type` name (docs/format.md) where row-length fallbacks or a k-quant mix give a
     precision's tensors more than one type."""
-    by_type: Counter = Counter()
-    for type_name, nbytes in sizes:
-        by_type[type_name] += nbytes
-    return by_type.most_common(1)[0][0]
+    return types_by_bytes(sizes)[0]
 
 
 @dataclass
@@ -150,6 +157,10 @@ class Plan:
     def type_of_most_bytes(self, role: str) -> str:
         """The type of most of the bytes of the tensors of `role` (the requested one unless fallbacks)."""
         return type_of_most_bytes((t.type, t.nbytes) for t in self.tensors if t.role == role)
+
+    def types_written(self, role: str) -> str:
+        """The types of the tensors of `role`, most bytes first ("q5_0/f16" after fallbacks)."""
+        return "/".join(types_by_bytes((t.type, t.nbytes) for t in self.tensors if t.role == role))
 
     def fallbacks(self) -> list[PlannedTensor]:
         return [t for t in self.tensors if t.fell_back]
