@@ -120,6 +120,11 @@ def test_export_refuses_overwrite_without_force_and_bad_precision(multi, tmp_pat
         export(multi, tmp_path / "y.gguf", precision="medium", progress=False)
     export(multi, tmp_path / "x.gguf", force=True, progress=False)
     assert FORMAT_VERSION_KEY not in kv(tmp_path / "x.gguf")
+    # the input as the output: refused as such, not as a file --force would overwrite
+    before = Path(multi).read_bytes()
+    with pytest.raises(ConversionError, match="is one of the command's inputs"):
+        export(multi, multi, progress=False)
+    assert Path(multi).read_bytes() == before
 
 
 def test_a_newer_format_version_is_refused(multi, tmp_path):

@@ -52,10 +52,8 @@ def export(model: Path, out: Path, *, precision: str = "high", force: bool = Fal
     model, out = Path(model), Path(out)
     if precision not in PRECISIONS:
         raise ConversionError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    target = output_target(out, force)
     reader = open_gguf(model, "model")
-    if target in {f.resolve() for f in reader.files}:
-        raise ConversionError(f"output {out} is the input")
+    output_target(out, force, reader.files)  # refused before the work: one of the inputs, or there without --force
     arch = kv_value(reader, gguf.Keys.General.ARCHITECTURE)
     if not arch:
         raise ConversionError(f"{model} has no general.architecture")
