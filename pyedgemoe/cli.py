@@ -135,9 +135,9 @@ def run(
                                         help="interactive chat with the model's template (ChatML if it has none), as "
                                         "llama-cli's -cnv; Ctrl-C stops a reply, Ctrl-C at the prompt, EOF or /exit "
                                         "end the session; a message that fails (e.g. too long for the context) is an "
-                                        "error line, the session goes on, and its exit status is then 1 (default: a chat where no -p, -f or --json is given, or "
-                                        "where a chat's flag is: -sys, -sysf, -st, --reasoning-*, "
-                                        "--chat-template-kwargs; as llama-cli)"),
+                                        "error line, the session goes on, and its exit status is then 1 (default: a "
+                                        "chat where no -p, -f or --json is given, or where a chat's flag is: -sys, "
+                                        "-sysf, -st, --reasoning-*, --chat-template-kwargs; as llama-cli)"),
     reasoning_format: str = typer.Option("none", "--reasoning-format", help=f"with --chat: a reply's thoughts, "
                                          f"{', '.join(REASONING_FORMATS)} (none: in the reply as written; auto, "
                                          "deepseek: apart, between [Start thinking] and [End thinking], as llama-cli)"),

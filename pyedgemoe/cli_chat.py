@@ -38,8 +38,8 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
              template_kwargs: dict | None = None, reasoning_format: str | None = None, multiline: bool = False) -> int:
     """The session, ended by EOF or /exit, or after the first reply with single_turn (llama-cli's -st);
     its exit status: 130 where Ctrl-C at the prompt ended it, else 1 where a message got an error
-    instead of a reply (said, and the session went on: a script piping messages learns of it), 0. stop: strings that end a reply (-r);
-    template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
+    instead of a reply (said, and the session went on: a script piping messages learns of it), 0.
+    stop: strings that end a reply (-r); template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
     reasoning_format (--reasoning-format auto, deepseek): a reply's thoughts apart, shown between
     THINKING's marks as llama-cli shows them and kept as the message's reasoning_content; multiline:
     llama-cli's -mli (cli_input)."""

@@ -469,15 +469,15 @@ class Engine(Vocabulary):
         return self.tokenize(prompt, add_bos=True, special=True) if isinstance(prompt, str) else as_token_ids(prompt, "prompt")
 
     def generate(self, prompt: str | list[int], max_tokens: int | None = 128, *, stop: str | list[str] | None = None,
-                 stream: bool = False, ignore_eos: bool = False, special: bool = False,
-                 **sampling) -> str | Iterator[str]:
+                 stream: bool = False, ignore_eos: bool = False, special: bool = False, **sampling) -> str | Iterator[str]:
         """Continues prompt (text, or token ids). Returns the text, or with stream=True an iterator of its pieces as
         they are produced, one a token (text_stream.TextStream). ignore_eos: go on past end-of-generation tokens (to
         max_tokens); special: special tokens' text too, the end-of-generation token's that ended it among them
         (llama.cpp's -sp). sampling: SamplingParams's settings by name (temperature, top_k, top_p, min_p,
         repeat_penalty, seed, grammar, json_schema, draft_model; or OpenAI's response_format)."""
-        pieces = TextRun(self, self.prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop), ignore_eos,
-                         special_tokens=range(self.n_vocab) if special else frozenset(), end_shown=special).pieces()
+        pieces = TextRun(self, self.prompt_tokens(prompt), max_tokens, SamplingParams.of(sampling), stop_list(stop),
+                         ignore_eos, special_tokens=range(self.n_vocab) if special else frozenset(),
+                         end_shown=special).pieces()
         return pieces if stream else "".join(pieces)
 
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, *, suffix: str | None = None,

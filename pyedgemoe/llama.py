@@ -784,8 +784,9 @@ class Llama:
         self._from_cache(prompt)
         self._take_seed(seed)
         out = self._saved(self.engine.create_chat_completion(
+            # top_logprobs without logprobs: ignored, as stock's (llama-server refuses it)
             messages, _max_tokens(max_tokens), stop=stop, stream=stream, logprobs=logprobs,
-            top_logprobs=top_logprobs if logprobs else None,  # without logprobs ignored, as stock's (llama-server refuses it)
+            top_logprobs=top_logprobs if logprobs else None,
             tools=tools, tool_choice=tool_choice, parse_tool_calls=False, response_format=response_format,
             jinja2_formatter=True, finish_character=True,
             **self._scoring(_sampling(locals(), self.last_n_tokens_size))))

@@ -480,7 +480,8 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DE
 
     high/low: ggml types of the expert copies; base: type of the other weight matrices (default
     auto_base_type's: bf16 for a BF16 checkpoint, else f16). dry_run: return the Plan, write
-    nothing. source_label/model_name: what provenance and general.name say (a repo id, when `src` is its download). calibration: a sidecar's contents,
+    nothing. source_label/model_name: what provenance and general.name say (a repo id, when `src`
+    is its download). calibration: a sidecar's contents,
     embedded as `edgemoe.calibration.*` metadata. Raises ConversionError and leaves
     no file under `out` unless it succeeds.
     """
