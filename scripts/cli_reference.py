@@ -23,7 +23,10 @@ Every command that reads a model takes it as llama.cpp's tools do: `MODEL`, `-m 
 `-hf USER/MODEL[:QUANT]` (a Hugging Face repo's GGUF of that quant, downloaded with its shards into
 huggingface_hub's cache), or `-mu URL` (a GGUF at an http(s) URL, downloaded with its shards into
 llama.cpp's cache, `$LLAMA_CACHE` or `~/.cache/llama.cpp`, or to `-m`'s path, unless already there and
-unchanged on the server, by its ETag, as llama.cpp's);
+unchanged on the server, by its ETag, as llama.cpp's: 3 attempts, a download that ended early resumed
+where the server takes byte ranges and its ETag is the same, one process at a time per file, a split
+one's other shards at its URL with only the shard index changed and `-m` then named as its first shard,
+`user:password@` sent as basic authentication);
 a GGUF split into shards (`NAME-00001-of-0000N.gguf`) by its first shard.
 
 `run`, `serve`, `perplexity`, `embed`, `calibrate` and `tokenize` read llama.cpp's environment variables for the
