@@ -79,19 +79,19 @@ class Decoder:
             self.last_output = (seq, pos0 + len(ids))
             return logits
 
-    def prefill(self, ids: list[int], sequence: KVSequence, all_logits: bool = False,
-                each_batch: bool = False) -> Generator[int, None, np.ndarray]:
-        """decode of a prompt's ids after what sequence holds: yields the count of ids evaluated after
-        each decode call (with each_batch, one per n_batch ids, as decode splits them: slower by a few
-        %, each computing its last row), returns decode's logits. With context checkpoints, paused to
-        take one where llama-server does (context_checkpoints.cuts)."""
+    def prefill(self, ids: list[int], sequence: KVSequence,
+                all_logits: bool = False) -> Generator[int, None, np.ndarray]:
+        """decode of a prompt's ids after what sequence holds, a decode call per n_batch ids (as
+        llama-cli and llama-cpp-python's eval make them; each computes its last row): yields the count
+        of ids evaluated after each, so that Ctrl-C (KeyboardInterrupt) and a client gone stop a long
+        prompt between two; returns decode's logits. With context checkpoints, paused to take one where
+        llama-server does (context_checkpoints.cuts)."""
         held, end = len(sequence.tokens), len(sequence.tokens) + len(ids)
         n_batch = self.live().n_batch
-        step = n_batch if each_batch else len(ids)
         pauses = cuts(held, end, n_batch, self.n_ubatch) if sequence.checkpoints is not None else []
         rows, start = [], held
         for pause in pauses + [end]:
-            for stop in [*range(start + step, pause, step), pause]:
+            for stop in [*range(start + n_batch, pause, n_batch), pause]:
                 with self.lock:
                     rows.append(self.decode(ids[start - held:stop - held], start, sequence, all_logits))
                     if stop == pause < end:

@@ -521,7 +521,7 @@ class Generation:
         start = time.perf_counter()
         self.sequence = sequence
         reuse = self.decoder.keep(sequence, 0 if self.fresh else shared_prefix(sequence.tokens, self.prompt))
-        evaluation = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None, self.progress)
+        evaluation = self.decoder.prefill(self.prompt[reuse:], sequence, self.prompt_logits is not None)
         evaluated = 0
         while True:
             if self.progress:
