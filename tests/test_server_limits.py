@@ -490,3 +490,15 @@ def test_tokenize_and_detokenize_release_the_gil(engine):
     assert took > 0.5 and longest < took / 2, (longest, took)  # long enough to tell
     longest, took = ticks_while(lambda: engine.detokenize(tokens * 4))
     assert took > 0.5 and longest < took / 2, (longest, took)
+
+
+def test_a_path_no_file_can_have_is_no_file_of_the_ui(tmp_path):
+    # with --api-key, each path is checked for a UI file before the key: a NUL (ValueError) and a name
+    # too long (OSError) were 500s with a traceback for any client
+    from pyedgemoe.server.web_ui import WebUI
+
+    (tmp_path / "index.html").write_text("<html><body>ui</body></html>")
+    (tmp_path / "app.js").write_text("")
+    ui = WebUI(tmp_path)
+    assert ui.is_public("/app.js") and not ui.is_public("/none.js") and not ui.is_public("/../" + tmp_path.name)
+    assert not ui.is_public("/a\x00b") and not ui.is_public("/" + "a/" * 3000) and not ui.is_public("/" + "a" * 300)

@@ -46,8 +46,11 @@ class WebUI:
             return self.pages
         if self.ui_dir is None:
             return False
-        file = (self.ui_dir / path.lstrip("/")).resolve()
-        return file.is_relative_to(self.ui_dir.resolve()) and file.is_file()
+        try:
+            file = (self.ui_dir / path.lstrip("/")).resolve()
+            return file.is_relative_to(self.ui_dir.resolve()) and file.is_file()
+        except (ValueError, OSError):  # a NUL in the path, a name too long: no file of the UI (it was a 500)
+            return False
 
     def add_routes(self, app: FastAPI, engine, model_id: str, queue, request_defaults: Mapping) -> None:
         """The pages, /props and /slots; llama.cpp's UI files last, under every other path.
