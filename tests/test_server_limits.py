@@ -360,6 +360,21 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(served, 
     assert not watch.failures and watch.slowest < HEALTH_WITHIN, watch.slowest
 
 
+def test_tokenize_answers_are_bounded_as_bodies_are(served, server):
+    """/tokenize with_pieces made an 8 MB text's answer of 96 MB, the server 1.4 GiB: a text of more
+    than 2 MiB, or of more than 2^19 tokens, is a 400 (the first before it is tokenized)."""
+    _, proc, _ = served
+    with HealthWatch(server, proc.pid) as watch:
+        for path, field, text in (("/tokenize", "content", "a b " * 1_000_000), ("/tokenize", "content", "7" * 600_000),
+                                  ("/extras/tokenize/count", "input", "a b " * 1_000_000)):
+            status, out = post_raw(server, json.dumps({field: text, "with_pieces": True} if field == "content" else
+                                                      {field: text}).encode(), path)
+            assert_error(status, out, 400, param=field, code="invalid_value")
+    assert watch.max_rss - watch.rss_before <= 200 * 2**20, (watch.rss_before, watch.max_rss)
+    status, out = post_raw(server, json.dumps({"content": "a b " * 1000, "with_pieces": True}).encode(), "/tokenize")
+    assert status == 200 and len(out["tokens"]) >= 1000
+
+
 def test_a_body_of_many_small_values_is_refused_before_python_makes_them(served, server):
     """200,000 messages in 7 MB took the parser 125 MiB (a capped server was OOM-killed): a body's
     arrays and objects, and its values, are counted on its text first. A prompt of 500,000 token

@@ -27,6 +27,9 @@ MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a body (a JSON schema's 
 # 125 MiB), so these bound a parse to about 40 MiB, where --max-body alone does not
 MAX_JSON_CONTAINERS = 2**15
 MAX_JSON_VALUES = 2**19  # a prompt of token ids: a value each
+# the token endpoints' answers are bounded as bodies are: at most MAX_JSON_VALUES tokens (with_pieces
+# made an 8 MB text's 1.4 GiB), of a text of at most this many bytes (refused before it is tokenized)
+MAX_TOKENIZED_BYTES = 4 * MAX_JSON_VALUES
 MAX_STOP_STRINGS = 16  # llama-cpp-python's clients send a few; each is searched for after every token
 MAX_STOP_CHARS = 512  # each
 MAX_LOGIT_BIAS = 1024  # token ids a request's logit_bias biases (OpenAI's clients send a few)

@@ -15,7 +15,8 @@ and llama-cpp-python's server's, as its clients call them:
 
 A body is checked as the generation endpoints check theirs (unknown fields, wrong types and ids
 outside the vocabulary are 400s naming the field); the tokenizer runs on a thread, the native side
-without the GIL, so a large content does not hold the other requests.
+without the GIL, so a large content does not hold the other requests. A text of more than
+MAX_TOKENIZED_BYTES, or of more than MAX_JSON_VALUES tokens, is a 400 (limits.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
-from pyedgemoe.server.openai_errors import from_engine_error
+from pyedgemoe.server.limits import MAX_JSON_VALUES, MAX_TOKENIZED_BYTES
+from pyedgemoe.server.openai_errors import APIError, from_engine_error
 from pyedgemoe.server.request_params import (DETOKENIZE_PARAMETERS, EXTRAS_DETOKENIZE_PARAMETERS,
                                              EXTRAS_TOKENIZE_PARAMETERS, TOKENIZE_PARAMETERS, parse_fields)
 
@@ -35,12 +37,24 @@ def _piece(engine, token: int) -> str | list[int]:
         return list(piece)
 
 
+def _bounded_tokens(engine, text: str, field: str, add_bos: bool, special: bool) -> list[int]:
+    """text's tokens, within the bounds of an answer (limits.py)."""
+    if len(text.encode("utf-8")) > MAX_TOKENIZED_BYTES:
+        raise APIError(400, f"'{field}' has more than {MAX_TOKENIZED_BYTES} bytes: tokenize it in parts",
+                       "invalid_value", field)
+    tokens = engine.tokenize(text, add_bos=add_bos, special=special)
+    if len(tokens) > MAX_JSON_VALUES:
+        raise APIError(400, f"'{field}' has more than {MAX_JSON_VALUES} tokens: tokenize it in parts",
+                       "invalid_value", field)
+    return tokens
+
+
 def add_token_routes(app: FastAPI, engine, check_model) -> None:
     """The token endpoints of the server of engine; check_model: the app's check of a request's model name."""
     def extras_tokens(raw: bytes) -> list[int]:
         q = parse_fields(raw, EXTRAS_TOKENIZE_PARAMETERS)
         check_model(q["model"])
-        return engine.tokenize(q["input"], add_bos=True, special=True)
+        return _bounded_tokens(engine, q["input"], "input", True, True)
 
     def extras_detokenize(raw: bytes) -> dict:
         q = parse_fields(raw, EXTRAS_DETOKENIZE_PARAMETERS)
@@ -49,7 +63,7 @@ def add_token_routes(app: FastAPI, engine, check_model) -> None:
 
     def tokenize(raw: bytes) -> dict:
         q = parse_fields(raw, TOKENIZE_PARAMETERS)
-        tokens = engine.tokenize(q["content"], add_bos=q["add_special"], special=q["parse_special"])
+        tokens = _bounded_tokens(engine, q["content"], "content", q["add_special"], q["parse_special"])
         return {"tokens": [{"id": t, "piece": _piece(engine, t)} for t in tokens] if q["with_pieces"] else tokens}
 
     def detokenize(raw: bytes) -> dict:
