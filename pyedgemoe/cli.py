@@ -398,10 +398,11 @@ def serve(
     max_body: str = typer.Option(format_bytes(Limits.max_body_bytes, 0), "--max-body",
                                  help="largest request body (e.g. 8MiB); a larger one is refused (413) unread"),
     timeout: float = typer.Option(Limits.timeout_seconds, "--timeout",
-                                  help="seconds a request's head, and then its body, may take to arrive (else the "
-                                  "connection is closed)"),
+                                  help="seconds a request's head, and then its body, may take to arrive, and an "
+                                  "answer may wait for the client to read any of it (else the connection is closed)"),
     max_connections: int = typer.Option(Limits.max_connections, "--max-connections",
-                                        help="connections served at once; a request on one more is answered 503"),
+                                        help="connections served at once; a request on one more is answered 503, "
+                                        "and such a connection is closed 2 s after its last answer"),
     allowed_hosts: str = typer.Option("", "--allowed-hosts",
                                       help="comma-separated names the server may be reached by besides IP "
                                       "addresses and localhost (e.g. behind a proxy; * for any): web pages of "

@@ -110,6 +110,41 @@ def test_connections_past_the_limit_are_answered_503(server):
     assert get(server, "/health")[0] == 200
 
 
+def test_a_client_that_stops_reading_is_closed_after_the_timeout(server):
+    # answers it never reads fill the sockets' buffers: the server's write waited for ever, and a few
+    # dozen such clients held every connection
+    u = urlparse(server)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((u.hostname, u.port))
+    sock.setblocking(False)
+    for _ in range(500):  # pipelined requests of an 8 KB page (no key needed)
+        try:
+            sock.send(b"GET /experts HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        except BlockingIOError:  # the server no longer reads: its answers wait
+            break
+        time.sleep(0.005)
+    time.sleep(TIMEOUT + 3)
+    assert is_closed(sock)  # reset: what waited in the buffers dropped
+    sock.close()
+    assert get(server, "/health")[0] == 200
+
+
+def test_a_connection_past_the_limit_is_held_for_a_short_while_only(tmp_path):
+    # idle, it was held for --timeout like the others: a thousand of them took the file descriptors
+    proc, url = start_server(tmp_path / "server.log", *SERVER_ARGS, "--timeout", "20", "--max-connections", "4")
+    try:
+        within, past = [connect(url) for _ in range(4)], [connect(url) for _ in range(4)]
+        for s in within + past:
+            s.setblocking(False)  # is_closed's "nothing yet" (a socket with a timeout raises TimeoutError)
+        time.sleep(4)
+        assert all(is_closed(s) for s in past) and not any(is_closed(s) for s in within)
+        for s in within + past:
+            s.close()
+    finally:
+        stop_server(proc)
+
+
 def queue_depth(url: str) -> int:
     return get(url, "/health")[1]["queue_depth"]
 

@@ -16,7 +16,7 @@ import uvicorn
 from pyedgemoe.completions import chat_text
 from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.server.app import create_app
-from pyedgemoe.server.http_protocol import HeadTimeoutProtocol
+from pyedgemoe.server.http_protocol import DeadlineProtocol
 from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 
 
@@ -70,7 +70,7 @@ def serve(engine, sock: socket.socket, *, model_id: str, model_aliases: tuple[st
     config = uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off", ws="none",
         # HTTP/1.1 by h11 (not httptools, were it installed): the protocol whose limits are set here
-        http=functools.partial(HeadTimeoutProtocol, head_timeout_seconds=limits.timeout_seconds),
+        http=functools.partial(DeadlineProtocol, timeout_seconds=limits.timeout_seconds),
         h11_max_incomplete_event_size=MAX_HEAD_BYTES, limit_concurrency=limits.max_connections,
         timeout_keep_alive=min(5, limits.timeout_seconds),
         # the access log names the peer: X-Forwarded-For is anyone's to write, a local client's too
