@@ -503,15 +503,22 @@ def test_a_stream_ends_with_its_usage_where_stream_options_ask_as_openais(client
 def test_anthropics_x_api_key_header_carries_the_key_as_llama_server_takes_it(server):
     # Claude Code sends ANTHROPIC_API_KEY as X-Api-Key; llama-server reads it where Authorization is absent
     u = urlparse(server)
-    for key, status in ((API_KEY, 200), ("wrong", 401)):
+    for headers, status in (([("X-Api-Key", API_KEY)], 200), ([("X-Api-Key", "wrong")], 401),
+                            ([("X-Api-Key", API_KEY), ("Authorization", f"Bearer {API_KEY}")], 200),
+                            # a header twice: a proxy may read the first where the server read the last
+                            ([("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {API_KEY}")], 401),
+                            ([("X-Api-Key", "wrong"), ("X-Api-Key", API_KEY)], 401)):
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
         try:
-            conn.request("GET", "/v1/models", headers={"X-Api-Key": key})
+            conn.putrequest("GET", "/v1/models")
+            for name, value in headers:
+                conn.putheader(name, value)
+            conn.endheaders()
             response = conn.getresponse()
             response.read()
         finally:
             conn.close()
-        assert response.status == status, key
+        assert response.status == status, headers
 
 
 def test_a_wrong_or_missing_key_is_401_except_on_health(server):

@@ -43,7 +43,12 @@ class BearerAuth:
             else:
                 token = headers.get(b"x-api-key")
             error = None
-            if header is None and token is None:
+            # a header given twice: a proxy in front may read the first where this read the last
+            names = [name for name, _ in scope["headers"]]
+            if names.count(b"authorization") > 1 or names.count(b"x-api-key") > 1:
+                error = APIError(401, "an API key header given twice: send one 'Authorization: Bearer KEY'",
+                                 "invalid_api_key")
+            elif header is None and token is None:
                 error = APIError(401, "no API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
             elif token is None or not any([hmac.compare_digest(token.strip(), key) for key in self.api_keys]):
                 error = APIError(401, "incorrect API key", "invalid_api_key")
