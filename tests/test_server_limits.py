@@ -304,6 +304,19 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
     return True
 
 
+def test_a_body_framed_both_ways_is_400_and_its_connection_closed(server):
+    # h11 read it as chunked and kept the connection: a proxy in front reading Content-Length would
+    # have taken the chunks for another request (request smuggling)
+    sock = raw_connection(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+                 b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    status, out = read_response(sock)
+    assert_error(status, out, 400, code="invalid_http")
+    assert closed_within(sock, 5)  # the request after it is not answered on this connection
+    sock.close()
+
+
 def test_a_10gb_content_length_is_refused_at_once_without_100_continue(server):
     sock = raw_connection(server)
     started = time.monotonic()

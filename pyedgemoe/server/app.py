@@ -37,7 +37,7 @@ from pyedgemoe.server.expert_view import expert_view
 from pyedgemoe.server.limits import MAX_HEAD_BYTES, Limits
 from pyedgemoe.server.middleware import BearerAuth, RequestCounting
 from pyedgemoe.server.openai_errors import INTERNAL_ERROR, APIError, from_engine_error
-from pyedgemoe.server.request_guards import HeadSize, JSONBody, SameSite
+from pyedgemoe.server.request_guards import HeadChecks, JSONBody, SameSite
 from pyedgemoe.server.request_params import (CHAT_PARAMETERS, COMPLETION_PARAMETERS, INFILL_PARAMETERS,
                                              NATIVE_COMPLETION_PARAMETERS, NATIVE_NEUTRAL, GenerationRequest,
                                              PromptBound, parse_body, parse_generation)
@@ -438,6 +438,6 @@ def create_app(engine, *, model_id: str, model_aliases: tuple[str, ...] = (), ap
                        stopping=lambda: queue.stopping)
     app.add_middleware(BearerAuth, api_keys=api_keys, is_open=web_ui.is_public)
     app.add_middleware(SameSite, allowed_hosts=allowed_hosts)
-    app.add_middleware(HeadSize, max_bytes=MAX_HEAD_BYTES)
+    app.add_middleware(HeadChecks, max_bytes=MAX_HEAD_BYTES)
     app.add_middleware(RequestCounting, counts=requests)  # outermost: refusals are counted too
     return app

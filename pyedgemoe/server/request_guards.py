@@ -17,8 +17,12 @@
   timeout_seconds (408, and the connection closed). The body is read here, whole, and handed on. A
   body still arriving when the server stops is answered 503 then (uvicorn waited for it, then
   cancelled its read: a traceback and a 500).
-- HeadSize: a request line and headers of more than max_bytes are 431. h11 refuses a head still
-  incomplete beyond its limit, but one that arrives in one read passes it (a 100 KB head did).
+- HeadChecks: a request line and headers of more than max_bytes are 431. h11 refuses a head still
+  incomplete beyond its limit, but one that arrives in one read passes it (a 100 KB head did). A
+  head with both Content-Length and Transfer-Encoding is 400 and its connection closed (RFC 9112
+  allows the refusal and asks for the close): h11 read such a body as chunked and kept the
+  connection, where a proxy in front that read the Content-Length would see another request in it
+  (request smuggling).
 A request refused before its body was read leaves its client a moment to send the rest, which is
 discarded, before the connection closes (http_protocol.py).
 """
@@ -50,7 +54,7 @@ def _is_local_or_address(name: str) -> bool:
     return True
 
 
-class HeadSize:
+class HeadChecks:
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -59,10 +63,17 @@ class HeadSize:
         if scope["type"] == "http":
             size = len(scope["method"]) + len(scope["raw_path"]) + len(scope["query_string"]) + \
                 sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # ": ", CRLF
+            names = {name for name, _ in scope["headers"]}
+            response = None
             if size > self.max_bytes:
-                error = APIError(431, f"the request line and headers are larger than {self.max_bytes} bytes",
-                                 "request_header_fields_too_large")
-                await error.response()(scope, receive, send)
+                response = APIError(431, f"the request line and headers are larger than {self.max_bytes} bytes",
+                                    "request_header_fields_too_large").response()
+            elif b"content-length" in names and b"transfer-encoding" in names:
+                response = APIError(400, "the request has both Content-Length and Transfer-Encoding",
+                                    "invalid_http").response()
+                response.headers["Connection"] = "close"
+            if response is not None:
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
