@@ -222,9 +222,11 @@ runpy.run_module("pyedgemoe", run_name="__main__")
 
 
 def test_ctrl_c_while_the_native_module_is_imported_is_status_130_not_an_abort():
-    r = subprocess.run([sys.executable, "-c", CTRL_C_IN_THE_NATIVE_IMPORT], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 130 and r.stdout == "", (r.returncode, r.stderr)
-    assert "Traceback" not in r.stderr and "nanobind" not in r.stderr, r.stderr
+    proc = start([sys.executable, "-c", CTRL_C_IN_THE_NATIVE_IMPORT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == "", (proc.returncode, err)
+    assert "Traceback" not in err and "nanobind" not in err, err
 
 
 def test_output_that_cannot_be_written_is_one_error_line():
