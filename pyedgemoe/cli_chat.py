@@ -39,10 +39,10 @@ def run_chat(eng, first_message: str | None, system_prompt: str | None, max_toke
     """The session, ended by EOF or /exit, or after the first reply with single_turn (llama-cli's -st);
     its exit status: 130 where Ctrl-C at the prompt ended it, else 1 where a message got an error
     instead of a reply (said, and the session went on: a script piping messages learns of it), 0.
-    stop: strings that end a reply (-r); template_kwargs: more of the chat template's variables (--chat-template-kwargs, -rea);
-    reasoning_format (--reasoning-format auto, deepseek): a reply's thoughts apart, shown between
-    THINKING's marks as llama-cli shows them and kept as the message's reasoning_content; multiline:
-    llama-cli's -mli (cli_input)."""
+    stop: strings that end a reply (-r); template_kwargs: more of the chat template's variables
+    (--chat-template-kwargs, -rea); reasoning_format (--reasoning-format auto, deepseek): a reply's
+    thoughts apart, shown between THINKING's marks as llama-cli shows them and kept as the message's
+    reasoning_content; multiline: llama-cli's -mli (cli_input)."""
     if TEMPLATE_KEY not in eng.metadata:
         typer.echo(f"note: the model has no chat template ({TEMPLATE_KEY}): ChatML is used", err=True)
     if sampling.reasoning_budget_tokens >= 0 and not has_thinking_tags(eng, template_kwargs):
