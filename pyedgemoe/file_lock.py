@@ -14,11 +14,9 @@ def exclusive_lock(lock_file: Path):
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         # the holder before us may have removed the file we waited on: lock the one at the path now
-        try:
+        with contextlib.suppress(FileNotFoundError):  # gone: try again with a file of our own
             if os.stat(lock_file).st_ino == os.fstat(fd).st_ino:
                 break
-        except FileNotFoundError:
-            pass
         os.close(fd)
     try:
         yield
