@@ -3,6 +3,7 @@ cached in tests/.models so a second run does not rebuild them."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+# ggml's OpenMP threads wait passively here (before the native module loads libgomp; subprocesses
+# inherit it). The tests run on 2 workers (make test) and ask for 2 threads: on 2 cores two spinning
+# teams wait a time slice at every graph node, and a test of a second took 60-100 s (docs/benchmarks.md,
+# "A busy machine"). Passive waits cost about 10 % in one process; a test given OMP_WAIT_POLICY keeps it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
