@@ -911,7 +911,7 @@ def _printable(text: str) -> str:
 @app.command("convert")
 def convert_command(
     src: str = typer.Argument(..., metavar="SRC", help="HF model directory, HF repo id, or a standard llama.cpp GGUF"),
-    out: Path = typer.Option(..., "-o", "--out", help="the multi-precision GGUF to write"),
+    out: str = typer.Option(..., "-o", "--out", help="the multi-precision GGUF to write"),
     high: str = typer.Option(DEFAULT_HIGH, "--high",
                              help="type of the HIGH expert copies (f32 f16 bf16 q8_0 q6_K q5_K q4_K)"),
     low: Optional[str] = typer.Option(None, "--low", show_default=False,
@@ -942,7 +942,7 @@ def convert_command(
 @model_source("multi-precision (or standard) GGUF")
 def export_command(
     model: Path,
-    out: Path = typer.Option(..., "-o", "--out", help="the standard llama.cpp GGUF to write"),
+    out: str = typer.Option(..., "-o", "--out", help="the standard llama.cpp GGUF to write"),
     precision: str = typer.Option("high", "--precision", help="high or low: which expert copies to keep"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
 ) -> None:

@@ -18,15 +18,18 @@ TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # ended by them, a comman
 
 def check_output(path: str | os.PathLike, what: str, inputs: list[str | os.PathLike]) -> None:
     """InvalidOptionError where the `what` file at path would overwrite one of inputs (through a
-    link too), or cannot be written there (a directory is there, its folder is none or not writable)."""
+    link too), or cannot be written there (a directory is there or named, with a trailing /; its folder
+    is none or not writable)."""
     path = os.fspath(path)
     if os.path.realpath(path) in {os.path.realpath(p) for p in inputs}:
         raise InvalidOptionError(f"the {what} {path} is one of the command's inputs: give another file")
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        raise InvalidOptionError(f"cannot write the {what} {path}: " + (
-            "a directory is there" if os.path.isdir(path) else f"{folder} is not a directory" if not
-            os.path.isdir(folder) else f"{folder} is not writable"))
+    why = ("a directory is there" if os.path.isdir(path)
+           else "that names a directory, not a file" if path.endswith(os.sep)
+           else f"{folder} is not a directory" if not os.path.isdir(folder)
+           else f"{folder} is not writable" if not os.access(folder, os.W_OK | os.X_OK) else None)
+    if why:
+        raise InvalidOptionError(f"cannot write the {what} {path}: {why}")
 
 
 @contextlib.contextmanager

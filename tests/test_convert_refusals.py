@@ -190,6 +190,16 @@ def test_an_output_that_is_the_source_gguf_is_refused_on_the_cli_without_suggest
     assert (r.returncode, r.stderr) == (1, f"error: the output {src} is one of the command's inputs: give another file\n")
 
 
+def test_an_output_named_as_a_folder_is_refused_not_written_as_a_file(tiny_model, tmp_path):
+    out = f"{tmp_path / 'newdir'}{os.sep}"
+    gguf, hf = tiny_model("mixtral")
+    for command, src in (("convert", hf), ("export", gguf)):
+        r = cli(command, src, "-o", out)
+        assert (r.returncode, r.stderr) == (1, f"error: cannot write the output {out}: that names a directory, "
+                                               f"not a file\n"), command
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_disk_full_names_the_temporary_files_of_writes_that_were_killed(tiny_model, tmp_path, monkeypatch):
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -56,6 +56,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAU
     ConversionError, and no file is left under `out` unless the conversion succeeds.
     """
     from pyedgemoe.convert import from_hf
+    from pyedgemoe.convert.gguf_out import output_path
     from pyedgemoe.load_plan import MAX_THREADS
 
     if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
@@ -64,6 +65,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAU
     if name is not None and (not isinstance(name, str) or not name.strip() or not name.isprintable()):
         raise ConversionError(f"--name must be a name on one line, without control characters, got {name!r}")
     calibration = _read_calibration(calibration)
+    out = output_path(out)
 
     path = Path(src)
     if path.is_dir():

@@ -30,6 +30,7 @@ from pyedgemoe.convert.gguf_out import (
     GGUFOutput,
     create_partial_file,
     llama_file_type,
+    output_path,
     output_target,
 )
 from pyedgemoe.errors import ConversionError
@@ -49,7 +50,7 @@ PRECISIONS = ("high", "low")
 def export(model: Path, out: Path, *, precision: str = "high", force: bool = False,
            progress: bool = True) -> Path:
     """Write the `precision` ("high" or "low") experts of `model` as a standard GGUF at `out`."""
-    model, out = Path(model), Path(out)
+    model, out = Path(model), output_path(out)
     if precision not in PRECISIONS:
         raise ConversionError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     reader = open_gguf(model, "model")

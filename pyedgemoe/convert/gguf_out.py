@@ -302,6 +302,21 @@ class GGUFOutput:
         bar.enabled = False
 
 
+def output_path(out: str | os.PathLike) -> Path:
+    """out as a Path. A Path drops a trailing separator, and `-o new/` would write the file `new`:
+    such a path is refused here (check_output says why)."""
+    if os.fspath(out).endswith(os.sep):
+        _check_output(out, [])
+    return Path(out)
+
+
+def _check_output(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
+    try:
+        check_output(out, "output", list(inputs))
+    except InvalidOptionError as e:
+        raise ConversionError(str(e)) from None
+
+
 def output_target(out: Path, force: bool, inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """The file to write for the output path `out`: a symlink's target, as llama.cpp's tools write
     through the path. ConversionError if it is not a regular file (the finished file replaces the
@@ -311,10 +326,7 @@ def output_target(out: Path, force: bool, inputs: Sequence[str | os.PathLike] = 
     target = Path(os.path.realpath(out))
     if target.exists() and not target.is_file():
         raise ConversionError(f"{out} exists and is not a regular file; give a file's path as the output")
-    try:
-        check_output(out, "output", list(inputs))
-    except InvalidOptionError as e:
-        raise ConversionError(str(e)) from None
+    _check_output(out, inputs)
     if target.exists() and not force:
         raise ConversionError(f"{out} exists; pass --force to overwrite it")
     return target
