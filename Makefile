@@ -97,7 +97,8 @@ test-device: setup-test native-vulkan
 
 # The CPU suite's files on TEST_WORKERS processes (pytest-xdist; a file's tests in one, as its fixtures
 # are module-scoped; the tiny models are built under a lock): in one process it keeps about one core
-# busy (fresh clones on 2 cores: 29.6 min in one process, 21-24 on two workers).
+# busy (fresh clones on 2 cores: 29.6 min in one process, 19 on two workers; tests/conftest.py makes
+# ggml's OpenMP threads wait passively, without which the two workers' spinning threads took 29).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
