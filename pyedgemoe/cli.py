@@ -819,7 +819,9 @@ def rpc_server(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads of the CPU backend it serves "
                                           "(default: the physical cores this process may use)"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="a folder where it keeps the tensors clients send, "
-                                         "so a second load sends only their hashes (llama.cpp's rpc-server -c)"),
+                                         "so a second load sends only their hashes"),
+    default_cache: bool = typer.Option(False, "-c", help="--cache in llama.cpp's folder for it, $LLAMA_CACHE/rpc "
+                                       "(else ~/.cache/llama.cpp/rpc): llama.cpp's rpc-server -c"),
 ) -> None:
     """Serve this machine's CPU to other machines' pyedgemoe or llama.cpp (`--rpc HOST:PORT`): llama.cpp's
     rpc-server (docs/distributed.md). Runs until stopped (Ctrl-C)."""
@@ -830,6 +832,9 @@ def rpc_server(
         fail(f"--port must be in 1..65535, got {port}")
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
+    if default_cache and cache is None:
+        from pyedgemoe.url_model import cache_directory
+        cache = cache_directory() / "rpc"
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
     try:

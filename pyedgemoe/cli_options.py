@@ -29,7 +29,7 @@ from pyedgemoe import llama_log, moe_placement
 from pyedgemoe.devices import print_devices
 from pyedgemoe.errors import InvalidOptionError, PyEdgeMoEError
 from pyedgemoe.expert_options import AUTOMATIC, LOAD_OPTIONS, OPTION_NAMES, ExpertOptions, choices, default, help_text
-from pyedgemoe.generation import WHOLE_CONTEXT, SamplingParams, exposed_fields
+from pyedgemoe.generation import CHAT_TEMPERATURE, WHOLE_CONTEXT, SamplingParams, exposed_fields
 from pyedgemoe.llama_env import from_environment
 from pyedgemoe.load_plan import LoadOptions
 from pyedgemoe.model_source import DEFAULT_QUANTS, hub_model, offline_asked
@@ -272,8 +272,9 @@ def sampling_options(command=None, *, request_defaults: bool = False):
     def option(f):
         kind = Optional[_held_type(hints[f.name])] if f.default is None else \
             Optional[type(f.default)] if request_defaults else type(f.default)
-        shown = f" (a request's where it gives none; else {'unset' if f.default is None else f.default})" \
-            if request_defaults else ""
+        fallback = "unset" if f.default is None else f"{f.default}, a chat's {CHAT_TEMPERATURE}" \
+            if f.name == "temperature" else f.default
+        shown = f" (a request's where it gives none; else {fallback})" if request_defaults else ""
         return (f.name, kind, typer.Option(None if request_defaults else f.default,
                                            *filter(None, (f.metadata["short_flag"], f.metadata["flag"])),
                                            help=f"{f.metadata['help']}{shown}" if f.metadata["help"] else None))

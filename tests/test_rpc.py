@@ -238,6 +238,22 @@ def test_rpc_server_refuses_a_port_in_use(workers):
         "listens on IPv4 only"]
 
 
+@pytest.mark.parametrize("args", [["-c"], ["--cache", "mine"]])
+def test_rpc_server_keeps_sent_tensors_where_c_or_cache_says(tmp_path, args):
+    """-c: llama.cpp's rpc-server switch, its cache folder ($LLAMA_CACHE/rpc); --cache: the folder given."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--port", str(port), "--threads", "1",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path,
+                            env={**os.environ, "LLAMA_CACHE": str(tmp_path / "llama")})
+    try:
+        banner = [proc.stdout.readline() for _ in range(3)]
+    finally:
+        proc.kill()
+        proc.wait()
+    folder = tmp_path / "llama" / "rpc" if args == ["-c"] else tmp_path / "mine"
+    assert f"  local cache    : {folder if args == ['-c'] else 'mine'}\n" in banner and folder.is_dir()
+
+
 def test_a_worker_named_by_its_host_name_serves():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pyedgemoe", "rpc-server", "--host", "localhost", "--port",
