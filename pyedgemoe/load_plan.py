@@ -348,7 +348,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         raise InvalidOptionError(f"--link-share divides --mode split's misses; this run's mode is {mode}")
 
     predicting = info.is_moe and expert_options["prefetch"] == "hobbit"
-    n_batch = min(options.n_batch, options.n_ctx or options.n_batch)  # llama.cpp's, the context asked for
+    # llama.cpp's: at most the context asked for (0: the training context)
+    n_batch = min(options.n_batch, options.n_ctx or training_context(info.metadata) or options.n_batch)
     n_ubatch = min(n_batch, options.n_ubatch)
     checkpoint_bytes = checkpoint_size(-(-fixed_bytes // options.n_parallel))
     checkpoints, reasons["ctx_checkpoints"] = _checkpoints(expert_options["ctx_checkpoints"], checkpoint_bytes)

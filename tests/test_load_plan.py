@@ -265,6 +265,12 @@ def test_a_cache_of_half_the_experts_does_not_prefetch():
     assert p.expert_options["prefetch"] == "none" and (p.n_threads, p.governed) == (2, True)
 
 
+@pytest.mark.parametrize("n_ctx,batch", [(0, 2048), (256, 256), (8192, 4096)])
+def test_a_batch_is_at_most_the_context_the_training_context_for_0_as_llama_cpp_caps_it(n_ctx, batch):
+    p = plan(n_ctx=n_ctx, n_batch=4096, n_ubatch=4096)
+    assert (p.n_batch, p.n_ubatch) == (batch, batch)
+
+
 def test_the_fill_runs_in_the_background_when_lossless():
     assert plan(expert_cache="50%").fill == "in the background"
     assert plan(expert_cache="50%", fill_cache=False).fill == "none"
