@@ -144,9 +144,10 @@ class Decoder:
 
     def save_file(self, path: str, sequence: KVSequence, n: int) -> None:
         """The context's state holding sequence's first n positions (the context's one sequence), in
-        llama.cpp's session file (llama_state_save_file): what follows them is dropped."""
+        llama.cpp's session file (llama_state_save_file): what follows them is dropped (a memory that
+        cannot drop a part evaluates them again: rewind)."""
         with self._expert_errors(), self.lock:
-            self.keep(sequence, n)
+            self.rewind(sequence, n)
             self.live().save_state_file(path, sequence.tokens)
 
     def load_file(self, path: str, sequence: KVSequence) -> None:

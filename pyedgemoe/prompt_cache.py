@@ -39,6 +39,10 @@ class PromptCache:
         (0: none)."""
         sequence = self.engine._decoder.sequences[0]
         n = len(sequence.tokens) if self.save_all else min(n_prompt, len(sequence.tokens))
+        if self.engine.plan.checkpoint_bytes and not self.save_all:
+            # a memory that cannot drop tokens (recurrent states) keeps the prompt less its last
+            # token: the same prompt again evaluates that one for its logits, not all of them
+            n = min(n, n_prompt - 1)
         if self.read_only or n == 0 or sequence.tokens[:n] == self.tokens:
             return 0
         try:
