@@ -20,7 +20,7 @@ POOLING_NONE = POOLING_TYPES["none"]
 POOLING_HELP = ("how embeddings pool a text's rows: none (a vector per token), mean, cls or last (llama.cpp's "
                 "--pooling; for embed and serve --embeddings)")
 # the CLI's options (run, embed, serve) of the settings that bound one embedding pass (max_tokens)
-FLAGS = {"n_ubatch": "-ub", "n_batch": "-b", "n_ctx": "-c"}
+FLAGS = {"n_ubatch": "-ub", "n_batch": "-b", "n_ctx": "-c", "expert_cache": "--expert-cache"}
 _RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK: a reranker's score, from a classification head
 _NO_RANK = ("rank pooling scores documents with a reranking model's classification head, which a generative MoE "
             "model has not (llama.cpp stops on it): use none, mean, cls or last")
@@ -81,9 +81,11 @@ def pooling_type(engine) -> int:
 
 def max_tokens(engine) -> tuple[int, str]:
     """The most tokens one embed() evaluates, and the setting that bounds it: a pooled text is pooled
-    within one pass of the model (n_ubatch), a text's rows come from one llama_decode (n_batch), all
-    within the context (n_ctx, named first where it is as small: it bounds the others)."""
-    pooled = [(engine.n_ubatch, "n_ubatch")] if pooling_type(engine) != POOLING_NONE else []
+    within one pass of the model (n_ubatch; or expert_cache, which caps it for a model with expert
+    biases: docs/expert-residency.md), a text's rows come from one llama_decode (n_batch), all within
+    the context (n_ctx, named first where it is as small: it bounds the others)."""
+    capped = engine.n_ubatch < engine.plan.n_ubatch
+    pooled = [(engine.n_ubatch, "expert_cache" if capped else "n_ubatch")] if pooling_type(engine) != POOLING_NONE else []
     n_ctx = min(engine.n_ctx, engine.plan.n_ctx or engine.n_ctx)  # a sequence's, at most the context asked for
     return min([(n_ctx, "n_ctx"), *pooled, (engine.plan.n_batch, "n_batch")], key=lambda bound: bound[0])
 
@@ -98,7 +100,8 @@ def check_one_pass(engine, n_tokens: int, flags: dict[str, str] | None = None) -
     name = flags or {setting: setting for setting in FLAGS}
     # n_ctx bounding less than the context: the batch, which llama.cpp caps at the n_ctx asked (a context is rounded up)
     bound = f"the batch of {limit} tokens ({name['n_batch']}, at most the {name['n_ctx']} asked)" \
-        if what == "n_ctx" and limit < engine.n_ctx else f"{name[what]} {limit}"
+        if what == "n_ctx" and limit < engine.n_ctx else f"the {limit} tokens whose experts the expert cache holds " \
+        f"at once ({name['expert_cache']}; this model's expert biases)" if what == "expert_cache" else f"{name[what]} {limit}"
     fix = f"raise {name[what]}" if flags else f"truncate=True drops the rest, or raise {what}"
     raise InvalidOptionError(f"{n_tokens} tokens exceed {bound}: embed evaluates a text in one pass ({fix})")
 

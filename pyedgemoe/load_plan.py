@@ -248,9 +248,12 @@ def serving_text(experts: dict, plan: LoadPlan) -> str:
     if lossy:
         precision = ", ".join(["every expert in HIGH" if precision == "lossless" else precision, *lossy])
     prefetch_why = plan.reasons["prefetch"]
+    cap = experts.get("max_ubatch_tokens", 0)  # the loaded cache's (expert biases: docs/expert-residency.md)
+    capped = f", ubatches of {cap} tokens (with expert biases, those whose experts the cache holds at once)" \
+        if 0 < cap < plan.n_ubatch else ""
     return (f"io {experts['io']} with {experts['io_threads']} reads in flight, {fill}, prefetch {experts['prefetch']}"
             f"{f' ({prefetch_why})' if prefetch_why else ''}, "
-            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if plan.repack else 'off'}")
+            f"eviction {experts['cache_policy']}, {precision}, repack {'on' if plan.repack else 'off'}{capped}")
 
 
 def plan_for(model_path: str | os.PathLike, options: LoadOptions) -> tuple[ModelInfo, LoadPlan]:

@@ -100,6 +100,18 @@ def test_a_pooled_text_is_one_pass_of_the_model(model):
         np.testing.assert_array_equal(eng.embed(long), eng.embed(long[:32]))
 
 
+def test_a_pass_capped_by_the_expert_cache_names_it(tiny_model):
+    """A model with expert biases (GPT-OSS) runs ubatches whose experts the cache holds at once: a
+    pooled text is bounded by that, and -ub cannot raise it."""
+    with Engine(tiny_model("gpt_oss")[0], pooling="mean", expert_cache="25%", n_ubatch=512, **SMALL) as eng:
+        cap = eng.stats()["experts"]["max_ubatch_tokens"]
+        assert 0 < cap == eng.n_ubatch < 16
+        assert f"ubatches of {cap} tokens (with expert biases" in eng.expert_cache_note
+        with pytest.raises(InvalidOptionError, match=rf"exceed the {cap} tokens whose experts the expert cache holds at "
+                           r"once \(expert_cache; .*or raise expert_cache\)"):
+            eng.embed(TEXT, truncate=False)
+
+
 def test_pooling_values_that_are_refused(model):
     with pytest.raises(InvalidOptionError, match="reranking"):
         Engine(model, pooling="rank", **SMALL)
