@@ -30,6 +30,14 @@ def test_llama_cpps_log_is_shown_as_its_flags_say(flags, shown):
     assert r.stdout.startswith("hi")  # the text alone on stdout
 
 
+def test_the_log_holds_the_runs_own_context_only():
+    # the load plan measures contexts of 2**17 and 2**18 cells (load_plan.MEASURED_CELLS) without
+    # the run's log: their "possible training context overflow" warnings read as the run's
+    r = run("-lv", "4")
+    assert r.returncode == 0 and "n_ctx_seq (" not in r.stderr
+    assert re.findall(r"llama_context: n_ctx += (\d+)", r.stderr) == ["256"]
+
+
 def test_a_log_file_prefixes_and_timestamps(tmp_path):
     log = tmp_path / "llama.log"
     r = run("-lv", "4", "--log-file", str(log), "--log-prefix", "--log-timestamps")

@@ -315,7 +315,7 @@ std::vector<llama_token> load_state_file(Context & c, const std::string & path) 
     llama_memory_t memory = llama_get_memory(c.ctx);
     if (!ok) {
         llama_memory_clear(memory, true);
-        throw_with_log("cannot load the state file " + path + " (of another model, a larger context, or another -fa or KV cache type?)");
+        throw_with_log("cannot load the state file " + path + " (cut short, of another model, a larger context, or another -fa or KV cache type?)");
     }
     tokens.resize(n);
     if (!holds(c, 0, tokens)) {
@@ -356,6 +356,7 @@ std::vector<size_t> context_memory_bytes(const std::string & path, const std::ve
     std::vector<llama_model_kv_override> overrides = parse_kv_overrides(kv_overrides);
     if (!overrides.empty()) model_params.kv_overrides = overrides.data();
     gil_released release;
+    log_muted muted;  // the run's log (-lv 3) would show these contexts, of sizes the run never asked for
     log_clear_recent();
     llama_model * model = llama_model_load_from_file(path.c_str(), model_params);
     if (!model) throw_with_log("failed to load model from " + path);
@@ -407,8 +408,8 @@ std::pair<std::vector<llama_token>, size_t> load_sequence_file(Context & c, cons
     tokens.resize(read == 0 ? 0 : n);
     if (read == 0 || !holds(c, seq, tokens)) {
         llama_memory_seq_rm(memory, seq, -1, -1);
-        if (read == 0) throw_with_log("cannot load the slot file " + path + " (of another model, a larger context, "
-                                      "or another -fa or KV cache type?)");
+        if (read == 0) throw_with_log("cannot load the slot file " + path + " (cut short, of another model, a larger "
+                                      "context, or another -fa or KV cache type?)");
         throw std::runtime_error("the slot file " + path + " is damaged: its tokens and its state disagree");
     }
     return {tokens, read};

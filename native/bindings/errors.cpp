@@ -24,10 +24,13 @@ bool g_common = false;             // through llama.cpp's common log (log_to_com
 std::deque<std::string> g_recent;  // recent WARN/ERROR lines, bounded
 std::string g_partial;             // a line still being assembled (llama logs in pieces)
 constexpr size_t kMaxRecent = 16;
+thread_local bool t_muted = false;  // log_muted
 
 void log_callback(ggml_log_level level, const char * text, void *) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_common) {
+    if (t_muted) {
+        // only remembered (below)
+    } else if (g_common) {
         common_log_default_callback(level, text, nullptr);
     } else if (g_verbose) {
         fputs(text, stderr);
@@ -49,6 +52,9 @@ void log_callback(ggml_log_level level, const char * text, void *) {
 }  // namespace
 
 void log_install() { llama_log_set(log_callback, nullptr); }
+
+log_muted::log_muted() { t_muted = true; }
+log_muted::~log_muted() { t_muted = false; }
 
 namespace {
 // A GGML_ASSERT / GGML_ABORT in llama.cpp, or an exception nothing caught, leaves a computation

@@ -58,6 +58,12 @@ void log_set_verbose(bool verbose);
 // The last error/warning lines llama.cpp logged since log_clear_recent(), joined by newlines.
 std::string log_recent_errors();
 void log_clear_recent();
+// While one lives, what llama.cpp logs on this thread is only remembered (log_recent_errors), not
+// printed: a measurement's load and contexts are not the run's.
+struct log_muted {
+    log_muted();
+    ~log_muted();
+};
 // A remote device lost (an RPC worker; patch 0006), where llama.cpp logged it since log_clear_recent():
 // its error line, alone, which pyedgemoe raises as RemoteDeviceError (rpc.cpp).
 void throw_if_remote_lost();
