@@ -137,3 +137,33 @@ def test_stock_llama_cpp_reads_a_slot_file(server, tmp_path):
     prompt = llm.tokenize(PROMPT.encode())
     assert read == done["n_written"] and n.value == done["n_saved"] and list(tokens[:len(prompt)]) == prompt
     llm.close()
+
+
+def test_a_slots_save_and_restore_time_their_file_not_the_wait_for_a_busy_slot(tmp_path):
+    """llama-server's save_ms and restore_ms time the file's write and read: a save asked while the
+    slot generates waits for it, and that wait is not the save's."""
+    import threading
+    import time
+
+    from pyedgemoe import Engine, slot_files
+
+    with Engine(DEMO, n_ctx=256, n_threads=1, n_parallel=2) as eng:
+        eng.generate("Once upon a time", 4, temperature=0)
+        held = threading.Event()
+
+        def busy(sequence):
+            held.set()
+            time.sleep(1.5)
+        holder = threading.Thread(target=eng.on_sequence, args=(0, busy))
+        holder.start()
+        held.wait()
+        start = time.perf_counter()
+        saved = slot_files.save(eng, 0, str(tmp_path), "s.bin")
+        assert time.perf_counter() - start > 1 and saved["timings"]["save_ms"] < 500
+        holder.join()
+        holder = threading.Thread(target=eng.on_sequence, args=(0, busy))
+        held.clear()
+        holder.start()
+        held.wait()
+        assert slot_files.restore(eng, 0, str(tmp_path), "s.bin")["timings"]["restore_ms"] < 500
+        holder.join()
