@@ -289,6 +289,8 @@ class Llama:
         if vocab_only:  # llama-tokenize's load: the vocabulary, no weights, no context
             self._vocab: Vocabulary = VocabularyFile(model_path, kv_overrides)
         else:
+            if logits_all and "n_logits" not in kwargs:  # scores' rows: their memory counted at load
+                kwargs["n_logits"] = _context_rows(model_path, n_ctx)
             self._engine = self._vocab = self._load_engine(
                 model_path, dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_batch=n_batch,
                                  n_ubatch=n_ubatch, flash_attn=flash_attn, draft_model=draft_model, swa_full=swa_full,
@@ -895,6 +897,16 @@ def _sampling(arguments: dict, penalty_last_n: int) -> dict:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _context_rows(model_path, n_ctx) -> int:
+    """The positions of a context of n_ctx (0: the training context's), as llama.cpp pads it: the rows
+    of scores with logits_all. A bad n_ctx as it is (the Engine refuses it)."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 0:
+        return 0
+    from pyedgemoe.memory_budget import context_positions
+    from pyedgemoe.model_info import read_model_info
+    return context_positions(read_model_info(model_path).metadata, n_ctx)
 
 
 def _checked_handler(chat_handler: Callable | None) -> Callable | None:

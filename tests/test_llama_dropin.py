@@ -726,6 +726,17 @@ def test_setting_n_tokens_of_a_recurrent_model_evaluates_the_kept_tokens_again(t
         assert (llm.sample(temp=0), llm.n_tokens) == rewound
 
 
+@pytest.mark.parametrize("n_ctx", [512, 0])
+def test_the_memory_of_scores_with_logits_all_is_counted_at_load(n_ctx):
+    """scores' rows (a context's of logits) are in the load plan, as an expert cache's room is: a
+    generation filled them beside an auto cache that had not left room for them (an OOM kill)."""
+    with Llama(model_path=str(DEMO), **{**SMALL, "n_ctx": n_ctx}, logits_all=True) as scoring, \
+            Llama(model_path=str(DEMO), **{**SMALL, "n_ctx": n_ctx}) as plain:
+        rows = scoring.n_ctx()
+        assert scoring.engine.n_logits == rows and rows in (512, 256)  # 0: the demo's training context
+        assert scoring.engine.plan.context_bytes - plain.engine.plan.context_bytes >= rows * scoring.n_vocab() * 4
+
+
 def test_scores_with_logits_all_are_stock_llama_cpp_pythons(both):
     # llama-cpp-python's scoring idiom: Llama(logits_all=True), eval(), then scores / eval_logits.
     # Rows not computed (of tokens since replaced) are NaN
