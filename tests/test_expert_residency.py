@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -129,6 +130,27 @@ def typed_model(tmp_path_factory):
             assert read_model_info(out).tensor_types.get(expert_type, 0) > 0
         return out
     return make
+
+
+@pytest.fixture(scope="module")
+def large_expert_model(tmp_path_factory) -> Path:
+    """A Qwen3-MoE whose expert projections are 2 MiB each (f32, hidden 256, expert FFN 2048), in a
+    file llama.cpp's converter writes: tensors 32-byte aligned, as the Hub's GGUFs are."""
+    folder = tmp_path_factory.mktemp("large_experts")
+    hf = tiny_moe.build_hf_checkpoint("qwen3_moe", folder / "hf", overrides=dict(
+        hidden_size=256, moe_intermediate_size=2048, num_experts=4))
+    return tiny_moe.convert_to_gguf(hf, folder / "large.gguf", "f32")
+
+
+def test_direct_reads_of_experts_off_the_page_grid_and_larger_than_a_bounce_piece_are_exact(large_expert_model,
+                                                                                            resident_cache):
+    """O_DIRECT reads of a range not on 4 KiB pages go through a bounce buffer of 1 MiB pieces (one
+    the size of an expert on every loader thread was memory no budget counted: an OOM kill)."""
+    info = read_model_info(large_expert_model)
+    assert max(info.expert_bytes_per_layer.values()) // info.n_experts // 3 == 2 * 2**20
+    offsets = [t.data_offset for t in gguf.GGUFReader(large_expert_model).tensors if "_exps" in t.name]
+    assert any(offset % 4096 for offset in offsets)  # experts off the page grid: every read bounces
+    check_offloaded_equals_resident(large_expert_model, "minimum", "direct", resident_cache)
 
 
 @pytest.mark.parametrize("repack", [None, True])

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -53,6 +54,12 @@ struct aligned_buffer {
         return data;
     }
 };
+
+// A direct read whose range or destination is not aligned (llama.cpp's GGUFs align tensors to 32
+// bytes) goes through a bounce buffer in pieces of this many bytes (a multiple of the alignment):
+// a buffer the size of an expert (60 MiB for Mixtral's Q8_0) on each loader thread was memory no
+// budget counted, and ended runs under a memory limit.
+constexpr uint64_t kBounceBytes = 1ull << 20;
 
 }  // namespace
 
@@ -124,14 +131,18 @@ uint64_t expert_store::read_range(uint64_t offset, uint64_t size, void * dst) co
                 return size;
             }
             thread_local aligned_buffer bounce;
-            void * buf = bounce.reserve(end - begin);
-            // at the end of the file O_DIRECT returns the short tail: only the wanted part must be there
-            uint64_t got = pread_full(fd_, buf, end - begin, begin);
-            if (got < offset + size - begin) {
-                throw std::runtime_error("short read at " + range_text(offset, size) + ": the file ends at " +
-                                         std::to_string(begin + got) + " (file truncated?)");
+            void * buf = bounce.reserve(std::min(end - begin, kBounceBytes));
+            for (uint64_t at = begin; at < end; at += kBounceBytes) {
+                const uint64_t piece = std::min(kBounceBytes, end - at);
+                const uint64_t lo = std::max(at, offset), hi = std::min(at + piece, offset + size);
+                // at the end of the file O_DIRECT returns the short tail: only the wanted part must be there
+                const uint64_t got = pread_full(fd_, buf, piece, at);
+                if (at + got < hi) {
+                    throw std::runtime_error("short read at " + range_text(offset, size) + ": the file ends at " +
+                                             std::to_string(at + got) + " (file truncated?)");
+                }
+                memcpy((char *) dst + (lo - offset), (const char *) buf + (lo - at), hi - lo);
             }
-            memcpy(dst, (const char *) buf + (offset - begin), size);
             check_unchanged();
             return end - begin;
         }
