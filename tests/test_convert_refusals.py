@@ -184,6 +184,15 @@ def test_an_output_that_is_a_file_the_conversion_reads_is_refused_even_with_forc
     assert {p.name: p.read_bytes() for p in hf_dir.iterdir()} == before
 
 
+def test_an_output_that_is_the_calibration_sidecar_it_embeds_is_refused(tiny_model, tmp_path):
+    sidecar = tmp_path / "model.calibration.json"
+    shutil.copy(Path(__file__).resolve().parents[1] / "models" / "demo.gguf.calibration.json", sidecar)
+    before = sidecar.read_bytes()
+    with pytest.raises(ConversionError, match=rf"^the output {re.escape(str(sidecar))} is one of the command's inputs"):
+        convert(tiny_model("mixtral")[1], sidecar, calibration=sidecar, force=True, progress=False)
+    assert sidecar.read_bytes() == before
+
+
 def test_an_output_that_is_the_source_gguf_is_refused_on_the_cli_without_suggesting_force(tiny_model, tmp_path):
     src = _copy(tiny_model("mixtral")[0], tmp_path)
     r = cli("convert", src, "-o", src)

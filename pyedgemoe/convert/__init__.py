@@ -64,8 +64,10 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, high: str = DEFAU
         raise ConversionError(f"--threads must be an integer in 1..{MAX_THREADS}, got {n_threads!r}")
     if name is not None and (not isinstance(name, str) or not name.strip() or not name.isprintable()):
         raise ConversionError(f"--name must be a name on one line, without control characters, got {name!r}")
+    # the sidecar is read here, before the source's inputs are known: the output may not replace it
+    read = [calibration] if isinstance(calibration, (str, os.PathLike)) and not dry_run else []
     calibration = _read_calibration(calibration)
-    out = output_path(out)
+    out = output_path(out, read)
 
     path = Path(src)
     if path.is_dir():

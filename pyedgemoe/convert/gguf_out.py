@@ -302,11 +302,11 @@ class GGUFOutput:
         bar.enabled = False
 
 
-def output_path(out: str | os.PathLike) -> Path:
+def output_path(out: str | os.PathLike, inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """out as a Path. A Path drops a trailing separator, and `-o new/` would write the file `new`:
-    such a path is refused here (check_output says why)."""
-    if os.fspath(out).endswith(os.sep):
-        _check_output(out, [])
+    such a path is refused here, as is one of inputs (check_output says why)."""
+    if os.fspath(out).endswith(os.sep) or inputs:
+        _check_output(out, inputs)
     return Path(out)
 
 
