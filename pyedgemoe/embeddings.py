@@ -84,8 +84,8 @@ def max_tokens(engine) -> tuple[int, str]:
     within one pass of the model (n_ubatch; or expert_cache, which caps it for a model with expert
     biases: docs/expert-residency.md), a text's rows come from one llama_decode (n_batch), all within
     the context (n_ctx, named first where it is as small: it bounds the others)."""
-    capped = engine.n_ubatch < engine.plan.n_ubatch
-    pooled = [(engine.n_ubatch, "expert_cache" if capped else "n_ubatch")] if pooling_type(engine) != POOLING_NONE else []
+    pass_bound = "expert_cache" if engine.n_ubatch < engine.plan.n_ubatch else "n_ubatch"
+    pooled = [(engine.n_ubatch, pass_bound)] if pooling_type(engine) != POOLING_NONE else []
     n_ctx = min(engine.n_ctx, engine.plan.n_ctx or engine.n_ctx)  # a sequence's, at most the context asked for
     return min([(n_ctx, "n_ctx"), *pooled, (engine.plan.n_batch, "n_batch")], key=lambda bound: bound[0])
 
@@ -99,9 +99,13 @@ def check_one_pass(engine, n_tokens: int, flags: dict[str, str] | None = None) -
         return
     name = flags or {setting: setting for setting in FLAGS}
     # n_ctx bounding less than the context: the batch, which llama.cpp caps at the n_ctx asked (a context is rounded up)
-    bound = f"the batch of {limit} tokens ({name['n_batch']}, at most the {name['n_ctx']} asked)" \
-        if what == "n_ctx" and limit < engine.n_ctx else f"the {limit} tokens whose experts the expert cache holds " \
-        f"at once ({name['expert_cache']}; this model's expert biases)" if what == "expert_cache" else f"{name[what]} {limit}"
+    if what == "n_ctx" and limit < engine.n_ctx:
+        bound = f"the batch of {limit} tokens ({name['n_batch']}, at most the {name['n_ctx']} asked)"
+    elif what == "expert_cache":
+        bound = f"the {limit} tokens whose experts the expert cache holds at once ({name[what]}; this model's " \
+                f"expert biases)"
+    else:
+        bound = f"{name[what]} {limit}"
     fix = f"raise {name[what]}" if flags else f"truncate=True drops the rest, or raise {what}"
     raise InvalidOptionError(f"{n_tokens} tokens exceed {bound}: embed evaluates a text in one pass ({fix})")
 
