@@ -34,7 +34,8 @@ from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.expert_options import ExpertOptions, auto_prefetch, default_mode, fill_ranking, options_dict
 from pyedgemoe.generation import SamplingParams
 from pyedgemoe.memory_budget import (KV_CELL_MULTIPLE, MAPPED, UP_TO, context_bytes, context_positions, is_share,
-                                     parse_expert_cache, spare_bytes, training_context, ubatch_tokens)
+                                     parse_expert_cache, repack_staging_bytes, spare_bytes, training_context,
+                                     ubatch_tokens)
 from pyedgemoe.model_info import ModelInfo, read_model_info
 from pyedgemoe.sysmem import format_bytes
 from pyedgemoe.systems import system_options
@@ -368,8 +369,11 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     if not info.is_moe and is_share(expert_cache):  # a share of no experts (a script's --expert-cache 25%):
         expert_cache = "auto"  # a dense model runs as it would without one
     most_held = _most_held(info, expert_options)
+    # --repack given on the CPU: an expert cache's reads need staging buffers beside it
+    staging = repack_staging_bytes(info.largest_repacked_projection, expert_options["io_threads"]) \
+        if expert_options["repack"] and not device and info.is_moe else 0
     budget, note = parse_expert_cache(
-        expert_cache, info.high_expert_bytes, info.non_expert_bytes, context,
+        expert_cache, info.high_expert_bytes, info.non_expert_bytes, context + staging,
         devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
         repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
         minimum_bytes=0 if device else info.minimum_cache_bytes(), most_bytes=most_held)
@@ -393,6 +397,9 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
                                         machine.memory[0])
     if reasons["repack"].startswith("repack off:"):  # decided here against what llama.cpp would do
         note += f"; {reasons['repack']}"
+    if offload and staging:
+        reasons["repack"] += (f"; reads into the expert cache are converted from staging buffers, "
+                              f"{format_bytes(staging)} beside it")
     # resolved (and checked: LOW copies asked for must exist) even when every expert is resident
     native = expert_options.resolve(info, calibration, options.n_parallel) if info.is_moe else None
     # every expert copy the run loads: LOW ones with low precision on (top-1 routing has none; with
@@ -446,7 +453,8 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
         reads_core=reads_core, auto_mode_threads=options.n_threads or machine.cores.n, context_bytes=context,
         # host memory left for logits asked for beyond n_logits (a GPU's expert cache is not in it)
         spare_bytes=spare_bytes(budget if offload and not device else 0,
-                                info.non_expert_bytes - (cold if embedding_mapped else 0), context, machine.memory),
+                                info.non_expert_bytes - (cold if embedding_mapped else 0),
+                                context + (staging if offload else 0), machine.memory),
         ubatch_tokens=ubatch_tokens(info.metadata, options.n_ctx, n_ubatch), expert_cache_note=note,
         reasons=MappingProxyType(reasons), notes=tuple(notes), **threads)
 

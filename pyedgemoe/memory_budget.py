@@ -22,7 +22,7 @@ from pyedgemoe.errors import InvalidOptionError
 from pyedgemoe.sysmem import format_bytes, memory_stat, own_memory_cgroups, parse_size
 
 # What a run grows by beside the weights, the expert cache and context_bytes(): Python's objects,
-# the sampler, thread stacks, the expert loader's staging buffers and the residency's bookkeeping.
+# the sampler, thread stacks, direct reads' bounce buffers and the residency's bookkeeping.
 # Measured as peak RSS minus RSS before Engine() minus the buffers llama.cpp reports
 # (llama_get_memory_breakdown), the expert pools, the logits asked for, and context_bytes()'s
 # estimates of the work buffer and the vocabulary, on a 500-token prompt with all logits and then
@@ -289,6 +289,14 @@ def logits_bytes(metadata: dict, n_tokens: int) -> int:
     ubatch's rows; it keeps its largest size) or, one token per step, the rows gathered before
     they are stacked. 0 tokens: nothing beyond what generation holds."""
     return 2 * n_tokens * _n_vocab(metadata) * ACTIVATION_BYTES
+
+
+def repack_staging_bytes(largest_projection: int, io_threads: int) -> int:
+    """The staging buffers of reads into repacked expert cache slots (native/src/expert-store.cpp):
+    ggml converts a repacked tensor whole, so each thread that reads one (io_threads loaders and as
+    many prefetch threads) keeps a buffer of the largest projection's bytes for the run: 252 MiB at
+    Mixtral's Q4_0 projections of 31.5 MiB and the default 4 reads in flight."""
+    return 2 * io_threads * largest_projection
 
 
 def predictor_bytes(metadata: dict, depth: int) -> int:

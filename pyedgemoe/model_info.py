@@ -55,6 +55,9 @@ class ModelInfo:
     low_expert_bytes_per_layer: dict[int, int] = field(default_factory=dict)
     # of the HIGH expert copies, the bytes llama.cpp's CPU backend keeps a repacked copy of here
     repacked_expert_bytes: int = 0
+    # the largest one expert's projection of a type the CPU repacks (HIGH or LOW): a read into a
+    # repacked cache slot goes through a staging buffer of its size (ggml converts a tensor whole)
+    largest_repacked_projection: int = 0
     # the input embedding's, where it is not also the output matrix: a run reads only the rows of
     # the tokens it sees, so mapped, most of it never takes a page
     cold_embedding_bytes: int = 0
@@ -121,6 +124,7 @@ class ModelInfo:
             "high_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.high_expert_bytes_per_layer.items())},
             "low_expert_bytes_per_layer": {str(k): v for k, v in sorted(self.low_expert_bytes_per_layer.items())},
             "repacked_expert_bytes": self.repacked_expert_bytes,
+            "largest_repacked_projection": self.largest_repacked_projection,
             "cold_embedding_bytes": self.cold_embedding_bytes,
             "largest_projection_share": self.largest_projection_share,
         }
@@ -182,7 +186,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
     high_bytes: dict[int, int] = defaultdict(int)
     low_bytes: dict[int, int] = defaultdict(int)
     tensor_types: dict[str, int] = defaultdict(int)
-    total = repacked = 0
+    total = repacked = repacked_projection = 0
     for t in info["tensors"]:
         total += t["nbytes"]
         tensor_types[t["type"]] += t["nbytes"]
@@ -191,8 +195,9 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
             expert_bytes[layer] += t["nbytes"]
             copies = low_bytes if is_low_copy(t["name"]) else high_bytes
             copies[layer] += t["nbytes"]
-            if not is_low_copy(t["name"]) and _native.cpu_repacks(t["type"], t["shape"]):
-                repacked += t["nbytes"]
+            if _native.cpu_repacks(t["type"], t["shape"]):
+                repacked += 0 if is_low_copy(t["name"]) else t["nbytes"]
+                repacked_projection = max(repacked_projection, t["nbytes"] // t["shape"][2])  # ne[2]: experts
     n_expert_total = sum(expert_bytes.values())
     largest_share = max((t["nbytes"] / high_bytes[expert_stack_layer(t["name"])] for t in info["tensors"]
                          if expert_stack_layer(t["name"]) is not None and not is_low_copy(t["name"])), default=0.0)
@@ -224,6 +229,7 @@ def read_model_info(path: str | os.PathLike, overrides: str | None = None) -> Mo
         high_expert_bytes_per_layer=dict(high_bytes) if multi_precision else dict(expert_bytes),  # all HIGH
         low_expert_bytes_per_layer=dict(low_bytes) if multi_precision else {},
         repacked_expert_bytes=repacked,
+        largest_repacked_projection=repacked_projection,
         cold_embedding_bytes=cold_embedding,
         largest_projection_share=largest_share,
         expert_biases=any(t["name"].endswith("_exps.bias") for t in info["tensors"]),

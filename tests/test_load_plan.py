@@ -190,6 +190,23 @@ def test_a_size_is_the_cache_and_turns_repacking_off():
     assert not p.repack and "stream through an expert cache" in p.reasons["repack"]
 
 
+def test_repack_given_with_an_expert_cache_counts_the_staging_buffers_of_its_reads():
+    # ggml converts a repacked slot's bytes whole: each thread that reads (4 loaders, 4 prefetch
+    # threads) keeps a buffer of the largest projection (2 MiB here) beside the cache
+    info = dataclasses.replace(moe(), repacked_expert_bytes=EXPERT_BYTES // 4, largest_repacked_projection=2 * MiB)
+    plain, repacked = plan(memory=96 * MiB, info=info), plan(memory=96 * MiB, info=info, repack=True)
+    assert plain.offload and not plain.repack and repacked.repack
+    assert repacked.expert_cache == plain.expert_cache - 16 * MiB
+    assert "staging buffers, 16.00 MiB beside it" in repacked.reasons["repack"]
+    sized = {"memory": 96 * MiB, "info": info, "expert_cache": 32 * MiB}
+    assert plan(**sized, repack=True).spare_bytes == plan(**sized).spare_bytes - 16 * MiB
+    assert plan(**sized, repack=True, io_threads=1).spare_bytes == plan(**sized).spare_bytes - 4 * MiB
+    room = 32 * MiB + plan(**sized).spare_bytes  # the largest cache that fits without them
+    assert plan(**{**sized, "expert_cache": room}).expert_cache == room
+    with pytest.raises(InvalidOptionError, match="does not fit"):
+        plan(**{**sized, "expert_cache": room}, repack=True)
+
+
 def test_a_size_that_does_not_fit_is_refused_with_the_largest_that_does():
     with pytest.raises(InvalidOptionError, match="does not fit.*the largest expert cache that fits"):
         plan(expert_cache="100%", memory=48 * MiB)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import gguf
 import llama_cpp
 import numpy as np
 import pytest
@@ -52,6 +53,12 @@ def test_mapped_experts_compute_as_stock_llama_cpp_without_repacking(q4_k_model)
         assert eng.experts_mapped and eng.expert_residency is None and eng.stats()["experts_mapped"]
         ours = eng.logits(IDS)
     assert np.array_equal(ours, stock_logits_without_repack(q4_k_model))
+
+
+def test_the_staging_buffers_of_repacked_reads_are_sized_to_one_experts_projection(q4_k_model):
+    info = read_model_info(q4_k_model)
+    stacks = [t for t in gguf.GGUFReader(q4_k_model).tensors if "_exps." in t.name]
+    assert info.largest_repacked_projection == max(int(t.n_bytes) // info.n_experts for t in stacks) > 0
 
 
 def test_streamed_experts_compute_as_stock_llama_cpp_without_repacking(q4_k_model):
