@@ -372,11 +372,17 @@ def plan_load(info: ModelInfo, options: LoadOptions, machine: Machine, kv_bytes:
     # --repack given on the CPU: an expert cache's reads need staging buffers beside it
     staging = repack_staging_bytes(info.largest_repacked_projection, expert_options["io_threads"]) \
         if expert_options["repack"] and not device and info.is_moe else 0
-    budget, note = parse_expert_cache(
-        expert_cache, info.high_expert_bytes, info.non_expert_bytes, context + staging,
-        devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
-        repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
-        minimum_bytes=0 if device else info.minimum_cache_bytes(), most_bytes=most_held)
+    try:
+        budget, note = parse_expert_cache(
+            expert_cache, info.high_expert_bytes, info.non_expert_bytes, context + staging,
+            devices_free["free_bytes"] if device else machine.memory, refuse=not device,  # a GPU: check_fits_device
+            repacked_expert_bytes=0 if device else info.repacked_expert_bytes, cold_bytes=cold,
+            minimum_bytes=0 if device else info.minimum_cache_bytes(), most_bytes=most_held)
+    except InvalidOptionError as e:
+        if not staging:
+            raise
+        raise InvalidOptionError(f"{e} (the context's share includes {format_bytes(staging)} of --repack's staging "
+                                 "buffers: without --repack they are not needed)") from None
     asked = str(options.expert_cache or "auto").strip().lower()
     if device and isinstance(budget, int) and (asked == "auto" or asked.endswith(UP_TO)):  # what fits
         budget, note = _addressable(budget, note, layer_devices, info)
