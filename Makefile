@@ -44,8 +44,11 @@ native:
 
 # Test-only references: stock llama-cpp-python (built from its sdist), torch (CPU), transformers;
 # and the server's extra (FastAPI, uvicorn), which tests/test_server.py runs.
+# Stock's build from its sdist gets native/toolchain/gcc-tile-config.h before every C++ file (CXXFLAGS: a
+# first configure's, so not our module's, configured already), never a wheel built without it.
 $(VENV)/.test-deps-done: $(VENV)/.setup-done pyproject.toml
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PIP) install --quiet --no-build-isolation -e ".[test,server]"
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" CXXFLAGS="-include $(CURDIR)/native/toolchain/gcc-tile-config.h" \
+	  $(PIP) install --quiet --no-build-isolation --no-cache-dir -e ".[test,server]"
 	touch $@
 
 setup-test: $(VENV)/.test-deps-done browser-deps

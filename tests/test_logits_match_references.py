@@ -14,6 +14,7 @@ import pytest
 
 from conftest import MOE_ARCHITECTURES, tiny_moe
 from pyedgemoe import Engine
+from test_memory_honesty import two_layer_olmoe
 
 SAME_SETTINGS = dict(n_ctx=256, n_threads=2, flash_attn=False, kv_type="f32")
 IDS = [1, 17, 42, 99, 5, 230, 64, 7, 150, 33, 12, 201, 88, 3, 120, 45]
@@ -42,6 +43,17 @@ def test_logits_equal_stock_llama_cpp(tiny_model, arch):
     theirs = stock_logits(gguf, IDS)
     assert ours.shape == theirs.shape == (len(IDS), ours.shape[1])
     assert np.max(np.abs(ours - theirs)) <= 1e-4
+
+
+@pytest.mark.slow  # the 224 MB model takes ~6 s to write
+def test_products_on_amx_tiles_equal_stock_llama_cpp(tmp_path_factory, tiny_model):
+    """Q8_0 matrices of 1024 columns: on a CPU with AMX (Sapphire Rapids and later) ggml computes a
+    batch's products on its AMX tiles, which GCC left unconfigured, so every run of a prompt crashed,
+    ours and stock's (native/toolchain/gcc-tile-config.h); elsewhere its AVX kernels compute them."""
+    model = two_layer_olmoe(tmp_path_factory.mktemp("amx"), tiny_model("olmoe")[0], "olmoe-amx", 512, "q8_0")
+    with Engine(model, **SAME_SETTINGS) as eng:
+        ours = eng.logits(IDS)
+    assert np.array_equal(ours, stock_logits(model, IDS))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
