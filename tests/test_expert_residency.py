@@ -64,9 +64,13 @@ def distinct_experts(trace) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def resident_cache():
+    """resident(path, n_batch, repack): the logits and tokens of every expert resident. An expert
+    cache computes without repacked copies unless asked for, so its reference does too (repack
+    moves the last bits where the CPU repacks a weight's type: Q4_K on AVX2, Q8_0 and others on
+    AMX's tiles)."""
     cache = {}
 
-    def resident(path, n_batch: int, repack: bool = True):
+    def resident(path, n_batch: int, repack: bool = False):
         key = (str(path), n_batch, repack)
         if key not in cache:
             cache[key] = run(path, n_batch=n_batch, repack=repack)[:2]
