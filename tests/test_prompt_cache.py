@@ -51,8 +51,10 @@ def test_a_second_run_reuses_the_prompt_and_writes_the_same_text(demo_high, tmp_
     assert second.stdout == alone
     assert f"{n - 1} of the prompt's {n} tokens reused" in second.stderr  # its last evaluated again, for its logits
     assert "saved" not in second.stderr  # nothing new to write
-    # through a 25 % expert cache: the same text (the file holds the KV cache only)
-    assert run(demo_high, "-p", PROMPT, "--prompt-cache", str(cache), "--expert-cache", "25%").stdout == alone
+    # through a 25 % expert cache: the same text (the file holds the KV cache only; --repack: the
+    # resident run's kernels)
+    assert run(demo_high, "-p", PROMPT, "--prompt-cache", str(cache), "--expert-cache", "25%",
+               "--repack").stdout == alone
 
 
 def test_read_only_and_all(demo_high, tmp_path):

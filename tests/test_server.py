@@ -112,8 +112,9 @@ def client(server) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def reference():
-    """The same model in this process, every expert resident: what the server must answer."""
-    with Engine(DEMO, n_ctx=N_CTX, n_threads=1) as eng:
+    """The same model in this process, every expert resident: what the server must answer (without
+    repacked copies, as its expert cache computes)."""
+    with Engine(DEMO, n_ctx=N_CTX, n_threads=1, repack=False) as eng:
         yield eng
 
 
