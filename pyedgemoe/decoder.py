@@ -110,7 +110,7 @@ class Decoder:
     def keep(self, sequence: KVSequence, n: int) -> int:
         """Drops what sequence holds after its first n positions; the count kept (0 where the model's
         memory cannot drop a part)."""
-        with self.lock:
+        with self._expert_errors(), self.lock:  # clearing a remote device's KV cache is a call to it
             ctx = self.live()
             self.last_output = None
             if n > 0 and not ctx.truncate(n, sequence.seq):
@@ -136,7 +136,7 @@ class Decoder:
 
     def clear(self) -> None:
         """Forgets every sequence."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             self.live().clear()
             self.last_output = None
         for s in self.sequences:
@@ -193,8 +193,8 @@ class Decoder:
 
     def sample(self, sampler, ids: list[int], i: int = -1) -> int:
         """sampler's (a TokenSampler's) pick after ids, the tokens evaluated, from output i of the
-        last decode (-1: its last)."""
-        with self.lock:
+        last decode (-1: its last): the first read of its logits, where a remote device's loss shows."""
+        with self._expert_errors(), self.lock:
             return sampler.pick(self.live(), i, ids)
 
     def sample_next(self, sequence: KVSequence, sampler) -> int:
@@ -213,7 +213,7 @@ class Decoder:
 
     def output_logits(self, i: int = -1) -> np.ndarray:
         """The logits of output i of the last decode (-1: its last)."""
-        with self.lock:
+        with self._expert_errors(), self.lock:
             return self.live().output_logits(i)
 
     def embed(self, tokens: list[int], sequence: KVSequence) -> np.ndarray:
