@@ -1,4 +1,4 @@
-// GCC's _tile_loadconfig (amxtileintrin.h, 12 and before) tells the compiler that ldtilecfg reads 8
+// GCC's _tile_loadconfig (amxtileintrin.h, as GCC 12 has it) tells the compiler that ldtilecfg reads 8
 // bytes of its 64-byte tile configuration, so the stores of the rows and columns before it are
 // dropped as dead: ggml's AMX kernels (ggml-cpu/amx/mmq.cpp, ggml_tile_config_init) then run with
 // unconfigured tiles and fault (SIGILL, SIGSEGV) wherever -march=native enables AMX (Sapphire
