@@ -43,9 +43,11 @@ from pyedgemoe.errors import (
     EngineBusyError,
     EngineClosedError,
     ExpertLoadError,
+    ForkedEngineError,
     InvalidOptionError,
     ModelLoadError,
     PyEdgeMoEError,
+    RemoteDeviceError,
 )
 
 # the names of the modules below, imported at their first use: `pyedgemoe` (the command) starts
@@ -76,4 +78,4 @@ def __getattr__(name: str):
 # and the errors
 __all__ = [*(name for names in _LAZY.values() for name in names), "PyEdgeMoEError", "ModelLoadError",
            "ContextOverflowError", "EngineBusyError", "EngineClosedError", "ExpertLoadError", "InvalidOptionError",
-           "ConversionError"]
+           "ConversionError", "ForkedEngineError", "RemoteDeviceError"]

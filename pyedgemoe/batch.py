@@ -28,6 +28,7 @@ import numpy as np
 from pyedgemoe.errors import EngineBusyError, ExpertLoadError
 from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
 from pyedgemoe.native_exit import closed_error
+from pyedgemoe.sequence_turn import OWN_STREAM_WAIT_S, WAIT_STEP_S
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
 # that their tokens share the step; a consumer that takes longer is stepped in a later one.
@@ -45,7 +46,7 @@ class _Request:
     sequence: KVSequence | None = None
     task: Callable[[KVSequence], object] | None = None  # work of its own on a free sequence (embed)
     seq: int | None = None  # the sequence the task needs (a slot file's), else any free one
-    thread: int = field(default_factory=threading.get_ident)  # the thread that started it (its consumer's)
+    thread: int = field(default_factory=threading.get_ident)  # the thread that took its last token (started it)
 
     @property
     def prompt(self) -> list[int]:
@@ -60,6 +61,7 @@ class Batcher:
         self._running: list[_Request] = []
         self._cond = threading.Condition()
         self._closing = False
+        self._advances = 0  # tokens taken by the generations' consumers, counted to see them move
         self._thread = threading.Thread(target=self._run, name="pyedgemoe-batcher", daemon=True)
         self._thread.start()
 
@@ -78,7 +80,8 @@ class Batcher:
                 if isinstance(item, PromptProgress):  # the prompt's evaluation goes on
                     continue
                 with self._cond:
-                    r.want = True
+                    r.want, r.thread = True, threading.get_ident()
+                    self._advances += 1
                     self._cond.notify_all()
         finally:
             self._leave(r)
@@ -106,19 +109,31 @@ class Batcher:
             raise EngineBusyError("a generation's logits_processor, stopping_criteria or draft_model called its own "
                                   "Engine, which runs that generation: it would wait on itself")
         with self._cond:
+            # a sequence is freed by the thread reading its generation; one waiting here for a sequence frees
+            # none, unless another thread goes on reading it (sequence_turn: next() on a pool's threads)
+            seen, since = self._advances, time.monotonic()
+            while not self._closing and (whose := self._only_waiters_hold_every_sequence(r)):
+                if self._advances != seen:
+                    seen, since = self._advances, time.monotonic()
+                elif time.monotonic() - since > OWN_STREAM_WAIT_S:
+                    raise EngineBusyError(f"every sequence ({len(self._sequences)}) holds a generation {whose} "
+                                          "started and has not taken to its end: take one to its end or close() it "
+                                          "before starting another")
+                self._cond.wait(WAIT_STEP_S)
             if self._closing:
                 raise closed_error("this Engine is closed")
-            # a sequence is freed by its generation's thread; one waiting here for a sequence frees none
-            held = [q for q in self._running if not (q.closed or q.done)]
-            waiting = {q.thread for q in self._pending} | {r.thread}
-            if len(held) == len(self._sequences) and all(q.thread in waiting for q in held):
-                whose = "this thread" if all(q.thread == r.thread for q in held) else \
-                    "this thread or threads that wait for a sequence too"
-                raise EngineBusyError(f"every sequence ({len(held)}) holds a generation {whose} started and has "
-                                      "not taken to its end: take one to its end or close() it before starting another")
             self._pending.append(r)
             self._cond.notify_all()
         return r
+
+    def _only_waiters_hold_every_sequence(self, r: _Request) -> str:
+        """Whose generations hold every sequence where all are the waiting threads' (r's among them), else ""."""
+        held = [q for q in self._running if not (q.closed or q.done)]
+        waiting = {q.thread for q in self._pending} | {r.thread}
+        if len(held) < len(self._sequences) or not all(q.thread in waiting for q in held):
+            return ""
+        return "this thread" if all(q.thread == r.thread for q in held) else \
+            "this thread or threads that wait for a sequence too"
 
     def _leave(self, r: _Request) -> None:
         """r's consumer is gone: its place in the queue, or its sequence, is free."""

@@ -16,8 +16,8 @@ import numpy as np
 
 from pyedgemoe import _native
 from pyedgemoe.context_checkpoints import Checkpoints, cuts
-from pyedgemoe.errors import ExpertLoadError, InvalidOptionError, ModelLoadError, RemoteDeviceError
-from pyedgemoe.generation import KVSequence, SequenceState
+from pyedgemoe.errors import ExpertLoadError, ForkedEngineError, InvalidOptionError, ModelLoadError, RemoteDeviceError
+from pyedgemoe.generation import KVSequence, SequenceState, as_token_ids
 from pyedgemoe.native_exit import closed_error
 
 
@@ -30,8 +30,9 @@ def top_probability(logits: np.ndarray) -> float:
 class Decoder:
     def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = "",
                  checkpoints: int = 0, checkpoint_bytes: int = 0, n_ubatch: int = 512,
-                 loras: tuple[tuple[str, float], ...] = ()):
+                 loras: tuple[tuple[str, float], ...] = (), own_threads: bool = False):
         self.model = model
+        self._process = os.getpid() if own_threads else None  # where its threads are (native_exit: fork)
         self._ctx = ctx
         self.lock = threading.RLock()  # held while the native context or the expert cache is in use
         # each with its context checkpoints (pyedgemoe.context_checkpoints), where the plan keeps some
@@ -52,9 +53,14 @@ class Decoder:
                          + "".join(f", LoRA {os.path.basename(path)} at {scale:g}" for path, scale in loras))
 
     def live(self):
-        """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost."""
+        """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost,
+        ForkedEngineError in a forked child where the Engine has threads of its own."""
         if self._ctx is None:
             raise closed_error("this Engine is closed")
+        if self._process not in (None, os.getpid()):
+            raise ForkedEngineError(f"this Engine was made in process {self._process}, which forked this one: its "
+                                    "threads (an expert cache's, n_parallel's) and GPU stay there; make the Engine "
+                                    "in this process (or start it with multiprocessing's 'spawn')")
         if self._lost is not None:
             raise RemoteDeviceError(f"{self._lost} earlier: this Engine can only be closed (its KV cache and "
                                     "weights were there)")
@@ -183,13 +189,21 @@ class Decoder:
         if state.model and state.model != self.identity:
             raise InvalidOptionError(f"load_state: the state is of another model ({state.model}); this one is "
                                      f"{self.identity}")
+        tokens = as_token_ids(state.tokens, "load_state: the state's tokens")
+        if not isinstance(state.kv, bytes):
+            raise InvalidOptionError(f"load_state: the state's kv must be bytes (save_state's), got {type(state.kv).__name__}")
         with self._expert_errors(), self.lock:
-            self.keep(sequence, 0)
+            self.keep(sequence, 0)  # what it held goes: llama.cpp's load empties the sequence where it fails
             try:
                 self.live().set_sequence_state(sequence.seq, state.kv)
             except ValueError as e:
-                raise InvalidOptionError(f"load_state: {e}") from None
-            sequence.tokens[:] = state.tokens
+                raise InvalidOptionError(f"load_state: {e}; the sequence holds nothing now") from None
+            if not self.live().holds(sequence.seq, tokens):
+                self.keep(sequence, 0)
+                raise InvalidOptionError(f"load_state: the state's KV cache does not hold its {len(tokens)} tokens (of "
+                                         "this vocabulary, at their positions): a state save_state did not give; the "
+                                         "sequence holds nothing now")
+            sequence.tokens[:] = tokens
 
     def sample(self, sampler, ids: list[int], i: int = -1) -> int:
         """sampler's (a TokenSampler's) pick after ids, the tokens evaluated, from output i of the

@@ -8,12 +8,11 @@
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import sys
-import threading
 import time
 import weakref
-from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import numpy as np
@@ -23,7 +22,7 @@ from pyedgemoe.batch import Batcher
 from pyedgemoe.calibration.sidecar import is_low_experts
 from pyedgemoe.chat_template import render_chat
 from pyedgemoe.decoder import Decoder, top_probability  # noqa: F401 - top_probability: imported from here too
-from pyedgemoe.errors import ContextOverflowError, EngineBusyError, InvalidOptionError, ModelLoadError, RemoteDeviceError
+from pyedgemoe.errors import ContextOverflowError, InvalidOptionError, ModelLoadError, RemoteDeviceError
 from pyedgemoe.expert_options import ExpertOptions
 from pyedgemoe.expert_summary import expert_summary
 from pyedgemoe.completions import TextRun, stop_list
@@ -32,6 +31,7 @@ from pyedgemoe.load_plan import LoadOptions, LoadPlan, capped_ubatch, check_draf
     serving_text
 from pyedgemoe.memory_budget import check_logits_fit
 from pyedgemoe.native_exit import close_at_exit
+from pyedgemoe.sequence_turn import SequenceTurn
 from pyedgemoe.threads import ThreadGovernor, cpu_load
 from pyedgemoe.vocabulary import Vocabulary
 
@@ -101,8 +101,9 @@ class Engine(Vocabulary):
         n_parallel generations, from as many threads, run at once, each in n_ctx / n_parallel
         positions, one llama_decode per step for all of them, so experts they share load once.
         With n_parallel=1, threads take turns: a generation holds the sequence from its first token
-        to its end, another thread's waits; a generation this thread left open (streamed, neither
-        finished nor closed) makes its next one raise EngineBusyError.
+        to its end, another call waits; a generation this thread left open (streamed, neither
+        finished nor closed) that no other thread reads on makes its next one raise EngineBusyError
+        (pyedgemoe.sequence_turn).
     system: a seed system's preset of the expert options ("lossless", "hobbit", "edgemoe", "fate",
         "mobile"; pyedgemoe.systems, docs/systems.md); options given explicitly win over it.
         static_precision and prefetch="edgemoe" read the calibration sidecar (`pyedgemoe calibrate
@@ -160,9 +161,9 @@ class Engine(Vocabulary):
             raise context_error(plan.n_ctx, e) from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
         self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little,
-                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch, plan.loras)
-        self._turn = threading.Lock()  # n_parallel=1: the one sequence, for one generation at a time
-        self._turn_owner: int | None = None  # the thread that took it
+                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch, plan.loras,
+                                own_threads=plan.offload or plan.n_parallel > 1 or bool(plan.layer_devices))
+        self._turn = SequenceTurn()  # n_parallel=1: the one sequence, for one generation at a time
         self.while_waiting: Callable[[], object] = lambda: None  # run every 10 ms by a thread waiting for it (llama.py)
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
         # closed when collected or at exit: else the batcher's thread holds the native objects past teardown (leaks)
@@ -231,32 +232,23 @@ class Engine(Vocabulary):
         self._live()
         return self._model
 
-    @contextmanager
     def _sequence_turn(self):
-        """The one sequence (n_parallel=1), for one generation or evaluation at a time: another
-        thread's waits for its turn, this thread's own is an error (it would wait on itself)."""
-        me = threading.get_ident()
-        if self._turn_owner == me:
-            raise EngineBusyError("a generation of this Engine started on this thread is still open: take it to its "
-                                  "end or close() it before starting another (or use n_parallel > 1)")
-        while not self._turn.acquire(timeout=0.01):
-            self.while_waiting()
-        self._turn_owner = me
-        try:
-            yield
-        finally:
-            self._turn_owner = None
-            self._turn.release()
+        """The one sequence (n_parallel=1), for one call at a time (pyedgemoe.sequence_turn)."""
+        return self._turn.held(self.while_waiting)
 
     def on_sequence(self, seq: int, work):
         """work(the seq-th sequence of the KV cache) once no generation holds it (pyedgemoe.slot_files)."""
-        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self.n_parallel:
+        if isinstance(seq, bool) or not isinstance(seq, numbers.Integral) or not 0 <= seq < self.n_parallel:
             raise InvalidOptionError(f"sequence {seq!r} out of range [0, {self.n_parallel})")
         self._live()
         if self._batcher is not None:
-            return self._batcher.on_sequence(work, seq)
+            return self._batcher.on_sequence(work, int(seq))
         with self._sequence_turn():
             return work(self._decoder.sequences[0])
+
+    def __reduce__(self):
+        raise TypeError("an Engine cannot be pickled (its model and context are native): pickle what save_state "
+                        "gives, or the model's path")
 
     # -- properties (the vocabulary's: Vocabulary) -------------------------------------------------
     @property
@@ -289,6 +281,7 @@ class Engine(Vocabulary):
     def tokens(self) -> list[int]:
         """What the one sequence holds (its KV cache), token by token: a generation whose prompt
         starts with them evaluates only the rest."""
+        self._single_sequence("tokens")
         self._live()
         return list(self._decoder.sequences[0].tokens)
 
@@ -369,7 +362,8 @@ class Engine(Vocabulary):
 
     def _single_sequence(self, what: str) -> None:
         if self._batcher is not None:
-            raise InvalidOptionError(f"{what} evaluates one sequence of its own: it needs an Engine with n_parallel=1")
+            raise InvalidOptionError(f"{what} is of an Engine's one sequence: it needs n_parallel=1 (this one has "
+                                     f"{self.n_parallel})")
 
     def _check_fits(self, n_prompt: int, n_more: int) -> None:
         if n_prompt + n_more > self.n_ctx:
@@ -428,12 +422,13 @@ class Engine(Vocabulary):
                 self._totals.add(timings)
 
     def _one_sequence(self, generation: Generation) -> Iterator[int]:
-        """An Engine's one sequence: the generation on the caller's thread, holding it to its end."""
-        with self._sequence_turn():
+        """An Engine's one sequence: the generation on the thread taking its tokens, holding it to its end."""
+        def steps():
             token = yield from generation.prefill(self._decoder.sequences[0])
             while token is not None:
                 yield token
                 token = generation.step()
+        return self._turn.holding(steps(), self.while_waiting)
 
     def time_generation(self, prompt_ids: list[int], n_tokens: int, feed_tokens: list[int] | None = None) -> dict:
         """Benchmark helper: greedy-decodes exactly n_tokens (ignoring EOS) from a fresh sequence;

@@ -61,6 +61,11 @@ class EngineClosedError(PyEdgeMoEError, RuntimeError):
     """A use of an Engine (or a Llama) after close(), or of what it made (a stream, a batch)."""
 
 
+class ForkedEngineError(PyEdgeMoEError, RuntimeError):
+    """A use, in a forked child process, of an Engine made before the fork that has threads of its own (an
+    expert cache's, n_parallel > 1's) or a GPU: they stayed in the parent (pyedgemoe.native_exit)."""
+
+
 class RemoteDeviceError(PyEdgeMoEError, RuntimeError):
     """A remote device's worker (`--rpc`, docs/distributed.md) could not be reached, was lost, or gave
     no reply within its timeout; the message names it. The Engine can only be closed afterwards."""

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import random
 import time
@@ -181,7 +182,7 @@ class SamplingParams:
                                                            or bound is not None and abs(value) >= bound):
                 raise InvalidOptionError(f"{f.name} must be {'a number' if kind is numbers.Real else 'an integer'}"
                                          f"{f' within 32 bits' if bound else ''}, got {value!r}"[:200])
-        if not np.isfinite(self.temperature):
+        if not _finite(self.temperature):
             raise InvalidOptionError(f"temperature must be a finite number, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:  # 0: the most likely token alone (llama.cpp keeps one), as OpenAI's range
             raise InvalidOptionError(f"top_p must be in [0, 1], got {self.top_p}")
@@ -189,10 +190,10 @@ class SamplingParams:
             raise InvalidOptionError(f"typical_p must be in (0, 1], got {self.typical_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
+        if not (_finite(self.repeat_penalty) and self.repeat_penalty > 0.0):
             raise InvalidOptionError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
-            if not np.isfinite(getattr(self, name)):
+            if not _finite(getattr(self, name)):
                 raise InvalidOptionError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in ("penalty_last_n", "dry_penalty_last_n"):
             if getattr(self, name) < WHOLE_CONTEXT:
@@ -202,9 +203,9 @@ class SamplingParams:
             raise InvalidOptionError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode}")
         for name in ("mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold",
                      "dynatemp_range", "dynatemp_exponent", "dry_allowed_length"):
-            if not (np.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
+            if not (_finite(getattr(self, name)) and getattr(self, name) >= 0.0):
                 raise InvalidOptionError(f"{name} must be a number >= 0, got {getattr(self, name)}")
-        if not np.isfinite(self.top_n_sigma):
+        if not _finite(self.top_n_sigma):
             raise InvalidOptionError(f"top_n_sigma must be a finite number, got {self.top_n_sigma}")
         if not (isinstance(self.dry_sequence_breakers, (list, tuple))
                 and all(isinstance(b, str) and b for b in self.dry_sequence_breakers)):
@@ -216,7 +217,7 @@ class SamplingParams:
         processors = self.logits_processor if isinstance(self.logits_processor, (list, tuple)) else [self.logits_processor]
         for name, hooks in (("logits_processor", processors), ("stopping_criteria", [self.stopping_criteria]),
                             ("draft_model", [self.draft_model]), ("prompt_logits", [self.prompt_logits])):
-            if not all(hook is None or callable(hook) for hook in hooks):
+            if getattr(self, name) is not None and not all(callable(hook) for hook in hooks):
                 raise InvalidOptionError(f"{name} must be callable (f(input_ids{'' if name == 'draft_model' else ', logits'}"
                                          f")), got {getattr(self, name)!r}"[:200])
         if self.reasoning_control is not None and not callable(getattr(self.reasoning_control, "is_set", None)):
@@ -226,7 +227,7 @@ class SamplingParams:
                                      f"{self.reasoning_budget_tokens}")
         if self.seed is not None and not RANDOM_SEED <= self.seed < 2**32:
             raise InvalidOptionError(f"seed must be in [0, 2^32), or -1 for a random one, got {self.seed}")
-        for name in ("grammar", "json_schema", "reasoning_budget_message"):
+        for name in ("grammar", "json_schema", "reasoning_budget_message", "generation_prompt"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidOptionError(f"{name} must be text, got {getattr(self, name)!r}")
             try:
@@ -306,7 +307,7 @@ def _bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:
     try:
         items = logit_bias.items() if isinstance(logit_bias, dict) else iter(logit_bias)
         pairs = sorted((_bias_token(token), float(bias)) for token, bias in items)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise InvalidOptionError(f"logit_bias must map token ids to numbers: {e}") from None
     nan = next((token for token, bias in pairs if np.isnan(bias)), None)
     if nan is not None:
@@ -315,9 +316,17 @@ def _bias_pairs(logit_bias) -> tuple[tuple[int, float], ...]:
 
 
 def _bias_token(token) -> int:
-    if isinstance(token, bool) or not isinstance(token, (int, np.integer, str)):
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer, str)) or not -2**31 <= int(token) < 2**31:
         raise TypeError(f"{token!r} is not a token id")
     return int(token)
+
+
+def _finite(value: float) -> bool:
+    """Whether value is a finite number (an integer past a float's range is not; numpy's isfinite raised)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def exposed_fields() -> list[dataclasses.Field]:

@@ -203,6 +203,17 @@ class _OpenStreams:
         return all([stream.end_for_a_call() for stream in streams])  # a list: each one asked
 
 
+def _keeping_prompt_rows(sampling: dict, rows: list) -> dict:
+    """sampling, the prompt's logits (as the generation evaluates it) appended to rows too."""
+    given = sampling.get("prompt_logits")
+
+    def keep(input_ids, logits):
+        rows.append(np.array(logits))
+        if given is not None:
+            given(input_ids, logits)
+    return {**sampling, "prompt_logits": keep}
+
+
 def _generator(stream: _Stream) -> Generator:
     """A stream as a Llama returns it: a generator, as llama-cpp-python's are (inspect.isgenerator)."""
     return (yield from stream)
@@ -270,7 +281,9 @@ class Llama:
         # llama-cpp-python's seed: a generation given none takes the next of the sequence it starts
         # (_take_seed), so that a program's sampled outputs are the same on every run, as there
         self._seed = seed or LLAMA_DEFAULT_SEED
-        self.model_path, self.verbose, self.embedding = os.fspath(model_path), verbose, embedding
+        # a path that is none: the Engine's ModelLoadError
+        self.model_path = os.fspath(model_path) if isinstance(model_path, (str, os.PathLike)) else model_path
+        self.verbose, self.embedding = verbose, embedding
         self.spm_infill = spm_infill  # a suffix's fill in the middle: the suffix first
         # llama-cpp-python's attributes of its arguments (numa: ggml's strategy, 0 off; lora_base: none here)
         self.kv_overrides, self.tensor_split, self.numa = kv_overrides, tensor_split, 0
@@ -712,6 +725,10 @@ class Llama:
         self._from_cache(tokens)
         self._take_seed(seed)
         sampling = self._scoring(_sampling(locals(), self.last_n_tokens_size))
+        echo_rows: list[np.ndarray] = []  # the echoed prompt's logprobs: its rows, as the completion evaluates it
+        if echo and logprobs is not None and not stream:
+            self.engine.reset()  # the whole prompt evaluated (the context ends holding the completion, as there)
+            sampling = _keeping_prompt_rows(sampling, echo_rows)
         out = self._saved(completions.create_completion(self.engine, tokens, _max_tokens(max_tokens), stop, stream,
                                                         logprobs, sampling, prompt_length=len(prompt),
                                                         finish_character=True))
@@ -720,8 +737,9 @@ class Llama:
                 choice = out["choices"][0]
                 choice["text"] = (prompt if isinstance(prompt, str) else self.detokenize(
                     as_token_ids(prompt, "prompt")).decode("utf-8", errors="ignore")) + choice["text"]
-                if logprobs is not None:
-                    choice["logprobs"] = self._echoed_logprobs(tokens, logprobs, choice["logprobs"], len(prompt))
+                if echo_rows:
+                    choice["logprobs"] = self._echoed_logprobs(tokens, echo_rows[0], logprobs, choice["logprobs"],
+                                                               len(prompt))
             return _named(out, model)
         return self._streaming(_stream_named(out, model))
 
@@ -739,11 +757,10 @@ class Llama:
         text = self.engine.tokenize(prompt, add_bos=False, special=True) if prompt else []
         return start + text + ([end] if end is not None else [])
 
-    def _echoed_logprobs(self, tokens: list[int], n: int, generated: dict, prompt_length: int) -> dict:
-        """llama-cpp-python's logprobs with echo: the prompt's tokens but a leading BOS (the first
-        without any), then the generated ones (`generated`, offset from prompt_length), the text
-        offsets counted from the prompt's start."""
-        rows = self.engine.logits(tokens)  # row i: the prediction of token i + 1
+    def _echoed_logprobs(self, tokens: list[int], rows: np.ndarray, n: int, generated: dict, prompt_length: int) -> dict:
+        """llama-cpp-python's logprobs with echo: the prompt's tokens (rows: their logits, row i the prediction of
+        token i + 1) but a leading BOS (the first without any), then the generated ones (`generated`, offset from
+        prompt_length), the text offsets counted from the prompt's start."""
         skip = int(tokens[0] == self.token_bos())
         echoed = tokens[skip:]
         taken = [token_logprob(rows[k + skip - 1], t, n) if k else TokenLogprob(t, 0.0, ())

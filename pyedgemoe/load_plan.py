@@ -16,6 +16,7 @@ measured choice, the ubatch cap its slots set) comes back from it.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -67,6 +68,10 @@ class LoadOptions:
     trace_routing: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "n_parallel", "n_logits", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's too, as llama-cpp-python
+                object.__setattr__(self, name, int(value))
         for name in ("n_ctx", "n_logits"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -90,6 +95,8 @@ class LoadOptions:
                 f"{MAX_SEQUENCES}, and at most n_batch and n_ctx (here {batch}), a batch holding a token of each")
         if not (self.flash_attn is None or isinstance(self.flash_attn, bool)):  # a string would be true
             raise InvalidOptionError(f"flash_attn must be True, False or None (llama.cpp decides), got {self.flash_attn!r}")
+        if not isinstance(self.trace_routing, bool):
+            raise InvalidOptionError(f"trace_routing must be True or False, got {self.trace_routing!r}")
         if self.system is not None and not isinstance(self.system, str):
             raise InvalidOptionError(f"system must be a system's name, got {self.system!r}")
         SamplingParams(seed=self.seed).validate()

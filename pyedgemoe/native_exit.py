@@ -10,10 +10,18 @@ native calls in flight finish, and a thread that comes back from one, or would b
 for the process's end (native gil_released), one waiting for the GIL just then first taking it.
 
 What a daemon thread still using a closed Engine meets then (ProgramExiting) ends it silently, as the
-process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback."""
+process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback.
+
+fork() copies the calling thread only: an Engine's own threads (an expert cache's reads, fill and
+prefetch; n_parallel > 1's batcher) and a GPU's driver state stay in the parent. In the child, freeing
+such an Engine would join threads that are not there, for ever: so the Engines open at the fork are
+never closed in the child (their memory goes with its end), and one with threads of its own raises
+ForkedEngineError at its first use there (Decoder.live); one without works, as llama-cpp-python's."""
 from __future__ import annotations
 
 import atexit
+import ctypes
+import os
 import threading
 import time
 import weakref
@@ -27,6 +35,7 @@ GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finaliza
 
 _exiting = False
 _open: set[weakref.finalize] = set()  # the closers of the Engines open (close_at_exit)
+_left_open: list = []  # a forked child's: the Engines open at the fork, with what their closers would free
 
 
 class ProgramExiting(EngineClosedError):
@@ -64,6 +73,17 @@ def _finish_in_flight() -> None:
     # before finalization would end it in native frames
     _native.exiting_threads_wait(EXIT_WAIT_S)
     time.sleep(GIL_HANDOVER_S)
+
+
+def _keep_open_in_child() -> None:
+    _left_open.extend(closer.detach() for closer in _open if closer.alive)
+    _open.clear()
+    # a reference of its own, never given back: the interpreter's end frees what its modules hold, and freeing
+    # these (their native destructors) segfaulted the child
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_left_open))
+
+
+os.register_at_fork(after_in_child=_keep_open_in_child)
 
 
 def _quiet_when_exiting() -> None:

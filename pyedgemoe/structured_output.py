@@ -22,9 +22,17 @@ from pyedgemoe.grammar_limits import json_objects, check_grammar, check_schema
 JSON_GRAMMAR: str = _native.JSON_GRAMMAR  # any JSON object
 
 
-def schema_text(schema: str | dict | bool) -> str:
-    """A JSON schema as JSON text (a schema given as a dict or bool is dumped)."""
-    return schema if isinstance(schema, str) else json.dumps(schema)
+def schema_text(schema: str | dict | bool, name: str = "json_schema") -> str:
+    """A JSON schema as JSON text (a schema given as a dict or bool is dumped); InvalidOptionError, naming
+    name, for anything else."""
+    if isinstance(schema, str):
+        return schema
+    try:
+        if isinstance(schema, (dict, bool)):
+            return json.dumps(schema)
+    except (TypeError, ValueError) as e:  # a value JSON has no text for (bytes, a set)
+        raise InvalidOptionError(f"{name}: not JSON: {e}") from None
+    raise InvalidOptionError(f"{name} must be a JSON schema (text, a dict or a bool), got {type(schema).__name__}")
 
 
 def schema_grammar(schema: str, name: str = "json_schema") -> str:

@@ -79,8 +79,9 @@ class Vocabulary(ABC):
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of text (bytes not UTF-8 a U+FFFD each, as llama.cpp's BPE reads them: LLAMA_BYTES);
-        add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one."""
-        return self._live_model().tokenize(utf8(text).decode("utf-8", errors=LLAMA_BYTES), add_bos, special)
+        add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one (each by its truth, as
+        llama-cpp-python's C booleans take them)."""
+        return self._live_model().tokenize(utf8(text).decode("utf-8", errors=LLAMA_BYTES), bool(add_bos), bool(special))
 
     def first_tokens(self, text: str, n: int | None) -> list[int]:
         """The first n tokens of text as tokenize(text) (BOS first, special tokens as text) cuts it
@@ -96,11 +97,11 @@ class Vocabulary(ABC):
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         """The text of tokens; bytes that are not UTF-8 are dropped, as in generated text (TextStream)."""
-        return self._live_model().detokenize(as_token_ids(tokens), False, special).decode("utf-8", errors="ignore")
+        return self._live_model().detokenize(as_token_ids(tokens), False, bool(special)).decode("utf-8", errors="ignore")
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (special: a special token's text too)."""
-        return self._live_model().token_to_piece(as_token_ids([token], "a token")[0], special)
+        return self._live_model().token_to_piece(as_token_ids([token], "a token")[0], bool(special))
 
 
 class VocabularyFile(Vocabulary):
@@ -108,8 +109,8 @@ class VocabularyFile(Vocabulary):
     replaced, llama.cpp's KEY=TYPE:VALUE text or a dict (pyedgemoe.kv_overrides), as the Engine takes it."""
 
     def __init__(self, path: str | os.PathLike, override_kv: str | dict | None = None) -> None:
+        read_model_info(path)  # a file that is not a GGUF llama.cpp loads (or no path): the Engine's clear error
         self.path = os.fspath(path)
-        read_model_info(self.path)  # a file that is not a GGUF llama.cpp loads: the Engine's clear error
         overrides = kv_overrides.items(kv_overrides.canonical(override_kv)) if override_kv else []
         try:
             self._model = _native.Model(self.path, use_mmap=False, vocab_only=True, kv_overrides=overrides)

@@ -6,6 +6,7 @@ a greedy answer is the model's whatever the cache holds and whatever runs beside
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,34 @@ def test_one_sequence_engine_refuses_a_second_open_generation_on_the_same_thread
             eng.generate(PROMPTS[1], 4, temperature=0)
         assert head + "".join(first) == alone[PROMPTS[0]]  # the open one is unharmed
         assert eng.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+
+
+def test_a_stream_read_on_by_another_thread_is_waited_for_not_refused(alone):
+    """A web framework (Starlette's iterate_in_threadpool) or asyncio.to_thread takes each of a stream's
+    tokens on whichever thread of its pool is free: a thread that took one of a stream may start the next
+    request while another thread reads the rest. That start was refused (EngineBusyError), the turn tied to
+    the thread that took the stream's first token; it waits for the stream now."""
+    with Engine(DEMO, n_ctx=N_CTX // 4, **OPTIONS) as eng:
+        first = eng.generate(PROMPTS[0], 32, temperature=0, ignore_eos=True, stream=True)
+        head = next(first)  # taken here
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: (time.sleep(0.5), rest.extend(first)))  # the rest, on another thread
+        reader.start()
+        assert eng.generate(PROMPTS[1], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[1]]
+        reader.join()
+        assert head + "".join(rest) == alone[PROMPTS[0]]
+
+
+def test_streams_read_on_by_another_thread_holding_every_sequence_are_waited_for_not_refused(alone):
+    with Engine(DEMO, n_ctx=N_CTX // 2, n_parallel=2, **OPTIONS) as eng:
+        streams = [eng.generate(p, 32, temperature=0, ignore_eos=True, stream=True) for p in PROMPTS[:2]]
+        heads = [next(s) for s in streams]  # both sequences held, by streams this thread took tokens of
+        rests: list[str] = []
+        reader = threading.Thread(target=lambda: (time.sleep(0.5), rests.extend("".join(s) for s in streams)))
+        reader.start()
+        assert eng.generate(PROMPTS[2], 32, temperature=0, ignore_eos=True) == alone[PROMPTS[2]]
+        reader.join()
+        assert [h + r for h, r in zip(heads, rests)] == [alone[p] for p in PROMPTS[:2]]
 
 
 def test_a_thread_whose_open_generations_hold_every_sequence_is_refused_another_not_left_waiting(batched, alone):

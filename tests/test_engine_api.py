@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_moe
-from pyedgemoe import ContextOverflowError, Engine, EngineClosedError, InvalidOptionError, ModelLoadError
+from pyedgemoe import ContextOverflowError, Engine, EngineClosedError, InvalidOptionError, Llama, ModelLoadError
 
 # <|endoftext|>, <|im_start|>, <|im_end|>: the end-of-generation tokens are among them
 SPECIAL_IDS = set(range(len(tiny_moe.SPECIAL_TOKENS)))
@@ -61,6 +61,7 @@ def test_text_utf8_cannot_encode_is_an_invalid_option(eng, call):
     (dict(io_threads=100_000, expert_cache="25%"), r"io_threads must be an integer in 1\.\.256"),  # it hung
     (dict(policy_weights=-1), "policy weights must be four numbers"),
     (dict(low_from=-1), "low_from must be a file's path"),
+    (dict(trace_routing="yes"), "trace_routing must be True or False"),  # it was taken as true
 ])
 def test_load_arguments_of_the_wrong_type_are_invalid_options(mixtral_gguf, kwargs, fragment):
     # found by calling each with values of other types: TypeErrors (two naming a native signature)
@@ -72,15 +73,36 @@ def test_load_arguments_of_the_wrong_type_are_invalid_options(mixtral_gguf, kwar
     (lambda eng: eng.tokenize(None), "text must be a string"),
     (lambda eng: eng.token_piece(None), r"a token must be token ids \(integers\), got \[None\]"),
     (lambda eng: eng.format_chat(None), "messages must be a list of messages"),
+    # an outside probe's: bare TypeErrors, from json, numpy and the native signatures
+    (lambda eng: eng.generate("hi", 2, json_schema=b'{"type": "object"}'), "json_schema must be a JSON schema"),
+    (lambda eng: eng.generate("hi", 2, json_schema={"enum": [b"x"]}), "json_schema: not JSON"),
+    (lambda eng: eng.generate("hi", 2, logit_bias={2**40: 1.0}), "logit_bias must map token ids to numbers"),
+    (lambda eng: eng.generate("hi", 2, logit_bias={1: 10**400}), "logit_bias must map token ids to numbers"),
+    (lambda eng: eng.generate("hi", 2, presence_penalty=10**400), "presence_penalty must be a finite number"),
+    (lambda eng: eng.generate("hi", 2, logits_processor=[None]), "logits_processor must be callable"),
+    (lambda eng: eng.generate("hi", 2, generation_prompt=5), "generation_prompt must be text"),
 ])
 def test_methods_given_the_wrong_type_are_invalid_options(eng, call, fragment):
     with pytest.raises(InvalidOptionError, match=fragment):
         call(eng)
 
 
-def test_a_model_that_is_no_path_is_a_model_load_error():
+def test_numbers_of_numpy_and_truths_of_any_type_are_taken_as_llama_cpp_python_takes_them(eng, mixtral_gguf):
+    # each refused with a bare TypeError (or an InvalidOptionError) where llama-cpp-python takes it
+    ids = eng.tokenize("hello world", add_bos=False)
+    assert eng.tokenize("hello world", add_bos=np.bool_(False), special=0) == ids
+    assert eng.detokenize(ids, special=np.bool_(True)) == eng.detokenize(ids)
+    assert eng.generate("hi", 3, presence_penalty=2**70, temperature=0)  # a huge penalty is a number too
+    with Engine(mixtral_gguf, n_ctx=np.int64(256), n_threads=np.int32(2), seed=np.int64(1)) as other:
+        assert (other.n_ctx, other.seed) == (256, 1) and type(other.seed) is int
+        assert other.generate("hi", 3, temperature=0) == eng.generate("hi", 3, temperature=0)
+
+
+@pytest.mark.parametrize("load", [Engine, Llama, lambda path: Llama(path, vocab_only=True)],
+                         ids=["Engine", "Llama", "vocab_only"])
+def test_a_model_that_is_no_path_is_a_model_load_error(load):
     with pytest.raises(ModelLoadError, match="the model must be a file's path, got None"):
-        Engine(None)
+        load(None)
 
 
 def test_generate_stream_pieces_join_to_the_full_text(eng):
@@ -342,3 +364,30 @@ def test_a_saved_state_loads_into_its_model_and_not_into_another_of_the_same_sha
             other.load_state(state)
     eng.load_state(state)
     assert eng.generate("hello world, this", 4, temperature=0) == expected
+
+
+def test_a_state_whose_tokens_are_not_those_of_its_kv_cache_is_refused(eng):
+    """A SequenceState made by hand: tokens the KV cache does not hold loaded, and the next decode failed
+    on llama.cpp's internal check (a bare RuntimeError) or went on from garbage; out of the vocabulary too."""
+    import dataclasses
+
+    eng.generate("hello world, this", 2, temperature=0)
+    state = eng.save_state()
+    for bad, fragment in [(dict(tokens=None), "the state's tokens must be token ids"),
+                          (dict(kv="x"), "the state's kv must be bytes")]:
+        with pytest.raises(InvalidOptionError, match=fragment):
+            eng.load_state(dataclasses.replace(state, **bad))
+        assert eng.tokens == list(state.tokens)  # refused before its sequence let go of what it held
+    for tokens in [state.tokens[:-1], state.tokens[:-1] + (eng.n_vocab,), state.tokens + (1,)]:
+        with pytest.raises(InvalidOptionError, match=f"does not hold its {len(tokens)} tokens.*holds nothing now"):
+            eng.load_state(dataclasses.replace(state, tokens=tokens))
+        assert eng.tokens == []
+    eng.load_state(state)
+    assert eng.tokens == list(state.tokens)
+
+
+def test_an_engine_is_not_pickled_and_says_so(eng):
+    import pickle
+
+    with pytest.raises(TypeError, match="an Engine cannot be pickled"):
+        pickle.dumps(eng)

@@ -307,6 +307,9 @@ def test_a_text_prompt_ends_with_the_models_separator_token_as_in_stock_llama_cp
     out, expected = (llm("x = ", max_tokens=4, temperature=0, logprobs=2, echo=True) for llm in (ours, theirs))
     assert out["choices"][0]["text"] == expected["choices"][0]["text"]
     _assert_logprobs_equal(out["choices"][0]["logprobs"], expected["choices"][0]["logprobs"])
+    # and the context holds the completion after the prompt, as there (it held the prompt alone: the echo's rows
+    # evaluated after the completion)
+    assert list(ours.input_ids[:ours.n_tokens]) == list(theirs.input_ids[:theirs.n_tokens])
 
 
 @pytest.mark.parametrize("keys, end", [
@@ -1226,8 +1229,12 @@ def test_echoed_logprobs_put_the_prompts_before_the_completions(llm):
     np.testing.assert_allclose(logprobs["token_logprobs"][1:n], expected, atol=1e-4)
     assert "".join(logprobs["tokens"][:n]) == PLANETS and logprobs["text_offset"][:n] == \
         [len("".join(logprobs["tokens"][:i])) for i in range(n)]
-    for key in ("tokens", "text_offset", "top_logprobs"):
+    for key in ("tokens", "text_offset"):
         assert logprobs[key][n:] == plain["logprobs"][key]
+    # the prompt evaluated with every row's logits (as stock's logits_all): the completion's in the last bits alike
+    for top, plain_top in zip(logprobs["top_logprobs"][n:], plain["logprobs"]["top_logprobs"], strict=True):
+        assert list(top) == list(plain_top)
+        np.testing.assert_allclose(list(top.values()), list(plain_top.values()), rtol=0, atol=1e-5)
 
 
 def test_echoed_logprobs_without_a_bos_are_each_tokens_own_where_stock_reads_the_next_positions(both, tiny_model):

@@ -39,3 +39,39 @@ def test_exiting_while_a_daemon_thread_decodes_is_status_0_and_silent(n_parallel
         script = SCRIPT.format(path=str(DEMO), n_parallel=n_parallel, work=work, after=after)
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert (r.returncode, r.stdout, r.stderr) == (0, "done\n", "")
+
+
+FORKING = """
+import os, sys
+from pyedgemoe import Engine, ForkedEngineError
+e = Engine({path!r}, n_threads=1, n_ctx=512, **{options!r})
+want = e.generate("def add(a, b):", 8, temperature=0, ignore_eos=True)
+pid = os.fork()
+if pid == 0:
+    try:
+        print("child:", e.generate("def add(a, b):", 8, temperature=0, ignore_eos=True) == want)
+    except ForkedEngineError as err:
+        print("child:", type(err).__name__, f"made in process {{os.getppid()}}" in str(err))
+    sys.stdout.flush()  # and the child ends as a program does: finalization, the Engine's collection
+else:
+    _, status = os.waitpid(pid, 0)
+    print("parent:", e.generate("def add(a, b):", 8, temperature=0, ignore_eos=True) == want,
+          os.waitstatus_to_exitcode(status))
+"""
+FORKED = "child: ForkedEngineError True"  # its message names the parent
+
+
+@pytest.mark.parametrize("options, child", [
+    (dict(expert_cache="25%"), FORKED),  # the expert cache's reader threads
+    (dict(n_parallel=2, expert_cache="mmap"), FORKED),  # the batcher's thread
+    (dict(expert_cache="mmap"), "child: True"),  # no thread of its own: it works there, as llama-cpp-python's
+])
+def test_an_engine_in_a_forked_child_is_refused_where_its_threads_stayed_in_the_parent(options, child):
+    """A child forked after the Engine was made, using it: one with an expert cache or n_parallel > 1 waited
+    for ever for threads that stayed in the parent (and its end, freeing the Engine, joined them): now a
+    ForkedEngineError, the child's end and the parent's Engine unharmed."""
+    r = subprocess.run([sys.executable, "-c", FORKING.format(path=str(DEMO), options=options)], capture_output=True,
+                       text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and r.stderr == "" and len(lines) == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert lines == [child, "parent: True 0"]

@@ -443,6 +443,8 @@ void register_context(nb::module_ & m) {
                      "llama.cpp's pooling type of embed()'s rows (0: none, a row per token; the model's).")
         .def("sequence_state", &sequence_state, nb::arg("seq") = 0, nb::arg("partial") = false)
         .def("set_sequence_state", &set_sequence_state, nb::arg("seq"), nb::arg("data"), nb::arg("partial") = false)
+        .def("holds", &holds, nb::arg("seq"), nb::arg("tokens"),
+             "Whether sequence seq's KV cache holds the positions of tokens, each of the vocabulary.")
         .def("save_state_file", &save_state_file, nb::arg("path"), nb::arg("tokens"))
         .def("load_state_file", &load_state_file, nb::arg("path"))
         .def("save_sequence_file", &save_sequence_file, nb::arg("path"), nb::arg("seq"), nb::arg("tokens"))

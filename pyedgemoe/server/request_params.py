@@ -117,7 +117,7 @@ def schema_checked(name: str, schema: dict | bool) -> dict | bool:
     name the chat's json_schema, not the request's field. An empty one is any object (completions.py)."""
     try:
         if schema != {}:
-            schema_grammar(schema_text(schema), name)
+            schema_grammar(schema_text(schema, name), name)
     except InvalidOptionError as e:
         raise APIError(400, str(e), "invalid_value", name) from None
     return schema
