@@ -9,9 +9,9 @@ import codecs
 
 from pyedgemoe.errors import InvalidOptionError
 
-# bytes that are not UTF-8, as llama.cpp's BPE pre-tokenizer reads them (unicode_cpts_from_utf8): each
-# byte that begins no whole character a U+FFFD. (A SentencePiece vocabulary's byte fallback would take
-# the byte itself, and llama.cpp decodes overlong forms: there, stock's tokens differ.)
+# bytes that are not UTF-8 in text of the command line, as llama.cpp's BPE pre-tokenizer reads them
+# (unicode_cpts_from_utf8): each byte that begins no whole character a U+FFFD. (Tokenizing takes bytes as
+# they are, Vocabulary.tokenize: llama.cpp decodes overlong forms and surrogates itself.)
 LLAMA_BYTES = "pyedgemoe-llama-bytes"
 codecs.register_error(LLAMA_BYTES, lambda e: ("\ufffd", e.start + 1))
 

@@ -13,7 +13,7 @@ from pyedgemoe.errors import InvalidOptionError, ModelLoadError
 from pyedgemoe.generation import as_token_ids
 from pyedgemoe.model_info import read_model_info
 from pyedgemoe.native_exit import closed_error
-from pyedgemoe.text_stream import LLAMA_BYTES, utf8
+from pyedgemoe.text_stream import utf8
 
 
 class Vocabulary(ABC):
@@ -71,17 +71,17 @@ class Vocabulary(ABC):
         """Whether the model puts EOS after tokenized text (llama_vocab_get_add_eos, --override-kv's
         value included; the native Model has no accessor of it: what tokenizing nothing gives past BOS)."""
         model = self._live_model()
-        return len(model.tokenize("", True, False)) > int(model.add_bos)
+        return len(model.tokenize(b"", True, False)) > int(model.add_bos)
 
     def is_eog(self, token: int) -> bool:
         """Whether token ends a generation (EOS, EOT, ...)."""
         return self._live_model().is_eog(token)
 
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of text (bytes not UTF-8 a U+FFFD each, as llama.cpp's BPE reads them: LLAMA_BYTES);
-        add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one (each by its truth, as
-        llama-cpp-python's C booleans take them)."""
-        return self._live_model().tokenize(utf8(text).decode("utf-8", errors=LLAMA_BYTES), bool(add_bos), bool(special))
+        """Token ids of text (bytes as they are, those not UTF-8 as llama.cpp reads them, as llama-cpp-python
+        passes them); add_bos: the model's BOS first (if it uses one); special: <|im_start|> is one (each by
+        its truth, as llama-cpp-python's C booleans take them)."""
+        return self._live_model().tokenize(utf8(text), bool(add_bos), bool(special))
 
     def first_tokens(self, text: str, n: int | None) -> list[int]:
         """The first n tokens of text as tokenize(text) (BOS first, special tokens as text) cuts it

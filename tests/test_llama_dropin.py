@@ -245,6 +245,10 @@ def test_tokens_are_stock_llama_cpp_pythons(stock):
     text = SOURCE.encode("utf-8")
     for add_bos in (True, False):
         assert ours.tokenize(text, add_bos=add_bos) == theirs.tokenize(text, add_bos=add_bos)
+    # bytes that are not UTF-8 as llama.cpp reads them: a surrogate's and an overlong form decoded (each byte was
+    # a U+FFFD here before), a character cut short and a stray byte replaced
+    for text in (b"a\xed\xa0\x80b", b"\xed\xbf\xbf", b"x\xc0\xafy", b"x\xc3", b"\xff\xfe", b"\xf0\x9f\x98 z"):
+        assert ours.tokenize(text, add_bos=False) == theirs.tokenize(text, add_bos=False), text
     for fact in ("token_bos", "token_eos", "token_nl", "n_vocab"):
         assert getattr(ours, fact)() == getattr(theirs, fact)()
     # stock llama-cpp-python reads each piece into 32 bytes and returns b"" for the longer ones

@@ -167,7 +167,9 @@ std::vector<nb::dict> devices() {
 // Tokenizing and detokenizing run without the GIL: a long text takes seconds, during which other
 // Python threads (a server's event loop) go on. The vocabulary is read-only once loaded, so this may
 // run beside a decode on another thread (llama-server tokenizes on its HTTP threads likewise).
-std::vector<llama_token> tokenize(const Model & m, const std::string & text, bool add_special, bool parse_special) {
+// text's bytes as they are (not UTF-8 too: llama.cpp's own reading of them, as llama-cpp-python passes them)
+std::vector<llama_token> tokenize(const Model & m, const nb::bytes & bytes, bool add_special, bool parse_special) {
+    const std::string_view text(bytes.c_str(), bytes.size());
     if (text.size() > (size_t) INT32_MAX) throw nb::value_error("text too long to tokenize (2 GiB or more)");
     std::vector<llama_token> tokens;
     int32_t got = 0;
