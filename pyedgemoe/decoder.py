@@ -59,12 +59,21 @@ class Decoder:
             raise closed_error("this Engine is closed")
         if self._process not in (None, os.getpid()):
             raise ForkedEngineError(f"this Engine was made in process {self._process}, which forked this one: its "
-                                    "threads (an expert cache's, n_parallel's) and GPU stay there; make the Engine "
-                                    "in this process (or start it with multiprocessing's 'spawn')")
+                                    "threads (an expert cache's, n_parallel's), its GPU or a call running at the fork "
+                                    "stay there; make the Engine in this process (or start it with multiprocessing's "
+                                    "'spawn')")
         if self._lost is not None:
             raise RemoteDeviceError(f"{self._lost} earlier: this Engine can only be closed (its KV cache and "
                                     "weights were there)")
         return self._ctx
+
+    def forked_child(self) -> None:
+        """In a child forked while another thread's call held the lock (the native context mid-decode there):
+        unusable here too, with a lock of its own so that every call gets as far as live() to say so."""
+        if self.lock.acquire(blocking=False):
+            self.lock.release()
+        else:
+            self._process, self.lock = os.getppid(), threading.RLock()
 
     def close(self) -> None:
         """Frees the context and, with it, this decoder's hold on the model (its memory and mapping)."""

@@ -167,7 +167,8 @@ class Engine(Vocabulary):
         self.while_waiting: Callable[[], object] = lambda: None  # run every 10 ms by a thread waiting for it (llama.py)
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
         # closed when collected or at exit: else the batcher's thread holds the native objects past teardown (leaks)
-        self._closer = close_at_exit(self, _close_parts, self._batcher, self._decoder)
+        self._closer = close_at_exit(self, _close_parts, self._batcher, self._decoder,
+                                     in_forked_child=self._decoder.forked_child)
         self.last_timings = GenerationStats()
         self._totals = GenerationStats()
 

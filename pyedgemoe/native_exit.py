@@ -15,8 +15,9 @@ process's end ends daemon threads (stock llama-cpp-python's among them), not wit
 fork() copies the calling thread only: an Engine's own threads (an expert cache's reads, fill and
 prefetch; n_parallel > 1's batcher) and a GPU's driver state stay in the parent. In the child, freeing
 such an Engine would join threads that are not there, for ever: so the Engines open at the fork are
-never closed in the child (their memory goes with its end), and one with threads of its own raises
-ForkedEngineError at its first use there (Decoder.live); one without works, as llama-cpp-python's."""
+never closed in the child (their memory goes with its end), and one with threads of its own, or one
+another thread was in a call of at the fork (Decoder.forked_child), raises ForkedEngineError at its first
+use there (Decoder.live); one without works, as llama-cpp-python's."""
 from __future__ import annotations
 
 import atexit
@@ -34,7 +35,7 @@ EXIT_WAIT_S = 60.0  # the longest the exit waits for the native calls in flight 
 GIL_HANDOVER_S = 0.05  # the GIL left to threads waiting for it, before finalization
 
 _exiting = False
-_open: set[weakref.finalize] = set()  # the closers of the Engines open (close_at_exit)
+_open: dict[weakref.finalize, Callable[[], object]] = {}  # the closers of the Engines open, each with in_forked_child
 _left_open: list = []  # a forked child's: the Engines open at the fork, with what their closers would free
 
 
@@ -48,16 +49,17 @@ def closed_error(what: str) -> EngineClosedError:
     return ProgramExiting(f"the program is exiting: {what}") if _exiting else EngineClosedError(what)
 
 
-def close_at_exit(obj, close: Callable, *args) -> weakref.finalize:
+def close_at_exit(obj, close: Callable, *args, in_forked_child: Callable[[], object] = lambda: None) -> weakref.finalize:
     """weakref.finalize(obj, close, *args), called at exit by _finish_in_flight, where the exit has
     begun (closed_error) and before the native calls' wait, which would stop a batcher's thread it
-    joins (not by weakref's own exit hook, which may come first)."""
+    joins (not by weakref's own exit hook, which may come first); in a forked child, never called, and
+    in_forked_child() called there instead."""
     def closing():
-        _open.discard(closer)
+        _open.pop(closer, None)
         close(*args)
     closer = weakref.finalize(obj, closing)
     closer.atexit = False
-    _open.add(closer)
+    _open[closer] = in_forked_child
     return closer
 
 
@@ -76,7 +78,9 @@ def _finish_in_flight() -> None:
 
 
 def _keep_open_in_child() -> None:
-    _left_open.extend(closer.detach() for closer in _open if closer.alive)
+    for closer, in_forked_child in _open.items():
+        _left_open.append(closer.detach())
+        in_forked_child()
     _open.clear()
     # a reference of its own, never given back: the interpreter's end frees what its modules hold, and freeing
     # these (their native destructors) segfaulted the child

@@ -75,3 +75,40 @@ def test_an_engine_in_a_forked_child_is_refused_where_its_threads_stayed_in_the_
     lines = r.stdout.splitlines()
     assert r.returncode == 0 and r.stderr == "" and len(lines) == 2, (r.returncode, r.stdout, r.stderr[-2000:])
     assert lines == [child, "parent: True 0"]
+
+
+FORKING_WHILE_BUSY = """
+import os, sys, threading
+from pyedgemoe import Engine, ForkedEngineError
+e = Engine({path!r}, n_threads=1, n_ctx=512, expert_cache="mmap")
+inside, go_on = threading.Event(), threading.Event()
+def held(ids, logits):  # runs with the Engine's lock held, between two decodes
+    inside.set()
+    go_on.wait()
+    return logits
+worker = threading.Thread(target=lambda: e.generate("def add(a, b):", 4, temperature=0, logits_processor=[held]))
+worker.start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    try:
+        e.generate("def add(a, b):", 4, temperature=0)
+        print("child: generated")
+    except ForkedEngineError as err:
+        print("child:", type(err).__name__)
+    sys.stdout.flush()
+    os._exit(0)
+go_on.set()
+worker.join()
+_, status = os.waitpid(pid, 0)
+print("parent:", len(e.generate("def add(a, b):", 4, temperature=0)) > 0, os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_an_engine_busy_on_another_thread_at_the_fork_is_refused_in_the_child():
+    """An Engine without threads of its own works in a forked child, unless another thread was in one of its
+    calls at the fork: the child's copy of the lock stays held by a thread it does not have (it waited for
+    ever), and the context was mid-call."""
+    r = subprocess.run([sys.executable, "-c", FORKING_WHILE_BUSY.format(path=str(DEMO))], capture_output=True,
+                       text=True, timeout=120)
+    assert (r.returncode, r.stdout.splitlines(), r.stderr) == (0, ["child: ForkedEngineError", "parent: True 0"], "")

@@ -1,6 +1,7 @@
 // gil_released: nb::gil_scoped_release, safe for a thread that comes back while Python finalizes.
 #include "native.h"
 
+#include <pthread.h>
 #include <pythread.h>
 #include <unistd.h>
 
@@ -26,6 +27,12 @@ bool finalizing() {
 
 void gil_released_install(nb::module_ & m) {
     g_main_thread = nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+    // a forked child has the forking thread alone, its main thread (as Python's threading has it), and
+    // none in flight: the parent's others would keep its exit waiting for them, for nothing
+    pthread_atfork(nullptr, nullptr, [] {
+        g_main_thread = PyThread_get_thread_ident();
+        g_in_flight = 0;
+    });
     // A thread that has come back and waits for the GIL when finalization begins is ended there too:
     // from the exit's start (atexit, pyedgemoe.native_exit) such threads wait before they ask for it;
     // the exit goes on once the work in flight ended (at most timeout_s).
