@@ -54,7 +54,7 @@ class Decoder:
 
     def live(self):
         """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost,
-        ForkedEngineError in a forked child where the Engine has threads of its own."""
+        ForkedEngineError in a forked child where the Engine has threads of its own (or was busy at the fork)."""
         if self._ctx is None:
             raise closed_error("this Engine is closed")
         if self._process not in (None, os.getpid()):
