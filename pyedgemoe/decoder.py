@@ -30,9 +30,9 @@ def top_probability(logits: np.ndarray) -> float:
 class Decoder:
     def __init__(self, model, ctx, n_seq: int, governed: Callable, big_little: float = 0.0, no_drafts: str = "",
                  checkpoints: int = 0, checkpoint_bytes: int = 0, n_ubatch: int = 512,
-                 loras: tuple[tuple[str, float], ...] = (), own_threads: bool = False):
+                 loras: tuple[tuple[str, float], ...] = ()):
         self.model = model
-        self._process = os.getpid() if own_threads else None  # where its threads are (native_exit: fork)
+        self._process = os.getpid()  # the one it works in (native_exit: a forked child)
         self._ctx = ctx
         self.lock = threading.RLock()  # held while the native context or the expert cache is in use
         # each with its context checkpoints (pyedgemoe.context_checkpoints), where the plan keeps some
@@ -52,28 +52,25 @@ class Decoder:
                          f"{model.n_embd}, {model.n_vocab} tokens, {model.n_params} parameters"
                          + "".join(f", LoRA {os.path.basename(path)} at {scale:g}" for path, scale in loras))
 
-    def live(self):
+    def live(self, forked_ok: bool = False):
         """The native context; RuntimeError once closed, RemoteDeviceError once a remote device was lost,
-        ForkedEngineError in a forked child where the Engine has threads of its own (or was busy at the fork)."""
+        ForkedEngineError in a forked child (unless forked_ok: the vocabulary's use)."""
         if self._ctx is None:
             raise closed_error("this Engine is closed")
-        if self._process not in (None, os.getpid()):
-            raise ForkedEngineError(f"this Engine was made in process {self._process}, which forked this one: its "
-                                    "threads (an expert cache's, n_parallel's), its GPU or a call running at the fork "
-                                    "stay there; make the Engine in this process (or start it with multiprocessing's "
-                                    "'spawn')")
+        if self._process != os.getpid() and not forked_ok:
+            raise ForkedEngineError(f"this Engine was made in process {self._process}, which forked this one: it "
+                                    "computes there only (its threads, OpenMP's, an expert cache's, a batcher's, and a "
+                                    "GPU's state stayed there); make an Engine in this process, or start processes "
+                                    "with multiprocessing's 'spawn' (its vocabulary works here)")
         if self._lost is not None:
             raise RemoteDeviceError(f"{self._lost} earlier: this Engine can only be closed (its KV cache and "
                                     "weights were there)")
         return self._ctx
 
     def forked_child(self) -> None:
-        """In a child forked while another thread's call held the lock (the native context mid-decode there):
-        unusable here too, with a lock of its own so that every call gets as far as live() to say so."""
-        if self.lock.acquire(blocking=False):
-            self.lock.release()
-        else:
-            self._process, self.lock = os.getppid(), threading.RLock()
+        """In a forked child: a lock of its own (another thread's call may have held the parent's at the fork),
+        so that every call gets as far as live() to say it is the parent's."""
+        self.lock = threading.RLock()
 
     def close(self) -> None:
         """Frees the context and, with it, this decoder's hold on the model (its memory and mapping)."""

@@ -161,8 +161,7 @@ class Engine(Vocabulary):
             raise context_error(plan.n_ctx, e) from None
         governed = weakref.WeakMethod(self._governed)  # the batcher's thread must not keep the Engine alive
         self._decoder = Decoder(self._model, ctx, plan.n_parallel, lambda *a: governed()(*a), plan.big_little,
-                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch, plan.loras,
-                                own_threads=plan.offload or plan.n_parallel > 1 or bool(plan.layer_devices))
+                                plan.no_drafts, plan.ctx_checkpoints, plan.checkpoint_bytes, plan.n_ubatch, plan.loras)
         self._turn = SequenceTurn()  # n_parallel=1: the one sequence, for one generation at a time
         self.while_waiting: Callable[[], object] = lambda: None  # run every 10 ms by a thread waiting for it (llama.py)
         self._batcher = Batcher(self._decoder) if plan.n_parallel > 1 else None
@@ -230,7 +229,8 @@ class Engine(Vocabulary):
         return self._decoder.live()
 
     def _live_model(self):
-        self._live()
+        """The native Model; its vocabulary's methods work in a forked child too (pyedgemoe.native_exit)."""
+        self._decoder.live(forked_ok=True)
         return self._model
 
     def _sequence_turn(self):

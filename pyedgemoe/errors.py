@@ -62,9 +62,8 @@ class EngineClosedError(PyEdgeMoEError, RuntimeError):
 
 
 class ForkedEngineError(PyEdgeMoEError, RuntimeError):
-    """A use, in a forked child process, of an Engine made before the fork that has threads of its own (an
-    expert cache's, n_parallel > 1's) or a GPU, or that another thread was in a call of at the fork: they
-    stayed in the parent (pyedgemoe.native_exit)."""
+    """A computation, in a forked child process, of an Engine made before the fork: its threads (OpenMP's, an
+    expert cache's, a batcher's) and a GPU's state stayed in the parent (pyedgemoe.native_exit)."""
 
 
 class RemoteDeviceError(PyEdgeMoEError, RuntimeError):

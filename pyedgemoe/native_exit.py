@@ -12,12 +12,12 @@ for the process's end (native gil_released), one waiting for the GIL just then f
 What a daemon thread still using a closed Engine meets then (ProgramExiting) ends it silently, as the
 process's end ends daemon threads (stock llama-cpp-python's among them), not with a traceback.
 
-fork() copies the calling thread only: an Engine's own threads (an expert cache's reads, fill and
-prefetch; n_parallel > 1's batcher) and a GPU's driver state stay in the parent. In the child, freeing
-such an Engine would join threads that are not there, for ever: so the Engines open at the fork are
-never closed in the child (their memory goes with its end), and one with threads of its own, or one
-another thread was in a call of at the fork (Decoder.forked_child), raises ForkedEngineError at its first
-use there (Decoder.live); one without works, as llama-cpp-python's."""
+fork() copies the calling thread only: an Engine's threads (OpenMP's team, which libgomp does not
+remake in a child: its next parallel region waits for ever; an expert cache's reads, fill and prefetch;
+n_parallel > 1's batcher) and a GPU's driver state stay in the parent. In the child, freeing an Engine
+would join threads that are not there, for ever: so the Engines open at the fork are never closed in the
+child (their memory goes with its end), and their computations raise ForkedEngineError there
+(Decoder.live); their vocabulary (tokenize, detokenize, metadata) works, as it runs no thread."""
 from __future__ import annotations
 
 import atexit
