@@ -17,6 +17,7 @@ closing it ends the generation and frees its sequence for the next one. An embed
 """
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
@@ -28,7 +29,7 @@ import numpy as np
 from pyedgemoe.errors import EngineBusyError, ExpertLoadError
 from pyedgemoe.generation import Generation, KVSequence, PromptProgress, shared_prefix
 from pyedgemoe.native_exit import closed_error
-from pyedgemoe.sequence_turn import OWN_STREAM_WAIT_S, WAIT_STEP_S
+from pyedgemoe.sequence_turn import COLLECT_AFTER_S, OWN_STREAM_WAIT_S, WAIT_STEP_S
 
 # How long a step waits for the consumers of running generations to ask for their next token, so
 # that their tokens share the step; a consumer that takes longer is stepped in a later one.
@@ -156,8 +157,12 @@ class Batcher:
         while True:
             with self._cond:
                 self._drop_closed()
+                collected_at = None  # the advances when the collector last ran for the requests waiting
                 while not self._closing and self._next_admitted() is None and not self._waiting():
-                    self._cond.wait()
+                    if not self._cond.wait(COLLECT_AFTER_S) and self._pending and collected_at != self._advances:
+                        # a stream dropped unclosed (a client gone, sequence_turn) holds its sequence until collected
+                        collected_at = self._advances
+                        gc.collect()
                     self._drop_closed()
                 if self._closing:
                     for r in self._pending + self._running:

@@ -6,9 +6,13 @@ thread of its pool is free, and a thread that advanced one stream may start anot
 still being read. So a thread that wants the turn while a generation it advanced last holds it waits too,
 as long as someone advances that generation: only one left as it is for OWN_STREAM_WAIT_S, which
 nothing but this thread could advance (a stream it left open, neither finished nor closed), makes it
-raise EngineBusyError, where waiting would be for ever."""
+raise EngineBusyError, where waiting would be for ever. A stream dropped without being closed (a web
+framework's, its client gone: Starlette leaves the iterator in a reference cycle for the collector)
+holds the turn until it is collected: a wait that sees the holder unread for COLLECT_AFTER_S runs the
+collector once."""
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from contextlib import contextmanager
@@ -16,6 +20,7 @@ from typing import Callable, Iterator
 
 from pyedgemoe.errors import EngineBusyError
 
+COLLECT_AFTER_S = 0.5  # how long the holder may sit unread before the waiting thread runs Python's collector
 OWN_STREAM_WAIT_S = 2.0  # how long a stream this thread advanced last may sit unread before its wait is an error
 WAIT_STEP_S = 0.01  # while_waiting's period
 
@@ -30,12 +35,15 @@ class SequenceTurn:
     def held(self, while_waiting: Callable[[], object]):
         """The turn, for the with-block; while_waiting() runs every WAIT_STEP_S while another holds it."""
         me = threading.get_ident()
-        own, seen, since = self._last_advanced_by == me, self._advances, time.monotonic()
+        seen = since = collected = None
         while not self._lock.acquire(timeout=WAIT_STEP_S):
             while_waiting()
-            if self._advances != seen or self._last_advanced_by != me:
-                own, seen, since = self._last_advanced_by == me, self._advances, time.monotonic()
-            elif own and time.monotonic() - since > OWN_STREAM_WAIT_S:
+            if seen != (self._advances, self._last_advanced_by):  # the holder moved (or another holds it)
+                seen, since, collected = (self._advances, self._last_advanced_by), time.monotonic(), False
+            elif not collected and time.monotonic() - since > COLLECT_AFTER_S:
+                collected = True
+                gc.collect()  # a stream dropped unclosed in a reference cycle ends (its turn free) when collected
+            elif seen[1] == me and time.monotonic() - since > OWN_STREAM_WAIT_S:
                 raise EngineBusyError("a generation of this Engine this thread advanced is still open and no other "
                                       "thread takes it on: take it to its end or close() it before starting another "
                                       "(or use n_parallel > 1)")
